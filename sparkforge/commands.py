@@ -1,0 +1,152 @@
+"""The one seam for external programs: argv lists, dry runs, a log and a replayable script per step."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkforge.errors import CommandError
+
+
+@dataclass(frozen=True)
+class Command:
+    """An external program call: argv (never a shell string), extra environment and working directory."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise TypeError(f"argv must be a non-empty sequence of str, got {self.argv!r}")
+
+    @classmethod
+    def of(cls, *argv: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Command:
+        return cls(tuple(argv), dict(env or {}), cwd)
+
+    def shell_line(self) -> str:
+        """The command as one copy-pasteable POSIX shell line."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        line = shlex.join(self.argv)
+        return f"{env} {line}" if env else line
+
+    def script(self) -> str:
+        """A replayable bash script for this command."""
+        lines = ["#!/usr/bin/env bash", "# Written by sparkforge: replays this step exactly.", "set -euo pipefail"]
+        if self.cwd is not None:
+            lines.append(f"cd {shlex.quote(str(self.cwd))}")
+        lines.append(self.shell_line())
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Result:
+    command: Command
+    returncode: int
+    output: str
+    log: Path | None
+
+
+class Runner:
+    """Runs commands (or only prints them with `dry`); with `log_dir`, saves NN-step.sh and NN-step.log."""
+
+    def __init__(
+        self,
+        *,
+        dry: bool = False,
+        log_dir: Path | None = None,
+        echo: Callable[[str], None] | None = None,
+        stream: bool = True,
+    ) -> None:
+        self.dry = dry
+        self.log_dir = log_dir
+        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.stream = stream
+        self._step = 0
+
+    def _paths(self, step: str) -> tuple[Path | None, Path | None]:
+        if self.log_dir is None:
+            return None, None
+        self._step += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{self._step:02d}-{step}"
+        return self.log_dir / f"{stem}.sh", self.log_dir / f"{stem}.log"
+
+    def run(
+        self,
+        command: Command,
+        step: str,
+        *,
+        check: bool = True,
+        quiet: bool = False,
+        on_line: Callable[[str], None] | None = None,
+    ) -> Result:
+        """Run `command` as step `step`; raise CommandError on a non-zero exit when `check`."""
+        script, log = self._paths(step)
+        if script is not None:
+            script.write_text(command.script())
+            script.chmod(0o755)
+        if self.dry:
+            self.echo(command.shell_line())
+            return Result(command, 0, "", None)
+        env = {**os.environ, **command.env}
+        lines: list[str] = []
+        try:
+            proc = subprocess.Popen(
+                list(command.argv), cwd=command.cwd, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+            )
+        except FileNotFoundError as exc:
+            raise CommandError(
+                f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH). "
+                f"Install it, or see README.md 'Setting up'."
+            ) from exc
+        logf = log.open("w") if log is not None else None
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if logf:
+                    logf.write(line)
+                if on_line:
+                    on_line(line.rstrip("\n"))
+                elif self.stream and not quiet:
+                    self.echo(line.rstrip("\n"))
+            proc.wait()
+        finally:
+            if logf:
+                logf.close()
+        output = "".join(lines)
+        if check and proc.returncode != 0:
+            tail = "".join(lines[-15:]).rstrip()
+            where = f" Full log: {log}." if log else ""
+            raise CommandError(
+                f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n"
+                f"--- last lines ---\n{tail}\n---{where}"
+            )
+        return Result(command, proc.returncode, output, log)
+
+    def capture(self, command: Command, step: str, *, check: bool = True) -> Result:
+        """Run a short query command without streaming; its output is returned (also when dry)."""
+        try:
+            proc = subprocess.run(
+                list(command.argv), cwd=command.cwd, env={**os.environ, **command.env},
+                capture_output=True, text=True, errors="replace",
+            )
+        except FileNotFoundError as exc:
+            raise CommandError(f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH).") from exc
+        if check and proc.returncode != 0:
+            raise CommandError(
+                f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n{proc.stderr.strip()[-2000:]}"
+            )
+        return Result(command, proc.returncode, proc.stdout + proc.stderr, None)
+
+
+def argv_of(parts: Sequence[str | None]) -> tuple[str, ...]:
+    """Drop None parts: lets callers build argv lists with optional flags inline."""
+    return tuple(p for p in parts if p is not None)

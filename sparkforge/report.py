@@ -1,0 +1,143 @@
+"""Check reports: the stable JSON every checking command writes, JUnit XML, and a human table."""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkforge import __version__
+
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass
+class Check:
+    """One named check with its verdict, the reason for it and the evidence."""
+
+    name: str
+    status: Status
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "reason": self.reason,
+            "details": self.details,
+            "duration_s": round(self.duration_s, 3),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Check:
+        return cls(
+            name=str(data["name"]),
+            status=data["status"],
+            reason=str(data.get("reason", "")),
+            details=dict(data.get("details", {})),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )
+
+
+@dataclass
+class Report:
+    """A checking command's result; `extra` holds command-specific top-level keys (e.g. audit's)."""
+
+    command: str
+    subject: str
+    recipe: str | None = None
+    checks: list[Check] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Literal["passed", "failed"]:
+        return "failed" if any(c.status == "failed" for c in self.checks) else "passed"
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "failed"]
+
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        return check
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[Check]:
+        """Yield a passed check to fill in; its duration is measured around the block."""
+        check = Check(name=name, status="passed")
+        start = time.monotonic()
+        try:
+            yield check
+        finally:
+            check.duration_s = time.monotonic() - start
+            self.checks.append(check)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "tool": "sparkforge",
+            "version": __version__,
+            "command": self.command,
+            "recipe": self.recipe,
+            "subject": self.subject,
+            "status": self.status,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+        data.update(self.extra)
+        return data
+
+    def write_json(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+
+    def write_junit(self, path: Path) -> None:
+        suite = ET.Element(
+            "testsuite",
+            name=f"sparkforge.{self.command}",
+            tests=str(len(self.checks)),
+            failures=str(len(self.failed)),
+            skipped=str(sum(c.status == "skipped" for c in self.checks)),
+            time=f"{sum(c.duration_s for c in self.checks):.3f}",
+        )
+        for check in self.checks:
+            case = ET.SubElement(
+                suite, "testcase", classname=f"{self.command}.{self.subject}", name=check.name,
+                time=f"{check.duration_s:.3f}",
+            )
+            if check.status == "failed":
+                ET.SubElement(case, "failure", message=check.reason).text = json.dumps(check.details)
+            elif check.status == "skipped":
+                ET.SubElement(case, "skipped", message=check.reason)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+    def table_rows(self) -> list[tuple[str, str, str, str]]:
+        return [(c.name, c.status.upper(), f"{c.duration_s:.1f}s", c.reason) for c in self.checks]
+
+
+def print_report(report: Report, echo: Callable[[str], None] = print) -> None:
+    """Print a summary table: rich on a TTY, plain aligned text otherwise."""
+    rows = report.table_rows()
+    width = max([len(r[0]) for r in rows] + [5])
+    echo(f"{report.command} {report.subject}: {report.status.upper()}")
+    for name, status, duration, reason in rows:
+        echo(f"  {name:<{width}}  {status:<7}  {duration:>7}  {reason}")
+
+
+def load_report(path: Path) -> Report:
+    """Read a report written by `Report.write_json`."""
+    data = json.loads(path.read_text())
+    known = {"tool", "version", "command", "recipe", "subject", "status", "checks"}
+    return Report(
+        command=data["command"],
+        subject=data["subject"],
+        recipe=data.get("recipe"),
+        checks=[Check.from_dict(c) for c in data.get("checks", [])],
+        extra={k: v for k, v in data.items() if k not in known},
+    )
