@@ -37,7 +37,11 @@ class Command:
 
     def script(self) -> str:
         """A replayable bash script for this command."""
-        lines = ["#!/usr/bin/env bash", "# Written by sparkforge: replays this step exactly.", "set -euo pipefail"]
+        lines = [
+            "#!/usr/bin/env bash",
+            "# Written by sparkforge: replays this step exactly.",
+            "set -euo pipefail",
+        ]
         if self.cwd is not None:
             lines.append(f"cd {shlex.quote(str(self.cwd))}")
         lines.append(self.shell_line())
@@ -98,8 +102,14 @@ class Runner:
         lines: list[str] = []
         try:
             proc = subprocess.Popen(
-                list(command.argv), cwd=command.cwd, env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                list(command.argv),
+                cwd=command.cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
             )
         except FileNotFoundError as exc:
             raise CommandError(
@@ -135,11 +145,17 @@ class Runner:
         """Run a short query command without streaming; its output is returned (also when dry)."""
         try:
             proc = subprocess.run(
-                list(command.argv), cwd=command.cwd, env={**os.environ, **command.env},
-                capture_output=True, text=True, errors="replace",
+                list(command.argv),
+                cwd=command.cwd,
+                env={**os.environ, **command.env},
+                capture_output=True,
+                text=True,
+                errors="replace",
             )
         except FileNotFoundError as exc:
-            raise CommandError(f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH).") from exc
+            raise CommandError(
+                f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH)."
+            ) from exc
         if check and proc.returncode != 0:
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n{proc.stderr.strip()[-2000:]}"

@@ -107,7 +107,10 @@ class Report:
         )
         for check in self.checks:
             case = ET.SubElement(
-                suite, "testcase", classname=f"{self.command}.{self.subject}", name=check.name,
+                suite,
+                "testcase",
+                classname=f"{self.command}.{self.subject}",
+                name=check.name,
                 time=f"{check.duration_s:.3f}",
             )
             if check.status == "failed":
