@@ -1,0 +1,142 @@
+"""Plan -> build context on disk: Dockerfile from the Jinja2 template, patches, image tests, lock, build.sh."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from sparkforge import plan
+from sparkforge.errors import RenderError
+from sparkforge.recipe import REPO_ROOT, Recipe
+
+TEMPLATES_DIR = REPO_ROOT / "dockerfiles"
+IMAGE_TESTS_DIR = REPO_ROOT / "tests" / "image"
+TEMPLATE = "vllm.Dockerfile.j2"
+DEFAULT_BUILD_ROOT = REPO_ROOT / "build"
+
+# Characters that would end a Dockerfile line, start an expansion or escape a quote.
+_UNSAFE = re.compile(r"[\n\r\x00`$\\]")
+
+
+def _guard(value: object) -> str:
+    text = str(value)
+    if _UNSAFE.search(text):
+        raise RenderError(
+            f"refusing to render {text!r}: it contains a newline, $, backtick or backslash, which could inject "
+            "Dockerfile instructions or shell commands; fix the recipe value"
+        )
+    return text
+
+
+def shell_quote(value: object) -> str:
+    """Quote a value for a RUN line (POSIX shell)."""
+    return shlex.quote(_guard(value))
+
+
+def double_quote(value: object) -> str:
+    """Quote a value for ARG/ENV/LABEL (Dockerfile double-quoted string)."""
+    return '"' + _guard(value).replace('"', '\\"') + '"'
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = shell_quote
+    env.filters["dq"] = double_quote
+    return env
+
+
+def render_dockerfile(recipe: Recipe) -> str:
+    """The Dockerfile text for a recipe."""
+    values = dataclasses.asdict(plan.template_values(recipe))
+    try:
+        return _environment().get_template(TEMPLATE).render(**values)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(
+            f"{TEMPLATES_DIR / TEMPLATE}: {exc.message}; fix the template or the plan"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Context:
+    """A rendered, self-contained build context."""
+
+    recipe: Recipe
+    path: Path
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.path / "Dockerfile"
+
+
+def _build_script(recipe: Recipe) -> str:
+    platform = recipe.model.platforms[0]
+    tag = plan.candidate_tag(recipe, platform)
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory.",
+        "# Extra docker build options (e.g. --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        "if docker buildx version >/dev/null 2>&1; then build=(docker buildx build --load); "
+        "else export DOCKER_BUILDKIT=1; build=(docker build); fi",
+        '"${build[@]}" --platform '
+        + shlex.quote(platform)
+        + " --target runtime --tag "
+        + shlex.quote(tag)
+        + ' --build-arg "SPARKFORGE_CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" --progress plain "$@" .',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _copy_tree(source: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(source.rglob("*")):
+        if "__pycache__" in item.parts or item.suffix == ".pyc":
+            continue
+        target = dest / item.relative_to(source)
+        if item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(item, target)
+            shutil.copymode(item, target)
+
+
+def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
+    """Write build/<recipe>/ afresh; the same recipe and repository give the same bytes."""
+    root = (out_root or DEFAULT_BUILD_ROOT) / recipe.name
+    dockerfile = render_dockerfile(recipe)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / "Dockerfile").write_text(dockerfile)
+    _copy_tree(TEMPLATES_DIR / "files", root / "files")
+    patches_dir = root / "patches"
+    patches_dir.mkdir()
+    series = []
+    for _, component in recipe.model.components.items():
+        for patch in component.patches:
+            shutil.copyfile(REPO_ROOT / patch, patches_dir / Path(patch).name)
+            series.append(Path(patch).name)
+    (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
+    _copy_tree(IMAGE_TESTS_DIR, root / "image-tests")
+    (root / "constraints.txt").write_text(plan.constraints(recipe))
+    (root / "lock.json").write_text(json.dumps(plan.lock(recipe), indent=2, sort_keys=True) + "\n")
+    script = root / "build.sh"
+    script.write_text(_build_script(recipe))
+    script.chmod(0o755)
+    return Context(recipe=recipe, path=root)
