@@ -1,0 +1,238 @@
+"""Find the files that carry device code in a directory, a wheel or zip, a tar stream, or one file.
+
+Only files whose first four bytes say ELF or fatbin are read further. Directory and zip members are
+read by a thread pool (the work is I/O and C-level searches; the Python part is a few headers a file).
+Archive members small enough are parsed in memory; larger ones are spooled to a temporary file and
+mapped, so memory stays bounded whatever the archive holds.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from sparkforge.audit.compat import parse_target
+from sparkforge.audit.coverage import ScannedFile, build_report
+from sparkforge.audit.fatbin import FatbinFile, is_candidate, parse_buffer, read_fatbin_file
+from sparkforge.errors import AuditError
+from sparkforge.report import Report
+
+IN_MEMORY_LIMIT = 64 << 20  # archive members above this are spooled to disk instead of held in memory
+COPY_CHUNK = 1 << 20
+BATCH = 256  # files per pool task: keeps scheduling overhead small on trees of 100k files
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """Files with device code (or unreadable ones) and how many files were looked at."""
+
+    files: tuple[ScannedFile, ...]
+    files_scanned: int
+
+
+def default_workers() -> int:
+    return os.cpu_count() or 1
+
+
+def _batches(items: Sequence[object], size: int) -> Iterator[Sequence[object]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _run_batched(func: Callable[[Sequence[object]], list[ScannedFile]], items: Sequence[object],
+                 workers: int) -> list[ScannedFile]:  # fmt: skip
+    if workers <= 1 or len(items) <= BATCH:
+        return func(items)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [found for batch in pool.map(func, _batches(items, BATCH)) for found in batch]
+
+
+def _scanned(where: str, read: Callable[[], FatbinFile | None]) -> ScannedFile | None:
+    try:
+        fatbin = read()
+    except AuditError as exc:
+        return ScannedFile(path=where, fatbin=None, error=str(exc))
+    return None if fatbin is None else ScannedFile(path=where, fatbin=fatbin)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Regular files under `root`, not following links (an image's links point at files seen anyway)."""
+    stack = [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for item in listing:
+                    if item.is_dir(follow_symlinks=False):
+                        stack.append(Path(item.path))
+                    elif item.is_file(follow_symlinks=False):
+                        yield Path(item.path)
+        except OSError:
+            continue  # an unreadable directory holds nothing we could audit
+
+
+def scan_directory(root: Path, workers: int) -> ScanResult:
+    """Every file under `root` that carries device code, paths relative to `root`."""
+    paths = sorted(_walk(root))
+
+    def scan(batch: Sequence[object]) -> list[ScannedFile]:
+        found = []
+        for path in batch:
+            assert isinstance(path, Path)
+            rel = path.relative_to(root).as_posix()
+            item = _scanned(rel, lambda p=path, r=rel: read_fatbin_file(p, r))
+            if item is not None:
+                found.append(item)
+        return found
+
+    return ScanResult(tuple(_run_batched(scan, paths, workers)), len(paths))
+
+
+def parse_stream(head: bytes, stream: IO[bytes], size: int, where: str) -> FatbinFile | None:
+    """Parse a member whose first bytes were `head`: in memory when small, through a spooled file when large."""
+    if size <= IN_MEMORY_LIMIT:
+        return parse_buffer(head + stream.read(max(0, size - len(head))), where)
+    with tempfile.TemporaryFile(prefix="sparkforge-audit-") as spool:
+        spool.write(head)
+        shutil.copyfileobj(stream, spool, COPY_CHUNK)
+        spool.flush()
+        if spool.tell() < 4:
+            return None
+        with mmap.mmap(spool.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return parse_buffer(view, where)
+
+
+def scan_zip(path: Path, workers: int) -> ScanResult:
+    """Every member of a wheel or zip that carries device code, paths as member names."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = [info for info in archive.infolist() if not info.is_dir()]
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise AuditError(f"{path}: not a readable zip or wheel ({exc}). Re-download it.") from exc
+
+    def scan(batch: Sequence[object]) -> list[ScannedFile]:
+        found = []
+        # One ZipFile per task: members of one handle are read under a shared lock.
+        with zipfile.ZipFile(path) as archive:
+            for info in batch:
+                assert isinstance(info, zipfile.ZipInfo)
+                item = _scanned(info.filename, lambda i=info: _read_member(archive, i))
+                if item is not None:
+                    found.append(item)
+        return found
+
+    return ScanResult(tuple(_run_batched(scan, infos, workers)), len(infos))
+
+
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile | None:
+    try:
+        with archive.open(info) as member:
+            head = member.read(4)
+            if len(head) < 4 or not is_candidate(head):
+                return None
+            return parse_stream(head, member, info.file_size, info.filename)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise AuditError(
+            f"{info.filename}: cannot read the archive member ({exc}). Re-download the archive."
+        ) from exc
+
+
+def _member_path(name: str) -> str:
+    while name.startswith(("./", "/")):
+        name = name[1:] if name.startswith("/") else name[2:]
+    return name
+
+
+def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
+    """Every regular file of a tar stream (e.g. `docker export`) that carries device code, read once, in order."""
+    found: list[ScannedFile] = []
+    count = 0
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
+            for member in archive:
+                if not member.isreg():
+                    continue  # links and devices carry no bytes of their own
+                count += 1
+                stream = archive.extractfile(member)
+                if stream is None:
+                    continue
+                head = stream.read(4)
+                if len(head) < 4 or not is_candidate(head):
+                    continue
+                path = _member_path(member.name)
+                item = _scanned(
+                    path, lambda s=stream, h=head, m=member, p=path: parse_stream(h, s, m.size, p)
+                )
+                if item is not None:
+                    found.append(item)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise AuditError(
+            f"{subject}: the tar stream could not be read ({exc}). Pass an uncompressed or gzip/bz2/xz tar "
+            f"(e.g. the output of `docker export`), complete to its end."
+        ) from exc
+    return ScanResult(tuple(found), count)
+
+
+def _scan_path(path: Path, workers: int) -> ScanResult:
+    if path.is_dir():
+        return scan_directory(path, workers)
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    if is_candidate(head):
+        # A single file is the whole target: a corrupt one is an error, not a line in the report.
+        fatbin = read_fatbin_file(path, str(path))
+        return ScanResult(() if fatbin is None else (ScannedFile(path.name, fatbin),), 1)
+    if zipfile.is_zipfile(path):
+        return scan_zip(path, workers)
+    if tarfile.is_tarfile(path):
+        with path.open("rb") as handle:
+            return scan_tar_stream(handle, str(path))
+    raise AuditError(
+        f"{path}: not a directory, wheel/zip, tar, ELF library/object or fatbin file. "
+        f"Point the audit at a .so, .o, .whl, an image filesystem tar, or a directory of them."
+    )
+
+
+def audit_target(
+    path: Path, gpu: str = "sm_121", require: Sequence[str] = (), workers: int | None = None
+) -> Report:
+    """Kernel coverage of a directory, wheel/zip, tar file or single ELF/fatbin file for GPU `gpu`."""
+    target = parse_target(gpu)
+    path = Path(path)
+    start = time.monotonic()
+    try:
+        if not path.exists():
+            raise AuditError(
+                f"{path}: no such file or directory. Pass an existing .so, .whl, directory or tar."
+            )
+        result = _scan_path(path, workers or default_workers())
+    except PermissionError as exc:
+        raise AuditError(
+            f"{path}: permission denied ({exc.filename}). Run as a user who can read it."
+        ) from exc
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot be read ({exc}). Check the path and its permissions.") from exc
+    return build_report(
+        str(path), target, result.files, require, result.files_scanned, time.monotonic() - start
+    )
+
+
+def audit_tar_stream(
+    fileobj: IO[bytes], subject: str, gpu: str = "sm_121", require: Sequence[str] = ()
+) -> Report:
+    """Kernel coverage of an image filesystem given as a tar stream (read once, never extracted whole)."""
+    target = parse_target(gpu)
+    start = time.monotonic()
+    result = scan_tar_stream(fileobj, subject)
+    return build_report(
+        subject, target, result.files, require, result.files_scanned, time.monotonic() - start
+    )
