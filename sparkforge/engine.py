@@ -1,0 +1,286 @@
+"""The one place that talks to the container engine: BuildKit builds, runs, inspects, tags, pushes, exports."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkforge.commands import Command, Runner, argv_of
+from sparkforge.errors import CommandError, EngineError
+
+NO_ENGINE_FIX = (
+    "start one with 'invoke engine.up' (installs Docker from the distribution's packages on Debian/Ubuntu and "
+    "starts the daemon), or 'sudo systemctl start docker'"
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A docker CLI that can run BuildKit builds: through buildx, or the engine's built-in BuildKit."""
+
+    docker: str
+    mode: Literal["buildx", "buildkit"]
+    server_version: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DOCKER_BUILDKIT": "1"} if self.mode == "buildkit" else {}
+
+
+def _candidates() -> list[str]:
+    found = [shutil.which("docker"), "/usr/bin/docker", "/usr/local/bin/docker"]
+    return list(dict.fromkeys(p for p in found if p and Path(p).exists()))
+
+
+def detect_engine(runner: Runner | None = None) -> Engine:
+    """Find a docker CLI with BuildKit and a reachable daemon, or raise EngineError saying how to get one."""
+    runner = runner or Runner(stream=False)
+    candidates = _candidates()
+    if not candidates:
+        raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
+    reasons = []
+    for docker in candidates:
+        info = runner.capture(Command.of(docker, "version", "--format", "{{.Server.Version}}"), "engine", check=False)
+        if info.returncode != 0:
+            reasons.append(f"{docker}: daemon not reachable ({info.output.strip().splitlines()[-1:]})")
+            continue
+        server = info.output.strip().splitlines()[0]
+        if runner.capture(Command.of(docker, "buildx", "version"), "engine", check=False).returncode == 0:
+            return Engine(docker, "buildx", server)
+        client = runner.capture(Command.of(docker, "version", "--format", "{{.Client.Version}}"), "engine", check=False)
+        major = client.output.strip().split(".")[0]
+        if major.isdigit() and int(major) < 23:
+            return Engine(docker, "buildkit", server)
+        reasons.append(f"{docker}: client {client.output.strip()} has no buildx plugin and cannot use BuildKit")
+    raise EngineError("no usable container engine: " + "; ".join(reasons) + f". Fix: {NO_ENGINE_FIX}")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything one BuildKit build needs; `build_command` turns it into argv."""
+
+    context: Path
+    platform: str
+    target: str
+    tags: tuple[str, ...] = ()
+    dockerfile: Path | None = None
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # "id=ca,src=/path" as docker takes it
+    no_cache: bool = False
+    builder: str | None = None
+    network: str | None = None
+    push_by_digest: str | None = None  # repository to push to by digest (buildx)
+    metadata_file: Path | None = None
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    attestations: bool = False
+    progress: Literal["plain", "auto", "tty"] = "plain"
+
+
+def build_command(engine: Engine, req: BuildRequest) -> Command:
+    """The exact BuildKit command for a request (buildx when present, else DOCKER_BUILDKIT=1 docker build)."""
+    common: list[str | None] = ["--platform", req.platform, "--target", req.target, "--progress", req.progress]
+    if req.dockerfile is not None:
+        common += ["--file", str(req.dockerfile)]
+    for tag in req.tags:
+        common += ["--tag", tag]
+    for key, value in sorted(req.build_args.items()):
+        common += ["--build-arg", f"{key}={value}"]
+    for secret in req.secrets:
+        common += ["--secret", secret]
+    if req.no_cache:
+        common.append("--no-cache")
+    if req.network:
+        common += ["--network", req.network]
+    if engine.mode == "buildx":
+        argv: list[str | None] = [engine.docker, "buildx", "build"]
+        if req.builder:
+            argv += ["--builder", req.builder]
+        argv += common
+        for ref in req.cache_from:
+            argv += ["--cache-from", ref]
+        for ref in req.cache_to:
+            argv += ["--cache-to", ref]
+        if req.push_by_digest:
+            argv += ["--output", f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true"]
+        else:
+            argv.append("--load")
+        if req.attestations:
+            argv += ["--provenance", "mode=max", "--sbom", "true"]
+        if req.metadata_file is not None:
+            argv += ["--metadata-file", str(req.metadata_file)]
+        argv.append(str(req.context))
+        return Command(argv_of(argv), engine.env)
+    if req.builder:
+        raise EngineError(
+            f"--builder {req.builder} needs docker buildx, which {engine.docker} lacks; fix: install the buildx "
+            "plugin (Docker 23+ ships it) or drop --builder"
+        )
+    if req.push_by_digest or req.cache_from or req.cache_to or req.attestations:
+        raise EngineError(
+            f"push by digest, registry cache and attestations need docker buildx, which {engine.docker} lacks; "
+            "fix: install the buildx plugin, or build with plain tags and 'invoke push'"
+        )
+    return Command(argv_of([engine.docker, "build", *common, str(req.context)]), engine.env)
+
+
+# ---- engine API through the Docker SDK ----------------------------------------------------------
+
+
+@cache
+def _client() -> Any:
+    import docker  # imported lazily: no engine work at import time
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as exc:  # the SDK raises several unrelated types for "no daemon"
+        raise EngineError(f"cannot reach the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}") from None
+    return client
+
+
+def image_exists(ref: str) -> bool:
+    import docker.errors
+
+    try:
+        _client().images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def inspect_image(ref: str) -> dict[str, Any]:
+    """The engine's inspect data for a local image, or EngineError naming the image."""
+    import docker.errors
+
+    try:
+        return dict(_client().images.get(ref).attrs)
+    except docker.errors.ImageNotFound:
+        raise EngineError(
+            f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
+        ) from None
+
+
+def image_labels(ref: str) -> dict[str, str]:
+    return dict((inspect_image(ref).get("Config") or {}).get("Labels") or {})
+
+
+def image_platform(ref: str) -> str:
+    attrs = inspect_image(ref)
+    return f"{attrs.get('Os', 'linux')}/{attrs.get('Architecture', 'unknown')}"
+
+
+def gpu_runtime_available() -> bool:
+    """True when the engine has the NVIDIA runtime (GPU device requests can work)."""
+    info = _client().info()
+    runtimes = info.get("Runtimes") or {}
+    return "nvidia" in runtimes or bool(info.get("CDISpecDirs"))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_container(
+    image: str,
+    command: Sequence[str],
+    *,
+    entrypoint: Sequence[str] | None = None,
+    gpus: bool = False,
+    environment: Mapping[str, str] | None = None,
+    platform: str | None = None,
+    timeout_s: int = 1800,
+) -> RunResult:
+    """Run a throwaway container and collect its exit code and output."""
+    import docker.types
+
+    client = _client()
+    kwargs: dict[str, Any] = {
+        "entrypoint": list(entrypoint) if entrypoint is not None else None,
+        "command": list(command),
+        "environment": dict(environment or {}),
+        "detach": True,
+        "network_disabled": False,
+    }
+    if platform:
+        kwargs["platform"] = platform
+    if gpus:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    container = client.containers.run(image, **kwargs)
+    try:
+        result = container.wait(timeout=timeout_s)
+        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        return RunResult(int(result.get("StatusCode", 1)), stdout, stderr)
+    finally:
+        container.remove(force=True)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over an iterator of byte chunks (the engine's export stream)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+class ExportedFilesystem:
+    """Context manager yielding a readable tar stream of an image's filesystem (a created, never started container)."""
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        self._container: Any = None
+
+    def __enter__(self) -> io.BufferedReader:
+        inspect_image(self.image)
+        self._container = _client().containers.create(self.image, entrypoint=["/bin/true"], command=[])
+        return io.BufferedReader(_ChunkReader(iter(self._container.export(chunk_size=1 << 20))), 1 << 20)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._container is not None:
+            self._container.remove(force=True)
+
+
+def tag_image(source: str, target: str) -> None:
+    repository, _, tag = target.rpartition(":") if ":" in target.rsplit("/", 1)[-1] else (target, "", "latest")
+    if not _client().images.get(source).tag(repository, tag):
+        raise EngineError(f"the engine refused to tag {source} as {target}")
+
+
+def remove_image(ref: str) -> None:
+    import docker.errors
+
+    try:
+        _client().images.remove(ref, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+def run_cli(runner: Runner, engine: Engine, step: str, *args: str, check: bool = True) -> str:
+    """Run a docker CLI subcommand through the command seam; returns its output."""
+    try:
+        return runner.run(Command((engine.docker, *args), engine.env), step, check=check).output
+    except CommandError as exc:
+        raise EngineError(str(exc)) from None

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""The image test suite: runs inside a built image and prints one JSON document of checks on stdout.
+
+Standard library + what the image ships (torch, transformers, vLLM). Expectations come from the lock file
+the image carries (/opt/sparkforge/lock.json), so an image is checked against the recipe it was built from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import checks_fp8
+
+MARKER = "SPARKFORGE-CHECKS-JSON:"
+
+
+def _check(
+    name: str, fn: Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]], lock: dict[str, Any]
+) -> dict:
+    start = time.monotonic()
+    try:
+        status, reason, details = fn(lock)
+    except Exception as exc:  # a check that crashes has failed, with its traceback as evidence
+        status, reason, details = (
+            "failed",
+            f"{exc.__class__.__name__}: {exc}",
+            {"traceback": traceback.format_exc()},
+        )
+    return {
+        "name": name,
+        "status": status,
+        "reason": reason,
+        "details": details,
+        "duration_s": round(time.monotonic() - start, 3),
+    }
+
+
+def check_registry(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    required = list(lock["models"]["architectures"])
+    missing = [a for a in required if a not in supported]
+    details = {"required": required, "missing": missing, "registered": len(supported)}
+    if missing:
+        return (
+            "failed",
+            f"vLLM does not register {', '.join(missing)}; use a vLLM that has them (Qwen3.5: >= 0.17.0)",
+            details,
+        )
+    return (
+        "passed",
+        f"all {len(required)} required architectures registered ({len(supported)} in total)",
+        details,
+    )
+
+
+def _base(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def _commit_of_vllm() -> str | None:
+    try:
+        from vllm import _version
+
+        commit = getattr(_version, "__commit_id__", None) or getattr(_version, "commit_id", None)
+    except ImportError:
+        commit = None
+    if commit:
+        return str(commit).removeprefix("g")
+    record = Path("/opt/sparkforge/source.json")
+    if record.is_file():
+        return json.loads(record.read_text()).get("commit")
+    return None
+
+
+def check_versions(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    from importlib.metadata import version
+
+    import torch
+    import transformers
+    import vllm
+
+    pins = lock["components"]
+    problems: list[str] = []
+    found = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "vllm": vllm.__version__,
+        "vllm_commit": _commit_of_vllm(),
+    }
+    if _base(torch.__version__) != pins["torch"]["version"]:
+        problems.append(f"torch {torch.__version__} != pinned {pins['torch']['version']}")
+    cuda_major = lock["cuda"].split(".")[0]
+    if not torch.version.cuda or torch.version.cuda.split(".")[0] != cuda_major:
+        problems.append(f"torch is built for CUDA {torch.version.cuda}, the recipe needs CUDA {cuda_major}")
+    if transformers.__version__ != pins["transformers"]["version"]:
+        problems.append(
+            f"transformers {transformers.__version__} != pinned {pins['transformers']['version']}"
+        )
+    if transformers.__version__.split(".")[0] != "5":
+        problems.append(f"transformers {transformers.__version__} is not major 5 (Qwen3.5 needs >= 5.2.0)")
+    if _base(vllm.__version__) != pins["vllm"]["version"]:
+        problems.append(f"vllm {vllm.__version__} != pinned {pins['vllm']['version']}")
+    pinned_commit = pins["vllm"].get("commit")
+    commit = found["vllm_commit"]
+    if pinned_commit and not (
+        commit and (pinned_commit.startswith(commit) or commit.startswith(pinned_commit))
+    ):
+        problems.append(f"vllm commit {commit} != pinned {pinned_commit}")
+    flashinfer = pins.get("flashinfer")
+    if flashinfer:
+        found["flashinfer"] = version(flashinfer.get("package", "flashinfer-python"))
+        if found["flashinfer"] != flashinfer["version"]:
+            problems.append(
+                f"{flashinfer.get('package')} {found['flashinfer']} != pinned {flashinfer['version']}"
+            )
+    if problems:
+        return "failed", "; ".join(problems), found
+    return "passed", "torch, CUDA, transformers, vLLM (version and commit) match the lock", found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lock", type=Path, default=Path("/opt/sparkforge/lock.json"))
+    parser.add_argument("--only", action="append", default=[], help="run only these checks")
+    args = parser.parse_args()
+    lock = json.loads(args.lock.read_text())
+    suite: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]] = [
+        ("registry", check_registry),
+        ("versions", check_versions),
+        *checks_fp8.CHECKS,
+    ]
+    results = [_check(name, fn, lock) for name, fn in suite if not args.only or name in args.only]
+    print(
+        MARKER
+        + json.dumps(
+            {"checks": results, "env": {"visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES")}}
+        )
+    )
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
