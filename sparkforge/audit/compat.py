@@ -21,6 +21,7 @@ from sparkforge.errors import AuditError
 Verdict = Literal["native", "family", "jit", "none"]
 VERDICTS: tuple[Verdict, ...] = ("native", "family", "jit", "none")
 _RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "family": 2, "native": 3}
+MIN_ARCH = 30  # below Kepler a number like "12" is a typo, not a GPU
 _TARGET = re.compile(r"^(?:sm_?|compute_?)?(\d{2,3})([af]?)$|^(\d{1,2})\.(\d)([af]?)$")
 
 
@@ -43,13 +44,13 @@ class GpuTarget:
 def parse_target(text: str) -> GpuTarget:
     """`sm_121`, `sm_90a`, `121` or `12.1` as a capability; a suffix names the same GPU and is dropped."""
     match = _TARGET.match(text.strip().lower())
-    if not match:
+    arch = int(match.group(1) or 0) if match else 0
+    if not match or (match.group(1) and arch < MIN_ARCH):
         raise AuditError(
             f"GPU target {text!r} is not a CUDA architecture. "
             f"Use a name like sm_121 (DGX Spark), sm_120, sm_90 or a capability like 12.1."
         )
     if match.group(1):
-        arch = int(match.group(1))
         return GpuTarget(arch // 10, arch % 10)
     return GpuTarget(int(match.group(3)), int(match.group(4)))
 
