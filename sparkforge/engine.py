@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,18 +46,24 @@ def detect_engine(runner: Runner | None = None) -> Engine:
         raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
     reasons = []
     for docker in candidates:
-        info = runner.capture(Command.of(docker, "version", "--format", "{{.Server.Version}}"), "engine", check=False)
+        info = runner.capture(
+            Command.of(docker, "version", "--format", "{{.Server.Version}}"), "engine", check=False
+        )
         if info.returncode != 0:
             reasons.append(f"{docker}: daemon not reachable ({info.output.strip().splitlines()[-1:]})")
             continue
         server = info.output.strip().splitlines()[0]
         if runner.capture(Command.of(docker, "buildx", "version"), "engine", check=False).returncode == 0:
             return Engine(docker, "buildx", server)
-        client = runner.capture(Command.of(docker, "version", "--format", "{{.Client.Version}}"), "engine", check=False)
+        client = runner.capture(
+            Command.of(docker, "version", "--format", "{{.Client.Version}}"), "engine", check=False
+        )
         major = client.output.strip().split(".")[0]
         if major.isdigit() and int(major) < 23:
             return Engine(docker, "buildkit", server)
-        reasons.append(f"{docker}: client {client.output.strip()} has no buildx plugin and cannot use BuildKit")
+        reasons.append(
+            f"{docker}: client {client.output.strip()} has no buildx plugin and cannot use BuildKit"
+        )
     raise EngineError("no usable container engine: " + "; ".join(reasons) + f". Fix: {NO_ENGINE_FIX}")
 
 
@@ -84,7 +91,14 @@ class BuildRequest:
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
     """The exact BuildKit command for a request (buildx when present, else DOCKER_BUILDKIT=1 docker build)."""
-    common: list[str | None] = ["--platform", req.platform, "--target", req.target, "--progress", req.progress]
+    common: list[str | None] = [
+        "--platform",
+        req.platform,
+        "--target",
+        req.target,
+        "--progress",
+        req.progress,
+    ]
     if req.dockerfile is not None:
         common += ["--file", str(req.dockerfile)]
     for tag in req.tags:
@@ -107,7 +121,10 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
         for ref in req.cache_to:
             argv += ["--cache-to", ref]
         if req.push_by_digest:
-            argv += ["--output", f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true"]
+            argv += [
+                "--output",
+                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
+            ]
         else:
             argv.append("--load")
         if req.attestations:
@@ -140,7 +157,9 @@ def _client() -> Any:
         client = docker.from_env(timeout=600)
         client.ping()
     except Exception as exc:  # the SDK raises several unrelated types for "no daemon"
-        raise EngineError(f"cannot reach the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}") from None
+        raise EngineError(
+            f"cannot reach the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}"
+        ) from None
     return client
 
 
@@ -264,7 +283,9 @@ class ExportedFilesystem:
 
 
 def tag_image(source: str, target: str) -> None:
-    repository, _, tag = target.rpartition(":") if ":" in target.rsplit("/", 1)[-1] else (target, "", "latest")
+    repository, _, tag = (
+        target.rpartition(":") if ":" in target.rsplit("/", 1)[-1] else (target, "", "latest")
+    )
     if not _client().images.get(source).tag(repository, tag):
         raise EngineError(f"the engine refused to tag {source} as {target}")
 
@@ -272,10 +293,8 @@ def tag_image(source: str, target: str) -> None:
 def remove_image(ref: str) -> None:
     import docker.errors
 
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         _client().images.remove(ref, force=True)
-    except docker.errors.ImageNotFound:
-        pass
 
 
 def run_cli(runner: Runner, engine: Engine, step: str, *args: str, check: bool = True) -> str:

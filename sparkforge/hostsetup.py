@@ -51,7 +51,9 @@ def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[S
                 )
             runner.run(Command.of("apt-get", "update", "-q"), "apt-update")
             runner.run(
-                Command.of("apt-get", "install", "-y", "-q", "docker.io", env={"DEBIAN_FRONTEND": "noninteractive"}),
+                Command.of(
+                    "apt-get", "install", "-y", "-q", "docker.io", env={"DEBIAN_FRONTEND": "noninteractive"}
+                ),
                 "apt-install-docker",
             )
             steps.append(SetupStep("install", "installed docker.io from the distribution"))
@@ -64,7 +66,9 @@ def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[S
             while not _docker_ready(docker):
                 if time.monotonic() > deadline:
                     tail = DOCKER_LOG.read_text(errors="replace")[-1500:]
-                    raise EngineError(f"dockerd did not come up in {wait_s}s; its log ({DOCKER_LOG}) ends:\n{tail}")
+                    raise EngineError(
+                        f"dockerd did not come up in {wait_s}s; its log ({DOCKER_LOG}) ends:\n{tail}"
+                    )
                 time.sleep(0.5)
         steps.append(SetupStep("daemon", f"started dockerd (log: {DOCKER_LOG})"))
     else:
@@ -82,13 +86,21 @@ def register_qemu(runner: Runner) -> SetupStep:
     if not shutil.which("qemu-aarch64-static") or not shutil.which("update-binfmts"):
         runner.run(
             Command.of(
-                "apt-get", "install", "-y", "-q", "qemu-user-static", "binfmt-support",
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "qemu-user-static",
+                "binfmt-support",
                 env={"DEBIAN_FRONTEND": "noninteractive"},
             ),
             "apt-install-qemu",
         )
     if not Path("/proc/sys/fs/binfmt_misc/register").exists():
-        runner.run(Command.of("mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc"), "binfmt-mount")
+        runner.run(
+            Command.of("mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc"),
+            "binfmt-mount",
+        )
     runner.run(Command.of("update-binfmts", "--enable", "qemu-aarch64"), "binfmt-enable")
     return SetupStep("qemu", "registered qemu-aarch64 with binfmt_misc")
 
@@ -109,7 +121,9 @@ def base_image_name(platform: str, suite: str = DEFAULT_SUITE) -> str:
     return f"sparkforge-base/debian-{suite}:{ARCH_OF_PLATFORM[platform]}"
 
 
-def build_base(runner: Runner, platform: str, *, suite: str = DEFAULT_SUITE, force: bool = False) -> SetupStep:
+def build_base(
+    runner: Runner, platform: str, *, suite: str = DEFAULT_SUITE, force: bool = False
+) -> SetupStep:
     """A Debian base with Python made by debootstrap and imported with the platform's metadata."""
     if platform not in ARCH_OF_PLATFORM:
         raise EngineError(f"no offline base for {platform}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}")
@@ -122,24 +136,35 @@ def build_base(runner: Runner, platform: str, *, suite: str = DEFAULT_SUITE, for
         register_qemu(runner)
     if not shutil.which("debootstrap"):
         runner.run(
-            Command.of("apt-get", "install", "-y", "-q", "debootstrap", env={"DEBIAN_FRONTEND": "noninteractive"}),
+            Command.of(
+                "apt-get", "install", "-y", "-q", "debootstrap", env={"DEBIAN_FRONTEND": "noninteractive"}
+            ),
             "apt-install-debootstrap",
         )
     with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         runner.run(
             Command.of(
-                "debootstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(BASE_PACKAGES)}",
-                suite, str(rootfs), debian_mirror(),
+                "debootstrap",
+                "--variant=minbase",
+                f"--arch={arch}",
+                f"--include={','.join(BASE_PACKAGES)}",
+                suite,
+                str(rootfs),
+                debian_mirror(),
             ),
             f"debootstrap-{arch}",
         )
         # The image's apt must not point at the host's mirror by a path that only exists here.
-        runner.run(Command.of("tar", "-C", str(rootfs), "-cf", str(Path(tmp) / "rootfs.tar"), "."), f"tar-{arch}")
-        shutil.rmtree(rootfs, ignore_errors=True)
-        (Path(tmp) / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\nCMD [\"/bin/bash\"]\n")
         runner.run(
-            Command.of(docker, "build", "--platform", platform, "--tag", name, tmp, env={"DOCKER_BUILDKIT": "1"}),
+            Command.of("tar", "-C", str(rootfs), "-cf", str(Path(tmp) / "rootfs.tar"), "."), f"tar-{arch}"
+        )
+        shutil.rmtree(rootfs, ignore_errors=True)
+        (Path(tmp) / "Dockerfile").write_text('FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n')
+        runner.run(
+            Command.of(
+                docker, "build", "--platform", platform, "--tag", name, tmp, env={"DOCKER_BUILDKIT": "1"}
+            ),
             f"import-{arch}",
         )
     return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform})")

@@ -1,0 +1,37 @@
+"""Glue shared by the Invoke tasks: user errors become a one-paragraph message and a non-zero exit."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from invoke.exceptions import Exit
+
+from sparkforge.errors import SparkforgeError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn SparkforgeError into `Exit(message)`: a clear message, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SparkforgeError as exc:
+            raise Exit(f"sparkforge: {exc}", code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise Exit("sparkforge: interrupted; nothing was tagged", code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo(line: str) -> None:
+    print(line, flush=True)
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

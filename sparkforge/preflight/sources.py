@@ -1,0 +1,299 @@
+"""Where the vLLM source (or wheel) at the recipe's pin comes from, as a directory preflight can read.
+
+Sources: GitHub's archive of the commit (any mirror with GitHub's URL layout), PyPI's sdist or wheel of
+the release (its vllm/_version.py must name the pinned commit), an archive URL, or a local checkout,
+directory, archive or wheel. Archives are cached by sha256 and extracted once.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+from sparkforge.commands import Command, Runner
+from sparkforge.errors import CommandError, PreflightError
+from sparkforge.preflight.fetch import (
+    Fetcher,
+    preflight_cache,
+    publish_dir,
+    read_record,
+    scratch_dir,
+    write_record,
+)
+from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.recipe import Component, Recipe
+
+GITHUB = "https://github.com"
+REGISTRY_PY = "vllm/model_executor/models/registry.py"
+VERSION_PY = "vllm/_version.py"
+_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+
+
+@dataclass(frozen=True)
+class UpstreamTree:
+    """The vLLM files preflight reads: a full source tree, or the few members of a wheel it needs."""
+
+    root: Path
+    kind: Literal["source", "wheel"]
+    origin: str
+    version: str | None = None
+    commit_id: str | None = None  # the commit the tree says it is (full or abbreviated), if it says
+    notes: tuple[str, ...] = ()
+
+    def read_text(self, rel: str) -> str | None:
+        path = self.root / rel
+        return path.read_text(errors="replace") if path.is_file() else None
+
+    def exists(self, rel: str) -> bool:
+        if self.kind == "wheel":
+            return rel in self.wheel_files()
+        return (self.root / rel).exists()
+
+    def wheel_files(self) -> frozenset[str]:
+        listing = self.root / WHEEL_FILE_LIST
+        return frozenset(listing.read_text().split()) if listing.is_file() else frozenset()
+
+    def wheel_metadata(self) -> str | None:
+        found = sorted(self.root.glob("*.dist-info/METADATA"))
+        return found[0].read_text(errors="replace") if found else None
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "origin": self.origin,
+            "kind": self.kind,
+            "version": self.version,
+            "commit_id": self.commit_id,
+            "notes": list(self.notes),
+        }
+
+
+def read_version_py(text: str) -> tuple[str | None, str | None]:
+    """(version, commit) from a setuptools-scm `_version.py`; the commit without its 'g' prefix."""
+    values: dict[str, str] = {}
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None, None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and isinstance(node.value.value, str):
+                    values[target.id] = node.value.value
+    commit = values.get("commit_id") or values.get("__commit_id__")
+    if commit and re.fullmatch(r"g[0-9a-f]{7,40}", commit):
+        commit = commit[1:]
+    return values.get("version") or values.get("__version__"), commit
+
+
+def same_commit(a: str, b: str) -> bool:
+    """Whether two commit ids (either may be abbreviated, >= 7 hex) name the same commit."""
+    a, b = a.lower(), b.lower()
+    return min(len(a), len(b)) >= 7 and (a.startswith(b) or b.startswith(a))
+
+
+def github_archive_url(base: str, repository: str, commit: str) -> str:
+    """`{base}/{org}/{repo}/archive/{sha}.tar.gz` for a GitHub-style repository URL."""
+    path = urlparse(repository).path.strip("/").removesuffix(".git")
+    if path.count("/") != 1:
+        raise PreflightError(
+            f"repository {repository!r} is not '<host>/<org>/<repo>'; fix: use e.g. https://github.com/vllm-project/vllm"
+        )
+    return f"{base.rstrip('/')}/{path}/archive/{commit}.tar.gz"
+
+
+# ---- archives ------------------------------------------------------------------------------------------
+
+
+def extract_archive(archive: Path, sha256: str) -> Path:
+    """The archive's contents (its single top directory stripped) under the cache, extracted once."""
+    final = preflight_cache("trees", sha256)
+    if final.is_dir():
+        return final
+    tmp = scratch_dir("trees")
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                for name in zf.namelist():
+                    if name.startswith("/") or ".." in Path(name).parts:
+                        raise PreflightError(f"{archive}: unsafe member {name!r}; fix: use a trusted archive")
+                zf.extractall(tmp)
+        else:
+            with tarfile.open(archive) as tf:
+                tf.extractall(tmp, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+        raise PreflightError(f"cannot extract {archive}: {exc}; fix: check the archive is complete") from None
+    entries = list(tmp.iterdir())
+    top = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp
+    published = publish_dir(top, final)
+    if top != tmp:
+        tmp.rmdir()
+    return published
+
+
+def _tree_from_archive(archive: Path, sha256: str, origin: str, notes: tuple[str, ...] = ()) -> UpstreamTree:
+    root = extract_archive(archive, sha256)
+    text = (root / VERSION_PY).read_text() if (root / VERSION_PY).is_file() else ""
+    version, commit = read_version_py(text)
+    return UpstreamTree(root, "source", origin, version, commit, notes)
+
+
+def from_url(fetcher: Fetcher, url: str, *, commit_in_url: str | None = None) -> UpstreamTree:
+    """An archive at `url` (GitHub archive layout or any tar/zip of the tree); cached by sha256."""
+    key = f"url|{url}"
+    record = read_record(key)
+    blob = None
+    if record is not None:
+        candidate = preflight_cache("blobs", record["sha256"])
+        blob = candidate if candidate.is_file() else None
+    if blob is None:
+        blob = fetcher.download(url, what=f"the source archive {url}")
+        write_record(key, {"sha256": blob.name})
+    tree = _tree_from_archive(blob, blob.name, url)
+    if tree.commit_id is None and commit_in_url:
+        return UpstreamTree(tree.root, "source", url, tree.version, commit_in_url, tree.notes)
+    return tree
+
+
+def from_github(fetcher: Fetcher, component: Component, base: str) -> UpstreamTree:
+    if component.repository is None or component.commit is None:
+        raise PreflightError("the GitHub source needs components.vllm repository and commit; fix: add both")
+    url = github_archive_url(base, component.repository, component.commit)
+    return from_url(fetcher, url, commit_in_url=component.commit)
+
+
+def from_pypi_sdist(fetcher: Fetcher, package: str, version: str) -> UpstreamTree:
+    dist = resolve_file(fetcher, package, version, wheel=None)
+    blob = fetcher.download(dist.url, what=dist.filename, sha256=dist.sha256)
+    return _tree_from_archive(blob, dist.sha256, f"PyPI sdist {dist.filename} (sha256 {dist.sha256[:12]})")
+
+
+WHEEL_MEMBERS = (VERSION_PY, REGISTRY_PY)
+
+
+def from_wheel_dir(root: Path, origin: str) -> UpstreamTree:
+    version, commit = read_version_py(
+        (root / VERSION_PY).read_text() if (root / VERSION_PY).is_file() else ""
+    )
+    return UpstreamTree(root, "wheel", origin, version, commit)
+
+
+def from_pypi_wheel(fetcher: Fetcher, package: str, version: str, target: WheelTarget) -> UpstreamTree:
+    dist = resolve_file(fetcher, package, version, wheel=target)
+    root = wheel_members(fetcher, dist, WHEEL_MEMBERS, suffixes=(".dist-info/METADATA",))
+    return from_wheel_dir(root, f"PyPI wheel {dist.filename} (sha256 {dist.sha256[:12]})")
+
+
+def from_local_wheel(path: Path) -> UpstreamTree:
+    import hashlib
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    final = preflight_cache("wheels", f"{sha}-local")
+    if not (final / WHEEL_FILE_LIST).is_file():
+        tmp = scratch_dir("wheels")
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            wanted = [*WHEEL_MEMBERS, *(n for n in names if n.endswith(".dist-info/METADATA"))]
+            for name in wanted:
+                if name in names:
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / name).write_bytes(zf.read(name))
+        (tmp / WHEEL_FILE_LIST).write_text("\n".join(names) + "\n")
+        final = publish_dir(tmp, final)
+    return from_wheel_dir(final, str(path))
+
+
+def from_directory(path: Path, runner: Runner) -> UpstreamTree:
+    """A checkout or plain directory, read in place; a git checkout reports its HEAD."""
+    if (path / ".git").exists():
+        try:
+            head = runner.capture(Command.of("git", "-C", str(path), "rev-parse", "HEAD"), "git-rev-parse")
+        except CommandError as exc:
+            raise PreflightError(
+                f"{path}: cannot read the git HEAD ({exc}); fix: pass a valid checkout"
+            ) from None
+        return UpstreamTree(path, "source", f"git checkout {path}", None, head.output.strip())
+    version, commit = read_version_py(
+        (path / VERSION_PY).read_text() if (path / VERSION_PY).is_file() else ""
+    )
+    notes = () if commit else ("the directory does not say its commit (no .git, no vllm/_version.py)",)
+    return UpstreamTree(path, "source", f"directory {path}", version, commit, notes)
+
+
+def from_local_archive(path: Path) -> UpstreamTree:
+    import hashlib
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _tree_from_archive(path, sha, f"archive {path}")
+
+
+def resolve_upstream(
+    recipe: Recipe,
+    *,
+    source: str | None,
+    github_base: str,
+    fetcher: Fetcher,
+    runner: Runner,
+) -> UpstreamTree:
+    """The vLLM tree the recipe pins, from `source` ('github', 'pypi', a URL, a path; None: the default)."""
+    component = recipe.model.components.vllm
+    package = component.package or "vllm"
+    is_wheel = component.source == "wheel"
+    target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
+    if source and source not in ("github", "pypi"):
+        if source.startswith(("http://", "https://")):
+            tree = from_url(fetcher, source)
+        else:
+            path = Path(source).expanduser().resolve()
+            if path.is_dir():
+                tree = from_directory(path, runner)
+            elif path.is_file() and path.name.endswith(".whl"):
+                tree = from_local_wheel(path)
+            elif path.is_file() and path.name.endswith(_ARCHIVE_SUFFIXES):
+                tree = from_local_archive(path)
+            else:
+                raise PreflightError(
+                    f"source {source!r} is neither 'github', 'pypi', a URL, a directory, an archive nor a wheel; "
+                    "fix: pass one of those"
+                )
+    elif is_wheel:
+        if source == "github":
+            raise PreflightError(
+                "components.vllm is a wheel; GitHub has no wheels; fix: use --source pypi or a local .whl"
+            )
+        tree = from_pypi_wheel(fetcher, package, component.version, target)
+    elif source == "pypi":
+        tree = from_pypi_sdist(fetcher, package, component.version)
+    elif source == "github":
+        tree = from_github(fetcher, component, github_base)
+    else:
+        tree = _github_then_pypi(fetcher, component, package, github_base)
+    check_pin(tree, component.version, component.commit or "")
+    return tree
+
+
+def _github_then_pypi(fetcher: Fetcher, component: Component, package: str, base: str) -> UpstreamTree:
+    try:
+        return from_github(fetcher, component, base)
+    except PreflightError as exc:
+        tree = from_pypi_sdist(fetcher, package, component.version)
+        note = f"GitHub archive unavailable ({str(exc).split(';')[0]}); used PyPI's sdist of the release"
+        return UpstreamTree(
+            tree.root, tree.kind, tree.origin, tree.version, tree.commit_id, (*tree.notes, note)
+        )
+
+
+def check_pin(tree: UpstreamTree, version: str, commit: str) -> None:
+    """The tree must be the pinned commit (when it says which it is); a mismatch is an error."""
+    if tree.commit_id and commit and not same_commit(tree.commit_id, commit):
+        said = "vllm/_version.py" if tree.kind == "wheel" or "PyPI" in tree.origin else "the tree"
+        raise PreflightError(
+            f"{tree.origin}: {said} says commit {tree.commit_id}, the recipe pins components.vllm.commit "
+            f"{commit} (version {version}); fix: pin the commit the release was built from "
+            f"({tree.commit_id}) or check out/pass the pinned commit"
+        )

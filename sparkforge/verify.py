@@ -1,0 +1,153 @@
+"""Verify an image against its recipe: host-side label/lock/kernel checks, then the in-image suite."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from typing import Any, Literal
+
+from sparkforge import engine, plan
+from sparkforge.errors import EngineError, SparkforgeError
+from sparkforge.recipe import Recipe
+from sparkforge.report import Check, Report
+
+MARKER = "SPARKFORGE-CHECKS-JSON:"
+SUITE = "/opt/sparkforge/image-tests/run_checks.py"
+LOCK_PATH = "/opt/sparkforge/lock.json"
+GpuMode = Literal["all", "none", "auto"]
+
+
+def check_labels(recipe: Recipe, labels: dict[str, str]) -> Check:
+    """The image's labels carry the recipe's hash and every pin."""
+    expected = {k: v for k, v in plan.labels(recipe).items() if k.startswith(plan.LABEL_PREFIX)}
+    wrong = {k: {"expected": v, "found": labels.get(k)} for k, v in expected.items() if labels.get(k) != v}
+    if wrong:
+        return Check(
+            "labels",
+            "failed",
+            f"{len(wrong)} label(s) differ from the recipe ({', '.join(sorted(wrong))}); the image was built "
+            "from another recipe or version: rebuild it or pass the matching --recipe",
+            {"mismatched": wrong},
+        )
+    return Check(
+        "labels", "passed", f"recipe hash and {len(plan.pins(recipe))} pins match", {"checked": len(expected)}
+    )
+
+
+def read_image_file(image: str, path: str) -> bytes | None:
+    """A file from an image without running it (None when absent)."""
+    client = engine._client()
+    container = client.containers.create(image, entrypoint=["/bin/true"], command=[])
+    try:
+        try:
+            chunks, _ = container.get_archive(path)
+        except Exception:  # the SDK raises NotFound for a missing path
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+            member = archive.next()
+            handle = archive.extractfile(member) if member else None
+            return handle.read() if handle else None
+    finally:
+        container.remove(force=True)
+
+
+def check_lock(recipe: Recipe, data: bytes | None) -> Check:
+    if data is None:
+        return Check("lock", "failed", f"{LOCK_PATH} is missing from the image; rebuild with 'invoke build'")
+    lock = json.loads(data)
+    if lock.get("recipe_hash") != recipe.hash:
+        return Check(
+            "lock",
+            "failed",
+            "the image's lock file was written for another recipe hash",
+            {"image": lock.get("recipe_hash"), "recipe": recipe.hash},
+        )
+    return Check(
+        "lock", "passed", f"{LOCK_PATH} present and matches the recipe", {"recipe_hash": recipe.hash}
+    )
+
+
+def check_kernels(recipe: Recipe, image: str) -> Check:
+    """Kernel coverage for the recipe's GPU from the image's binaries (no container is started)."""
+    from sparkforge.audit import audit_tar_stream
+
+    with engine.ExportedFilesystem(image) as stream:
+        audit = audit_tar_stream(
+            stream, subject=image, gpu=recipe.model.gpu, require=recipe.model.audit.require
+        )
+    failed = [c for c in audit.checks if c.status == "failed"]
+    details = {
+        "target": recipe.model.gpu,
+        "summary": audit.extra.get("summary"),
+        "required": [c.to_dict() for c in audit.checks],
+    }
+    if failed:
+        return Check("kernels", "failed", "; ".join(c.reason for c in failed), details)
+    return Check("kernels", "passed", f"every required library has kernels for {recipe.model.gpu}", details)
+
+
+def run_image_suite(image: str, gpus: bool, platform: str | None, timeout_s: int = 1800) -> list[Check]:
+    """The suite copied into the image, run in a throwaway container; one Check per in-image check."""
+    result = engine.run_container(
+        image,
+        [SUITE],
+        entrypoint=["/opt/venv/bin/python3"],
+        gpus=gpus,
+        platform=platform,
+        timeout_s=timeout_s,
+        environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
+    )
+    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
+    if line is None:
+        return [
+            Check(
+                "image-suite",
+                "failed",
+                f"the in-image suite exited {result.exit_code} without a report; last output: "
+                + (result.stderr or result.stdout)[-800:],
+            )
+        ]
+    return [Check.from_dict(c) for c in json.loads(line[len(MARKER) :])["checks"]]
+
+
+def _resolve_gpus(mode: GpuMode) -> tuple[bool, str]:
+    if mode == "none":
+        return False, "GPU checks disabled (--gpus none)"
+    available = engine.gpu_runtime_available()
+    if mode == "all" and not available:
+        raise EngineError(
+            "--gpus all: the engine has no NVIDIA runtime; fix: install nvidia-container-toolkit and restart "
+            "Docker, or use --gpus auto"
+        )
+    return available, "GPU runtime present" if available else "no NVIDIA runtime in this engine"
+
+
+def verify_image(recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels: bool = True) -> Report:
+    """Every verify check for `image`; the report fails if any check failed."""
+    report = Report(command="verify", subject=image, recipe=recipe.name)
+    start = time.monotonic()
+    labels = engine.image_labels(image)
+    report.add(check_labels(recipe, labels)).duration_s = time.monotonic() - start
+    start = time.monotonic()
+    report.add(check_lock(recipe, read_image_file(image, LOCK_PATH))).duration_s = time.monotonic() - start
+    if kernels:
+        start = time.monotonic()
+        try:
+            check = check_kernels(recipe, image)
+        except SparkforgeError as exc:
+            check = Check("kernels", "failed", str(exc))
+        check.duration_s = time.monotonic() - start
+        report.add(check)
+    use_gpus, why = _resolve_gpus(gpus)
+    platform = engine.image_platform(image)
+    for check in run_image_suite(image, use_gpus, platform):
+        report.add(check)
+    report.extra["gpus"] = {"used": use_gpus, "why": why}
+    report.extra["platform"] = platform
+    return report
+
+
+def describe(report: Report) -> dict[str, Any]:
+    return {"status": report.status, "failed": [c.name for c in report.failed]}

@@ -1,0 +1,292 @@
+"""sparkforge's command line (Invoke). Each task parses options, calls the library and prints the result."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from invoke import Collection, task
+
+from sparkforge.cli import echo, user_errors
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+
+
+@task
+@user_errors
+def recipes(c):
+    """List the recipes with their one-line descriptions."""
+    from sparkforge.recipe import list_recipe_names, load_recipe
+
+    for name in list_recipe_names():
+        echo(f"{name:28} {load_recipe(name).model.description}")
+
+
+@task(help={"recipe": RECIPE_HELP})
+@user_errors
+def show(c, recipe):
+    """Print the resolved recipe (after extends) as YAML, with its hash."""
+    import yaml
+
+    from sparkforge.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    echo(f"# {loaded.name} ({loaded.path}); extends: {' -> '.join(p.name for p in loaded.chain)}")
+    echo(f"# recipe hash: {loaded.hash}")
+    echo(yaml.safe_dump(loaded.resolved(), sort_keys=False).rstrip())
+
+
+@task(help={"recipe": RECIPE_HELP, "out": "directory to write <recipe>/ into (default: build/)"})
+@user_errors
+def render(c, recipe, out=""):
+    """Write the build context build/<recipe>/ (Dockerfile, patches, image tests, lock, build.sh)."""
+    from sparkforge.recipe import load_recipe
+    from sparkforge.render import render_context
+
+    context = render_context(load_recipe(recipe), Path(out) if out else None)
+    echo(f"rendered {context.path}")
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "json": "write the JSON report here",
+        "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
+        "offline": "skip checks that need a registry",
+    }
+)
+@user_errors
+def preflight(c, recipe, json="", source="", offline=False):
+    """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
+    from sparkforge.preflight import run_preflight
+    from sparkforge.recipe import load_recipe
+
+    report = run_preflight(load_recipe(recipe), source=source or None, offline=offline)
+    _finish(report, json)
+
+
+def _finish(report, json_path, junit_path=""):
+    from invoke.exceptions import Exit
+
+    from sparkforge.report import print_report
+
+    print_report(report, echo)
+    if json_path:
+        report.write_json(Path(json_path))
+        echo(f"report: {json_path}")
+    if junit_path:
+        report.write_junit(Path(junit_path))
+    if report.status != "passed":
+        failed = ", ".join(c.name for c in report.failed)
+        raise Exit(f"sparkforge: {report.command} failed ({failed}); see the table above", code=1)
+
+
+@task(
+    iterable=["secret", "tag", "source"],
+    help={
+        "recipe": RECIPE_HELP,
+        "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
+        "target": "stop at this stage (toolchain, source, build, runtime); only runtime is verified and tagged",
+        "base_image": "override the base images: REF, or builder=REF,runtime=REF (mirrors, offline bases)",
+        "ca_bundle": "PEM CA bundle passed as the BuildKit secret 'ca' (default: $SPARKFORGE_CA_BUNDLE)",
+        "secret": "extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
+        "tag": "final tag(s) instead of the recipe's scheme (repeatable)",
+        "builder": "buildx builder to use (remote or multi-node BuildKit)",
+        "no_cache": "do not use the build cache",
+        "no_verify": "tag without verifying (loudly warned)",
+        "no_preflight": "skip the upstream preflight checks",
+        "push_by_digest": "push to the recipe's repository by digest (buildx; CI)",
+        "metadata_file": "write BuildKit's metadata (digest) here",
+        "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
+        "network": "network mode for RUN steps (e.g. host, to reach a local source server)",
+        "gpus": "verify's GPU use: all, none or auto",
+        "dry": "print exactly what would run, run nothing",
+    },
+)
+@user_errors
+def build(
+    c,
+    recipe,
+    platform="",
+    target="runtime",
+    base_image="",
+    ca_bundle="",
+    secret=None,
+    tag=None,
+    builder="",
+    no_cache=False,
+    no_verify=False,
+    no_preflight=False,
+    push_by_digest=False,
+    metadata_file="",
+    source=None,
+    network="",
+    gpus="auto",
+    dry=False,
+):
+    """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
+    from sparkforge.build import BuildOptions
+    from sparkforge.build import build as run_build
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    if not no_preflight:
+        from sparkforge.preflight import run_preflight
+        from sparkforge.report import print_report
+
+        report = run_preflight(loaded)
+        print_report(report, echo)
+        if report.status != "passed":
+            raise SparkforgeError("preflight failed; nothing was built (fix the recipe, or --no-preflight)")
+    sources = {}
+    for item in source or []:
+        name, _, url = item.partition("=")
+        if not url:
+            raise SparkforgeError(f"--source {item!r}: use component=URL")
+        sources[name] = url
+    options = BuildOptions(
+        platform=platform or None,
+        target=target,
+        base_image=base_image or None,
+        ca_bundle=Path(ca_bundle) if ca_bundle else None,
+        secrets=tuple(secret or ()),
+        tags=tuple(tag or ()),
+        builder=builder or None,
+        no_cache=no_cache,
+        verify=not no_verify,
+        gpus=gpus,
+        push_by_digest=push_by_digest,
+        dry=dry,
+        network=network or None,
+        sources=sources,
+        metadata_file=Path(metadata_file) if metadata_file else None,
+    )
+    run_build(loaded, options, echo=echo)
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "image": "image to verify (default: the recipe's candidate tag for its first platform)",
+        "gpus": "all, none or auto (GPU checks skip with a reason when no GPU is used)",
+        "report": "write the JSON report here",
+        "junit": "write JUnit XML here",
+        "no_kernels": "skip the kernel-coverage audit of the image",
+    }
+)
+@user_errors
+def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=False):
+    """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
+    from sparkforge import plan
+    from sparkforge.recipe import load_recipe
+    from sparkforge.verify import verify_image
+
+    loaded = load_recipe(recipe)
+    ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
+    _finish(verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels), report, junit)
+
+
+@task(
+    iterable=["require"],
+    help={
+        "target": "a directory, a wheel/zip, a .so/.o file, or an image reference",
+        "gpu": "GPU target, e.g. sm_121",
+        "require": "library glob that must have kernels for the GPU (repeatable), e.g. 'vllm/_C*.so'",
+        "recipe": "take --gpu and --require from this recipe",
+        "json": "write the JSON report here",
+    },
+)
+@user_errors
+def audit(c, target, gpu="", require=None, recipe="", json=""):
+    """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
+    from sparkforge.audit import audit_tar_stream, audit_target, format_audit_table
+    from sparkforge.recipe import load_recipe
+
+    requires = list(require or [])
+    if recipe:
+        loaded = load_recipe(recipe)
+        gpu = gpu or loaded.model.gpu
+        requires = requires or list(loaded.model.audit.require)
+    gpu = gpu or "sm_121"
+    path = Path(target)
+    if path.exists():
+        report = audit_target(path, gpu=gpu, require=requires)
+    else:
+        from sparkforge import engine
+
+        with engine.ExportedFilesystem(target) as stream:
+            report = audit_tar_stream(stream, subject=target, gpu=gpu, require=requires)
+    echo(format_audit_table(report))
+    if json:
+        report.write_json(Path(json))
+    if report.status != "passed":
+        from invoke.exceptions import Exit
+
+        raise Exit("sparkforge: audit failed: a required library has no kernels that run on " + gpu, code=1)
+
+
+@task(help={"recipe": RECIPE_HELP, "check": "fail on any floating reference instead of resolving"})
+@user_errors
+def lock(c, recipe, check=False):
+    """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
+    from sparkforge.preflight import lock_recipe
+    from sparkforge.recipe import load_recipe
+
+    result = lock_recipe(load_recipe(recipe), check=check)
+    echo(str(result))
+
+
+@task
+@user_errors
+def lint(c):
+    """ruff on the code, hadolint on every recipe's rendered Dockerfile."""
+    from sparkforge.lint import run_lint
+
+    run_lint(echo)
+
+
+@task(help={"slow": "also run the slow real-world tests", "k": "pytest -k expression"})
+def test(c, slow=False, k=""):
+    """Run the test suite (the same command as README and CI)."""
+    argv = [sys.executable, "-m", "pytest", "-q"]
+    if slow:
+        argv += ["-m", "slow or not slow"]
+    if k:
+        argv += ["-k", k]
+    c.run(" ".join(argv), pty=False)
+
+
+# ---- engine -------------------------------------------------------------------------------------
+@task(help={"qemu": "also register qemu-aarch64 (build and run arm64 images on x86)", "dry": "print only"})
+@user_errors
+def engine_up(c, qemu=False, dry=False):
+    """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
+    from sparkforge.commands import Runner
+    from sparkforge.hostsetup import engine_up as up
+
+    for step in up(Runner(dry=dry), qemu=qemu):
+        echo(f"{step.name}: {step.done}")
+
+
+@task(
+    iterable=["platform"],
+    help={"platform": "linux/amd64 and/or linux/arm64 (default both)", "force": "rebuild"},
+)
+@user_errors
+def engine_bases(c, platform=None, force=False):
+    """Offline stand-in bases from Debian (debootstrap) for machines that cannot pull the recipe's bases."""
+    from sparkforge.commands import Runner
+    from sparkforge.hostsetup import build_base
+
+    for plat in platform or ["linux/amd64", "linux/arm64"]:
+        echo(str(build_base(Runner(stream=False), plat, force=force).done))
+
+
+engine_ns = Collection("engine")
+engine_ns.add_task(engine_up, "up")
+engine_ns.add_task(engine_bases, "bases")
+
+ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, lint, test)
+ns.add_collection(engine_ns)
+ns.configure({"run": {"echo": True}})
