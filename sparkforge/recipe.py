@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -181,16 +182,17 @@ class Publish(StrictModel):
     )
     qemu: bool = Field(False, description="allow building foreign platforms under QEMU in CI")
 
-    @model_validator(mode="after")
-    def _placeholders(self) -> Publish:
-        for tag in [*self.tags, *self.moving_tags]:
+    @field_validator("tags", "moving_tags")
+    @classmethod
+    def _placeholders(cls, value: list[str]) -> list[str]:
+        for tag in value:
             for name in re.findall(r"\{([^}]*)\}", tag):
                 if name not in TAG_PLACEHOLDERS:
                     raise ValueError(
                         f"tag {tag!r} uses unknown placeholder {{{name}}}; fix: use one of "
                         + ", ".join("{" + p + "}" for p in TAG_PLACEHOLDERS)
                     )
-        return self
+        return value
 
 
 class RecipeModel(StrictModel):
@@ -207,11 +209,12 @@ class RecipeModel(StrictModel):
     audit: Audit = Field(default_factory=Audit)
     publish: Publish
 
-    @model_validator(mode="after")
-    def _unique_platforms(self) -> RecipeModel:
-        if len(set(self.platforms)) != len(self.platforms):
-            raise ValueError("platforms lists a platform twice; fix: list each platform once")
-        return self
+    @field_validator("platforms")
+    @classmethod
+    def _unique_platforms(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("a platform is listed twice; fix: list each platform once")
+        return value
 
 
 @dataclass(frozen=True)
