@@ -210,11 +210,14 @@ def script_of(
     known_pure: frozenset[str] = frozenset(),
     *,
     after: Mapping[str, str] | None = None,
+    fatal: str | None = None,
 ) -> tuple[str, frozenset[str]]:
     """The runnable part of a CMake file, and the pure functions it defines.
 
     `after` maps a function name to a CMake template emitted after each top-level call of it, with
-    {line}, {out} and {src} replaced by the call's line, first and second raw arguments.
+    {line}, {out} and {src} replaced by the call's line, first and second raw arguments. With `fatal`,
+    top-level `message(FATAL_ERROR ...)` becomes `message(STATUS "<fatal>|<line>|" ...)`: a dropped
+    command (e.g. a code generator run) may leave a variable that vLLM's error path would trip on.
     """
     calls = invocations(text)
     blocks, top = split_blocks(calls)
@@ -224,6 +227,11 @@ def script_of(
     pieces: list[str] = [text[b.start : b.end] for b in blocks if b.name in pure]
     for call in top:
         if call.name not in SCRIPT_SAFE and call.name not in pure:
+            continue
+        args = call.arguments()
+        if fatal is not None and call.name == "message" and args[:1] == ["FATAL_ERROR"]:
+            rest = " ".join(args[1:])
+            pieces.append(f'message(STATUS "{fatal}|{call.line}|" {rest})')
             continue
         pieces.append(text[call.start : call.end])
         template = (after or {}).get(call.name)

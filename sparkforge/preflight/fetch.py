@@ -37,7 +37,7 @@ def preflight_cache(*parts: str) -> Path:
 def _session(retries: int) -> requests.Session:
     retry = Retry(
         total=retries,
-        connect=retries,
+        connect=1,  # an unreachable host (no DNS, firewall) should fail fast, not after backoffs
         read=retries,
         backoff_factor=0.5,
         status_forcelist=(429, 500, 502, 503, 504),
@@ -146,6 +146,11 @@ class Fetcher:
             return None
         raw = _RangeReader(self, url, size)
         return zipfile.ZipFile(io.BufferedReader(raw, _RANGE_BLOCK))
+
+
+def make_fetcher(*, offline: bool = False, timeout: float = 30.0, retries: int = 3) -> Fetcher:
+    """A Fetcher with its own HTTP session (retries on 429/5xx and dropped reads)."""
+    return Fetcher(offline=offline, timeout=timeout, retries=retries, session=_session(retries))
 
 
 class _RangeReader(io.RawIOBase):

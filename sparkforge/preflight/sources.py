@@ -8,6 +8,7 @@ directory, archive or wheel. Archives are cached by sha256 and extracted once.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import tarfile
 import zipfile
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
+
+from packaging.utils import canonicalize_name
 
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, PreflightError
@@ -26,7 +29,7 @@ from sparkforge.preflight.fetch import (
     scratch_dir,
     write_record,
 )
-from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.preflight.pypi import PYPI_SIMPLE, WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
 from sparkforge.recipe import Component, Recipe
 
 GITHUB = "https://github.com"
@@ -190,8 +193,6 @@ def from_pypi_wheel(fetcher: Fetcher, package: str, version: str, target: WheelT
 
 
 def from_local_wheel(path: Path) -> UpstreamTree:
-    import hashlib
-
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     final = preflight_cache("wheels", f"{sha}-local")
     if not (final / WHEEL_FILE_LIST).is_file():
@@ -226,8 +227,6 @@ def from_directory(path: Path, runner: Runner) -> UpstreamTree:
 
 
 def from_local_archive(path: Path) -> UpstreamTree:
-    import hashlib
-
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     return _tree_from_archive(path, sha, f"archive {path}")
 
@@ -277,12 +276,23 @@ def resolve_upstream(
     return tree
 
 
+def _cached(key: str) -> bool:
+    record = read_record(key)
+    return record is not None and preflight_cache("blobs", str(record.get("sha256"))).is_file()
+
+
 def _github_then_pypi(fetcher: Fetcher, component: Component, package: str, base: str) -> UpstreamTree:
+    """GitHub's archive of the commit, else PyPI's sdist of the release; whichever is cached goes first."""
+    github_url = github_archive_url(base, component.repository or "", component.commit or "")
+    if _cached(f"url|{github_url}"):
+        return from_github(fetcher, component, base)
+    if _cached(f"pypi|{PYPI_SIMPLE}|{canonicalize_name(package)}|{component.version}|sdist"):
+        return from_pypi_sdist(fetcher, package, component.version)
     try:
         return from_github(fetcher, component, base)
     except PreflightError as exc:
         tree = from_pypi_sdist(fetcher, package, component.version)
-        note = f"GitHub archive unavailable ({str(exc).split(';')[0]}); used PyPI's sdist of the release"
+        note = f"GitHub archive unavailable ({str(exc).split(': ', 2)[-1].split(';')[0][:160]}); used PyPI's sdist"
         return UpstreamTree(
             tree.root, tree.kind, tree.origin, tree.version, tree.commit_id, (*tree.notes, note)
         )

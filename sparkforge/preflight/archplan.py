@@ -1,0 +1,385 @@
+"""Check 4: which CUDA archs vLLM's own CMake logic picks for the recipe, and whether the GPU gets kernels.
+
+vLLM's CMakeLists.txt and cmake/utils.cmake (after the recipe's patches) are reduced to their script-safe
+part (see cmake.py) and run with `cmake -P` (CMake >= 3.18: `list(SORT ... COMPARE NATURAL)`), after
+torch's own arch-flag step: TORCH_CUDA_ARCH_LIST -> `-gencode` flags through `cuda_select_nvcc_arch_flags`
+from torch's select_compute_arch.cmake (taken from the recipe's torch wheel; emulated when unavailable).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from sparkforge.commands import Command, Runner
+from sparkforge.errors import CommandError
+from sparkforge.preflight import cmake
+
+MIN_CMAKE = Version("3.18")
+_MARK = "@@sparkforge@@"
+_TRACE = 'message(STATUS "' + _MARK + '|{line}|{out}|${{{out}}}|" {src})'
+_TRACED = ("cuda_archs_loose_intersection", "cuda_archs_sm90plus")
+_BUILDING = re.compile(r'"(?:Building|Not building) ([A-Za-z0-9_ .+-]+?)(?: kernels)?(?: for archs| as |")')
+_ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
+_RANK = {"native": 3, "family": 2, "jit": 1, "none": 0}
+
+
+def arch_verdict(entry: str, gpu: str) -> str:
+    """How code built for one CMake arch entry (e.g. '12.0f', '8.0+PTX') runs on `gpu` ('sm_121')."""
+    match = _ARCH.match(entry.strip())
+    target = re.fullmatch(r"sm_(\d+)(\d)[af]?", gpu)
+    if match is None or target is None:
+        return "none"
+    major, minor, suffix, ptx = int(match[1]), int(match[2]), match[3], bool(match[4])
+    g_major, g_minor = int(target[1]), int(target[2])
+    same_line = major == g_major and minor <= g_minor
+    if suffix == "a":
+        sass = "native" if (major, minor) == (g_major, g_minor) else "none"
+    elif suffix == "f":
+        sass = "family" if same_line else "none"
+    else:
+        sass = "native" if same_line else "none"
+    if sass == "none" and ptx and suffix != "a" and (major, minor) <= (g_major, g_minor):
+        return "jit"
+    return sass
+
+
+def best_verdict(entries: list[str], gpu: str) -> str:
+    return max((arch_verdict(e, gpu) for e in entries), key=_RANK.__getitem__, default="none")
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """One `cuda_archs_*` selection as vLLM's CMake evaluated it."""
+
+    name: str
+    variable: str
+    line: int
+    source: list[str]
+    archs: list[str]
+    verdict: str
+    required: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "variable": self.variable,
+            "line": self.line,
+            "source": self.source,
+            "archs": self.archs,
+            "verdict": self.verdict,
+            "required": self.required,
+        }
+
+
+@dataclass(frozen=True)
+class ArchPlan:
+    """The result of one `cmake -P` run over vLLM's arch selection."""
+
+    cmake_version: str
+    torch_step: str
+    cuda_arch_flags: str
+    requested: list[str]
+    supported: list[str]
+    cuda_archs: list[str]
+    groups: list[KernelGroup]
+    messages: list[str]
+    fatal: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    configure_errors: list[str] = field(default_factory=list)  # FATAL_ERRORs passed over (see cmake.py)
+
+
+@dataclass(frozen=True)
+class ArchInputs:
+    """What the plan depends on besides vLLM's files."""
+
+    gpu: str
+    cuda: str
+    torch_version: str
+    python: str
+    machine: str
+    arch_list: list[str]
+    torch_select_cmake: Path | None  # torch's select_compute_arch.cmake; None = emulate it
+
+
+def emulated_select_cmake() -> str:
+    """A minimal stand-in for torch's `cuda_select_nvcc_arch_flags` for numeric lists (X.Y[a|f][+PTX])."""
+    return r"""
+function(cuda_select_nvcc_arch_flags out_variable)
+  set(_list "${ARGN}")
+  string(REGEX REPLACE "[ \t]+" ";" _list "${_list}")
+  set(_flags)
+  set(_ptx)
+  foreach(_name ${_list})
+    set(_add_ptx FALSE)
+    if(_name MATCHES "(.*)\\+PTX$")
+      set(_add_ptx TRUE)
+      set(_name ${CMAKE_MATCH_1})
+    endif()
+    if(NOT _name MATCHES "^[0-9]+\\.[0-9][af]?$")
+      message(SEND_ERROR "Found Unknown CUDA Architecture Name in CUDA_SELECT_NVCC_ARCH_FLAGS: ${_name} ")
+    endif()
+    string(REPLACE "." "" _code "${_name}")
+    list(APPEND _flags -gencode arch=compute_${_code},code=sm_${_code})
+    if(_add_ptx)
+      list(APPEND _ptx ${_code})
+    endif()
+  endforeach()
+  foreach(_code ${_ptx})
+    list(APPEND _flags -gencode arch=compute_${_code},code=compute_${_code})
+  endforeach()
+  set(${out_variable} ${_flags} PARENT_SCOPE)
+endfunction()
+"""
+
+
+def _driver(inputs: ArchInputs, select_path: Path, utils_path: Path, lists_path: Path) -> str:
+    values = {
+        "CMAKE_CUDA_COMPILER_VERSION": inputs.cuda,
+        "CMAKE_CUDA_COMPILER_ID": "NVIDIA",
+        "CUDA_VERSION": inputs.cuda,
+        "CUDA_FOUND": "TRUE",
+        "NVCC_EXECUTABLE": "/usr/local/cuda/bin/nvcc",
+        "VLLM_TARGET_DEVICE": "cuda",
+        "VLLM_PYTHON_EXECUTABLE": "python3",
+        "Python_VERSION": inputs.python,
+        "Torch_FOUND": "TRUE",
+        "Torch_VERSION": inputs.torch_version,
+        "CMAKE_SYSTEM_PROCESSOR": inputs.machine,
+        "CMAKE_BUILD_TYPE": "Release",
+        "TORCH_CUDA_ARCH_LIST": ";".join(inputs.arch_list),
+    }
+    lines = ["cmake_minimum_required(VERSION 3.18)"]
+    lines += [f'set({k} "{v}")' for k, v in values.items()]
+    lines += [
+        f'set(ENV{{TORCH_CUDA_ARCH_LIST}} "{values["TORCH_CUDA_ARCH_LIST"]}")',
+        f'include("{select_path}")',
+        # torch's Caffe2/public/cuda.cmake: the gencode list becomes space-joined CMAKE_CUDA_FLAGS.
+        "cuda_select_nvcc_arch_flags(NVCC_FLAGS_EXTRA ${TORCH_CUDA_ARCH_LIST})",
+        'set(CMAKE_CUDA_FLAGS "")',
+        'foreach(FLAG ${NVCC_FLAGS_EXTRA})\n  string(APPEND CMAKE_CUDA_FLAGS " ${FLAG}")\nendforeach()',
+        f'message(STATUS "{_MARK}|flags|${{CMAKE_CUDA_FLAGS}}")',
+        f'include("{utils_path}")',
+        f'include("{lists_path}")',
+        f'message(STATUS "{_MARK}|supported|${{CUDA_SUPPORTED_ARCHS}}")',
+        f'message(STATUS "{_MARK}|done|${{CUDA_ARCHS}}")',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def group_names(lists_text: str) -> dict[int, str]:
+    """For each traced call's line, the kernel group vLLM's next Building/Not building message names."""
+    calls = cmake.invocations(lists_text)
+    names: dict[int, str] = {}
+    pending: list[int] = []
+    variable = ""
+
+    def visit(call: cmake.Invocation) -> None:
+        nonlocal variable
+        if call.name in _TRACED:
+            out = (call.arguments() or [""])[0]
+            if out != variable:
+                pending.clear()
+            variable = out
+            pending.append(call.line)
+        elif call.name == "message" and pending:
+            match = _BUILDING.search(call.args)
+            if match:
+                for line in pending:
+                    names[line] = match.group(1).strip()
+                pending.clear()
+
+    for call in calls:
+        visit(call)
+    return names
+
+
+def cmake_version(runner: Runner) -> str:
+    result = runner.capture(Command.of("cmake", "--version"), "cmake-version")
+    match = re.search(r"cmake version (\S+)", result.output)
+    return match.group(1) if match else "unknown"
+
+
+def _split(value: str) -> list[str]:
+    return [v for v in value.split(";") if v]
+
+
+def plan_arches(
+    read_text: Callable[[str], str | None],
+    inputs: ArchInputs,
+    runner: Runner,
+) -> ArchPlan:
+    """Run vLLM's arch selection from CMakeLists.txt + cmake/utils.cmake (as `read_text` gives them)."""
+    lists_text = read_text("CMakeLists.txt") or ""
+    utils_text = read_text("cmake/utils.cmake") or ""
+    version = cmake_version(runner)
+    utils_script, pure = cmake.script_of(utils_text)
+    lists_script, _ = cmake.script_of(
+        lists_text, pure, after=dict.fromkeys(_TRACED, _TRACE), fatal=f"{_MARK}|fatal"
+    )
+    with tempfile.TemporaryDirectory(prefix="sparkforge-archplan-") as tmp:
+        work = Path(tmp)
+        select = work / "select_compute_arch.cmake"
+        if inputs.torch_select_cmake is not None:
+            select.write_text(inputs.torch_select_cmake.read_text())
+            torch_step = f"torch {inputs.torch_version} select_compute_arch.cmake"
+        else:
+            select.write_text(emulated_select_cmake())
+            torch_step = "emulated (torch's select_compute_arch.cmake unavailable)"
+        (work / "utils.cmake").write_text(utils_script)
+        (work / "CMakeLists.cmake").write_text(lists_script)
+        driver = work / "driver.cmake"
+        driver.write_text(_driver(inputs, select, work / "utils.cmake", work / "CMakeLists.cmake"))
+        result = runner.capture(
+            Command.of("cmake", "-P", str(driver), cwd=work), "cmake-arch-plan", check=False
+        )
+    return _read_plan(result.output, result.returncode, lists_text, inputs, version, torch_step)
+
+
+def _read_plan(
+    output: str, returncode: int, lists_text: str, inputs: ArchInputs, version: str, torch_step: str
+) -> ArchPlan:
+    names = group_names(lists_text)
+    marks: dict[str, str] = {}
+    groups: list[KernelGroup] = []
+    messages: list[str] = []
+    fatals: list[str] = []
+    supported_line = 0
+    for raw in output.splitlines():
+        line = raw.removeprefix("-- ")
+        if not line.startswith(_MARK):
+            if line.startswith(("Building ", "Not building ")):
+                messages.append(line)
+            continue
+        parts = line.split("|")
+        if parts[1] == "fatal":
+            fatals.append(f"CMakeLists.txt:{parts[2]}: {'|'.join(parts[3:]).strip()}")
+            continue
+        if parts[1] in ("flags", "supported", "done"):
+            marks[parts[1]] = parts[2]
+            continue
+        number, variable, archs, source = int(parts[1]), parts[2], _split(parts[3]), _split(parts[4])
+        if variable == "CUDA_ARCHS" and not supported_line:
+            supported_line = number
+            continue
+        required = any(s.split(".")[0] == re.sub(r"sm_(\d+)\d.*", r"\1", inputs.gpu) for s in source)
+        groups.append(
+            KernelGroup(
+                names.get(number, variable),
+                variable,
+                number,
+                source,
+                archs,
+                best_verdict(archs, inputs.gpu),
+                required,
+            )
+        )
+    flags = marks.get("flags", "").strip()
+    requested = sorted({_gencode_arch(f) for f in re.findall(r"arch=\S+", flags)})
+    fatal = None
+    if returncode != 0 or "done" not in marks:
+        errors = re.findall(r"CMake Error.*?(?=\n\S|\Z)", output, re.S)
+        fatal = (errors[-1] if errors else output[-1500:]).strip()
+    elif arch_fatals := [f for f in fatals if "arch" in f.lower()]:
+        fatal = arch_fatals[0]
+    warnings = [w.strip() for w in re.findall(r"CMake Warning.*?(?=\n\S|\Z)", output, re.S)]
+    return ArchPlan(
+        cmake_version=version,
+        torch_step=torch_step,
+        cuda_arch_flags=flags,
+        requested=requested,
+        supported=_split(marks.get("supported", "")),
+        cuda_archs=_split(marks.get("done", "")),
+        groups=groups,
+        messages=messages,
+        fatal=fatal,
+        warnings=warnings,
+        configure_errors=fatals,
+    )
+
+
+def _gencode_arch(flag: str) -> str:
+    match = re.search(r"code=(?:sm|compute)_(\d+)(\d)([af]?)", flag)
+    return f"{match[1]}.{match[2]}{match[3]}" if match else flag
+
+
+def require_cmake(runner: Runner) -> str | None:
+    """None when a usable cmake is on PATH, else why not (with the fix)."""
+    try:
+        version = cmake_version(runner)
+    except CommandError:
+        return "cmake is not installed; fix: apt-get install cmake, or pip install 'cmake>=3.18'"
+    try:
+        if Version(version) < MIN_CMAKE:
+            return f"cmake {version} is older than {MIN_CMAKE}; fix: pip install 'cmake>=3.18'"
+    except ValueError:
+        return None
+    return None
+
+
+def plan_details(plan: ArchPlan) -> dict[str, Any]:
+    return {
+        "cmake": plan.cmake_version,
+        "torch_arch_step": plan.torch_step,
+        "cuda_arch_flags": plan.cuda_arch_flags,
+        "requested": plan.requested,
+        "cuda_supported_archs": plan.supported,
+        "cuda_archs": plan.cuda_archs,
+        "groups": [g.to_dict() for g in plan.groups],
+        "vllm_messages": plan.messages,
+        "cmake_warnings": plan.warnings,
+        "configure_errors_passed_over": plan.configure_errors,
+    }
+
+
+def judge_plan(check: Any, plan: ArchPlan, inputs: ArchInputs) -> None:
+    """Fill `check`: the GPU needs native or family kernels generically and in every SM-line group."""
+    check.details = plan_details(plan)
+    setting = f"TORCH_CUDA_ARCH_LIST={';'.join(inputs.arch_list)} on CUDA {inputs.cuda}"
+    fix = (
+        "fix: pin a vLLM whose CMake keeps SM12x kernels for this CUDA (>= 0.19.0), patch "
+        "CUDA_SUPPORTED_ARCHS (patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch), or change "
+        "build.torch_cuda_arch_list / cuda"
+    )
+    if plan.fatal:
+        check.status = "failed"
+        check.reason = f"vLLM's CMake stops for {setting}: {plan.fatal.splitlines()[0:3]}; {fix}"
+        return
+    generic = best_verdict(plan.cuda_archs, inputs.gpu)
+    bad = [g for g in plan.groups if g.required and g.verdict not in ("native", "family")]
+    problems = []
+    if generic not in ("native", "family"):
+        problems.append(f"generic kernels (CUDA_ARCHS={';'.join(plan.cuda_archs) or 'empty'}): {generic}")
+    problems += [
+        f"{g.name} ({';'.join(g.source)} -> {';'.join(g.archs) or 'nothing'}: {g.verdict})" for g in bad
+    ]
+    kept = [r for r in plan.requested if r in plan.cuda_archs]
+    collapsed = [r for r in plan.requested if r not in plan.cuda_archs]
+    check.details["collapsed"] = collapsed
+    if problems:
+        check.status = "failed"
+        check.reason = f"{inputs.gpu} gets no native or family kernels with {setting} for: " + "; ".join(
+            problems
+        )
+        check.reason += f"; {fix}"
+        return
+    required = [g for g in plan.groups if g.required]
+    counts = {v: sum(g.verdict == v for g in required) for v in ("native", "family")}
+    check.reason = (
+        f"{inputs.gpu}: generic kernels {';'.join(plan.cuda_archs)} ({generic}), "
+        f"{len(required)} SM{inputs.gpu[3:-1]}x kernel groups ({counts['native']} native, {counts['family']} family)"
+    )
+    if collapsed:
+        check.reason += (
+            f"; note: {', '.join(collapsed)} became {';'.join(plan.cuda_archs)} "
+            f"(CUDA_SUPPORTED_ARCHS for CUDA {inputs.cuda}: {';'.join(plan.supported)}), so no "
+            f"{', '.join('sm_' + c.replace('.', '') for c in collapsed)} cubins"
+        )
+    elif kept:
+        check.reason += f"; {', '.join(kept)} kept as requested"
