@@ -35,7 +35,6 @@ from sparkforge.recipe import Component, Recipe
 GITHUB = "https://github.com"
 REGISTRY_PY = "vllm/model_executor/models/registry.py"
 VERSION_PY = "vllm/_version.py"
-_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 
 
 @dataclass(frozen=True)
@@ -253,7 +252,7 @@ def resolve_upstream(
                 tree = from_directory(path, runner)
             elif path.is_file() and path.name.endswith(".whl"):
                 tree = from_local_wheel(path)
-            elif path.is_file() and path.name.endswith(_ARCHIVE_SUFFIXES):
+            elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):
                 tree = from_local_archive(path)
             else:
                 raise PreflightError(
