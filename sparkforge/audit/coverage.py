@@ -103,7 +103,7 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
             inner = body[i + 1 : close]
             negate = inner.startswith("!")
             inner = re.escape(inner[1:] if negate else inner).replace("\\-", "-")
-            out.append(f"[{'^' if negate else ''}{inner}]")
+            out.append(f"[^/{inner}]" if negate else f"[{inner}]")  # never let a class match the `/`
             i = close + 1
         else:
             out.append(re.escape(body[i]))

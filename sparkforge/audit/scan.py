@@ -97,9 +97,11 @@ def scan_directory(root: Path, workers: int) -> ScanResult:
     return ScanResult(tuple(_run_batched(scan, paths, workers)), len(paths))
 
 
-def parse_stream(head: bytes, stream: IO[bytes], size: int, where: str) -> FatbinFile | None:
+def parse_stream(
+    head: bytes, stream: IO[bytes], size: int, where: str, memory_limit: int = IN_MEMORY_LIMIT
+) -> FatbinFile | None:
     """Parse a member whose first bytes were `head`: in memory when small, through a spooled file when large."""
-    if size <= IN_MEMORY_LIMIT:
+    if size <= memory_limit:
         return parse_buffer(head + stream.read(max(0, size - len(head))), where)
     with tempfile.TemporaryFile(prefix="sparkforge-audit-") as spool:
         spool.write(head)
