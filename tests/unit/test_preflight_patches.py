@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import shutil
 import subprocess
 from pathlib import Path
@@ -80,12 +81,10 @@ def test_patches_apply_in_order(sdist_0310, tmp_path):
     shutil.copytree(applied, second)
     text = (second / "CMakeLists.txt").read_text().replace('12.0;12.1")', '12.0;12.1;12.3")', 1)
     (second / "CMakeLists.txt").write_text(text)
-    diff = subprocess.run(
-        ["git", "diff", "--no-index", "a/CMakeLists.txt", "b/CMakeLists.txt"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    ).stdout
+    before = (applied / "CMakeLists.txt").read_text().splitlines(keepends=True)
+    diff = "".join(
+        difflib.unified_diff(before, text.splitlines(keepends=True), "a/CMakeLists.txt", "b/CMakeLists.txt")
+    )
     follow_up = tmp_path / "0002-follow-up.patch"
     follow_up.write_text(diff)
     both, scratch = _check(root, [CMAKE_PATCH, follow_up], tmp_path / "both")
