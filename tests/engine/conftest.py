@@ -1,0 +1,58 @@
+"""Engine fixtures: skip with an explicit reason when no Docker engine (or no offline base) is available."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkforge.hostsetup import base_image_name
+
+CANARY = "sparkforge-secret-canary-3f9c1e7a"  # constant: any build that ever leaked it would show it
+
+
+def _engine_reason() -> str | None:
+    try:
+        from sparkforge.engine import detect_engine
+
+        detect_engine()
+    except Exception as exc:
+        return f"no usable Docker engine ({exc}); run 'invoke engine.up' (CI: .ci/run does)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def engine_ready() -> None:
+    reason = _engine_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def base_amd64(engine_ready: None) -> str:
+    name = base_image_name("linux/amd64")
+    if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
+        pytest.skip(f"offline base {name} missing; run 'invoke engine.bases'")
+    return name
+
+
+@pytest.fixture(scope="session")
+def base_arm64(engine_ready: None) -> str:
+    name = base_image_name("linux/arm64")
+    if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
+        pytest.skip(f"offline base {name} missing; run 'invoke engine.bases --platform linux/arm64'")
+    return name
+
+
+@pytest.fixture(scope="session")
+def canary_secrets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A CA bundle (the host's, plus a canary comment) and an HF token file carrying the canary."""
+    root = tmp_path_factory.mktemp("secrets")
+    host = Path(os.environ.get("SPARKFORGE_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"))
+    bundle = root / "ca.pem"
+    bundle.write_text((host.read_text() if host.is_file() else "") + f"\n# {CANARY}\n")
+    token = root / "hf_token"
+    token.write_text(f"hf_{CANARY}\n")
+    return bundle, token

@@ -1,0 +1,152 @@
+"""Real builds and verification on a Docker engine: the real vLLM 0.33.0 image, negative cases, secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkforge import engine, plan
+from sparkforge.build import BuildOptions, build
+from sparkforge.errors import EngineError, VerifyError
+from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.verify import verify_image
+
+from .conftest import CANARY
+
+pytestmark = pytest.mark.engine
+CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
+
+
+def _options(base: str, secrets: tuple[Path, Path], tmp_path: Path, **kw) -> BuildOptions:
+    ca, token = secrets
+    return BuildOptions(
+        platform="linux/amd64", base_image=base, ca_bundle=ca, secrets=(f"id=hf_token,src={token}",),
+        gpus="none", log_root=tmp_path / "logs", **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def real_image(base_amd64: str, canary_secrets, tmp_path_factory) -> tuple[object, object]:
+    """The CI recipe (real vLLM 0.33.0 + torch 2.14.0 from PyPI) built, verified and tagged for real."""
+    recipe = load_recipe(str(CI_RECIPE))
+    tmp = tmp_path_factory.mktemp("real")
+    result = build(recipe, _options(base_amd64, canary_secrets, tmp))
+    return recipe, result
+
+
+def test_real_image_verified_and_tagged(real_image) -> None:
+    recipe, result = real_image
+    report = result.verify
+    assert report is not None and report.status == "passed", report and report.to_dict()
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["registry"].status == "passed"
+    assert "Qwen3_5MoeForConditionalGeneration" in by_name["registry"].details["required"]
+    assert by_name["versions"].status == "passed"
+    assert by_name["versions"].details["vllm"].startswith("0.33.0")
+    assert by_name["versions"].details["torch"].startswith("2.14.0")
+    assert by_name["labels"].status == "passed" and by_name["lock"].status == "passed"
+    assert by_name["kernels"].status == "passed", by_name["kernels"].reason
+    for name in ("fp8.reference", "fp8.cutlass_scaled_mm", "fp8.cutlass_block", "fp8.linear"):
+        assert by_name[name].status == "skipped" and "no GPU" in by_name[name].reason
+    for tag in result.tags:
+        assert engine.image_exists(tag), tag
+    labels = engine.image_labels(result.tags[0])
+    assert labels["dev.sparkforge.recipe-hash"] == recipe.hash
+    assert labels["org.opencontainers.image.created"] != "unknown"
+
+
+def test_verify_task_writes_reports(real_image, tmp_path: Path) -> None:
+    recipe, result = real_image
+    report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "verify", "--recipe", str(CI_RECIPE), "--image", result.candidate,
+         "--gpus", "none", "--report", str(report), "--junit", str(junit), "--no-kernels"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(report.read_text())
+    assert data["tool"] == "sparkforge" and data["command"] == "verify" and data["status"] == "passed"
+    assert {c["name"] for c in data["checks"]} >= {"labels", "lock", "registry", "versions", "fp8.cutlass_scaled_mm"}
+    assert "<testsuite" in junit.read_text()
+    assert "registry" in proc.stdout and "PASSED" in proc.stdout
+
+
+def test_no_secret_in_any_layer(real_image) -> None:
+    _, result = real_image
+    history = subprocess.run(
+        ["/usr/bin/docker", "history", "--no-trunc", result.candidate], capture_output=True, text=True, check=True
+    ).stdout
+    assert CANARY not in history
+    needle = CANARY.encode()
+    proc = subprocess.Popen(["/usr/bin/docker", "save", result.candidate], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    tail, scanned = b"", 0
+    for chunk in iter(lambda: proc.stdout.read(1 << 22), b""):
+        assert needle not in tail + chunk, "a build secret landed in an image layer"
+        tail = chunk[-len(needle):]
+        scanned += len(chunk)
+    assert proc.wait() == 0
+    assert scanned > 1_000_000_000  # the whole multi-GB image was read
+
+
+def test_missing_architecture_fails_verify_and_is_not_tagged(base_amd64, canary_secrets, tmp_path: Path) -> None:
+    recipe_path = tmp_path / "missing-arch.yaml"
+    recipe_path.write_text(f"extends: {CI_RECIPE}\nmodels:\n  architectures: [NoSuchModelForCausalLM]\n")
+    recipe = load_recipe(str(recipe_path))
+    options = _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/missing-arch:final",))
+    engine.remove_image("sparkforge-test/missing-arch:final")
+    with pytest.raises(VerifyError, match="registry") as info:
+        build(recipe, options)
+    assert not engine.image_exists("sparkforge-test/missing-arch:final")
+    assert "no final tag" in str(info.value)
+    report = json.loads(next((tmp_path / "logs").rglob("verify.json")).read_text())
+    registry = next(c for c in report["checks"] if c["name"] == "registry")
+    assert registry["status"] == "failed" and "NoSuchModelForCausalLM" in registry["reason"]
+
+
+def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secrets, tmp_path: Path) -> None:
+    recipe_path = tmp_path / "bad-pin.yaml"
+    recipe_path.write_text(f"extends: {CI_RECIPE}\ncomponents:\n  transformers:\n    version: 5.99.0\n")
+    recipe = load_recipe(str(recipe_path))
+    candidate = plan.candidate_tag(recipe, "linux/amd64")
+    engine.remove_image(candidate)
+    with pytest.raises(EngineError, match="stage 'runtime'; nothing was tagged") as info:
+        build(recipe, _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/bad-pin:final",)))
+    assert not engine.image_exists(candidate)
+    assert not engine.image_exists("sparkforge-test/bad-pin:final")
+    log = next((tmp_path / "logs").rglob("*-build.log"))
+    assert "transformers==5.99.0" in log.read_text()
+    assert str(log) in str(info.value)
+    assert (log.parent / log.name.replace(".log", ".sh")).read_text().count("--secret") == 2
+
+
+def test_engine_stopped_gives_clear_error(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "build", "--recipe", str(CI_RECIPE), "--no-preflight"],
+        cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    assert "invoke engine.up" in out and "Traceback" not in out
+
+
+def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
+    recipe = load_recipe(str(CI_RECIPE))
+    result = build(
+        recipe,
+        BuildOptions(platform="linux/arm64", target="base", base_image=base_arm64, verify=False,
+                     log_root=tmp_path / "logs"),
+    )
+    assert engine.image_platform(result.candidate) == "linux/arm64"
+    run = engine.run_container(
+        result.candidate, ["-c", "import platform, venv; print(platform.machine())"],
+        entrypoint=["/opt/venv/bin/python3"], platform="linux/arm64",
+    )
+    assert run.exit_code == 0 and run.stdout.strip() == "aarch64", run
+    assert engine.image_labels(result.candidate)["dev.sparkforge.recipe-hash"] == recipe.hash
