@@ -1,0 +1,155 @@
+"""Invoke tasks for the registry side: push, publish, pull, ci.matrix. Thin: parse, call sparkforge.publish, print."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json as _json
+from pathlib import Path
+
+from invoke import Context, task
+
+from sparkforge.cli import echo, user_errors, warn
+from sparkforge.errors import PublishError
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+DIGESTS_HELP = "directory of digest records written by 'invoke push' (default: build/digests)"
+
+
+def _write_json(path: str, data: object) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(_json.dumps(data, indent=2, sort_keys=True) + "\n")
+        echo(f"wrote {path}")
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
+        "image": "local image to push (default: the recipe's verified candidate for the platform)",
+        "metadata_file": "record the digest from this BuildKit metadata file ('invoke build --push-by-digest')",
+        "digests": DIGESTS_HELP,
+    }
+)
+@user_errors
+def push(
+    c: Context, recipe: str, platform: str = "", image: str = "", metadata_file: str = "", digests: str = ""
+):
+    """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
+    from sparkforge import publish as pub
+    from sparkforge.recipe import load_recipe
+
+    pub.push(
+        load_recipe(recipe),
+        platform or None,
+        image=image or None,
+        metadata_file=Path(metadata_file) if metadata_file else None,
+        digests_dir=Path(digests) if digests else pub.DIGESTS_DIR,
+        echo=echo,
+    )
+
+
+@task(
+    iterable=["digest"],
+    help={
+        "recipe": RECIPE_HELP,
+        "digests": DIGESTS_HELP,
+        "digest": "PLATFORM=sha256:... for one platform (repeatable; overrides the records)",
+        "date": "date for {date} tags, YYYYMMDD (default: today, UTC)",
+        "moving": "also move the moving tags (default: only after verification, with --promote)",
+        "promote": "move the moving tags to this verified index digest (sha256:...) and do nothing else",
+        "json": "write the result (index digest, tags) here",
+        "dry": "read the registry, print what would be written, write nothing",
+    },
+)
+@user_errors
+def publish(
+    c: Context,
+    recipe: str,
+    digests: str = "",
+    digest: list[str] | None = None,
+    date: str = "",
+    moving: bool = False,
+    promote: str = "",
+    json: str = "",
+    dry: bool = False,
+):
+    """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
+    from sparkforge import publish as pub
+    from sparkforge.commands import Runner
+    from sparkforge.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    when = None
+    if date:
+        try:
+            when = dt.datetime.strptime(date, "%Y%m%d").date()
+        except ValueError:
+            raise PublishError(f"--date {date!r}: use YYYYMMDD, e.g. 20261129") from None
+    runner = Runner(dry=True, echo=echo) if dry else None
+    if promote:
+        result = pub.promote(loaded, promote, when=when, runner=runner, echo=echo)
+    else:
+        found = pub.load_digests(loaded, Path(digests) if digests else pub.DIGESTS_DIR)
+        for item in digest or []:
+            platform, _, value = item.partition("=")
+            if not value:
+                raise PublishError(f"--digest {item!r}: use PLATFORM=sha256:..., e.g. linux/arm64=sha256:...")
+            found[platform] = value
+        result = pub.publish(loaded, found, when=when, moving=moving, runner=runner, echo=echo)
+    _write_json(json, result.to_json())
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "tag": "tag or sha256:DIGEST to pull (default: the recipe's first tag without {date})",
+        "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
+        "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
+        "json": "write what was pulled (local image reference, drift) here",
+    }
+)
+@user_errors
+def pull(
+    c: Context, recipe: str, tag: str = "", platform: str = "", allow_drift: bool = False, json: str = ""
+):
+    """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
+    from sparkforge import publish as pub
+    from sparkforge.recipe import load_recipe
+
+    result = pub.pull(
+        load_recipe(recipe),
+        tag or None,
+        allow_drift=allow_drift,
+        platform=platform or None,
+        echo=echo,
+        warn=warn,
+    )
+    echo(f"image: {result.image}")
+    _write_json(json, result.to_json())
+
+
+@task(
+    iterable=["recipe"],
+    help={
+        "recipe": "recipe to include (repeatable; default: every recipe in recipes/)",
+        "github_output": "append matrix=<json> and recipes=<json> to this file (GitHub's $GITHUB_OUTPUT)",
+    },
+)
+@user_errors
+def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = ""):
+    """The GitHub Actions build matrix (recipe x platform, runner, qemu, cache) as JSON."""
+    from sparkforge.publish import ci_matrix as matrix
+    from sparkforge.recipe import list_recipe_names, load_recipe
+
+    names = list(recipe or []) or list_recipe_names()
+    recipes = [load_recipe(name) for name in names]
+    entries = {"include": matrix(recipes)}
+    echo(_json.dumps(entries, sort_keys=True))
+    if github_output:
+        with Path(github_output).open("a") as out:
+            out.write(f"matrix={_json.dumps(entries, sort_keys=True)}\n")
+            recipes_json = _json.dumps(
+                [{"name": r.name, "path": e} for r, e in zip(recipes, names, strict=True)]
+            )
+            out.write(f"recipes={recipes_json}\n")
