@@ -111,6 +111,12 @@ class Served:
     def add_file(self, path: str, file: Path, content_type: str = "application/octet-stream") -> None:
         self.routes[path] = (200, {"Content-Type": content_type}, file)
 
+    def add_tree(self, prefix: str, root: Path) -> None:
+        """Serve every file under `root` at `prefix/<relative path>` (e.g. a git repo over dumb HTTP)."""
+        for file in root.rglob("*"):
+            if file.is_file():
+                self.add_file(f"{prefix}/{file.relative_to(root).as_posix()}", file)
+
     def add_json(self, path: str, data: Any, headers: dict[str, str] | None = None) -> bytes:
         body = json.dumps(data).encode()
         self.routes[path] = (200, {"Content-Type": "application/json", **(headers or {})}, body)
@@ -121,7 +127,8 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             served.seen.append(self.path)
-            status, headers, body = served.routes.get(self.path, (404, {}, b"not found"))
+            path = self.path if self.path in served.routes else self.path.split("?", 1)[0]
+            status, headers, body = served.routes.get(path, (404, {}, b"not found"))
             data = body.read_bytes() if isinstance(body, Path) else body
             self.send_response(status)
             for key, value in headers.items():

@@ -1,0 +1,207 @@
+"""`lock_recipe`: resolve the recipe's tags and refs online and compare them with its pins.
+
+Base images: the tag is re-resolved to a digest through the registry API ("drift" when it moved).
+vLLM: the release tag v<version> is resolved with `git ls-remote` (through the Runner); a wheel's
+abbreviated commit is expanded to the full SHA. `check` fails on floating or drifted pins. A wheel's
+abbreviated commit is not floating (decision): the artifact is the PyPI file of that version, immutable
+there, and the short SHA is only the cross-check its own vllm/_version.py carries; lock reports the full
+SHA and, with `write`, pins it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import requests
+
+from sparkforge.commands import Command, Runner
+from sparkforge.errors import CommandError, PreflightError
+from sparkforge.preflight.fetch import Fetcher, make_fetcher
+from sparkforge.preflight.images import fetch_manifest, parse_image
+from sparkforge.preflight.pypi import WheelTarget, resolve_file
+from sparkforge.preflight.sources import same_commit
+from sparkforge.recipe import Recipe
+
+State = Literal["pinned", "resolved", "drift", "floating", "unresolved"]
+_FAILING: frozenset[str] = frozenset({"drift", "floating"})
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One pin: what the recipe says, what upstream resolves it to now, and the verdict."""
+
+    key: str
+    pinned: str
+    resolved: str | None
+    state: State
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LockResult:
+    recipe: str
+    entries: tuple[LockEntry, ...]
+    check: bool
+    written: tuple[Path, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return not any(e.state in _FAILING for e in self.entries)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "recipe": self.recipe,
+            "ok": self.ok,
+            "entries": [e.__dict__ for e in self.entries],
+            "written": [str(p) for p in self.written],
+        }
+
+    def __str__(self) -> str:
+        width = max(len(e.key) for e in self.entries)
+        lines = [f"lock {self.recipe}: {'OK' if self.ok else 'FAILED'}"]
+        for e in self.entries:
+            now = f" -> {e.resolved}" if e.resolved and e.resolved != e.pinned else ""
+            lines.append(
+                f"  {e.key:<{width}}  {e.state.upper():<10}  {e.pinned}{now}{'  (' + e.note + ')' if e.note else ''}"
+            )
+        lines += [f"  wrote {p}" for p in self.written]
+        return "\n".join(lines)
+
+
+def ls_remote(runner: Runner, repository: str, ref: str) -> str | None:
+    """The commit `ref` (a tag or branch) names in `repository`, peeled; None when it does not exist."""
+    command = Command.of("git", "ls-remote", repository, ref, f"{ref}^{{}}", env={"GIT_TERMINAL_PROMPT": "0"})
+    output = runner.capture(command, "git-ls-remote").output
+    found = dict(reversed(line.split("\t", 1)) for line in output.splitlines() if "\t" in line)
+    return found.get(f"{ref}^{{}}") or found.get(ref)
+
+
+def _image_entry(key: str, ref: str, fetcher: Fetcher) -> LockEntry:
+    image = parse_image(ref)
+    if not image.digest:
+        return LockEntry(key, ref, None, "floating", "no digest")
+    if image.tag is None:
+        return LockEntry(key, ref, ref, "pinned", "digest only: nothing to re-resolve")
+    try:
+        _, digest = fetch_manifest(fetcher, image, image.tag)
+    except requests.RequestException as exc:
+        return LockEntry(key, ref, None, "unresolved", f"{image.registry} unreachable ({type(exc).__name__})")
+    except PreflightError as exc:
+        return LockEntry(key, ref, None, "unresolved", str(exc).split(";")[0])
+    resolved = image.with_digest(digest)
+    if digest == image.digest:
+        return LockEntry(key, ref, resolved, "pinned")
+    return LockEntry(key, ref, resolved, "drift", f"tag {image.tag} now points at {digest}")
+
+
+def _vllm_entries(recipe: Recipe, runner: Runner, fetcher: Fetcher) -> list[LockEntry]:
+    vllm = recipe.model.components.vllm
+    commit = vllm.commit or ""
+    repository = vllm.repository or "https://github.com/vllm-project/vllm"
+    entries: list[LockEntry] = []
+    try:
+        tagged = ls_remote(runner, repository, f"refs/tags/v{vllm.version}")
+    except CommandError as exc:
+        tagged, note = None, f"git ls-remote {repository} failed: {str(exc).splitlines()[-1][:160]}"
+    else:
+        note = "" if tagged else f"no tag v{vllm.version} in {repository}"
+    if vllm.source == "git":
+        if tagged is None:
+            entries.append(LockEntry("components.vllm.commit", commit, None, "unresolved", note))
+        else:
+            agrees = same_commit(tagged, commit)
+            entries.append(
+                LockEntry(
+                    "components.vllm.commit",
+                    commit,
+                    tagged,
+                    "pinned",
+                    "" if agrees else f"not the v{vllm.version} tag's commit; a deliberate pin is fine",
+                )
+            )
+    else:
+        if tagged is None:
+            entries.append(LockEntry("components.vllm.commit", commit, None, "unresolved", note))
+        elif same_commit(tagged, commit):
+            state: State = "pinned" if len(commit) == 40 else "resolved"
+            entries.append(LockEntry("components.vllm.commit", commit, tagged, state))
+        else:
+            entries.append(
+                LockEntry(
+                    "components.vllm.commit", commit, tagged, "drift", f"tag v{vllm.version} is {tagged[:12]}"
+                )
+            )
+        target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
+        try:
+            dist = resolve_file(fetcher, vllm.package or "vllm", vllm.version, wheel=target)
+        except PreflightError as exc:
+            entries.append(
+                LockEntry("components.vllm.wheel", vllm.version, None, "unresolved", str(exc)[:160])
+            )
+        else:
+            entries.append(
+                LockEntry(
+                    "components.vllm.wheel", vllm.version, f"{dist.filename} sha256:{dist.sha256}", "resolved"
+                )
+            )
+    return entries
+
+
+def _write(recipe: Recipe, entries: list[LockEntry]) -> tuple[Path, ...]:
+    """Replace each re-resolved value in the recipe file that states it (comments and layout kept)."""
+    written: list[Path] = []
+    for entry in entries:
+        if (
+            entry.state not in ("drift", "resolved")
+            or not entry.resolved
+            or entry.key == "components.vllm.wheel"
+        ):
+            continue
+        for path in recipe.chain:
+            text = path.read_text()
+            pattern = re.compile(rf"(?<![0-9A-Za-z]){re.escape(entry.pinned)}(?![0-9A-Za-z])")
+            if pattern.search(text):
+                path.write_text(pattern.sub(entry.resolved, text))
+                written.append(path)
+                break
+    return tuple(dict.fromkeys(written))
+
+
+def lock_recipe(
+    recipe: Recipe,
+    *,
+    check: bool = False,
+    write: bool = False,
+    offline: bool = False,
+    runner: Runner | None = None,
+    fetcher: Fetcher | None = None,
+) -> LockResult:
+    """Resolve the recipe's refs and tags now; with `check`, fail (PreflightError) on floating or drifted pins."""
+    if offline:
+        raise PreflightError(
+            "lock resolves tags and refs against registries and git remotes, which needs the network; "
+            "fix: run it online (offline, 'invoke preflight --offline' still checks that every pin is a digest/SHA)"
+        )
+    runner = runner or Runner(stream=False)
+    fetcher = fetcher or make_fetcher()
+    model = recipe.model
+    entries = [
+        _image_entry("images.builder", model.images.builder, fetcher),
+        _image_entry("images.runtime", model.images.runtime, fetcher),
+        *_vllm_entries(recipe, runner, fetcher),
+    ]
+    written = _write(recipe, entries) if write and not check else ()
+    result = LockResult(recipe.name, tuple(entries), check, written)
+    if check and not result.ok:
+        bad = [e for e in entries if e.state in _FAILING]
+        raise PreflightError(
+            f"lock --check: {recipe.name} has "
+            + "; ".join(f"{e.key} {e.state} ({e.note or e.pinned})" for e in bad)
+            + "; fix: run 'invoke lock --recipe "
+            + recipe.name
+            + "' to re-resolve and write the pins, then review the diff"
+        )
+    return result
