@@ -1,0 +1,80 @@
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d9f13db72bcd). Do not edit: change the
+# recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
+# vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
+# Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts.
+
+# Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
+ARG BUILDER_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+# Final-stage base, pinned by digest in the recipe; overridable like BUILDER_IMAGE.
+ARG RUNTIME_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+
+########################################################################################################
+# Stage base: the runtime OS layer: Python venv and sparkforge's helpers (also a quick smoke target)
+########################################################################################################
+FROM ${RUNTIME_IMAGE} AS base
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Package installs must never prompt.
+ARG DEBIAN_FRONTEND=noninteractive
+COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
+RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+# Build time and project revision are inputs of the build command, not of the rendered context.
+ARG SPARKFORGE_CREATED=unknown
+# The sparkforge commit the context was rendered from.
+ARG SPARKFORGE_REVISION=unknown
+LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
+      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+      org.opencontainers.image.title="vllm-qwen35-wheels" \
+      org.opencontainers.image.description="vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0" \
+      org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
+      org.opencontainers.image.version="0.33.0" \
+      dev.sparkforge.recipe="vllm-qwen35-wheels" \
+      dev.sparkforge.recipe-hash="d9f13db72bcd7b12fe81733a4a5f90ca513087746bb19a98b77fb61562805f63" \
+      dev.sparkforge.gpu="sm_121" \
+      dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
+      dev.sparkforge.pin.torch="2.14.0" \
+      dev.sparkforge.pin.transformers="5.20.2" \
+      dev.sparkforge.pin.flashinfer="0.7.2.post1" \
+      dev.sparkforge.pin.cuda="13.0"
+
+########################################################################################################
+# Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
+########################################################################################################
+FROM base AS runtime
+COPY constraints.txt /opt/sparkforge/constraints.txt
+# torch alone first, from its own index: the biggest layer, reused when anything else changes.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca pip install torch==2.14.0
+# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
+      transformers==5.20.2 \
+      flashinfer-python==0.7.2.post1 \
+      vllm==0.33.0 \
+ && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; }
+# Runtime environment from the recipe (each value is validated against a strict pattern).
+ENV TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" RAY_memory_usage_threshold="1.0"
+COPY lock.json /opt/sparkforge/lock.json
+# Last: changing the suite reruns only this step.
+COPY image-tests/ /opt/sparkforge/image-tests/
+# Build time and project revision are inputs of the build command, not of the rendered context.
+ARG SPARKFORGE_CREATED=unknown
+# The sparkforge commit the context was rendered from.
+ARG SPARKFORGE_REVISION=unknown
+LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
+      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+      org.opencontainers.image.title="vllm-qwen35-wheels" \
+      org.opencontainers.image.description="vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0" \
+      org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
+      org.opencontainers.image.version="0.33.0" \
+      dev.sparkforge.recipe="vllm-qwen35-wheels" \
+      dev.sparkforge.recipe-hash="d9f13db72bcd7b12fe81733a4a5f90ca513087746bb19a98b77fb61562805f63" \
+      dev.sparkforge.gpu="sm_121" \
+      dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
+      dev.sparkforge.pin.torch="2.14.0" \
+      dev.sparkforge.pin.transformers="5.20.2" \
+      dev.sparkforge.pin.flashinfer="0.7.2.post1" \
+      dev.sparkforge.pin.cuda="13.0"
+ENTRYPOINT ["vllm", "serve"]

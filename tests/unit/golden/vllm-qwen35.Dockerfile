@@ -1,0 +1,137 @@
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 22ee0495bb52). Do not edit: change the
+# recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
+# vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
+# Stages: toolchain -> source -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts.
+
+# Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
+ARG BUILDER_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+# Final-stage base, pinned by digest in the recipe; overridable like BUILDER_IMAGE.
+ARG RUNTIME_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+
+########################################################################################################
+# Stage toolchain: Python venv, build tools, torch 2.13.0 from the recipe's index
+########################################################################################################
+FROM ${BUILDER_IMAGE} AS toolchain
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Package installs must never prompt.
+ARG DEBIAN_FRONTEND=noninteractive
+COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
+RUN /opt/sparkforge/bin/ensure-python git ccache && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY constraints.txt /opt/sparkforge/constraints.txt
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
+
+########################################################################################################
+# Stage source: vLLM 0.31.0 at db9527a46873454610df6dbedf79a36d6bf1a7f6, verified, patch series applied
+########################################################################################################
+FROM toolchain AS source
+# Empty: git fetch of the pinned commit. Else a tarball URL (release sdist or GitHub archive) whose commit is checked.
+ARG VLLM_SOURCE_URL=
+WORKDIR /workspace/vllm
+COPY files/fetch-source.py /opt/sparkforge/bin/fetch-source.py
+RUN --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca python3 /opt/sparkforge/bin/fetch-source.py \
+      --repository https://github.com/vllm-project/vllm --commit db9527a46873454610df6dbedf79a36d6bf1a7f6 \
+      --version 0.31.0 --url "${VLLM_SOURCE_URL}" --dest /workspace/vllm \
+      --record /opt/sparkforge/source.json
+COPY patches/ /opt/sparkforge/patches/
+# Each patch is checked before it is applied, in series order; the applied list is kept in the image.
+RUN : > /opt/sparkforge/patches-applied.txt \
+ && git apply --check /opt/sparkforge/patches/0001-cmake-keep-sm121-on-cuda13.patch \
+ && git apply /opt/sparkforge/patches/0001-cmake-keep-sm121-on-cuda13.patch \
+ && echo 0001-cmake-keep-sm121-on-cuda13.patch >> /opt/sparkforge/patches-applied.txt \
+ && cat /opt/sparkforge/patches-applied.txt
+
+########################################################################################################
+# Stage build: the vLLM wheel for 12.1a against the installed torch (never swapped)
+########################################################################################################
+FROM source AS build
+# Explicit arch list: a GPU-less build cannot detect it, and torch's autodetect mis-names 12.1.
+ENV TORCH_CUDA_ARCH_LIST="12.1a"
+# Parallel nvcc jobs and threads per job, sized in the recipe for the build host's memory.
+ENV MAX_JOBS=6 NVCC_THREADS=2
+ENV VLLM_TARGET_DEVICE=cuda CCACHE_DIR=/root/.cache/ccache SETUPTOOLS_SCM_PRETEND_VERSION="0.31.0"
+# Upstream's own step: drop torch pins from vLLM's requirements so the installed torch is kept.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    python3 tools/use_existing_torch.py --prefix \
+ && /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt -r requirements/build/cuda.txt
+RUN --mount=type=cache,target=/root/.cache/ccache \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca python3 setup.py bdist_wheel --dist-dir=/wheels --py-limited-api=cp38 \
+ && ls -l /wheels
+
+########################################################################################################
+# Stage base: the runtime OS layer: Python venv and sparkforge's helpers (also a quick smoke target)
+########################################################################################################
+FROM ${RUNTIME_IMAGE} AS base
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Package installs must never prompt.
+ARG DEBIAN_FRONTEND=noninteractive
+COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
+RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+# Build time and project revision are inputs of the build command, not of the rendered context.
+ARG SPARKFORGE_CREATED=unknown
+# The sparkforge commit the context was rendered from.
+ARG SPARKFORGE_REVISION=unknown
+LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
+      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+      org.opencontainers.image.title="vllm-qwen35" \
+      org.opencontainers.image.description="vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130" \
+      org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
+      org.opencontainers.image.version="0.31.0" \
+      dev.sparkforge.recipe="vllm-qwen35" \
+      dev.sparkforge.recipe-hash="22ee0495bb5279c1c5362dac047f988a70069817fc6cb549b7d39c19f2e30f15" \
+      dev.sparkforge.gpu="sm_121" \
+      dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
+      dev.sparkforge.pin.torch="2.13.0" \
+      dev.sparkforge.pin.transformers="5.17.0" \
+      dev.sparkforge.pin.flashinfer="0.7.0.post1" \
+      dev.sparkforge.pin.cuda="13.0"
+
+########################################################################################################
+# Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
+########################################################################################################
+FROM base AS runtime
+COPY constraints.txt /opt/sparkforge/constraints.txt
+# torch alone first, from its own index: the biggest layer, reused when anything else changes.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
+COPY --from=build /wheels /opt/sparkforge/wheels
+# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
+      transformers==5.17.0 \
+      flashinfer-python==0.7.0.post1 \
+      /opt/sparkforge/wheels/vllm-*.whl \
+ && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; }
+# Runtime environment from the recipe (each value is validated against a strict pattern).
+ENV TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" RAY_memory_usage_threshold="1.0"
+COPY lock.json /opt/sparkforge/lock.json
+# Last: changing the suite reruns only this step.
+COPY image-tests/ /opt/sparkforge/image-tests/
+# Build time and project revision are inputs of the build command, not of the rendered context.
+ARG SPARKFORGE_CREATED=unknown
+# The sparkforge commit the context was rendered from.
+ARG SPARKFORGE_REVISION=unknown
+LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
+      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+      org.opencontainers.image.title="vllm-qwen35" \
+      org.opencontainers.image.description="vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130" \
+      org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
+      org.opencontainers.image.version="0.31.0" \
+      dev.sparkforge.recipe="vllm-qwen35" \
+      dev.sparkforge.recipe-hash="22ee0495bb5279c1c5362dac047f988a70069817fc6cb549b7d39c19f2e30f15" \
+      dev.sparkforge.gpu="sm_121" \
+      dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
+      dev.sparkforge.pin.torch="2.13.0" \
+      dev.sparkforge.pin.transformers="5.17.0" \
+      dev.sparkforge.pin.flashinfer="0.7.0.post1" \
+      dev.sparkforge.pin.cuda="13.0"
+ENTRYPOINT ["vllm", "serve"]
