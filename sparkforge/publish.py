@@ -86,6 +86,15 @@ def _arch(platform: str) -> str:
     return platform.split("/")[-1]
 
 
+def _recipe_ref(recipe: Recipe) -> str:
+    """What `--recipe` takes for this recipe on a CI checkout: its name in recipes/, else its repo path."""
+    if recipe.path.parent == REPO_ROOT / "recipes":
+        return recipe.name
+    return (
+        str(recipe.path.relative_to(REPO_ROOT)) if recipe.path.is_relative_to(REPO_ROOT) else str(recipe.path)
+    )
+
+
 # ---- tags and references ------------------------------------------------------------------------
 
 
@@ -143,7 +152,7 @@ def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _require_platforms(recipe: Recipe, have: Sequence[str], what: str) -> None:
+def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: str = "publish") -> None:
     wanted = list(recipe.model.platforms)
     missing = [p for p in wanted if p not in have]
     extra = sorted({p for p in have if p not in wanted or list(have).count(p) > 1})
@@ -152,14 +161,14 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str) -> None:
         problems += [f"unexpected or repeated {', '.join(extra)}"] if extra else []
         fix = (
             " ".join(
-                f"'invoke build --recipe {recipe.name} --platform {p}' then 'invoke push --recipe {recipe.name} "
+                f"'invoke build --recipe {_recipe_ref(recipe)} --platform {p}' then 'invoke push --recipe {_recipe_ref(recipe)} "
                 f"--platform {p}';"
                 for p in missing
             )
             or "pass one digest per platform of the recipe;"
         )
         raise PublishError(
-            f"refusing to publish {recipe.model.publish.repository}: {what} has {'; '.join(problems)} "
+            f"refusing to {action} {recipe.model.publish.repository}: {what} has {'; '.join(problems)} "
             f"(have: {', '.join(sorted(have)) or 'nothing'}). A multi-arch tag must carry every platform of the "
             f"recipe ({', '.join(wanted)}) and nothing else; nothing was tagged. Fix: {fix} or change the "
             "recipe's platforms"
@@ -357,6 +366,7 @@ class Published:
     platforms: dict[str, str]  # platform -> image manifest digest inside the index
     tags: tuple[str, ...]  # tags written now
     unchanged: tuple[str, ...]  # immutable tags that already named this same content
+    date: str  # YYYYMMDD the {date} placeholders were filled with (promote later with the same)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "reference": f"{self.repository}@{self.index}"}
@@ -387,7 +397,8 @@ def publish(
     tools = _tools(recipe, runner, eng, echo, "publish")
     repo = recipe.model.publish.repository
     sources = [f"{repo}@{digests[p]}" for p in recipe.model.platforms]
-    tags = plan.final_tags(recipe, when or dt.datetime.now(dt.UTC).date())
+    when = when or dt.datetime.now(dt.UTC).date()
+    tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
     content = _content(draft)
@@ -410,10 +421,15 @@ def publish(
     index = tools.create(new, sources) if new else tools.digest_of(unchanged[0])
     if new:
         echo(f"sparkforge: {repo}@{index} ({', '.join(recipe.model.platforms)}) -> {', '.join(new)}")
-    result = Published(recipe.name, repo, index, dict(index_platforms(draft)), tuple(new), tuple(unchanged))
+    stamp = when.strftime("%Y%m%d")
+    result = Published(
+        recipe.name, repo, index, dict(index_platforms(draft)), tuple(new), tuple(unchanged), stamp
+    )
     if moving and tags.moving and index:
-        moved = promote(recipe, index, runner=tools.runner, eng=tools.engine, echo=echo)
-        return Published(recipe.name, repo, index, result.platforms, (*new, *moved.tags), tuple(unchanged))
+        moved = promote(recipe, index, when=when, runner=tools.runner, eng=tools.engine, echo=echo)
+        return Published(
+            recipe.name, repo, index, result.platforms, (*new, *moved.tags), tuple(unchanged), stamp
+        )
     return result
 
 
@@ -431,14 +447,20 @@ def promote(
         raise PublishError(f"--promote {index!r}: pass the index digest (sha256:<64 hex>) that was verified")
     tools = _tools(recipe, runner, eng, echo, "promote")
     repo = recipe.model.publish.repository
-    moving = plan.final_tags(recipe, when or dt.datetime.now(dt.UTC).date()).moving
+    when = when or dt.datetime.now(dt.UTC).date()
+    moving = plan.final_tags(recipe, when).moving
     if not moving:
         raise PublishError(f"recipe {recipe.name} has no publish.moving_tags to move")
     manifest = tools.fetch(f"{repo}@{index}")
     if manifest is None:
         raise PublishError(f"{repo}@{index} is not in the registry; fix: publish it first ('invoke publish')")
+    if "manifests" not in manifest:
+        raise PublishError(
+            f"refusing to move {', '.join(moving)}: {repo}@{index} is a single image, not a multi-arch index; "
+            "fix: pass the index digest that 'invoke publish' printed (its --json 'index')"
+        )
     images = index_platforms(manifest)
-    _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}")
+    _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -450,7 +472,7 @@ def promote(
             "'invoke publish --promote' with the new digest after verifying it"
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
-    return Published(recipe.name, repo, index, dict(images), tuple(moving), ())
+    return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))
 
 
 def _content(manifest: Mapping[str, Any]) -> list[str]:
@@ -533,10 +555,10 @@ def pull(
     if drift:
         message = (
             f"{ref} ({platform}) was not built from recipe {recipe.name} as it is here: {_drift_text(drift)}. "
-            f"Fix: pull the tag built from this recipe ('invoke pull --recipe {recipe.name}' pulls "
+            f"Fix: pull the tag built from this recipe ('invoke pull --recipe {_recipe_ref(recipe)}' pulls "
             f"{reference_for(recipe)}), check out the sparkforge revision the image names (label "
             f"org.opencontainers.image.revision={engine.image_labels(local).get('org.opencontainers.image.revision')}"
-            f"), or rebuild ('invoke build --recipe {recipe.name}')"
+            f"), or rebuild ('invoke build --recipe {_recipe_ref(recipe)}')"
         )
         if not allow_drift:
             raise PublishError(message + "; --allow-drift accepts the image with a warning")
@@ -556,15 +578,6 @@ def _drift_text(drift: Mapping[str, tuple[str | None, str]]) -> str:
 
 
 # ---- CI ----------------------------------------------------------------------------------------
-
-
-def _recipe_ref(recipe: Recipe) -> str:
-    """What `--recipe` takes for this recipe on a CI checkout: its name in recipes/, else its repo path."""
-    if recipe.path.parent == REPO_ROOT / "recipes":
-        return recipe.name
-    return (
-        str(recipe.path.relative_to(REPO_ROOT)) if recipe.path.is_relative_to(REPO_ROOT) else str(recipe.path)
-    )
 
 
 def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:

@@ -167,7 +167,10 @@ def test_publish_refuses_missing_extra_and_malformed_before_any_engine_work() ->
         PublishError, match=r"no image for linux/arm64 .*have: linux/amd64.*nothing was tagged"
     ):
         pub.publish(recipe, {"linux/amd64": D1})
-    with pytest.raises(PublishError, match=r"'invoke build --recipe smoke-multiarch --platform linux/arm64'"):
+    with pytest.raises(
+        PublishError,
+        match=r"'invoke build --recipe tests/recipes/smoke-multiarch\.yaml --platform linux/arm64'",
+    ):
         pub.publish(recipe, {"linux/amd64": D1})
     with pytest.raises(PublishError, match="unexpected or repeated linux/s390x"):
         pub.publish(recipe, {"linux/amd64": D1, "linux/arm64": D2, "linux/s390x": D3})

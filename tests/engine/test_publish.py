@@ -1,0 +1,270 @@
+"""Publishing for real: smoke images for amd64 and arm64 (QEMU), a real registry, one multi-arch index.
+
+The images are the template's quick 'base' stage (OS layer, venv and every sparkforge label) of
+tests/recipes/smoke-multiarch.yaml, built once per module on the offline Debian bases.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparkforge import engine, plan
+from sparkforge import publish as pub
+from sparkforge.build import BuildOptions, build
+from sparkforge.commands import Runner
+from sparkforge.engine import Engine, detect_engine
+from sparkforge.errors import PublishError
+from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
+
+try:  # tests/engine is imported as a package or as a plain directory, depending on how pytest finds it
+    from .registry import LocalRegistry, local_registry, unavailable_reason
+except ImportError:
+    from registry import LocalRegistry, local_registry, unavailable_reason  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.engine
+SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"
+PLATFORMS = ("linux/amd64", "linux/arm64")
+DAY = dt.date(2026, 11, 29)
+
+
+@dataclass(frozen=True)
+class Smoke:
+    recipe: Recipe
+    registry: LocalRegistry
+    eng: Engine
+    runner: Runner
+    candidates: dict[str, str]  # platform -> local image
+    pushed: dict[str, pub.PushedImage]
+    digests_dir: Path
+
+    @property
+    def name(self) -> str:  # repository path inside the registry
+        return self.recipe.model.publish.repository.split("/", 1)[1]
+
+    def digests(self) -> dict[str, str]:
+        return {p: self.pushed[p].digest for p in PLATFORMS}
+
+
+def _qemu_reason() -> str | None:
+    entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    if not entry.exists() or "enabled" not in entry.read_text():
+        return "qemu-aarch64 binfmt is not registered; run 'invoke engine.up --qemu'"
+    return None
+
+
+def _recipe_file(directory: Path, registry: LocalRegistry, **overrides: str) -> Path:
+    """The smoke recipe pointed at this registry (and with any pin overridden: a drifted recipe)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f"extends: {SMOKE}", "publish:", f"  repository: {registry.host}/sparkforge/smoke-multiarch"]
+    if overrides:
+        lines.append("components:")
+        for component, version in overrides.items():
+            lines += [f"  {component}:", f"    version: {version}"]
+    path = directory / "smoke-multiarch.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with local_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def smoke(
+    registry: LocalRegistry, base_amd64: str, base_arm64: str, tmp_path_factory: pytest.TempPathFactory
+):
+    """Both platforms built (base target) and pushed by digest; images removed afterwards."""
+    reason = _qemu_reason()
+    if reason:
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("smoke")
+    recipe = load_recipe(_recipe_file(tmp / "recipe", registry))
+    eng = detect_engine()
+    runner = Runner(log_dir=tmp / "logs", stream=False)
+    bases = {"linux/amd64": base_amd64, "linux/arm64": base_arm64}
+    candidates: dict[str, str] = {}
+    pushed: dict[str, pub.PushedImage] = {}
+    try:
+        for platform in PLATFORMS:
+            options = BuildOptions(
+                platform=platform,
+                target="base",
+                base_image=bases[platform],
+                verify=False,
+                log_root=tmp / "build",
+            )
+            candidates[platform] = build(recipe, options, echo=lambda _: None).candidate
+            pushed[platform] = pub.push(
+                recipe,
+                platform,
+                image=candidates[platform],
+                digests_dir=tmp / "digests",
+                runner=runner,
+                eng=eng,
+            )
+        yield Smoke(recipe, registry, eng, runner, candidates, pushed, tmp / "digests")
+    finally:
+        repo = recipe.model.publish.repository
+        refs = [*candidates.values(), *(p.reference for p in pushed.values())]
+        refs += [f"{repo}:{recipe.hash[:12]}-{p.split('/')[1]}" for p in PLATFORMS]  # staging tags
+        refs += list(plan.final_tags(recipe, DAY).all)
+        for ref in refs:
+            engine.remove_image(ref)
+
+
+@pytest.fixture(scope="module")
+def published(smoke: Smoke) -> pub.Published:
+    return pub.publish(smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng)
+
+
+def _tag(full: str) -> str:
+    return full.rsplit(":", 1)[1]
+
+
+def test_push_records_each_platform_by_digest(smoke: Smoke) -> None:
+    records = pub.load_digests(smoke.recipe, smoke.digests_dir)
+    assert records == smoke.digests()
+    for platform, image in smoke.pushed.items():
+        found = smoke.registry.manifest(smoke.name, image.digest)
+        assert found is not None and found[0] == image.digest, platform
+        assert engine.image_platform(smoke.candidates[platform]) == platform
+
+
+def test_publish_refuses_a_missing_platform(smoke: Smoke) -> None:
+    before = smoke.registry.tags(smoke.name)
+    only_amd64 = {"linux/amd64": smoke.pushed["linux/amd64"].digest}
+    with pytest.raises(PublishError, match=r"no image for linux/arm64.*nothing was tagged"):
+        pub.publish(smoke.recipe, only_amd64, when=DAY, runner=smoke.runner, eng=smoke.eng)
+    assert smoke.registry.tags(smoke.name) == before
+
+
+def test_publish_refuses_a_digest_that_is_not_its_platform(smoke: Smoke) -> None:
+    before = smoke.registry.tags(smoke.name)
+    lying = {p: smoke.pushed["linux/amd64"].digest for p in PLATFORMS}  # an amd64 image recorded as arm64
+    with pytest.raises(PublishError, match=r"the merged index has no image for linux/arm64"):
+        pub.publish(smoke.recipe, lying, when=DAY, runner=smoke.runner, eng=smoke.eng)
+    assert smoke.registry.tags(smoke.name) == before
+
+
+def test_publish_merges_every_platform_under_the_immutable_tags(
+    smoke: Smoke, published: pub.Published
+) -> None:
+    tags = plan.final_tags(smoke.recipe, DAY)
+    assert published.tags == tags.immutable and published.unchanged == ()
+    for full in tags.immutable:
+        digest, index = smoke.registry.manifest(smoke.name, _tag(full)) or ("", {})
+        assert digest == published.index
+        assert sorted(pub.index_platforms(index)) == sorted(smoke.digests().items())
+    assert "latest" not in smoke.registry.tags(smoke.name)  # moving tags wait for verification
+
+
+def test_publish_again_leaves_immutable_tags_unchanged(smoke: Smoke, published: pub.Published) -> None:
+    again = pub.publish(smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng)
+    assert again.tags == () and again.unchanged == plan.final_tags(smoke.recipe, DAY).immutable
+    assert again.index == published.index
+
+
+def test_immutable_tag_never_moves_to_other_content(
+    smoke: Smoke, published: pub.Published, tmp_path: Path
+) -> None:
+    # Same recipe and labels, other bytes: what a non-reproducible rebuild on the same day produces.
+    (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt=yes\n")
+    rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-amd64"
+    subprocess.run(
+        ["/usr/bin/docker", "build", "--platform", "linux/amd64", "-t", rebuilt, str(tmp_path)],
+        check=True,
+        capture_output=True,
+        env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        other = pub.push(
+            smoke.recipe, "linux/amd64", image=rebuilt, digests_dir=None, runner=smoke.runner, eng=smoke.eng
+        )
+        assert other.digest != smoke.pushed["linux/amd64"].digest
+        digests = {**smoke.digests(), "linux/amd64": other.digest}
+        with pytest.raises(PublishError, match="refusing to move immutable tag"):
+            pub.publish(smoke.recipe, digests, when=DAY, runner=smoke.runner, eng=smoke.eng)
+        first = _tag(plan.final_tags(smoke.recipe, DAY).immutable[0])
+        assert (smoke.registry.manifest(smoke.name, first) or ("",))[0] == published.index
+    finally:
+        engine.remove_image(rebuilt)
+
+
+def test_promote_moves_the_moving_tags_to_the_verified_index(smoke: Smoke, published: pub.Published) -> None:
+    moved = pub.promote(smoke.recipe, published.index, when=DAY, runner=smoke.runner, eng=smoke.eng)
+    assert moved.tags == plan.final_tags(smoke.recipe, DAY).moving
+    assert (smoke.registry.manifest(smoke.name, "latest") or ("",))[0] == published.index
+
+
+def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Published) -> None:
+    with pytest.raises(PublishError, match="is a single image, not a multi-arch index"):
+        pub.promote(
+            smoke.recipe, smoke.pushed["linux/amd64"].digest, when=DAY, runner=smoke.runner, eng=smoke.eng
+        )
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
+    pulled = pub.pull(
+        smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+    )
+    assert pulled.reference == pub.reference_for(smoke.recipe)
+    assert pulled.image == smoke.pushed[platform].reference and pulled.drift == {}
+    assert engine.image_platform(pulled.image) == platform
+    assert engine.image_labels(pulled.reference)["dev.sparkforge.recipe-hash"] == smoke.recipe.hash
+
+
+def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
+    pulled = pub.pull(
+        smoke.recipe,
+        published.index,
+        platform="linux/arm64",
+        runner=smoke.runner,
+        eng=smoke.eng,
+        echo=lambda _: None,
+    )
+    assert pulled.reference.endswith("@" + published.index)
+    assert pulled.image == smoke.pushed["linux/arm64"].reference
+
+
+def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Published, tmp_path: Path) -> None:
+    drifted = load_recipe(_recipe_file(tmp_path, smoke.registry, transformers="5.20.1"))
+    tag = _tag(pub.reference_for(smoke.recipe))
+    with pytest.raises(PublishError) as caught:
+        pub.pull(
+            drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+        )
+    message = str(caught.value)
+    assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
+    assert "dev.sparkforge.recipe-hash" in message and "--allow-drift" in message
+    warnings: list[str] = []
+    pulled = pub.pull(
+        drifted,
+        tag,
+        allow_drift=True,
+        platform="linux/amd64",
+        runner=smoke.runner,
+        eng=smoke.eng,
+        echo=lambda _: None,
+        warn=warnings.append,
+    )
+    assert set(pulled.drift) == {"dev.sparkforge.pin.transformers", "dev.sparkforge.recipe-hash"}
+    assert len(warnings) == 1 and "WARNING" in warnings[0]
+
+
+def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path: Path) -> None:
+    drifted = load_recipe(_recipe_file(tmp_path, smoke.registry, transformers="5.20.1"))
+    with pytest.raises(PublishError, match=r"refusing to push .*dev\.sparkforge\.pin\.transformers"):
+        pub.push(
+            drifted, "linux/amd64", image=smoke.candidates["linux/amd64"], digests_dir=None, eng=smoke.eng
+        )
