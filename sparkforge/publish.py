@@ -420,7 +420,8 @@ def publish(
         echo(f"sparkforge: {tag} already names this index (unchanged)")
     index = tools.create(new, sources) if new else tools.digest_of(unchanged[0])
     if new:
-        echo(f"sparkforge: {repo}@{index} ({', '.join(recipe.model.platforms)}) -> {', '.join(new)}")
+        target = "(dry run: nothing written)" if tools.runner.dry else f"{repo}@{index}"
+        echo(f"sparkforge: {target} ({', '.join(recipe.model.platforms)}) -> {', '.join(new)}")
     stamp = when.strftime("%Y%m%d")
     result = Published(
         recipe.name, repo, index, dict(index_platforms(draft)), tuple(new), tuple(unchanged), stamp
