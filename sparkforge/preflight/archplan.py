@@ -20,6 +20,7 @@ from packaging.version import Version
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError
 from sparkforge.preflight import cmake
+from sparkforge.report import Check
 
 MIN_CMAKE = Version("3.18")
 _MARK = "@@sparkforge@@"
@@ -338,7 +339,7 @@ def plan_details(plan: ArchPlan) -> dict[str, Any]:
     }
 
 
-def judge_plan(check: Any, plan: ArchPlan, inputs: ArchInputs) -> None:
+def judge_plan(check: Check, plan: ArchPlan, inputs: ArchInputs) -> None:
     """Fill `check`: the GPU needs native or family kernels generically and in every SM-line group."""
     check.details = plan_details(plan)
     setting = f"TORCH_CUDA_ARCH_LIST={';'.join(inputs.arch_list)} on CUDA {inputs.cuda}"

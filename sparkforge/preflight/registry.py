@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkforge.report import Check
@@ -82,7 +83,7 @@ def check_models(
     wanted: list[str],
     *,
     subject: str,
-    module_exists,
+    module_exists: Callable[[str], bool],
 ) -> None:
     """Fill `check`: every architecture in `wanted` must be registered in `registry_text`."""
     if registry_text is None:

@@ -17,7 +17,7 @@ from posixpath import dirname, join, normpath
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from sparkforge.recipe import RecipeModel
 from sparkforge.report import Check
@@ -198,10 +198,3 @@ def _model_type_problems(model: RecipeModel) -> dict[str, list]:
                 f"fix: set components.transformers.version to >= {needed} within vLLM's range"
             )
     return {"details": details, "problems": problems}
-
-
-def parse_version(text: str) -> Version | None:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
