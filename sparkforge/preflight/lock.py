@@ -61,7 +61,11 @@ class LockResult:
 
     def __str__(self) -> str:
         width = max(len(e.key) for e in self.entries)
-        lines = [f"lock {self.recipe}: {'OK' if self.ok else 'FAILED'}"]
+        unresolved = sum(e.state == "unresolved" for e in self.entries)
+        verdict = "OK" if self.ok else "FAILED"
+        if self.ok and unresolved:
+            verdict += f" ({unresolved} pin(s) not verified: their registry or remote was unreachable)"
+        lines = [f"lock {self.recipe}: {verdict}"]
         for e in self.entries:
             now = f" -> {e.resolved}" if e.resolved and e.resolved != e.pinned else ""
             lines.append(
