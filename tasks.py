@@ -52,16 +52,19 @@ def render(c, recipe, out=""):
         "recipe": RECIPE_HELP,
         "json": "write the JSON report here",
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
-        "offline": "skip checks that need a registry",
+        "offline": "use only the download cache; skip checks that need a registry",
+        "github_base": "GitHub (or mirror) base URL for source archives",
     }
 )
 @user_errors
-def preflight(c, recipe, json="", source="", offline=False):
+def preflight(c, recipe, json="", source="", offline=False, github_base="https://github.com"):
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.preflight import run_preflight
     from sparkforge.recipe import load_recipe
 
-    report = run_preflight(load_recipe(recipe), source=source or None, offline=offline)
+    report = run_preflight(
+        load_recipe(recipe), source=source or None, offline=offline, github_base=github_base
+    )
     _finish(report, json)
 
 
@@ -226,14 +229,20 @@ def audit(c, target, gpu="", require=None, recipe="", json=""):
         raise Exit("sparkforge: audit failed: a required library has no kernels that run on " + gpu, code=1)
 
 
-@task(help={"recipe": RECIPE_HELP, "check": "fail on any floating reference instead of resolving"})
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "check": "fail on any floating or drifted reference",
+        "write": "write resolved SHAs/digests back into the recipe file that states them",
+    }
+)
 @user_errors
-def lock(c, recipe, check=False):
+def lock(c, recipe, check=False, write=False):
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
     from sparkforge.preflight import lock_recipe
     from sparkforge.recipe import load_recipe
 
-    result = lock_recipe(load_recipe(recipe), check=check)
+    result = lock_recipe(load_recipe(recipe), check=check, write=write)
     echo(str(result))
 
 

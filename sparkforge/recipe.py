@@ -70,7 +70,10 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use a path like 'patches/vllm/0001-fix.patch'",
     ),
     "tag": (r"[A-Za-z0-9_{}][A-Za-z0-9_.{}-]{0,127}", "use a tag template like '{vllm}-cu{cuda}-{date}'"),
-    "description": (r"[^\n\r`$\\]{1,200}", "use one line of plain text (no backticks, $ or backslashes)"),
+    "description": (
+        r"[A-Za-z0-9 .,:;()+/_=@%#\[\]-]{1,200}",
+        "use one line of plain text: letters, digits, spaces and . , : ; ( ) + / _ = @ % # [ ] -",
+    ),
 }
 TAG_PLACEHOLDERS = ("recipe", "vllm", "torch", "cuda", "date", "hash")
 

@@ -78,7 +78,9 @@ def fetch_tarball(url: str, commit: str, dest: Path) -> dict[str, str]:
         if recorded is None:
             recorded, how = sdist_commit(root), "sdist _version.py commit_id"
         if recorded is None:
-            fail(f"{url}: records no commit (neither a GitHub archive nor a release sdist); cannot verify the pin")
+            fail(
+                f"{url}: records no commit (neither a GitHub archive nor a release sdist); cannot verify the pin"
+            )
         if not commit.startswith(recorded) and recorded != commit:
             fail(f"{url} is commit {recorded}, the recipe pins {commit}")
         dest.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,11 @@ def base_arm64(engine_ready: None) -> str:
 
 
 @pytest.fixture(scope="session")
+def canary() -> str:
+    return CANARY
+
+
+@pytest.fixture(scope="session")
 def canary_secrets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A CA bundle (the host's, plus a canary comment) and an HF token file carrying the canary."""
     root = tmp_path_factory.mktemp("secrets")

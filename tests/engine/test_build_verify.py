@@ -14,9 +14,6 @@ from sparkforge import engine, plan
 from sparkforge.build import BuildOptions, build
 from sparkforge.errors import EngineError, VerifyError
 from sparkforge.recipe import REPO_ROOT, load_recipe
-from sparkforge.verify import verify_image
-
-from .conftest import CANARY
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -25,8 +22,13 @@ CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
 def _options(base: str, secrets: tuple[Path, Path], tmp_path: Path, **kw) -> BuildOptions:
     ca, token = secrets
     return BuildOptions(
-        platform="linux/amd64", base_image=base, ca_bundle=ca, secrets=(f"id=hf_token,src={token}",),
-        gpus="none", log_root=tmp_path / "logs", **kw,
+        platform="linux/amd64",
+        base_image=base,
+        ca_bundle=ca,
+        secrets=(f"id=hf_token,src={token}",),
+        gpus="none",
+        log_root=tmp_path / "logs",
+        **kw,
     )
 
 
@@ -64,37 +66,66 @@ def test_verify_task_writes_reports(real_image, tmp_path: Path) -> None:
     recipe, result = real_image
     report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "invoke", "verify", "--recipe", str(CI_RECIPE), "--image", result.candidate,
-         "--gpus", "none", "--report", str(report), "--junit", str(junit), "--no-kernels"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "verify",
+            "--recipe",
+            str(CI_RECIPE),
+            "--image",
+            result.candidate,
+            "--gpus",
+            "none",
+            "--report",
+            str(report),
+            "--junit",
+            str(junit),
+            "--no-kernels",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(report.read_text())
     assert data["tool"] == "sparkforge" and data["command"] == "verify" and data["status"] == "passed"
-    assert {c["name"] for c in data["checks"]} >= {"labels", "lock", "registry", "versions", "fp8.cutlass_scaled_mm"}
+    assert {c["name"] for c in data["checks"]} >= {
+        "labels",
+        "lock",
+        "registry",
+        "versions",
+        "fp8.cutlass_scaled_mm",
+    }
     assert "<testsuite" in junit.read_text()
     assert "registry" in proc.stdout and "PASSED" in proc.stdout
 
 
-def test_no_secret_in_any_layer(real_image) -> None:
+def test_no_secret_in_any_layer(real_image, canary: str) -> None:
     _, result = real_image
     history = subprocess.run(
-        ["/usr/bin/docker", "history", "--no-trunc", result.candidate], capture_output=True, text=True, check=True
+        ["/usr/bin/docker", "history", "--no-trunc", result.candidate],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    assert CANARY not in history
-    needle = CANARY.encode()
+    assert canary not in history
+    needle = canary.encode()
     proc = subprocess.Popen(["/usr/bin/docker", "save", result.candidate], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     tail, scanned = b"", 0
     for chunk in iter(lambda: proc.stdout.read(1 << 22), b""):
         assert needle not in tail + chunk, "a build secret landed in an image layer"
-        tail = chunk[-len(needle):]
+        tail = chunk[-len(needle) :]
         scanned += len(chunk)
     assert proc.wait() == 0
     assert scanned > 1_000_000_000  # the whole multi-GB image was read
 
 
-def test_missing_architecture_fails_verify_and_is_not_tagged(base_amd64, canary_secrets, tmp_path: Path) -> None:
+def test_missing_architecture_fails_verify_and_is_not_tagged(
+    base_amd64, canary_secrets, tmp_path: Path
+) -> None:
     recipe_path = tmp_path / "missing-arch.yaml"
     recipe_path.write_text(f"extends: {CI_RECIPE}\nmodels:\n  architectures: [NoSuchModelForCausalLM]\n")
     recipe = load_recipe(str(recipe_path))
@@ -129,7 +160,11 @@ def test_engine_stopped_gives_clear_error(tmp_path: Path) -> None:
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
     proc = subprocess.run(
         [sys.executable, "-m", "invoke", "build", "--recipe", str(CI_RECIPE), "--no-preflight"],
-        cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
@@ -140,13 +175,20 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     recipe = load_recipe(str(CI_RECIPE))
     result = build(
         recipe,
-        BuildOptions(platform="linux/arm64", target="base", base_image=base_arm64, verify=False,
-                     log_root=tmp_path / "logs"),
+        BuildOptions(
+            platform="linux/arm64",
+            target="base",
+            base_image=base_arm64,
+            verify=False,
+            log_root=tmp_path / "logs",
+        ),
     )
     assert engine.image_platform(result.candidate) == "linux/arm64"
     run = engine.run_container(
-        result.candidate, ["-c", "import platform, venv; print(platform.machine())"],
-        entrypoint=["/opt/venv/bin/python3"], platform="linux/arm64",
+        result.candidate,
+        ["-c", "import platform, venv; print(platform.machine())"],
+        entrypoint=["/opt/venv/bin/python3"],
+        platform="linux/arm64",
     )
     assert run.exit_code == 0 and run.stdout.strip() == "aarch64", run
     assert engine.image_labels(result.candidate)["dev.sparkforge.recipe-hash"] == recipe.hash

@@ -15,7 +15,9 @@ from sparkforge.recipe import RECIPES_DIR
 def write_recipe(tmp_path: Path) -> Callable[..., Path]:
     """Write a recipe file; `extends` defaults to the shipped source recipe (by absolute path)."""
 
-    def write(text: str | dict | None = None, *, name: str = "test.yaml", extends: str | None = "vllm-qwen35") -> Path:
+    def write(
+        text: str | dict | None = None, *, name: str = "test.yaml", extends: str | None = "vllm-qwen35"
+    ) -> Path:
         path = tmp_path / name
         if isinstance(text, dict):
             text = yaml.safe_dump(text, sort_keys=False)

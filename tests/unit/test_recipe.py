@@ -33,7 +33,10 @@ def test_source_recipe_pins() -> None:
     assert m.components.torch.version == "2.13.0"
     assert m.components.torch.index == "https://download.pytorch.org/whl/cu130"
     assert m.components.transformers.version.startswith("5.")
-    assert m.images.builder.split("@")[1] == "sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+    assert (
+        m.images.builder.split("@")[1]
+        == "sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+    )
 
 
 def test_list_hides_partials() -> None:
@@ -51,13 +54,21 @@ def test_recipe_by_path(tmp_path: Path) -> None:
 MALFORMED = [
     ("colour: red\n", "colour", "unknown key"),
     ("components:\n  vllm:\n    branch: main\n", "components.vllm.branch", "unknown key"),
-    ("images:\n  builder: nvidia/cuda:13.0.2-devel-ubuntu24.04\n", "images.builder", "pin the image by digest"),
+    (
+        "images:\n  builder: nvidia/cuda:13.0.2-devel-ubuntu24.04\n",
+        "images.builder",
+        "pin the image by digest",
+    ),
     ("images:\n  runtime: nvidia/cuda@sha256:abc\n", "images.runtime", "pin the image by digest"),
     ("components:\n  vllm:\n    commit: db9527a4\n", "components.vllm", "full 40-character SHA"),
     ("components:\n  vllm:\n    commit: main\n", "components.vllm.commit", "commit SHA"),
     ("components:\n  torch:\n    version: '>=2.13'\n", "components.torch.version", "exact version"),
     ("components:\n  torch:\n    version: latest\n", "components.torch.version", "exact version"),
-    ("components:\n  transformers:\n    version: '==5.17.0'\n", "components.transformers.version", "exact version"),
+    (
+        "components:\n  transformers:\n    version: '==5.17.0'\n",
+        "components.transformers.version",
+        "exact version",
+    ),
     ("components:\n  transformers:\n    version: 5.17\n", "components.transformers.version", "quoted string"),
     ("build:\n  torch_cuda_arch_list: ['12.1x']\n", "build.torch_cuda_arch_list.0", "TORCH_CUDA_ARCH_LIST"),
     ("build:\n  torch_cuda_arch_list: []\n", "build.torch_cuda_arch_list", "at least one"),
@@ -70,14 +81,24 @@ MALFORMED = [
     ("models:\n  architectures: ['Qwen3 Moe']\n", "models.architectures.0", "Python class name"),
     ("env:\n  FOO: $(rm -rf /)\n", "env.FOO", "no spaces or quotes"),
     ("env:\n  1BAD: x\n", "env.1BAD", "environment variable name"),
-    ("description: \"two\\nlines\"\n", "description", "one line"),
-    ("components:\n  torch:\n    version: 2.13.0\n    patches: [patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch]\n",
-     "components.torch", "patches apply only to source 'git'"),
-    ("components:\n  vllm:\n    patches: [../../etc/passwd]\n", "components.vllm.patches.0", "patches/vllm/0001-fix.patch"),
+    ('description: "two\\nlines"\n', "description", "one line"),
+    (
+        "components:\n  torch:\n    version: 2.13.0\n    patches: [patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch]\n",
+        "components.torch",
+        "patches apply only to source 'git'",
+    ),
+    (
+        "components:\n  vllm:\n    patches: [../../etc/passwd]\n",
+        "components.vllm.patches.0",
+        "patches/vllm/0001-fix.patch",
+    ),
     ("publish:\n  tags: ['{branch}']\n", "publish.tags", "unknown placeholder"),
     ("publish:\n  repository: GHCR.io/Sparkforge/X\n", "publish.repository", "lowercase image name"),
-    ("components:\n  torch:\n    version: 2.13.0\n    source: git\n    commit: db9527a46873454610df6dbedf79a36d6bf1a7f6\n",
-     "components.torch", "needs 'repository'"),
+    (
+        "components:\n  torch:\n    version: 2.13.0\n    source: git\n    commit: db9527a46873454610df6dbedf79a36d6bf1a7f6\n",
+        "components.torch",
+        "needs 'repository'",
+    ),
     ("components:\n  torch:\n    index: ftp://example.org/simple\n", "components.torch.index", "http(s) URL"),
     ("cuda: '13'\n", "cuda", "13.0"),
     ("publish:\n  qemu: 'yes'\n", "publish.qemu", "true or false"),
@@ -87,7 +108,9 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("override", "key_path", "fix"), MALFORMED, ids=[m[1] + ":" + m[2][:20] for m in MALFORMED])
+@pytest.mark.parametrize(
+    ("override", "key_path", "fix"), MALFORMED, ids=[m[1] + ":" + m[2][:20] for m in MALFORMED]
+)
 def test_malformed_recipe_messages(write_recipe, override: str, key_path: str, fix: str) -> None:
     path = write_recipe(override)
     with pytest.raises(RecipeError) as info:
@@ -213,8 +236,11 @@ def test_tasks_exit_cleanly_on_user_errors(args: list[str]) -> None:
 
 def test_show_prints_resolved_recipe() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "invoke", "show", "--recipe", "vllm-qwen35"], cwd=REPO_ROOT, capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "invoke", "show", "--recipe", "vllm-qwen35"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     shown = yaml.safe_load(proc.stdout)

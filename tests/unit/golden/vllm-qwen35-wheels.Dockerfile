@@ -18,12 +18,8 @@ ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
 RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
-# Build time and project revision are inputs of the build command, not of the rendered context.
-ARG SPARKFORGE_CREATED=unknown
-# The sparkforge commit the context was rendered from.
-ARG SPARKFORGE_REVISION=unknown
-LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
-      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+# Static labels only: a per-build ARG here would reach every later RUN and defeat the cache.
+LABEL \
       org.opencontainers.image.title="vllm-qwen35-wheels" \
       org.opencontainers.image.description="vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \

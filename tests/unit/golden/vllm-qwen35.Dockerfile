@@ -25,8 +25,14 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 
 ########################################################################################################
 # Stage source: vLLM 0.31.0 at db9527a46873454610df6dbedf79a36d6bf1a7f6, verified, patch series applied
+# (independent of torch: BuildKit runs it beside toolchain, and a patch change keeps the torch layer)
 ########################################################################################################
-FROM toolchain AS source
+FROM ${BUILDER_IMAGE} AS source
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Package installs must never prompt.
+ARG DEBIAN_FRONTEND=noninteractive
+COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
+RUN /opt/sparkforge/bin/ensure-python git
 # Empty: git fetch of the pinned commit. Else a tarball URL (release sdist or GitHub archive) whose commit is checked.
 ARG VLLM_SOURCE_URL=
 WORKDIR /workspace/vllm
@@ -47,7 +53,10 @@ RUN : > /opt/sparkforge/patches-applied.txt \
 ########################################################################################################
 # Stage build: the vLLM wheel for 12.1a against the installed torch (never swapped)
 ########################################################################################################
-FROM source AS build
+FROM toolchain AS build
+COPY --from=source /workspace/vllm /workspace/vllm
+COPY --from=source /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
+WORKDIR /workspace/vllm
 # Explicit arch list: a GPU-less build cannot detect it, and torch's autodetect mis-names 12.1.
 ENV TORCH_CUDA_ARCH_LIST="12.1a"
 # Parallel nvcc jobs and threads per job, sized in the recipe for the build host's memory.
@@ -74,12 +83,8 @@ ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
 RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
-# Build time and project revision are inputs of the build command, not of the rendered context.
-ARG SPARKFORGE_CREATED=unknown
-# The sparkforge commit the context was rendered from.
-ARG SPARKFORGE_REVISION=unknown
-LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
-      org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+# Static labels only: a per-build ARG here would reach every later RUN and defeat the cache.
+LABEL \
       org.opencontainers.image.title="vllm-qwen35" \
       org.opencontainers.image.description="vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
@@ -103,6 +108,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
 COPY --from=build /wheels /opt/sparkforge/wheels
+COPY --from=build /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
