@@ -230,9 +230,8 @@ class Manifests:
         self.runner.capture(self._cmd("create", tag, *sources, insecure=True), "manifest-create")
         local = _json_in(self.runner.capture(self._cmd("inspect", tag), "manifest-inspect").output, tag)
         for platform, digest in index_platforms(local):
-            if (
-                platform == "linux/arm64"
-            ):  # the variant buildx writes for arm64 (the arch was read from the image)
+            # arm64 gets the variant buildx writes; the architecture itself was read from the image's config.
+            if platform == "linux/arm64":
                 argv = ("annotate", "--os", "linux", "--arch", "arm64", "--variant", "v8", tag)
                 self.runner.capture(self._cmd(*argv, f"{self.repository}@{digest}"), "manifest-annotate")
         return _json_in(self.runner.capture(self._cmd("inspect", tag), "manifest-inspect").output, tag)
@@ -263,7 +262,10 @@ class Manifests:
         """The digest of the manifest or index that `ref` names in the registry."""
         if not self.buildx:
             # docker manifest cannot print a list's digest; the engine's distribution API can.
-            return str(engine._client().images.get_registry_data(ref).id)
+            try:
+                return str(engine._client().images.get_registry_data(ref).id)
+            except Exception as exc:  # the SDK raises NotFound, APIError or a connection error
+                raise PublishError(f"cannot read the digest of {ref} through the engine: {exc}") from None
         template = "{{println .Manifest.Digest}}"
         result = self.runner.capture(self._cmd("inspect", "--format", template, ref), "digest")
         found = DIGEST.findall(result.output)
