@@ -7,6 +7,7 @@ from pathlib import Path
 
 from invoke import Collection, task
 
+from sparkforge import cli_publish
 from sparkforge.cli import echo, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -85,7 +86,7 @@ def _finish(report, json_path, junit_path=""):
 
 
 @task(
-    iterable=["secret", "tag", "source"],
+    iterable=["secret", "tag", "source", "cache_from", "cache_to"],
     help={
         "recipe": RECIPE_HELP,
         "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
@@ -103,6 +104,8 @@ def _finish(report, json_path, junit_path=""):
         "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
         "network": "network mode for RUN steps (e.g. host, to reach a local source server)",
         "gpus": "verify's GPU use: all, none or auto",
+        "cache_from": "BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
+        "cache_to": "BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
         "dry": "print exactly what would run, run nothing",
     },
 )
@@ -125,6 +128,8 @@ def build(
     source=None,
     network="",
     gpus="auto",
+    cache_from=None,
+    cache_to=None,
     dry=False,
 ):
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
@@ -164,6 +169,8 @@ def build(
         network=network or None,
         sources=sources,
         metadata_file=Path(metadata_file) if metadata_file else None,
+        cache_from=tuple(cache_from or ()),
+        cache_to=tuple(cache_to or ()),
     )
     run_build(loaded, options, echo=echo)
 
@@ -296,6 +303,13 @@ engine_ns = Collection("engine")
 engine_ns.add_task(engine_up, "up")
 engine_ns.add_task(engine_bases, "bases")
 
+ci_ns = Collection("ci")
+ci_ns.add_task(cli_publish.ci_matrix, "matrix")
+
 ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, lint, test)
+ns.add_task(cli_publish.push)
+ns.add_task(cli_publish.publish)
+ns.add_task(cli_publish.pull)
 ns.add_collection(engine_ns)
+ns.add_collection(ci_ns)
 ns.configure({"run": {"echo": True}})

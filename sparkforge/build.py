@@ -41,6 +41,8 @@ class BuildOptions:
     log_root: Path = REPO_ROOT / "logs"
     metadata_file: Path | None = None
     report_path: Path | None = None
+    cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
+    cache_to: tuple[str, ...] = ()
 
 
 @dataclass

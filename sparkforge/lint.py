@@ -47,7 +47,12 @@ def run_lint(echo: Callable[[str], None] = print) -> None:
         for name in list_recipe_names():
             context = render_context(load_recipe(name), Path(tmp))
             step(Command(hadolint_argv(context.dockerfile)), f"hadolint-{name}")
-    if WORKFLOWS.is_dir() and shutil.which("zizmor"):
+    if WORKFLOWS.is_dir():
+        for tool in ("actionlint", "zizmor"):
+            if not shutil.which(tool):
+                raise SparkforgeError(f"{tool} is not installed; fix: pip install -e '.[dev]'")
+        workflows = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+        step(Command(("actionlint", *workflows), cwd=REPO_ROOT), "actionlint")
         step(Command.of("zizmor", "--offline", str(WORKFLOWS)), "zizmor")
     if failures:
         raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")

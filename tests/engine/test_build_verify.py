@@ -63,7 +63,7 @@ def test_real_image_verified_and_tagged(real_image) -> None:
 
 
 def test_verify_task_writes_reports(real_image, tmp_path: Path) -> None:
-    recipe, result = real_image
+    _, result = real_image
     report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
     proc = subprocess.run(
         [
@@ -192,3 +192,14 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     )
     assert run.exit_code == 0 and run.stdout.strip() == "aarch64", run
     assert engine.image_labels(result.candidate)["dev.sparkforge.recipe-hash"] == recipe.hash
+
+
+def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> None:
+    recipe = load_recipe(str(CI_RECIPE))
+    options = BuildOptions(
+        platform="linux/amd64", target="base", base_image="sparkforge-test/no-such-base:1", verify=False,
+        log_root=tmp_path / "logs",
+    )
+    with pytest.raises(EngineError, match="A base image could not be pulled") as info:
+        build(recipe, options)
+    assert "--base-image" in str(info.value) and "invoke engine.bases" in str(info.value)

@@ -208,7 +208,7 @@ def test_extends_must_be_string(tmp_path: Path) -> None:
 
 def test_missing_patch_file(write_recipe) -> None:
     path = write_recipe("components:\n  vllm:\n    patches: [patches/vllm/9999-missing.patch]\n")
-    with pytest.raises(RecipeError, match="patches/vllm/9999-missing.patch does not exist"):
+    with pytest.raises(RecipeError, match=r"patches/vllm/9999-missing\.patch does not exist"):
         load_recipe(str(path))
 
 
