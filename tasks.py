@@ -183,10 +183,11 @@ def build(
         "report": "write the JSON report here",
         "junit": "write JUnit XML here",
         "no_kernels": "skip the kernel-coverage audit of the image",
+        "model_dir": "a small local model to serve once as a smoke test (needs a GPU)",
     }
 )
 @user_errors
-def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=False):
+def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=False, model_dir=""):
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
@@ -194,7 +195,8 @@ def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=Fal
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
-    _finish(verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels), report, junit)
+    model = Path(model_dir) if model_dir else None
+    _finish(verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model), report, junit)
 
 
 @task(

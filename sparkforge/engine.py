@@ -217,6 +217,7 @@ def run_container(
     environment: Mapping[str, str] | None = None,
     platform: str | None = None,
     timeout_s: int = 1800,
+    volumes: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a throwaway container and collect its exit code and output."""
     import docker.types
@@ -231,6 +232,8 @@ def run_container(
     }
     if platform:
         kwargs["platform"] = platform
+    if volumes:
+        kwargs["volumes"] = {host: {"bind": target, "mode": "ro"} for host, target in volumes.items()}
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
     container = client.containers.run(image, **kwargs)

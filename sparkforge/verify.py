@@ -6,6 +6,7 @@ import io
 import json
 import tarfile
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine, plan
@@ -124,7 +125,9 @@ def _resolve_gpus(mode: GpuMode) -> tuple[bool, str]:
     return available, "GPU runtime present" if available else "no NVIDIA runtime in this engine"
 
 
-def verify_image(recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels: bool = True) -> Report:
+def verify_image(
+    recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels: bool = True, model_dir: Path | None = None
+) -> Report:
     """Every verify check for `image`; the report fails if any check failed."""
     report = Report(command="verify", subject=image, recipe=recipe.name)
     start = time.monotonic()
@@ -142,7 +145,7 @@ def verify_image(recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels:
         report.add(check)
     use_gpus, why = _resolve_gpus(gpus)
     platform = engine.image_platform(image)
-    for check in run_image_suite(image, use_gpus, platform):
+    for check in run_image_suite(image, use_gpus, platform, model_dir=model_dir):
         report.add(check)
     report.extra["gpus"] = {"used": use_gpus, "why": why}
     report.extra["platform"] = platform

@@ -55,6 +55,7 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     assert by_name["kernels"].status == "passed", by_name["kernels"].reason
     for name in ("fp8.reference", "fp8.cutlass_scaled_mm", "fp8.cutlass_block", "fp8.linear"):
         assert by_name[name].status == "skipped" and "no GPU" in by_name[name].reason
+    assert by_name["serve"].status == "skipped" and "no model mounted" in by_name["serve"].reason
     for tag in result.tags:
         assert engine.image_exists(tag), tag
     labels = engine.image_labels(result.tags[0])

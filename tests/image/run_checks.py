@@ -131,6 +131,67 @@ def check_versions(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     return "passed", "torch, CUDA, transformers, vLLM (version and commit) match the lock", found
 
 
+def check_serve(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """`vllm serve` of a small model mounted into the container, then one completion over HTTP."""
+    import subprocess
+    import urllib.request
+
+    model = os.environ.get("SPARKFORGE_SMOKE_MODEL")
+    if not model:
+        return "skipped", "no model mounted (invoke verify --model-dir DIR mounts one)", {}
+    gate = checks_fp8._gate(min_capability=(7, 0))
+    if gate is not None:
+        return gate
+    port = 8765
+    argv = [
+        "vllm",
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--enforce-eager",
+    ]
+    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                out = server.stdout.read() if server.stdout else ""
+                return (
+                    "failed",
+                    f"vllm serve exited {server.returncode} before it was ready",
+                    {"log": out[-4000:]},
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(2)
+        else:
+            return "failed", "vllm serve was not ready within 900 s", {}
+        body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 8}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            answer = json.loads(response.read())
+        text = answer["choices"][0]["text"]
+        if not text.strip():
+            return "failed", "the completion came back empty", {"response": answer}
+        return "passed", f"served {model} and completed {len(text)} characters", {"text": text}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lock", type=Path, default=Path("/opt/sparkforge/lock.json"))
@@ -141,6 +202,7 @@ def main() -> int:
         ("registry", check_registry),
         ("versions", check_versions),
         *checks_fp8.CHECKS,
+        ("serve", check_serve),
     ]
     results = [_check(name, fn, lock) for name, fn in suite if not args.only or name in args.only]
     print(
