@@ -1,8 +1,8 @@
 """Registry side: push one platform by digest, merge every platform into one multi-arch index, pull and check.
 
-Manifest work goes through the engine's own tools: `docker buildx imagetools` where buildx exists, else the
-`docker manifest` commands of a Docker 20.10+ CLI. A multi-arch tag is all-or-nothing: publishing refuses when
-any platform of the recipe is missing. Immutable tags never move; moving tags move only through `promote`.
+Manifest work goes through `sparkforge.manifests` (the engine's own tools). A multi-arch tag is
+all-or-nothing: publishing refuses when any platform of the recipe is missing. Immutable tags never move;
+moving tags move only through `promote`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine, plan
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
+from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
+
+# Re-exported: tests and older callers reach these through this module.
+from sparkforge.manifests import _json_in as _json_in
+from sparkforge.manifests import is_local_registry as is_local_registry
 from sparkforge.recipe import REPO_ROOT, Recipe
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
 LOG_ROOT = REPO_ROOT / "logs"
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 HOST_PLATFORMS = {
     "x86_64": "linux/amd64",
@@ -32,7 +36,6 @@ HOST_PLATFORMS = {
     "aarch64": "linux/arm64",
     "arm64": "linux/arm64",
 }
-LOCAL_HOSTS = ("localhost", "127.0.0.1")
 
 Echo = Callable[[str], None]
 
@@ -128,28 +131,10 @@ def reference_for(recipe: Recipe, tag: str | None = None) -> str:
     return f"{repo}:{tag}"
 
 
-def is_local_registry(repository: str) -> bool:
-    """Registries on this machine speak plain HTTP; the docker manifest commands need --insecure for them."""
-    host = repository.split("/", 1)[0]
-    return host.startswith("[::1]") or host.rsplit(":", 1)[0] in LOCAL_HOSTS
-
-
 def label_drift(recipe: Recipe, labels: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
     """label -> (image's value, recipe's value) for every sparkforge label that differs."""
     expected = {k: v for k, v in plan.labels(recipe).items() if k.startswith(plan.LABEL_PREFIX + ".")}
     return {k: (labels.get(k), v) for k, v in sorted(expected.items()) if labels.get(k) != v}
-
-
-def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(platform, digest) of every image in an index; attestation manifests (unknown/unknown) are skipped."""
-    out = []
-    for entry in manifest.get("manifests") or []:
-        spec = entry.get("platform") or {}
-        kind = (entry.get("annotations") or {}).get("vnd.docker.reference.type")
-        if spec.get("os") in (None, "unknown") or kind == "attestation-manifest":
-            continue
-        out.append((f"{spec['os']}/{spec.get('architecture')}", entry["digest"]))
-    return out
 
 
 def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: str = "publish") -> None:
@@ -173,114 +158,6 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
             f"recipe ({', '.join(wanted)}) and nothing else; nothing was tagged. Fix: {fix} or change the "
             "recipe's platforms"
         )
-
-
-# ---- manifest operations through the engine's tools ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class Manifests:
-    """Registry manifest operations: buildx imagetools when present, else docker manifest (20.10+)."""
-
-    engine: Engine
-    runner: Runner
-    repository: str
-
-    @property
-    def buildx(self) -> bool:
-        return self.engine.mode == "buildx"
-
-    def _cmd(self, *args: str, insecure: bool = False) -> Command:
-        if self.buildx:
-            return Command((self.engine.docker, "buildx", "imagetools", *args), self.engine.env)
-        flag = ("--insecure",) if insecure and is_local_registry(self.repository) else ()
-        # 20.10 marks `docker manifest` experimental; the variable makes older CLIs accept it too.
-        env = {**self.engine.env, "DOCKER_CLI_EXPERIMENTAL": "enabled"}
-        return Command((self.engine.docker, "manifest", args[0], *flag, *args[1:]), env)
-
-    def fetch(self, ref: str) -> dict[str, Any] | None:
-        """The manifest (or index) at `ref` in the registry, or None when there is none."""
-        command = (
-            self._cmd("inspect", "--raw", ref) if self.buildx else self._cmd("inspect", ref, insecure=True)
-        )
-        result = self.runner.capture(command, "manifest-inspect", check=False)
-        if result.returncode != 0:
-            if re.search(r"no such manifest|not found|manifest unknown", result.output, re.IGNORECASE):
-                return None
-            raise PublishError(
-                f"cannot read {ref} from the registry: {result.output.strip()[-400:]}; fix: check the name, "
-                f"log in ('docker login {self.repository.split('/')[0]}') or start the registry"
-            )
-        return _json_in(result.output, ref)
-
-    def draft(self, tag: str, sources: Sequence[str]) -> dict[str, Any]:
-        """The index `create` would push for `sources`, built without touching any tag in the registry."""
-        if self.buildx:
-            result = self.runner.capture(
-                self._cmd("create", "--dry-run", "--tag", tag, *sources), "index-draft"
-            )
-            return _json_in(result.output, tag)
-        draft = self._local_list(tag, sources)
-        self.runner.capture(self._cmd("rm", tag), "manifest-rm", check=False)
-        return draft
-
-    def _local_list(self, tag: str, sources: Sequence[str]) -> dict[str, Any]:
-        """A local manifest list (docker manifest create); platforms come from each image's config."""
-        self.runner.capture(self._cmd("rm", tag), "manifest-rm", check=False)  # a leftover list blocks create
-        self.runner.capture(self._cmd("create", tag, *sources, insecure=True), "manifest-create")
-        local = _json_in(self.runner.capture(self._cmd("inspect", tag), "manifest-inspect").output, tag)
-        for platform, digest in index_platforms(local):
-            # arm64 gets the variant buildx writes; the architecture itself was read from the image's config.
-            if platform == "linux/arm64":
-                argv = ("annotate", "--os", "linux", "--arch", "arm64", "--variant", "v8", tag)
-                self.runner.capture(self._cmd(*argv, f"{self.repository}@{digest}"), "manifest-annotate")
-        return _json_in(self.runner.capture(self._cmd("inspect", tag), "manifest-inspect").output, tag)
-
-    def create(self, tags: Sequence[str], sources: Sequence[str]) -> str:
-        """Push one index of `sources` under every tag; returns the index digest."""
-        if self.buildx:
-            argv = [a for t in tags for a in ("--tag", t)]
-            self.runner.run(self._cmd("create", *argv, *sources), "index-create")
-            return "" if self.runner.dry else self.digest_of(tags[0])
-        digests = set()
-        for tag in tags:
-            if self.runner.dry:
-                self.runner.run(self._cmd("create", tag, *sources, insecure=True), "manifest-create")
-                self.runner.run(self._cmd("push", "--purge", tag, insecure=True), "manifest-push")
-                continue
-            self._local_list(tag, sources)
-            output = self.runner.run(self._cmd("push", "--purge", tag, insecure=True), "manifest-push").output
-            found = DIGEST.findall(output)
-            if not found:
-                raise PublishError(f"docker manifest push {tag} printed no digest:\n{output[-400:]}")
-            digests.add(found[-1])
-        if len(digests) > 1:
-            raise PublishError(f"the tags {', '.join(tags)} received different indexes ({sorted(digests)})")
-        return digests.pop() if digests else ""
-
-    def digest_of(self, ref: str) -> str:
-        """The digest of the manifest or index that `ref` names in the registry."""
-        if not self.buildx:
-            # docker manifest cannot print a list's digest; the engine's distribution API can.
-            try:
-                return str(engine._client().images.get_registry_data(ref).id)
-            except Exception as exc:  # the SDK raises NotFound, APIError or a connection error
-                raise PublishError(f"cannot read the digest of {ref} through the engine: {exc}") from None
-        template = "{{println .Manifest.Digest}}"
-        result = self.runner.capture(self._cmd("inspect", "--format", template, ref), "digest")
-        found = DIGEST.findall(result.output)
-        if not found:
-            raise PublishError(f"cannot read the digest of {ref}: {result.output.strip()[-300:]}")
-        return found[0]
-
-
-def _json_in(output: str, what: str) -> Any:
-    """The first JSON document in a tool's output (warnings may surround it)."""
-    starts = [i for i in (output.find("{"), output.find("[")) if i >= 0]
-    try:
-        return json.JSONDecoder().raw_decode(output[min(starts) :])[0]
-    except (ValueError, IndexError):
-        raise PublishError(f"expected a manifest for {what}, got: {output.strip()[-400:]}") from None
 
 
 def _tools(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
@@ -339,20 +216,13 @@ def push(
         engine.tag_image(source, staging)
         output = engine.run_cli(tools.runner, tools.engine, "push", "push", staging)
         found_digests = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
-        digest = found_digests[-1] if found_digests else _repo_digest(staging, repo)
+        digest = found_digests[-1] if found_digests else repo_digest(staging, repo)
     if not DIGEST.fullmatch(digest):
         raise PublishError(f"not a sha256 digest: {digest!r}")
     pushed = PushedImage(recipe.name, recipe.hash, platform, repo, digest)
     if digests_dir is not None:
         echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
     return pushed
-
-
-def _repo_digest(ref: str, repository: str) -> str:
-    for entry in engine.inspect_image(ref).get("RepoDigests") or []:
-        if entry.startswith(repository + "@"):
-            return entry.split("@", 1)[1]
-    raise PublishError(f"the engine pushed {ref} but reports no digest for {repository}")
 
 
 # ---- publish and promote ------------------------------------------------------------------------
@@ -403,13 +273,13 @@ def publish(
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
-    content = _content(draft)
+    content = manifest_content(draft)
     new, unchanged = [], []
     for tag in tags.immutable:
         existing = tools.fetch(tag)
         if existing is None:
             new.append(tag)
-        elif _content(existing) == content:
+        elif manifest_content(existing) == content:
             unchanged.append(tag)
         else:
             raise PublishError(
@@ -476,13 +346,6 @@ def promote(
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))
-
-
-def _content(manifest: Mapping[str, Any]) -> list[str]:
-    """What an index names, independent of formatting: its entries' digests (a single image: its config)."""
-    if "manifests" in manifest:
-        return sorted(e["digest"] for e in manifest["manifests"])
-    return [json.dumps(manifest.get("config"), sort_keys=True)]
 
 
 # ---- pull ---------------------------------------------------------------------------------------
