@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import re
 import statistics
@@ -109,6 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     cuobjdump = find_cuobjdump()
     files = prepare(args.set_dir)
+    load_before = os.getloadavg()
     rel = {p: p.relative_to(args.set_dir).as_posix() for p in files}
 
     per_file: list[dict[str, Any]] = []
@@ -142,11 +144,15 @@ def main() -> None:
                                                                     "runs_s": [round(t, 4) for t in times]}  # fmt: skip
     base = whole["cuobjdump --list-elf + --list-ptx, every file"]["median_s"]
     result = {
+        "load_average_1_5_15": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in os.getloadavg()],
+        },  # a shared 2-core machine
         "machine": {
-            "cpus": __import__("os").cpu_count(),
+            "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
-        },  # fmt: skip
+        },
         "cuobjdump": subprocess.run(
             [str(cuobjdump), "--version"], capture_output=True, text=True
         ).stdout.splitlines()[-1],
@@ -155,7 +161,7 @@ def main() -> None:
             "files": len(files),
             "total_mb": round(sum(p.stat().st_size for p in files) / 1e6, 1),
             "all_counts_equal": all(f["equal_counts"] for f in per_file),
-        },  # fmt: skip
+        },
         "whole_set": whole,
         "speedup_in_process": round(base / whole["sparkforge audit_target(dir), in process"]["median_s"], 1),
         "speedup_fresh_process": round(base / whole["sparkforge audit, fresh python process"]["median_s"], 1),

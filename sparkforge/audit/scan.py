@@ -30,6 +30,7 @@ from sparkforge.report import Report
 IN_MEMORY_LIMIT = 64 << 20  # archive members above this are spooled to disk instead of held in memory
 COPY_CHUNK = 1 << 20
 BATCH = 256  # files per pool task: keeps scheduling overhead small on trees of 100k files
+BATCH_BYTES = 16 << 20  # archive bytes per pool task: a 300 MB library gets a worker of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +45,30 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-def _batches(items: Sequence[object], size: int) -> Iterator[Sequence[object]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _batches(items: Sequence[object], size: int) -> list[Sequence[object]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
-def _run_batched(func: Callable[[Sequence[object]], list[ScannedFile]], items: Sequence[object],
+def _run_batched(func: Callable[[Sequence[object]], list[ScannedFile]], batches: list[Sequence[object]],
                  workers: int) -> list[ScannedFile]:  # fmt: skip
-    if workers <= 1 or len(items) <= BATCH:
-        return func(items)
+    if workers <= 1 or len(batches) <= 1:
+        return [found for batch in batches for found in func(batch)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return [found for batch in pool.map(func, _batches(items, BATCH)) for found in batch]
+        return [found for batch in pool.map(func, batches) for found in batch]
+
+
+def size_batches(infos: Sequence[zipfile.ZipInfo]) -> list[Sequence[object]]:
+    """Largest members first and alone, small ones grouped: inflating dominates, so spread the big ones."""
+    batches: list[Sequence[object]] = []
+    current: list[zipfile.ZipInfo] = []
+    total = 0
+    for info in sorted(infos, key=lambda i: i.file_size, reverse=True):
+        current.append(info)
+        total += info.file_size
+        if total >= BATCH_BYTES or len(current) >= BATCH:
+            batches.append(current)
+            current, total = [], 0
+    return [*batches, current] if current else batches
 
 
 def _scanned(where: str, read: Callable[[], FatbinFile | None]) -> ScannedFile | None:
@@ -94,7 +108,7 @@ def scan_directory(root: Path, workers: int) -> ScanResult:
                 found.append(item)
         return found
 
-    return ScanResult(tuple(_run_batched(scan, paths, workers)), len(paths))
+    return ScanResult(tuple(_run_batched(scan, _batches(paths, BATCH), workers)), len(paths))
 
 
 def parse_stream(
@@ -132,7 +146,7 @@ def scan_zip(path: Path, workers: int) -> ScanResult:
                     found.append(item)
         return found
 
-    return ScanResult(tuple(_run_batched(scan, infos, workers)), len(infos))
+    return ScanResult(tuple(_run_batched(scan, size_batches(infos), workers)), len(infos))
 
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile | None:
