@@ -201,6 +201,8 @@ def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
 def _scan_path(path: Path, workers: int) -> ScanResult:
     if path.is_dir():
         return scan_directory(path, workers)
+    if not path.is_file():
+        raise AuditError(f"{path}: not a regular file (a device, socket or pipe). Pass a file or directory.")
     with path.open("rb") as handle:
         head = handle.read(4)
     if is_candidate(head):

@@ -263,6 +263,10 @@ def test_bad_targets(tmp_path: Path) -> None:
     notes.write_text("hello\n")
     with pytest.raises(AuditError, match="not a directory, wheel/zip, tar"):
         audit_target(notes)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with bounded(), pytest.raises(AuditError, match="not a regular file"):
+        audit_target(fifo)
     broken = tmp_path / "broken.so"
     broken.write_bytes(fatbin_elf(container(entry(), size=1 << 40)))
     with pytest.raises(AuditError, match=r"broken\.so"):

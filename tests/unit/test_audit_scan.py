@@ -278,3 +278,16 @@ def test_spooled_members_parse_like_in_memory(compiled: dict[str, Path]) -> None
     head = stream.read(4)
     spooled = parse_stream(head, stream, len(data), "mix_so", memory_limit=0)
     assert spooled == parse_buffer(data, "mix_so")
+
+
+@needs_nvcc
+def test_big_wheels_are_read_by_several_workers_alike(tmp_path: Path, compiled: dict[str, Path]) -> None:
+    path = tmp_path / "many-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for i in range(600):  # more members than one pool task takes
+            archive.writestr(f"pkg/m{i}.py", f"x = {i}\n")
+        for name in ("mix_so", "sm_121f", "ptx_90", "embedded"):
+            archive.write(compiled[name], f"pkg/lib_{name}.so")
+    serial, parallel = audit_target(path, workers=1), audit_target(path, workers=3)
+    assert parallel.extra["libraries"] == serial.extra["libraries"]
+    assert len(parallel.extra["libraries"]) == 4 and parallel.extra["summary"]["files_scanned"] == 604
