@@ -198,7 +198,10 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
 def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> None:
     recipe = load_recipe(str(CI_RECIPE))
     options = BuildOptions(
-        platform="linux/amd64", target="base", base_image="sparkforge-test/no-such-base:1", verify=False,
+        platform="linux/amd64",
+        target="base",
+        base_image="sparkforge-test/no-such-base:1",
+        verify=False,
         log_root=tmp_path / "logs",
     )
     with pytest.raises(EngineError, match="A base image could not be pulled") as info:

@@ -37,11 +37,11 @@ LABEL \
 # Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
 ########################################################################################################
 FROM base AS runtime
-COPY constraints.txt /opt/sparkforge/constraints.txt
 # torch alone first, from its own index: the biggest layer, reused when anything else changes.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     /opt/sparkforge/bin/with-ca pip install torch==2.14.0
+COPY constraints.txt /opt/sparkforge/constraints.txt
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \

@@ -102,11 +102,11 @@ LABEL \
 # Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
 ########################################################################################################
 FROM base AS runtime
-COPY constraints.txt /opt/sparkforge/constraints.txt
 # torch alone first, from its own index: the biggest layer, reused when anything else changes.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
+COPY constraints.txt /opt/sparkforge/constraints.txt
 COPY --from=build /wheels /opt/sparkforge/wheels
 COPY --from=build /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
