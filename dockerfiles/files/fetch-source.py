@@ -62,6 +62,26 @@ def sdist_commit(root: Path) -> str | None:
     return None
 
 
+def safe_extract(archive: tarfile.TarFile, dest: Path) -> None:
+    """Extract refusing absolute paths, '..' and links that leave `dest` (Python < 3.11.4 has no filter)."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            archive.extractall(dest, filter="data")
+        except tarfile.FilterError as exc:
+            fail(f"unsafe archive member: {exc}")
+        return
+    root = dest.resolve()
+    for member in archive.getmembers():
+        target = (dest / member.name).resolve()
+        if not str(target).startswith(str(root)) or member.isdev():
+            fail(f"unsafe archive member {member.name!r}")
+        if (member.issym() or member.islnk()) and not str((target.parent / member.linkname).resolve()).startswith(
+            str(root)
+        ):
+            fail(f"archive link {member.name!r} points outside the tree")
+    archive.extractall(dest)
+
+
 def fetch_tarball(url: str, commit: str, dest: Path) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         archive_path = Path(tmp) / "source.tar.gz"
@@ -69,7 +89,7 @@ def fetch_tarball(url: str, commit: str, dest: Path) -> dict[str, str]:
         unpacked = Path(tmp) / "unpacked"
         with tarfile.open(archive_path) as archive:
             recorded = tar_commit(archive)
-            archive.extractall(unpacked, filter="data")
+            safe_extract(archive, unpacked)
         tops = [p for p in unpacked.iterdir() if p.is_dir()]
         if len(tops) != 1:
             fail(f"{url}: expected one top-level directory, found {len(tops)}")
