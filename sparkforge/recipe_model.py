@@ -1,0 +1,208 @@
+"""The recipe schema: strict patterns for every value that can reach a Dockerfile, and the typed model."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+# Every string that can reach a Dockerfile or a shell line is held to one of these patterns.
+_SHA256 = r"sha256:[0-9a-f]{64}"
+_IMAGE_NAME = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+_PATTERNS: dict[str, tuple[str, str]] = {
+    # name: (regex, fix)
+    "image": (
+        rf"{_IMAGE_NAME}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?@{_SHA256}",
+        "pin the image by digest, e.g. 'nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:<64 hex>' "
+        "(run 'invoke lock' to resolve a tag)",
+    ),
+    "repository": (
+        _IMAGE_NAME,
+        "use a lowercase image name without tag, e.g. 'ghcr.io/sparkforge/vllm-qwen35'",
+    ),
+    "sha40": (r"[0-9a-f]{40}", "use the full 40-character commit SHA (run 'invoke lock' to resolve a ref)"),
+    "sha_short": (r"[0-9a-f]{7,40}", "use the commit SHA the wheel was built from (7 to 40 hex characters)"),
+    "package": (r"[A-Za-z0-9][A-Za-z0-9._-]*", "use a PyPI distribution name, e.g. 'flashinfer-python'"),
+    "url": (r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%/+-]*)?", "use a plain http(s) URL"),
+    "gpu": (r"sm_[0-9]{2,3}[af]?", "use a CUDA SM target like 'sm_121'"),
+    "cuda": (r"[0-9]{2}\.[0-9]", "use the CUDA major.minor, e.g. '13.0'"),
+    "python": (r"3\.[0-9]{1,2}", "use a Python major.minor, e.g. '3.12'"),
+    "arch": (
+        r"[0-9]{1,2}\.[0-9][af]?(?:\+PTX)?",
+        "use TORCH_CUDA_ARCH_LIST entries like '12.1a', '12.0f', '9.0+PTX'",
+    ),
+    "identifier": (
+        r"[A-Za-z_][A-Za-z0-9_]*",
+        "use a Python class name, e.g. 'Qwen3_5MoeForConditionalGeneration'",
+    ),
+    "model_type": (r"[a-z0-9_]+", "use a transformers model type, e.g. 'qwen3_5_moe'"),
+    "env_name": (r"[A-Za-z_][A-Za-z0-9_]*", "use an environment variable name (letters, digits, _)"),
+    "env_value": (
+        r"[A-Za-z0-9_./:,=+@%-]*",
+        "use letters, digits and _ . / : , = + @ % - only (no spaces or quotes)",
+    ),
+    "glob": (r"[A-Za-z0-9_.*?/\[\]-]+", "use a path glob like 'vllm/_C*.so'"),
+    "patch": (
+        r"patches/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.patch",
+        "use a path like 'patches/vllm/0001-fix.patch'",
+    ),
+    "tag": (r"[A-Za-z0-9_{}][A-Za-z0-9_.{}-]{0,127}", "use a tag template like '{vllm}-cu{cuda}-{date}'"),
+    "description": (
+        r"[A-Za-z0-9 .,:;()+/_=@%#\[\]-]{1,200}",
+        "use one line of plain text: letters, digits, spaces and . , : ; ( ) + / _ = @ % # [ ] -",
+    ),
+}
+TAG_PLACEHOLDERS = ("recipe", "vllm", "torch", "cuda", "date", "hash")
+
+
+def _pattern(kind: str) -> Any:
+    regex, fix = _PATTERNS[kind]
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not valid here; fix: {fix}")
+        return value
+
+    return Annotated[StrictStr, AfterValidator(check)]
+
+
+def _exact_version(value: str) -> str:
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", value):
+        raise ValueError(
+            f"{value!r} is not an exact version; fix: pin one release, e.g. '2.13.0' (no ranges)"
+        )
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a PEP 440 version; fix: pin one release, e.g. '5.17.0'") from None
+    return value
+
+
+ExactVersion = Annotated[StrictStr, AfterValidator(_exact_version)]
+ImageRef = _pattern("image")
+Sha40 = _pattern("sha40")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Images(StrictModel):
+    builder: ImageRef = Field(description="image the compile stages run in (needs nvcc)")
+    runtime: ImageRef = Field(description="image the final stage starts from")
+
+
+class Component(StrictModel):
+    package: _pattern("package") | None = Field(None, description="PyPI name; defaults to the component key")
+    version: ExactVersion
+    source: Literal["wheel", "git"] = Field(
+        "wheel", description="pinned wheel, or git commit + patches + compile"
+    )
+    index: _pattern("url") | None = Field(None, description="extra package index for this component")
+    commit: _pattern("sha_short") | None = Field(None, description="commit the component is built from")
+    repository: _pattern("url") | None = Field(None, description="git repository (source: git)")
+    patches: list[_pattern("patch")] = Field(
+        default_factory=list, description="patch series, applied in order"
+    )
+
+    @model_validator(mode="after")
+    def _source_needs(self) -> Component:
+        if self.source == "git":
+            if self.commit is None or not re.fullmatch(_PATTERNS["sha40"][0], self.commit):
+                raise ValueError(
+                    "source 'git' needs 'commit' as the full 40-character SHA; fix: add commit: <40 hex> "
+                    "(a branch or tag is not a pin; 'invoke lock' resolves one)"
+                )
+            if self.repository is None:
+                raise ValueError(
+                    "source 'git' needs 'repository'; fix: add repository: https://github.com/<org>/<repo>"
+                )
+        elif self.patches:
+            raise ValueError("patches apply only to source 'git'; fix: set source: git or remove patches")
+        return self
+
+
+class Components(StrictModel):
+    vllm: Component
+    torch: Component
+    transformers: Component
+    flashinfer: Component | None = None
+
+    @model_validator(mode="after")
+    def _vllm_commit(self) -> Components:
+        if self.vllm.commit is None:
+            raise ValueError("components.vllm needs 'commit'; fix: add the commit the release was built from")
+        return self
+
+    def items(self) -> list[tuple[str, Component]]:
+        return [(k, v) for k in ("vllm", "torch", "transformers", "flashinfer") if (v := getattr(self, k))]
+
+
+class Build(StrictModel):
+    torch_cuda_arch_list: list[_pattern("arch")] = Field(min_length=1)
+    max_jobs: StrictInt = Field(6, ge=1, le=64, description="parallel compile jobs; each nvcc job needs GBs")
+    nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
+
+
+class Models(StrictModel):
+    architectures: list[_pattern("identifier")] = Field(min_length=1)
+    model_types: list[_pattern("model_type")] = Field(default_factory=list)
+
+
+class Audit(StrictModel):
+    require: list[_pattern("glob")] = Field(default_factory=list)
+
+
+class Publish(StrictModel):
+    repository: _pattern("repository")
+    tags: list[_pattern("tag")] = Field(min_length=1, description="immutable tags")
+    moving_tags: list[_pattern("tag")] = Field(
+        default_factory=list, description="tags moved after verification"
+    )
+    qemu: bool = Field(False, description="allow building foreign platforms under QEMU in CI")
+
+    @field_validator("tags", "moving_tags")
+    @classmethod
+    def _placeholders(cls, value: list[str]) -> list[str]:
+        for tag in value:
+            for name in re.findall(r"\{([^}]*)\}", tag):
+                if name not in TAG_PLACEHOLDERS:
+                    raise ValueError(
+                        f"tag {tag!r} uses unknown placeholder {{{name}}}; fix: use one of "
+                        + ", ".join("{" + p + "}" for p in TAG_PLACEHOLDERS)
+                    )
+        return value
+
+
+class RecipeModel(StrictModel):
+    description: _pattern("description")
+    gpu: _pattern("gpu")
+    platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(min_length=1)
+    cuda: _pattern("cuda")
+    python: _pattern("python")
+    images: Images
+    components: Components
+    build: Build
+    models: Models
+    env: dict[_pattern("env_name"), _pattern("env_value")] = Field(default_factory=dict)
+    audit: Audit = Field(default_factory=Audit)
+    publish: Publish
+
+    @field_validator("platforms")
+    @classmethod
+    def _unique_platforms(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("a platform is listed twice; fix: list each platform once")
+        return value
