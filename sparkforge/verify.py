@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine, plan
-from sparkforge.errors import EngineError, SparkforgeError
+from sparkforge.errors import EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import Recipe
 from sparkforge.report import Check, Report
 
@@ -89,8 +89,17 @@ def check_kernels(recipe: Recipe, image: str) -> Check:
     return Check("kernels", "passed", f"every required library has kernels for {recipe.model.gpu}", details)
 
 
-def run_image_suite(image: str, gpus: bool, platform: str | None, timeout_s: int = 1800) -> list[Check]:
+def run_image_suite(
+    image: str, gpus: bool, platform: str | None, timeout_s: int = 1800, model_dir: Path | None = None
+) -> list[Check]:
     """The suite copied into the image, run in a throwaway container; one Check per in-image check."""
+    environment = {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"}
+    volumes: dict[str, str] = {}
+    if model_dir is not None:
+        if not model_dir.is_dir():
+            raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
+        volumes[str(model_dir.resolve())] = "/models/smoke"
+        environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
     result = engine.run_container(
         image,
         [SUITE],
@@ -98,7 +107,8 @@ def run_image_suite(image: str, gpus: bool, platform: str | None, timeout_s: int
         gpus=gpus,
         platform=platform,
         timeout_s=timeout_s,
-        environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
+        environment=environment,
+        volumes=volumes,
     )
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
     if line is None:
