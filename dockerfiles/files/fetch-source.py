@@ -75,9 +75,9 @@ def safe_extract(archive: tarfile.TarFile, dest: Path) -> None:
         target = (dest / member.name).resolve()
         if not str(target).startswith(str(root)) or member.isdev():
             fail(f"unsafe archive member {member.name!r}")
-        if (member.issym() or member.islnk()) and not str((target.parent / member.linkname).resolve()).startswith(
-            str(root)
-        ):
+        if (member.issym() or member.islnk()) and not str(
+            (target.parent / member.linkname).resolve()
+        ).startswith(str(root)):
             fail(f"archive link {member.name!r} points outside the tree")
     archive.extractall(dest)
 

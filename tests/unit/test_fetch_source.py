@@ -45,9 +45,25 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 def _fetch(url: str, dest: Path, commit: str = COMMIT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--repository", "https://github.com/vllm-project/vllm", "--commit", commit,
-         "--version", "0.31.0", "--url", url, "--dest", str(dest / "src"), "--record", str(dest / "source.json")],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--repository",
+            "https://github.com/vllm-project/vllm",
+            "--commit",
+            commit,
+            "--version",
+            "0.31.0",
+            "--url",
+            url,
+            "--dest",
+            str(dest / "src"),
+            "--record",
+            str(dest / "source.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -63,7 +79,9 @@ def test_github_archive_commit_from_pax_header(served, tmp_path: Path) -> None:
 
 def test_sdist_commit_from_version_file(served, tmp_path: Path) -> None:
     root, base = served
-    _tarball(root / "s.tar.gz", "vllm-0.31.0", {"vllm/_version.py": "__commit_id__ = commit_id = 'gdb9527a46'\n"})
+    _tarball(
+        root / "s.tar.gz", "vllm-0.31.0", {"vllm/_version.py": "__commit_id__ = commit_id = 'gdb9527a46'\n"}
+    )
     proc = _fetch(f"{base}/s.tar.gz", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "source.json").read_text())["recorded"] == "db9527a46"
