@@ -61,3 +61,22 @@ def canary_secrets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     token = root / "hf_token"
     token.write_text(f"hf_{CANARY}\n")
     return bundle, token
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_images() -> object:
+    """Leave no throwaway images behind (real vLLM images are 10 GB each; layers stay cached)."""
+    yield
+    docker = "/usr/bin/docker"
+    listed = subprocess.run(
+        [docker, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+    ).stdout.split()
+    throwaway = [
+        ref
+        for ref in listed
+        if ref.startswith("sparkforge-test/")
+        or ref.startswith(("sparkforge-candidate/missing-arch:", "sparkforge-candidate/bad-pin:"))
+    ]
+    if throwaway:
+        subprocess.run([docker, "rmi", "--force", *throwaway], capture_output=True)
+    subprocess.run([docker, "image", "prune", "--force"], capture_output=True)
