@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,14 +117,9 @@ def _copy_tree(source: Path, dest: Path) -> None:
             shutil.copymode(item, target)
 
 
-def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
-    """Write build/<recipe>/ afresh; the same recipe and repository give the same bytes."""
-    root = (out_root or DEFAULT_BUILD_ROOT) / recipe.name
-    dockerfile = render_dockerfile(recipe)
-    if root.exists():
-        shutil.rmtree(root)
+def _write_context(recipe: Recipe, root: Path) -> None:
     root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(dockerfile)
+    (root / "Dockerfile").write_text(render_dockerfile(recipe))
     _copy_tree(TEMPLATES_DIR / "files", root / "files")
     patches_dir = root / "patches"
     patches_dir.mkdir()
@@ -139,4 +135,24 @@ def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
     script = root / "build.sh"
     script.write_text(_build_script(recipe))
     script.chmod(0o755)
+
+
+def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
+    """Write build/<recipe>/ afresh; the same recipe and repository give the same bytes.
+
+    The context is written beside the target and swapped in by rename, so a build reading the previous
+    context never sees a half-written one.
+    """
+    parent = out_root or DEFAULT_BUILD_ROOT
+    root = parent / recipe.name
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.", dir=parent))
+    try:
+        _write_context(recipe, staging / "context")
+        if root.exists():
+            old = staging / "old"
+            root.rename(old)
+        (staging / "context").rename(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return Context(recipe=recipe, path=root)
