@@ -133,26 +133,11 @@ def build(
     dry=False,
 ):
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
-    from sparkforge.build import BuildOptions
+    from sparkforge.build import BuildOptions, parse_sources
     from sparkforge.build import build as run_build
-    from sparkforge.errors import SparkforgeError
     from sparkforge.recipe import load_recipe
 
     loaded = load_recipe(recipe)
-    if not no_preflight:
-        from sparkforge.preflight import run_preflight
-        from sparkforge.report import print_report
-
-        report = run_preflight(loaded)
-        print_report(report, echo)
-        if report.status != "passed":
-            raise SparkforgeError("preflight failed; nothing was built (fix the recipe, or --no-preflight)")
-    sources = {}
-    for item in source or []:
-        name, _, url = item.partition("=")
-        if not url:
-            raise SparkforgeError(f"--source {item!r}: use component=URL")
-        sources[name] = url
     options = BuildOptions(
         platform=platform or None,
         target=target,
@@ -167,7 +152,8 @@ def build(
         push_by_digest=push_by_digest,
         dry=dry,
         network=network or None,
-        sources=sources,
+        sources=parse_sources(source or []),
+        preflight=not no_preflight,
         metadata_file=Path(metadata_file) if metadata_file else None,
         cache_from=tuple(cache_from or ()),
         cache_to=tuple(cache_to or ()),
@@ -222,6 +208,15 @@ def audit(c, target, gpu="", require=None, recipe="", json=""):
         requires = requires or list(loaded.model.audit.require)
     gpu = gpu or "sm_121"
     path = Path(target)
+    looks_like_path = target.startswith(("/", "./", "../", "~")) or target.endswith(
+        (".whl", ".zip", ".so", ".o")
+    )
+    if looks_like_path and not path.exists():
+        from sparkforge.errors import AuditError
+
+        raise AuditError(
+            f"{target}: no such file or directory; fix: check the path (or give an image reference)"
+        )
     if path.exists():
         report = audit_target(path, gpu=gpu, require=requires)
     else:
@@ -265,14 +260,17 @@ def lint(c):
 
 
 @task(help={"slow": "also run the slow real-world tests", "k": "pytest -k expression"})
+@user_errors
 def test(c, slow=False, k=""):
     """Run the test suite (the same command as README and CI)."""
+    from sparkforge.commands import Command, Runner
+
     argv = [sys.executable, "-m", "pytest", "-q"]
     if slow:
         argv += ["-m", "slow or not slow"]
     if k:
         argv += ["-k", k]
-    c.run(" ".join(argv), pty=False)
+    Runner().run(Command(tuple(argv)), "pytest")
 
 
 # ---- engine -------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ import datetime as dt
 import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkforge import engine, plan
 from sparkforge.commands import Runner
 from sparkforge.engine import BuildRequest, Engine
-from sparkforge.errors import CommandError, EngineError, SparkforgeError, VerifyError
+from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, Recipe
 from sparkforge.render import Context, render_context
 from sparkforge.report import Report
@@ -43,6 +43,7 @@ class BuildOptions:
     report_path: Path | None = None
     cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
     cache_to: tuple[str, ...] = ()
+    preflight: bool = True
 
 
 @dataclass
@@ -119,8 +120,38 @@ def _failure(log: Path | None, output: str) -> str:
     return f"build failed{where}; nothing was tagged.{hint} Log: {log}"
 
 
+def parse_sources(items: Sequence[str]) -> dict[str, str]:
+    """--source component=URL values -> {component: URL}."""
+    sources = {}
+    for item in items:
+        name, _, url = item.partition("=")
+        if not url or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise SparkforgeError(
+                f"--source {item!r}: use component=URL, e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz"
+            )
+        sources[name] = url
+    return sources
+
+
+def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
+    """Preflight before any build step; a failure stops the build before anything is built."""
+    from sparkforge.preflight import run_preflight
+    from sparkforge.report import print_report
+
+    report = run_preflight(recipe, source=options.sources.get("vllm"))
+    print_report(report, echo)
+    if report.status != "passed":
+        failed = ", ".join(c.name for c in report.failed)
+        raise PreflightError(
+            f"preflight failed ({failed}); nothing was built. Fix the recipe (see the table above), "
+            "or build anyway with --no-preflight"
+        )
+
+
 def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = print) -> BuildResult:
-    """Build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+    """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+    if options.preflight:
+        run_preflight_gate(recipe, options, echo)
     platform = options.platform or recipe.model.platforms[0]
     context = render_context(recipe)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -159,9 +190,8 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         progress="plain" if os.environ.get("CI") or not os.isatty(2) else "auto",
     )
     command = engine.build_command(eng, request)
-    final = options.tags or (
-        plan.final_tags(recipe, dt.datetime.now(dt.UTC).date()).all if options.target == "runtime" else ()
-    )
+    scheme = plan.final_tags(recipe, dt.datetime.now(dt.UTC).date())
+    final = options.tags or (scheme.all if options.target == "runtime" else ())
     result = BuildResult(recipe, context, candidate, tuple(final), log_dir, command_line=command.shell_line())
     if options.dry:
         echo(f"# context: {context.path}")
@@ -198,7 +228,23 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
             )
     else:
         echo("sparkforge: WARNING: --no-verify: tagging an UNVERIFIED image")
+    if not options.tags and not gpu_verified(result.verify):
+        # Moving tags (latest, {vllm}) promise a GPU-verified image; a CPU-only verify does not give that.
+        final = scheme.immutable
+        echo(
+            f"sparkforge: moving tags ({', '.join(scheme.moving) or 'none'}) not moved: the FP8 checks did not run "
+            "on a GPU. On the Spark: invoke verify --gpus all, then move them (invoke publish --promote)."
+        )
     for tag in final:
         engine.tag_image(candidate, tag)
+    result.tags = tuple(final)
     echo(f"sparkforge: {candidate} -> {', '.join(final)}")
     return result
+
+
+def gpu_verified(report: Report | None) -> bool:
+    """True when verify ran the FP8 checks on a GPU and none failed."""
+    if report is None or report.status != "passed":
+        return False
+    fp8 = [c for c in report.checks if c.name.startswith("fp8.")]
+    return any(c.status == "passed" for c in fp8)

@@ -27,6 +27,8 @@ class SetupStep:
 
 
 def _docker_ready(docker: str) -> bool:
+    if not Path(docker).exists():
+        return False
     return subprocess.run([docker, "info"], capture_output=True).returncode == 0
 
 

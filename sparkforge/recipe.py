@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,11 @@ def load_recipe(ref: str | Path) -> Recipe:
                 raise RecipeError(
                     f"{path}:{line}: patch {patch} does not exist; fix: add the file or remove it"
                 )
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", path.stem):
+        raise RecipeError(
+            f"{path}: the file name {path.stem!r} is the recipe name and becomes image tags; fix: rename it to "
+            "lowercase letters, digits, '.', '_' and '-'"
+        )
     return Recipe(name=path.stem, path=path, model=model, chain=chain)
 
 

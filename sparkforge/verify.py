@@ -124,6 +124,8 @@ def run_image_suite(
 
 
 def _resolve_gpus(mode: GpuMode) -> tuple[bool, str]:
+    if mode not in ("all", "none", "auto"):
+        raise VerifyError(f"--gpus {mode!r}: use all, none or auto")
     if mode == "none":
         return False, "GPU checks disabled (--gpus none)"
     available = engine.gpu_runtime_available()

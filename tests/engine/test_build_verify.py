@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from sparkforge import engine, plan
 from sparkforge.build import BuildOptions, build
-from sparkforge.errors import EngineError, VerifyError
+from sparkforge.errors import EngineError, PreflightError, VerifyError
 from sparkforge.recipe import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.engine
@@ -21,6 +22,7 @@ CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
 
 def _options(base: str, secrets: tuple[Path, Path], tmp_path: Path, **kw) -> BuildOptions:
     ca, token = secrets
+    kw.setdefault("preflight", False)
     return BuildOptions(
         platform="linux/amd64",
         base_image=base,
@@ -37,7 +39,7 @@ def real_image(base_amd64: str, canary_secrets, tmp_path_factory) -> tuple[objec
     """The CI recipe (real vLLM 0.33.0 + torch 2.14.0 from PyPI) built, verified and tagged for real."""
     recipe = load_recipe(str(CI_RECIPE))
     tmp = tmp_path_factory.mktemp("real")
-    result = build(recipe, _options(base_amd64, canary_secrets, tmp))
+    result = build(recipe, _options(base_amd64, canary_secrets, tmp, preflight=True))  # preflight runs first
     return recipe, result
 
 
@@ -56,6 +58,8 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     for name in ("fp8.reference", "fp8.cutlass_scaled_mm", "fp8.cutlass_block", "fp8.linear"):
         assert by_name[name].status == "skipped" and "no GPU" in by_name[name].reason
     assert by_name["serve"].status == "skipped" and "no model mounted" in by_name["serve"].reason
+    scheme = plan.final_tags(recipe, dt.datetime.now(dt.UTC).date())
+    assert result.tags == scheme.immutable  # moving tags wait for a GPU verify
     for tag in result.tags:
         assert engine.image_exists(tag), tag
     labels = engine.image_labels(result.tags[0])
@@ -141,6 +145,17 @@ def test_missing_architecture_fails_verify_and_is_not_tagged(
     assert registry["status"] == "failed" and "NoSuchModelForCausalLM" in registry["reason"]
 
 
+def test_preflight_runs_first_and_stops_the_build(base_amd64, canary_secrets, tmp_path: Path) -> None:
+    recipe_path = tmp_path / "old-vllm.yaml"
+    recipe_path.write_text(f"extends: {CI_RECIPE}\nmodels:\n  architectures: [NoSuchModelForCausalLM]\n")
+    recipe = load_recipe(str(recipe_path))
+    candidate = plan.candidate_tag(recipe, "linux/amd64")
+    with pytest.raises(PreflightError, match="nothing was built"):
+        build(recipe, _options(base_amd64, canary_secrets, tmp_path, preflight=True))
+    assert not engine.image_exists(candidate)
+    assert not list((tmp_path / "logs").rglob("*-build.log"))
+
+
 def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secrets, tmp_path: Path) -> None:
     recipe_path = tmp_path / "bad-pin.yaml"
     recipe_path.write_text(f"extends: {CI_RECIPE}\ncomponents:\n  transformers:\n    version: 5.99.0\n")
@@ -177,6 +192,7 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     result = build(
         recipe,
         BuildOptions(
+            preflight=False,
             platform="linux/arm64",
             target="base",
             base_image=base_arm64,
@@ -198,6 +214,7 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
 def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> None:
     recipe = load_recipe(str(CI_RECIPE))
     options = BuildOptions(
+        preflight=False,
         platform="linux/amd64",
         target="base",
         base_image="sparkforge-test/no-such-base:1",

@@ -97,6 +97,7 @@ def smoke(
     try:
         for platform in PLATFORMS:
             options = BuildOptions(
+                preflight=False,
                 platform=platform,
                 target="base",
                 base_image=bases[platform],

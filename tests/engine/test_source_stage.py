@@ -42,6 +42,7 @@ def sdist_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _options(base: str, url: str, tmp_path: Path) -> BuildOptions:
     return BuildOptions(
+        preflight=False,
         platform="linux/amd64",
         target="source",
         base_image=base,

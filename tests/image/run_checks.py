@@ -134,6 +134,7 @@ def check_versions(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
 def check_serve(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """`vllm serve` of a small model mounted into the container, then one completion over HTTP."""
     import subprocess
+    import tempfile
     import urllib.request
 
     model = os.environ.get("SPARKFORGE_SMOKE_MODEL")
@@ -155,12 +156,15 @@ def check_serve(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
         "0.3",
         "--enforce-eager",
     ]
-    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A file, not a pipe: an unread pipe fills up and blocks the server. Closed in the finally below.
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log")  # noqa: SIM115
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if server.poll() is not None:
-                out = server.stdout.read() if server.stdout else ""
+                log.seek(0)
+                out = log.read()
                 return (
                     "failed",
                     f"vllm serve exited {server.returncode} before it was ready",
@@ -190,6 +194,7 @@ def check_serve(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+        log.close()
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 # Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d9f13db72bcd). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
-# Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts.
+# Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
+# the CA bundle over the system trust store of each downloading RUN, so apt, pip, git and CMake all use it.
 
 # Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
 ARG BUILDER_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
@@ -16,7 +17,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
-RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 # Static labels only: a per-build ARG here would reach every later RUN and defeat the cache.
 LABEL \
@@ -39,12 +41,13 @@ LABEL \
 FROM base AS runtime
 # torch alone first, from its own index: the biggest layer, reused when anything else changes.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     /opt/sparkforge/bin/with-ca pip install torch==2.14.0
 COPY constraints.txt /opt/sparkforge/constraints.txt
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    --mount=type=secret,id=hf_token \
     /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
       transformers==5.20.2 \
       flashinfer-python==0.7.2.post1 \

@@ -1,7 +1,8 @@
 # Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 22ee0495bb52). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
-# Stages: toolchain -> source -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts.
+# Stages: toolchain -> source -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
+# the CA bundle over the system trust store of each downloading RUN, so apt, pip, git and CMake all use it.
 
 # Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
 ARG BUILDER_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
@@ -16,11 +17,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
-RUN /opt/sparkforge/bin/ensure-python git ccache && python3 -m venv /opt/venv
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    /opt/sparkforge/bin/ensure-python git ccache && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY constraints.txt /opt/sparkforge/constraints.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
 
 ########################################################################################################
@@ -32,12 +34,13 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
-RUN /opt/sparkforge/bin/ensure-python git
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    /opt/sparkforge/bin/ensure-python git
 # Empty: git fetch of the pinned commit. Else a tarball URL (release sdist or GitHub archive) whose commit is checked.
 ARG VLLM_SOURCE_URL=
 WORKDIR /workspace/vllm
 COPY files/fetch-source.py /opt/sparkforge/bin/fetch-source.py
-RUN --mount=type=secret,id=ca \
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     /opt/sparkforge/bin/with-ca python3 /opt/sparkforge/bin/fetch-source.py \
       --repository https://github.com/vllm-project/vllm --commit db9527a46873454610df6dbedf79a36d6bf1a7f6 \
       --version 0.31.0 --url "${VLLM_SOURCE_URL}" --dest /workspace/vllm \
@@ -64,12 +67,12 @@ ENV MAX_JOBS=6 NVCC_THREADS=2
 ENV VLLM_TARGET_DEVICE=cuda CCACHE_DIR=/root/.cache/ccache SETUPTOOLS_SCM_PRETEND_VERSION="0.31.0"
 # Upstream's own step: drop torch pins from vLLM's requirements so the installed torch is kept.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     python3 tools/use_existing_torch.py --prefix \
  && /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt -r requirements/build/cuda.txt
 RUN --mount=type=cache,target=/root/.cache/ccache \
     --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     /opt/sparkforge/bin/with-ca python3 setup.py bdist_wheel --dist-dir=/wheels --py-limited-api=cp38 \
  && ls -l /wheels
 
@@ -81,7 +84,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
-RUN /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 # Static labels only: a per-build ARG here would reach every later RUN and defeat the cache.
 LABEL \
@@ -104,14 +108,15 @@ LABEL \
 FROM base AS runtime
 # torch alone first, from its own index: the biggest layer, reused when anything else changes.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
 COPY constraints.txt /opt/sparkforge/constraints.txt
 COPY --from=build /wheels /opt/sparkforge/wheels
 COPY --from=build /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca \
+    --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    --mount=type=secret,id=hf_token \
     /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
       transformers==5.17.0 \
       flashinfer-python==0.7.0.post1 \
