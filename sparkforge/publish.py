@@ -275,12 +275,22 @@ def publish(
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
     content = manifest_content(draft)
     new, unchanged = [], []
+    keyed = {
+        plan.final_tags(recipe, when).immutable[i]
+        for i, template in enumerate(recipe.model.publish.tags)
+        if "{hash}" in template
+    }
     for tag in tags.immutable:
         existing = tools.fetch(tag)
         if existing is None:
             new.append(tag)
         elif manifest_content(existing) == content:
             unchanged.append(tag)
+        elif tag in keyed:
+            # A {hash} tag names a build of this very recipe; image bytes are not bit-reproducible, so a
+            # rebuild differs. The first published build keeps the tag; the rebuild gets the other tags.
+            unchanged.append(tag)
+            echo(f"sparkforge: {tag} already names a build of this recipe hash; kept as it is")
         else:
             raise PublishError(
                 f"refusing to move immutable tag {tag}: it already names other content "

@@ -269,3 +269,39 @@ def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path:
         pub.push(
             drifted, "linux/amd64", image=smoke.candidates["linux/amd64"], digests_dir=None, eng=smoke.eng
         )
+
+
+def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
+    smoke: Smoke, published: pub.Published, tmp_path: Path
+) -> None:
+    # A scheduled rebuild of the same recipe: other bytes, same recipe hash, a later day.
+    (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt=next-day\n")
+    rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-next-day-amd64"
+    subprocess.run(
+        ["/usr/bin/docker", "build", "--platform", "linux/amd64", "-t", rebuilt, str(tmp_path)],
+        check=True,
+        capture_output=True,
+        env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        other = pub.push(
+            smoke.recipe, "linux/amd64", image=rebuilt, digests_dir=None, runner=smoke.runner, eng=smoke.eng
+        )
+        next_day = DAY + dt.timedelta(days=1)
+        result = pub.publish(
+            smoke.recipe,
+            {**smoke.digests(), "linux/amd64": other.digest},
+            when=next_day,
+            runner=smoke.runner,
+            eng=smoke.eng,
+        )
+        hash_tag, date_tag = plan.final_tags(smoke.recipe, next_day).immutable
+        assert result.tags == (date_tag,) and result.unchanged == (hash_tag,)
+        assert (smoke.registry.manifest(smoke.name, _tag(hash_tag)) or ("",))[0] == published.index
+        assert (
+            (smoke.registry.manifest(smoke.name, _tag(date_tag)) or ("",))[0]
+            == result.index
+            != published.index
+        )
+    finally:
+        engine.remove_image(rebuilt)
