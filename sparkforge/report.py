@@ -125,12 +125,30 @@ class Report:
 
 
 def print_report(report: Report, echo: Callable[[str], None] = print) -> None:
-    """Print a summary table: rich on a TTY, plain aligned text otherwise."""
+    """Print a summary table: rich on a TTY, plain aligned text otherwise (logs, CI, pipes)."""
+    import sys
+
+    if sys.stdout.isatty():
+        _print_rich(report)
+        return
     rows = report.table_rows()
     width = max([len(r[0]) for r in rows] + [5])
     echo(f"{report.command} {report.subject}: {report.status.upper()}")
     for name, status, duration, reason in rows:
         echo(f"  {name:<{width}}  {status:<7}  {duration:>7}  {reason}")
+
+
+def _print_rich(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    colours = {"PASSED": "green", "FAILED": "bold red", "SKIPPED": "yellow"}
+    table = Table(title=f"{report.command} {report.subject}: {report.status.upper()}", title_justify="left")
+    for column in ("check", "status", "time", "reason"):
+        table.add_column(column, overflow="fold")
+    for name, status, duration, reason in report.table_rows():
+        table.add_row(name, f"[{colours[status]}]{status}[/]", duration, reason)
+    Console().print(table)
 
 
 def load_report(path: Path) -> Report:
