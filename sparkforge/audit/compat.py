@@ -96,6 +96,19 @@ def unit_verdict(container: Container, target: GpuTarget) -> Verdict:
     return best_verdict(verdict_of(e, target) for e in container.entries)
 
 
+def stranded_units(containers: Iterable[Container], target: GpuTarget) -> int:
+    """Units built for the target's own GPU generation (e.g. sm_120a for sm_121) that cannot run on it.
+
+    A library can pass on the strength of its generic kernels while every kernel written for this generation
+    (vLLM's SM12x FP8 / NVFP4 / MoE groups) was built for a sibling `a` target: that is the silent slow path.
+    """
+    return sum(
+        1
+        for c in containers
+        if unit_verdict(c, target) == "none" and any(e.arch // 10 == target.major for e in c.entries)
+    )
+
+
 def unit_counts(containers: Iterable[Container], target: GpuTarget) -> dict[str, int]:
     """How many units (containers) run natively, through the family, only through JIT, or not at all."""
     counts = Counter(unit_verdict(c, target) for c in containers)

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sparkforge.audit.compat import VERDICTS, GpuTarget, Verdict, best_verdict, unit_counts, verdict_of
+from sparkforge.audit.compat import (
+    VERDICTS,
+    GpuTarget,
+    Verdict,
+    best_verdict,
+    stranded_units,
+    unit_counts,
+    verdict_of,
+)
 from sparkforge.audit.fatbin import Entry, FatbinFile
 from sparkforge.report import Check, Report
 
@@ -41,6 +49,7 @@ class LibraryAudit:
     verdict: Verdict
     required: bool
     units: dict[str, int]
+    stranded: int = 0  # units built for the target's generation that cannot run on it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +58,7 @@ class LibraryAudit:
             "verdict": self.verdict,
             "required": self.required,
             "units": self.units,
+            "stranded_units": self.stranded,
         }
 
 
@@ -72,6 +82,7 @@ def audit_library(path: str, fatbin: FatbinFile, target: GpuTarget, required: bo
         verdict=best_verdict(verdict_of(e, target) for e in entries),
         required=required,
         units=unit_counts(fatbin.containers, target),
+        stranded=stranded_units(fatbin.containers, target),
     )
 
 
@@ -132,6 +143,7 @@ def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: S
     }
     check = Check(name=f"require:{pattern}", status="passed", details=details)
     none = [f"{lib.path} ({' '.join(lib.entries)})" for lib in matched if lib.verdict == "none"]
+    stranded = [f"{lib.path} ({lib.stranded} units)" for lib in matched if lib.stranded]
     jit = [lib.path for lib in matched if lib.verdict == "jit"]
     if broken:
         check.status = "failed"
@@ -145,6 +157,12 @@ def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: S
     elif none:
         check.status = "failed"
         check.reason = f"no kernel runs on {target.name} in {_listing(none)}"
+    elif stranded:
+        check.status = "failed"
+        check.reason = (
+            f"kernels built for sm_{target.major}x cannot run on {target.name} in {_listing(stranded)} "
+            f"(e.g. sm_{target.major}0a cubins); rebuild with TORCH_CUDA_ARCH_LIST covering {target.name}"
+        )
     elif jit:
         check.reason = f"JIT only: slow first start: {_listing(jit)} run on {target.name} only through PTX"
     else:
