@@ -126,14 +126,14 @@ def test_directory_report_shape(tree: Path) -> None:
     by_path = {lib["path"]: lib for lib in data["libraries"]}
     assert sorted(by_path) == sorted(LAYOUT)
     c = by_path["vllm/_C.abi3.so"]
-    assert set(c) == {"path", "entries", "verdict", "required", "units"}
+    assert set(c) == {"path", "entries", "verdict", "required", "units", "stranded_units"}
     assert c["entries"] == {"sass_90": 2, "sass_120": 2, "sass_121a": 2, "ptx_90": 1}
     assert c["verdict"] == "native" and c["required"] is True
     assert c["units"] == {"native": 2, "family": 0, "jit": 0, "none": 0}
     assert by_path["vllm/_moe_C.abi3.so"]["verdict"] == "family"
     assert by_path["vllm/_qutlass_C.abi3.so"] | {"units": None} == {
         "path": "vllm/_qutlass_C.abi3.so", "entries": {"sass_100f": 1}, "verdict": "none", "required": False,
-        "units": None,
+        "units": None, "stranded_units": 0,
     }  # fmt: skip
     assert by_path["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]["verdict"] == "jit"
     assert by_path["vllm/third_party/libembedded.so"]["entries"] == {"sass_120": 1, "ptx_90": 1}
