@@ -177,12 +177,14 @@ def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=Fal
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
-    from sparkforge.verify import verify_image
+    from sparkforge.verify import record_verified, verify_image
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
-    _finish(verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model), report, junit)
+    result = verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)
+    record_verified(ref, result)
+    _finish(result, report, junit)
 
 
 @task(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -178,25 +179,45 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         context=context.path,
         platform=platform,
         target=options.target,
-        tags=() if push_repo else (candidate,),
+        tags=(candidate,),
         build_args=build_args,
         secrets=secret_args(options),
         no_cache=options.no_cache,
         builder=options.builder,
         network=options.network,
-        push_by_digest=push_repo,
-        metadata_file=options.metadata_file,
-        attestations=bool(push_repo),
+        cache_from=options.cache_from,
+        cache_to=options.cache_to,
         progress="plain" if os.environ.get("CI") or not os.isatty(2) else "auto",
     )
     command = engine.build_command(eng, request)
+    # Pushing re-runs the same build (fully cached) with a push-by-digest output, only after verify passed.
+    push_command = (
+        engine.build_command(
+            eng,
+            dataclasses.replace(
+                request,
+                tags=(),
+                no_cache=False,
+                cache_to=(),
+                push_by_digest=push_repo,
+                metadata_file=options.metadata_file,
+                attestations=True,
+            ),
+        )
+        if push_repo
+        else None
+    )
     scheme = plan.final_tags(recipe, dt.datetime.now(dt.UTC).date())
-    final = options.tags or (scheme.all if options.target == "runtime" else ())
+    final = options.tags or (scheme.all if options.target == "runtime" and not push_repo else ())
     result = BuildResult(recipe, context, candidate, tuple(final), log_dir, command_line=command.shell_line())
     if options.dry:
         echo(f"# context: {context.path}")
         runner.run(command, "build")
-        echo(f"# then: verify {candidate}, and only if it passes tag: {' '.join(final) or '(none)'}")
+        echo(f"# then: verify {candidate}, and only if it passes:")
+        if push_command is not None:
+            runner.run(push_command, "push-by-digest")
+        else:
+            echo(f"# tag: {' '.join(final) or '(none)'}")
         return result
     echo(f"sparkforge: building {recipe.name} for {platform} (target {options.target}); log: {log_dir}")
     try:
@@ -204,9 +225,6 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     except CommandError as exc:
         logs = sorted(log_dir.glob("*-build.log"))
         raise EngineError(_failure(logs[-1] if logs else None, str(exc)) + "\n" + str(exc)[-1500:]) from None
-    if push_repo:
-        echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
-        return result
     if options.target != "runtime":
         echo(
             f"sparkforge: stage {options.target} built as {candidate} (stages other than runtime are not verified or tagged)"
@@ -221,6 +239,10 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         report.write_json(report_path)
         result.verify = report
         print_report(report, echo)
+        if report.status == "passed":
+            from sparkforge.verify import record_verified
+
+            record_verified(candidate, report)
         if report.status != "passed":
             raise VerifyError(
                 f"verify failed for {candidate} ({', '.join(c.name for c in report.failed)}); no final tag was "
@@ -228,6 +250,10 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
             )
     else:
         echo("sparkforge: WARNING: --no-verify: tagging an UNVERIFIED image")
+    if push_command is not None:
+        runner.run(push_command, "push-by-digest")
+        echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
+        return result
     if not options.tags and not gpu_verified(result.verify):
         # Moving tags (latest, {vllm}) promise a GPU-verified image; a CPU-only verify does not give that.
         final = scheme.immutable

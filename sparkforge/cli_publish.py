@@ -29,11 +29,18 @@ def _write_json(path: str, data: object) -> None:
         "image": "local image to push (default: the recipe's verified candidate for the platform)",
         "metadata_file": "record the digest from this BuildKit metadata file ('invoke build --push-by-digest')",
         "digests": DIGESTS_HELP,
+        "unverified": "push even though this image has no passed 'invoke verify' (loudly warned)",
     }
 )
 @user_errors
 def push(
-    c: Context, recipe: str, platform: str = "", image: str = "", metadata_file: str = "", digests: str = ""
+    c: Context,
+    recipe: str,
+    platform: str = "",
+    image: str = "",
+    metadata_file: str = "",
+    digests: str = "",
+    unverified: bool = False,
 ):
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
     from sparkforge import publish as pub
@@ -46,6 +53,7 @@ def push(
         metadata_file=Path(metadata_file) if metadata_file else None,
         digests_dir=Path(digests) if digests else pub.DIGESTS_DIR,
         echo=echo,
+        allow_unverified=unverified,
     )
 
 

@@ -180,6 +180,7 @@ def push(
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = print,
+    allow_unverified: bool = False,
 ) -> PushedImage:
     """Push one platform's image to the recipe's repository and record its digest for `publish`.
 
@@ -212,6 +213,15 @@ def push(
             raise PublishError(
                 f"refusing to push {source}: {_drift_text(drift)}; fix: rebuild it from this recipe"
             )
+        from sparkforge.verify import verified_record
+
+        if verified_record(source) is None:
+            if not allow_unverified:
+                raise PublishError(
+                    f"refusing to push {source}: this exact image (by ID) has no passed verify; fix: "
+                    f"invoke verify --recipe {recipe.name} --image {source} (or push with --unverified)"
+                )
+            echo(f"sparkforge: WARNING: pushing {source} without a passed verify (--unverified)")
         staging = f"{repo}:{recipe.hash[:12]}-{_arch(platform)}"
         engine.tag_image(source, staging)
         output = engine.run_cli(tools.runner, tools.engine, "push", "push", staging)

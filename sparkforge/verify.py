@@ -15,6 +15,7 @@ from sparkforge.recipe import Recipe
 from sparkforge.report import Check, Report
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
+VERIFIED_DIR = Path(__file__).resolve().parent.parent / "build" / "verified"
 SUITE = "/opt/sparkforge/image-tests/run_checks.py"
 LOCK_PATH = "/opt/sparkforge/lock.json"
 GpuMode = Literal["all", "none", "auto"]
@@ -166,3 +167,25 @@ def verify_image(
 
 def describe(report: Report) -> dict[str, Any]:
     return {"status": report.status, "failed": [c.name for c in report.failed]}
+
+
+def _record_path(image_id: str, directory: Path) -> Path:
+    return directory / f"{image_id.removeprefix('sha256:')}.json"
+
+
+def record_verified(image: str, report: Report, directory: Path = VERIFIED_DIR) -> Path | None:
+    """Remember that this exact image (by ID) passed verify; `push` refuses images without such a record."""
+    if report.status != "passed":
+        return None
+    path = _record_path(str(engine.inspect_image(image)["Id"]), directory)
+    report.write_json(path)
+    return path
+
+
+def verified_record(image: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
+    """The passed verify report of this exact image (by ID), if there is one."""
+    path = _record_path(str(engine.inspect_image(image)["Id"]), directory)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if data.get("status") == "passed" else None

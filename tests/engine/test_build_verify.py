@@ -62,6 +62,9 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     assert result.tags == scheme.immutable  # moving tags wait for a GPU verify
     for tag in result.tags:
         assert engine.image_exists(tag), tag
+    from sparkforge.verify import verified_record
+
+    assert verified_record(result.candidate)["recipe"] == recipe.name  # push accepts exactly this image
     labels = engine.image_labels(result.tags[0])
     assert labels["dev.sparkforge.recipe-hash"] == recipe.hash
     assert labels["org.opencontainers.image.created"] != "unknown"

@@ -108,6 +108,7 @@ def smoke(
             pushed[platform] = pub.push(
                 recipe,
                 platform,
+                allow_unverified=True,  # smoke images are the base stage: nothing in them to verify
                 image=candidates[platform],
                 digests_dir=tmp / "digests",
                 runner=runner,
@@ -189,7 +190,13 @@ def test_immutable_tag_never_moves_to_other_content(
     )
     try:
         other = pub.push(
-            smoke.recipe, "linux/amd64", image=rebuilt, digests_dir=None, runner=smoke.runner, eng=smoke.eng
+            smoke.recipe,
+            "linux/amd64",
+            image=rebuilt,
+            digests_dir=None,
+            runner=smoke.runner,
+            eng=smoke.eng,
+            allow_unverified=True,
         )
         assert other.digest != smoke.pushed["linux/amd64"].digest
         digests = {**smoke.digests(), "linux/amd64": other.digest}
@@ -271,6 +278,17 @@ def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path:
         )
 
 
+def test_push_refuses_an_unverified_image(smoke: Smoke) -> None:
+    with pytest.raises(PublishError, match="has no passed verify"):
+        pub.push(
+            smoke.recipe,
+            "linux/amd64",
+            image=smoke.candidates["linux/amd64"],
+            digests_dir=None,
+            eng=smoke.eng,
+        )
+
+
 def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
     smoke: Smoke, published: pub.Published, tmp_path: Path
 ) -> None:
@@ -285,7 +303,13 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
     )
     try:
         other = pub.push(
-            smoke.recipe, "linux/amd64", image=rebuilt, digests_dir=None, runner=smoke.runner, eng=smoke.eng
+            smoke.recipe,
+            "linux/amd64",
+            image=rebuilt,
+            digests_dir=None,
+            runner=smoke.runner,
+            eng=smoke.eng,
+            allow_unverified=True,
         )
         next_day = DAY + dt.timedelta(days=1)
         result = pub.publish(
