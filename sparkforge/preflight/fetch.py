@@ -49,6 +49,10 @@ def _session(retries: int) -> requests.Session:
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     session.headers["User-Agent"] = "sparkforge-preflight"
+    # The CA bundle builds use (a TLS-intercepting proxy's) is trusted for upstream facts too.
+    bundle = os.environ.get("SPARKFORGE_CA_BUNDLE")
+    if bundle:
+        session.verify = bundle
     return session
 
 
