@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,12 +185,11 @@ def test_publish_again_leaves_immutable_tags_unchanged(smoke: Smoke, published: 
     assert again.index == published.index
 
 
-def test_immutable_tag_never_moves_to_other_content(
-    smoke: Smoke, published: pub.Published, tmp_path: Path
-) -> None:
-    # Same recipe and labels, other bytes: what a non-reproducible rebuild on the same day produces.
-    (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt=yes\n")
-    rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-amd64"
+@contextmanager
+def _rebuilt_and_pushed(smoke: Smoke, tmp_path: Path, label: str) -> Iterator[pub.PushedImage]:
+    """The amd64 smoke image rebuilt with other bytes (same recipe and labels) and pushed by digest."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt={label}\n")
+    rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-{label}-amd64"
     subprocess.run(
         ["/usr/bin/docker", "build", "--platform", "linux/amd64", "-t", rebuilt, str(tmp_path)],
         check=True,
@@ -196,7 +197,7 @@ def test_immutable_tag_never_moves_to_other_content(
         env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
     )
     try:
-        other = pub.push(
+        yield pub.push(
             smoke.recipe,
             "linux/amd64",
             image=rebuilt,
@@ -205,14 +206,21 @@ def test_immutable_tag_never_moves_to_other_content(
             eng=smoke.eng,
             allow_unverified=True,
         )
+    finally:
+        engine.remove_image(rebuilt)
+
+
+def test_immutable_tag_never_moves_to_other_content(
+    smoke: Smoke, published: pub.Published, tmp_path: Path
+) -> None:
+    # Same recipe and labels, other bytes: what a non-reproducible rebuild on the same day produces.
+    with _rebuilt_and_pushed(smoke, tmp_path, "same-day") as other:
         assert other.digest != smoke.pushed["linux/amd64"].digest
         digests = {**smoke.digests(), "linux/amd64": other.digest}
         with pytest.raises(PublishError, match="refusing to move immutable tag"):
             pub.publish(smoke.recipe, digests, when=DAY, runner=smoke.runner, eng=smoke.eng)
         first = _tag(plan.final_tags(smoke.recipe, DAY).immutable[0])
         assert (smoke.registry.manifest(smoke.name, first) or ("",))[0] == published.index
-    finally:
-        engine.remove_image(rebuilt)
 
 
 def test_promote_moves_the_moving_tags_to_the_verified_index(smoke: Smoke, published: pub.Published) -> None:
@@ -300,24 +308,7 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
     smoke: Smoke, published: pub.Published, tmp_path: Path
 ) -> None:
     # A scheduled rebuild of the same recipe: other bytes, same recipe hash, a later day.
-    (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt=next-day\n")
-    rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-next-day-amd64"
-    subprocess.run(
-        ["/usr/bin/docker", "build", "--platform", "linux/amd64", "-t", rebuilt, str(tmp_path)],
-        check=True,
-        capture_output=True,
-        env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
-    )
-    try:
-        other = pub.push(
-            smoke.recipe,
-            "linux/amd64",
-            image=rebuilt,
-            digests_dir=None,
-            runner=smoke.runner,
-            eng=smoke.eng,
-            allow_unverified=True,
-        )
+    with _rebuilt_and_pushed(smoke, tmp_path, "next-day") as other:
         next_day = DAY + dt.timedelta(days=1)
         result = pub.publish(
             smoke.recipe,
@@ -334,5 +325,3 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
             == result.index
             != published.index
         )
-    finally:
-        engine.remove_image(rebuilt)
