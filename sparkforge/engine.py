@@ -238,7 +238,12 @@ def run_container(
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
     container = client.containers.run(image, **kwargs)
     try:
-        result = container.wait(timeout=timeout_s)
+        try:
+            result = container.wait(timeout=timeout_s)
+        except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
+            container.kill()
+            logs = container.logs().decode(errors="replace")
+            return RunResult(124, logs, f"timed out after {timeout_s} s ({exc.__class__.__name__})")
         stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
         stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
         return RunResult(int(result.get("StatusCode", 1)), stdout, stderr)

@@ -111,6 +111,12 @@ def run_image_suite(
         environment=environment,
         volumes=volumes,
     )
+    if result.exit_code == 124 and MARKER not in result.stdout:
+        return [
+            Check(
+                "image-suite", "failed", f"the in-image suite {result.stderr}; output: {result.stdout[-800:]}"
+            )
+        ]
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
     if line is None:
         return [

@@ -227,3 +227,8 @@ def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> 
     with pytest.raises(EngineError, match="A base image could not be pulled") as info:
         build(recipe, options)
     assert "--base-image" in str(info.value) and "invoke engine.bases" in str(info.value)
+
+
+def test_container_that_hangs_is_stopped_with_a_timeout(base_amd64: str) -> None:
+    run = engine.run_container(base_amd64, ["-c", "sleep 60"], entrypoint=["/bin/bash"], timeout_s=3)
+    assert run.exit_code == 124 and "timed out after 3 s" in run.stderr
