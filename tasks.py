@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from invoke import Collection, task
+from invoke import Collection, Context, task
 
 from sparkforge import cli_publish
 from sparkforge.cli import echo, user_errors
+
+if TYPE_CHECKING:
+    from sparkforge.report import Report
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 @task
 @user_errors
-def recipes(c):
+def recipes(c: Context) -> None:
     """List the recipes with their one-line descriptions."""
     from sparkforge.recipe import list_recipe_names, load_recipe
 
@@ -25,7 +29,7 @@ def recipes(c):
 
 @task(help={"recipe": RECIPE_HELP})
 @user_errors
-def show(c, recipe):
+def show(c: Context, recipe: str) -> None:
     """Print the resolved recipe (after extends) as YAML, with its hash."""
     import yaml
 
@@ -39,7 +43,7 @@ def show(c, recipe):
 
 @task(help={"recipe": RECIPE_HELP, "out": "directory to write <recipe>/ into (default: build/)"})
 @user_errors
-def render(c, recipe, out=""):
+def render(c: Context, recipe: str, out: str = "") -> None:
     """Write the build context build/<recipe>/ (Dockerfile, patches, image tests, lock, build.sh)."""
     from sparkforge.recipe import load_recipe
     from sparkforge.render import render_context
@@ -58,7 +62,14 @@ def render(c, recipe, out=""):
     }
 )
 @user_errors
-def preflight(c, recipe, json="", source="", offline=False, github_base="https://github.com"):
+def preflight(
+    c: Context,
+    recipe: str,
+    json: str = "",
+    source: str = "",
+    offline: bool = False,
+    github_base: str = "https://github.com",
+) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.preflight import run_preflight
     from sparkforge.recipe import load_recipe
@@ -69,7 +80,7 @@ def preflight(c, recipe, json="", source="", offline=False, github_base="https:/
     _finish(report, json)
 
 
-def _finish(report, json_path, junit_path=""):
+def _finish(report: Report, json_path: str, junit_path: str = "") -> None:
     from invoke.exceptions import Exit
 
     from sparkforge.report import print_report
@@ -111,27 +122,27 @@ def _finish(report, json_path, junit_path=""):
 )
 @user_errors
 def build(
-    c,
-    recipe,
-    platform="",
-    target="runtime",
-    base_image="",
-    ca_bundle="",
-    secret=None,
-    tag=None,
-    builder="",
-    no_cache=False,
-    no_verify=False,
-    no_preflight=False,
-    push_by_digest=False,
-    metadata_file="",
-    source=None,
-    network="",
-    gpus="auto",
-    cache_from=None,
-    cache_to=None,
-    dry=False,
-):
+    c: Context,
+    recipe: str,
+    platform: str = "",
+    target: str = "runtime",
+    base_image: str = "",
+    ca_bundle: str = "",
+    secret: list[str] | None = None,
+    tag: list[str] | None = None,
+    builder: str = "",
+    no_cache: bool = False,
+    no_verify: bool = False,
+    no_preflight: bool = False,
+    push_by_digest: bool = False,
+    metadata_file: str = "",
+    source: list[str] | None = None,
+    network: str = "",
+    gpus: str = "auto",
+    cache_from: list[str] | None = None,
+    cache_to: list[str] | None = None,
+    dry: bool = False,
+) -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
     from sparkforge.build import BuildOptions, parse_sources
     from sparkforge.build import build as run_build
@@ -173,7 +184,16 @@ def build(
     }
 )
 @user_errors
-def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=False, model_dir=""):
+def verify(
+    c: Context,
+    recipe: str,
+    image: str = "",
+    gpus: str = "auto",
+    report: str = "",
+    junit: str = "",
+    no_kernels: bool = False,
+    model_dir: str = "",
+) -> None:
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
@@ -198,7 +218,9 @@ def verify(c, recipe, image="", gpus="auto", report="", junit="", no_kernels=Fal
     },
 )
 @user_errors
-def audit(c, target, gpu="", require=None, recipe="", json=""):
+def audit(
+    c: Context, target: str, gpu: str = "", require: list[str] | None = None, recipe: str = "", json: str = ""
+) -> None:
     """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
     from sparkforge.audit import audit_tar_stream, audit_target, format_audit_table
     from sparkforge.recipe import load_recipe
@@ -243,7 +265,7 @@ def audit(c, target, gpu="", require=None, recipe="", json=""):
     }
 )
 @user_errors
-def lock(c, recipe, check=False, write=False):
+def lock(c: Context, recipe: str, check: bool = False, write: bool = False) -> None:
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
     from sparkforge.preflight import lock_recipe
     from sparkforge.recipe import load_recipe
@@ -254,7 +276,7 @@ def lock(c, recipe, check=False, write=False):
 
 @task
 @user_errors
-def lint(c):
+def lint(c: Context) -> None:
     """ruff on the code, hadolint on every recipe's rendered Dockerfile."""
     from sparkforge.lint import run_lint
 
@@ -263,7 +285,7 @@ def lint(c):
 
 @task(help={"slow": "also run the slow real-world tests", "k": "pytest -k expression"})
 @user_errors
-def test(c, slow=False, k=""):
+def test(c: Context, slow: bool = False, k: str = "") -> None:
     """Run the test suite (the same command as README and CI)."""
     from sparkforge.commands import Command, Runner
 
@@ -278,7 +300,7 @@ def test(c, slow=False, k=""):
 # ---- engine -------------------------------------------------------------------------------------
 @task(help={"qemu": "also register qemu-aarch64 (build and run arm64 images on x86)", "dry": "print only"})
 @user_errors
-def engine_up(c, qemu=False, dry=False):
+def engine_up(c: Context, qemu: bool = False, dry: bool = False) -> None:
     """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
     from sparkforge.commands import Runner
     from sparkforge.hostsetup import engine_up as up
@@ -292,7 +314,7 @@ def engine_up(c, qemu=False, dry=False):
     help={"platform": "linux/amd64 and/or linux/arm64 (default both)", "force": "rebuild"},
 )
 @user_errors
-def engine_bases(c, platform=None, force=False):
+def engine_bases(c: Context, platform: list[str] | None = None, force: bool = False) -> None:
     """Offline stand-in bases from Debian (debootstrap) for machines that cannot pull the recipe's bases."""
     from sparkforge.commands import Runner
     from sparkforge.hostsetup import build_base
