@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
+import tarfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -288,6 +289,24 @@ class ExportedFilesystem:
     def __exit__(self, *exc: object) -> None:
         if self._container is not None:
             self._container.remove(force=True)
+
+
+def read_image_file(image: str, path: str) -> bytes | None:
+    """One file from an image's filesystem, from a created (never started) container; None when absent."""
+    import docker.errors
+
+    container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
+    try:
+        try:
+            chunks, _ = container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+            member = archive.next()
+            handle = archive.extractfile(member) if member else None
+            return handle.read() if handle else None
+    finally:
+        container.remove(force=True)
 
 
 def tag_image(source: str, target: str) -> None:

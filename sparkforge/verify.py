@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -40,19 +38,7 @@ def check_labels(recipe: Recipe, labels: dict[str, str]) -> Check:
 
 def read_image_file(image: str, path: str) -> bytes | None:
     """A file from an image without running it (None when absent)."""
-    client = engine._client()
-    container = client.containers.create(image, entrypoint=["/bin/true"], command=[])
-    try:
-        try:
-            chunks, _ = container.get_archive(path)
-        except Exception:  # the SDK raises NotFound for a missing path
-            return None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
-            member = archive.next()
-            handle = archive.extractfile(member) if member else None
-            return handle.read() if handle else None
-    finally:
-        container.remove(force=True)
+    return engine.read_image_file(image, path)
 
 
 def check_lock(recipe: Recipe, data: bytes | None) -> Check:
