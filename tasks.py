@@ -222,8 +222,9 @@ def audit(
     c: Context, target: str, gpu: str = "", require: list[str] | None = None, recipe: str = "", json: str = ""
 ) -> None:
     """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
-    from sparkforge.audit import audit_tar_stream, audit_target, format_audit_table
+    from sparkforge.audit import format_audit_table
     from sparkforge.recipe import load_recipe
+    from sparkforge.verify import audit_subject
 
     requires = list(require or [])
     if recipe:
@@ -231,23 +232,7 @@ def audit(
         gpu = gpu or loaded.model.gpu
         requires = requires or list(loaded.model.audit.require)
     gpu = gpu or "sm_121"
-    path = Path(target)
-    looks_like_path = target.startswith(("/", "./", "../", "~")) or target.endswith(
-        (".whl", ".zip", ".so", ".o")
-    )
-    if looks_like_path and not path.exists():
-        from sparkforge.errors import AuditError
-
-        raise AuditError(
-            f"{target}: no such file or directory; fix: check the path (or give an image reference)"
-        )
-    if path.exists():
-        report = audit_target(path, gpu=gpu, require=requires)
-    else:
-        from sparkforge import engine
-
-        with engine.ExportedFilesystem(target) as stream:
-            report = audit_tar_stream(stream, subject=target, gpu=gpu, require=requires)
+    report = audit_subject(target, gpu, requires)
     echo(format_audit_table(report))
     if json:
         report.write_json(Path(json))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine, plan
-from sparkforge.errors import EngineError, SparkforgeError, VerifyError
+from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import Recipe
 from sparkforge.report import Check, Report
 
@@ -57,14 +58,24 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
     )
 
 
+def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
+    """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
+    from sparkforge.audit import audit_tar_stream, audit_target
+
+    path = Path(target).expanduser()
+    if path.exists():
+        return audit_target(path, gpu=gpu, require=require)
+    if target.startswith(("/", "./", "../", "~")) or target.endswith((".whl", ".zip", ".so", ".o")):
+        raise AuditError(
+            f"{target}: no such file or directory; fix: check the path (or give an image reference)"
+        )
+    with engine.ExportedFilesystem(target) as stream:
+        return audit_tar_stream(stream, subject=target, gpu=gpu, require=require)
+
+
 def check_kernels(recipe: Recipe, image: str) -> Check:
     """Kernel coverage for the recipe's GPU from the image's binaries (no container is started)."""
-    from sparkforge.audit import audit_tar_stream
-
-    with engine.ExportedFilesystem(image) as stream:
-        audit = audit_tar_stream(
-            stream, subject=image, gpu=recipe.model.gpu, require=recipe.model.audit.require
-        )
+    audit = audit_subject(image, recipe.model.gpu, recipe.model.audit.require)
     failed = [c for c in audit.checks if c.status == "failed"]
     details = {
         "target": recipe.model.gpu,
@@ -155,10 +166,6 @@ def verify_image(
     report.extra["gpus"] = {"used": use_gpus, "why": why}
     report.extra["platform"] = platform
     return report
-
-
-def describe(report: Report) -> dict[str, Any]:
-    return {"status": report.status, "failed": [c.name for c in report.failed]}
 
 
 def _record_path(image_id: str, directory: Path) -> Path:

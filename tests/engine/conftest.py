@@ -36,20 +36,21 @@ def engine_ready() -> None:
         _skip_or_fail(reason)
 
 
+def _offline_base(platform: str) -> str:
+    name = base_image_name(platform)
+    if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
+        _skip_or_fail(f"offline base {name} missing; run 'invoke engine.bases --platform {platform}'")
+    return name
+
+
 @pytest.fixture(scope="session")
 def base_amd64(engine_ready: None) -> str:
-    name = base_image_name("linux/amd64")
-    if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
-        _skip_or_fail(f"offline base {name} missing; run 'invoke engine.bases'")
-    return name
+    return _offline_base("linux/amd64")
 
 
 @pytest.fixture(scope="session")
 def base_arm64(engine_ready: None) -> str:
-    name = base_image_name("linux/arm64")
-    if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
-        _skip_or_fail(f"offline base {name} missing; run 'invoke engine.bases --platform linux/arm64'")
-    return name
+    return _offline_base("linux/arm64")
 
 
 @pytest.fixture(scope="session")

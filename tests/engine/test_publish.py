@@ -21,8 +21,12 @@ from sparkforge import publish as pub
 from sparkforge.build import BuildOptions, build
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
-from sparkforge.errors import PublishError
+from sparkforge.errors import PreflightError, PublishError
+from sparkforge.preflight import lock_recipe
+from sparkforge.preflight.fetch import make_fetcher
+from sparkforge.preflight.images import check_images
 from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
+from sparkforge.report import Check
 
 try:  # tests/engine is imported as a package or as a plain directory, depending on how pytest finds it
     from .registry import LocalRegistry, local_registry, unavailable_reason
@@ -325,3 +329,53 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
             == result.index
             != published.index
         )
+
+
+# ---- preflight's image check and lock against the same real registry ----------------------------------
+
+
+def _pinned_recipe(smoke: Smoke, tmp_path: Path, image: str, platforms: str) -> Recipe:
+    path = tmp_path / "pinned.yaml"
+    path.write_text(
+        f"extends: {REPO_ROOT / 'recipes' / 'vllm-qwen35-wheels.yaml'}\nplatforms: {platforms}\n"
+        f"images:\n  builder: {image}\n  runtime: {image}\n"
+    )
+    return load_recipe(path)
+
+
+def _images_check(recipe: Recipe) -> Check:
+    check = Check("images", "passed")
+    check_images(check, recipe.model, make_fetcher())
+    return check
+
+
+def test_preflight_resolves_a_multi_arch_digest_for_every_platform(
+    smoke: Smoke, published: pub.Published, tmp_path: Path
+) -> None:
+    tag = _tag(plan.final_tags(smoke.recipe, DAY).immutable[0])
+    image = f"{smoke.registry.host}/{smoke.name}:{tag}@{published.index}"
+    check = _images_check(_pinned_recipe(smoke, tmp_path, image, "[linux/amd64, linux/arm64]"))
+    assert check.status == "passed", check.reason
+    # The engine records arm64 images with their variant; preflight matches linux/arm64 to linux/arm64/v8.
+    assert sorted(check.details["builder"]["platforms"]) == ["linux/amd64", "linux/arm64/v8"]
+
+
+def test_preflight_fails_an_image_without_the_recipe_platform(smoke: Smoke, tmp_path: Path) -> None:
+    amd64_only = f"{smoke.registry.host}/{smoke.name}@{smoke.pushed['linux/amd64'].digest}"
+    check = _images_check(_pinned_recipe(smoke, tmp_path, amd64_only, "[linux/arm64]"))
+    assert check.status == "failed" and "has no linux/arm64 image (it has linux/amd64)" in check.reason
+    unknown = f"{smoke.registry.host}/{smoke.name}@sha256:{'0' * 64}"
+    assert "HTTP 404" in _images_check(_pinned_recipe(smoke, tmp_path, unknown, "[linux/arm64]")).reason
+
+
+def test_lock_catches_a_moved_tag_and_write_repins(
+    smoke: Smoke, published: pub.Published, tmp_path: Path
+) -> None:
+    # The recipe pins the tag to the amd64 image; in the registry the tag names the multi-arch index.
+    tag = _tag(plan.final_tags(smoke.recipe, DAY).immutable[0])
+    stale = f"{smoke.registry.host}/{smoke.name}:{tag}@{smoke.pushed['linux/amd64'].digest}"
+    recipe = _pinned_recipe(smoke, tmp_path, stale, "[linux/amd64]")
+    with pytest.raises(PreflightError, match=r"images.builder drift .*fix: run 'invoke lock"):
+        lock_recipe(recipe, check=True)
+    lock_recipe(recipe, write=True)
+    assert load_recipe(recipe.path).model.images.builder.endswith(published.index)

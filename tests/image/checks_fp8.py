@@ -139,12 +139,23 @@ def check_torch_reference(lock: dict[str, Any] | None = None) -> Result:
     return status, reason, details
 
 
-def check_scaled_fp8_quant(lock: dict[str, Any] | None = None) -> Result:
+def _vllm_on_gpu() -> tuple[Any, int, Result | None]:
+    """vLLM's ops and the GPU's capability (e.g. 121), or a skip result as the third item."""
     if (gate := _gate()) is not None:
-        return gate
+        return None, 0, gate
     ops = _ops()
     if isinstance(ops, Exception):
-        return "skipped", f"vLLM is not importable here ({ops})", {}
+        return None, 0, ("skipped", f"vLLM is not importable here ({ops})", {})
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return ops, major * 10 + minor, None
+
+
+def check_scaled_fp8_quant(lock: dict[str, Any] | None = None) -> Result:
+    ops, _, skip = _vllm_on_gpu()
+    if skip is not None:
+        return skip
     import torch
 
     torch.manual_seed(0)
@@ -161,15 +172,9 @@ def check_scaled_fp8_quant(lock: dict[str, Any] | None = None) -> Result:
 
 
 def check_cutlass_scaled_mm(lock: dict[str, Any] | None = None) -> Result:
-    if (gate := _gate()) is not None:
-        return gate
-    ops = _ops()
-    if isinstance(ops, Exception):
-        return "skipped", f"vLLM is not importable here ({ops})", {}
-    import torch
-
-    cap = torch.cuda.get_device_capability()
-    capability = cap[0] * 10 + cap[1]
+    ops, capability, skip = _vllm_on_gpu()
+    if skip is not None:
+        return skip
     if not ops.cutlass_scaled_mm_supports_fp8(capability):
         return "skipped", f"vLLM reports no CUTLASS FP8 for capability {capability}", {}
     return _run_cases(
@@ -178,15 +183,11 @@ def check_cutlass_scaled_mm(lock: dict[str, Any] | None = None) -> Result:
 
 
 def check_cutlass_block_fp8(lock: dict[str, Any] | None = None) -> Result:
-    if (gate := _gate()) is not None:
-        return gate
-    ops = _ops()
-    if isinstance(ops, Exception):
-        return "skipped", f"vLLM is not importable here ({ops})", {}
+    ops, capability, skip = _vllm_on_gpu()
+    if skip is not None:
+        return skip
     import torch
 
-    cap = torch.cuda.get_device_capability()
-    capability = cap[0] * 10 + cap[1]
     if not ops.cutlass_scaled_mm_supports_block_fp8(capability):
         return "skipped", f"vLLM reports no blockwise CUTLASS FP8 for capability {capability}", {}
     torch.manual_seed(0)

@@ -4,8 +4,6 @@ a GitHub-layout archive mirror and a registry API on 127.0.0.1 (real HTTP throug
 from __future__ import annotations
 
 import gzip
-import hashlib
-import json
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -117,11 +115,6 @@ class Served:
             if file.is_file():
                 self.add_file(f"{prefix}/{file.relative_to(root).as_posix()}", file)
 
-    def add_json(self, path: str, data: Any, headers: dict[str, str] | None = None) -> bytes:
-        body = json.dumps(data).encode()
-        self.routes[path] = (200, {"Content-Type": "application/json", **(headers or {})}, body)
-        return body
-
 
 def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -187,10 +180,6 @@ def fixture_fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
 def fixture_server() -> Iterator[Served]:
     with local_server() as served:
         yield served
-
-
-def sha256_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def check_named(report: Any, name: str) -> Any:

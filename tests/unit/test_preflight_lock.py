@@ -1,4 +1,5 @@
-"""Check 5 and `lock`: a registry API and a git remote served on 127.0.0.1 (real HTTP, real git)."""
+"""Check 5 offline and `lock` against a git remote served on 127.0.0.1 (real HTTP, real git); the registry
+side runs against Debian's docker-registry in tests/engine/test_publish.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     Served,
     check_named,
     fixture_server,
-    sha256_of,
     write_recipe,
 )
 
@@ -21,39 +21,6 @@ from sparkforge.preflight.images import check_images, parse_image
 from sparkforge.recipe import load_recipe
 from sparkforge.report import Check
 
-TAG = "13.0.2-devel-ubuntu24.04"
-INDEX = "application/vnd.oci.image.index.v1+json"
-
-
-def _index(platforms: list[str]) -> dict:
-    manifests = []
-    for i, platform in enumerate(platforms):
-        os_name, arch = platform.split("/")
-        manifests.append(
-            {
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": f"sha256:{i:064x}",
-                "size": 1,
-                "platform": {"os": os_name, "architecture": arch},
-            }
-        )
-    manifests.append(
-        {"digest": "sha256:" + "f" * 64, "size": 1, "platform": {"os": "unknown", "architecture": "unknown"}}
-    )
-    return {"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}
-
-
-def _serve_image(server: Served, repo: str, platforms: list[str], *, tag: str = TAG) -> str:
-    """Serve an index for `platforms` by tag and by digest; returns its digest."""
-    body = server.add_json(f"/v2/{repo}/manifests/{tag}", _index(platforms), {"Content-Type": INDEX})
-    digest = sha256_of(body)
-    server.add_json(f"/v2/{repo}/manifests/{digest}", _index(platforms), {"Content-Type": INDEX})
-    return digest
-
-
-def _image(server: Served, repo: str, digest: str) -> str:
-    return f"{server.base.removeprefix('http://')}/{repo}:{TAG}@{digest}"
-
 
 def _images_check(recipe, *, offline: bool = False) -> Check:
     check = Check("images", "passed")
@@ -61,30 +28,9 @@ def _images_check(recipe, *, offline: bool = False) -> Check:
     return check
 
 
-def test_digest_resolves_for_every_platform(server, tmp_path):
-    digest = _serve_image(server, "nvidia/cuda", ["linux/amd64", "linux/arm64"])
-    image = _image(server, "nvidia/cuda", digest)
-    recipe = write_recipe(tmp_path, {"images": {"builder": image, "runtime": image}})
-    check = _images_check(recipe)
-    assert check.status == "passed", check.reason
-    assert check.details["builder"]["platforms"] == ["linux/amd64", "linux/arm64"]  # attestations left out
-    assert check.details["builder"]["resolved"] == digest
-
-
-def test_digest_without_the_recipe_platform_fails(server, tmp_path):
-    digest = _serve_image(server, "nvidia/cuda", ["linux/amd64"])
-    image = _image(server, "nvidia/cuda", digest)
-    recipe = write_recipe(tmp_path, {"images": {"builder": image, "runtime": image}})
-    check = _images_check(recipe)
-    assert check.status == "failed"
-    assert "has no linux/arm64 image (it has linux/amd64)" in check.reason
-
-
-def test_unknown_digest_fails_and_offline_or_unreachable_skips(server, tmp_path):
-    image = _image(server, "nvidia/cuda", "sha256:" + "0" * 64)
-    recipe = write_recipe(tmp_path, {"images": {"builder": image, "runtime": image}})
-    assert "HTTP 404" in _images_check(recipe).reason
-    offline = _images_check(recipe, offline=True)
+def test_images_offline_or_unreachable_skip():
+    # A registry answering for real is tested in tests/engine/test_publish.py (Debian's docker-registry).
+    offline = _images_check(load_recipe("vllm-qwen35"), offline=True)
     assert offline.status == "skipped" and "offline" in offline.reason
     shipped = _images_check(load_recipe("vllm-qwen35"))  # Docker Hub is not reachable from here
     assert shipped.status in ("skipped", "passed")
@@ -127,30 +73,11 @@ def _git_remote(tmp_path: Path, server: Served, tag: str) -> str:
 
 def test_lock_reports_pins_and_check_passes(server, tmp_path):
     commit = _git_remote(tmp_path, server, "v0.31.0")
-    digest = _serve_image(server, "nvidia/cuda", ["linux/arm64"])
-    image = _image(server, "nvidia/cuda", digest)
-    body = {
-        "images": {"builder": image, "runtime": image},
-        "components": {"vllm": {"commit": commit, "repository": f"{server.base}/vllm-project/vllm.git"}},
-    }
+    body = {"components": {"vllm": {"commit": commit, "repository": f"{server.base}/vllm-project/vllm.git"}}}
     result = lock_recipe(write_recipe(tmp_path, body), check=True)
     assert result.ok
     states = {e.key: (e.state, e.resolved) for e in result.entries}
-    assert states["images.builder"] == ("pinned", image)
     assert states["components.vllm.commit"] == ("pinned", commit)
-
-
-def test_lock_check_fails_on_a_moved_tag_and_write_repins(server, tmp_path):
-    old = _serve_image(server, "nvidia/cuda", ["linux/arm64"])
-    image = _image(server, "nvidia/cuda", old)
-    new = _serve_image(server, "nvidia/cuda", ["linux/arm64", "linux/amd64"])  # the tag moved
-    recipe = write_recipe(tmp_path, {"images": {"builder": image, "runtime": image}})
-    with pytest.raises(PreflightError, match=r"images.builder drift .*fix: run 'invoke lock"):
-        lock_recipe(recipe, check=True)
-    result = lock_recipe(recipe, write=True)
-    assert not result.ok and result.written == (recipe.path,)
-    assert load_recipe(recipe.path).model.images.builder.endswith(new)
-    assert lock_recipe(load_recipe(recipe.path), check=True).ok
 
 
 def test_lock_expands_the_wheel_short_commit(server, tmp_path):
