@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 
-from sparkforge import cli_publish
+from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import echo, user_errors
 
 if TYPE_CHECKING:

@@ -73,7 +73,7 @@ def test_matrix_build_cache_per_recipe_and_platform() -> None:
 
 
 def test_ci_matrix_task_writes_github_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sparkforge.cli_publish import ci_matrix
+    from sparkforge.cli.publish import ci_matrix
 
     out = tmp_path / "github_output"
     ci_matrix(Context(), recipe=["vllm-qwen35", str(SMOKE)], github_output=str(out))

@@ -1,4 +1,4 @@
-"""Glue shared by the Invoke tasks: user errors become a one-paragraph message and a non-zero exit."""
+"""The Invoke layer (nothing below it imports Invoke). Shared glue: user errors become a one-paragraph message and a non-zero exit."""
 
 from __future__ import annotations
 
