@@ -13,19 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkforge import engine
+from sparkforge import engine, oci
 from sparkforge.commands import Command, Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
+from sparkforge.oci import is_local_registry
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-LOCAL_HOSTS = ("localhost", "127.0.0.1")
-
-
-def is_local_registry(repository: str) -> bool:
-    """Registries on this machine speak plain HTTP; the docker manifest commands need --insecure for them."""
-    host = repository.split("/", 1)[0]
-    return host.startswith("[::1]") or host.rsplit(":", 1)[0] in LOCAL_HOSTS
 
 
 def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -36,7 +30,9 @@ def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
         kind = (entry.get("annotations") or {}).get("vnd.docker.reference.type")
         if spec.get("os") in (None, "unknown") or kind == "attestation-manifest":
             continue
-        out.append((f"{spec['os']}/{spec.get('architecture')}", entry["digest"]))
+        out.append(
+            (oci.canonical(spec["os"], spec.get("architecture"), spec.get("variant")), entry["digest"])
+        )
     return out
 
 

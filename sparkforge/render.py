@@ -60,9 +60,9 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_dockerfile(recipe: Recipe) -> str:
-    """The Dockerfile text for a recipe."""
-    values = dataclasses.asdict(plan.template_values(recipe))
+def render_dockerfile(recipe: Recipe, bases: plan.Bases | None = None) -> str:
+    """The Dockerfile text for a recipe (on its pinned base images unless `bases` overrides them)."""
+    values = dataclasses.asdict(plan.template_values(recipe, bases))
     try:
         return _environment().get_template(TEMPLATE).render(**values)
     except jinja2.UndefinedError as exc:
@@ -117,9 +117,9 @@ def _copy_tree(source: Path, dest: Path) -> None:
             shutil.copymode(item, target)
 
 
-def _write_context(recipe: Recipe, root: Path) -> None:
+def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None:
     root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(render_dockerfile(recipe))
+    (root / "Dockerfile").write_text(render_dockerfile(recipe, bases))
     _copy_tree(TEMPLATES_DIR / "files", root / "files")
     patches_dir = root / "patches"
     patches_dir.mkdir()
@@ -131,14 +131,17 @@ def _write_context(recipe: Recipe, root: Path) -> None:
     (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
     _copy_tree(IMAGE_TESTS_DIR, root / "image-tests")
     (root / "constraints.txt").write_text(plan.constraints(recipe))
-    (root / "lock.json").write_text(json.dumps(plan.lock(recipe), indent=2, sort_keys=True) + "\n")
+    (root / "lock.json").write_text(json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n")
     script = root / "build.sh"
     script.write_text(_build_script(recipe))
     script.chmod(0o755)
 
 
-def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
+def render_context(recipe: Recipe, out_root: Path | None = None, bases: plan.Bases | None = None) -> Context:
     """Write build/<recipe>/ afresh; the same recipe and repository give the same bytes.
+
+    `bases` (a --base-image override) is written into the Dockerfile, the labels and lock.json, so the image
+    records the base it was really built on.
 
     The context is written beside the target and swapped in by rename, so a build reading the previous
     context never sees a half-written one.
@@ -148,7 +151,7 @@ def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.", dir=parent))
     try:
-        _write_context(recipe, staging / "context")
+        _write_context(recipe, staging / "context", bases)
         if root.exists():
             old = staging / "old"
             root.rename(old)
