@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
+from invoke.exceptions import Exit
 
-from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import echo, user_errors
+from sparkforge.cli import publish as cli_publish
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
@@ -147,8 +148,11 @@ def build(
     from sparkforge.build import BuildOptions, parse_sources
     from sparkforge.build import build as run_build
     from sparkforge.recipe import load_recipe
+    from sparkforge.verify import GPU_MODES
 
     loaded = load_recipe(recipe)
+    if gpus not in GPU_MODES:
+        raise Exit(f"sparkforge: --gpus {gpus!r}: use all, none or auto", code=2)
     options = BuildOptions(
         platform=platform or None,
         target=target,
@@ -159,11 +163,13 @@ def build(
         builder=builder or None,
         no_cache=no_cache,
         verify=not no_verify,
-        gpus=gpus,
+        gpus=gpus,  # type: ignore[arg-type]  # checked against GPU_MODES above
         push_by_digest=push_by_digest,
         dry=dry,
         network=network or None,
-        sources=parse_sources(source or []),
+        sources=parse_sources(
+            source or [], [n for n, c in loaded.model.components.items() if c.source == "git"]
+        ),
         preflight=not no_preflight,
         metadata_file=Path(metadata_file) if metadata_file else None,
         cache_from=tuple(cache_from or ()),
@@ -176,7 +182,7 @@ def build(
     help={
         "recipe": RECIPE_HELP,
         "image": "image to verify (default: the recipe's candidate tag for its first platform)",
-        "gpus": "all, none or auto (GPU checks skip with a reason when no GPU is used)",
+        "gpus": "all (a skipped vLLM FP8 check fails), none or auto (GPU checks skip with a reason without a GPU)",
         "report": "write the JSON report here",
         "junit": "write JUnit XML here",
         "no_kernels": "skip the kernel-coverage audit of the image",
@@ -202,8 +208,8 @@ def verify(
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
-    result = verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)
-    record_verified(ref, result)
+    result = verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)  # type: ignore[arg-type]
+    record_verified(result)  # a failure revokes an earlier pass of this image
     _finish(result, report, junit)
 
 

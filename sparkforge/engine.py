@@ -164,6 +164,29 @@ def _client() -> Any:
     return client
 
 
+@contextlib.contextmanager
+def sdk_errors(what: str) -> Iterator[None]:
+    """Translate the Docker SDK's errors (APIError, connection errors) into one EngineError naming the step."""
+    import docker.errors
+    import requests
+
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise EngineError(
+            f"{what}: image not found ({exc.explanation or exc}); fix: build it ('invoke build') or pull it"
+        ) from None
+    except docker.errors.APIError as exc:
+        raise EngineError(
+            f"{what}: the Docker engine refused ({exc.status_code}: {exc.explanation or exc}); fix: check the "
+            "image reference and the engine's log ('journalctl -u docker' or /var/log/dockerd.log)"
+        ) from None
+    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
+        raise EngineError(
+            f"{what}: lost the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}"
+        ) from None
+
+
 def image_exists(ref: str) -> bool:
     import docker.errors
 
@@ -179,7 +202,8 @@ def inspect_image(ref: str) -> dict[str, Any]:
     import docker.errors
 
     try:
-        return dict(_client().images.get(ref).attrs)
+        with sdk_errors(f"inspect {ref}"):
+            return dict(_client().images.get(ref).attrs)
     except docker.errors.ImageNotFound:
         raise EngineError(
             f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
@@ -237,7 +261,8 @@ def run_container(
         kwargs["volumes"] = {host: {"bind": target, "mode": "ro"} for host, target in volumes.items()}
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    container = client.containers.run(image, **kwargs)
+    with sdk_errors(f"run {image}"):
+        container = client.containers.run(image, **kwargs)
     try:
         try:
             result = container.wait(timeout=timeout_s)
@@ -283,7 +308,8 @@ class ExportedFilesystem:
 
     def __enter__(self) -> io.BufferedReader:
         inspect_image(self.image)
-        self._container = _client().containers.create(self.image, entrypoint=["/bin/true"], command=[])
+        with sdk_errors(f"export {self.image}"):
+            self._container = _client().containers.create(self.image, entrypoint=["/bin/true"], command=[])
         return io.BufferedReader(_ChunkReader(iter(self._container.export(chunk_size=1 << 20))), 1 << 20)
 
     def __exit__(self, *exc: object) -> None:
@@ -295,7 +321,8 @@ def read_image_file(image: str, path: str) -> bytes | None:
     """One file from an image's filesystem, from a created (never started) container; None when absent."""
     import docker.errors
 
-    container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
+    with sdk_errors(f"read {path} from {image}"):
+        container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
     try:
         try:
             chunks, _ = container.get_archive(path)
@@ -313,7 +340,9 @@ def tag_image(source: str, target: str) -> None:
     repository, _, tag = (
         target.rpartition(":") if ":" in target.rsplit("/", 1)[-1] else (target, "", "latest")
     )
-    if not _client().images.get(source).tag(repository, tag):
+    with sdk_errors(f"tag {source} as {target}"):
+        tagged = _client().images.get(source).tag(repository, tag)
+    if not tagged:
         raise EngineError(f"the engine refused to tag {source} as {target}")
 
 

@@ -172,7 +172,7 @@ def push(
                 f"{metadata_file}: no 'containerimage.digest' / 'containerimage.config.digest'; fix: pass the "
                 "--metadata-file written by 'invoke build --push-by-digest' (buildx)"
             ) from None
-        record = records.passed_record(image_id, evidence_dir)
+        record = records.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
         _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
     else:
@@ -188,9 +188,13 @@ def push(
             raise PublishError(
                 f"refusing to push {source}: {plan.drift_text(drift)}; fix: rebuild it from this recipe"
             )
-        record = records.passed_record(image_id, evidence_dir)
+        record = records.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{source} ({image_id[:19]})", allow_base_override)
-        if record is None and plan.base_override(recipe, labels) and not allow_base_override:
+        if (
+            (record or {}).get("status") != "passed"
+            and plan.base_override(recipe, labels)
+            and not allow_base_override
+        ):
             problems.append(f"{source}: built on other base images than the recipe pins; fix: see above")
         _refuse_or_warn(problems, f"push {source}", allow_unverified, echo)
         staging = f"{repo}:{recipe.hash[:12]}-{oci.arch(platform)}"
@@ -201,7 +205,7 @@ def push(
     if not DIGEST.fullmatch(digest):
         raise PublishError(f"not a sha256 digest: {digest!r}")
     pushed = PushedImage(recipe.name, recipe.hash, platform, repo, digest)
-    if record is not None:
+    if record is not None and record.get("status") == "passed":
         records.link_digest(digest, image_id, repo, evidence_dir)  # publish and promote follow this link
     if digests_dir is not None:
         echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
