@@ -190,12 +190,13 @@ def push(
             )
         record = records.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{source} ({image_id[:19]})", allow_base_override)
-        if (
-            (record or {}).get("status") != "passed"
-            and plan.base_override(recipe, labels)
-            and not allow_base_override
-        ):
-            problems.append(f"{source}: built on other base images than the recipe pins; fix: see above")
+        override = plan.base_override(recipe, labels)
+        if override and not allow_base_override and not any("other base images" in p for p in problems):
+            problems.append(
+                f"{source}: built on other base images than the recipe pins ("
+                + "; ".join(f"{stage}: {a}" for stage, (a, _) in override.items())
+                + "); fix: build without --base-image, or pass --allow-base-override (test images only)"
+            )
         _refuse_or_warn(problems, f"push {source}", allow_unverified, echo)
         staging = f"{repo}:{recipe.hash[:12]}-{oci.arch(platform)}"
         engine.tag_image(image_id, staging)
