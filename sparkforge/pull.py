@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparkforge import engine, oci, plan
+from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
@@ -101,6 +101,8 @@ def pull(
     if local != ref and "@" not in ref:
         engine.tag_image(local, ref)  # `docker run REPO:TAG` then means the image that was checked
     found = engine.image_platform(local)
+    if "@" in local:  # `invoke verify` of this image then counts for this registry digest (publish --promote)
+        records.link_digest(local.rsplit("@", 1)[1], str(engine.inspect_image(local)["Id"]), repo)
     if found != platform:
         raise PublishError(f"{ref} gave a {found} image where {platform} was asked for")
     drift = plan.label_drift(recipe, engine.image_labels(local))

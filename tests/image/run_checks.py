@@ -231,6 +231,15 @@ def gpu_info() -> dict[str, Any] | None:
     if version_file.is_file():
         found = re.search(r"Kernel Module\s+([0-9.]+)", version_file.read_text())
         driver = found.group(1) if found else None
+    if driver is None:
+        import shutil
+        import subprocess
+
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=False).stdout
+            driver = out.strip().splitlines()[0] if out.strip() else None
     return {
         "name": torch.cuda.get_device_name(),
         "capability": f"{major}.{minor}",
