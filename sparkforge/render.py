@@ -84,23 +84,44 @@ class Context:
 
 
 def _build_script(recipe: Recipe) -> str:
+    """build.sh: the same argv `invoke build` runs (engine.build_command), for buildx and for built-in BuildKit."""
+    from sparkforge.engine import BuildRequest, Engine, build_command
+
     platform = recipe.model.platforms[0]
-    tag = plan.candidate_tag(recipe, platform)
+    request = BuildRequest(
+        context=Path("."),
+        platform=platform,
+        target="runtime",
+        tags=(plan.candidate_tag(recipe, platform),),
+        build_args={"SPARKFORGE_CREATED": _CREATED},
+    )
+
+    def line(engine: Engine) -> str:
+        command = build_command(engine, request)
+        argv = shlex.join(command.argv[:-1]).replace(
+            f"SPARKFORGE_CREATED={_CREATED}", '"SPARKFORGE_CREATED=$created"'
+        )
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(command.env.items()))
+        return f'{env + " " if env else ""}{argv} "$@" {shlex.quote(command.argv[-1])}'
+
     lines = [
         "#!/usr/bin/env bash",
-        f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory.",
-        "# Extra docker build options (e.g. --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
+        f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory: the argv",
+        "# `invoke build` runs (sparkforge.engine.build_command). Extra options (e.g. --secret",
+        "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
-        "if docker buildx version >/dev/null 2>&1; then build=(docker buildx build --load); "
-        "else export DOCKER_BUILDKIT=1; build=(docker build); fi",
-        '"${build[@]}" --platform '
-        + shlex.quote(platform)
-        + " --target runtime --tag "
-        + shlex.quote(tag)
-        + ' --build-arg "SPARKFORGE_CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" --progress plain "$@" .',
+        "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+        "if docker buildx version >/dev/null 2>&1; then",
+        "  " + line(Engine("docker", "buildx", "")),
+        "else",
+        "  " + line(Engine("docker", "buildkit", "")),
+        "fi",
     ]
     return "\n".join(lines) + "\n"
+
+
+_CREATED = "@CREATED@"
 
 
 def _copy_tree(source: Path, dest: Path) -> None:

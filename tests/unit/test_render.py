@@ -216,3 +216,25 @@ def test_build_dry_prints_the_buildkit_command() -> None:
     assert "--platform linux/arm64" in out and "--target runtime" in out
     assert f"sparkforge-candidate/vllm-qwen35:{load_recipe('vllm-qwen35').hash[:12]}-arm64" in out
     assert "then: verify" in out
+
+
+def test_build_script_is_the_engine_argv(tmp_path: Path) -> None:
+    # One build command: build.sh is rendered from engine.build_command, not written beside it by hand.
+    import shlex
+
+    from sparkforge.engine import BuildRequest, Engine, build_command
+
+    recipe = load_recipe("vllm-qwen35-wheels")
+    script = (render_context(recipe, tmp_path).path / "build.sh").read_text()
+    request = BuildRequest(
+        context=Path("."),
+        platform="linux/arm64",
+        target="runtime",
+        tags=(plan.candidate_tag(recipe, "linux/arm64"),),
+        build_args={"SPARKFORGE_CREATED": "X"},
+    )
+    for engine in (Engine("docker", "buildx", ""), Engine("docker", "buildkit", "")):
+        argv = shlex.join(build_command(engine, request).argv[:-1])
+        assert argv.replace("SPARKFORGE_CREATED=X", '"SPARKFORGE_CREATED=$created"') in script
+    proc = subprocess.run(["bash", "-n", str(tmp_path / recipe.name / "build.sh")], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
