@@ -122,7 +122,7 @@ def _exact_version(value: str) -> str:
 
 
 ExactVersion = Annotated[StrictStr, AfterValidator(_exact_version)]
-ImageRef = _pattern("image")
+PinnedImage = _pattern("image")  # a recipe's base image, pinned by digest (parsing: preflight.images)
 Sha40 = _pattern("sha40")
 
 
@@ -131,8 +131,8 @@ class StrictModel(BaseModel):
 
 
 class Images(StrictModel):
-    builder: ImageRef = Field(description="image the compile stages run in (needs nvcc)")
-    runtime: ImageRef = Field(description="image the final stage starts from")
+    builder: PinnedImage = Field(description="image the compile stages run in (needs nvcc)")
+    runtime: PinnedImage = Field(description="image the final stage starts from")
 
 
 class Component(StrictModel):
