@@ -203,13 +203,13 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
-    from sparkforge.verify import record_verified, verify_image
+    from sparkforge.verify import verify_and_record
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
-    result = verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)  # type: ignore[arg-type]
-    record_verified(result)  # a failure revokes an earlier pass of this image
+    # The result is kept per image ID; a failure revokes an earlier pass of the same image.
+    result = verify_and_record(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)  # type: ignore[arg-type]
     _finish(result, report, junit)
 
 

@@ -39,7 +39,7 @@ class BuildOptions:
     dry: bool = False
     network: str | None = None
     sources: dict[str, str] = field(default_factory=dict)  # component -> tarball URL
-    log_root: Path = REPO_ROOT / "logs"
+    log_root: Path = plan.LOG_ROOT
     metadata_file: Path | None = None
     report_path: Path | None = None
     cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
@@ -184,8 +184,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         run_preflight_gate(recipe, options, echo)
     bases = plan.bases(recipe, parse_base_image(options.base_image))
     context = render_context(recipe, bases=bases)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = options.log_root / recipe.name / f"{stamp}-{platform.replace('/', '-')}"
+    log_dir = plan.log_dir(recipe, platform, options.log_root)
     runner = Runner(dry=options.dry, log_dir=log_dir, echo=echo)
     try:
         eng = engine.detect_engine()
@@ -260,7 +259,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         return result
     image_id = str(engine.inspect_image(candidate)["Id"])  # everything below acts on this exact image
     if options.verify:
-        result.verify = verify_and_record(recipe, image_id, candidate, options, log_dir, echo)
+        result.verify = _verify(recipe, image_id, candidate, options, log_dir, echo)
     else:
         echo("sparkforge: WARNING: --no-verify: tagging an UNVERIFIED image")
     if push_command is not None:
@@ -286,7 +285,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     return result
 
 
-def verify_and_record(
+def _verify(
     recipe: Recipe,
     image_id: str,
     candidate: str,
@@ -294,15 +293,14 @@ def verify_and_record(
     log_dir: Path,
     echo: Callable[[str], None],
 ) -> Report:
-    """Verify the built image, keep the record (a failure revokes an earlier pass), raise when it failed."""
+    """Verify the built image and keep its record (verify.verify_and_record); raise when it failed."""
     from sparkforge.report import print_report
-    from sparkforge.verify import record_verified, verify_image
+    from sparkforge.verify import verify_and_record
 
-    report = verify_image(recipe, image_id, gpus=options.gpus)
+    report = verify_and_record(recipe, image_id, gpus=options.gpus)
     report.subject = candidate
     report_path = options.report_path or log_dir / "verify.json"
     report.write_json(report_path)
-    record_verified(report)
     print_report(report, echo)
     if report.status != "passed":
         raise VerifyError(

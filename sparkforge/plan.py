@@ -6,6 +6,7 @@ import datetime as _dt
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__
@@ -171,6 +172,15 @@ def final_tags(recipe: Recipe, when: _dt.date, repository: str | None = None) ->
         tuple(f"{repo}:{expand_tag(recipe, t, when)}" for t in recipe.model.publish.tags),
         tuple(f"{repo}:{expand_tag(recipe, t, when)}" for t in recipe.model.publish.moving_tags),
     )
+
+
+LOG_ROOT = REPO_ROOT / "logs"
+
+
+def log_dir(recipe: Recipe, what: str, root: Path = LOG_ROOT, now: _dt.datetime | None = None) -> Path:
+    """logs/<recipe>/<UTC stamp>-<what>/: where one run's numbered step logs and replay scripts go."""
+    stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return root / recipe.name / f"{stamp}-{what.replace('/', '-')}"
 
 
 def candidate_tag(recipe: Recipe, platform: str) -> str:

@@ -23,7 +23,6 @@ from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_co
 from sparkforge.recipe import REPO_ROOT, Recipe, recipe_ref
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
-LOG_ROOT = REPO_ROOT / "logs"
 
 Echo = Callable[[str], None]
 
@@ -128,8 +127,7 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
 
 def tools_for(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
     if runner is None:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        runner = Runner(log_dir=LOG_ROOT / recipe.name / f"{stamp}-{step}", echo=echo)
+        runner = Runner(log_dir=plan.log_dir(recipe, step), echo=echo)
     return Manifests(eng or engine.detect_engine(), runner, recipe.model.publish.repository)
 
 

@@ -224,6 +224,21 @@ def verify_image(
     return report
 
 
+def verify_and_record(
+    recipe: Recipe,
+    image: str,
+    *,
+    gpus: GpuMode = "auto",
+    kernels: bool = True,
+    model_dir: Path | None = None,
+    directory: Path = records.VERIFIED_DIR,
+) -> Report:
+    """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass)."""
+    report = verify_image(recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir)
+    record_verified(report, directory)
+    return report
+
+
 def record_verified(report: Report, directory: Path = records.VERIFIED_DIR) -> Path:
     """Keep this verify's result for the exact image (by ID); a failure revokes an earlier pass."""
     return records.write_record(str(report.extra["image_id"]), report.to_dict(), directory)
