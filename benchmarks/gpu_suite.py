@@ -45,7 +45,11 @@ def main() -> int:
     document = json.loads(line[len(MARKER) :])
     checks = evidence.require_gpu_checks(document["checks"])  # as `invoke verify --gpus all` does
     verdict = evidence.gpu_verdict(checks, document["gpu"], lock["gpu"])
-    status = "failed" if any(c["status"] == "failed" for c in checks) or evidence.suite_problems(checks) else "passed"
+    status = (
+        "failed"
+        if any(c["status"] == "failed" for c in checks) or evidence.suite_problems(checks)
+        else "passed"
+    )
     # The same record `invoke verify` keeps per image ID; here the "image" is this host's environment.
     fake_id = "sha256:" + "0" * 63 + "1"
     record_dir = args.out / "verified"

@@ -14,7 +14,8 @@ from sparkforge.audit import audit_target
 from sparkforge.audit.fatbin import read_fatbin_file
 from sparkforge.cache import cache_path
 
-pytestmark = pytest.mark.slow  # downloads 333 MB; deselected unless -m slow (pyproject's addopts: -m 'not slow')
+# Downloads 333 MB; deselected unless -m slow (pyproject's addopts: -m 'not slow').
+pytestmark = pytest.mark.slow
 
 VLLM_VERSION = "0.33.0"
 WHEEL = f"vllm-{VLLM_VERSION}-cp38-abi3-manylinux_2_28_aarch64.whl"
