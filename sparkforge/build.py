@@ -310,7 +310,9 @@ def _verify(
     return report
 
 
-def link_pushed_digest(metadata_file: Path, image_id: str, repository: str) -> str:
+def link_pushed_digest(
+    metadata_file: Path, image_id: str, repository: str, directory: Path = records.VERIFIED_DIR
+) -> str:
     """After a push-by-digest rebuild: the pushed image must be the verified one (same config digest)."""
     import json
 
@@ -328,5 +330,5 @@ def link_pushed_digest(metadata_file: Path, image_id: str, repository: str) -> s
             f"{image_id}. The rebuild was not reproduced from cache; its digest {digest} is NOT recorded as "
             "verified and 'invoke publish' will refuse it. Fix: rebuild and verify again, then push"
         )
-    records.link_digest(digest, image_id, repository)
+    records.link_digest(digest, image_id, repository, directory)
     return digest

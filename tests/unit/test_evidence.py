@@ -218,3 +218,24 @@ def test_fetch_source_extracts_a_clean_tree_without_the_data_filter(
     with _archive(tmp_path, _link("top/hard", "top/ok", tarfile.LNKTYPE)) as archive:
         module.safe_extract(archive, tmp_path / "unpacked")
     assert (tmp_path / "unpacked" / "top" / "hard").read_text() == "1"
+
+
+def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> None:
+    from sparkforge.build import link_pushed_digest
+    from sparkforge.errors import VerifyError
+
+    verified = "sha256:" + "1" * 64
+    metadata = tmp_path / "metadata.json"
+    pushed = "sha256:" + "2" * 64
+    metadata.write_text(
+        json.dumps({"containerimage.digest": pushed, "containerimage.config.digest": "sha256:" + "3" * 64})
+    )
+    with pytest.raises(VerifyError, match="not the verified image"):
+        link_pushed_digest(metadata, verified, "ghcr.io/o/r", tmp_path)
+    assert not (tmp_path / "digests").exists()
+    metadata.write_text(
+        json.dumps({"containerimage.digest": pushed, "containerimage.config.digest": verified})
+    )
+    assert link_pushed_digest(metadata, verified, "ghcr.io/o/r", tmp_path) == pushed
+    assert records.record_for_digest(pushed, tmp_path) is None  # linked; the record itself comes from verify
+    assert (tmp_path / "digests" / f"{'2' * 64}.json").is_file()
