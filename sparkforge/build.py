@@ -105,10 +105,14 @@ def _revision() -> str:
 
 
 def _failure(log: Path | None, output: str) -> str:
-    """Name the failing stage and the likely cause from BuildKit's plain log."""
-    text = output[-20000:]
-    stage = re.findall(r"\[([a-z0-9_-]+) +\d+/\d+\]", " ".join(re.findall(r"(?:ERROR|> )\[[^\]]+\]", text)))
-    where = f" in stage '{stage[-1]}'" if stage else ""
+    """One paragraph from BuildKit's plain log: failing stage and step, likely cause and fix, log and replay."""
+    text = (log.read_text(errors="replace") if log is not None and log.is_file() else output)[-40000:]
+    steps = re.findall(r"(?:ERROR: |> )\[([a-z0-9_-]+) +(\d+/\d+)\] ([^\n]{0,100})", text)
+    if steps:
+        stage, number, instruction = steps[-1]
+        where = f" in stage '{stage}', step {number} ({instruction.strip().rstrip(':')})"
+    else:
+        where = ""
     hint = ""
     if "no space left on device" in text:
         hint = " The disk is full: free space ('docker system prune', 'docker builder prune') and retry."
@@ -120,7 +124,15 @@ def _failure(log: Path | None, output: str) -> str:
             " A base image could not be pulled (offline, or no access): pass --base-image REF (a mirror, or "
             "'invoke engine.bases' for offline Debian bases), or log in to the registry."
         )
-    return f"build failed{where}; nothing was tagged.{hint} Log: {log}"
+    elif "CERTIFICATE_VERIFY_FAILED" in text:
+        hint = " TLS verification failed behind a proxy: pass --ca-bundle PATH (or set SPARKFORGE_CA_BUNDLE)."
+    elif re.search(r"No matching distribution found|Could not find a version|ResolutionImpossible", text):
+        hint = (
+            " pip could not install the pinned set (a missing version or conflicting pins): check the recipe's "
+            "pins; 'invoke preflight' names the failing one."
+        )
+    replay = log.with_suffix(".sh") if log is not None else None
+    return f"build failed{where}; nothing was tagged.{hint} Log: {log}; replay: {replay}"
 
 
 def parse_sources(items: Sequence[str], components: Sequence[str] = ("vllm",)) -> dict[str, str]:
@@ -251,7 +263,8 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         runner.run(command, "build")
     except CommandError as exc:
         logs = sorted(log_dir.glob("*-build.log"))
-        raise EngineError(_failure(logs[-1] if logs else None, str(exc)) + "\n" + str(exc)[-1500:]) from None
+        # BuildKit's output was streamed once above; the error is one paragraph, not the log again.
+        raise EngineError(_failure(logs[-1] if logs else None, str(exc))) from None
     if options.target != "runtime":
         echo(
             f"sparkforge: stage {options.target} built as {candidate} (stages other than runtime are not verified or tagged)"

@@ -201,13 +201,13 @@ def inspect_image(ref: str) -> dict[str, Any]:
     """The engine's inspect data for a local image, or EngineError naming the image."""
     import docker.errors
 
-    try:
-        with sdk_errors(f"inspect {ref}"):
+    with sdk_errors(f"inspect {ref}"):
+        try:
             return dict(_client().images.get(ref).attrs)
-    except docker.errors.ImageNotFound:
-        raise EngineError(
-            f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
-        ) from None
+        except docker.errors.ImageNotFound:
+            raise EngineError(
+                f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
+            ) from None
 
 
 def image_labels(ref: str) -> dict[str, str]:

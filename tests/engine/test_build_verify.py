@@ -13,7 +13,7 @@ import pytest
 
 from sparkforge import engine, plan
 from sparkforge.build import BuildOptions, build
-from sparkforge.errors import EngineError, PreflightError, VerifyError
+from sparkforge.errors import EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.engine
@@ -205,13 +205,17 @@ def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secret
     recipe = load_recipe(str(recipe_path))
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     engine.remove_image(candidate)
-    with pytest.raises(EngineError, match="stage 'runtime'; nothing was tagged") as info:
+    with pytest.raises(
+        EngineError, match=r"stage 'runtime', step \d+/\d+ \(RUN .*\); nothing was tagged"
+    ) as info:
         build(recipe, _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/bad-pin:final",)))
     assert not engine.image_exists(candidate)
     assert not engine.image_exists("sparkforge-test/bad-pin:final")
     log = next((tmp_path / "logs").rglob("*-build.log"))
     assert "transformers==5.99.0" in log.read_text()
-    assert str(log) in str(info.value)
+    assert str(log) in str(info.value) and str(log.with_suffix(".sh")) in str(info.value)  # log and replay
+    assert "last lines" not in str(info.value)  # the stream was printed once; the error is one paragraph
+    assert "pip could not install the pinned set" in str(info.value)
     assert (log.parent / log.name.replace(".log", ".sh")).read_text().count("--secret") == 2
 
 
@@ -231,7 +235,7 @@ def test_engine_stopped_gives_clear_error(tmp_path: Path) -> None:
 
 
 def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
-    recipe = load_recipe(str(CI_RECIPE))
+    recipe = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"))  # lists linux/arm64
     result = build(
         recipe,
         BuildOptions(
@@ -252,6 +256,18 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     )
     assert run.exit_code == 0 and run.stdout.strip() == "aarch64", run
     assert engine.image_labels(result.candidate)["dev.sparkforge.recipe-hash"] == recipe.hash
+
+
+def test_platform_the_recipe_does_not_list_is_refused_before_building(tmp_path: Path) -> None:
+    recipe = load_recipe(str(CI_RECIPE))  # linux/amd64 only
+    options = BuildOptions(
+        preflight=False, platform="linux/arm64", target="base", verify=False, log_root=tmp_path
+    )
+    with pytest.raises(
+        SparkforgeError, match="--platform linux/arm64: recipe ci-wheels-amd64 builds linux/amd64"
+    ):
+        build(recipe, options)
+    assert not (tmp_path / recipe.name).exists()
 
 
 def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> None:
