@@ -87,7 +87,9 @@ class BuildRequest:
     builder: str | None = None
     network: str | None = None
     push_by_digest: str | None = None  # repository to push to by digest (buildx)
-    staging_tag: str = "staging"  # tag used instead where the builder cannot push by digest alone (docker driver)
+    staging_tag: str = (
+        "staging"  # tag used instead where the builder cannot push by digest alone (docker driver)
+    )
     sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
     metadata_file: Path | None = None
     cache_from: tuple[str, ...] = ()

@@ -245,7 +245,9 @@ def install_buildx(runner: Runner) -> SetupStep:
             deb = next(iter(sorted(tmp.glob(f"{name}_*.deb"))), None)
             unpacked = tmp / "x" / name
             unpacked.mkdir(parents=True, exist_ok=True)
-            runner.run(Command.of("dpkg-deb", "-x", str(deb or f"{name}.deb"), str(unpacked)), f"unpack-{name}")
+            runner.run(
+                Command.of("dpkg-deb", "-x", str(deb or f"{name}.deb"), str(unpacked)), f"unpack-{name}"
+            )
             for file in files:
                 target = BUILDX_CONFIG / "cli-plugins" if "cli-plugins" in file else BUILDX_ROOT / "bin"
                 if not runner.dry:
@@ -327,7 +329,9 @@ def copy_bases(runner: Runner) -> list[SetupStep]:
             archive = str(Path(tmp) / "base.tar")
             runner.run(Command.of(docker, "save", "--output", archive, name), "base-save")
             runner.run(Command.of(docker, "load", "--input", archive, env=buildx_env()), "base-load")
-        steps.append(SetupStep(f"buildx-{ARCH_OF_PLATFORM[platform]}", f"copied {name} into the buildx engine"))
+        steps.append(
+            SetupStep(f"buildx-{ARCH_OF_PLATFORM[platform]}", f"copied {name} into the buildx engine")
+        )
     return steps
 
 

@@ -160,6 +160,19 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
         )
 
 
+def _require_labels(recipe: Recipe, tools: Manifests, sources: Sequence[str]) -> None:
+    """Every platform image in the registry carries this recipe's labels (hash and pins), before any write."""
+    for source in sources:
+        for platform, config in tools.image_configs(source).items():
+            drift = label_drift(recipe, (config.get("config") or {}).get("Labels") or {})
+            if drift:
+                raise PublishError(
+                    f"refusing to publish {recipe.model.publish.repository}: {source} ({platform}) was not built "
+                    f"from this recipe: {_drift_text(drift)}; nothing was tagged. Fix: rebuild and push that "
+                    "platform from this recipe, or remove its stale digest record"
+                )
+
+
 def _tools(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
     if runner is None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -202,6 +215,7 @@ def push(
                 f"{metadata_file}: no 'containerimage.digest'; fix: pass the --metadata-file written by "
                 "'invoke build --push-by-digest' (buildx)"
             ) from None
+        _require_verified_build(recipe, platform, digest, allow_unverified, echo)
     else:
         tools = _tools(recipe, runner, eng, echo, f"push-{_arch(platform)}")
         source = image or plan.candidate_tag(recipe, platform)
@@ -233,6 +247,25 @@ def push(
     if digests_dir is not None:
         echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
     return pushed
+
+
+def _require_verified_build(
+    recipe: Recipe, platform: str, digest: str, allow_unverified: bool, echo: Echo
+) -> None:
+    """A pushed digest is recorded only when this machine's build of it passed verify (the same job built it)."""
+    from sparkforge.verify import verified_record
+
+    candidate = plan.candidate_tag(recipe, platform)
+    if engine.image_exists(candidate) and verified_record(candidate) is not None:
+        return
+    if not allow_unverified:
+        raise PublishError(
+            f"refusing to record {recipe.model.publish.repository}@{digest} ({platform}): the build it came from "
+            f"({candidate}) has no passed verify on this machine, and nothing was recorded; fix: 'invoke build "
+            f"--recipe {_recipe_ref(recipe)} --platform {platform} --push-by-digest' (verify runs before the push), "
+            "or record it with --unverified"
+        )
+    echo(f"sparkforge: WARNING: recording {digest} ({platform}) without a passed verify (--unverified)")
 
 
 # ---- publish and promote ------------------------------------------------------------------------
@@ -283,6 +316,8 @@ def publish(
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
+    if tools.buildx:
+        _require_labels(recipe, tools, sources)
     content = manifest_content(draft)
     new, unchanged = [], []
     keyed = {
