@@ -9,8 +9,10 @@ appended after the workflow's own (never replacing them). About 2 minutes warm, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -308,10 +310,11 @@ def _snapshot(ws: Workspace) -> dict[str, str]:
 def test_missing_platform_is_refused_before_writing(published: Published, tmp_path: Path) -> None:
     ws = published.ws
     before = _snapshot(ws)
-    only_amd64 = tmp_path / "digests"
-    only_amd64.mkdir()
+    # A merge job whose artifacts hold only the amd64 digest (the arm64 build failed).
+    only_amd64 = tmp_path / "build" / "digests"
+    only_amd64.mkdir(parents=True)
     (only_amd64 / "one.json").write_text(json.dumps(published.records["linux/amd64"]))
-    done = ws.run(line("merge", "publish"), ws.values("linux/amd64"), "--digests", str(only_amd64))
+    done = _publish(dataclasses.replace(ws, work=tmp_path))
     assert done.returncode != 0
     assert "no image for linux/arm64" in done.stdout + done.stderr
     assert _snapshot(ws) == before
@@ -359,3 +362,21 @@ def test_digest_with_other_labels_is_refused_and_immutable_tags_never_move(
         assert _snapshot(ws) == before
     finally:
         docker("image", "rm", "--force", f"{plan.candidate_tag(other, 'linux/amd64')}-base", check=False)
+
+
+def test_builder_option_selects_the_buildx_builder(published: Published, tmp_path: Path) -> None:
+    ws = dataclasses.replace(published.ws, work=tmp_path)
+    values = {**ws.values("linux/amd64"), "RUNNER_TEMP": str(tmp_path)}
+    extra = ["--target", "base", "--base-image", hostsetup.base_image_name("linux/amd64"), "--no-verify"]
+    done = ws.run(line("build", "build"), values, *extra, "--no-preflight", "--builder", "default")
+    assert done.returncode == 0, done.stdout + done.stderr
+    log_dir = Path(re.search(r"log: (\S+?);?\n", done.stdout).group(1))  # type: ignore[union-attr]
+    for script in ("build", "push-by-digest"):
+        assert "buildx build --builder default " in next(log_dir.glob(f"*-{script}.sh")).read_text()
+    assert json.loads((tmp_path / "metadata.json").read_text())["containerimage.digest"].startswith("sha256:")
+    missing = ws.run(
+        line("build", "build"), values, *extra, "--no-preflight", "--builder", "sparkforge-no-such"
+    )
+    assert missing.returncode != 0
+    assert "buildx builder sparkforge-no-such is not usable" in missing.stdout + missing.stderr
+    assert "Traceback" not in missing.stderr
