@@ -200,8 +200,17 @@ def test_push_from_buildx_metadata_records_without_pushing(tmp_path: Path) -> No
     recipe = load_recipe(SMOKE)
     metadata = tmp_path / "metadata.json"
     metadata.write_text(json.dumps({"containerimage.digest": D2, "image.name": "x"}))
+    # No verified build of this recipe on this machine: refused, nothing recorded.
+    with pytest.raises(PublishError, match="no passed verify"):
+        pub.push(recipe, "linux/arm64", metadata_file=metadata, digests_dir=tmp_path / "d")
+    assert not (tmp_path / "d").exists()
     pushed = pub.push(
-        recipe, "linux/arm64", metadata_file=metadata, digests_dir=tmp_path / "d", echo=lambda _: None
+        recipe,
+        "linux/arm64",
+        metadata_file=metadata,
+        digests_dir=tmp_path / "d",
+        echo=lambda _: None,
+        allow_unverified=True,
     )
     assert pushed.reference == f"{recipe.model.publish.repository}@{D2}"
     assert json.loads((tmp_path / "d" / "smoke-multiarch-arm64.json").read_text())["digest"] == D2
