@@ -276,6 +276,9 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
     runner.run(Command.of("ip", "link", "set", name, "up"), "bridge-up")
     config = {
         "features": {"containerd-snapshotter": True},
+        # Where a system containerd already runs (GitHub's runners), dockerd uses it: keep out of the host's.
+        "containerd-namespace": "sparkforge-buildx",
+        "containerd-plugin-namespace": "sparkforge-buildx-plugins",
         "bridge": name,
         # No iptables rules: the host engine owns them. Builds here need no network (offline bases).
         "iptables": False,
