@@ -278,7 +278,7 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
         "features": {"containerd-snapshotter": True},
         # Where a system containerd already runs (GitHub's runners), dockerd uses it: keep out of the host's.
         "containerd-namespace": "sparkforge-buildx",
-        "containerd-plugin-namespace": "sparkforge-buildx-plugins",
+        "containerd-plugins-namespace": "sparkforge-buildx-plugins",
         "bridge": name,
         # No iptables rules: the host engine owns them. Builds here need no network (offline bases).
         "iptables": False,
