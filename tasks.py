@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 
-from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import echo, user_errors
+from sparkforge.cli import publish as cli_publish
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
