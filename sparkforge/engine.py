@@ -87,9 +87,8 @@ class BuildRequest:
     builder: str | None = None
     network: str | None = None
     push_by_digest: str | None = None  # repository to push to by digest (buildx)
-    staging_tag: str = (
-        "staging"  # tag used instead where the builder cannot push by digest alone (docker driver)
-    )
+    # The tag pushed instead where the builder cannot push by digest alone (buildx's docker driver).
+    staging_tag: str = "staging"
     sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
     metadata_file: Path | None = None
     cache_from: tuple[str, ...] = ()
