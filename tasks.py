@@ -289,14 +289,22 @@ def test(c: Context, slow: bool = False, k: str = "") -> None:
 
 
 # ---- engine -------------------------------------------------------------------------------------
-@task(help={"qemu": "also register qemu-aarch64 (build and run arm64 images on x86)", "dry": "print only"})
+@task(
+    help={
+        "qemu": "also register qemu-aarch64 (build and run arm64 images on x86)",
+        "buildx": "also install buildx + Docker 26 from Debian trixie (pinned) and start that engine beside this one",
+        "dry": "print only",
+    }
+)
 @user_errors
-def engine_up(c: Context, qemu: bool = False, dry: bool = False) -> None:
+def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = False) -> None:
     """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
     from sparkforge.commands import Runner
+    from sparkforge.hostsetup import buildx_up
     from sparkforge.hostsetup import engine_up as up
 
-    for step in up(Runner(dry=dry), qemu=qemu):
+    runner = Runner(dry=dry)
+    for step in [*up(runner, qemu=qemu), *(buildx_up(runner) if buildx else [])]:
         echo(f"{step.name}: {step.done}")
 
 

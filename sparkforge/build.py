@@ -199,7 +199,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     log_dir = plan.log_dir(recipe, platform, options.log_root)
     runner = Runner(dry=options.dry, log_dir=log_dir, echo=echo)
     try:
-        eng = engine.detect_engine()
+        eng = engine.buildx_driver(runner, engine.detect_engine(), options.builder)
     except EngineError:
         if not options.dry:
             raise
@@ -241,6 +241,9 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
                 push_by_digest=push_repo,
                 metadata_file=options.metadata_file,
                 attestations=True,
+                staging_tag=f"{recipe.hash[:12]}-{platform.split('/')[-1]}",
+                # Air-gapped builders cannot pull BuildKit's SBOM scanner image: "false" or "generator=REF".
+                sbom=os.environ.get("SPARKFORGE_SBOM", "true"),
             ),
         )
         if push_repo
@@ -265,6 +268,12 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         logs = sorted(log_dir.glob("*-build.log"))
         # BuildKit's output was streamed once above; the error is one paragraph, not the log again.
         raise EngineError(_failure(logs[-1] if logs else None, str(exc))) from None
+    if options.target != "runtime" and push_command is not None and not options.verify:
+        # Only an explicitly unverified stage is pushed (smoke images of the publishing path).
+        echo(f"sparkforge: WARNING: --no-verify: pushing stage {options.target} UNVERIFIED")
+        runner.run(push_command, "push-by-digest")
+        echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
+        return result
     if options.target != "runtime":
         echo(
             f"sparkforge: stage {options.target} built as {candidate} (stages other than runtime are not verified or tagged)"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import re
 import shutil
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,6 +30,8 @@ class Engine:
     docker: str
     mode: Literal["buildx", "buildkit"]
     server_version: str
+    # buildx's driver for the builder in use: "docker" (the engine's own BuildKit) cannot push by digest only.
+    driver: str = ""
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,11 +87,29 @@ class BuildRequest:
     builder: str | None = None
     network: str | None = None
     push_by_digest: str | None = None  # repository to push to by digest (buildx)
+    # The tag pushed instead where the builder cannot push by digest alone (buildx's docker driver).
+    staging_tag: str = "staging"
+    sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
     metadata_file: Path | None = None
     cache_from: tuple[str, ...] = ()
     cache_to: tuple[str, ...] = ()
     attestations: bool = False
     progress: Literal["plain", "auto", "tty"] = "plain"
+
+
+def buildx_driver(runner: Runner, engine: Engine, builder: str | None = None) -> Engine:
+    """The engine with the buildx driver of `builder` (default: the current one); unchanged without buildx."""
+    if engine.mode != "buildx":
+        return engine
+    argv = [engine.docker, "buildx", "inspect", *([builder] if builder else [])]
+    result = runner.capture(Command(tuple(argv), engine.env), "buildx-inspect", check=False)
+    if result.returncode != 0:
+        raise EngineError(
+            f"buildx builder {builder or '(current)'} is not usable: {result.output.strip()[-300:]}; fix: "
+            "'docker buildx ls' lists the builders ('docker buildx create' makes one), or drop --builder"
+        )
+    found = re.search(r"^Driver:\s*(\S+)", result.output, re.MULTILINE)
+    return dataclasses.replace(engine, driver=found.group(1) if found else "")
 
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
@@ -121,7 +143,11 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             argv += ["--cache-from", ref]
         for ref in req.cache_to:
             argv += ["--cache-to", ref]
-        if req.push_by_digest:
+        if req.push_by_digest and engine.driver == "docker":
+            # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
+            # never a release tag; the digest in the metadata file is what publish merges.
+            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
+        elif req.push_by_digest:
             argv += [
                 "--output",
                 f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
@@ -129,7 +155,9 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
         else:
             argv.append("--load")
         if req.attestations:
-            argv += ["--provenance", "mode=max", "--sbom", "true"]
+            argv += ["--provenance", "mode=max"]
+            if req.sbom != "false":
+                argv += ["--sbom", req.sbom]
         if req.metadata_file is not None:
             argv += ["--metadata-file", str(req.metadata_file)]
         argv.append(str(req.context))

@@ -131,6 +131,23 @@ class Manifests:
             raise PublishError(f"the tags {', '.join(tags)} received different indexes ({sorted(digests)})")
         return digests.pop() if digests else ""
 
+    def image_configs(self, ref: str) -> dict[str, dict[str, Any]]:
+        """platform -> image config of every image `ref` names in the registry (buildx imagetools)."""
+        if not self.buildx:
+            raise PublishError(
+                f"reading {ref}'s image config from the registry needs docker buildx; fix: install the buildx "
+                "plugin ('invoke engine.up --buildx' on Debian/Ubuntu)"
+            )
+        output = self.runner.capture(
+            self._cmd("inspect", "--format", "{{json .Image}}", ref), "image-config"
+        ).output
+        data = _json_in(output, ref)
+        images = {"": data} if "config" in data or "rootfs" in data else data
+        return {
+            f"{c.get('os')}/{c.get('architecture')}" + (f"/{c['variant']}" if c.get("variant") else ""): c
+            for c in images.values()
+        }
+
     def digest_of(self, ref: str) -> str:
         """The digest of the manifest or index that `ref` names in the registry."""
         if not self.buildx:

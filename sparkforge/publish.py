@@ -125,6 +125,19 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
         )
 
 
+def _require_labels(recipe: Recipe, tools: Manifests, sources: Sequence[str]) -> None:
+    """Every platform image in the registry carries this recipe's labels (hash and pins), before any write."""
+    for source in sources:
+        for platform, config in tools.image_configs(source).items():
+            drift = plan.label_drift(recipe, (config.get("config") or {}).get("Labels") or {})
+            if drift:
+                raise PublishError(
+                    f"refusing to publish {recipe.model.publish.repository}: {source} ({platform}) was not built "
+                    f"from this recipe: {plan.drift_text(drift)}; nothing was tagged. Fix: rebuild and push that "
+                    "platform from this recipe, or remove its stale digest record"
+                )
+
+
 def tools_for(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
     if runner is None:
         runner = Runner(log_dir=plan.log_dir(recipe, step), echo=echo)
@@ -270,6 +283,8 @@ def publish(
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
+    if tools.buildx:
+        _require_labels(recipe, tools, sources)
     content = manifest_content(draft)
     new, unchanged = [], []
     keyed = {
