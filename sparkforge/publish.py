@@ -12,7 +12,7 @@ import json
 import platform as _platform
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +377,7 @@ class Pulled:
     platform: str
     image: str  # the local reference of the pulled platform image (repository@digest)
     drift: dict[str, tuple[str | None, str]]
+    trust: dict[str, Any] = field(default_factory=dict)  # signing hook: signing_check.Trusted as JSON
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "drift": {k: {"image": a, "recipe": b} for k, (a, b) in self.drift.items()}}
@@ -401,6 +402,7 @@ def pull(
     eng: Engine | None = None,
     echo: Echo = print,
     warn: Echo = print,
+    allow_unsigned: bool = False,
 ) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
 
@@ -427,11 +429,19 @@ def pull(
         local = f"{repo}@{images[platform]}"
     else:
         local = ref
+    from sparkforge import signing_check  # signing hook: verify signatures before pulling anything
+
+    trusted = signing_check.verify_remote(
+        recipe, ref, local, platform, tools, allow_unsigned=allow_unsigned, warn=warn
+    )
+    local = f"{repo}@{trusted.digest}"  # signing hook: pull exactly the digest that was verified
     echo(f"sparkforge: pulling {ref} for {platform}")
     try:
         engine.run_cli(tools.runner, tools.engine, "pull", "pull", "--platform", platform, local)
     except EngineError as exc:
         raise PublishError(f"pull of {ref} failed; log in to the registry if it is private.\n{exc}") from None
+    # signing hook: the labels claim the commit the signed provenance names, before any tag is written
+    signing_check.check_labels(trusted, engine.image_labels(local), lambda: engine.remove_image(local))
     if local != ref and "@" not in ref:
         engine.tag_image(local, ref)  # `docker run REPO:TAG` then means the image that was checked
     found = engine.image_platform(local)
@@ -453,7 +463,7 @@ def pull(
         echo(
             f"sparkforge: {local} ({platform}) matches recipe {recipe.name} (hash {recipe.hash[:12]}, all pins)"
         )
-    return Pulled(ref, platform, local, drift)
+    return Pulled(ref, platform, local, drift, trusted.to_json())  # signing hook: what was proven
 
 
 def _drift_text(drift: Mapping[str, tuple[str | None, str]]) -> str:

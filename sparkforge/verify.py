@@ -159,6 +159,9 @@ def verify_image(
             check = Check("kernels", "failed", str(exc))
         check.duration_s = time.monotonic() - start
         report.add(check)
+    from sparkforge.signing_check import attestation_check  # signing hook: what the image carried
+
+    report.add(attestation_check(recipe, image))
     use_gpus, why = _resolve_gpus(gpus)
     platform = engine.image_platform(image)
     for check in run_image_suite(image, use_gpus, platform, model_dir=model_dir):

@@ -243,7 +243,12 @@ def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Pu
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
     pulled = pub.pull(
-        smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+        smoke.recipe,
+        platform=platform,
+        runner=smoke.runner,
+        eng=smoke.eng,
+        allow_unsigned=True,
+        echo=lambda _: None,
     )
     assert pulled.reference == pub.reference_for(smoke.recipe)
     assert pulled.image == smoke.pushed[platform].reference and pulled.drift == {}
@@ -258,6 +263,7 @@ def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
         platform="linux/arm64",
         runner=smoke.runner,
         eng=smoke.eng,
+        allow_unsigned=True,
         echo=lambda _: None,
     )
     assert pulled.reference.endswith("@" + published.index)
@@ -269,7 +275,13 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
     tag = _tag(pub.reference_for(smoke.recipe))
     with pytest.raises(PublishError) as caught:
         pub.pull(
-            drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+            drifted,
+            tag,
+            platform="linux/amd64",
+            runner=smoke.runner,
+            eng=smoke.eng,
+            allow_unsigned=True,
+            echo=lambda _: None,
         )
     message = str(caught.value)
     assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
@@ -282,6 +294,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
         platform="linux/amd64",
         runner=smoke.runner,
         eng=smoke.eng,
+        allow_unsigned=True,
         echo=lambda _: None,
         warn=warnings.append,
     )
