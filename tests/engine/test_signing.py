@@ -201,7 +201,8 @@ def _docker_build(dockerfile: str, platform: str, tag: str, folder: Path) -> Non
     (folder / "Dockerfile").write_text(dockerfile)
     env = {"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}
     argv = ["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(folder)]
-    subprocess.run(argv, check=True, capture_output=True, env=env)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-1500:]
 
 
 def _with_revision(image: str, platform: str, tag: str, tmp: Path, revision: str = "") -> str:
@@ -221,7 +222,9 @@ def _rebuilt(signed: Signed, tmp_path: Path, tag: str, revision: str = "") -> st
     """The amd64 smoke image with other bytes (same labels), pushed under `tag`; returns its digest."""
     ref = f"{signed.recipe.model.publish.repository}:{tag}"
     extra = f"LABEL org.opencontainers.image.revision={revision}\n" if revision else ""
-    dockerfile = f"FROM {signed.candidates['linux/amd64']}\nLABEL rebuilt={tag}\n{extra}"
+    # From the registry by digest: a local tag may be gone (other sessions clean sparkforge-test/ images).
+    source = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"
+    dockerfile = f"FROM {source}\nLABEL rebuilt={tag}\n{extra}"
     _docker_build(dockerfile, "linux/amd64", ref, tmp_path / tag)
     output = subprocess.run(
         ["/usr/bin/docker", "push", ref], check=True, capture_output=True, text=True
