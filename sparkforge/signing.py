@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import plan
-from sparkforge.commands import Command, Runner
-from sparkforge.errors import PublishError
+from sparkforge.commands import Command, Result, Runner
+from sparkforge.errors import CommandError, PublishError
 from sparkforge.recipe import REPO_ROOT, Recipe
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -217,14 +217,23 @@ class Cosign:
         argv = (self.binary, "attest", "--yes", *signer.sign_args(), "--type", predicate_type)
         self.runner.run(Command((*argv, "--predicate", str(path), ref)), "cosign-attest", quiet=True)
 
+    def _capture(self, argv: tuple[str, ...], step: str) -> Result:
+        try:
+            return self.runner.capture(Command(argv), step, check=False)
+        except CommandError:
+            raise SigningError(
+                f"{self.binary} is not installed, so no signature can be checked; fix: 'invoke sign.install' "
+                "(Debian trixie's cosign 2.5) or install cosign 2.x from sigstore.dev"
+            ) from None
+
     def verify(self, ref: str, policy: Policy, extra: Sequence[str] = ()) -> Verdict:
         argv = (self.binary, "verify", *policy.verify_args(), *extra, "--output", "json", ref)
-        result = self.runner.capture(Command(argv), "cosign-verify", check=False)
+        result = self._capture(argv, "cosign-verify")
         return Verdict(True) if result.returncode == 0 else Verdict(False, _cosign_error(result.output))
 
     def attestations(self, ref: str, policy: Policy, predicate_type: str) -> Verdict:
         argv = (self.binary, "verify-attestation", *policy.verify_args(), "--type", predicate_type, ref)
-        result = self.runner.capture(Command(argv), "cosign-verify-attestation", check=False)
+        result = self._capture(argv, "cosign-verify-attestation")
         if result.returncode != 0:
             return Verdict(False, _cosign_error(result.output))
         return Verdict(True, statements=tuple(_statements(result.output, predicate_type)))
