@@ -291,6 +291,16 @@ def test_refuses_an_unsigned_image_unless_allowed_loudly(signed: Signed, tmp_pat
     digest = _rebuilt(signed, tmp_path, "unsigned")
     with pytest.raises(SigningError, match=rf"@{digest} has no valid signature by key .*no signatures found"):
         _pull(signed, "unsigned")
+    cli = subprocess.run(  # the task: one paragraph, non-zero, no traceback
+        [sys.executable, "-m", "invoke", "pull", "--recipe", str(signed.recipe.path), "--tag", "unsigned"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr
+    assert cli.stderr.startswith("sparkforge: refusing") and cli.stderr.strip().count("\n") == 0
+    assert "--allow-unsigned" in cli.stderr
     warnings: list[str] = []
     pulled = pub.pull(
         signed.recipe,
