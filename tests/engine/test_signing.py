@@ -148,6 +148,7 @@ def signed(base_amd64: str, base_arm64: str, tmp_path_factory: pytest.TempPathFa
         eng, runner = detect_engine(), Runner(log_dir=tmp / "logs", stream=False)
         bases = {"linux/amd64": base_amd64, "linux/arm64": base_arm64}
         candidates: dict[str, str] = {}
+        built: list[str] = []
         try:
             digests = {}
             for platform in PLATFORMS:
@@ -160,6 +161,7 @@ def signed(base_amd64: str, base_arm64: str, tmp_path_factory: pytest.TempPathFa
                     log_root=tmp / "build",
                 )
                 base = build(recipe, options, echo=lambda _: None).candidate
+                built.append(base)
                 candidates[platform] = _with_revision(
                     base, platform, f"sparkforge-test/signing-{platform[6:]}", tmp
                 )
@@ -184,9 +186,9 @@ def signed(base_amd64: str, base_arm64: str, tmp_path_factory: pytest.TempPathFa
         finally:
             published_json.unlink(missing_ok=True)
             repo = recipe.model.publish.repository
-            refs = [*candidates.values(), *(f"{repo}@{d}" for d in digests.values())]
+            refs = [*built, *candidates.values(), *(f"{repo}@{d}" for d in digests.values())]
             refs += [f"{repo}:{recipe.hash[:12]}-{p.split('/')[1]}" for p in PLATFORMS]
-            refs += [*plan.final_tags(recipe, DAY).all, f"{repo}:rebuilt"]
+            refs += [*plan.final_tags(recipe, DAY).all, f"{repo}:stable-copy", f"{repo}:unsigned"]
             for ref in refs:
                 engine.remove_image(ref)
 
