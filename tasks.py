@@ -11,6 +11,7 @@ from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, user_errors
 from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import sign as cli_sign
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
@@ -333,6 +334,7 @@ ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, li
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
+ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.configure({"run": {"echo": True}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkforge import engine, oci, plan, records
@@ -52,6 +52,7 @@ class Pulled:
     platform: str
     image: str  # the local reference of the pulled platform image (repository@digest)
     drift: dict[str, tuple[str | None, str]]
+    trust: dict[str, Any] = field(default_factory=dict)  # what the signatures proved (signing_check.Trusted)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "drift": {k: {"image": a, "recipe": b} for k, (a, b) in self.drift.items()}}
@@ -67,6 +68,7 @@ def pull(
     eng: Engine | None = None,
     echo: Echo = print,
     warn: Echo = print,
+    allow_unsigned: bool = False,
 ) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
 
@@ -93,11 +95,19 @@ def pull(
         local = f"{repo}@{images[platform]}"
     else:
         local = ref
+    from sparkforge import signing_check  # signatures are verified in the registry before anything is pulled
+
+    trusted = signing_check.verify_remote(
+        recipe, ref, local, platform, tools, allow_unsigned=allow_unsigned, warn=warn
+    )
+    local = f"{repo}@{trusted.digest}"  # pull exactly the digest that was verified
     echo(f"sparkforge: pulling {ref} for {platform}")
     try:
         engine.run_cli(tools.runner, tools.engine, "pull", "pull", "--platform", platform, local)
     except EngineError as exc:
         raise PublishError(f"pull of {ref} failed; log in to the registry if it is private.\n{exc}") from None
+    # the labels must claim the commit the signed provenance names, before any tag is written
+    signing_check.check_labels(trusted, engine.image_labels(local), lambda: engine.remove_image(local))
     if local != ref and "@" not in ref:
         engine.tag_image(local, ref)  # `docker run REPO:TAG` then means the image that was checked
     found = engine.image_platform(local)
@@ -121,4 +131,4 @@ def pull(
         echo(
             f"sparkforge: {local} ({platform}) matches recipe {recipe.name} (hash {recipe.hash[:12]}, all pins)"
         )
-    return Pulled(ref, platform, local, drift)
+    return Pulled(ref, platform, local, drift, trusted.to_json())

@@ -59,6 +59,15 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use a path like 'patches/vllm/0001-fix.patch' (no '.' or '..' segments)",
     ),
     "tag": (r"[A-Za-z0-9_{}][A-Za-z0-9_.{}-]{0,127}", "use a tag template like '{vllm}-cu{cuda}-{date}'"),
+    "key_path": (
+        r"[A-Za-z0-9_./-]+\.pub",
+        "use the path of a cosign public key file, e.g. 'keys/cosign.pub'",
+    ),
+    "identity": (
+        r"[A-Za-z0-9_.:/@^$*+?()|\\-]{1,300}",
+        "use the signer's certificate identity (a regexp), e.g. "
+        "'^https://github.com/ORG/REPO/.github/workflows/images.yml@refs/.*$'",
+    ),
     "description": (
         r"[A-Za-z0-9 .,:;()+/_=@%#\[\]-]{1,200}",
         "use one line of plain text: letters, digits, spaces and . , : ; ( ) + / _ = @ % # [ ] -",
@@ -196,6 +205,24 @@ class Audit(StrictModel):
     require: list[_pattern("glob")] = Field(default_factory=list)
 
 
+class Keyless(StrictModel):
+    identity: _pattern("identity")
+    issuer: _pattern("url") = "https://token.actions.githubusercontent.com"
+
+
+class Signing(StrictModel):
+    """Who may sign the recipe's images: one public key (a path in the repo) or a keyless CI identity."""
+
+    key: _pattern("key_path") | None = None
+    keyless: Keyless | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Signing:
+        if (self.key is None) == (self.keyless is None):
+            raise ValueError("give exactly one of 'key' (a cosign public key path) or 'keyless' (identity)")
+        return self
+
+
 class Publish(StrictModel):
     repository: _pattern("repository")
     tags: list[_pattern("tag")] = Field(min_length=1, description="immutable tags")
@@ -203,6 +230,8 @@ class Publish(StrictModel):
         default_factory=list, description="tags moved after verification"
     )
     qemu: bool = Field(False, description="allow building foreign platforms under QEMU in CI")
+    # signing hook (sparkforge/signing.py): who signs; not an input of the image, so not in the recipe hash.
+    signing: Signing | None = Field(None, exclude=True, description="how 'invoke pull' checks signatures")
 
     @field_validator("tags", "moving_tags")
     @classmethod

@@ -203,6 +203,9 @@ def verify_image(
             check = Check("kernels", "failed", str(exc))
         check.duration_s = time.monotonic() - start
         report.add(check)
+    from sparkforge.signing_check import attestation_check  # signing hook: what the image carried
+
+    report.add(attestation_check(recipe, image))
     platform = engine.image_platform(image_id)
     checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir)
     if gpus == "all":

@@ -130,12 +130,19 @@ def publish(
         "tag": "tag or sha256:DIGEST to pull (default: the recipe's first tag without {date})",
         "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
         "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
+        "allow_unsigned": "accept an image without a valid signature, LOUDLY (never for moving tags)",
         "json": "write what was pulled (local image reference, drift) here",
     }
 )
 @user_errors
 def pull(
-    c: Context, recipe: str, tag: str = "", platform: str = "", allow_drift: bool = False, json: str = ""
+    c: Context,
+    recipe: str,
+    tag: str = "",
+    platform: str = "",
+    allow_drift: bool = False,
+    allow_unsigned: bool = False,  # signing hook
+    json: str = "",
 ) -> None:
     """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
     from sparkforge.pull import pull as run_pull
@@ -148,6 +155,7 @@ def pull(
         platform=platform or None,
         echo=echo,
         warn=warn,
+        allow_unsigned=allow_unsigned,  # signing hook
     )
     echo(f"image: {result.image}")
     _write_json(json, result.to_json())

@@ -359,7 +359,7 @@ def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Pu
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
     pulled = pulling.pull(
-        smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+        smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, allow_unsigned=True, echo=lambda _: None
     )
     assert pulled.reference == pulling.reference_for(smoke.recipe)
     assert pulled.image == smoke.pushed[platform].reference and pulled.drift == {}
@@ -374,6 +374,7 @@ def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
         platform="linux/arm64",
         runner=smoke.runner,
         eng=smoke.eng,
+        allow_unsigned=True,
         echo=lambda _: None,
     )
     assert pulled.reference.endswith("@" + published.index)
@@ -385,7 +386,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
     tag = _tag(pulling.reference_for(smoke.recipe))
     with pytest.raises(PublishError) as caught:
         pulling.pull(
-            drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
+            drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, allow_unsigned=True, echo=lambda _: None
         )
     message = str(caught.value)
     assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
@@ -398,11 +399,13 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
         platform="linux/amd64",
         runner=smoke.runner,
         eng=smoke.eng,
+        allow_unsigned=True,
         echo=lambda _: None,
         warn=warnings.append,
     )
     assert set(pulled.drift) == {"dev.sparkforge.pin.transformers", "dev.sparkforge.recipe-hash"}
-    assert len(warnings) == 1 and "WARNING" in warnings[0]
+    drift = [w for w in warnings if "--allow-drift" in w]  # signing hook: --allow-unsigned warns as well
+    assert len(drift) == 1 and "WARNING" in drift[0]
 
 
 def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path: Path) -> None:

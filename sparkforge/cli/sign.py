@@ -1,0 +1,103 @@
+"""Invoke tasks for signing: sign (platform images, index, provenance), sign.attest (a verify report), sign.install."""
+
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+
+from invoke import Collection, Context, task
+
+from sparkforge.cli import echo, user_errors
+from sparkforge.errors import SparkforgeError
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+KEY_HELP = (
+    "cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI job's "
+    "OIDC identity). The key's password comes from $COSIGN_PASSWORD"
+)
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        return dict(_json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:
+        raise SparkforgeError(
+            f"{path}: cannot read the {what} ({exc}); fix: pass the file {what} wrote"
+        ) from None
+
+
+def _tools(key: str):
+    from sparkforge.commands import Runner
+    from sparkforge.signing import Cosign, Signer
+
+    return Cosign(Runner(echo=echo)), Signer.from_env(key)
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "published": "the JSON 'invoke publish --json' wrote (index digest and one digest per platform)",
+        "key": KEY_HELP,
+    }
+)
+@user_errors
+def images(c: Context, recipe: str, published: str, key: str = "") -> None:
+    """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
+    from sparkforge.recipe import load_recipe
+    from sparkforge.signing import sign_published
+
+    loaded = load_recipe(recipe)
+    data = _read_json(published, "'invoke publish --json'")
+    cosign, signer = _tools(key)
+    echo(f"sparkforge: signing {data.get('reference')} with {signer.describe()}")
+    for signed in sign_published(
+        loaded, str(data.get("index")), dict(data.get("platforms") or {}), cosign, signer
+    ):
+        echo(f"sparkforge: signed {signed.reference} ({signed.what})")
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "image": "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
+        "report": "the verify report ('invoke verify --report')",
+        "key": KEY_HELP,
+    }
+)
+@user_errors
+def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
+    """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
+    from sparkforge.recipe import load_recipe
+    from sparkforge.signing import attest_report
+
+    cosign, signer = _tools(key)
+    signed = attest_report(
+        load_recipe(recipe), image, _read_json(report, "'invoke verify --report'"), cosign, signer
+    )
+    echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+
+
+@task(help={"workdir": "where the .deb and a private apt state go (default: build/cosign)"})
+@user_errors
+def install(c: Context, workdir: str = "") -> None:
+    """Install cosign from Debian trixie's archive (the .deb only; the system is not upgraded). Idempotent."""
+    import shutil
+
+    from sparkforge.commands import Runner
+    from sparkforge.hostsetup import debian_mirror
+    from sparkforge.recipe import REPO_ROOT
+    from sparkforge.signing import install_cosign
+
+    if shutil.which("cosign"):
+        echo(f"sparkforge: cosign already installed ({shutil.which('cosign')})")
+        return
+    folder = Path(workdir) if workdir else REPO_ROOT / "build" / "cosign"
+    folder.mkdir(parents=True, exist_ok=True)
+    version = install_cosign(Runner(echo=echo, log_dir=folder / "logs"), debian_mirror(), folder)
+    echo(next((ln for ln in version.splitlines() if ln.startswith("GitVersion")), "cosign installed"))
+
+
+ns = Collection("sign")
+ns.add_task(images, "images", default=True)
+ns.add_task(attest)
+ns.add_task(install)

@@ -1,0 +1,356 @@
+"""Signatures and in-toto attestations of published images, through stock cosign (no crypto of our own).
+
+Two ways to sign, chosen by the recipe's `publish.signing`: a cosign key pair (the public key is a file in
+the repository; signing needs the private key and COSIGN_PASSWORD) or keyless (the CI job's OIDC identity,
+certified by Sigstore's Fulcio and logged in Rekor). Key signatures are not uploaded to a transparency log
+and are verified without one (`--tlog-upload=false`, `--insecure-ignore-tlog=true`): the key is the trust.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkforge import plan
+from sparkforge.commands import Command, Result, Runner
+from sparkforge.errors import CommandError, PublishError
+from sparkforge.recipe import REPO_ROOT, Recipe
+
+PROVENANCE = "https://slsa.dev/provenance/v1"
+VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
+BUILD_TYPE = "https://sparkforge.dev/build/v1"
+KEY_ENV = "SPARKFORGE_SIGNING_KEY"  # path (or cosign key URI) of the private key; unset means keyless
+SUITE_DIR = REPO_ROOT / "tests" / "image"
+
+
+class SigningError(PublishError):
+    """A signature or attestation is missing, made by someone else, or says something else."""
+
+
+# ---- who signs, and who is trusted -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Whose signatures `pull` accepts for a recipe: one public key, or one keyless certificate identity."""
+
+    key: Path | None = None
+    identity: str | None = None  # a regexp over the certificate's subject (the CI workflow's URL)
+    issuer: str | None = None
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> Policy | None:
+        signing = recipe.model.publish.signing
+        if signing is None:
+            return None
+        if signing.key is not None:
+            key = Path(signing.key)
+            return cls(key=key if key.is_absolute() else REPO_ROOT / key)
+        assert signing.keyless is not None
+        return cls(identity=signing.keyless.identity, issuer=signing.keyless.issuer)
+
+    def describe(self) -> str:
+        return f"key {self.key}" if self.key else f"keyless identity {self.identity} (issuer {self.issuer})"
+
+    def verify_args(self) -> tuple[str, ...]:
+        if self.key is not None:
+            if not self.key.is_file():
+                raise SigningError(
+                    f"the recipe's publish.signing.key {self.key} does not exist; fix: commit the cosign public "
+                    "key there (cosign generate-key-pair writes cosign.pub)"
+                )
+            return ("--key", str(self.key), "--insecure-ignore-tlog=true")
+        assert self.identity and self.issuer
+        return ("--certificate-identity-regexp", self.identity, "--certificate-oidc-issuer", self.issuer)
+
+
+@dataclass(frozen=True)
+class Signer:
+    """How this process signs: a private key (COSIGN_PASSWORD from the environment), or keyless (CI OIDC)."""
+
+    key: str | None
+
+    @classmethod
+    def from_env(cls, key: str = "") -> Signer:
+        return cls(key or os.environ.get(KEY_ENV) or None)
+
+    def sign_args(self) -> tuple[str, ...]:
+        # Keyless needs the public log (short-lived certificates); a key signature stays off it.
+        return ("--key", self.key, "--tlog-upload=false") if self.key else ()
+
+    def describe(self) -> str:
+        return f"key {self.key}" if self.key else "keyless (this job's OIDC identity)"
+
+
+# ---- what is attested --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an image came from: the project's repository, the commit, and the build run."""
+
+    repository: str
+    revision: str
+    builder: str
+    invocation: str
+
+    @classmethod
+    def detect(cls, runner: Runner) -> Source:
+        """From GitHub Actions' environment in CI, else this checkout (git) and the project's URL."""
+        env = os.environ
+        if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_SHA"):
+            server = env.get("GITHUB_SERVER_URL", "https://github.com")
+            repo = f"{server}/{env.get('GITHUB_REPOSITORY', '')}"
+            workflow = env.get("GITHUB_WORKFLOW_REF", "").split("@", 1)[0]
+            return cls(
+                repo,
+                env["GITHUB_SHA"],
+                f"{server}/{workflow}" if workflow else repo,
+                f"{repo}/actions/runs/{env.get('GITHUB_RUN_ID', '')}",
+            )
+        head = runner.capture(Command.of("git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"), "git-revision")
+        return cls(plan.PROJECT_SOURCE, head.output.strip(), "sparkforge-local", "")
+
+
+def provenance(recipe: Recipe, platform: str, source: Source) -> dict[str, Any]:
+    """A SLSA v1 provenance predicate naming the recipe (and its hash), the platform and the source commit."""
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {
+                "recipe": recipe.name,
+                "recipeHash": recipe.hash,
+                "platform": platform,
+                "source": {"repository": source.repository, "revision": source.revision},
+            },
+            "resolvedDependencies": [
+                {"uri": f"git+{source.repository}", "digest": {"gitCommit": source.revision}}
+            ],
+        },
+        "runDetails": {"builder": {"id": source.builder}, "metadata": {"invocationId": source.invocation}},
+    }
+
+
+def suite_hash(directory: Path = SUITE_DIR) -> str:
+    """sha256 over the in-image suite's files (names and bytes): which checks a report's verify ran."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(directory)}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def verify_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The verify-report predicate: which checks ran, on which GPU, the suite and the recipe hash."""
+    if report.get("command") != "verify" or report.get("recipe") != recipe.name:
+        raise SigningError(
+            f"the report is a {report.get('command')!r} report of recipe {report.get('recipe')!r}, not a verify "
+            f"report of {recipe.name}; fix: pass the --report that 'invoke verify --recipe {recipe.name}' wrote"
+        )
+    gpus = report.get("gpus") or {}
+    devices = sorted(
+        {
+            str(c["details"][key])
+            for c in report.get("checks", [])
+            for key in ("gpu", "device", "gpu_name")
+            if isinstance(c.get("details"), dict) and c["details"].get(key)
+        }
+    )
+    return {
+        "recipe": recipe.name,
+        "recipeHash": recipe.hash,
+        "platform": report.get("platform"),
+        "status": report.get("status"),
+        "gpu": {"used": bool(gpus.get("used")), "why": gpus.get("why", ""), "devices": devices},
+        "suiteHash": suite_hash(),
+        "checks": [{"name": c.get("name"), "status": c.get("status")} for c in report.get("checks", [])],
+        "report": dict(report),
+    }
+
+
+# ---- cosign -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One verified in-toto statement attached to an image digest."""
+
+    predicate_type: str
+    subjects: tuple[str, ...]  # sha256:... digests the statement is about
+    predicate: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A cosign verification: ok, or the reason it failed (cosign's own words)."""
+
+    ok: bool
+    reason: str = ""
+    statements: tuple[Statement, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cosign:
+    """cosign through the command seam; every reference given to it is repository@sha256:digest."""
+
+    runner: Runner
+    binary: str = "cosign"
+
+    def sign(self, ref: str, signer: Signer) -> None:
+        argv = (self.binary, "sign", "--yes", *signer.sign_args(), ref)
+        self.runner.run(Command(argv), "cosign-sign", quiet=True)
+
+    def attest(self, ref: str, predicate_type: str, predicate: Mapping[str, Any], signer: Signer) -> None:
+        folder = self.runner.log_dir or Path(tempfile.mkdtemp(prefix="sparkforge-attest-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        path = (
+            folder / f"predicate-{hashlib.sha256(ref.encode()).hexdigest()[:12]}-{_slug(predicate_type)}.json"
+        )
+        path.write_text(json.dumps(predicate, indent=2, sort_keys=True) + "\n")
+        argv = (self.binary, "attest", "--yes", *signer.sign_args(), "--type", predicate_type)
+        self.runner.run(Command((*argv, "--predicate", str(path), ref)), "cosign-attest", quiet=True)
+
+    def _capture(self, argv: tuple[str, ...], step: str) -> Result:
+        try:
+            return self.runner.capture(Command(argv), step, check=False)
+        except CommandError:
+            raise SigningError(
+                f"{self.binary} is not installed, so no signature can be checked; fix: 'invoke sign.install' "
+                "(Debian trixie's cosign 2.5) or install cosign 2.x from sigstore.dev"
+            ) from None
+
+    def verify(self, ref: str, policy: Policy, extra: Sequence[str] = ()) -> Verdict:
+        argv = (self.binary, "verify", *policy.verify_args(), *extra, "--output", "json", ref)
+        result = self._capture(argv, "cosign-verify")
+        return Verdict(True) if result.returncode == 0 else Verdict(False, _cosign_error(result.output))
+
+    def attestations(self, ref: str, policy: Policy, predicate_type: str) -> Verdict:
+        argv = (self.binary, "verify-attestation", *policy.verify_args(), "--type", predicate_type, ref)
+        result = self._capture(argv, "cosign-verify-attestation")
+        if result.returncode != 0:
+            return Verdict(False, _cosign_error(result.output))
+        return Verdict(True, statements=tuple(_statements(result.output, predicate_type)))
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.rsplit("/", 2)[-2])
+
+
+def _cosign_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip().startswith(("Error:", "error"))]
+    return (lines[0] if lines else output.strip()[-300:]).removeprefix("Error: ")
+
+
+def _statements(output: str, predicate_type: str) -> list[Statement]:
+    """The in-toto statements inside cosign's DSSE envelopes (one JSON document per line)."""
+    out = []
+    for line in output.splitlines():
+        if not line.startswith("{"):
+            continue
+        envelope = json.loads(line)
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        if statement.get("predicateType") != predicate_type:
+            continue
+        subjects = tuple(
+            f"sha256:{s['digest']['sha256']}" for s in statement.get("subject", []) if "sha256" in s["digest"]
+        )
+        out.append(Statement(predicate_type, subjects, dict(statement.get("predicate") or {})))
+    return out
+
+
+# ---- the two signing steps of the workflow ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signed:
+    reference: str
+    what: str  # "index", "image", or a predicate type
+
+
+def sign_published(
+    recipe: Recipe,
+    index: str,
+    platforms: Mapping[str, str],
+    cosign: Cosign,
+    signer: Signer,
+    source: Source | None = None,
+) -> list[Signed]:
+    """Sign every platform digest and the index; attest each platform's provenance (same signer)."""
+    repo = recipe.model.publish.repository
+    plan_platforms = set(recipe.model.platforms)
+    if set(platforms) != plan_platforms:
+        raise SigningError(
+            f"refusing to sign {repo}@{index}: it has {', '.join(sorted(platforms)) or 'no platforms'}, the "
+            f"recipe builds {', '.join(sorted(plan_platforms))}; fix: sign what 'invoke publish' wrote"
+        )
+    source = source or Source.detect(cosign.runner)
+    done = []
+    for platform, digest in sorted(platforms.items()):
+        ref = f"{repo}@{digest}"
+        cosign.sign(ref, signer)
+        cosign.attest(ref, PROVENANCE, provenance(recipe, platform, source), signer)
+        done += [Signed(ref, "image"), Signed(ref, PROVENANCE)]
+    cosign.sign(f"{repo}@{index}", signer)
+    done.append(Signed(f"{repo}@{index}", "index"))
+    return done
+
+
+def attest_report(
+    recipe: Recipe, image: str, report: Mapping[str, Any], cosign: Cosign, signer: Signer
+) -> Signed:
+    """Attest a verify report for one platform image (repository@sha256:...) of the recipe."""
+    repo = recipe.model.publish.repository
+    name, _, digest = image.partition("@")
+    if name != repo or not plan_digest(digest):
+        raise SigningError(
+            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
+            "'image' that 'invoke pull --json' wrote"
+        )
+    cosign.attest(image, VERIFY_CLAIM, verify_claim(recipe, report), signer)
+    return Signed(image, VERIFY_CLAIM)
+
+
+def plan_digest(text: str) -> bool:
+    return len(text) == 71 and text.startswith("sha256:") and all(c in "0123456789abcdef" for c in text[7:])
+
+
+# ---- installing cosign ----------------------------------------------------------------------------
+
+
+def install_cosign(runner: Runner, mirror: str, workdir: Path) -> str:
+    """cosign from Debian trixie's archive (the .deb only: its one dependency is libc6 >= 2.34), via dpkg.
+
+    The trixie suite is read through a private apt state under `workdir`; the system is not upgraded.
+    """
+    state = workdir / "apt"
+    sources = state / "sources.list.d"
+    for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
+        sub.mkdir(parents=True, exist_ok=True)
+    (sources / "trixie.sources").write_text(
+        f"Types: deb\nURIs: {mirror}\nSuites: trixie\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    opts = (
+        "-o",
+        "Dir::Etc::SourceList=/dev/null",
+        "-o",
+        f"Dir::Etc::SourceParts={sources}",
+        "-o",
+        f"Dir::State::Lists={state / 'lists'}",
+        "-o",
+        f"Dir::Cache={state / 'cache'}",
+    )
+    runner.run(Command(("apt-get", "-q", *opts, "update")), "apt-trixie-update")
+    runner.run(Command(("apt-get", "-q", *opts, "download", "cosign"), cwd=workdir), "apt-download-cosign")
+    debs = sorted(workdir.glob("cosign_*.deb"))
+    if not debs:
+        raise SigningError(f"apt-get download cosign wrote no .deb into {workdir}; see the log above")
+    runner.run(Command.of("dpkg", "-i", str(debs[-1])), "dpkg-install-cosign")
+    return runner.capture(Command.of("cosign", "version"), "cosign-version").output

@@ -1,0 +1,161 @@
+"""Signing without a registry: the recipe's policy, moving tags, predicates, cosign argv, the workflow's shape."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkforge.commands import Runner
+from sparkforge.errors import RecipeError
+from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.signing import (
+    PROVENANCE,
+    Cosign,
+    Policy,
+    Signer,
+    SigningError,
+    Source,
+    provenance,
+    suite_hash,
+    verify_claim,
+)
+from sparkforge.signing_check import is_moving
+
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"
+
+
+def _recipe(tmp_path: Path, signing: str) -> Path:
+    path = tmp_path / "signed.yaml"
+    path.write_text(f"extends: {SMOKE}\npublish:\n  signing:\n{signing}")
+    return path
+
+
+def test_key_policy_resolves_a_repository_path(tmp_path: Path) -> None:
+    recipe = load_recipe(_recipe(tmp_path, "    key: keys/cosign.pub\n"))
+    policy = Policy.of(recipe)
+    assert policy == Policy(key=REPO_ROOT / "keys" / "cosign.pub")
+    with pytest.raises(
+        SigningError, match=r"keys/cosign.pub does not exist; fix: commit the cosign public key"
+    ):
+        policy.verify_args()
+
+
+def test_keyless_policy_defaults_to_github_actions(tmp_path: Path) -> None:
+    identity = "^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/.*$"
+    recipe = load_recipe(_recipe(tmp_path, f"    keyless:\n      identity: '{identity}'\n"))
+    policy = Policy.of(recipe)
+    assert policy is not None and policy.verify_args() == (
+        "--certificate-identity-regexp",
+        identity,
+        "--certificate-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+    )
+
+
+@pytest.mark.parametrize(
+    "signing",
+    [
+        "    key: keys/cosign.pub\n    keyless:\n      identity: x\n",  # both
+        "    {}\n",  # neither
+        "    key: 'keys/cosign.pub; rm -rf /'\n",  # not a path
+    ],
+)
+def test_signing_policy_is_strict(tmp_path: Path, signing: str) -> None:
+    with pytest.raises(RecipeError, match="signing"):
+        load_recipe(_recipe(tmp_path, signing))
+
+
+def test_signing_policy_is_not_an_input_of_the_image(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "plain.yaml").write_text(f"extends: {SMOKE}\n")
+    signed = load_recipe(_recipe(tmp_path, "    key: keys/cosign.pub\n"))
+    assert signed.hash == load_recipe(plain / "plain.yaml").hash  # a new key needs no rebuild
+
+
+def test_moving_tags_match_their_templates() -> None:
+    recipe = load_recipe(REPO_ROOT / "recipes" / "vllm-qwen35-wheels.yaml")  # moving: {vllm}, latest
+    assert is_moving(recipe, "latest") and is_moving(recipe, "0.33.0")
+    assert not is_moving(recipe, f"0.33.0-{recipe.hash[:12]}")
+    assert not is_moving(recipe, "0.33.0-cu130-20261130") and not is_moving(recipe, "0.33.1")
+
+
+def test_provenance_names_recipe_platform_and_commit() -> None:
+    recipe = load_recipe(SMOKE)
+    source = Source("https://github.com/sparkforge/sparkforge", "a" * 40, "sparkforge-local", "")
+    predicate = provenance(recipe, "linux/arm64", source)
+    params = predicate["buildDefinition"]["externalParameters"]
+    assert params["recipeHash"] == recipe.hash and params["platform"] == "linux/arm64"
+    assert params["source"] == {"repository": source.repository, "revision": "a" * 40}
+    assert predicate["buildDefinition"]["resolvedDependencies"][0]["digest"] == {"gitCommit": "a" * 40}
+
+
+def test_source_in_github_actions_is_the_workflow_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_SHA": "b" * 40,
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_REPOSITORY": "sparkforge/sparkforge",
+        "GITHUB_WORKFLOW_REF": "sparkforge/sparkforge/.github/workflows/images.yml@refs/tags/v1",
+        "GITHUB_RUN_ID": "42",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    source = Source.detect(Runner(dry=True))
+    assert source.revision == "b" * 40 and source.repository == "https://github.com/sparkforge/sparkforge"
+    assert source.builder == "https://github.com/sparkforge/sparkforge/.github/workflows/images.yml"
+    assert source.invocation.endswith("/actions/runs/42")
+
+
+def test_verify_claim_says_which_checks_ran_on_which_gpu() -> None:
+    recipe = load_recipe(SMOKE)
+    report = {
+        "command": "verify",
+        "recipe": recipe.name,
+        "status": "passed",
+        "platform": "linux/arm64",
+        "gpus": {"used": True, "why": "GPU runtime present"},
+        "checks": [{"name": "fp8-gemm", "status": "passed", "details": {"gpu": "NVIDIA GB10"}}],
+    }
+    claim = verify_claim(recipe, report)
+    assert claim["gpu"] == {"used": True, "why": "GPU runtime present", "devices": ["NVIDIA GB10"]}
+    assert claim["recipeHash"] == recipe.hash and claim["suiteHash"] == suite_hash()
+    assert claim["checks"] == [{"name": "fp8-gemm", "status": "passed"}]
+    with pytest.raises(SigningError, match="not a verify report of smoke-multiarch"):
+        verify_claim(recipe, {**report, "command": "audit"})
+
+
+def test_key_signatures_stay_off_the_transparency_log(tmp_path: Path) -> None:
+    runner = Runner(dry=True, log_dir=tmp_path, echo=lambda _: None)
+    Cosign(runner).sign("localhost:5000/x@sha256:" + "0" * 64, Signer("cosign.key"))
+    Cosign(runner).attest("localhost:5000/x@sha256:" + "0" * 64, PROVENANCE, {}, Signer(None))
+    key, keyless = (p.read_text() for p in sorted(tmp_path.glob("*.sh")))  # 01-sign, 02-attest
+    assert "--key cosign.key --tlog-upload=false" in key
+    assert "--key" not in keyless and "--tlog-upload" not in keyless  # keyless: Fulcio + Rekor
+
+
+def test_moving_tag_dates_are_any_day() -> None:
+    recipe = load_recipe(SMOKE)
+    assert not is_moving(recipe, dt.date.today().strftime("%Y%m%d"))
+
+
+def test_only_the_jobs_that_sign_get_an_oidc_token() -> None:
+    data = yaml.safe_load(WORKFLOW.read_text())
+    assert data["permissions"] == {}
+    jobs = data["jobs"]
+    runs = {n: " ".join(s.get("run", "") for s in job["steps"]) for n, job in jobs.items()}
+    signing = {n for n, text in runs.items() if "invoke sign" in text}
+    assert signing == {"merge", "verify"}  # the index and images; the GPU verify report
+    for name, job in jobs.items():
+        assert (job.get("permissions", {}).get("id-token") == "write") == (name in signing), name
+        if name in signing:  # cosign is installed before it is used (verify: by pull, before sign.attest)
+            steps = [s.get("uses", "") + s.get("run", "") for s in job["steps"]]
+            first = next(i for i, s in enumerate(steps) if "invoke sign" in s or "invoke pull" in s)
+            assert any("sigstore/cosign-installer@" in s for s in steps[:first]), name
+        for step in job["steps"]:
+            if "invoke sign" in step.get("run", ""):  # run as written by tests/engine/test_signing.py
+                assert "${{" not in step["run"] and "--key" not in step["run"]  # the key: env, only in tests
