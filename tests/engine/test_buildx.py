@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge import hostsetup, plan
-from sparkforge.publish import ci_matrix
+from sparkforge.ci import ci_matrix
 from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
 
 try:  # tests/engine is imported as a package or as a plain directory, depending on how pytest finds it
