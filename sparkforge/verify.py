@@ -202,6 +202,14 @@ def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
     return checks, {k: v for k, v in document.items() if k != "checks"}
 
 
+def gpu_mode(text: str) -> GpuMode:
+    """--gpus as typed: all, none or auto; anything else is a user error before anything runs."""
+    for mode in GPU_MODES:
+        if text == mode:
+            return mode
+    raise VerifyError(f"--gpus {text!r}: use all, none or auto")
+
+
 def resolve_gpus(mode: str) -> tuple[bool, str]:
     """(use a GPU, why) for a --gpus mode; raises before anything runs when the mode cannot be honoured."""
     if mode not in GPU_MODES:
