@@ -83,7 +83,6 @@ def preflight(
 
 
 def _finish(report: Report, json_path: str, junit_path: str = "") -> None:
-    from invoke.exceptions import Exit
 
     from sparkforge.report import print_report
 
@@ -149,11 +148,9 @@ def build(
     from sparkforge.build import BuildOptions, parse_sources
     from sparkforge.build import build as run_build
     from sparkforge.recipe import load_recipe
-    from sparkforge.verify import GPU_MODES
+    from sparkforge.verify import gpu_mode
 
     loaded = load_recipe(recipe)
-    if gpus not in GPU_MODES:
-        raise Exit(f"sparkforge: --gpus {gpus!r}: use all, none or auto", code=2)
     options = BuildOptions(
         platform=platform or None,
         target=target,
@@ -164,7 +161,7 @@ def build(
         builder=builder or None,
         no_cache=no_cache,
         verify=not no_verify,
-        gpus=gpus,  # type: ignore[arg-type]  # checked against GPU_MODES above
+        gpus=gpu_mode(gpus),
         push_by_digest=push_by_digest,
         dry=dry,
         network=network or None,
@@ -204,13 +201,13 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
-    from sparkforge.verify import verify_and_record
+    from sparkforge.verify import gpu_mode, verify_and_record
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
-    result = verify_and_record(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)  # type: ignore[arg-type]
+    result = verify_and_record(loaded, ref, gpus=gpu_mode(gpus), kernels=not no_kernels, model_dir=model)
     _finish(result, report, junit)
 
 
@@ -337,4 +334,3 @@ ns.add_task(cli_publish.pull)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
-ns.configure({"run": {"echo": True}})

@@ -319,7 +319,7 @@ def _verify(
     from sparkforge.report import print_report
     from sparkforge.verify import verify_and_record
 
-    report = verify_and_record(recipe, image_id, gpus=options.gpus)
+    report = verify_and_record(recipe, image_id, gpus=options.gpus, log_dir=log_dir)
     report.subject = candidate
     report_path = options.report_path or log_dir / "verify.json"
     report.write_json(report_path)

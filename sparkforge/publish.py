@@ -82,7 +82,8 @@ def _evidence_problems(
     if record is None or record.get("status") != "passed":
         state = "no verify record" if record is None else "its latest verify FAILED (the pass is revoked)"
         return [
-            f"{what}: {state}; fix: invoke verify --recipe {recipe_ref(recipe)} --image IMAGE, then push it"
+            f"{what}: {state}; fix: invoke verify --recipe {recipe_ref(recipe)} --image IMAGE, then push it "
+            "(or pass --unverified: loudly warned, and never enough for moving tags)"
         ]
     if record.get("base_override") and not allow_base_override:
         return [

@@ -109,6 +109,7 @@ def run_image_suite(
     timeout_s: int = 1800,
     model_dir: Path | None = None,
     suite: Path = SUITE_DIR,
+    log_dir: Path | None = None,
 ) -> tuple[list[Check], dict[str, Any]]:
     """The checkout's suite, mounted read-only into a throwaway container of the image: (checks, the suite's
     own document: GPU, env). A report that is empty, lacks an expected check or has an unknown status fails."""
@@ -119,16 +120,22 @@ def run_image_suite(
             raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
         volumes[str(model_dir.resolve())] = "/models/smoke"
         environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
+    argv = [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH]
+    entrypoint = "/opt/venv/bin/python3"
+    if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
+        _save_replay(log_dir, image, argv, entrypoint, gpus, platform, environment, volumes)
     result = engine.run_container(
         image,
-        [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH],
-        entrypoint=["/opt/venv/bin/python3"],
+        argv,
+        entrypoint=[entrypoint],
         gpus=gpus,
         platform=platform,
         timeout_s=timeout_s,
         environment=environment,
         volumes=volumes,
     )
+    if log_dir is not None:
+        (log_dir / "image-suite.log").write_text(result.stdout + result.stderr)
     if result.exit_code == 124 and MARKER not in result.stdout:
         return [
             Check(
@@ -146,6 +153,35 @@ def run_image_suite(
             )
         ], {}
     return parse_suite_output(line[len(MARKER) :])
+
+
+def _save_replay(
+    log_dir: Path,
+    image: str,
+    argv: list[str],
+    entrypoint: str,
+    gpus: bool,
+    platform: str | None,
+    environment: dict[str, str],
+    volumes: dict[str, str],
+) -> None:
+    import shlex
+
+    command = ["docker", "run", "--rm", "--entrypoint", entrypoint]
+    command += ["--gpus", "all"] if gpus else []
+    command += ["--platform", platform] if platform else []
+    for key, value in sorted(environment.items()):
+        command += ["--env", f"{key}={value}"]
+    for host, target in volumes.items():
+        command += ["--volume", f"{host}:{target}:ro"]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    script = log_dir / "image-suite.sh"
+    script.write_text(
+        "#!/usr/bin/env bash\n# The in-image suite as verify ran it.\nset -euo pipefail\n"
+        + shlex.join([*command, image, *argv])
+        + "\n"
+    )
+    script.chmod(0o755)
 
 
 def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
@@ -166,6 +202,14 @@ def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
     return checks, {k: v for k, v in document.items() if k != "checks"}
 
 
+def gpu_mode(text: str) -> GpuMode:
+    """--gpus as typed: all, none or auto; anything else is a user error before anything runs."""
+    for mode in GPU_MODES:
+        if text == mode:
+            return mode
+    raise VerifyError(f"--gpus {text!r}: use all, none or auto")
+
+
 def resolve_gpus(mode: str) -> tuple[bool, str]:
     """(use a GPU, why) for a --gpus mode; raises before anything runs when the mode cannot be honoured."""
     if mode not in GPU_MODES:
@@ -182,7 +226,13 @@ def resolve_gpus(mode: str) -> tuple[bool, str]:
 
 
 def verify_image(
-    recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels: bool = True, model_dir: Path | None = None
+    recipe: Recipe,
+    image: str,
+    *,
+    gpus: GpuMode = "auto",
+    kernels: bool = True,
+    model_dir: Path | None = None,
+    log_dir: Path | None = None,
 ) -> Report:
     """Every verify check for `image` (resolved to its image ID first: every check sees the same image)."""
     use_gpus, why = resolve_gpus(gpus)
@@ -207,7 +257,7 @@ def verify_image(
 
     report.add(attestation_check(recipe, image))
     platform = engine.image_platform(image_id)
-    checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir)
+    checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir, log_dir=log_dir)
     if gpus == "all":
         checks = [Check.from_dict(c) for c in evidence.require_gpu_checks([c.to_dict() for c in checks])]
     for check in checks:
@@ -235,9 +285,10 @@ def verify_and_record(
     kernels: bool = True,
     model_dir: Path | None = None,
     directory: Path = records.VERIFIED_DIR,
+    log_dir: Path | None = None,
 ) -> Report:
     """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass)."""
-    report = verify_image(recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir)
+    report = verify_image(recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir, log_dir=log_dir)
     record_verified(report, directory)
     return report
 

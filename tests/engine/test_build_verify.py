@@ -68,6 +68,9 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     from sparkforge.verify import SUITE_DIR
 
     assert report.extra["suite"]["sha256"] == suite_digest(SUITE_DIR)
+    replay = (result.log_dir / "image-suite.sh").read_text()  # the suite run is a replayable step too
+    assert f"--volume {SUITE_DIR}:/opt/sparkforge/judge:ro" in replay and report.extra["image_id"] in replay
+    assert "SPARKFORGE-CHECKS-JSON:" in (result.log_dir / "image-suite.log").read_text()
     # CI builds on the offline Debian base: labels, lock and verify all say so.
     assert by_name["base"].details.get("override") is True and "BASE OVERRIDE" in by_name["base"].reason
     assert report.extra["base_override"] is True
