@@ -359,7 +359,12 @@ def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Pu
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
     pulled = pulling.pull(
-        smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, allow_unsigned=True, echo=lambda _: None
+        smoke.recipe,
+        platform=platform,
+        runner=smoke.runner,
+        eng=smoke.eng,
+        allow_unsigned=True,
+        echo=lambda _: None,
     )
     assert pulled.reference == pulling.reference_for(smoke.recipe)
     assert pulled.image == smoke.pushed[platform].reference and pulled.drift == {}
@@ -386,7 +391,13 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
     tag = _tag(pulling.reference_for(smoke.recipe))
     with pytest.raises(PublishError) as caught:
         pulling.pull(
-            drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, allow_unsigned=True, echo=lambda _: None
+            drifted,
+            tag,
+            platform="linux/amd64",
+            runner=smoke.runner,
+            eng=smoke.eng,
+            allow_unsigned=True,
+            echo=lambda _: None,
         )
     message = str(caught.value)
     assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
