@@ -208,7 +208,15 @@ class Cosign:
         self.runner.run(Command(argv), "cosign-sign", quiet=True)
 
     def attest(self, ref: str, predicate_type: str, predicate: Mapping[str, Any], signer: Signer) -> None:
-        folder = self.runner.log_dir or Path(tempfile.mkdtemp(prefix="sparkforge-attest-"))
+        if self.runner.log_dir is not None:  # kept beside the step's log and replay script
+            self._attest(self.runner.log_dir, ref, predicate_type, predicate, signer)
+            return
+        with tempfile.TemporaryDirectory(prefix="sparkforge-attest-") as tmp:
+            self._attest(Path(tmp), ref, predicate_type, predicate, signer)
+
+    def _attest(
+        self, folder: Path, ref: str, predicate_type: str, predicate: Mapping[str, Any], signer: Signer
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         path = (
             folder / f"predicate-{hashlib.sha256(ref.encode()).hexdigest()[:12]}-{_slug(predicate_type)}.json"
