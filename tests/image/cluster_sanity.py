@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""The cluster doctor's in-image helper: runs on each node, inside the image that will serve, with its torch/vLLM.
+
+Modes (one JSON object per line on stdout, each with an "event" key, so the doctor can follow a rank's progress):
+  probe                  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions
+  listen HOST PORT...    accept TCP connections on HOST:PORT until killed (peers prove they reach it)
+  connect HOST:PORT...   try each address once with a short timeout
+  sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
+                         where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
+Standard library + what the image ships. The doctor passes this file's text with `python3 -c`, so it also
+runs on images built before it existed; it is the same script the GPU machine runs with torchrun-free ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+
+def emit(event: str, **fields: object) -> None:
+    print(json.dumps({"event": event, "t": round(time.time(), 3), **fields}), flush=True)
+
+
+# ---- probe ------------------------------------------------------------------------------------------
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _default_route_interface() -> str | None:
+    try:
+        lines = open("/proc/net/route").read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            return fields[0]
+    return None
+
+
+def interfaces() -> list[dict[str, object]]:
+    out = []
+    default = _default_route_interface()
+    for name in sorted(os.listdir("/sys/class/net")):
+        try:
+            mtu = int(open(f"/sys/class/net/{name}/mtu").read())
+            state = open(f"/sys/class/net/{name}/operstate").read().strip()
+        except OSError:
+            continue
+        out.append(
+            {"name": name, "ipv4": _ipv4_of(name), "mtu": mtu, "state": state, "default_route": name == default}
+        )
+    return out
+
+
+def versions() -> dict[str, object]:
+    found: dict[str, object] = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        found["torch"] = torch.__version__
+        found["cuda"] = torch.version.cuda
+        try:
+            found["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+        except Exception as exc:  # CPU-only torch builds have no NCCL
+            found["nccl"] = f"unavailable ({exc.__class__.__name__})"
+        found["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        found["torch"] = None
+    try:
+        import vllm
+
+        found["vllm"] = vllm.__version__
+    except ImportError:
+        found["vllm"] = None
+    return found
+
+
+def probe() -> int:
+    try:
+        from vllm.utils.network_utils import get_ip  # vLLM's own choice of the address it advertises
+    except ImportError:
+        emit("probe", error="vLLM is not importable in this image: vllm.utils.network_utils.get_ip missing")
+        return 2
+    chosen = get_ip()
+    source = "VLLM_HOST_IP" if os.environ.get("VLLM_HOST_IP") else "default route (auto-picked)"
+    emit("probe", ip=chosen, ip_source=source, interfaces=interfaces(), versions=versions(), hostname=socket.gethostname())
+    return 0
+
+
+# ---- reachability ---------------------------------------------------------------------------------
+
+
+def listen(host: str, ports: list[int]) -> int:
+    servers = []
+    for port in ports:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind((host, port))
+        except OSError as exc:
+            emit("listen-failed", host=host, port=port, error=str(exc))
+            return 3
+        server.listen(16)
+        server.setblocking(False)
+        servers.append(server)
+    emit("listening", host=host, ports=ports)
+    while True:
+        for server in servers:
+            try:
+                conn, peer = server.accept()
+            except BlockingIOError:
+                continue
+            emit("accepted", port=server.getsockname()[1], peer=peer[0])
+            conn.close()
+        time.sleep(0.05)
+
+
+def connect(targets: list[str], timeout: float) -> int:
+    failed = 0
+    for target in targets:
+        host, _, port = target.rpartition(":")
+        start = time.monotonic()
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                emit("reached", target=target, seconds=round(time.monotonic() - start, 3))
+        except OSError as exc:
+            failed += 1
+            emit("unreachable", target=target, error=f"{exc.__class__.__name__}: {exc}", seconds=round(time.monotonic() - start, 3))
+    return 1 if failed else 0
+
+
+# ---- sanity ---------------------------------------------------------------------------------------
+
+
+def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: bool, local_rank: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    timeout = dt.timedelta(seconds=timeout_s)
+    emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
+    start = time.monotonic()
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=timeout)
+    emit("done", stage="rendezvous", rank=rank, seconds=round(time.monotonic() - start, 3))
+
+    emit("stage", stage="gloo-allreduce", rank=rank)
+    start = time.monotonic()
+    data = torch.ones(128)
+    dist.all_reduce(data)
+    if not torch.allclose(data, torch.full_like(data, world)):
+        emit("failed", stage="gloo-allreduce", rank=rank, got=float(data.mean()))
+        return 1
+    emit("done", stage="gloo-allreduce", rank=rank, seconds=round(time.monotonic() - start, 3), mean=float(data.mean()))
+
+    use_nccl = nccl == "yes" or (nccl == "auto" and torch.cuda.is_available())
+    if use_nccl:
+        emit("stage", stage="nccl-allreduce", rank=rank)
+        start = time.monotonic()
+        torch.cuda.set_device(local_rank)
+        group = dist.new_group(backend="nccl", timeout=timeout)
+        data = torch.ones(128, device="cuda")
+        dist.all_reduce(data, group=group)
+        torch.cuda.synchronize()
+        ok = torch.allclose(data, torch.full_like(data, world))
+        size = 1 << 26  # 256 MiB of float32: a bandwidth figure beside the correctness check
+        big = torch.ones(size, device="cuda")
+        dist.all_reduce(big, group=group)
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        for _ in range(5):
+            dist.all_reduce(big, group=group)
+        torch.cuda.synchronize()
+        per = (time.monotonic() - t0) / 5
+        busbw = 2 * (world - 1) / world * size * 4 / per / 1e9
+        emit(
+            "done" if ok else "failed",
+            stage="nccl-allreduce",
+            rank=rank,
+            seconds=round(time.monotonic() - start, 3),
+            mean=float(data.mean()),
+            allreduce_256MiB_s=round(per, 5),
+            busbw_GBps=round(busbw, 2),
+            nccl=".".join(str(p) for p in torch.cuda.nccl.version()),
+        )
+        if not ok:
+            return 1
+    else:
+        emit("skipped", stage="nccl-allreduce", rank=rank, reason="no GPU in this container")
+
+    if mq:
+        emit("stage", stage="message-queue", rank=rank)
+        start = time.monotonic()
+        try:
+            from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+        except ImportError:
+            emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
+            return 0
+        # vLLM's own construction: the writer advertises get_ip() (VLLM_HOST_IP or the default-route address).
+        queue = MessageQueue.create_from_process_group(dist.group.WORLD, 1 << 20, 2, writer_rank=0)
+        ready = round(time.monotonic() - start, 3)
+        if rank == 0:
+            queue.enqueue({"hello": "from rank 0", "world": world})
+            received = None
+        else:
+            received = queue.dequeue(timeout=timeout_s)
+            if received != {"hello": "from rank 0", "world": world}:
+                emit("failed", stage="message-queue", rank=rank, got=repr(received))
+                return 1
+        address = getattr(queue.handle, "remote_subscribe_addr", None)
+        emit("done", stage="message-queue", rank=rank, seconds=round(time.monotonic() - start, 3), ready_s=ready, remote_subscribe_addr=address)
+        dist.barrier()
+    dist.destroy_process_group()
+    emit("finished", rank=rank)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cluster_sanity")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    sub.add_parser("probe")
+    p_listen = sub.add_parser("listen")
+    p_listen.add_argument("host")
+    p_listen.add_argument("ports", nargs="+", type=int)
+    p_connect = sub.add_parser("connect")
+    p_connect.add_argument("targets", nargs="+")
+    p_connect.add_argument("--timeout", type=float, default=3.0)
+    p_sanity = sub.add_parser("sanity")
+    p_sanity.add_argument("--rank", type=int, required=True)
+    p_sanity.add_argument("--world", type=int, required=True)
+    p_sanity.add_argument("--master", required=True, help="HOST:PORT of rank 0's rendezvous")
+    p_sanity.add_argument("--timeout", type=float, default=45.0)
+    p_sanity.add_argument("--nccl", choices=["auto", "yes", "no"], default="auto")
+    p_sanity.add_argument("--no-mq", action="store_true")
+    p_sanity.add_argument("--local-rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.mode == "probe":
+        return probe()
+    if args.mode == "listen":
+        return listen(args.host, args.ports)
+    if args.mode == "connect":
+        return connect(args.targets, args.timeout)
+    return sanity(args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception as exc:  # a crash is evidence: the doctor shows it as the rank's last line
+        emit("crashed", error=f"{exc.__class__.__name__}: {exc}")
+        raise
