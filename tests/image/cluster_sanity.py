@@ -3,7 +3,7 @@
 
 Modes (one JSON object per line on stdout, each with an "event" key, so the doctor can follow a rank's progress):
   probe                  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions
-  listen HOST PORT...    accept TCP connections on HOST:PORT until killed (peers prove they reach it)
+  listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
   connect HOST:PORT...   try each address once with a short timeout
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
                          where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
@@ -42,7 +42,8 @@ def _ipv4_of(name: str) -> str | None:
 
 def _default_route_interface() -> str | None:
     try:
-        lines = open("/proc/net/route").read().splitlines()[1:]
+        with open("/proc/net/route") as handle:
+            lines = handle.read().splitlines()[1:]
     except OSError:
         return None
     for line in lines:
@@ -57,14 +58,32 @@ def interfaces() -> list[dict[str, object]]:
     default = _default_route_interface()
     for name in sorted(os.listdir("/sys/class/net")):
         try:
-            mtu = int(open(f"/sys/class/net/{name}/mtu").read())
-            state = open(f"/sys/class/net/{name}/operstate").read().strip()
+            with open(f"/sys/class/net/{name}/mtu") as handle:
+                mtu = int(handle.read())
+            with open(f"/sys/class/net/{name}/operstate") as handle:
+                state = handle.read().strip()
         except OSError:
             continue
         out.append(
-            {"name": name, "ipv4": _ipv4_of(name), "mtu": mtu, "state": state, "default_route": name == default}
+            {
+                "name": name,
+                "ipv4": _ipv4_of(name),
+                "mtu": mtu,
+                "state": state,
+                "default_route": name == default,
+            }
         )
     return out
+
+
+def infiniband() -> dict[str, list[str]]:
+    """RDMA devices (NCCL_IB_HCA names) and the network interfaces they carry."""
+    found: dict[str, list[str]] = {}
+    root = "/sys/class/infiniband"
+    for hca in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        net = f"{root}/{hca}/device/net"
+        found[hca] = sorted(os.listdir(net)) if os.path.isdir(net) else []
+    return found
 
 
 def versions() -> dict[str, object]:
@@ -98,50 +117,71 @@ def probe() -> int:
         return 2
     chosen = get_ip()
     source = "VLLM_HOST_IP" if os.environ.get("VLLM_HOST_IP") else "default route (auto-picked)"
-    emit("probe", ip=chosen, ip_source=source, interfaces=interfaces(), versions=versions(), hostname=socket.gethostname())
+    emit(
+        "probe",
+        ip=chosen,
+        ip_source=source,
+        interfaces=interfaces(),
+        infiniband=infiniband(),
+        versions=versions(),
+        hostname=socket.gethostname(),
+    )
     return 0
 
 
 # ---- reachability ---------------------------------------------------------------------------------
 
 
-def listen(host: str, ports: list[int]) -> int:
+def listen(addresses: list[str]) -> int:
     servers = []
-    for port in ports:
+    for address in addresses:
+        host, _, port = address.rpartition(":")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            server.bind((host, port))
+            server.bind((host, int(port)))
         except OSError as exc:
-            emit("listen-failed", host=host, port=port, error=str(exc))
+            emit("listen-failed", address=address, error=str(exc))
             return 3
         server.listen(16)
         server.setblocking(False)
         servers.append(server)
-    emit("listening", host=host, ports=ports)
+    emit("listening", addresses=addresses)
     while True:
         for server in servers:
             try:
                 conn, peer = server.accept()
             except BlockingIOError:
                 continue
-            emit("accepted", port=server.getsockname()[1], peer=peer[0])
+            host, port = server.getsockname()[:2]
+            emit("accepted", address=f"{host}:{port}", peer=peer[0])
             conn.close()
         time.sleep(0.05)
 
 
 def connect(targets: list[str], timeout: float) -> int:
-    failed = 0
-    for target in targets:
+    import threading
+
+    failed = []
+
+    def attempt(target: str) -> None:
         host, _, port = target.rpartition(":")
         start = time.monotonic()
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 emit("reached", target=target, seconds=round(time.monotonic() - start, 3))
         except OSError as exc:
-            failed += 1
-            emit("unreachable", target=target, error=f"{exc.__class__.__name__}: {exc}", seconds=round(time.monotonic() - start, 3))
-    return 1 if failed else 0
+            failed.append(target)
+            error = f"{exc.__class__.__name__}: {exc}"
+            emit("unreachable", target=target, error=error, seconds=round(time.monotonic() - start, 3))
+
+    threads = [threading.Thread(target=attempt, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    emit("connected", failed=len(failed))
+    return 0
 
 
 # ---- sanity ---------------------------------------------------------------------------------------
@@ -154,7 +194,9 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
     timeout = dt.timedelta(seconds=timeout_s)
     emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
     start = time.monotonic()
-    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=timeout
+    )
     emit("done", stage="rendezvous", rank=rank, seconds=round(time.monotonic() - start, 3))
 
     emit("stage", stage="gloo-allreduce", rank=rank)
@@ -164,7 +206,13 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
     if not torch.allclose(data, torch.full_like(data, world)):
         emit("failed", stage="gloo-allreduce", rank=rank, got=float(data.mean()))
         return 1
-    emit("done", stage="gloo-allreduce", rank=rank, seconds=round(time.monotonic() - start, 3), mean=float(data.mean()))
+    emit(
+        "done",
+        stage="gloo-allreduce",
+        rank=rank,
+        seconds=round(time.monotonic() - start, 3),
+        mean=float(data.mean()),
+    )
 
     use_nccl = nccl == "yes" or (nccl == "auto" and torch.cuda.is_available())
     if use_nccl:
@@ -208,7 +256,8 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
             from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
         except ImportError:
             emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
-            return 0
+            mq = False
+    if mq:
         # vLLM's own construction: the writer advertises get_ip() (VLLM_HOST_IP or the default-route address).
         queue = MessageQueue.create_from_process_group(dist.group.WORLD, 1 << 20, 2, writer_rank=0)
         ready = round(time.monotonic() - start, 3)
@@ -221,7 +270,14 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
                 emit("failed", stage="message-queue", rank=rank, got=repr(received))
                 return 1
         address = getattr(queue.handle, "remote_subscribe_addr", None)
-        emit("done", stage="message-queue", rank=rank, seconds=round(time.monotonic() - start, 3), ready_s=ready, remote_subscribe_addr=address)
+        emit(
+            "done",
+            stage="message-queue",
+            rank=rank,
+            seconds=round(time.monotonic() - start, 3),
+            ready_s=ready,
+            remote_subscribe_addr=address,
+        )
         dist.barrier()
     dist.destroy_process_group()
     emit("finished", rank=rank)
@@ -233,8 +289,7 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="mode", required=True)
     sub.add_parser("probe")
     p_listen = sub.add_parser("listen")
-    p_listen.add_argument("host")
-    p_listen.add_argument("ports", nargs="+", type=int)
+    p_listen.add_argument("addresses", nargs="+", help="HOST:PORT to accept connections on")
     p_connect = sub.add_parser("connect")
     p_connect.add_argument("targets", nargs="+")
     p_connect.add_argument("--timeout", type=float, default=3.0)
@@ -250,10 +305,12 @@ def main(argv: list[str]) -> int:
     if args.mode == "probe":
         return probe()
     if args.mode == "listen":
-        return listen(args.host, args.ports)
+        return listen(args.addresses)
     if args.mode == "connect":
         return connect(args.targets, args.timeout)
-    return sanity(args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank)
+    return sanity(
+        args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank
+    )
 
 
 if __name__ == "__main__":
