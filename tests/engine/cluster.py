@@ -214,11 +214,10 @@ class TestCluster:
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (
-                node.docker("version", "--format", "{{.Server.Version}}", check=False, timeout=10).returncode
-                == 0
-            ):
-                return
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a loaded machine answers late
+                probe = node.docker("version", "--format", "{{.Server.Version}}", check=False, timeout=20)
+                if probe.returncode == 0:
+                    return
             if node.dockerd.poll() is not None:
                 break
             time.sleep(0.3)
@@ -247,7 +246,11 @@ class TestCluster:
         dest = target.root / "data"
         if dest.exists():
             shutil.rmtree(dest)
-        sh("cp", "-a", "--link", str(source.root / "data"), str(dest), timeout=600)
+        dest.mkdir(parents=True)
+        # Only the image store and its layers: databases (containerd's, the network's) are locked by inode,
+        # so a hard-linked copy would block the second engine; it makes fresh ones.
+        for part in ("image", "overlay2"):
+            sh("cp", "-a", "--link", str(source.root / "data" / part), str(dest / part), timeout=600)
 
     def kill_node(self, node: TestNode) -> None:
         """Power the node off: SIGKILL every process in its namespace (engine, containerd, shims, containers)."""
