@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from sparkforge.report import Check, Report
 from sparkforge.run import RunError
-from sparkforge.run.jobs import Job, Outcome, first_event, run_jobs
+from sparkforge.run.jobs import Job, Outcome, first_event, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
@@ -93,10 +93,11 @@ def run_doctor(
     """Every stage lands in the report; none raises for a cluster problem (RunError only for bad input)."""
     report = Report(command="cluster.doctor", subject=f"{len(engines)} nodes, image {options.image}")
     facts: list[NodeFacts] = []
+    probes: list[Outcome] = []  # the probe containers stay up as reach listeners until the reach stage ends
     stages: list[tuple[str, Callable[[Check], None]]] = [
         ("engines", lambda c: _engines(c, engines, options)),
         ("image", lambda c: _image(c, engines, options)),
-        ("addresses", lambda c: facts.extend(_addresses(c, engines, options))),
+        ("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
         ("reach", lambda c: _reach(c, engines, facts, options)),
         ("mtu", lambda c: _mtu(c, facts)),
         ("versions", lambda c: _versions(c, facts)),
@@ -104,19 +105,24 @@ def run_doctor(
     if options.sanity:
         stages.append(("sanity", lambda c: _sanity(c, engines, facts, options)))
     blocked: str | None = None
-    for name, stage in stages:
-        if blocked:
-            report.add(Check(name, "skipped", f"not run: stage '{blocked}' failed"))
-            continue
-        echo(f"doctor: {name} ...")
-        with report.timed(name) as check:
-            try:
-                stage(check)
-            except RunError as exc:  # a node that stops answering mid-stage fails the stage, named
-                check.status, check.reason = "failed", str(exc)
-        echo(f"doctor: {name} {check.status} ({check.duration_s:.1f}s) {check.reason}")
-        if check.status == "failed":
-            blocked = name
+    try:
+        for name, stage in stages:
+            if blocked:
+                report.add(Check(name, "skipped", f"not run: stage '{blocked}' failed"))
+                continue
+            echo(f"doctor: {name} ...")
+            with report.timed(name) as check:
+                try:
+                    stage(check)
+                except RunError as exc:  # a node that stops answering mid-stage fails the stage, named
+                    check.status, check.reason = "failed", str(exc)
+            echo(f"doctor: {name} {check.status} ({check.duration_s:.1f}s) {check.reason}")
+            if name == "reach":
+                remove_jobs(probes)
+            if check.status == "failed":
+                blocked = name
+    finally:
+        remove_jobs(probes)
     return DoctorResult(report, facts)
 
 
@@ -160,9 +166,19 @@ def _image(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) 
     check.reason = f"same image ID on every node ({distinct[0][:19]})"
 
 
-def _addresses(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) -> list[NodeFacts]:
-    jobs = [Job(engine, ("probe",), {}) for engine in engines]
-    outcomes = run_jobs(jobs, options.image, "probe", options.deadlines.addresses)
+def _addresses(
+    check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, keep: list[Outcome]
+) -> list[NodeFacts]:
+    jobs = [Job(engine, ("probe", "--listen", str(options.master_port)), {}) for engine in engines]
+
+    def listening(outcomes: list[Outcome]) -> bool:
+        return all(
+            o.exit_code is not None or first_event(o, "listening") or first_event(o, "listen-failed")
+            for o in outcomes
+        )
+
+    outcomes = run_jobs(jobs, options.image, "probe", options.deadlines.addresses, until=listening, keep=True)
+    keep.extend(outcomes)
     facts: list[NodeFacts] = []
     problems: list[str] = []
     for outcome in outcomes:
@@ -171,6 +187,12 @@ def _addresses(check: Check, engines: Sequence[NodeEngine], options: DoctorOptio
         if outcome.node_lost or event is None or "ip" not in event:
             problems.append(_rank_problem(outcome, "probe", options.deadlines.addresses))
             continue
+        failed = first_event(outcome, "listen-failed")
+        if failed:
+            problems.append(
+                f"{node.label}: port {options.master_port} is taken on {failed.get('address')} ({failed.get('error')}); "
+                "fix: stop what holds it (an earlier launch? 'invoke cluster.down') or pass another --master-port"
+            )
         fact = NodeFacts(
             rank=node.rank,
             label=node.label,

@@ -12,7 +12,6 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sparkforge.recipe import REPO_ROOT
@@ -90,14 +89,18 @@ def run_jobs(
     *,
     until: Callable[[list[Outcome]], bool] | None = None,
     poll_s: float = 0.5,
+    keep: bool = False,
 ) -> list[Outcome]:
     """Start every job, wait for all to exit (or `until(outcomes)` to hold) within `deadline_s`, then remove them.
 
     A node whose engine stops answering is recorded in its outcome (`node_lost`) and the others are still
     collected and removed. Containers still running at the deadline are killed (exit_code stays None).
+    With `keep`, containers that are still running stay (the caller removes them with `remove_jobs`),
+    unless something raised.
     """
     session = secrets.token_hex(4)
     outcomes: list[Outcome] = []
+    done = False
     try:
         for i, job in enumerate(jobs):
             name = f"sparkforge-doctor-{stage}-{session}-{i}"
@@ -134,11 +137,18 @@ def run_jobs(
                 break
             time.sleep(poll_s)
         _read_logs(outcomes)
+        done = True
     finally:
-        for outcome in outcomes:
-            if not outcome.node_lost:
-                outcome.job.engine.remove([outcome.name], timeout=30)
+        if not (keep and done):
+            remove_jobs(outcomes)
     return outcomes
+
+
+def remove_jobs(outcomes: Sequence[Outcome]) -> None:
+    """Remove the jobs' containers on every node that still answers."""
+    for outcome in outcomes:
+        if not outcome.node_lost:
+            outcome.job.engine.remove([outcome.name], timeout=30)
 
 
 def _read_logs(outcomes: Sequence[Outcome]) -> None:
@@ -174,7 +184,3 @@ def leftover(engines: Sequence[NodeEngine]) -> dict[str, list[str]]:
         if names:
             found[engine.node.label] = names
     return found
-
-
-def script_path() -> Path:
-    return SANITY_SCRIPT

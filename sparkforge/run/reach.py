@@ -7,14 +7,11 @@ peer, or vLLM's message queue waits forever after NCCL came up. The other addres
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.run import RunError
-from sparkforge.run.jobs import Job, container_spec, run_jobs
+from sparkforge.run.jobs import Job, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 if TYPE_CHECKING:
@@ -37,38 +34,22 @@ def _addresses(fact: NodeFacts) -> list[tuple[str, str]]:
 def diagnose_reach(
     engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
 ) -> ReachDiagnosis:
-    """Run listeners and dialers; name every advertised address some peer cannot reach, with the fix."""
+    """Dial every peer's addresses (the probes listen on them); name each advertised address a peer cannot reach."""
     port = options.master_port
-    by_rank = {f.rank: f for f in facts}
-    session = secrets.token_hex(4)
-    started: list[tuple[NodeEngine, str]] = []
     result = ReachDiagnosis()
-    try:
-        for engine in engines:
-            fact = by_rank[engine.node.rank]
-            name = f"sparkforge-doctor-listen-{session}-{engine.node.rank}"
-            targets = tuple(f"{ip}:{port}" for _, ip in _addresses(fact))
-            engine.start(
-                container_spec(Job(engine, ("listen", *targets)), options.image, name, "listen", session)
-            )
-            started.append((engine, name))
-        _wait_listening(started, options.deadlines.reach)
-        dial_jobs = [
-            Job(
-                engine,
-                (
-                    "connect",
-                    "--timeout",
-                    "4",
-                    *(f"{ip}:{port}" for f in facts if f.rank != engine.node.rank for _, ip in _addresses(f)),
-                ),
-            )
-            for engine in engines
-        ]
-        outcomes = run_jobs(dial_jobs, options.image, "dial", options.deadlines.reach)
-    finally:
-        for engine, name in started:
-            engine.remove([name], timeout=30)
+    dial_jobs = [
+        Job(
+            engine,
+            (
+                "connect",
+                "--timeout",
+                "4",
+                *(f"{ip}:{port}" for f in facts if f.rank != engine.node.rank for _, ip in _addresses(f)),
+            ),
+        )
+        for engine in engines
+    ]
+    outcomes = run_jobs(dial_jobs, options.image, "dial", options.deadlines.reach)
     lost = [o for o in outcomes if o.node_lost]
     if lost:
         result.problem = "; ".join(str(o.node_lost) for o in lost)
@@ -95,26 +76,32 @@ def diagnose_reach(
             }
     result.details = {"port": port, "matrix": matrix}
     problems = []
+    reachable = []
     for fact in facts:
         peers = [p for p in facts if p.rank != fact.rank]
+        good = [(n, ip) for n, ip in _addresses(fact) if all(reached.get((p.rank, ip)) for p in peers)]
+        if good:
+            reachable.append(f"node{fact.rank} {good[0][1]} on {good[0][0]}")
         blind = [p for p in peers if not reached.get((p.rank, fact.address))]
         if not blind:
             continue
-        why = errors.get((blind[0].rank, fact.address), "no answer")
-        auto = not fact.env
-        what = f"the address vLLM on node{fact.rank} would advertise ({'auto-picked: ' + str(fact.interface) + ' holds the default route' if auto else 'VLLM_HOST_IP'})"
-        good = [(name, ip) for name, ip in _addresses(fact) if all(reached.get((p.rank, ip)) for p in peers)]
+        why = errors.get((blind[0].rank, fact.address), "no answer").split(": ", 1)[-1]
+        how = f"auto-picked: {fact.interface} holds the default route" if not fact.env else "its VLLM_HOST_IP"
         problems.append(
-            f"node{', node'.join(str(p.rank) for p in blind)} cannot reach {fact.address}:{port}, {what} ({why}); "
-            "vLLM's message queue would wait there forever after NCCL init succeeded"
-            + (
-                f"; node{fact.rank} is reachable on {', '.join(f'{n} ({ip})' for n, ip in good)}"
-                if good
-                else ""
-            )
+            f"node{fact.rank} {fact.address} ({how}), unreachable from "
+            f"{', '.join(f'node{p.rank}' for p in blind)} ({why})"
         )
     if problems:
-        result.problem = ". ".join(problems) + ". Fix: " + _fix(facts, reached)
+        result.problem = (
+            "vLLM would advertise "
+            + "; ".join(problems)
+            + ". Launched like this, the ranks pass NCCL init and then wait forever in vLLM's message queue "
+            "(shm_broadcast wait_until_ready)."
+            + (f" The nodes do reach each other at {', '.join(reachable)}." if reachable else "")
+            + " Fix: "
+            + _fix(facts, reached)
+            + "."
+        )
     else:
         result.summary = "every peer reaches " + ", ".join(f"node{f.rank} {f.address}:{port}" for f in facts)
     return result
@@ -136,21 +123,3 @@ def _fix(facts: Sequence[NodeFacts], reached: dict[tuple[int, str], bool]) -> st
         listing = ",".join(f"NODE{rank}={pairs[0][1]}" for rank, pairs in sorted(good.items()))
         return f"give each node its link address in --nodes ({listing}) {ENV_FIX}"
     return "connect the nodes on one link (e.g. the ConnectX-7 cable) and give it addresses on one subnet"
-
-
-def _wait_listening(started: Sequence[tuple[NodeEngine, str]], deadline: float) -> None:
-    end = time.monotonic() + deadline
-    waiting = list(started)
-    while waiting and time.monotonic() < end:
-        for engine, name in list(waiting):
-            logs = engine.logs(name, timeout=10)
-            if '"listening"' in logs:
-                waiting.remove((engine, name))
-            elif "listen-failed" in logs or engine.state(name, timeout=10).status in ("exited", "dead"):
-                raise RunError(
-                    f"{engine.node.label}: the reach listener could not start: {logs.strip()[-400:]}"
-                )
-        time.sleep(0.3)
-    if waiting:
-        labels = ", ".join(e.node.label for e, _ in waiting)
-        raise RunError(f"{labels}: the reach listener did not start within {deadline:g} s")

@@ -2,7 +2,8 @@
 """The cluster doctor's in-image helper: runs on each node, inside the image that will serve, with its torch/vLLM.
 
 Modes (one JSON object per line on stdout, each with an "event" key, so the doctor can follow a rank's progress):
-  probe                  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions
+  probe [--listen PORT]  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions;
+                         then, with --listen, accept connections on every address at PORT until killed
   listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
   connect HOST:PORT...   try each address once with a short timeout
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
@@ -86,30 +87,37 @@ def infiniband() -> dict[str, list[str]]:
     return found
 
 
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def versions() -> dict[str, object]:
-    found: dict[str, object] = {"python": sys.version.split()[0]}
-    try:
-        import torch
+    """From package metadata and torch/version.py: importing torch here would cost seconds per node."""
+    import importlib.util
+    import re
 
-        found["torch"] = torch.__version__
-        found["cuda"] = torch.version.cuda
+    found: dict[str, object] = {"python": sys.version.split()[0], "torch": _dist_version("torch")}
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
         try:
-            found["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-        except Exception as exc:  # CPU-only torch builds have no NCCL
-            found["nccl"] = f"unavailable ({exc.__class__.__name__})"
-        found["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        found["torch"] = None
-    try:
-        import vllm
-
-        found["vllm"] = vllm.__version__
-    except ImportError:
-        found["vllm"] = None
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as handle:
+                match = re.search(r"^cuda(?:: \S+)? = '([^']*)'", handle.read(), re.M)
+            found["cuda"] = match.group(1) if match else None
+        except OSError:
+            found["cuda"] = None
+    nccl = [v for v in (_dist_version(f"nvidia-nccl-cu{m}") for m in (13, 12)) if v]
+    found["nccl"] = nccl[0] if nccl else None
+    found["vllm"] = _dist_version("vllm")
+    found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
     return found
 
 
-def probe() -> int:
+def probe(listen_port: int | None) -> int:
     try:
         from vllm.utils.network_utils import get_ip  # vLLM's own choice of the address it advertises
     except ImportError:
@@ -117,16 +125,21 @@ def probe() -> int:
         return 2
     chosen = get_ip()
     source = "VLLM_HOST_IP" if os.environ.get("VLLM_HOST_IP") else "default route (auto-picked)"
+    found = interfaces()
     emit(
         "probe",
         ip=chosen,
         ip_source=source,
-        interfaces=interfaces(),
+        interfaces=found,
         infiniband=infiniband(),
         versions=versions(),
         hostname=socket.gethostname(),
     )
-    return 0
+    if listen_port is None:
+        return 0
+    # Stay up as this node's reach listener: peers dial every address here on the launch port.
+    addresses = [f"{i['ipv4']}:{listen_port}" for i in found if i["ipv4"] and i["name"] != "lo"]
+    return listen(addresses)
 
 
 # ---- reachability ---------------------------------------------------------------------------------
@@ -287,7 +300,10 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cluster_sanity")
     sub = parser.add_subparsers(dest="mode", required=True)
-    sub.add_parser("probe")
+    p_probe = sub.add_parser("probe")
+    p_probe.add_argument(
+        "--listen", type=int, help="then accept TCP connections on every address at this port"
+    )
     p_listen = sub.add_parser("listen")
     p_listen.add_argument("addresses", nargs="+", help="HOST:PORT to accept connections on")
     p_connect = sub.add_parser("connect")
@@ -303,7 +319,7 @@ def main(argv: list[str]) -> int:
     p_sanity.add_argument("--local-rank", type=int, default=0)
     args = parser.parse_args(argv)
     if args.mode == "probe":
-        return probe()
+        return probe(args.listen)
     if args.mode == "listen":
         return listen(args.addresses)
     if args.mode == "connect":
