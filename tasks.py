@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 
-from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import echo, user_errors
+from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import run as cli_run
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
@@ -53,13 +54,15 @@ def render(c: Context, recipe: str, out: str = "") -> None:
 
 
 @task(
+    iterable=["profile"],
     help={
         "recipe": RECIPE_HELP,
         "json": "write the JSON report here",
+        "profile": "also check this serve profile's flags and parsers against the pinned vLLM (repeatable)",
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
         "offline": "use only the download cache; skip checks that need a registry",
         "github_base": "GitHub (or mirror) base URL for source archives",
-    }
+    },
 )
 @user_errors
 def preflight(
@@ -69,13 +72,19 @@ def preflight(
     source: str = "",
     offline: bool = False,
     github_base: str = "https://github.com",
+    profile: list[str] | None = None,
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.preflight import run_preflight
     from sparkforge.recipe import load_recipe
+    from sparkforge.run.profiles import load_profile
 
     report = run_preflight(
-        load_recipe(recipe), source=source or None, offline=offline, github_base=github_base
+        load_recipe(recipe),
+        source=source or None,
+        offline=offline,
+        github_base=github_base,
+        profiles=[load_profile(p) for p in profile or []],
     )
     _finish(report, json)
 
@@ -321,4 +330,6 @@ ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
+ns.add_collection(cli_run.serve_ns)
+ns.add_collection(cli_run.cluster_ns)
 ns.configure({"run": {"echo": True}})

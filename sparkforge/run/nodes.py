@@ -228,3 +228,18 @@ def distribute_image(
         raise RunError(
             f"distributing {ref} failed: {exc}; fix: check disk space on the nodes and retry"
         ) from None
+
+
+def local_image_id(source: Command, ref: str, runner: Runner | None = None) -> str:
+    """The image ID of `ref` in the engine `source` (a docker CLI command prefix) talks to."""
+    result = (runner or Runner(stream=False)).capture(
+        Command((*source.argv, "image", "inspect", "--format", "{{.Id}}", ref), source.env),
+        "image-id",
+        check=False,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise RunError(
+            f"{ref} is not in the local engine, nothing to distribute; fix: build or pull it here first"
+        )
+    return result.output.strip().splitlines()[-1]
