@@ -70,8 +70,9 @@ def _launch_options(
     model_dir: str,
     hf_token_file: str,
     cache_dir: str,
+    ulimit: list[str] | None = None,
 ):
-    from sparkforge.run.launch import LaunchOptions
+    from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
     return LaunchOptions(
         image=image,
@@ -82,6 +83,7 @@ def _launch_options(
         model_dir=Path(model_dir) if model_dir else None,
         hf_token_file=Path(hf_token_file).resolve() if hf_token_file else None,
         cache_dir=cache_dir,
+        ulimits=tuple(ulimit) if ulimit else GB10_ULIMITS,
     )
 
 
@@ -96,15 +98,17 @@ COMMON_HELP = {
     "gpus": "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
     "no_preflight": "skip checking the profile's flags against the pinned vLLM",
     "dry": "print the exact plan (docker argv and env per node), start nothing",
+    "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
 }
 
 
 @task(
+    iterable=["ulimit"],
     help={
         **COMMON_HELP,
         "node": "the engine to run on (default: the local one)",
         "no_chat": "skip the chat completion",
-    }
+    },
 )
 @user_errors
 def serve(
@@ -121,6 +125,7 @@ def serve(
     no_preflight: bool = False,
     no_chat: bool = False,
     dry: bool = False,
+    ulimit: list[str] | None = None,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.run.nodes import Node, NodeEngine, parse_node
@@ -130,7 +135,7 @@ def serve(
     _preflight(recipe, profile, no_preflight)
     engine = NodeEngine(parse_node(node) if node else Node("local", "context", "default"))
     options = _launch_options(
-        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir
+        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit
     )
     serve_up(engine, load_profile(profile), options, echo=echo, chat=not no_chat, dry=dry)
 
@@ -201,6 +206,7 @@ def doctor(
 
 
 @task(
+    iterable=["ulimit"],
     help={
         **COMMON_HELP,
         "nodes": NODES_HELP,
@@ -209,7 +215,7 @@ def doctor(
         "master_port": "rendezvous port (--master-port)",
         "distribute": "stream the local image to nodes whose image ID differs",
         "health_timeout": "seconds to wait for /health",
-    }
+    },
 )
 @user_errors
 def up(
@@ -230,6 +236,7 @@ def up(
     health_timeout: int = 1800,
     no_preflight: bool = False,
     dry: bool = False,
+    ulimit: list[str] | None = None,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.commands import Command
@@ -241,7 +248,9 @@ def up(
     ref = _image(recipe, image)
     engines = _engines(nodes)
     ensure_image(engines, ref, Command((docker_cli(),)) if distribute else None, echo)
-    launch = _launch_options(ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir)
+    launch = _launch_options(
+        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit
+    )
     doctor_options = _doctor_options(ref, interface, master_port, gpus, sanity=True)
     cluster_up(
         engines,

@@ -39,6 +39,7 @@ class LaunchOptions:
     model_dir: Path | None = None  # on every node: the same path holding the model (else the HF cache)
     hf_token_file: Path | None = None
     cache_dir: str = "/var/cache/sparkforge"  # on every node: HF, vLLM, FlashInfer and Triton caches
+    ulimits: tuple[str, ...] = GB10_ULIMITS
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def plan_launch(
             host_network=True,
             ipc_host=True,
             gpus=options.gpus,
-            ulimits=GB10_ULIMITS,
+            ulimits=options.ulimits,
             cap_add=("IPC_LOCK",),
             mounts=_mounts(options),
         )
