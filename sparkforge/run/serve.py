@@ -34,12 +34,12 @@ class ChatReply:
 
     @classmethod
     def parse(cls, text: str) -> ChatReply:
-        """vLLM's OpenAI reply; the reasoning parser's part is `reasoning_content` (or `reasoning`)."""
+        """vLLM's OpenAI reply; the reasoning parser's part is `reasoning` (0.33.0; `reasoning_content` before)."""
         try:
             message = json.loads(text)["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise RunError(f"the chat completion did not return an OpenAI reply: {text[:400]}") from None
-        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
         return cls(str(reasoning), str(message.get("content") or ""))
 
 
