@@ -60,7 +60,7 @@ def test_serve_surfaces_vllms_own_failure_and_leaves_nothing(vllm_image: str, tm
             "18431",
             "--ulimit",
             "nofile=16384",
-        ],  # fmt: skip
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
