@@ -247,8 +247,7 @@ class TestCluster:
         directories), so the two engines share the bytes of a 10 GB image instead of copying them.
         """
         dest = target.root / "data"
-        if dest.exists():
-            shutil.rmtree(dest)
+        sh("rm", "-rf", str(dest), check=False, timeout=900)
         dest.mkdir(parents=True)
         # Only the image store and its layers: databases (containerd's, the network's) are locked by inode,
         # so a hard-linked copy would block the second engine; it makes fresh ones.
@@ -361,7 +360,7 @@ class TestCluster:
             sh("ip", "netns", "del", name, check=False)
         self.namespaces.clear()
         for path in (STATE_ROOT / self.tag, RUN_ROOT / self.tag):
-            shutil.rmtree(path, ignore_errors=True)
+            sh("rm", "-rf", "--one-file-system", str(path), check=False, timeout=900)  # C is much faster here
 
 
 def remove_stale() -> None:
@@ -375,7 +374,7 @@ def remove_stale() -> None:
             sh("ip", "netns", "del", name, check=False)
     for root in (RUN_ROOT, STATE_ROOT):
         TestCluster._unmount_under(root)
-        shutil.rmtree(root, ignore_errors=True)
+        sh("rm", "-rf", "--one-file-system", str(root), check=False, timeout=900)
 
 
 # ---- pytest fixtures (imported by the cluster and serve test modules) ----------------------------------
