@@ -220,7 +220,7 @@ def distribute_image(
     source: Command, ref: str, targets: Sequence[NodeEngine], runner: Runner | None = None
 ) -> int:
     """Copy image `ref` to every target engine in one streamed `docker save` (no registry, no temp file)."""
-    del runner  # the pipeline has its own processes; kept for a uniform call shape
+    local_image_id(source, ref, runner)  # a clear error when the image is not here to send
     sinks = [t.command("load", "--quiet") for t in targets]
     try:
         return run_pipeline(Command((*source.argv, "save", ref), source.env), sinks, "distribute")

@@ -379,7 +379,8 @@ def remove_stale() -> None:
 
 # ---- pytest fixtures (imported by the cluster and serve test modules) ----------------------------------
 
-VLLM_REF = "sparkforge-test/run-cluster:vllm"
+# Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
+VLLM_REF = "sparkforge-run-test/cluster:vllm"
 TIMINGS: dict[str, float] = {}  # set-up figures, printed by the tests and recorded in benchmarks/cluster.md
 
 
@@ -416,7 +417,8 @@ def vllm_image(
     start = time.monotonic()
     build(load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")), options)
     TIMINGS["image_build_s"] = time.monotonic() - start
-    return VLLM_REF
+    yield VLLM_REF
+    sh(DOCKER, "rmi", VLLM_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
 @pytest.fixture(scope="session")
