@@ -2,6 +2,9 @@
 # The doctor's cross-node sanity run (tests/image/cluster_sanity.py) on the GPU machine: two ranks as two
 # processes, one GPU each when two are present (else both on GPU 0), Gloo then NCCL all-reduce. No vLLM there,
 # so the message-queue stage reports itself skipped. Results: $OUT/rank{0,1}.jsonl, $OUT/env.txt.
+# Recorded run (benchmarks/results/cluster-sanity-gpu/): the device tool runs a copy of the coordinator's
+# checkout, so the script travelled as gzip+base64 chunks into build/cs.py (sha256 checked) and ran there with
+# exactly these arguments: sanity --rank R --world 2 --master 127.0.0.1:PORT --nccl yes --local-rank R --timeout 90.
 set -euo pipefail
 out=${OUT:-/tmp/cluster-sanity}
 mkdir -p "$out"

@@ -218,8 +218,12 @@ def run_pipeline(source: Command, sinks: Sequence[Command], step: str, *, chunk:
         for writer in writers:
             writer.wait()
     if reader.returncode != 0:
-        raise CommandError(f"{step}: {source.shell_line()} failed (exit {reader.returncode}): {reader_err.strip()[-800:]}")
+        raise CommandError(
+            f"{step}: {source.shell_line()} failed (exit {reader.returncode}): {reader_err.strip()[-800:]}"
+        )
     for sink, writer, output in zip(sinks, writers, outputs, strict=True):
         if writer.returncode != 0:
-            raise CommandError(f"{step}: {sink.shell_line()} failed (exit {writer.returncode}): {output.strip()[-800:]}")
+            raise CommandError(
+                f"{step}: {sink.shell_line()} failed (exit {writer.returncode}): {output.strip()[-800:]}"
+            )
     return total

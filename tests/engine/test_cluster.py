@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, TIMINGS, VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
+from cluster import DOCKER
+from cluster_fixtures import TIMINGS, VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
 
 from sparkforge.commands import Command
 from sparkforge.recipe import REPO_ROOT

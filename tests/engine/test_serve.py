@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, vllm_image  # noqa: F401 - fixture
+from cluster import DOCKER
+from cluster_fixtures import vllm_image  # noqa: F401 - fixture
 
 from sparkforge.recipe import REPO_ROOT
 from sparkforge.run.serve import ChatReply
