@@ -149,14 +149,20 @@ def test_one_node_over_ssh(two_nodes, tmp_path: Path) -> None:
     client = two_nodes.start_sshd(b, tmp_path / "ssh")
     nodes = f"{a.url},ssh://root@{b.fabric_ip}:2222"
     env = {"PATH": f"{client}:{os.environ['PATH']}"}
+    report_path = tmp_path / "doctor.json"
     proc, seconds = _invoke(
-        "cluster.doctor", "--image", VLLM_REF, "--nodes", nodes, "--interface", "fabric0",
+        "cluster.doctor", "--image", VLLM_REF, "--nodes", nodes, "--interface", "fabric0", "--json", str(report_path),
         netns=a.netns, env=env,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
     print(out, f"\ndoctor over ssh wall: {seconds:.1f} s")
     assert proc.returncode == 0, out
-    assert "node1 (ssh://root@10.77.0.2:2222)" in out and "sanity     PASSED" in out
+    checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
+    assert "node1 (ssh://root@10.77.0.2:2222)" in checks["engines"]["details"]  # reached through ssh
+    assert (
+        checks["addresses"]["details"]["node1 (ssh://root@10.77.0.2:2222)"]["launch_address"] == "10.77.0.2"
+    )
+    assert checks["sanity"]["status"] == "passed"
     assert _leftovers(two_nodes) == {"a": [], "b": []}
 
 
