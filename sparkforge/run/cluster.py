@@ -107,6 +107,11 @@ def cluster_up(
         failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)
         raise RunError(f"cluster.doctor failed, nothing was launched. {failed}")
     by_rank = {f.rank: f for f in result.facts}
+    if launch.backend == "ray" and not all(f.versions.get("ray") for f in result.facts):
+        raise RunError(
+            f"--backend ray, but {launch.image} has no Ray (vLLM does not install it by default); fix: use the "
+            "default --backend mp (vLLM's own multi-node backend) or build an image with ray installed"
+        )
     plan = plan_launch(
         profile,
         [by_rank[e.node.rank].address for e in engines],

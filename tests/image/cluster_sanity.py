@@ -113,6 +113,7 @@ def versions() -> dict[str, object]:
     nccl = [v for v in (_dist_version(f"nvidia-nccl-cu{m}") for m in (13, 12)) if v]
     found["nccl"] = nccl[0] if nccl else None
     found["vllm"] = _dist_version("vllm")
+    found["ray"] = _dist_version("ray")
     found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
     return found
 
