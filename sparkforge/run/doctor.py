@@ -335,9 +335,10 @@ def _sanity(
         "ranks": {o.job.engine.node.label: _rank_summary(o) for o in outcomes},
         "wall_s": round(time.monotonic() - start, 2),
     }
+    lost = [o for o in outcomes if o.node_lost]
     problems = [
         _rank_problem(o, "sanity", options.deadlines.sanity)
-        for o in outcomes
+        for o in (lost or outcomes)  # a lost node explains the others' stop: name it alone
         if o.node_lost or o.exit_code != 0 or first_event(o, "finished") is None
     ]
     if problems:
