@@ -357,6 +357,9 @@ class TestCluster:
         self.namespaces.clear()
         for path in (STATE_ROOT / self.tag, RUN_ROOT / self.tag):
             sh("rm", "-rf", "--one-file-system", str(path), check=False, timeout=900)  # C is much faster here
+        for root in (STATE_ROOT, RUN_ROOT):
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when no other cluster is in it
 
 
 def remove_stale() -> None:
