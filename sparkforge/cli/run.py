@@ -128,12 +128,12 @@ def serve(
     ulimit: list[str] | None = None,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
-    from sparkforge.run.nodes import Node, NodeEngine, parse_node
+    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
     from sparkforge.run.profiles import load_profile
     from sparkforge.run.serve import serve_up
 
     _preflight(recipe, profile, no_preflight)
-    engine = NodeEngine(parse_node(node) if node else Node("local", "context", "default"))
+    engine = NodeEngine(parse_node(node) if node else LOCAL)
     options = _launch_options(
         _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit
     )
@@ -147,10 +147,10 @@ def serve(
 @user_errors
 def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     """Stop and remove what `serve` started on this node."""
-    from sparkforge.run.nodes import Node, NodeEngine, parse_node
+    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
     from sparkforge.run.serve import serve_down as down
 
-    engine = NodeEngine(parse_node(node) if node else Node("local", "context", "default"))
+    engine = NodeEngine(parse_node(node) if node else LOCAL)
     echo(f"removed {down(engine, profile or None)} container(s)")
 
 

@@ -29,7 +29,7 @@ class Node:
     """One node: how to reach its engine, and (optionally) its address on the cluster link."""
 
     spec: str
-    kind: Literal["unix", "tcp", "ssh", "context"]
+    kind: Literal["unix", "tcp", "ssh", "context", "local"]  # local: the docker CLI's own default engine
     target: str  # the engine URL, or the context name
     address: str | None = None
     rank: int = 0
@@ -39,7 +39,12 @@ class Node:
         return f"node{self.rank} ({self.target})"
 
     def engine_flags(self) -> tuple[str, ...]:
+        if self.kind == "local":
+            return ()  # DOCKER_HOST or the current context, as plain `docker` would use
         return ("--context", self.target) if self.kind == "context" else ("--host", self.target)
+
+
+LOCAL = Node("local", "local", "local")
 
 
 def parse_node(spec: str, rank: int = 0) -> Node:

@@ -9,7 +9,7 @@ import pytest
 from sparkforge.run import RunError
 from sparkforge.run.doctor import network_env
 from sparkforge.run.launch import LaunchOptions, describe_plan, plan_launch
-from sparkforge.run.nodes import NodeEngine, parse_nodes
+from sparkforge.run.nodes import LOCAL, NodeEngine, parse_nodes
 from sparkforge.run.profiles import load_profile
 
 
@@ -23,6 +23,7 @@ def test_node_forms() -> None:
     ]
     assert nodes[1].engine_flags() == ("--host", "ssh://me@spark2:2222")
     assert nodes[3].engine_flags() == ("--context", "spark3")
+    assert LOCAL.engine_flags() == ()  # serve's default: DOCKER_HOST or the current context
     assert NodeEngine(nodes[1], docker="/usr/bin/docker").command("ps").argv == (
         "/usr/bin/docker", "--host", "ssh://me@spark2:2222", "ps",
     )  # fmt: skip
