@@ -78,6 +78,9 @@ def container_spec(job: Job, image: str, name: str, stage: str, session: str) ->
         host_network=True,
         shm_size="1g",  # a private /dev/shm per rank: vLLM must see the ranks as different nodes
         gpus=job.gpus,
+        cap_add=("IPC_LOCK",)
+        if job.gpus
+        else (),  # NCCL registers memory; without it: "unhandled system error"
     )
 
 
