@@ -11,6 +11,7 @@ from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, user_errors
 from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 
 if TYPE_CHECKING:
@@ -55,13 +56,15 @@ def render(c: Context, recipe: str, out: str = "") -> None:
 
 
 @task(
+    iterable=["profile"],
     help={
         "recipe": RECIPE_HELP,
         "json": "write the JSON report here",
+        "profile": "also check this serve profile's flags and parsers against the pinned vLLM (repeatable)",
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
         "offline": "use only the download cache; skip checks that need a registry",
         "github_base": "GitHub (or mirror) base URL for source archives",
-    }
+    },
 )
 @user_errors
 def preflight(
@@ -71,13 +74,19 @@ def preflight(
     source: str = "",
     offline: bool = False,
     github_base: str = "https://github.com",
+    profile: list[str] | None = None,
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.preflight import run_preflight
     from sparkforge.recipe import load_recipe
+    from sparkforge.run.profiles import load_profile
 
     report = run_preflight(
-        load_recipe(recipe), source=source or None, offline=offline, github_base=github_base
+        load_recipe(recipe),
+        source=source or None,
+        offline=offline,
+        github_base=github_base,
+        profiles=[load_profile(p) for p in profile or []],
     )
     _finish(report, json)
 
@@ -334,3 +343,5 @@ ns.add_task(cli_publish.pull)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
+ns.add_collection(cli_run.serve_ns)
+ns.add_collection(cli_run.cluster_ns)

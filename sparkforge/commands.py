@@ -141,8 +141,13 @@ class Runner:
             )
         return Result(command, proc.returncode, output, log)
 
-    def capture(self, command: Command, step: str, *, check: bool = True) -> Result:
-        """Run a short query command without streaming; its output is returned (also when dry)."""
+    def capture(
+        self, command: Command, step: str, *, check: bool = True, timeout: float | None = None
+    ) -> Result:
+        """Run a short query command without streaming; its output is returned (also when dry).
+
+        With `timeout`, a command still running after that many seconds is killed and CommandError raised.
+        """
         try:
             proc = subprocess.run(
                 list(command.argv),
@@ -151,11 +156,16 @@ class Runner:
                 capture_output=True,
                 text=True,
                 errors="replace",
+                timeout=timeout,
             )
         except FileNotFoundError as exc:
             raise CommandError(
                 f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH)."
             ) from exc
+        except subprocess.TimeoutExpired:
+            raise CommandError(
+                f"{step}: no answer within {timeout:g} s from {command.shell_line()}"
+            ) from None
         if check and proc.returncode != 0:
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n{proc.stderr.strip()[-2000:]}"
@@ -166,3 +176,54 @@ class Runner:
 def argv_of(parts: Sequence[str | None]) -> tuple[str, ...]:
     """Drop None parts: lets callers build argv lists with optional flags inline."""
     return tuple(p for p in parts if p is not None)
+
+
+def run_pipeline(source: Command, sinks: Sequence[Command], step: str, *, chunk: int = 1 << 22) -> int:
+    """Stream `source`'s stdout into the stdin of every command in `sinks` (one read, many writers).
+
+    Used to copy an image to several engines at once (`docker save` into each `docker load`) without a
+    temporary file. Returns the bytes streamed; raises CommandError naming the command that failed.
+    """
+    writers = [
+        subprocess.Popen(
+            list(sink.argv),
+            env={**os.environ, **sink.env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for sink in sinks
+    ]
+    reader = subprocess.Popen(
+        list(source.argv), env={**os.environ, **source.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    total = 0
+    try:
+        assert reader.stdout is not None
+        for block in iter(lambda: reader.stdout.read(chunk), b""):  # type: ignore[union-attr]
+            total += len(block)
+            for writer in writers:
+                if writer.stdin is not None and not writer.stdin.closed:
+                    try:
+                        writer.stdin.write(block)
+                    except BrokenPipeError:
+                        writer.stdin.close()
+    finally:
+        for writer in writers:
+            if writer.stdin is not None and not writer.stdin.closed:
+                writer.stdin.close()
+        reader_err = reader.stderr.read().decode(errors="replace") if reader.stderr else ""
+        reader.wait()
+        outputs = [(w.stdout.read() if w.stdout else b"").decode(errors="replace") for w in writers]
+        for writer in writers:
+            writer.wait()
+    if reader.returncode != 0:
+        raise CommandError(
+            f"{step}: {source.shell_line()} failed (exit {reader.returncode}): {reader_err.strip()[-800:]}"
+        )
+    for sink, writer, output in zip(sinks, writers, outputs, strict=True):
+        if writer.returncode != 0:
+            raise CommandError(
+                f"{step}: {sink.shell_line()} failed (exit {writer.returncode}): {output.strip()[-800:]}"
+            )
+    return total

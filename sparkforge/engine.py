@@ -387,3 +387,11 @@ def run_cli(runner: Runner, engine: Engine, step: str, *args: str, check: bool =
         return runner.run(Command((engine.docker, *args), engine.env), step, check=check).output
     except CommandError as exc:
         raise EngineError(str(exc)) from None
+
+
+def docker_cli() -> str:
+    """A docker CLI for talking to other engines (nodes); BuildKit is not needed for that."""
+    candidates = _candidates()
+    if not candidates:
+        raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
+    return candidates[0]

@@ -172,8 +172,8 @@ def _load_chain(
     return merged, {**base_origins, **origins}, (path, *chain)
 
 
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = RecipeModel
+def _allowed_keys(loc: tuple[Any, ...], schema: type[BaseModel] = RecipeModel) -> list[str]:
+    model: Any = schema
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
@@ -202,7 +202,10 @@ _TYPE_FIXES = {
 
 
 def _explain(
-    error: Mapping[str, Any], origins: Mapping[tuple[str, ...], tuple[Path, int]], path: Path
+    error: Mapping[str, Any],
+    origins: Mapping[tuple[str, ...], tuple[Path, int]],
+    path: Path,
+    schema: type[BaseModel] = RecipeModel,
 ) -> str:
     loc = tuple(
         p
@@ -220,7 +223,7 @@ def _explain(
     kind = error["type"]
     message = str(error["msg"]).removeprefix("Value error, ")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(tuple(error["loc"]))
+        allowed = _allowed_keys(tuple(error["loc"]), schema)
         return f"{where}: {key_path}: unknown key; fix: remove it or use one of: {', '.join(allowed)}"
     if kind == "value_error":
         return f"{where}: {key_path}: {message}"

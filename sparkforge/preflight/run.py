@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkforge.commands import Runner
 from sparkforge.errors import PreflightError
@@ -14,9 +16,13 @@ from sparkforge.preflight.patches import check_patches
 from sparkforge.preflight.pypi import WheelTarget, resolve_file, wheel_members
 from sparkforge.preflight.registry import check_models
 from sparkforge.preflight.requirements import check_requirements, source_requirements, wheel_requirements
+from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
 from sparkforge.preflight.sources import GITHUB, REGISTRY_PY, UpstreamTree, resolve_upstream
 from sparkforge.recipe import REPO_ROOT, Recipe
 from sparkforge.report import Check, Report
+
+if TYPE_CHECKING:
+    from sparkforge.run.profiles import Profile
 
 TORCH_SELECT_CMAKE = "torch/share/cmake/Caffe2/Modules_CUDA_fix/upstream/FindCUDA/select_compute_arch.cmake"
 CHECKS = ("source", "models", "requirements", "patches", "arch-plan", "images")
@@ -30,6 +36,7 @@ def run_preflight(
     offline: bool = False,
     runner: Runner | None = None,
     fetcher: Fetcher | None = None,
+    profiles: Sequence[Profile] = (),
 ) -> Report:
     """Check the recipe against upstream facts at its pins; every check lands in the report, none raises.
 
@@ -97,6 +104,8 @@ def run_preflight(
             _arch_plan(check, recipe, tree, scratch, fetcher, runner)
     with report.timed("images") as check:
         check_images(check, model, fetcher)
+    if profiles:  # serve profiles: every flag and parser name against this vLLM (DESIGN.md: serve)
+        check_serve_profiles(report, recipe, profiles, lambda: recipe_surface(recipe, fetcher, tree))
     return report
 
 

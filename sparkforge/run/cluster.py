@@ -1,0 +1,243 @@
+"""`cluster.up/down/logs` and `serve`: start a launch plan on its nodes, watch it come up, stop it completely.
+
+Up: (distribute the image where its ID differs) -> doctor -> plan -> workers, then the head -> health wait
+(with the head's loading progress) -> ready. Any failure: the last log lines of every node, a one-paragraph
+cause, and everything removed (`down`), so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sparkforge.commands import Command
+from sparkforge.run import RunError
+from sparkforge.run.doctor import DoctorOptions, DoctorResult, run_doctor
+from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
+from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
+from sparkforge.run.profiles import Profile
+
+Echo = Callable[[str], None]
+# vLLM's last words -> the cause in one sentence and the fix.
+CAUSES = (
+    (
+        r"Failed to infer device type",
+        "vLLM found no GPU in the container",
+        "run on a node with the NVIDIA Container Toolkit and --gpus all (the default)",
+    ),
+    (
+        r"CUDA out of memory|OutOfMemoryError",
+        "the GPU ran out of memory",
+        "lower gpu-memory-utilization or max-model-len in the profile",
+    ),
+    (
+        r"unrecognized arguments: (.*)",
+        "vLLM rejected arguments",
+        "remove them from the profile (preflight checks flags against the pinned vLLM)",
+    ),
+    (
+        r"(Repository Not Found|401 Client Error|GatedRepoError)",
+        "the model could not be downloaded",
+        "check the model name and pass --hf-token-file for gated models",
+    ),
+    (
+        r"(No such file or directory: '/models|does not appear to have a file named)",
+        "the model directory is incomplete",
+        "point --model-dir at a directory holding the model's config and weights",
+    ),
+    (
+        r"(NCCL error|ncclCommInitRank|unhandled system error)",
+        "NCCL could not set up the link",
+        "run 'invoke cluster.doctor' and check NCCL_IB_HCA / the CX-7 link",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class UpResult:
+    plan: LaunchPlan
+    doctor: DoctorResult | None
+    seconds: float
+
+
+def serve_label(profile: str | None = None) -> str:
+    return f"{LABEL}.profile={profile}" if profile else f"{LABEL}=serve"
+
+
+def ensure_image(
+    engines: Sequence[NodeEngine], image: str, source: Command | None, echo: Echo
+) -> dict[str, str]:
+    """Prove the same image ID on every node; with `source` (a local docker), stream it to nodes that differ."""
+    ids = {e.node.label: e.image_id(image) for e in engines}
+    if source is not None:
+        local = local_image_id(source, image)
+        differ = [e for e in engines if ids[e.node.label] != local]
+        if differ:
+            echo(
+                f"distributing {image} ({local[:19]}) to {', '.join(e.node.label for e in differ)} (streamed docker save/load)"
+            )
+            start = time.monotonic()
+            size = distribute_image(source, image, differ)
+            echo(f"distributed {size / 1e9:.2f} GB in {time.monotonic() - start:.0f} s")
+            ids = {e.node.label: e.image_id(image) for e in engines}
+            wrong = [label for label, found in ids.items() if found != local]
+            if wrong:
+                raise RunError(
+                    f"after distribution {', '.join(wrong)} still hold another {image}; fix: check those engines"
+                )
+    return {k: v or "" for k, v in ids.items()}
+
+
+def cluster_up(
+    engines: Sequence[NodeEngine],
+    profile: Profile,
+    launch: LaunchOptions,
+    doctor: DoctorOptions,
+    *,
+    echo: Echo,
+    health_timeout_s: float = 1800,
+    dry: bool = False,
+) -> UpResult:
+    """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
+    start = time.monotonic()
+    result = run_doctor(engines, doctor, echo=echo)
+    if result.report.status != "passed":
+        failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)
+        raise RunError(f"cluster.doctor failed, nothing was launched. {failed}")
+    by_rank = {f.rank: f for f in result.facts}
+    if launch.backend == "ray" and not all(f.versions.get("ray") for f in result.facts):
+        raise RunError(
+            f"--backend ray, but {launch.image} has no Ray (vLLM does not install it by default); fix: use the "
+            "default --backend mp (vLLM's own multi-node backend) or build an image with ray installed"
+        )
+    plan = plan_launch(
+        profile,
+        [by_rank[e.node.rank].address for e in engines],
+        [by_rank[e.node.rank].env for e in engines],
+        launch,
+    )
+    for line in describe_plan(plan, [e.node.label for e in engines]):
+        echo(line)
+    if dry:
+        return UpResult(plan, result, time.monotonic() - start)
+    start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
+    return UpResult(plan, result, time.monotonic() - start)
+
+
+def start_plan(
+    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float
+) -> None:
+    """Start workers then the head, wait for health; on failure: cause, last lines, everything removed."""
+    by_rank = {e.node.rank: e for e in engines}
+    try:
+        for launch in plan.start_order():
+            engine = by_rank[launch.rank]
+            engine.remove(
+                [launch.container.name]
+            )  # a stopped leftover of an earlier run would block the name
+            engine.start(launch.container)
+            echo(f"started {launch.container.name} on {engine.node.label}")
+            if launch.exec_argv:
+                _ray_exec(engine, launch, len(engines), echo)
+        wait_healthy(engines, plan, echo=echo, timeout_s=health_timeout_s)
+    except BaseException:
+        removed = cluster_down(engines, plan.profile)
+        echo(f"removed {sum(removed.values())} container(s) after the failure")
+        raise
+
+
+def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) -> None:
+    for _ in range(30):  # Ray's own readiness: every node joined (as eugr's launcher waits, 30 x 2 s)
+        status = engine.runner.capture(
+            engine.command("exec", launch.container.name, "ray", "status"),
+            "ray-status",
+            check=False,
+            timeout=30,
+        )
+        if status.returncode == 0 and status.output.count("node_") >= count:
+            break
+        time.sleep(2)
+    else:
+        raise RunError(
+            f"{engine.node.label}: Ray did not see {count} nodes within 60 s; fix: run 'invoke cluster.doctor'"
+        )
+    engine.call("exec", "exec", "--detach", launch.container.name, *launch.exec_argv)
+    echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
+
+
+def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, timeout_s: float) -> None:
+    """Poll every container and the head's /health (from inside the head container); explain any exit."""
+    by_rank = {e.node.rank: e for e in engines}
+    head = by_rank[0]
+    end = time.monotonic() + timeout_s
+    seen = 0
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{plan.port}/health', timeout=3)"
+    while time.monotonic() < end:
+        for launch in plan.nodes:
+            state = by_rank[launch.rank].state(launch.container.name)
+            if state.status != "running":
+                raise RunError(explain_exit(engines, plan, launch.rank, state.exit_code))
+        lines = head.logs(plan.head.container.name).splitlines()
+        for line in lines[seen:]:
+            if re.search(r"Loading|loaded|weights|Starting|KV cache|graph|Uvicorn|ERROR", line):
+                echo(f"  head: {line[-200:]}")
+        seen = len(lines)
+        health = head.runner.capture(
+            head.command("exec", plan.head.container.name, "python3", "-c", probe),
+            "health",
+            check=False,
+            timeout=20,
+        )
+        if health.returncode == 0:
+            echo(f"healthy: http://{plan.head_address}:{plan.port}/v1 (profile {plan.profile})")
+            return
+        time.sleep(3)
+    raise RunError(
+        f"vLLM did not become healthy within {timeout_s:g} s; the containers are removed. Last lines of the head:\n"
+        + "\n".join(head.logs(plan.head.container.name, tail=15).splitlines()[-15:])
+    )
+
+
+def explain_exit(engines: Sequence[NodeEngine], plan: LaunchPlan, rank: int, code: int | None) -> str:
+    """One paragraph: which node's vLLM exited, the likely cause and fix, then the last lines of every node."""
+    by_rank = {e.node.rank: e for e in engines}
+    tails = {launch.rank: by_rank[launch.rank].logs(launch.container.name, tail=12) for launch in plan.nodes}
+    cause, fix = "vLLM exited", "read the log lines below ('invoke cluster.logs' shows more)"
+    for pattern, what, how in CAUSES:
+        match = re.search(pattern, tails[rank])
+        if match:
+            cause, fix = f"{what} ({match.group(0)[:160]})", how
+            break
+    paragraph = (
+        f"vLLM on {by_rank[rank].node.label} (rank {rank}) exited with code {code}: {cause}; fix: {fix}. "
+        "Every container of this launch was removed."
+    )
+    for launch_rank, tail in sorted(tails.items()):
+        lines = "\n    ".join(tail.strip().splitlines()[-8:])
+        paragraph += f"\n  last lines on {by_rank[launch_rank].node.label}:\n    {lines}"
+    return paragraph
+
+
+def cluster_down(engines: Sequence[NodeEngine], profile: str | None = None) -> dict[str, int]:
+    """Remove every serve container sparkforge started (of one profile, or all) on every answering node."""
+    removed: dict[str, int] = {}
+    for engine in engines:
+        try:
+            names = engine.containers(serve_label(profile), timeout=20)
+        except RunError:
+            removed[engine.node.label] = 0
+            continue
+        engine.remove(names)
+        removed[engine.node.label] = len(names)
+    return removed
+
+
+def cluster_logs(engines: Sequence[NodeEngine], tail: int = 100) -> dict[str, str]:
+    """The last lines of every serve container on every node."""
+    out: dict[str, str] = {}
+    for engine in engines:
+        for name in engine.containers(serve_label(), timeout=20):
+            out[f"{engine.node.label} {name}"] = engine.logs(name, tail=tail)
+    return out

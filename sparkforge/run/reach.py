@@ -1,0 +1,125 @@
+"""The doctor's reach stage: can every peer open a TCP connection to the address each node would advertise?
+
+Each node listens on all of its IPv4 addresses at the launch port; every other node dials all of them. The
+address vLLM would advertise (VLLM_HOST_IP, else its own default-route pick) must be reachable from every
+peer, or vLLM's message queue waits forever after NCCL came up. The other addresses tell the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sparkforge.run.jobs import Job, run_jobs
+from sparkforge.run.nodes import NodeEngine
+
+if TYPE_CHECKING:
+    from sparkforge.run.doctor import DoctorOptions, NodeFacts
+
+ENV_FIX = "(it sets VLLM_HOST_IP, NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on each node)"
+
+
+@dataclass
+class ReachDiagnosis:
+    problem: str | None = None
+    summary: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _addresses(fact: NodeFacts) -> list[tuple[str, str]]:
+    return [(str(i["name"]), str(i["ipv4"])) for i in fact.interfaces if i.get("ipv4") and i["name"] != "lo"]
+
+
+def diagnose_reach(
+    engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
+) -> ReachDiagnosis:
+    """Dial every peer's addresses (the probes listen on them); name each advertised address a peer cannot reach."""
+    port = options.master_port
+    result = ReachDiagnosis()
+    dial_jobs = [
+        Job(
+            engine,
+            (
+                "connect",
+                "--timeout",
+                "4",
+                *(f"{ip}:{port}" for f in facts if f.rank != engine.node.rank for _, ip in _addresses(f)),
+            ),
+        )
+        for engine in engines
+    ]
+    outcomes = run_jobs(dial_jobs, options.image, "dial", options.deadlines.reach)
+    lost = [o for o in outcomes if o.node_lost]
+    if lost:
+        result.problem = "; ".join(str(o.node_lost) for o in lost)
+        return result
+    # reached[(from_rank, ip)] = True/False
+    reached: dict[tuple[int, str], bool] = {}
+    errors: dict[tuple[int, str], str] = {}
+    for outcome in outcomes:
+        for event in outcome.events:
+            if event.get("event") in ("reached", "unreachable"):
+                ip = str(event["target"]).rpartition(":")[0]
+                reached[(outcome.job.engine.node.rank, ip)] = event["event"] == "reached"
+                if event["event"] == "unreachable":
+                    errors[(outcome.job.engine.node.rank, ip)] = str(event.get("error"))
+    matrix: dict[str, dict[str, str]] = {}
+    for fact in facts:
+        for name, ip in _addresses(fact):
+            matrix[f"node{fact.rank} {name} {ip}"] = {
+                f"from node{peer.rank}": (
+                    "reached" if reached.get((peer.rank, ip)) else errors.get((peer.rank, ip), "no answer")
+                )
+                for peer in facts
+                if peer.rank != fact.rank
+            }
+    result.details = {"port": port, "matrix": matrix}
+    problems = []
+    reachable = []
+    for fact in facts:
+        peers = [p for p in facts if p.rank != fact.rank]
+        good = [(n, ip) for n, ip in _addresses(fact) if all(reached.get((p.rank, ip)) for p in peers)]
+        if good:
+            reachable.append(f"node{fact.rank} {good[0][1]} on {good[0][0]}")
+        blind = [p for p in peers if not reached.get((p.rank, fact.address))]
+        if not blind:
+            continue
+        why = errors.get((blind[0].rank, fact.address), "no answer").split(": ", 1)[-1]
+        how = f"auto-picked: {fact.interface} holds the default route" if not fact.env else "its VLLM_HOST_IP"
+        problems.append(
+            f"node{fact.rank} {fact.address} ({how}), unreachable from "
+            f"{', '.join(f'node{p.rank}' for p in blind)} ({why})"
+        )
+    if problems:
+        result.problem = (
+            "vLLM would advertise "
+            + "; ".join(problems)
+            + ". Launched like this, the ranks pass NCCL init and then wait forever in vLLM's message queue "
+            "(shm_broadcast wait_until_ready)."
+            + (f" The nodes do reach each other at {', '.join(reachable)}." if reachable else "")
+            + " Fix: "
+            + _fix(facts, reached)
+            + "."
+        )
+    else:
+        result.summary = "every peer reaches " + ", ".join(f"node{f.rank} {f.address}:{port}" for f in facts)
+    return result
+
+
+def _fix(facts: Sequence[NodeFacts], reached: dict[tuple[int, str], bool]) -> str:
+    """--interface NAME when one interface name is reachable on every node, else per-node addresses."""
+    good: dict[int, list[tuple[str, str]]] = {}
+    for fact in facts:
+        peers = [p for p in facts if p.rank != fact.rank]
+        good[fact.rank] = [
+            (n, ip) for n, ip in _addresses(fact) if all(reached.get((p.rank, ip)) for p in peers)
+        ]
+    common = set.intersection(*(set(n for n, _ in pairs) for pairs in good.values())) if good else set()
+    if common:
+        name = sorted(common)[0]
+        return f"pass --interface {name} {ENV_FIX}"
+    if all(good.values()):
+        listing = ",".join(f"NODE{rank}={pairs[0][1]}" for rank, pairs in sorted(good.items()))
+        return f"give each node its link address in --nodes ({listing}) {ENV_FIX}"
+    return "connect the nodes on one link (e.g. the ConnectX-7 cable) and give it addresses on one subnet"

@@ -1,0 +1,84 @@
+"""Session fixtures for the cluster and serve tests: the real vLLM image, and two namespaced nodes holding it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import DOCKER, DOCKERD, TestCluster, remove_stale, sh
+
+# Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
+VLLM_REF = "sparkforge-run-test/cluster:vllm"
+TIMINGS: dict[str, float] = {}  # set-up figures, printed by the tests and recorded in benchmarks/cluster.md
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("SPARKFORGE_REQUIRE_ENGINE") == "1":
+        pytest.fail(f"SPARKFORGE_REQUIRE_ENGINE=1 but {reason}")  # CI must not pass by skipping
+    pytest.skip(reason)
+
+
+def _missing_tools() -> list[str]:
+    return [t for t in ("ip", "nsenter", "/usr/sbin/sshd", "ssh-keygen", DOCKERD) if not shutil.which(t)]
+
+
+@pytest.fixture(scope="session")
+def vllm_image(
+    base_amd64: str, canary_secrets: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The CI recipe's real vLLM 0.33.0 image (a cached rebuild when another test built it), under a test tag."""
+    from sparkforge.build import BuildOptions, build
+    from sparkforge.recipe import REPO_ROOT, load_recipe
+
+    ca, token = canary_secrets
+    options = BuildOptions(
+        platform="linux/amd64",
+        base_image=base_amd64,
+        ca_bundle=ca,
+        secrets=(f"id=hf_token,src={token}",),
+        tags=(VLLM_REF,),
+        verify=False,
+        gpus="none",
+        preflight=False,
+        log_root=tmp_path_factory.mktemp("run-build") / "logs",
+    )
+    start = time.monotonic()
+    build(load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")), options)
+    TIMINGS["image_build_s"] = time.monotonic() - start
+    yield VLLM_REF
+    sh(DOCKER, "rmi", VLLM_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
+
+
+@pytest.fixture(scope="session")
+def two_nodes(vllm_image: str) -> Iterator[TestCluster]:
+    """Two namespaced nodes holding the real image: streamed once into node a, node b shares its store."""
+    from sparkforge.commands import Command
+    from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
+
+    missing = _missing_tools()
+    if missing:
+        _skip_or_fail(
+            f"the namespaced test cluster needs {', '.join(missing)} (apt: iproute2 util-linux openssh-server)"
+        )
+    remove_stale()
+    cluster = TestCluster.create(2)
+    try:
+        a, b = cluster.nodes
+        cluster.start_engine(a)
+        start = time.monotonic()
+        size = distribute_image(Command((DOCKER,)), vllm_image, [NodeEngine(parse_node(a.url))])
+        TIMINGS["stream_load_s"], TIMINGS["image_gb"] = time.monotonic() - start, size / 1e9
+        cluster.stop_engine(a)
+        start = time.monotonic()
+        cluster.clone_store(a, b)
+        TIMINGS["clone_s"] = time.monotonic() - start
+        cluster.start_engine(a)
+        cluster.start_engine(b)
+        yield cluster
+    finally:
+        cluster.close()
+        print(f"\ncluster set-up timings: {TIMINGS}")

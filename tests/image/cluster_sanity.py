@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""The cluster doctor's in-image helper: runs on each node, inside the image that will serve, with its torch/vLLM.
+
+Modes (one JSON object per line on stdout, each with an "event" key, so the doctor can follow a rank's progress):
+  probe [--listen PORT]  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions;
+                         then, with --listen, accept connections on every address at PORT until killed
+  listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
+  connect HOST:PORT...   try each address once with a short timeout
+  sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
+                         where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
+Standard library + what the image ships. The doctor passes this file's text with `python3 -c`, so it also
+runs on images built before it existed; it is the same script the GPU machine runs with torchrun-free ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+
+def emit(event: str, **fields: object) -> None:
+    print(json.dumps({"event": event, "t": round(time.time(), 3), **fields}), flush=True)
+
+
+# ---- probe ------------------------------------------------------------------------------------------
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _default_route_interface() -> str | None:
+    try:
+        with open("/proc/net/route") as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            return fields[0]
+    return None
+
+
+def interfaces() -> list[dict[str, object]]:
+    out = []
+    default = _default_route_interface()
+    for name in sorted(os.listdir("/sys/class/net")):
+        try:
+            with open(f"/sys/class/net/{name}/mtu") as handle:
+                mtu = int(handle.read())
+            with open(f"/sys/class/net/{name}/operstate") as handle:
+                state = handle.read().strip()
+        except OSError:
+            continue
+        out.append(
+            {
+                "name": name,
+                "ipv4": _ipv4_of(name),
+                "mtu": mtu,
+                "state": state,
+                "default_route": name == default,
+            }
+        )
+    return out
+
+
+def infiniband() -> dict[str, list[str]]:
+    """RDMA devices (NCCL_IB_HCA names) and the network interfaces they carry."""
+    found: dict[str, list[str]] = {}
+    root = "/sys/class/infiniband"
+    for hca in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        net = f"{root}/{hca}/device/net"
+        found[hca] = sorted(os.listdir(net)) if os.path.isdir(net) else []
+    return found
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, object]:
+    """From package metadata and torch/version.py: importing torch here would cost seconds per node."""
+    import importlib.util
+    import re
+
+    found: dict[str, object] = {"python": sys.version.split()[0], "torch": _dist_version("torch")}
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as handle:
+                match = re.search(r"^cuda(?:: \S+)? = '([^']*)'", handle.read(), re.M)
+            found["cuda"] = match.group(1) if match else None
+        except OSError:
+            found["cuda"] = None
+    nccl = [v for v in (_dist_version(f"nvidia-nccl-cu{m}") for m in (13, 12)) if v]
+    found["nccl"] = nccl[0] if nccl else None
+    found["vllm"] = _dist_version("vllm")
+    found["ray"] = _dist_version("ray")
+    found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
+    return found
+
+
+def probe(listen_port: int | None) -> int:
+    try:
+        from vllm.utils.network_utils import get_ip  # vLLM's own choice of the address it advertises
+    except ImportError:
+        emit("probe", error="vLLM is not importable in this image: vllm.utils.network_utils.get_ip missing")
+        return 2
+    chosen = get_ip()
+    source = "VLLM_HOST_IP" if os.environ.get("VLLM_HOST_IP") else "default route (auto-picked)"
+    found = interfaces()
+    emit(
+        "probe",
+        ip=chosen,
+        ip_source=source,
+        interfaces=found,
+        infiniband=infiniband(),
+        versions=versions(),
+        hostname=socket.gethostname(),
+    )
+    if listen_port is None:
+        return 0
+    # Stay up as this node's reach listener: peers dial every address here on the launch port.
+    addresses = [f"{i['ipv4']}:{listen_port}" for i in found if i["ipv4"] and i["name"] != "lo"]
+    return listen(addresses)
+
+
+# ---- reachability ---------------------------------------------------------------------------------
+
+
+def listen(addresses: list[str]) -> int:
+    servers = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind((host, int(port)))
+        except OSError as exc:
+            emit("listen-failed", address=address, error=str(exc))
+            return 3
+        server.listen(16)
+        server.setblocking(False)
+        servers.append(server)
+    emit("listening", addresses=addresses)
+    while True:
+        for server in servers:
+            try:
+                conn, peer = server.accept()
+            except BlockingIOError:
+                continue
+            host, port = server.getsockname()[:2]
+            emit("accepted", address=f"{host}:{port}", peer=peer[0])
+            conn.close()
+        time.sleep(0.05)
+
+
+def connect(targets: list[str], timeout: float) -> int:
+    import threading
+
+    failed = []
+
+    def attempt(target: str) -> None:
+        host, _, port = target.rpartition(":")
+        start = time.monotonic()
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                emit("reached", target=target, seconds=round(time.monotonic() - start, 3))
+        except OSError as exc:
+            failed.append(target)
+            error = f"{exc.__class__.__name__}: {exc}"
+            emit("unreachable", target=target, error=error, seconds=round(time.monotonic() - start, 3))
+
+    threads = [threading.Thread(target=attempt, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    emit("connected", failed=len(failed))
+    return 0
+
+
+# ---- sanity ---------------------------------------------------------------------------------------
+
+
+def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: bool, local_rank: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    timeout = dt.timedelta(seconds=timeout_s)
+    emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
+    start = time.monotonic()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=timeout
+    )
+    emit("done", stage="rendezvous", rank=rank, seconds=round(time.monotonic() - start, 3))
+
+    emit("stage", stage="gloo-allreduce", rank=rank)
+    start = time.monotonic()
+    data = torch.ones(128)
+    dist.all_reduce(data)
+    if not torch.allclose(data, torch.full_like(data, world)):
+        emit("failed", stage="gloo-allreduce", rank=rank, got=float(data.mean()))
+        return 1
+    emit(
+        "done",
+        stage="gloo-allreduce",
+        rank=rank,
+        seconds=round(time.monotonic() - start, 3),
+        mean=float(data.mean()),
+    )
+
+    use_nccl = nccl == "yes" or (nccl == "auto" and torch.cuda.is_available())
+    if use_nccl:
+        emit("stage", stage="nccl-allreduce", rank=rank)
+        start = time.monotonic()
+        torch.cuda.set_device(local_rank)
+        group = dist.new_group(backend="nccl", timeout=timeout)
+        data = torch.ones(128, device="cuda")
+        dist.all_reduce(data, group=group)
+        torch.cuda.synchronize()
+        ok = torch.allclose(data, torch.full_like(data, world))
+        size = 1 << 26  # 256 MiB of float32: a bandwidth figure beside the correctness check
+        big = torch.ones(size, device="cuda")
+        dist.all_reduce(big, group=group)
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        for _ in range(5):
+            dist.all_reduce(big, group=group)
+        torch.cuda.synchronize()
+        per = (time.monotonic() - t0) / 5
+        busbw = 2 * (world - 1) / world * size * 4 / per / 1e9
+        emit(
+            "done" if ok else "failed",
+            stage="nccl-allreduce",
+            rank=rank,
+            seconds=round(time.monotonic() - start, 3),
+            mean=float(data.mean()),
+            allreduce_256MiB_s=round(per, 5),
+            busbw_GBps=round(busbw, 2),
+            nccl=".".join(str(p) for p in torch.cuda.nccl.version()),
+        )
+        if not ok:
+            return 1
+    else:
+        emit("skipped", stage="nccl-allreduce", rank=rank, reason="no GPU in this container")
+
+    if mq:
+        emit("stage", stage="message-queue", rank=rank)
+        start = time.monotonic()
+        try:
+            from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+        except ImportError:
+            emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
+            mq = False
+    if mq:
+        # vLLM's own construction: the writer advertises get_ip() (VLLM_HOST_IP or the default-route address).
+        queue = MessageQueue.create_from_process_group(dist.group.WORLD, 1 << 20, 2, writer_rank=0)
+        ready = round(time.monotonic() - start, 3)
+        if rank == 0:
+            queue.enqueue({"hello": "from rank 0", "world": world})
+            received = None
+        else:
+            received = queue.dequeue(timeout=timeout_s)
+            if received != {"hello": "from rank 0", "world": world}:
+                emit("failed", stage="message-queue", rank=rank, got=repr(received))
+                return 1
+        address = getattr(queue.handle, "remote_subscribe_addr", None)
+        emit(
+            "done",
+            stage="message-queue",
+            rank=rank,
+            seconds=round(time.monotonic() - start, 3),
+            ready_s=ready,
+            remote_subscribe_addr=address,
+        )
+        dist.barrier()
+    dist.destroy_process_group()
+    emit("finished", rank=rank)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cluster_sanity")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p_probe = sub.add_parser("probe")
+    p_probe.add_argument(
+        "--listen", type=int, help="then accept TCP connections on every address at this port"
+    )
+    p_listen = sub.add_parser("listen")
+    p_listen.add_argument("addresses", nargs="+", help="HOST:PORT to accept connections on")
+    p_connect = sub.add_parser("connect")
+    p_connect.add_argument("targets", nargs="+")
+    p_connect.add_argument("--timeout", type=float, default=3.0)
+    p_sanity = sub.add_parser("sanity")
+    p_sanity.add_argument("--rank", type=int, required=True)
+    p_sanity.add_argument("--world", type=int, required=True)
+    p_sanity.add_argument("--master", required=True, help="HOST:PORT of rank 0's rendezvous")
+    p_sanity.add_argument("--timeout", type=float, default=45.0)
+    p_sanity.add_argument("--nccl", choices=["auto", "yes", "no"], default="auto")
+    p_sanity.add_argument("--no-mq", action="store_true")
+    p_sanity.add_argument("--local-rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.mode == "probe":
+        return probe(args.listen)
+    if args.mode == "listen":
+        return listen(args.addresses)
+    if args.mode == "connect":
+        return connect(args.targets, args.timeout)
+    return sanity(
+        args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank
+    )
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception as exc:  # a crash is evidence: the doctor shows it as the rank's last line
+        emit("crashed", error=f"{exc.__class__.__name__}: {exc}")
+        raise
