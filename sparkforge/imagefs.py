@@ -21,6 +21,17 @@ from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
+# Never ELF or fatbin: the kernel audit does not open these (two thirds of a vLLM image's 100k files).
+TEXT_SUFFIXES = frozenset(
+    ".py .pyc .pyi .pyx .pxd .h .hpp .hxx .cuh .inl .c .cc .cpp .cu .txt .md .rst .json .yaml .yml .toml .cfg "
+    ".ini .html .js .css .csv .typed .jinja .j2 .mo .po .pem .sh .bc .ll .mlir .td .cmake .xml .svg .png".split()
+)
+
+
+def may_carry_device_code(path: str) -> bool:
+    """False for files whose suffix says source or text; the audit opens only the rest."""
+    name = path.rsplit("/", 1)[-1]
+    return "." not in name or name[name.rindex(".") :] not in TEXT_SUFFIXES
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +42,8 @@ class LayerFile:
     source: Path
     size: int
     layer: int  # index into ImageTree.layers, bottom = 0
+    inode: tuple[int, int] = (0, 0)  # (device, inode) on this host
+    links: int = 1
 
 
 @dataclass(frozen=True)
@@ -64,15 +77,18 @@ def _is_opaque(path: str) -> bool:
         return False
 
 
-def _drop(visible: dict[str, LayerFile], path: str) -> None:
-    """Remove `path` and everything below it from the merged view (a whiteout or an opaque directory)."""
+def _drop(visible: dict[str, LayerFile], dirs: set[str], path: str) -> None:
+    """Remove `path` and, when it was a directory, everything below it (a whiteout or an opaque directory)."""
     visible.pop(path, None)
-    prefix = path + "/"
-    for key in [k for k in visible if k.startswith(prefix)]:
-        del visible[key]
+    if path in dirs:
+        prefix = path + "/"
+        for key in [k for k in visible if k.startswith(prefix)]:
+            del visible[key]
+        dirs.difference_update([d for d in dirs if d.startswith(prefix)])
+        dirs.discard(path)
 
 
-def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile]) -> tuple[int, int]:
+def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile], dirs: set[str]) -> tuple[int, int]:
     """Apply one layer's directory to the merged view; returns (files, bytes) it writes."""
     files = size = 0
     stack = [("", str(root))]
@@ -89,36 +105,39 @@ def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile]) -> tuple[
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
-                if _is_opaque(entry.path):
-                    _drop(visible, rel)
-                elif rel in visible:
-                    del visible[rel]  # a directory replacing a lower file
+                if rel in dirs and _is_opaque(entry.path):  # opaque matters only over a lower directory
+                    _drop(visible, dirs, rel)
+                visible.pop(rel, None)  # a directory replacing a lower file
+                dirs.add(rel)
                 stack.append((rel, entry.path))
             elif stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
-                _drop(visible, rel)  # overlayfs whiteout: deleted by this layer
+                _drop(visible, dirs, rel)  # overlayfs whiteout: deleted by this layer
             else:
-                _drop(visible, rel)
+                _drop(visible, dirs, rel)
                 if stat.S_ISREG(info.st_mode):
                     files += 1
                     size += info.st_size
-                    visible[rel] = LayerFile(rel, Path(entry.path), info.st_size, index)
+                    visible[rel] = LayerFile(
+                        rel, Path(entry.path), info.st_size, index, (info.st_dev, info.st_ino), info.st_nlink
+                    )
     return files, size
 
 
 def read_layers(layers: Sequence[Path], subject: str) -> ImageTree:
     """Merge layer directories (bottom to top, overlayfs rules) into the image's visible regular files."""
     visible: dict[str, LayerFile] = {}
+    dirs: set[str] = set()
     written: list[tuple[int, int]] = []
     for index, layer in enumerate(layers):
-        written.append(_walk_layer(index, layer, visible))
+        written.append(_walk_layer(index, layer, visible, dirs))
     seen: set[tuple[int, int]] = set()
     files: list[LayerFile] = []
     for path in sorted(visible):
         item = visible[path]
-        info = item.source.stat()
-        if (info.st_dev, info.st_ino) in seen:
-            continue  # a hard link: the export lists it as a link, not as a second file
-        seen.add((info.st_dev, info.st_ino))
+        if item.links > 1:
+            if item.inode in seen:
+                continue  # a hard link: the export lists it as a link, not as a second file
+            seen.add(item.inode)
         files.append(item)
     shown = [0] * len(layers)
     for item in files:
@@ -150,7 +169,9 @@ def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "au
             "permission); fix: run as root on the engine's host, or use the export reader"
         )
     if tree is not None:
-        report = audit_files([(f.path, f.source) for f in tree.files], ref, gpu=gpu, require=require)
+        wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path)]
+        report = audit_files(wanted, ref, gpu=gpu, require=require)
+        report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
     else:
         with engine.ExportedFilesystem(ref) as stream:
             report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require)

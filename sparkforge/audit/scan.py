@@ -271,4 +271,6 @@ def audit_files(
     target = parse_target(gpu)
     start = time.monotonic()
     result = scan_files(files, workers or default_workers())
-    return build_report(subject, target, result.files, require, result.files_scanned, time.monotonic() - start)
+    return build_report(
+        subject, target, result.files, require, result.files_scanned, time.monotonic() - start
+    )

@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import checks_fp8
+import checks_jit
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 
@@ -207,6 +208,7 @@ def main() -> int:
         ("registry", check_registry),
         ("versions", check_versions),
         *checks_fp8.CHECKS,
+        *checks_jit.CHECKS,
         ("serve", check_serve),
     ]
     results = [_check(name, fn, lock) for name, fn in suite if not args.only or name in args.only]
