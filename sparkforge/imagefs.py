@@ -91,6 +91,7 @@ def _drop(visible: dict[str, LayerFile], dirs: set[str], path: str) -> None:
 def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile], dirs: set[str]) -> tuple[int, int]:
     """Apply one layer's directory to the merged view; returns (files, bytes) it writes."""
     files = size = 0
+    inodes: set[int] = set()  # a hard link's bytes are in the layer once
     stack = [("", str(root))]
     while stack:
         rel_dir, real_dir = stack.pop()
@@ -115,8 +116,10 @@ def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile], dirs: set
             else:
                 _drop(visible, dirs, rel)
                 if stat.S_ISREG(info.st_mode):
-                    files += 1
-                    size += info.st_size
+                    if info.st_nlink == 1 or info.st_ino not in inodes:
+                        inodes.add(info.st_ino)
+                        files += 1
+                        size += info.st_size
                     visible[rel] = LayerFile(
                         rel, Path(entry.path), info.st_size, index, (info.st_dev, info.st_ino), info.st_nlink
                     )
