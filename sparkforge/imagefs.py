@@ -23,8 +23,50 @@ from sparkforge.report import Report
 OPAQUE_XATTR = "trusted.overlay.opaque"
 # Never ELF or fatbin: the kernel audit does not open these (two thirds of a vLLM image's 100k files).
 TEXT_SUFFIXES = frozenset(
-    ".py .pyc .pyi .pyx .pxd .h .hpp .hxx .cuh .inl .c .cc .cpp .cu .txt .md .rst .json .yaml .yml .toml .cfg "
-    ".ini .html .js .css .csv .typed .jinja .j2 .mo .po .pem .sh .bc .ll .mlir .td .cmake .xml .svg .png".split()
+    [
+        ".py",
+        ".pyc",
+        ".pyi",
+        ".pyx",
+        ".pxd",
+        ".h",
+        ".hpp",
+        ".hxx",
+        ".cuh",
+        ".inl",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".cu",
+        ".txt",
+        ".md",
+        ".rst",
+        ".json",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".cfg",
+        ".ini",
+        ".html",
+        ".js",
+        ".css",
+        ".csv",
+        ".typed",
+        ".jinja",
+        ".j2",
+        ".mo",
+        ".po",
+        ".pem",
+        ".sh",
+        ".bc",
+        ".ll",
+        ".mlir",
+        ".td",
+        ".cmake",
+        ".xml",
+        ".svg",
+        ".png",
+    ]
 )
 
 
