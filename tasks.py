@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 
-from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import echo, user_errors
+from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import size as cli_size
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
@@ -319,6 +320,7 @@ ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, li
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
+ns.add_task(cli_size.size)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.configure({"run": {"echo": True}})

@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sparkforge import engine
@@ -72,12 +72,43 @@ def is_cuda(name: str) -> bool:
     return name in CUDA_TOOLS or bool(_CUDA_LIBRARY.fullmatch(name))
 
 
-def _digest(item: LayerFile) -> str:
-    sha = hashlib.sha256()
-    with item.source.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(chunk)
-    return sha.hexdigest()
+def _digest(item: LayerFile, cache: dict[Path, str]) -> str:
+    if item.source not in cache:
+        sha = hashlib.sha256()
+        with item.source.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                sha.update(chunk)
+        cache[item.source] = sha.hexdigest()
+    return cache[item.source]
+
+
+def _major(path: str) -> str | None:
+    """The soname major of a shared library path (`libcudart.so.13.0.96` -> 13), None when unversioned."""
+    match = re.search(r"\.so\.([0-9]+)", path.rsplit("/", 1)[-1])
+    return match.group(1) if match else None
+
+
+def _clusters(items: list[LayerFile], cache: dict[Path, str]) -> list[list[LayerFile]]:
+    """Copies of one library: the same soname major (or an unversioned name), or byte-identical files.
+
+    `libcudart.so.12` beside `libcudart.so.13` is two libraries (a package built for CUDA 12 needs its own);
+    `libcupti.so.2026.2.0` identical to `libcupti.so.13` is one library twice.
+    """
+
+    def same(a: LayerFile, b: LayerFile) -> bool:
+        major_a, major_b = _major(a.path), _major(b.path)
+        if major_a is None or major_b is None or major_a == major_b:
+            return True
+        return a.size == b.size and _digest(a, cache) == _digest(b, cache)
+
+    clusters: list[list[LayerFile]] = []
+    for item in items:
+        home = next((c for c in clusters if any(same(item, other) for other in c)), None)
+        if home is None:
+            clusters.append([item])
+        else:
+            home.append(item)
+    return clusters
 
 
 def duplicates(tree: ImageTree) -> list[Duplicate]:
@@ -87,21 +118,24 @@ def duplicates(tree: ImageTree) -> list[Duplicate]:
         name = library_name(item.path)
         if name is not None and item.size > 0:
             groups[name].append(item)
+    cache: dict[Path, str] = {}
     found = []
     for name, items in groups.items():
         if len(items) < 2:
             continue
-        same_size = len({i.size for i in items}) == 1
-        identical = same_size and len({_digest(i) for i in items}) == 1
-        found.append(
-            Duplicate(
-                name=name,
-                cuda=is_cuda(name),
-                paths=tuple(i.path for i in items),
-                sizes=tuple(i.size for i in items),
-                identical=identical,
+        for cluster in _clusters(items, cache):
+            if len(cluster) < 2:
+                continue
+            identical = len({i.size for i in cluster}) == 1 and len({_digest(i, cache) for i in cluster}) == 1
+            found.append(
+                Duplicate(
+                    name=name,
+                    cuda=is_cuda(name),
+                    paths=tuple(i.path for i in cluster),
+                    sizes=tuple(i.size for i in cluster),
+                    identical=identical,
+                )
             )
-        )
     return sorted(found, key=lambda d: (-d.wasted_bytes, d.name))
 
 
