@@ -99,7 +99,9 @@ def test_duplicates_flag_cuda_libraries_at_two_paths(tmp_path: Path) -> None:
     _write(layer, "venv/a.libs/libz-11111111.so.1", b"z1")
     _write(layer, "venv/b.libs/libz-22222222.so.1", b"z22")
     _write(layer, "venv/nvidia/cu13/lib/libcudart.so.13", b"cudart 13")
-    _write(layer, "venv/video.libs/libcudart-c64a25f3.so.12.3.101", b"cudart 12")  # another library: CUDA 12's
+    _write(
+        layer, "venv/video.libs/libcudart-c64a25f3.so.12.3.101", b"cudart 12"
+    )  # another library: CUDA 12's
     _write(layer, "venv/nvidia/cu13/bin/ptxas", b"p")
     (layer / "venv/triton/bin").mkdir(parents=True)
     (layer / "venv/triton/bin/ptxas").symlink_to("../../nvidia/cu13/bin/ptxas")  # a link is not a copy
