@@ -23,8 +23,9 @@ from sparkforge.imagefs import ImageTree, LayerFile, image_tree
 from sparkforge.report import Check, Report
 
 TOP = 25
-# Shared libraries: "libcublasLt.so.13.1.0.3" -> "libcublasLt"; auditwheel's "libgomp-a34b3233.so.1" -> "libgomp".
-_LIBRARY = re.compile(r"(lib[A-Za-z0-9_+]+?)(?:-[0-9a-f]{8})?\.so(?:\.[0-9.]+)?")
+# Shared libraries: "libcublasLt.so.13.1.0.3" -> "libcublasLt"; vendored copies ("libgomp-a34b3233.so.1",
+# torchvision's "libcudart.faf08d9a.so.13") -> their library.
+_LIBRARY = re.compile(r"(lib[A-Za-z0-9_+]+?)(?:[-.][0-9a-f]{8})?\.so(?:\.[0-9.]+)?")
 # CUDA's own libraries and tools (driver libraries come from the host and must not be in the image at all).
 _CUDA_LIBRARY = re.compile(
     r"lib(cuda|cudart|cublas|cublasLt|cudnn\w*|cufft\w*|cufile\w*|curand|cusolver\w*|cusparse\w*|nccl|nvrtc\w*|"

@@ -7,7 +7,8 @@ and ship it twice. Every rule keeps what runs on the target: verify's kernel aud
   - CUDA-12 builds of packages that ship one per CUDA major, on a CUDA 13 image (they are never loaded);
   - Triton's bundled ptxas, replaced by a link to the image's toolkit (--toolkit): one ptxas that knows sm_121a;
   - Triton's profiler copies of CUPTI, linked to the CUDA wheels' copy; static archives nothing links against;
-  - identical files at several paths, hard-linked (one copy in the layer);
+  - identical files at several paths, hard-linked (one copy in the layer), or linked to a lower layer's copy;
+  - with --toolkit: the link-time layout nvcc-driven JITs expect (lib64, libcudart.so, a libcuda stub);
   - with --strip: local symbols and debug sections of shared libraries (the dynamic symbols, which loading,
     dlsym and in-process backtraces use, stay), as Debian's packages do.
 """
@@ -94,26 +95,69 @@ def link_cupti(site: Path, since: float, log: dict[str, int]) -> None:
                 link(path, match[0], "Triton's CUPTI copies", log)
 
 
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
 def dedupe(root: Path, since: float, log: dict[str, int]) -> None:
-    by_size: dict[int, list[Path]] = defaultdict(list)
-    for path in files(root, since):
+    """Identical files: hard-linked within this step; linked to a lower layer's copy when one exists there."""
+    new: dict[int, list[Path]] = defaultdict(list)
+    old: dict[int, list[Path]] = defaultdict(list)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         size = path.stat().st_size
         if size >= MIN_DEDUPE:
-            by_size[size].append(path)
-    for paths in by_size.values():
-        if len(paths) < 2:
+            (new if changed(path, since) else old)[size].append(path)
+    for size, paths in new.items():
+        if len(paths) + len(old.get(size, ())) < 2:
             continue
         by_hash: dict[str, list[Path]] = defaultdict(list)
+        for path in old.get(size, ()):
+            by_hash[_sha256(path)].append(path)
+        lower = {digest for digest in by_hash}
         for path in paths:
-            by_hash[hashlib.sha256(path.read_bytes()).hexdigest()].append(path)
-        for same in by_hash.values():
+            by_hash[_sha256(path)].append(path)
+        for digest, same in by_hash.items():
             first = same[0]
             for other in same[1:]:
-                if other.stat().st_ino == first.stat().st_ino:
+                if other.stat().st_ino == first.stat().st_ino or not changed(other, since):
                     continue
                 other.unlink()
-                os.link(first, other)
-                log["identical copies"] += first.stat().st_size
+                if digest in lower:  # a hard link cannot reach a lower layer; a relative link can
+                    other.symlink_to(os.path.relpath(first, other.parent))
+                else:
+                    os.link(first, other)
+                log["identical copies"] += size
+
+
+def toolkit_layout(toolkit: Path, log: dict[str, int]) -> None:
+    """What nvcc-driven JITs link with, in the CUDA wheels' tree: lib64, libcudart.so, a libcuda stub.
+
+    FlashInfer links its JIT modules with -L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda. The stub
+    is an empty shared object named libcuda.so.1, as NVIDIA's stub is for linking only: at run time the
+    driver's own libcuda.so.1, mounted by the NVIDIA container runtime, resolves every symbol.
+    """
+    if not (toolkit / "bin" / "nvcc").exists():
+        return
+    lib64 = toolkit / "lib64"
+    if not lib64.exists():
+        lib64.symlink_to("lib")
+    for versioned in sorted((toolkit / "lib").glob("libcudart.so.[0-9]*")):
+        dev = toolkit / "lib" / "libcudart.so"
+        if not dev.exists():
+            dev.symlink_to(versioned.name)
+    stub = toolkit / "lib" / "stubs" / "libcuda.so"
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if not stub.exists() and compiler:
+        stub.parent.mkdir(exist_ok=True)
+        subprocess.run(
+            [compiler, "-shared", "-x", "c", "/dev/null", "-Wl,-soname,libcuda.so.1", "-o", str(stub)],
+            check=True,
+        )
+        log["toolkit link layout (added)"] += 0
 
 
 def is_elf(path: Path) -> bool:
@@ -150,6 +194,7 @@ def main() -> int:
     drop_other_cuda_majors(args.site, args.cuda.split(".")[0], since, log)
     if args.toolkit is not None:
         link_triton_tools(args.site, args.toolkit, since, log)
+        toolkit_layout(args.toolkit, log)
     link_cupti(args.site, since, log)
     if args.strip:
         strip(args.site, since, log)  # before dedupe: strip rewrites a file, which would split a hard link

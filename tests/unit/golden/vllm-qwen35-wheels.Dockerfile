@@ -55,7 +55,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && /opt/sparkforge/bin/with-ca pip install torch==2.14.0 \
  && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
 COPY constraints.txt /opt/sparkforge/constraints.txt
-# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
+# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer. nvcc comes
+# as torch's own cuda-toolkit extra, so it matches the CUDA headers and libraries torch pins (a newer nvcc
+# than the headers fails FlashInfer's JIT: "CUDA compiler and CUDA toolkit headers are incompatible").
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     --mount=type=secret,id=hf_token \
@@ -63,7 +65,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
       transformers==5.20.2 \
       flashinfer-python==0.7.2.post1 \
-      nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm \
+      'cuda-toolkit[nvcc]' \
       vllm==0.33.0 \
  && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; } \
  && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
