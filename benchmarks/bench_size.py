@@ -11,7 +11,6 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from sparkforge import imagefs
