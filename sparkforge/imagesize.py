@@ -63,6 +63,8 @@ class Duplicate:
 def library_name(path: str) -> str | None:
     """The library a shared-object or CUDA-tool path is a copy of, or None for other files."""
     base = PurePosixPath(path).name
+    if "/stubs/" in path:
+        return None  # link-time stubs (e.g. libcuda.so for -lcuda) are never loaded
     if base in CUDA_TOOLS:
         return base
     match = _LIBRARY.fullmatch(base)

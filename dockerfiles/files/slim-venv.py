@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from collections import defaultdict
@@ -165,6 +166,26 @@ def is_elf(path: Path) -> bool:
         return handle.read(4) == b"\x7fELF"
 
 
+def loadable(path: Path) -> bool:
+    """Whether every PT_LOAD segment keeps offset and address congruent modulo its alignment.
+
+    `strip` can break that in libraries patchelf rewrote (auditwheel's vendored *.libs): the loader then
+    refuses them with "ELF load command address/offset not page-aligned".
+    """
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False  # only 64-bit little-endian ELF is checked, so only that is stripped
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for index in range(phnum):
+        kind, _, offset, vaddr, _, _, _, align = struct.unpack_from(
+            "<IIQQQQQQ", data, phoff + index * phentsize
+        )
+        if kind == 1 and align > 1 and offset % align != vaddr % align:
+            return False
+    return True
+
+
 def strip(root: Path, since: float, log: dict[str, int]) -> None:
     tool = shutil.which("strip")
     if tool is None:
@@ -172,12 +193,22 @@ def strip(root: Path, since: float, log: dict[str, int]) -> None:
             "slim-venv: --strip needs binutils' strip in the image; install binutils or set strip: false"
         )
     for path in files(root, since):
-        if ".so" not in path.name or not is_elf(path):
-            continue
+        if (
+            ".so" not in path.name
+            or path.parent.name.endswith(".libs")
+            or not is_elf(path)
+            or not loadable(path)
+        ):
+            continue  # auditwheel's vendored libraries (*.libs) were rewritten by patchelf: left as shipped
         before = path.stat().st_size
+        backup = path.with_name(path.name + ".slim-venv-orig")
+        shutil.copy2(path, backup)
         done = subprocess.run([tool, "--strip-unneeded", str(path)], capture_output=True, text=True)
-        if done.returncode != 0:
-            continue  # an ELF strip cannot rewrite is left exactly as it was
+        if done.returncode != 0 or not loadable(path):
+            os.replace(backup, path)  # strip failed or broke the layout: keep the library exactly as shipped
+            log["libraries left unstripped (strip would break them)"] += before
+            continue
+        backup.unlink()
         log["symbols and debug info"] += before - path.stat().st_size
 
 
