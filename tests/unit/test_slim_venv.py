@@ -63,3 +63,56 @@ def test_slim_venv_keeps_one_copy_and_leaves_lower_layers_alone(tmp_path: Path) 
         not old.is_symlink() and old.read_bytes() == b"older layer"
     )  # a lower layer's file is never rewritten
     assert "slim-venv: cu12 builds" in done.stdout and "identical copies" in done.stdout
+
+
+def _load_slim():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slim_venv", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_strip_keeps_libraries_loadable_and_refuses_a_broken_layout(tmp_path: Path) -> None:
+    import ctypes
+    import shutil
+    import struct
+
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None or shutil.which("strip") is None:
+        import pytest
+
+        pytest.skip("gcc and binutils' strip are needed to make and strip a real library")
+    slim = _load_slim()
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    stamp = tmp_path / "step-began"
+    stamp.touch()
+    time.sleep(0.05)
+    source = tmp_path / "answer.c"
+    source.write_text("static int hidden(void) { return 42; }\nint answer(void) { return hidden(); }\n")
+    library = site / "pkg" / "libanswer.so"
+    subprocess.run([compiler, "-g", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    before = library.stat().st_size
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--site", str(site), "--since", str(stamp), "--cuda", "13.0", "--strip"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    assert library.stat().st_size < before  # debug info and local symbols gone
+    assert ctypes.CDLL(str(library)).answer() == 42  # the dynamic symbol stays and the library loads
+    assert slim.loadable(library)
+    data = bytearray(library.read_bytes())
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for index in range(phnum):
+        at = phoff + index * phentsize
+        if struct.unpack_from("<I", data, at)[0] == 1 and struct.unpack_from("<Q", data, at + 8)[0] > 0:
+            struct.pack_into(
+                "<Q", data, at + 8, struct.unpack_from("<Q", data, at + 8)[0] + 8
+            )  # shift an offset
+            break
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(bytes(data))
+    assert not slim.loadable(broken)
