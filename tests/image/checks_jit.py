@@ -152,10 +152,13 @@ def _child(kind: str, lock: dict[str, Any], env: dict[str, str]) -> dict[str, An
         return {"ok": False, "error": f"no result within {TIMEOUT_S} s"}
     finally:
         os.unlink(handle.name)
-    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(CHILD_MARKER)), None)
-    if line is None:
-        return {"ok": False, "error": f"exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}"}
-    return dict(json.loads(line[len(CHILD_MARKER) :]))
+    result: dict[str, Any] = {}
+    for line in done.stdout.splitlines():  # a child reports what it found before the step that may abort it
+        if line.startswith(CHILD_MARKER):
+            result.update(json.loads(line[len(CHILD_MARKER) :]))
+    if "ok" not in result:
+        result.update(ok=False, error=f"exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
+    return result
 
 
 def _triton_kernel() -> Any:
@@ -184,6 +187,7 @@ def child_triton(lock: dict[str, Any]) -> dict[str, Any]:
         out["ptxas"] = {"path": tool.path, "release": tool.version}
     except RuntimeError as exc:
         return {**out, "ok": False, "error": str(exc)}
+    print(CHILD_MARKER + json.dumps(out), flush=True)  # LLVM aborts the process on a PTX/target mismatch
     signature = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     source = ASTSource(fn=_triton_kernel(), signature=signature, constexprs={"BLOCK": 128})
     try:
