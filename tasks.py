@@ -13,6 +13,7 @@ from sparkforge.cli import echo, user_errors
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
+from sparkforge.cli import size as cli_size
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
@@ -341,6 +342,7 @@ ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
+ns.add_task(cli_size.size)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import re
 import shutil
 import tarfile
@@ -362,6 +363,31 @@ def read_image_file(image: str, path: str) -> bytes | None:
             return handle.read() if handle else None
     finally:
         container.remove(force=True)
+
+
+def image_layer_dirs(ref: str) -> tuple[Path, ...] | None:
+    """The image's layer directories in the engine's own store, bottom to top, when this host can read them.
+
+    Only the overlay2 store keeps each layer as a plain directory; None for any other store, a remote engine or
+    a user without read access, and callers then fall back to exporting the filesystem.
+    """
+    driver = inspect_image(ref).get("GraphDriver") or {}
+    data = driver.get("Data") or {}
+    if driver.get("Name") != "overlay2" or not data.get("UpperDir"):
+        return None
+    lower = [Path(p) for p in str(data.get("LowerDir") or "").split(":") if p]
+    layers = (*reversed(lower), Path(data["UpperDir"]))
+    if not all(layer.is_dir() and os.access(layer, os.R_OK | os.X_OK) for layer in layers):
+        return None
+    return layers
+
+
+def image_history(ref: str) -> list[dict[str, Any]]:
+    """The engine's history of an image, newest first: `created_by` and layer `size` of each step."""
+    return [
+        {"created_by": str(e.get("CreatedBy") or ""), "size": int(e.get("Size") or 0)}
+        for e in _client().api.history(ref)
+    ]
 
 
 def tag_image(source: str, target: str) -> None:

@@ -25,6 +25,9 @@ EXPECTED_IMAGE_CHECKS: tuple[str, ...] = (
     "fp8.cutlass_scaled_mm",
     "fp8.cutlass_block",
     "fp8.linear",
+    "jit.toolchain",
+    "jit.triton",
+    "jit.flashinfer",
     "serve",
 )
 # The vLLM FP8 kernel checks that must all pass, on a GPU of the recipe's capability, for "GPU-verified".

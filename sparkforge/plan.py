@@ -126,6 +126,7 @@ def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
         "models": m.models.model_dump(mode="json"),
         "audit": m.audit.model_dump(mode="json"),
         "env": dict(m.env),
+        "runtime": m.runtime.model_dump(mode="json"),
     }
 
 
@@ -211,6 +212,8 @@ class TemplateValues:
     labels: dict[str, str]
     stages: tuple[str, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
+    cuda_major: str = ""
 
 
 def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateValues:
@@ -238,4 +241,6 @@ def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateV
         env=dict(m.env),
         labels=labels(recipe, effective),
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
+        runtime=m.runtime.model_dump(mode="json"),
+        cuda_major=m.cuda.split(".")[0],
     )

@@ -196,6 +196,19 @@ class Build(StrictModel):
     nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
 
 
+class Runtime(StrictModel):
+    jit_toolchain: bool = Field(
+        True,
+        description="ship nvcc, ptxas and CUDA headers (NVIDIA's CUDA wheels) and g++ for Triton's and "
+        "FlashInfer's serve-time JIT; without them the first JIT-compiled kernel fails on the GPU node",
+    )
+    strip: bool = Field(
+        True,
+        description="strip local symbols and debug sections from shared libraries (dynamic symbols stay, so "
+        "loading and in-process backtraces are unchanged; only offline debuggers lose names)",
+    )
+
+
 class Models(StrictModel):
     architectures: list[_pattern("identifier")] = Field(min_length=1)
     model_types: list[_pattern("model_type")] = Field(default_factory=list)
@@ -264,6 +277,7 @@ class RecipeModel(StrictModel):
     models: Models
     env: dict[_pattern("env_name"), _pattern("env_value")] = Field(default_factory=dict)
     audit: Audit = Field(default_factory=Audit)
+    runtime: Runtime = Field(default_factory=Runtime)
     publish: Publish
 
     @field_validator("env")
@@ -279,6 +293,18 @@ class RecipeModel(StrictModel):
                 "through a component instead)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _torch_index_matches_cuda(self) -> RecipeModel:
+        index = self.components.torch.index
+        match = re.search(r"/whl/(?:[a-z]+/)?cu([0-9]+)/?$", index or "")
+        expected = "cu" + self.cuda.replace(".", "")
+        if match and "cu" + match.group(1) != expected:
+            raise ValueError(
+                f"components.torch.index {index} is the cu{match.group(1)} index but the recipe's cuda is "
+                f"{self.cuda}; fix: use https://download.pytorch.org/whl/{expected} (or change cuda)"
+            )
+        return self
 
     @field_validator("platforms")
     @classmethod

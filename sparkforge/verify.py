@@ -75,7 +75,8 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
 
 def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
     """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
-    from sparkforge.audit import audit_tar_stream, audit_target
+    from sparkforge import imagefs
+    from sparkforge.audit import audit_target
 
     path = Path(target).expanduser()
     if path.exists():
@@ -84,8 +85,7 @@ def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
         raise AuditError(
             f"{target}: no such file or directory; fix: check the path (or give an image reference)"
         )
-    with engine.ExportedFilesystem(target) as stream:
-        return audit_tar_stream(stream, subject=target, gpu=gpu, require=require)
+    return imagefs.audit_image(target, gpu, require)  # the layer store when readable, else the export stream
 
 
 def check_kernels(recipe: Recipe, image: str) -> Check:

@@ -96,19 +96,23 @@ def _walk(root: Path) -> Iterator[Path]:
 
 def scan_directory(root: Path, workers: int) -> ScanResult:
     """Every file under `root` that carries device code, paths relative to `root`."""
-    paths = sorted(_walk(root))
+    return scan_files([(path.relative_to(root).as_posix(), path) for path in sorted(_walk(root))], workers)
+
+
+def scan_files(files: Sequence[tuple[str, Path]], workers: int) -> ScanResult:
+    """Every file of (reported path, path on disk) pairs that carries device code, e.g. an image's layer files."""
 
     def scan(batch: Sequence[object]) -> list[ScannedFile]:
         found = []
-        for path in batch:
-            assert isinstance(path, Path)
-            rel = path.relative_to(root).as_posix()
+        for pair in batch:
+            assert isinstance(pair, tuple)
+            rel, path = pair
             item = _scanned(rel, lambda p=path, r=rel: read_fatbin_file(p, r))
             if item is not None:
                 found.append(item)
         return found
 
-    return ScanResult(tuple(_run_batched(scan, _batches(paths, BATCH), workers)), len(paths))
+    return ScanResult(tuple(_run_batched(scan, _batches(files, BATCH), workers)), len(files))
 
 
 def parse_stream(
@@ -251,6 +255,22 @@ def audit_tar_stream(
     target = parse_target(gpu)
     start = time.monotonic()
     result = scan_tar_stream(fileobj, subject)
+    return build_report(
+        subject, target, result.files, require, result.files_scanned, time.monotonic() - start
+    )
+
+
+def audit_files(
+    files: Sequence[tuple[str, Path]],
+    subject: str,
+    gpu: str = "sm_121",
+    require: Sequence[str] = (),
+    workers: int | None = None,
+) -> Report:
+    """Kernel coverage of (reported path, path on disk) pairs, e.g. an image's files read from its layers."""
+    target = parse_target(gpu)
+    start = time.monotonic()
+    result = scan_files(files, workers or default_workers())
     return build_report(
         subject, target, result.files, require, result.files_scanned, time.monotonic() - start
     )

@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import checks_fp8
+import checks_jit
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 
@@ -255,6 +256,7 @@ SUITE: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]
     ("versions", check_versions),
     ("pip-check", check_pip),
     *checks_fp8.CHECKS,
+    *checks_jit.CHECKS,
     ("serve", check_serve),
 ]
 

@@ -40,14 +40,17 @@ def test_golden_dockerfile(name: str) -> None:
 def test_source_dockerfile_pins_everything() -> None:
     text = render_dockerfile(load_recipe("vllm-qwen35"))
     pinned = "@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
-    assert sum(line.startswith("ARG ") and pinned in line for line in text.splitlines()) == 2
+    assert sum(line.startswith("ARG ") and pinned in line for line in text.splitlines()) == 1
     assert f'dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04{pinned}"' in text
+    assert "ubuntu:24.04@sha256:" in text  # runtime: no CUDA base, the wheels carry CUDA once
     assert "--index-url https://download.pytorch.org/whl/cu130 torch==2.13.0" in text
     assert "transformers==5.17.0" in text
     assert "--commit db9527a46873454610df6dbedf79a36d6bf1a7f6" in text
     assert 'TORCH_CUDA_ARCH_LIST="12.1a"' in text
     assert "git apply --check /opt/sparkforge/patches/0001-cmake-keep-sm121-on-cuda13.patch" in text
-    assert 'TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas"' in text
+    assert 'TRITON_PTXAS_BLACKWELL_PATH="/opt/venv/cuda/bin/ptxas"' in text
+    assert "ln -s /opt/venv/lib/python3.12/site-packages/nvidia/cu13 /opt/venv/cuda" in text
+    assert "--mount=type=bind,from=build,source=/wheels" in text  # the wheel is installed, not shipped
     for stage in ("toolchain", "source", "build", "base", "runtime"):
         assert f" AS {stage}\n" in text
     assert "--mount=type=secret,id=ca" in text

@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 22ee0495bb52). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash fdae4fb53816). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
 # Stages: toolchain -> source -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -7,7 +7,7 @@
 # Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
 ARG BUILDER_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
 # Final-stage base, pinned by digest in the recipe; overridable like BUILDER_IMAGE.
-ARG RUNTIME_IMAGE="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+ARG RUNTIME_IMAGE="ubuntu:24.04@sha256:80dd3c3b9c6cecb9f1667e9290b3bc61b78c2678c02cbdae5f0fea92cc6734ab"
 
 ########################################################################################################
 # Stage toolchain: Python venv, build tools, torch 2.13.0 from the recipe's index
@@ -77,16 +77,24 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
  && ls -l /wheels
 
 ########################################################################################################
-# Stage base: the runtime OS layer: Python venv and sparkforge's helpers (also a quick smoke target)
+# Stage base: the runtime OS layer: Python venv and sparkforge's helpers (also a quick smoke target).
+# No CUDA here: torch's and vLLM's CUDA wheels carry every CUDA library once; the driver comes from the host.
 ########################################################################################################
 FROM ${RUNTIME_IMAGE} AS base
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
+COPY files/slim-venv.py /opt/sparkforge/bin/
+# g++: the host compiler nvcc drives when FlashInfer JIT-compiles a kernel at serve time.
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
-    /opt/sparkforge/bin/ensure-python && python3 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+    /opt/sparkforge/bin/ensure-python g++ && python3 -m venv /opt/venv \
+ && ln -s /opt/venv/lib/python3.12/site-packages/nvidia/cu13 /opt/venv/cuda
+ENV PATH=/opt/venv/cuda/bin:/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+# What the NVIDIA container runtime reads: which GPUs and driver parts to mount, and the driver's CUDA floor.
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility NVIDIA_REQUIRE_CUDA="cuda>=13.0"
+# Triton and FlashInfer find nvcc, ptxas and the CUDA headers here (NVIDIA's CUDA wheels, one copy).
+ENV CUDA_HOME=/opt/venv/cuda
 # Static labels only: a per-build ARG here would reach every later RUN and defeat the cache.
 LABEL \
       org.opencontainers.image.title="vllm-qwen35" \
@@ -94,7 +102,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="22ee0495bb5279c1c5362dac047f988a70069817fc6cb549b7d39c19f2e30f15" \
+      dev.sparkforge.recipe-hash="fdae4fb53816f9c4863ad6d9ed39fae844ec5794e71e4d544f30be31e7dbe5d8" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -102,30 +110,38 @@ LABEL \
       dev.sparkforge.pin.flashinfer="0.7.0.post1" \
       dev.sparkforge.pin.cuda="13.0" \
       dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6" \
-      dev.sparkforge.base.runtime="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+      dev.sparkforge.base.runtime="ubuntu:24.04@sha256:80dd3c3b9c6cecb9f1667e9290b3bc61b78c2678c02cbdae5f0fea92cc6734ab"
 
 ########################################################################################################
-# Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
+# Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite.
+# Each pip step ends with slim-venv in the same step, so what it removes never reaches a layer.
 ########################################################################################################
 FROM base AS runtime
 # torch alone first, from its own index: the biggest layer, reused when anything else changes.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
-    /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0
+    touch /tmp/step-began \
+ && /opt/sparkforge/bin/with-ca pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0 \
+ && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
 COPY constraints.txt /opt/sparkforge/constraints.txt
-COPY --from=build /wheels /opt/sparkforge/wheels
 COPY --from=build /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
-# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer.
+# Everything else under the constraints file: nothing may swap torch, transformers or flashinfer. nvcc comes
+# as torch's own cuda-toolkit extra, so it matches the CUDA headers and libraries torch pins (a newer nvcc
+# than the headers fails FlashInfer's JIT: "CUDA compiler and CUDA toolkit headers are incompatible").
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     --mount=type=secret,id=hf_token \
-    /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
+    --mount=type=bind,from=build,source=/wheels,target=/opt/sparkforge/wheels \
+    touch /tmp/step-began \
+ && /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt \
       transformers==5.17.0 \
       flashinfer-python==0.7.0.post1 \
+      'cuda-toolkit[nvcc]' \
       /opt/sparkforge/wheels/vllm-*.whl \
- && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; }
+ && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; } \
+ && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
 # Runtime environment from the recipe (each value is validated against a strict pattern).
-ENV TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" RAY_memory_usage_threshold="1.0"
+ENV TRITON_PTXAS_PATH="/opt/venv/cuda/bin/ptxas" TRITON_PTXAS_BLACKWELL_PATH="/opt/venv/cuda/bin/ptxas" RAY_memory_usage_threshold="1.0"
 COPY lock.json /opt/sparkforge/lock.json
 # Last: changing the suite reruns only this step.
 COPY image-tests/ /opt/sparkforge/image-tests/
@@ -140,7 +156,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="22ee0495bb5279c1c5362dac047f988a70069817fc6cb549b7d39c19f2e30f15" \
+      dev.sparkforge.recipe-hash="fdae4fb53816f9c4863ad6d9ed39fae844ec5794e71e4d544f30be31e7dbe5d8" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -148,5 +164,5 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       dev.sparkforge.pin.flashinfer="0.7.0.post1" \
       dev.sparkforge.pin.cuda="13.0" \
       dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6" \
-      dev.sparkforge.base.runtime="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+      dev.sparkforge.base.runtime="ubuntu:24.04@sha256:80dd3c3b9c6cecb9f1667e9290b3bc61b78c2678c02cbdae5f0fea92cc6734ab"
 ENTRYPOINT ["vllm", "serve"]

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Removes weight that buys nothing on the recipe's GPU from the files the current RUN step wrote.
+
+Runs at the end of each pip step, in the same step, so removed bytes never reach a layer. Only files changed
+since --since (ctime, which no tool can set back) are touched: rewriting a lower layer's file would copy it up
+and ship it twice. Every rule keeps what runs on the target: verify's kernel audit and JIT checks prove it.
+  - CUDA-12 builds of packages that ship one per CUDA major, on a CUDA 13 image (they are never loaded);
+  - Triton's bundled ptxas, replaced by a link to the image's toolkit (--toolkit): one ptxas that knows sm_121a;
+  - Triton's profiler copies of CUPTI, linked to the CUDA wheels' copy; static archives nothing links against;
+  - identical files at several paths, hard-linked (one copy in the layer), or linked to a lower layer's copy;
+  - with --toolkit: the link-time layout nvcc-driven JITs expect (lib64, libcudart.so, a libcuda stub);
+  - with --strip: local symbols and debug sections of shared libraries (the dynamic symbols, which loading,
+    dlsym and in-process backtraces use, stay), as Debian's packages do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+TRITON_TOOLS = {"ptxas": "ptxas", "ptxas-blackwell": "ptxas"}
+MIN_DEDUPE = 64 << 10
+
+
+def changed(path: Path, since: float) -> bool:
+    try:
+        return path.lstat().st_ctime >= since
+    except OSError:
+        return False
+
+
+def files(root: Path, since: float) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and changed(p, since))
+
+
+def remove(path: Path, why: str, log: dict[str, int]) -> None:
+    size = (
+        sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        if path.is_dir()
+        else path.stat().st_size
+    )
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    log[why] += size
+
+
+def drop_other_cuda_majors(site: Path, cuda_major: str, since: float, log: dict[str, int]) -> None:
+    other = {"13": "cu12", "12": "cu13"}.get(cuda_major)
+    if other is None:
+        return
+    for path in sorted(site.rglob(other)):
+        if path.is_dir() and changed(path, since):
+            remove(path, f"{other} builds", log)
+    pattern = re.compile(rf".*\.{other}\.cpython-[^/]*\.so")
+    for path in files(site, since):
+        if pattern.fullmatch(path.name):
+            remove(path, f"{other} builds", log)
+
+
+def link(path: Path, target: Path, why: str, log: dict[str, int]) -> None:
+    size = path.stat().st_size
+    path.unlink()
+    path.symlink_to(target)
+    log[why] += size
+
+
+def link_triton_tools(site: Path, toolkit: Path, since: float, log: dict[str, int]) -> None:
+    for bin_dir in sorted(site.glob("*triton*/backends/nvidia/bin")):
+        for name, tool in TRITON_TOOLS.items():
+            path = bin_dir / name
+            if path.is_file() and not path.is_symlink() and changed(path, since):
+                link(path, toolkit / "bin" / tool, "Triton's bundled ptxas", log)
+
+
+def link_cupti(site: Path, since: float, log: dict[str, int]) -> None:
+    cuda_lib = next(
+        (p for p in sorted(site.glob("nvidia/cu1*/lib")) if (p / "libcupti.so.13").exists()), None
+    )
+    if cuda_lib is None:
+        cuda_lib = next((p.parent for p in sorted(site.glob("nvidia/*/lib/libcupti.so*"))), None)
+    for lib_dir in sorted(site.glob("*triton*/backends/nvidia/lib/cupti*")):
+        for path in files(lib_dir, since):
+            if path.name.endswith(".a"):
+                remove(path, "static archives", log)
+                continue
+            stem = path.name.split(".so", 1)[0]
+            match = sorted(cuda_lib.glob(stem + ".so*")) if cuda_lib else []
+            if match:
+                link(path, match[0], "Triton's CUPTI copies", log)
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def dedupe(root: Path, since: float, log: dict[str, int]) -> None:
+    """Identical files: hard-linked within this step; linked to a lower layer's copy when one exists there."""
+    new: dict[int, list[Path]] = defaultdict(list)
+    old: dict[int, list[Path]] = defaultdict(list)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        size = path.stat().st_size
+        if size >= MIN_DEDUPE:
+            (new if changed(path, since) else old)[size].append(path)
+    for size, paths in new.items():
+        if len(paths) + len(old.get(size, ())) < 2:
+            continue
+        by_hash: dict[str, list[Path]] = defaultdict(list)
+        for path in old.get(size, ()):
+            by_hash[_sha256(path)].append(path)
+        lower = {digest for digest in by_hash}
+        for path in paths:
+            by_hash[_sha256(path)].append(path)
+        for digest, same in by_hash.items():
+            first = same[0]
+            for other in same[1:]:
+                if other.stat().st_ino == first.stat().st_ino or not changed(other, since):
+                    continue
+                other.unlink()
+                if digest in lower:  # a hard link cannot reach a lower layer; a relative link can
+                    other.symlink_to(os.path.relpath(first, other.parent))
+                else:
+                    os.link(first, other)
+                log["identical copies"] += size
+
+
+def toolkit_layout(toolkit: Path, log: dict[str, int]) -> None:
+    """What nvcc-driven JITs link with, in the CUDA wheels' tree: lib64, libcudart.so, a libcuda stub.
+
+    FlashInfer links its JIT modules with -L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda. The stub
+    is an empty shared object named libcuda.so.1, as NVIDIA's stub is for linking only: at run time the
+    driver's own libcuda.so.1, mounted by the NVIDIA container runtime, resolves every symbol.
+    """
+    if not (toolkit / "bin" / "nvcc").exists():
+        return
+    lib64 = toolkit / "lib64"
+    if not lib64.exists():
+        lib64.symlink_to("lib")
+    for versioned in sorted((toolkit / "lib").glob("libcudart.so.[0-9]*")):
+        dev = toolkit / "lib" / "libcudart.so"
+        if not dev.exists():
+            dev.symlink_to(versioned.name)
+    stub = toolkit / "lib" / "stubs" / "libcuda.so"
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if not stub.exists() and compiler:
+        stub.parent.mkdir(exist_ok=True)
+        subprocess.run(
+            [compiler, "-shared", "-x", "c", "/dev/null", "-Wl,-soname,libcuda.so.1", "-o", str(stub)],
+            check=True,
+        )
+        log["toolkit link layout (added)"] += 0
+
+
+def is_elf(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.read(4) == b"\x7fELF"
+
+
+def loadable(path: Path) -> bool:
+    """Whether every PT_LOAD segment keeps offset and address congruent modulo its alignment.
+
+    `strip` can break that in libraries patchelf rewrote (auditwheel's vendored *.libs): the loader then
+    refuses them with "ELF load command address/offset not page-aligned".
+    """
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False  # only 64-bit little-endian ELF is checked, so only that is stripped
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for index in range(phnum):
+        kind, _, offset, vaddr, _, _, _, align = struct.unpack_from(
+            "<IIQQQQQQ", data, phoff + index * phentsize
+        )
+        if kind == 1 and align > 1 and offset % align != vaddr % align:
+            return False
+    return True
+
+
+def strip(root: Path, since: float, log: dict[str, int]) -> None:
+    tool = shutil.which("strip")
+    if tool is None:
+        sys.exit(
+            "slim-venv: --strip needs binutils' strip in the image; install binutils or set strip: false"
+        )
+    for path in files(root, since):
+        if (
+            ".so" not in path.name
+            or path.parent.name.endswith(".libs")
+            or not is_elf(path)
+            or not loadable(path)
+        ):
+            continue  # auditwheel's vendored libraries (*.libs) were rewritten by patchelf: left as shipped
+        before = path.stat().st_size
+        backup = path.with_name(path.name + ".slim-venv-orig")
+        shutil.copy2(path, backup)
+        done = subprocess.run([tool, "--strip-unneeded", str(path)], capture_output=True, text=True)
+        if done.returncode != 0 or not loadable(path):
+            os.replace(backup, path)  # strip failed or broke the layout: keep the library exactly as shipped
+            log["libraries left unstripped (strip would break them)"] += before
+            continue
+        backup.unlink()
+        log["symbols and debug info"] += before - path.stat().st_size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--site", type=Path, required=True, help="the venv's site-packages")
+    parser.add_argument("--since", type=Path, required=True, help="stamp file touched when the step began")
+    parser.add_argument("--cuda", required=True, help="the recipe's CUDA major.minor")
+    parser.add_argument("--toolkit", type=Path, help="the image's CUDA toolkit root (JIT toolchain shipped)")
+    parser.add_argument("--strip", action="store_true")
+    args = parser.parse_args()
+    since = args.since.stat().st_mtime
+    log: dict[str, int] = defaultdict(int)
+    drop_other_cuda_majors(args.site, args.cuda.split(".")[0], since, log)
+    if args.toolkit is not None:
+        link_triton_tools(args.site, args.toolkit, since, log)
+        toolkit_layout(args.toolkit, log)
+    link_cupti(args.site, since, log)
+    if args.strip:
+        strip(args.site, since, log)  # before dedupe: strip rewrites a file, which would split a hard link
+    dedupe(args.site, since, log)
+    for why, size in sorted(log.items()):
+        print(f"slim-venv: {why}: {size / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Invoke task `size`: where an image's bytes go (by layer, largest files and packages, libraries shipped twice)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from sparkforge.cli import echo, user_errors
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:7.3f} GB"
+
+
+@task(
+    help={
+        "image": "image reference in the local engine (default: the recipe's candidate tag)",
+        "recipe": RECIPE_HELP + " (to find its candidate image)",
+        "json": "write the JSON report here",
+        "top": "how many of the largest files and packages to list",
+    }
+)
+@user_errors
+def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = 15) -> None:
+    """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
+    from sparkforge import plan
+    from sparkforge.imagesize import size_report
+    from sparkforge.recipe import load_recipe
+
+    if not image:
+        if not recipe:
+            raise Exit("sparkforge: size needs --image REF or --recipe R", code=2)
+        loaded = load_recipe(recipe)
+        image = plan.candidate_tag(loaded, loaded.model.platforms[0])
+    report = size_report(image, top=top)
+    data = report.extra["size"]
+    echo(
+        f"{image}: {_gb(data['image_bytes'])} ({data['files']} files; {_gb(data['hidden_bytes'])} hidden by later layers)"
+    )
+    for layer in data["layers"]:
+        echo(f"  layer {layer['index']:2} {_gb(layer['bytes'])}  {(layer['created_by'] or '?')[:90]}")
+    echo("largest packages:")
+    for item in data["packages"][:top]:
+        echo(f"  {_gb(item['bytes'])}  {item['name']}")
+    echo("largest files:")
+    for item in data["largest_files"][:top]:
+        echo(f"  {_gb(item['bytes'])}  {item['path']}")
+    for dup in data["duplicates"][:top]:
+        echo(
+            f"  twice{' (CUDA)' if dup['cuda'] else ''}: {dup['name']} {dup['wasted_bytes'] / 1e6:.1f} MB at {len(dup['paths'])} paths"
+        )
+    check = report.checks[0]
+    echo(f"{check.name}: {check.status.upper()} - {check.reason}")
+    if json:
+        report.write_json(Path(json))
+        echo(f"report: {json}")
+    if report.status != "passed":
+        raise Exit(f"sparkforge: size: {check.reason}", code=1)
