@@ -45,6 +45,7 @@ class BuildOptions:
     cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
     cache_to: tuple[str, ...] = ()
     preflight: bool = True
+    probe: bool = True  # source recipes: the compile probe before the full compile (sparkforge/probe)
 
 
 @dataclass
@@ -153,6 +154,9 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
     if options.preflight:
         run_preflight_gate(recipe, options, echo)
+    from sparkforge.probe.gate import probe_gate, wants_probe
+
+    probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
     platform = options.platform or recipe.model.platforms[0]
     context = render_context(recipe)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -171,6 +175,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         **parse_base_image(options.base_image),
         "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "SPARKFORGE_REVISION": _revision(),
+        **probe_args,
     }
     for component, url in options.sources.items():
         build_args[f"{component.upper()}_SOURCE_URL"] = url

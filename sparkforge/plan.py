@@ -12,7 +12,7 @@ from sparkforge.recipe import REPO_ROOT, Recipe
 
 PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
 LABEL_PREFIX = "dev.sparkforge"
-STAGES_SOURCE = ("toolchain", "source", "build", "runtime")
+STAGES_SOURCE = ("toolchain", "source", "build-env", "probe", "build", "runtime")
 STAGES_WHEEL = ("runtime",)
 
 
@@ -140,6 +140,7 @@ class TemplateValues:
     env: dict[str, str]
     labels: dict[str, str]
     stages: tuple[str, ...]
+    build: dict[str, Any] = field(default_factory=dict)  # the recipe's build section (probe, rust, cuda_wheels)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,4 +168,5 @@ def template_values(recipe: Recipe) -> TemplateValues:
         env=dict(m.env),
         labels=labels(recipe),
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
+        build=m.build.model_dump(mode="json"),
     )
