@@ -168,5 +168,5 @@ def template_values(recipe: Recipe) -> TemplateValues:
         env=dict(m.env),
         labels=labels(recipe),
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
-        build=m.build.model_dump(mode="json"),
+        build={**m.build.model_dump(mode="json"), "probe": m.build.probe_settings.model_dump(mode="json")},
     )

@@ -181,13 +181,18 @@ class Build(StrictModel):
     torch_cuda_arch_list: list[_pattern("arch")] = Field(min_length=1)
     max_jobs: StrictInt = Field(6, ge=1, le=64, description="parallel compile jobs; each nvcc job needs GBs")
     nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
-    probe: Probe = Field(default_factory=Probe, description="the compile probe (invoke probe)")
+    probe: Probe | None = Field(None, description="the compile probe (invoke probe); defaults for source recipes")
     rust: bool | None = Field(
         None, description="build vLLM's Rust extensions (vllm-rs, _rust_tool_parser); source recipes must say"
     )
     cuda_wheels: ExactVersion | None = Field(
         None, description="install CUDA's compiler from NVIDIA's PyPI cuda-toolkit wheels of this version"
     )
+
+    @property
+    def probe_settings(self) -> Probe:
+        """The probe as configured, or the defaults (DEFAULT_PROBE_SOURCES, fetch, fetch)."""
+        return self.probe or Probe()
 
 
 class Models(StrictModel):

@@ -12,7 +12,7 @@ from sparkforge.report import Check, Report
 PATCH_HINT = "patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch"
 _HINTS = (
     (
-        r"Could NOT find CUDA|CUDA cannot be found|No CMAKE_CUDA_COMPILER|Failed to find nvcc|nvcc not found",
+        r"Could NOT find CUDA|CUDA cannot be found|cannot find the CUDA|CUDA_CUDART_LIBRARY|No CMAKE_CUDA_COMPILER|Failed to find nvcc|nvcc not found",
         "the build environment has no CUDA compiler; fix: a builder image with CUDA {cuda}'s nvcc (the nvidia/cuda "
         "devel image), or build.cuda_wheels to install it from NVIDIA's PyPI wheels",
     ),

@@ -65,7 +65,7 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
             recipe, source=options.sources.get("vllm"), github_base=options.github_base, fetcher=fetcher, runner=runner
         )
         check.reason, check.details = f"vLLM {model.components.vllm.version} from {tree.origin}", tree.describe()
-    check_units(tree.root, model.build.probe.sources, f"vLLM {model.components.vllm.version} ({tree.origin})")
+    check_units(tree.root, model.build.probe_settings.sources, f"vLLM {model.components.vllm.version} ({tree.origin})")
     with tempfile.TemporaryDirectory(prefix="sparkforge-probe-") as tmp:
         scratch = Path(tmp)
         with report.timed("patches") as check:

@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d9f13db72bcd). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash f3802f5d87be). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
 # Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -27,7 +27,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="d9f13db72bcd7b12fe81733a4a5f90ca513087746bb19a98b77fb61562805f63" \
+      dev.sparkforge.recipe-hash="f3802f5d87becd8ff992edb86c4dd054d38886bf975d853c93827ac633ee74bb" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
@@ -69,7 +69,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="d9f13db72bcd7b12fe81733a4a5f90ca513087746bb19a98b77fb61562805f63" \
+      dev.sparkforge.recipe-hash="f3802f5d87becd8ff992edb86c4dd054d38886bf975d853c93827ac633ee74bb" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
