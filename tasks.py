@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 
+from sparkforge.cli import echo, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
-from sparkforge.cli import echo, user_errors
 
 if TYPE_CHECKING:
     from sparkforge.report import Report

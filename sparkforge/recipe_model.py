@@ -170,7 +170,8 @@ class Probe(StrictModel):
         description="translation units the probe compiles, relative to the vLLM source root",
     )
     externals: Literal["fetch", "omit"] = Field(
-        "fetch", description="vLLM's external projects (FlashAttention, ...): fetched, or left out (no GitHub)"
+        "fetch",
+        description="vLLM's external projects (FlashAttention, ...): fetched, or left out (no GitHub)",
     )
     cutlass: Literal["fetch", "flashinfer"] = Field(
         "fetch", description="CUTLASS: vLLM's own FetchContent, or the headers in the pinned flashinfer wheel"
@@ -181,7 +182,9 @@ class Build(StrictModel):
     torch_cuda_arch_list: list[_pattern("arch")] = Field(min_length=1)
     max_jobs: StrictInt = Field(6, ge=1, le=64, description="parallel compile jobs; each nvcc job needs GBs")
     nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
-    probe: Probe | None = Field(None, description="the compile probe (invoke probe); defaults for source recipes")
+    probe: Probe | None = Field(
+        None, description="the compile probe (invoke probe); defaults for source recipes"
+    )
     rust: bool | None = Field(
         None, description="build vLLM's Rust extensions (vllm-rs, _rust_tool_parser); source recipes must say"
     )

@@ -14,7 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT_UNIT_PEAK_GB = 10.0  # heaviest vLLM 0.31.0 SM120 CUTLASS unit measured by the probe: 9.4 GB (benchmarks/probe.md)
+DEFAULT_UNIT_PEAK_GB = (
+    10.0  # heaviest vLLM 0.31.0 SM120 CUTLASS unit measured by the probe: 9.4 GB (benchmarks/probe.md)
+)
 HEADROOM = 0.85  # leave room for the linker, Python and the page cache
 
 

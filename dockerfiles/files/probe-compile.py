@@ -106,7 +106,9 @@ def omit_externals(source: Path) -> list[str]:
     text = lists.read_text()
     names = EXTERNAL.findall(text)
     lists.write_text(
-        EXTERNAL.sub(lambda m: f'{m[1]}message(STATUS "sparkforge probe: external project {m[2]} omitted")', text)
+        EXTERNAL.sub(
+            lambda m: f'{m[1]}message(STATUS "sparkforge probe: external project {m[2]} omitted")', text
+        )
     )
     return [name for _, name in names]
 
@@ -178,7 +180,10 @@ def main() -> int:
         try:
             configure = measured(["cmake", *cmake_args(args.source, args.nvcc_threads)], args.build, log)
         except FileNotFoundError as exc:
-            configure = {"returncode": 127, "error": f"{exc.filename} is not installed in the build environment"}
+            configure = {
+                "returncode": 127,
+                "error": f"{exc.filename} is not installed in the build environment",
+            }
         output = log.read_text(errors="replace") if log.exists() else ""
         configure["messages"] = BUILDING.findall(output)
         if configure["returncode"] != 0:
@@ -190,8 +195,10 @@ def main() -> int:
     (args.out / "probe.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "units"}, indent=2)[:4000])
     for unit in result["units"]:  # type: ignore[union-attr]
-        print(f"sparkforge probe: {unit['source']}: {unit.get('gencode')} {unit.get('seconds')} s "
-              f"{unit.get('peak_tree_mb')} MB rc={unit.get('returncode')}")
+        print(
+            f"sparkforge probe: {unit['source']}: {unit.get('gencode')} {unit.get('seconds')} s "
+            f"{unit.get('peak_tree_mb')} MB rc={unit.get('returncode')}"
+        )
     return 0
 
 

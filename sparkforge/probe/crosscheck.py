@@ -86,7 +86,9 @@ def gencode_calls(lists_text: str) -> list[GencodeCall]:
     return calls
 
 
-def planned_codes(unit: str, calls: Sequence[GencodeCall], plan: dict[str, Any]) -> tuple[set[str], list[str]]:
+def planned_codes(
+    unit: str, calls: Sequence[GencodeCall], plan: dict[str, Any]
+) -> tuple[set[str], list[str]]:
     """The code targets the plan predicts for `unit`, and which plan groups said so."""
     codes: set[str] = set()
     groups: list[str] = []
@@ -98,7 +100,9 @@ def planned_codes(unit: str, calls: Sequence[GencodeCall], plan: dict[str, Any])
             groups.append(f"CUDA_ARCHS={';'.join(plan.get('cuda_archs', []))}")
             continue
         earlier = [
-            g for g in plan.get("groups", []) if g["variable"] == call.archs_variable and g["line"] < call.line
+            g
+            for g in plan.get("groups", [])
+            if g["variable"] == call.archs_variable and g["line"] < call.line
         ]
         if earlier:
             group = max(earlier, key=lambda g: g["line"])

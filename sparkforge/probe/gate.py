@@ -46,5 +46,7 @@ def probe_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None
             f"the compile probe failed ({failed}); the full compile was not started. Fix what the table above "
             f"names (objects and logs: {result.out_dir}), or build anyway with --no-probe"
         )
-    echo(f"sparkforge: probe passed; heaviest unit peaked at {result.unit_peak_mb} MB (build arg {result.unit_peak_gb} GB)")
+    echo(
+        f"sparkforge: probe passed; heaviest unit peaked at {result.unit_peak_mb} MB (build arg {result.unit_peak_gb} GB)"
+    )
     return {"SPARKFORGE_UNIT_PEAK_GB": str(result.unit_peak_gb)}

@@ -25,8 +25,14 @@ _HINTS = (
         r"Could NOT find Python|Development\.Module|Python\.h",
         "Python's headers are missing from the build environment; fix: install python3-dev in the toolchain",
     ),
-    (r"Failed to clone|Could not resolve host", "a git fetch failed (offline?); fix: network, or build.probe.externals: omit"),
-    (r"is not installed in the build environment", "a build requirement is missing; fix: add it to the toolchain stage"),
+    (
+        r"Failed to clone|Could not resolve host",
+        "a git fetch failed (offline?); fix: network, or build.probe.externals: omit",
+    ),
+    (
+        r"is not installed in the build environment",
+        "a build requirement is missing; fix: add it to the toolchain stage",
+    ),
 )
 
 
@@ -89,5 +95,7 @@ def judge_unit(report: Report, unit: dict[str, Any], model: RecipeModel, generic
             f"sm_{own.replace('.', '')}a cubins; fix: apply {PATCH_HINT}"
         )
     else:
-        check.reason = f"{kind}: {verdict} on {gpu} ({listing}; {' '.join(unit.get('gencode', []))}); {measured}"
+        check.reason = (
+            f"{kind}: {verdict} on {gpu} ({listing}; {' '.join(unit.get('gencode', []))}); {measured}"
+        )
     return check

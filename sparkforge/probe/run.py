@@ -27,7 +27,7 @@ from sparkforge.probe.crosscheck import compare, gencode_calls
 from sparkforge.probe.judge import judge_configure, judge_unit
 from sparkforge.probe.units import ProbeError, check_units
 from sparkforge.recipe import REPO_ROOT, Recipe
-from sparkforge.report import Check, Report
+from sparkforge.report import Report
 
 IMAGE_DIR = "/opt/sparkforge/probe"
 
@@ -62,15 +62,30 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
     fetcher = make_fetcher()
     with report.timed("source") as check:
         tree = resolve_upstream(
-            recipe, source=options.sources.get("vllm"), github_base=options.github_base, fetcher=fetcher, runner=runner
+            recipe,
+            source=options.sources.get("vllm"),
+            github_base=options.github_base,
+            fetcher=fetcher,
+            runner=runner,
         )
-        check.reason, check.details = f"vLLM {model.components.vllm.version} from {tree.origin}", tree.describe()
-    check_units(tree.root, model.build.probe_settings.sources, f"vLLM {model.components.vllm.version} ({tree.origin})")
+        check.reason, check.details = (
+            f"vLLM {model.components.vllm.version} from {tree.origin}",
+            tree.describe(),
+        )
+    check_units(
+        tree.root, model.build.probe_settings.sources, f"vLLM {model.components.vllm.version} ({tree.origin})"
+    )
     with tempfile.TemporaryDirectory(prefix="sparkforge-probe-") as tmp:
         scratch = Path(tmp)
         with report.timed("patches") as check:
             check_patches(
-                check, tree.root, recipe.patch_paths(), scratch, runner, subject="the pinned source", repo_root=REPO_ROOT
+                check,
+                tree.root,
+                recipe.patch_paths(),
+                scratch,
+                runner,
+                subject="the pinned source",
+                repo_root=REPO_ROOT,
             )
         if check.status == "failed":
             raise ProbeError(f"patch series: {check.reason}; nothing was built")
@@ -94,11 +109,15 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
         with report.timed("arch-plan") as check:
             plan = plan_details(plan_arches(read_text, inputs, runner))
             check.details = plan
-            check.reason = f"cmake -P: CUDA_ARCHS={';'.join(plan['cuda_archs'])}, {len(plan['groups'])} kernel groups"
+            check.reason = (
+                f"cmake -P: CUDA_ARCHS={';'.join(plan['cuda_archs'])}, {len(plan['groups'])} kernel groups"
+            )
         return {"plan": plan, "lists_text": read_text("CMakeLists.txt") or ""}
 
 
-def _build_probe_stage(recipe: Recipe, options: ProbeOptions, log_dir: Path, echo: Callable[[str], None]) -> str:
+def _build_probe_stage(
+    recipe: Recipe, options: ProbeOptions, log_dir: Path, echo: Callable[[str], None]
+) -> str:
     build_options = BuildOptions(
         platform=options.platform,
         target="probe",
@@ -145,7 +164,9 @@ def audit_object(path: Path, gpu: str) -> dict[str, Any]:
     return {"verdict": audit.verdict, "entries": audit.entries}
 
 
-def judge(recipe: Recipe, result: dict[str, Any], upstream: dict[str, Any], out_dir: Path, report: Report) -> int:
+def judge(
+    recipe: Recipe, result: dict[str, Any], upstream: dict[str, Any], out_dir: Path, report: Report
+) -> int:
     """Fill the report from the probe stage's result; returns the largest unit peak (MB)."""
     model = recipe.model
     if not judge_configure(report, result, model.cuda):
@@ -159,11 +180,15 @@ def judge(recipe: Recipe, result: dict[str, Any], upstream: dict[str, Any], out_
         generic = any(c.archs_variable == "CUDA_ARCHS" and unit["source"] in c.sources for c in calls)
         judge_unit(report, unit, model, generic)
     with report.timed("plan-vs-configure") as check:
-        problems = compare(upstream["plan"], result["configure"].get("messages", []), units, upstream["lists_text"])
+        problems = compare(
+            upstream["plan"], result["configure"].get("messages", []), units, upstream["lists_text"]
+        )
         check.details = {"disagreements": problems}
         if problems:
             check.status = "failed"
-            check.reason = "the cmake -P arch plan and vLLM's real configure disagree: " + " | ".join(problems)
+            check.reason = "the cmake -P arch plan and vLLM's real configure disagree: " + " | ".join(
+                problems
+            )
         else:
             check.reason = (
                 f"{len(upstream['plan'].get('vllm_messages', []))} kernel-group decisions and {len(units)} units' "
@@ -171,7 +196,10 @@ def judge(recipe: Recipe, result: dict[str, Any], upstream: dict[str, Any], out_
             )
     report.extra["target"] = model.gpu
     report.extra["units"] = [
-        {k: u.get(k) for k in ("source", "gencode", "verdict", "entries", "seconds", "peak_tree_mb", "peak_process_mb")}
+        {
+            k: u.get(k)
+            for k in ("source", "gencode", "verdict", "entries", "seconds", "peak_tree_mb", "peak_process_mb")
+        }
         for u in units
     ]
     return max((int(u.get("peak_tree_mb") or 0) for u in units), default=0)
@@ -196,4 +224,3 @@ def run_probe(recipe: Recipe, options: ProbeOptions, *, echo: Callable[[str], No
     peak = judge(recipe, result, upstream, out_dir, report)
     report.extra["objects"] = str(out_dir)
     return ProbeResult(report, out_dir, peak)
-

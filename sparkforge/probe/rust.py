@@ -26,7 +26,9 @@ _LIST_SCRIPT = (
 
 def judge_rust(recipe: Recipe, present: Sequence[str]) -> Check:
     """Compare the Rust artifacts found in the vllm package with the recipe's build.rust."""
-    check = Check("rust-extensions", "passed", details={"build.rust": recipe.model.build.rust, "found": list(present)})
+    check = Check(
+        "rust-extensions", "passed", details={"build.rust": recipe.model.build.rust, "found": list(present)}
+    )
     wanted = recipe.model.build.rust
     if wanted is None:
         check.status = "skipped"
@@ -60,5 +62,7 @@ def check_rust_extensions(recipe: Recipe, image: str) -> Check:
         return judge_rust(recipe, [])
     run = engine.run_container(image, ["-c", _LIST_SCRIPT], entrypoint=["python3"], timeout_s=300)
     if run.exit_code != 0:
-        return Check("rust-extensions", "failed", f"could not list the vllm package in {image}: {run.stderr[-500:]}")
+        return Check(
+            "rust-extensions", "failed", f"could not list the vllm package in {image}: {run.stderr[-500:]}"
+        )
     return judge_rust(recipe, json.loads(run.stdout.strip().splitlines()[-1]))

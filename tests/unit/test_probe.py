@@ -4,6 +4,7 @@ the recipe model, the in-image scripts (MAX_JOBS cap, configure arguments) and t
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,9 @@ def test_plan_predicts_sm121a_with_the_patch_and_sm120f_without(patched_tree, sd
     patched, _ = planned_codes(FP8, gencode_calls(lists), _plan(patched_tree))
     assert patched == {"sm_121a"}
     upstream = sdist_0310.tree()
-    plain, groups = planned_codes(FP8, gencode_calls((upstream / "CMakeLists.txt").read_text()), _plan(upstream))
+    plain, groups = planned_codes(
+        FP8, gencode_calls((upstream / "CMakeLists.txt").read_text()), _plan(upstream)
+    )
     assert plain == {"sm_120f"}, groups
     generic, _ = planned_codes(GENERIC, gencode_calls(lists), _plan(upstream))
     assert generic == {"sm_120"}
@@ -111,18 +114,20 @@ def test_a_configure_that_disagrees_with_the_plan_is_named_on_both_sides(patched
 # ---- recipe ----------------------------------------------------------------------------------------------
 def test_source_recipes_must_state_the_rust_decision(write_recipe):
     path = write_recipe("build:\n  torch_cuda_arch_list: ['12.1a']\n  rust: null\n")
-    with pytest.raises(RecipeError, match="build.rust is not set; fix: state build.rust: false"):
+    with pytest.raises(RecipeError, match=re.escape("build.rust is not set; fix: state build.rust: false")):
         load_recipe(path)
 
 
 def test_cuda_wheels_must_match_the_recipe_cuda(write_recipe):
-    with pytest.raises(RecipeError, match="build.cuda_wheels 12.9.1 is not CUDA 13.0"):
+    with pytest.raises(RecipeError, match=re.escape("build.cuda_wheels 12.9.1 is not CUDA 13.0")):
         load_recipe(write_recipe("build:\n  torch_cuda_arch_list: ['12.1a']\n  cuda_wheels: 12.9.1\n"))
 
 
 def test_probe_sources_are_held_to_a_path_pattern(write_recipe):
     with pytest.raises(RecipeError, match="csrc/"):
-        load_recipe(write_recipe("build:\n  torch_cuda_arch_list: ['12.1a']\n  probe:\n    sources: ['../x.cu']\n"))
+        load_recipe(
+            write_recipe("build:\n  torch_cuda_arch_list: ['12.1a']\n  probe:\n    sources: ['../x.cu']\n")
+        )
 
 
 def test_the_rust_decision_is_in_the_lock():
@@ -135,7 +140,10 @@ def test_rust_check_follows_the_recipe():
     recipe = load_recipe("vllm-qwen35")
     assert judge_rust(recipe, []).status == "passed"
     failed = judge_rust(recipe, ["_rust_tool_parser.abi3.so"])
-    assert failed.status == "failed" and "build.rust is false but the image has _rust_tool_parser" in failed.reason
+    assert (
+        failed.status == "failed"
+        and "build.rust is false but the image has _rust_tool_parser" in failed.reason
+    )
     assert judge_rust(load_recipe("vllm-qwen35-wheels"), []).status == "skipped"
 
 
@@ -161,7 +169,12 @@ def test_configure_arguments_are_setup_pys(monkeypatch, tmp_path):
     probe = _script("probe-compile.py")
     monkeypatch.setenv("CMAKE_ARGS", "-DCUTLASS_INCLUDE_DIR=/c/include")
     args = probe.cmake_args(tmp_path, 2)
-    for expected in ("-G", "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DNVCC_THREADS=2", "-DCUTLASS_INCLUDE_DIR=/c/include"):
+    for expected in (
+        "-G",
+        "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+        "-DNVCC_THREADS=2",
+        "-DCUTLASS_INCLUDE_DIR=/c/include",
+    ):
         assert expected in args
     assert f"-DFETCHCONTENT_BASE_DIR={tmp_path / '.deps'}" in args
 
