@@ -140,7 +140,8 @@ class TemplateValues:
     env: dict[str, str]
     labels: dict[str, str]
     stages: tuple[str, ...]
-    build: dict[str, Any] = field(default_factory=dict)  # the recipe's build section (probe, rust, cuda_wheels)
+    # The recipe's build section (probe settings filled in, rust, cuda_wheels).
+    build: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
