@@ -188,3 +188,16 @@ def test_omitting_externals_keeps_every_vllm_target(sdist_0310, tmp_path):
     assert {"vllm_flash_attn", "flashmla", "deepgemm", "triton_kernels"} <= set(omitted)
     assert "external_projects/" not in after.replace("# ", "")
     assert after.count("define_extension_target(") == before.count("define_extension_target(")
+
+
+def test_build_runs_the_probe_only_before_compiling_a_source_recipe():
+    from sparkforge.build import BuildOptions
+    from sparkforge.probe.gate import wants_probe
+
+    source, wheels = load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")
+    assert wants_probe(source, BuildOptions())
+    assert wants_probe(source, BuildOptions(target="build"))
+    assert not wants_probe(source, BuildOptions(probe=False))
+    assert not wants_probe(source, BuildOptions(target="source"))
+    assert not wants_probe(source, BuildOptions(dry=True))
+    assert not wants_probe(wheels, BuildOptions())
