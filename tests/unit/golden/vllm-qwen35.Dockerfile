@@ -80,8 +80,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 ########################################################################################################
 FROM build-env AS probe
 COPY files/probe-compile.py /opt/sparkforge/bin/
+# Always a real compile (what is measured sizes the build's MAX_JOBS), still stored in ccache for the build.
 RUN --mount=type=cache,target=/root/.cache/ccache \
-    python3 /opt/sparkforge/bin/probe-compile.py --source /workspace/vllm --build /workspace/vllm/build/probe \
+    CCACHE_RECACHE=1 python3 /opt/sparkforge/bin/probe-compile.py --source /workspace/vllm --build /workspace/vllm/build/probe \
       --out /opt/sparkforge/probe --nvcc-threads 2 \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_blockwise_sm120_fp8.cu \
