@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
+from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, user_errors
 from sparkforge.cli import probe as cli_probe
@@ -150,8 +151,11 @@ def build(
     from sparkforge.build import BuildOptions, parse_sources
     from sparkforge.build import build as run_build
     from sparkforge.recipe import load_recipe
+    from sparkforge.verify import GPU_MODES
 
     loaded = load_recipe(recipe)
+    if gpus not in GPU_MODES:
+        raise Exit(f"sparkforge: --gpus {gpus!r}: use all, none or auto", code=2)
     options = BuildOptions(
         platform=platform or None,
         target=target,
@@ -162,11 +166,13 @@ def build(
         builder=builder or None,
         no_cache=no_cache,
         verify=not no_verify,
-        gpus=gpus,
+        gpus=gpus,  # type: ignore[arg-type]  # checked against GPU_MODES above
         push_by_digest=push_by_digest,
         dry=dry,
         network=network or None,
-        sources=parse_sources(source or []),
+        sources=parse_sources(
+            source or [], [n for n, c in loaded.model.components.items() if c.source == "git"]
+        ),
         preflight=not no_preflight,
         probe=not no_probe,
         metadata_file=Path(metadata_file) if metadata_file else None,
@@ -180,7 +186,7 @@ def build(
     help={
         "recipe": RECIPE_HELP,
         "image": "image to verify (default: the recipe's candidate tag for its first platform)",
-        "gpus": "all, none or auto (GPU checks skip with a reason when no GPU is used)",
+        "gpus": "all (a skipped vLLM FP8 check fails), none or auto (GPU checks skip with a reason without a GPU)",
         "report": "write the JSON report here",
         "junit": "write JUnit XML here",
         "no_kernels": "skip the kernel-coverage audit of the image",
@@ -201,13 +207,13 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge import plan
     from sparkforge.recipe import load_recipe
-    from sparkforge.verify import record_verified, verify_image
+    from sparkforge.verify import verify_and_record
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
-    result = verify_image(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)
-    record_verified(ref, result)
+    # The result is kept per image ID; a failure revokes an earlier pass of the same image.
+    result = verify_and_record(loaded, ref, gpus=gpus, kernels=not no_kernels, model_dir=model)  # type: ignore[arg-type]
     _finish(result, report, junit)
 
 
@@ -287,14 +293,22 @@ def test(c: Context, slow: bool = False, k: str = "") -> None:
 
 
 # ---- engine -------------------------------------------------------------------------------------
-@task(help={"qemu": "also register qemu-aarch64 (build and run arm64 images on x86)", "dry": "print only"})
+@task(
+    help={
+        "qemu": "also register qemu-aarch64 (build and run arm64 images on x86)",
+        "buildx": "also install buildx + Docker 26 from Debian trixie (pinned) and start that engine beside this one",
+        "dry": "print only",
+    }
+)
 @user_errors
-def engine_up(c: Context, qemu: bool = False, dry: bool = False) -> None:
+def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = False) -> None:
     """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
     from sparkforge.commands import Runner
+    from sparkforge.hostsetup import buildx_up
     from sparkforge.hostsetup import engine_up as up
 
-    for step in up(Runner(dry=dry), qemu=qemu):
+    runner = Runner(dry=dry)
+    for step in [*up(runner, qemu=qemu), *(buildx_up(runner) if buildx else [])]:
         echo(f"{step.name}: {step.done}")
 
 

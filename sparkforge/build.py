@@ -6,18 +6,18 @@ import dataclasses
 import datetime as dt
 import os
 import re
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkforge import engine, plan
-from sparkforge.commands import Runner
+from sparkforge import engine, plan, records
+from sparkforge.commands import Command, Runner
 from sparkforge.engine import BuildRequest, Engine
 from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, Recipe
 from sparkforge.render import Context, render_context
 from sparkforge.report import Report
+from sparkforge.verify import GpuMode, resolve_gpus
 
 CA_ENV = "SPARKFORGE_CA_BUNDLE"
 SECRET_IDS = ("ca", "hf_token")
@@ -34,12 +34,12 @@ class BuildOptions:
     builder: str | None = None
     no_cache: bool = False
     verify: bool = True
-    gpus: str = "auto"
+    gpus: GpuMode = "auto"
     push_by_digest: bool = False
     dry: bool = False
     network: str | None = None
     sources: dict[str, str] = field(default_factory=dict)  # component -> tarball URL
-    log_root: Path = REPO_ROOT / "logs"
+    log_root: Path = plan.LOG_ROOT
     metadata_file: Path | None = None
     report_path: Path | None = None
     cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
@@ -60,11 +60,11 @@ class BuildResult:
 
 
 def parse_base_image(value: str | None) -> dict[str, str]:
-    """--base-image REF (both stages) or builder=REF,runtime=REF -> build args."""
+    """--base-image REF (both stages) or builder=REF,runtime=REF -> {"builder": REF, "runtime": REF}."""
     if not value:
         return {}
     if "=" not in value:
-        return {"BUILDER_IMAGE": value, "RUNTIME_IMAGE": value}
+        return {"builder": value, "runtime": value}
     out = {}
     for part in value.split(","):
         stage, _, ref = part.partition("=")
@@ -72,7 +72,7 @@ def parse_base_image(value: str | None) -> dict[str, str]:
             raise SparkforgeError(
                 f"--base-image {value!r}: use REF, or builder=REF,runtime=REF (stages: builder, runtime)"
             )
-        out[f"{stage.upper()}_IMAGE"] = ref
+        out[stage] = ref
     return out
 
 
@@ -99,15 +99,21 @@ def secret_args(options: BuildOptions) -> tuple[str, ...]:
 
 
 def _revision() -> str:
-    proc = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+    result = Runner(stream=False).capture(
+        Command.of("git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"), "revision", check=False
+    )
+    return result.output.strip() if result.returncode == 0 else "unknown"
 
 
 def _failure(log: Path | None, output: str) -> str:
-    """Name the failing stage and the likely cause from BuildKit's plain log."""
-    text = output[-20000:]
-    stage = re.findall(r"\[([a-z0-9_-]+) +\d+/\d+\]", " ".join(re.findall(r"(?:ERROR|> )\[[^\]]+\]", text)))
-    where = f" in stage '{stage[-1]}'" if stage else ""
+    """One paragraph from BuildKit's plain log: failing stage and step, likely cause and fix, log and replay."""
+    text = (log.read_text(errors="replace") if log is not None and log.is_file() else output)[-40000:]
+    steps = re.findall(r"(?:ERROR: |> )\[([a-z0-9_-]+) +(\d+/\d+)\] ([^\n]{0,100})", text)
+    if steps:
+        stage, number, instruction = steps[-1]
+        where = f" in stage '{stage}', step {number} ({instruction.strip().rstrip(':')})"
+    else:
+        where = ""
     hint = ""
     if "no space left on device" in text:
         hint = " The disk is full: free space ('docker system prune', 'docker builder prune') and retry."
@@ -119,11 +125,19 @@ def _failure(log: Path | None, output: str) -> str:
             " A base image could not be pulled (offline, or no access): pass --base-image REF (a mirror, or "
             "'invoke engine.bases' for offline Debian bases), or log in to the registry."
         )
-    return f"build failed{where}; nothing was tagged.{hint} Log: {log}"
+    elif "CERTIFICATE_VERIFY_FAILED" in text:
+        hint = " TLS verification failed behind a proxy: pass --ca-bundle PATH (or set SPARKFORGE_CA_BUNDLE)."
+    elif re.search(r"No matching distribution found|Could not find a version|ResolutionImpossible", text):
+        hint = (
+            " pip could not install the pinned set (a missing version or conflicting pins): check the recipe's "
+            "pins; 'invoke preflight' names the failing one."
+        )
+    replay = log.with_suffix(".sh") if log is not None else None
+    return f"build failed{where}; nothing was tagged.{hint} Log: {log}; replay: {replay}"
 
 
-def parse_sources(items: Sequence[str]) -> dict[str, str]:
-    """--source component=URL values -> {component: URL}."""
+def parse_sources(items: Sequence[str], components: Sequence[str] = ("vllm",)) -> dict[str, str]:
+    """--source component=URL values -> {component: URL}; only the recipe's source-built components, http(s)."""
     sources = {}
     for item in items:
         name, _, url = item.partition("=")
@@ -131,8 +145,34 @@ def parse_sources(items: Sequence[str]) -> dict[str, str]:
             raise SparkforgeError(
                 f"--source {item!r}: use component=URL, e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz"
             )
+        if name not in components:
+            raise SparkforgeError(
+                f"--source {item!r}: the recipe builds no component {name!r} from source; fix: use one of "
+                f"{', '.join(components) or '(none: this recipe installs wheels only)'}"
+            )
+        if not re.fullmatch(r"https?://[^\s]+", url):
+            raise SparkforgeError(
+                f"--source {item!r}: only http:// and https:// URLs are fetched; fix: serve the tarball over "
+                "HTTP, e.g. 'python3 -m http.server' and vllm=http://127.0.0.1:8000/vllm.tar.gz"
+            )
         sources[name] = url
     return sources
+
+
+def check_options(recipe: Recipe, options: BuildOptions) -> str:
+    """Every option checked before anything runs (an hour of building must not end in a usage error)."""
+    platform = options.platform or recipe.model.platforms[0]
+    if platform not in recipe.model.platforms:
+        raise SparkforgeError(
+            f"--platform {platform}: recipe {recipe.name} builds {', '.join(recipe.model.platforms)}; fix: use "
+            "one of those, or add the platform to the recipe's platforms"
+        )
+    if options.verify and options.target == "runtime" and not options.dry:
+        resolve_gpus(options.gpus)  # --gpus all on an engine without the NVIDIA runtime fails here, not after
+    source_built = [n for n, c in recipe.model.components.items() if c.source == "git"]
+    parse_sources([f"{k}={v}" for k, v in options.sources.items()], source_built)
+    parse_base_image(options.base_image)
+    return platform
 
 
 def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
@@ -152,18 +192,18 @@ def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[st
 
 def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = print) -> BuildResult:
     """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+    platform = check_options(recipe, options)
     if options.preflight:
         run_preflight_gate(recipe, options, echo)
     from sparkforge.probe.gate import probe_gate, wants_probe
 
     probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
-    platform = options.platform or recipe.model.platforms[0]
-    context = render_context(recipe)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = options.log_root / recipe.name / f"{stamp}-{platform.replace('/', '-')}"
+    bases = plan.bases(recipe, parse_base_image(options.base_image))
+    context = render_context(recipe, bases=bases)
+    log_dir = plan.log_dir(recipe, platform, options.log_root)
     runner = Runner(dry=options.dry, log_dir=log_dir, echo=echo)
     try:
-        eng = engine.detect_engine()
+        eng = engine.buildx_driver(runner, engine.detect_engine(), options.builder)
     except EngineError:
         if not options.dry:
             raise
@@ -172,7 +212,6 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     if options.target != "runtime":
         candidate = f"{candidate}-{options.target}"
     build_args = {
-        **parse_base_image(options.base_image),
         "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "SPARKFORGE_REVISION": _revision(),
         **probe_args,
@@ -207,6 +246,9 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
                 push_by_digest=push_repo,
                 metadata_file=options.metadata_file,
                 attestations=True,
+                staging_tag=f"{recipe.hash[:12]}-{platform.split('/')[-1]}",
+                # Air-gapped builders cannot pull BuildKit's SBOM scanner image: "false" or "generator=REF".
+                sbom=os.environ.get("SPARKFORGE_SBOM", "true"),
             ),
         )
         if push_repo
@@ -229,53 +271,91 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         runner.run(command, "build")
     except CommandError as exc:
         logs = sorted(log_dir.glob("*-build.log"))
-        raise EngineError(_failure(logs[-1] if logs else None, str(exc)) + "\n" + str(exc)[-1500:]) from None
+        # BuildKit's output was streamed once above; the error is one paragraph, not the log again.
+        raise EngineError(_failure(logs[-1] if logs else None, str(exc))) from None
+    if options.target != "runtime" and push_command is not None and not options.verify:
+        # Only an explicitly unverified stage is pushed (smoke images of the publishing path).
+        echo(f"sparkforge: WARNING: --no-verify: pushing stage {options.target} UNVERIFIED")
+        runner.run(push_command, "push-by-digest")
+        echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
+        return result
     if options.target != "runtime":
         echo(
             f"sparkforge: stage {options.target} built as {candidate} (stages other than runtime are not verified or tagged)"
         )
         return result
+    image_id = str(engine.inspect_image(candidate)["Id"])  # everything below acts on this exact image
     if options.verify:
-        from sparkforge.report import print_report
-        from sparkforge.verify import verify_image
-
-        report = verify_image(recipe, candidate, gpus=options.gpus)  # type: ignore[arg-type]
-        report_path = options.report_path or log_dir / "verify.json"
-        report.write_json(report_path)
-        result.verify = report
-        print_report(report, echo)
-        if report.status == "passed":
-            from sparkforge.verify import record_verified
-
-            record_verified(candidate, report)
-        if report.status != "passed":
-            raise VerifyError(
-                f"verify failed for {candidate} ({', '.join(c.name for c in report.failed)}); no final tag was "
-                f"applied. Report: {report_path}; logs: {log_dir}"
-            )
+        result.verify = _verify(recipe, image_id, candidate, options, log_dir, echo)
     else:
         echo("sparkforge: WARNING: --no-verify: tagging an UNVERIFIED image")
     if push_command is not None:
         runner.run(push_command, "push-by-digest")
+        if options.metadata_file is not None and options.verify:
+            link_pushed_digest(options.metadata_file, image_id, recipe.model.publish.repository)
         echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
         return result
-    if not options.tags and not gpu_verified(result.verify):
-        # Moving tags (latest, {vllm}) promise a GPU-verified image; a CPU-only verify does not give that.
+    if not options.tags and not records.is_gpu_verified(records.read_record(image_id)):
+        # Moving tags (latest, {vllm}) promise a GPU-verified image (sparkforge.evidence.gpu_verdict).
         final = scheme.immutable
+        why = (
+            (result.verify.extra.get("gpu_verified") or {}).get("reason") if result.verify else "--no-verify"
+        )
         echo(
-            f"sparkforge: moving tags ({', '.join(scheme.moving) or 'none'}) not moved: the FP8 checks did not run "
-            "on a GPU. On the Spark: invoke verify --gpus all, then move them (invoke publish --promote)."
+            f"sparkforge: moving tags ({', '.join(scheme.moving) or 'none'}) not moved: {why}. On the Spark: "
+            "invoke verify --gpus all, then move them (invoke publish --promote)."
         )
     for tag in final:
-        engine.tag_image(candidate, tag)
+        engine.tag_image(image_id, tag)
     result.tags = tuple(final)
-    echo(f"sparkforge: {candidate} -> {', '.join(final)}")
+    echo(f"sparkforge: {candidate} ({image_id[:19]}) -> {', '.join(final)}")
     return result
 
 
-def gpu_verified(report: Report | None) -> bool:
-    """True when verify ran the FP8 checks on a GPU and none failed."""
-    if report is None or report.status != "passed":
-        return False
-    fp8 = [c for c in report.checks if c.name.startswith("fp8.")]
-    return any(c.status == "passed" for c in fp8)
+def _verify(
+    recipe: Recipe,
+    image_id: str,
+    candidate: str,
+    options: BuildOptions,
+    log_dir: Path,
+    echo: Callable[[str], None],
+) -> Report:
+    """Verify the built image and keep its record (verify.verify_and_record); raise when it failed."""
+    from sparkforge.report import print_report
+    from sparkforge.verify import verify_and_record
+
+    report = verify_and_record(recipe, image_id, gpus=options.gpus)
+    report.subject = candidate
+    report_path = options.report_path or log_dir / "verify.json"
+    report.write_json(report_path)
+    print_report(report, echo)
+    if report.status != "passed":
+        raise VerifyError(
+            f"verify failed for {candidate} ({', '.join(c.name for c in report.failed)}); no final tag was "
+            f"applied. Report: {report_path}; logs: {log_dir}"
+        )
+    return report
+
+
+def link_pushed_digest(
+    metadata_file: Path, image_id: str, repository: str, directory: Path = records.VERIFIED_DIR
+) -> str:
+    """After a push-by-digest rebuild: the pushed image must be the verified one (same config digest)."""
+    import json
+
+    try:
+        meta = json.loads(metadata_file.read_text())
+        digest, config = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
+    except (OSError, ValueError, KeyError):
+        raise EngineError(
+            f"{metadata_file}: no containerimage.digest / containerimage.config.digest; the pushed image cannot "
+            "be matched to the verified one. Fix: build with buildx and --metadata-file"
+        ) from None
+    if config != image_id:
+        raise VerifyError(
+            f"the push-by-digest rebuild is not the verified image: config {config} != verified image ID "
+            f"{image_id}. The rebuild was not reproduced from cache; its digest {digest} is NOT recorded as "
+            "verified and 'invoke publish' will refuse it. Fix: rebuild and verify again, then push"
+        )
+    records.link_digest(digest, image_id, repository, directory)
+    return digest

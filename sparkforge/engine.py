@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import re
 import shutil
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,6 +30,8 @@ class Engine:
     docker: str
     mode: Literal["buildx", "buildkit"]
     server_version: str
+    # buildx's driver for the builder in use: "docker" (the engine's own BuildKit) cannot push by digest only.
+    driver: str = ""
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,11 +87,29 @@ class BuildRequest:
     builder: str | None = None
     network: str | None = None
     push_by_digest: str | None = None  # repository to push to by digest (buildx)
+    # The tag pushed instead where the builder cannot push by digest alone (buildx's docker driver).
+    staging_tag: str = "staging"
+    sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
     metadata_file: Path | None = None
     cache_from: tuple[str, ...] = ()
     cache_to: tuple[str, ...] = ()
     attestations: bool = False
     progress: Literal["plain", "auto", "tty"] = "plain"
+
+
+def buildx_driver(runner: Runner, engine: Engine, builder: str | None = None) -> Engine:
+    """The engine with the buildx driver of `builder` (default: the current one); unchanged without buildx."""
+    if engine.mode != "buildx":
+        return engine
+    argv = [engine.docker, "buildx", "inspect", *([builder] if builder else [])]
+    result = runner.capture(Command(tuple(argv), engine.env), "buildx-inspect", check=False)
+    if result.returncode != 0:
+        raise EngineError(
+            f"buildx builder {builder or '(current)'} is not usable: {result.output.strip()[-300:]}; fix: "
+            "'docker buildx ls' lists the builders ('docker buildx create' makes one), or drop --builder"
+        )
+    found = re.search(r"^Driver:\s*(\S+)", result.output, re.MULTILINE)
+    return dataclasses.replace(engine, driver=found.group(1) if found else "")
 
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
@@ -121,7 +143,11 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             argv += ["--cache-from", ref]
         for ref in req.cache_to:
             argv += ["--cache-to", ref]
-        if req.push_by_digest:
+        if req.push_by_digest and engine.driver == "docker":
+            # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
+            # never a release tag; the digest in the metadata file is what publish merges.
+            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
+        elif req.push_by_digest:
             argv += [
                 "--output",
                 f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
@@ -129,7 +155,9 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
         else:
             argv.append("--load")
         if req.attestations:
-            argv += ["--provenance", "mode=max", "--sbom", "true"]
+            argv += ["--provenance", "mode=max"]
+            if req.sbom != "false":
+                argv += ["--sbom", req.sbom]
         if req.metadata_file is not None:
             argv += ["--metadata-file", str(req.metadata_file)]
         argv.append(str(req.context))
@@ -164,6 +192,29 @@ def _client() -> Any:
     return client
 
 
+@contextlib.contextmanager
+def sdk_errors(what: str) -> Iterator[None]:
+    """Translate the Docker SDK's errors (APIError, connection errors) into one EngineError naming the step."""
+    import docker.errors
+    import requests
+
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise EngineError(
+            f"{what}: image not found ({exc.explanation or exc}); fix: build it ('invoke build') or pull it"
+        ) from None
+    except docker.errors.APIError as exc:
+        raise EngineError(
+            f"{what}: the Docker engine refused ({exc.status_code}: {exc.explanation or exc}); fix: check the "
+            "image reference and the engine's log ('journalctl -u docker' or /var/log/dockerd.log)"
+        ) from None
+    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
+        raise EngineError(
+            f"{what}: lost the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}"
+        ) from None
+
+
 def image_exists(ref: str) -> bool:
     import docker.errors
 
@@ -178,12 +229,13 @@ def inspect_image(ref: str) -> dict[str, Any]:
     """The engine's inspect data for a local image, or EngineError naming the image."""
     import docker.errors
 
-    try:
-        return dict(_client().images.get(ref).attrs)
-    except docker.errors.ImageNotFound:
-        raise EngineError(
-            f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
-        ) from None
+    with sdk_errors(f"inspect {ref}"):
+        try:
+            return dict(_client().images.get(ref).attrs)
+        except docker.errors.ImageNotFound:
+            raise EngineError(
+                f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
+            ) from None
 
 
 def image_labels(ref: str) -> dict[str, str]:
@@ -237,7 +289,8 @@ def run_container(
         kwargs["volumes"] = {host: {"bind": target, "mode": "ro"} for host, target in volumes.items()}
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    container = client.containers.run(image, **kwargs)
+    with sdk_errors(f"run {image}"):
+        container = client.containers.run(image, **kwargs)
     try:
         try:
             result = container.wait(timeout=timeout_s)
@@ -283,7 +336,8 @@ class ExportedFilesystem:
 
     def __enter__(self) -> io.BufferedReader:
         inspect_image(self.image)
-        self._container = _client().containers.create(self.image, entrypoint=["/bin/true"], command=[])
+        with sdk_errors(f"export {self.image}"):
+            self._container = _client().containers.create(self.image, entrypoint=["/bin/true"], command=[])
         return io.BufferedReader(_ChunkReader(iter(self._container.export(chunk_size=1 << 20))), 1 << 20)
 
     def __exit__(self, *exc: object) -> None:
@@ -295,7 +349,8 @@ def read_image_file(image: str, path: str) -> bytes | None:
     """One file from an image's filesystem, from a created (never started) container; None when absent."""
     import docker.errors
 
-    container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
+    with sdk_errors(f"read {path} from {image}"):
+        container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
     try:
         try:
             chunks, _ = container.get_archive(path)
@@ -313,7 +368,9 @@ def tag_image(source: str, target: str) -> None:
     repository, _, tag = (
         target.rpartition(":") if ":" in target.rsplit("/", 1)[-1] else (target, "", "latest")
     )
-    if not _client().images.get(source).tag(repository, tag):
+    with sdk_errors(f"tag {source} as {target}"):
+        tagged = _client().images.get(source).tag(repository, tag)
+    if not tagged:
         raise EngineError(f"the engine refused to tag {source} as {target}")
 
 

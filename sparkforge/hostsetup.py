@@ -170,3 +170,179 @@ def build_base(
             f"import-{arch}",
         )
     return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform})")
+
+
+# ---- buildx: Debian's next release, side by side with the host's engine ---------------------------
+
+# Pinned: Debian trixie's builds (their only dependency is libc6 >= 2.34; bookworm has 2.36). The system is
+# not upgraded: the .debs are downloaded with a one-off apt configuration and unpacked under BUILDX_ROOT.
+BUILDX_SUITE = "trixie"
+BUILDX_DEBS = {
+    "docker-buildx": "0.13.1+ds1-3",
+    "docker.io": "26.1.5+dfsg1-9+deb13u1+b1",
+    "containerd": "1.7.24~ds1-6+deb13u1",
+}
+BUILDX_ROOT = Path("/opt/sparkforge/buildx")
+BUILDX_STATE = Path("/var/lib/sparkforge-buildx")
+BUILDX_RUN = Path("/run/sparkforge-buildx")
+BUILDX_HOST = f"unix://{BUILDX_RUN / 'docker.sock'}"
+BUILDX_CONFIG = BUILDX_ROOT / "config"  # DOCKER_CONFIG: cli-plugins/docker-buildx
+BUILDX_LOG = Path("/var/log/sparkforge-buildx-dockerd.log")
+BUILDX_BRIDGE = ("sparkforge0", "172.31.250.1/24")  # its own bridge: the host engine keeps docker0
+BUILDX_FILES = {
+    "docker.io": ("usr/sbin/dockerd", "usr/sbin/docker-proxy"),
+    "containerd": ("usr/bin/containerd", "usr/bin/containerd-shim-runc-v2"),
+    "docker-buildx": ("usr/libexec/docker/cli-plugins/docker-buildx",),
+}
+
+
+def buildx_env() -> dict[str, str]:
+    """The environment that points a docker CLI (and the Docker SDK) at the buildx engine."""
+    return {"DOCKER_HOST": BUILDX_HOST, "DOCKER_CONFIG": str(BUILDX_CONFIG)}
+
+
+def _apt_options(tmp: Path) -> list[str]:
+    # A private apt state: the host's sources, lists and cache are left as they are.
+    for sub in ("parts", "lists/partial", "cache/archives/partial"):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+    (tmp / "parts" / f"sparkforge-{BUILDX_SUITE}.sources").write_text(
+        f"Types: deb\nURIs: {debian_mirror()}\nSuites: {BUILDX_SUITE}\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    pairs = {
+        "Dir::Etc::SourceList": "/dev/null",
+        "Dir::Etc::SourceParts": str(tmp / "parts"),
+        "Dir::State::Lists": str(tmp / "lists"),
+        "Dir::Cache": str(tmp / "cache"),
+        "APT::Sandbox::User": "root",
+    }
+    return [arg for key, value in pairs.items() for arg in ("-o", f"{key}={value}")]
+
+
+def install_buildx(runner: Runner) -> SetupStep:
+    """docker-buildx, dockerd and containerd from Debian trixie (pinned), unpacked under BUILDX_ROOT."""
+    stamp = BUILDX_ROOT / "versions.txt"
+    wanted = "".join(f"{name}={version}\n" for name, version in sorted(BUILDX_DEBS.items()))
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return SetupStep("buildx-install", f"buildx and dockerd from {BUILDX_SUITE} already in {BUILDX_ROOT}")
+    with tempfile.TemporaryDirectory(prefix="sparkforge-apt-") as tmp_name:
+        tmp = Path(tmp_name)
+        options = _apt_options(tmp)
+        runner.run(Command.of("apt-get", *options, "update", "-q"), "apt-update-trixie")
+        pins = [f"{name}={version}" for name, version in sorted(BUILDX_DEBS.items())]
+        download = runner.run(
+            Command.of("apt-get", *options, "download", *pins, cwd=tmp), "apt-download-buildx", check=False
+        )
+        if download.returncode != 0 and not runner.dry:
+            raise EngineError(
+                f"cannot download {', '.join(pins)} from Debian {BUILDX_SUITE} ({debian_mirror()}): "
+                f"{download.output.strip()[-400:]}; fix: a newer point release replaced a pinned version, so "
+                "update BUILDX_DEBS in sparkforge/hostsetup.py to the versions 'apt-cache policy' lists"
+            )
+        (BUILDX_ROOT / "bin").mkdir(parents=True, exist_ok=True)
+        (BUILDX_CONFIG / "cli-plugins").mkdir(parents=True, exist_ok=True)
+        for name, files in BUILDX_FILES.items():
+            deb = next(iter(sorted(tmp.glob(f"{name}_*.deb"))), None)
+            unpacked = tmp / "x" / name
+            unpacked.mkdir(parents=True, exist_ok=True)
+            runner.run(
+                Command.of("dpkg-deb", "-x", str(deb or f"{name}.deb"), str(unpacked)), f"unpack-{name}"
+            )
+            for file in files:
+                target = BUILDX_CONFIG / "cli-plugins" if "cli-plugins" in file else BUILDX_ROOT / "bin"
+                if not runner.dry:
+                    shutil.copy2(unpacked / file, target / Path(file).name)
+    if not runner.dry:
+        stamp.write_text(wanted)
+    return SetupStep("buildx-install", f"{', '.join(pins)} unpacked in {BUILDX_ROOT} (system not upgraded)")
+
+
+def _buildx_ready() -> bool:
+    env = {**os.environ, **buildx_env()}
+    return subprocess.run([_docker_cli(), "info"], capture_output=True, env=env).returncode == 0
+
+
+def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
+    """A second dockerd (trixie's, containerd image store) on its own socket, bridge and data root.
+
+    The host's engine keeps running untouched; its images are not visible here (bases are copied over).
+    """
+    if _buildx_ready():
+        return SetupStep("buildx-daemon", f"the buildx engine already runs ({BUILDX_HOST})")
+    name, address = BUILDX_BRIDGE
+    if not Path(f"/sys/class/net/{name}").exists():
+        runner.run(Command.of("ip", "link", "add", name, "type", "bridge"), "bridge-add")
+        runner.run(Command.of("ip", "addr", "add", address, "dev", name), "bridge-addr")
+    runner.run(Command.of("ip", "link", "set", name, "up"), "bridge-up")
+    config = {
+        "features": {"containerd-snapshotter": True},
+        # Where a system containerd already runs (GitHub's runners), dockerd uses it: keep out of the host's.
+        "containerd-namespace": "sparkforge-buildx",
+        "containerd-plugins-namespace": "sparkforge-buildx-plugins",
+        "bridge": name,
+        # No iptables rules: the host engine owns them. Builds here need no network (offline bases).
+        "iptables": False,
+        "ip-masq": False,
+    }
+    argv = [
+        str(BUILDX_ROOT / "bin" / "dockerd"),
+        "--config-file",
+        str(BUILDX_ROOT / "daemon.json"),
+        "--data-root",
+        str(BUILDX_STATE),
+        "--exec-root",
+        str(BUILDX_RUN / "exec"),
+        "--pidfile",
+        str(BUILDX_RUN / "dockerd.pid"),
+        "--host",
+        BUILDX_HOST,
+    ]
+    if runner.dry:
+        runner.echo(f"PATH={BUILDX_ROOT / 'bin'}:$PATH setsid {' '.join(argv)} >{BUILDX_LOG} 2>&1 &")
+        return SetupStep("buildx-daemon", "would start the buildx engine")
+    import json
+
+    BUILDX_RUN.mkdir(parents=True, exist_ok=True)
+    (BUILDX_ROOT / "daemon.json").write_text(json.dumps(config, indent=2) + "\n")
+    env = {**os.environ, "PATH": f"{BUILDX_ROOT / 'bin'}:{os.environ.get('PATH', '')}"}
+    with BUILDX_LOG.open("ab") as log:
+        # A long-running daemon, not a step: started directly, like the host engine in engine_up.
+        subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, env=env)
+    deadline = time.monotonic() + wait_s
+    while not _buildx_ready():
+        if time.monotonic() > deadline:
+            tail = BUILDX_LOG.read_text(errors="replace")[-1500:]
+            raise EngineError(f"the buildx dockerd did not come up in {wait_s}s; {BUILDX_LOG} ends:\n{tail}")
+        time.sleep(0.5)
+    return SetupStep("buildx-daemon", f"started the buildx engine on {BUILDX_HOST} (log: {BUILDX_LOG})")
+
+
+def copy_bases(runner: Runner) -> list[SetupStep]:
+    """The host engine's offline bases, copied into the buildx engine (its image store is separate)."""
+    steps = []
+    docker = _docker_cli()
+    for platform in ARCH_OF_PLATFORM:
+        name = base_image_name(platform)
+        host = subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
+        env = {**os.environ, **buildx_env()}
+        there = subprocess.run([docker, "image", "inspect", name], capture_output=True, env=env)
+        if not host or there.returncode == 0:
+            continue
+        with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
+            archive = str(Path(tmp) / "base.tar")
+            runner.run(Command.of(docker, "save", "--output", archive, name), "base-save")
+            runner.run(Command.of(docker, "load", "--input", archive, env=buildx_env()), "base-load")
+        steps.append(
+            SetupStep(f"buildx-{ARCH_OF_PLATFORM[platform]}", f"copied {name} into the buildx engine")
+        )
+    return steps
+
+
+def buildx_up(runner: Runner) -> list[SetupStep]:
+    """buildx with a BuildKit that can push, export registry cache and attest: install, start, copy bases."""
+    steps = [install_buildx(runner), start_buildx_engine(runner)]
+    if not runner.dry:
+        steps += copy_bases(runner)
+    exports = " ".join(f"{k}={v}" for k, v in buildx_env().items())
+    steps.append(SetupStep("buildx-env", f"use it with: export {exports}"))
+    return steps

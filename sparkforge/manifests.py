@@ -13,19 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkforge import engine
+from sparkforge import engine, oci
 from sparkforge.commands import Command, Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
+from sparkforge.oci import is_local_registry
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-LOCAL_HOSTS = ("localhost", "127.0.0.1")
-
-
-def is_local_registry(repository: str) -> bool:
-    """Registries on this machine speak plain HTTP; the docker manifest commands need --insecure for them."""
-    host = repository.split("/", 1)[0]
-    return host.startswith("[::1]") or host.rsplit(":", 1)[0] in LOCAL_HOSTS
 
 
 def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -36,7 +30,9 @@ def index_platforms(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
         kind = (entry.get("annotations") or {}).get("vnd.docker.reference.type")
         if spec.get("os") in (None, "unknown") or kind == "attestation-manifest":
             continue
-        out.append((f"{spec['os']}/{spec.get('architecture')}", entry["digest"]))
+        out.append(
+            (oci.canonical(spec["os"], spec.get("architecture"), spec.get("variant")), entry["digest"])
+        )
     return out
 
 
@@ -134,6 +130,23 @@ class Manifests:
         if len(digests) > 1:
             raise PublishError(f"the tags {', '.join(tags)} received different indexes ({sorted(digests)})")
         return digests.pop() if digests else ""
+
+    def image_configs(self, ref: str) -> dict[str, dict[str, Any]]:
+        """platform -> image config of every image `ref` names in the registry (buildx imagetools)."""
+        if not self.buildx:
+            raise PublishError(
+                f"reading {ref}'s image config from the registry needs docker buildx; fix: install the buildx "
+                "plugin ('invoke engine.up --buildx' on Debian/Ubuntu)"
+            )
+        output = self.runner.capture(
+            self._cmd("inspect", "--format", "{{json .Image}}", ref), "image-config"
+        ).output
+        data = _json_in(output, ref)
+        images = {"": data} if "config" in data or "rootfs" in data else data
+        return {
+            f"{c.get('os')}/{c.get('architecture')}" + (f"/{c['variant']}" if c.get("variant") else ""): c
+            for c in images.values()
+        }
 
     def digest_of(self, ref: str) -> str:
         """The digest of the manifest or index that `ref` names in the registry."""

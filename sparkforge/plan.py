@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__
@@ -14,6 +16,26 @@ PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
 LABEL_PREFIX = "dev.sparkforge"
 STAGES_SOURCE = ("toolchain", "source", "build-env", "probe", "build", "runtime")
 STAGES_WHEEL = ("runtime",)
+# The base images a build really used (the recipe's pins, or a --base-image override): labels and lock say so.
+BASE_LABELS = {"builder": f"{LABEL_PREFIX}.base.builder", "runtime": f"{LABEL_PREFIX}.base.runtime"}
+
+
+@dataclass(frozen=True)
+class Bases:
+    """The effective base images of one build; `override` when they are not the recipe's pinned ones."""
+
+    builder: str
+    runtime: str
+
+    def differs_from(self, recipe: Recipe) -> bool:
+        return (self.builder, self.runtime) != (recipe.model.images.builder, recipe.model.images.runtime)
+
+
+def bases(recipe: Recipe, overrides: Mapping[str, str] | None = None) -> Bases:
+    """The recipe's base images with `overrides` ({"builder": REF, "runtime": REF}, either optional) applied."""
+    images = recipe.model.images
+    over = overrides or {}
+    return Bases(over.get("builder", images.builder), over.get("runtime", images.runtime))
 
 
 def pins(recipe: Recipe) -> dict[str, str]:
@@ -25,9 +47,10 @@ def pins(recipe: Recipe) -> dict[str, str]:
     return out
 
 
-def labels(recipe: Recipe) -> dict[str, str]:
+def labels(recipe: Recipe, effective: Bases | None = None) -> dict[str, str]:
     """Static OCI and sparkforge labels (created/revision come from build args at build time)."""
     vllm = recipe.model.components.vllm
+    effective = effective or bases(recipe)
     out = {
         "org.opencontainers.image.title": recipe.name,
         "org.opencontainers.image.description": recipe.model.description,
@@ -39,12 +62,46 @@ def labels(recipe: Recipe) -> dict[str, str]:
     }
     for name, value in pins(recipe).items():
         out[f"{LABEL_PREFIX}.pin.{name}"] = value
+    out[BASE_LABELS["builder"]] = effective.builder
+    out[BASE_LABELS["runtime"]] = effective.runtime
     return out
 
 
-def lock(recipe: Recipe) -> dict[str, Any]:
+def label_drift(recipe: Recipe, found: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
+    """label -> (image's value, recipe's value) for every sparkforge label of the recipe that differs.
+
+    The base-image labels are left out: a base override is reported (and refused by push) on its own.
+    """
+    expected = {
+        k: v
+        for k, v in labels(recipe).items()
+        if k.startswith(LABEL_PREFIX + ".") and k not in BASE_LABELS.values()
+    }
+    return {k: (found.get(k), v) for k, v in sorted(expected.items()) if found.get(k) != v}
+
+
+def drift_text(drift: Mapping[str, tuple[str | None, str]]) -> str:
+    items = "; ".join(
+        f"{k}: image {a if a is not None else '(missing)'}, recipe {b}" for k, (a, b) in drift.items()
+    )
+    return f"{len(drift)} label(s) differ ({items})"
+
+
+def base_override(recipe: Recipe, found: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
+    """stage -> (image's base, recipe's pinned base) for each stage built on another base than the recipe's."""
+    pinned = bases(recipe)
+    wanted = {"builder": pinned.builder, "runtime": pinned.runtime}
+    return {
+        stage: (found.get(label), wanted[stage])
+        for stage, label in BASE_LABELS.items()
+        if found.get(label) != wanted[stage]
+    }
+
+
+def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
     """Every resolved pin of the recipe; carried in the image at /opt/sparkforge/lock.json."""
     m = recipe.model
+    effective = effective or bases(recipe)
     patches = []
     for name, component in m.components.items():
         for patch in component.patches:
@@ -59,7 +116,8 @@ def lock(recipe: Recipe) -> dict[str, Any]:
         "cuda": m.cuda,
         "python": m.python,
         "platforms": list(m.platforms),
-        "images": m.images.model_dump(mode="json"),
+        "images": {"builder": effective.builder, "runtime": effective.runtime},
+        "base_override": effective.differs_from(recipe),
         "components": {
             name: c.model_dump(mode="json", exclude_none=True) for name, c in m.components.items()
         },
@@ -102,15 +160,27 @@ class Tags:
         return (*self.immutable, *self.moving)
 
 
+def expand_tag(recipe: Recipe, template: str, when: _dt.date) -> str:
+    """One tag template of the recipe's scheme with its placeholders filled (no repository)."""
+    return template.format(**tag_values(recipe, when))
+
+
 def final_tags(recipe: Recipe, when: _dt.date, repository: str | None = None) -> Tags:
     """The recipe's tag scheme expanded, as full references."""
     repo = repository or recipe.model.publish.repository
-    values = tag_values(recipe, when)
-    expand = lambda t: f"{repo}:{t.format(**values)}"  # noqa: E731
     return Tags(
-        tuple(expand(t) for t in recipe.model.publish.tags),
-        tuple(expand(t) for t in recipe.model.publish.moving_tags),
+        tuple(f"{repo}:{expand_tag(recipe, t, when)}" for t in recipe.model.publish.tags),
+        tuple(f"{repo}:{expand_tag(recipe, t, when)}" for t in recipe.model.publish.moving_tags),
     )
+
+
+LOG_ROOT = REPO_ROOT / "logs"
+
+
+def log_dir(recipe: Recipe, what: str, root: Path = LOG_ROOT, now: _dt.datetime | None = None) -> Path:
+    """logs/<recipe>/<UTC stamp>-<what>/: where one run's numbered step logs and replay scripts go."""
+    stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return root / recipe.name / f"{stamp}-{what.replace('/', '-')}"
 
 
 def candidate_tag(recipe: Recipe, platform: str) -> str:
@@ -145,8 +215,9 @@ class TemplateValues:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def template_values(recipe: Recipe) -> TemplateValues:
+def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateValues:
     m = recipe.model
+    effective = effective or bases(recipe)
     components = {
         name: {**c.model_dump(mode="json"), "package": c.package or name} for name, c in m.components.items()
     }
@@ -158,8 +229,8 @@ def template_values(recipe: Recipe) -> TemplateValues:
         gpu=m.gpu,
         cuda=m.cuda,
         python=m.python,
-        builder_image=m.images.builder,
-        runtime_image=m.images.runtime,
+        builder_image=effective.builder,
+        runtime_image=effective.runtime,
         components=components,
         vllm_source=vllm.source,
         patches=[p.rsplit("/", 1)[-1] for p in vllm.patches],
@@ -167,7 +238,7 @@ def template_values(recipe: Recipe) -> TemplateValues:
         max_jobs=m.build.max_jobs,
         nvcc_threads=m.build.nvcc_threads,
         env=dict(m.env),
-        labels=labels(recipe),
+        labels=labels(recipe, effective),
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
         build={**m.build.model_dump(mode="json"), "probe": m.build.probe_settings.model_dump(mode="json")},
     )

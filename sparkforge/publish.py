@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import platform as _platform
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge import engine, plan
+from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
-from sparkforge.errors import EngineError, PublishError
+from sparkforge.errors import PublishError
 from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
-
-# Re-exported: tests and older callers reach these through this module.
-from sparkforge.manifests import _json_in as _json_in
-from sparkforge.manifests import is_local_registry as is_local_registry
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe import REPO_ROOT, Recipe, recipe_ref
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
-LOG_ROOT = REPO_ROOT / "logs"
-RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
-HOST_PLATFORMS = {
-    "x86_64": "linux/amd64",
-    "amd64": "linux/amd64",
-    "aarch64": "linux/arm64",
-    "arm64": "linux/arm64",
-}
 
 Echo = Callable[[str], None]
 
@@ -59,7 +46,7 @@ class PushedImage:
 
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.recipe}-{_arch(self.platform)}.json"
+        path = directory / f"{self.recipe}-{oci.arch(self.platform)}.json"
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
         return path
 
@@ -85,56 +72,34 @@ def load_digests(recipe: Recipe, directory: Path) -> dict[str, str]:
     return out
 
 
-def _arch(platform: str) -> str:
-    return platform.split("/")[-1]
+# ---- evidence ------------------------------------------------------------------------------------
 
 
-def _recipe_ref(recipe: Recipe) -> str:
-    """What `--recipe` takes for this recipe on a CI checkout: its name in recipes/, else its repo path."""
-    if recipe.path.parent == REPO_ROOT / "recipes":
-        return recipe.name
-    return (
-        str(recipe.path.relative_to(REPO_ROOT)) if recipe.path.is_relative_to(REPO_ROOT) else str(recipe.path)
-    )
+def _evidence_problems(
+    recipe: Recipe, record: dict[str, Any] | None, what: str, allow_base_override: bool
+) -> list[str]:
+    """Why `what` may not be published: no passed verify, or built on a base the recipe does not pin."""
+    if record is None or record.get("status") != "passed":
+        state = "no verify record" if record is None else "its latest verify FAILED (the pass is revoked)"
+        return [
+            f"{what}: {state}; fix: invoke verify --recipe {recipe_ref(recipe)} --image IMAGE, then push it"
+        ]
+    if record.get("base_override") and not allow_base_override:
+        return [
+            f"{what}: built on other base images than the recipe pins (see the verify report's 'base' check); "
+            "fix: build without --base-image, or pass --allow-base-override (test images only)"
+        ]
+    return []
 
 
-# ---- tags and references ------------------------------------------------------------------------
-
-
-def expand_tag(recipe: Recipe, template: str, when: dt.date) -> str:
-    """One tag template of the recipe's scheme with its placeholders filled (no repository)."""
-    return template.format(**plan.tag_values(recipe, when))
-
-
-def default_tag(recipe: Recipe) -> str:
-    """The tag `pull` uses without --tag: the first immutable tag that names no date (it names the recipe)."""
-    publish = recipe.model.publish
-    for template in [*publish.tags, *publish.moving_tags]:
-        if "{date}" not in template:
-            return expand_tag(recipe, template, dt.date.today())
-    raise PublishError(
-        f"recipe {recipe.name}: every tag carries {{date}}, so there is no tag to pull without one; fix: pass "
-        "--tag TAG (or --tag sha256:DIGEST), or add a tag like '{vllm}-{hash}' to publish.tags"
-    )
-
-
-def reference_for(recipe: Recipe, tag: str | None = None) -> str:
-    """repository:tag, or repository@digest when `tag` is a digest."""
-    repo = recipe.model.publish.repository
-    tag = tag or default_tag(recipe)
-    if DIGEST.fullmatch(tag):
-        return f"{repo}@{tag}"
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
-        raise PublishError(
-            f"--tag {tag!r} is neither a tag nor a sha256:<64 hex> digest; fix: e.g. --tag latest"
-        )
-    return f"{repo}:{tag}"
-
-
-def label_drift(recipe: Recipe, labels: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
-    """label -> (image's value, recipe's value) for every sparkforge label that differs."""
-    expected = {k: v for k, v in plan.labels(recipe).items() if k.startswith(plan.LABEL_PREFIX + ".")}
-    return {k: (labels.get(k), v) for k, v in sorted(expected.items()) if labels.get(k) != v}
+def _refuse_or_warn(problems: list[str], action: str, allow_unverified: bool, echo: Echo) -> None:
+    if not problems:
+        return
+    only_unverified = all("no verify record" in p or "verify FAILED" in p for p in problems)
+    if allow_unverified and only_unverified:
+        echo(f"sparkforge: WARNING (--unverified): {action} without a passed verify: " + " | ".join(problems))
+        return
+    raise PublishError(f"refusing to {action}; nothing was written: " + " | ".join(problems))
 
 
 def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: str = "publish") -> None:
@@ -146,7 +111,7 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
         problems += [f"unexpected or repeated {', '.join(extra)}"] if extra else []
         fix = (
             " ".join(
-                f"'invoke build --recipe {_recipe_ref(recipe)} --platform {p}' then 'invoke push --recipe {_recipe_ref(recipe)} "
+                f"'invoke build --recipe {recipe_ref(recipe)} --platform {p}' then 'invoke push --recipe {recipe_ref(recipe)} "
                 f"--platform {p}';"
                 for p in missing
             )
@@ -160,10 +125,22 @@ def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: s
         )
 
 
-def _tools(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
+def _require_labels(recipe: Recipe, tools: Manifests, sources: Sequence[str]) -> None:
+    """Every platform image in the registry carries this recipe's labels (hash and pins), before any write."""
+    for source in sources:
+        for platform, config in tools.image_configs(source).items():
+            drift = plan.label_drift(recipe, (config.get("config") or {}).get("Labels") or {})
+            if drift:
+                raise PublishError(
+                    f"refusing to publish {recipe.model.publish.repository}: {source} ({platform}) was not built "
+                    f"from this recipe: {plan.drift_text(drift)}; nothing was tagged. Fix: rebuild and push that "
+                    "platform from this recipe, or remove its stale digest record"
+                )
+
+
+def tools_for(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
     if runner is None:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        runner = Runner(log_dir=LOG_ROOT / recipe.name / f"{stamp}-{step}", echo=echo)
+        runner = Runner(log_dir=plan.log_dir(recipe, step), echo=echo)
     return Manifests(eng or engine.detect_engine(), runner, recipe.model.publish.repository)
 
 
@@ -181,12 +158,15 @@ def push(
     eng: Engine | None = None,
     echo: Echo = print,
     allow_unverified: bool = False,
+    allow_base_override: bool = False,
+    evidence_dir: Path = records.VERIFIED_DIR,
 ) -> PushedImage:
     """Push one platform's image to the recipe's repository and record its digest for `publish`.
 
     With `metadata_file` (BuildKit's, from `invoke build --push-by-digest`) the image is already in the
     registry: only its digest is recorded. Otherwise the local image (default: the verified candidate) must
-    carry the recipe's labels and platform; it is pushed under a per-platform staging tag.
+    carry the recipe's labels and platform; it is pushed under a per-platform staging tag. Either way the image
+    needs a passed verify record (by image ID) unless `allow_unverified`, and the pushed digest is linked to it.
     """
     platform = platform or recipe.model.platforms[0]
     if platform not in recipe.model.platforms:
@@ -196,40 +176,49 @@ def push(
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:
-            digest = str(json.loads(metadata_file.read_text())["containerimage.digest"])
+            meta = json.loads(metadata_file.read_text())
+            digest, image_id = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
         except (OSError, ValueError, KeyError):
             raise PublishError(
-                f"{metadata_file}: no 'containerimage.digest'; fix: pass the --metadata-file written by "
-                "'invoke build --push-by-digest' (buildx)"
+                f"{metadata_file}: no 'containerimage.digest' / 'containerimage.config.digest'; fix: pass the "
+                "--metadata-file written by 'invoke build --push-by-digest' (buildx)"
             ) from None
+        record = records.read_record(image_id, evidence_dir)
+        problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
+        _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
     else:
-        tools = _tools(recipe, runner, eng, echo, f"push-{_arch(platform)}")
+        tools = tools_for(recipe, runner, eng, echo, f"push-{oci.arch(platform)}")
         source = image or plan.candidate_tag(recipe, platform)
-        found = engine.image_platform(source)
+        image_id = str(engine.inspect_image(source)["Id"])
+        found = engine.image_platform(image_id)
         if found != platform:
             raise PublishError(f"{source} is a {found} image, not {platform}; fix: pass the {platform} image")
-        drift = label_drift(recipe, engine.image_labels(source))
+        labels = engine.image_labels(image_id)
+        drift = plan.label_drift(recipe, labels)
         if drift:
             raise PublishError(
-                f"refusing to push {source}: {_drift_text(drift)}; fix: rebuild it from this recipe"
+                f"refusing to push {source}: {plan.drift_text(drift)}; fix: rebuild it from this recipe"
             )
-        from sparkforge.verify import verified_record
-
-        if verified_record(source) is None:
-            if not allow_unverified:
-                raise PublishError(
-                    f"refusing to push {source}: this exact image (by ID) has no passed verify; fix: "
-                    f"invoke verify --recipe {recipe.name} --image {source} (or push with --unverified)"
-                )
-            echo(f"sparkforge: WARNING: pushing {source} without a passed verify (--unverified)")
-        staging = f"{repo}:{recipe.hash[:12]}-{_arch(platform)}"
-        engine.tag_image(source, staging)
+        record = records.read_record(image_id, evidence_dir)
+        problems = _evidence_problems(recipe, record, f"{source} ({image_id[:19]})", allow_base_override)
+        override = plan.base_override(recipe, labels)
+        if override and not allow_base_override and not any("other base images" in p for p in problems):
+            problems.append(
+                f"{source}: built on other base images than the recipe pins ("
+                + "; ".join(f"{stage}: {a}" for stage, (a, _) in override.items())
+                + "); fix: build without --base-image, or pass --allow-base-override (test images only)"
+            )
+        _refuse_or_warn(problems, f"push {source}", allow_unverified, echo)
+        staging = f"{repo}:{recipe.hash[:12]}-{oci.arch(platform)}"
+        engine.tag_image(image_id, staging)
         output = engine.run_cli(tools.runner, tools.engine, "push", "push", staging)
         found_digests = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
         digest = found_digests[-1] if found_digests else repo_digest(staging, repo)
     if not DIGEST.fullmatch(digest):
         raise PublishError(f"not a sha256 digest: {digest!r}")
     pushed = PushedImage(recipe.name, recipe.hash, platform, repo, digest)
+    if record is not None and record.get("status") == "passed":
+        records.link_digest(digest, image_id, repo, evidence_dir)  # publish and promote follow this link
     if digests_dir is not None:
         echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
     return pushed
@@ -263,12 +252,16 @@ def publish(
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = print,
+    allow_unverified: bool = False,
+    allow_base_override: bool = False,
+    evidence_dir: Path = records.VERIFIED_DIR,
 ) -> Published:
     """Merge one digest per platform into one index under the recipe's immutable tags (all-or-nothing).
 
-    Refuses before writing anything when a platform is missing or extra, when a digest is not the platform it
-    claims, or when an immutable tag already names other content. `moving` also moves the moving tags
-    (use `promote` for that after verification instead).
+    Refuses before writing anything when a platform is missing or extra, when a digest has no passed verify
+    record (unless `allow_unverified`) or was built on an override base (unless `allow_base_override`), when a
+    digest is not the platform it claims, or when an immutable tag already names other content. `moving` also
+    moves the moving tags, only when every platform's image is GPU-verified (else nothing is written).
     """
     _require_platforms(recipe, list(digests), "the set of pushed digests")
     bad = [d for d in digests.values() if not DIGEST.fullmatch(d)]
@@ -276,13 +269,22 @@ def publish(
         raise PublishError(
             f"not sha256 digests: {', '.join(bad)}; fix: use the digests 'invoke push' recorded"
         )
-    tools = _tools(recipe, runner, eng, echo, "publish")
+    problems: list[str] = []
+    for platform, digest in sorted(digests.items()):
+        record = records.record_for_digest(digest, evidence_dir)
+        problems += _evidence_problems(recipe, record, f"{platform} {digest[:19]}", allow_base_override)
+    _refuse_or_warn(problems, f"publish {recipe.model.publish.repository}", allow_unverified, echo)
+    if moving:
+        require_gpu_verified(recipe, digests, evidence_dir)
+    tools = tools_for(recipe, runner, eng, echo, "publish")
     repo = recipe.model.publish.repository
     sources = [f"{repo}@{digests[p]}" for p in recipe.model.platforms]
     when = when or dt.datetime.now(dt.UTC).date()
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
+    if tools.buildx:
+        _require_labels(recipe, tools, sources)
     content = manifest_content(draft)
     new, unchanged = [], []
     keyed = {
@@ -319,11 +321,44 @@ def publish(
         recipe.name, repo, index, dict(index_platforms(draft)), tuple(new), tuple(unchanged), stamp
     )
     if moving and tags.moving and index:
-        moved = promote(recipe, index, when=when, runner=tools.runner, eng=tools.engine, echo=echo)
+        moved = promote(
+            recipe,
+            index,
+            when=when,
+            runner=tools.runner,
+            eng=tools.engine,
+            echo=echo,
+            evidence_dir=evidence_dir,
+        )
         return Published(
             recipe.name, repo, index, result.platforms, (*new, *moved.tags), tuple(unchanged), stamp
         )
     return result
+
+
+def require_gpu_verified(recipe: Recipe, digests: Mapping[str, str], evidence_dir: Path) -> None:
+    """Moving tags promise a GPU-verified image for every platform they name; no waiver exists for this."""
+    problems = []
+    for platform, digest in sorted(digests.items()):
+        record = records.record_for_digest(digest, evidence_dir)
+        if records.is_gpu_verified(record):
+            continue
+        if record is None:
+            why = "no verify record for this digest (pushed from another machine, or --unverified)"
+        elif record.get("status") != "passed":
+            why = "its latest verify failed"
+        else:
+            why = (record.get("gpu_verified") or {}).get("reason") or "not GPU-verified"
+        problems.append(f"{platform} {digest[:19]}: {why}")
+    if problems:
+        moving = ", ".join(recipe.model.publish.moving_tags) or "(none)"
+        raise PublishError(
+            f"refusing to move the moving tags ({moving}) of {recipe.model.publish.repository}: every platform "
+            f"image they name must be GPU-verified for {recipe.model.gpu} (every vLLM FP8 kernel check passed "
+            f"on a GPU of that capability). Not: {' | '.join(problems)}. Nothing was moved. Fix: on the target "
+            "GPU (DGX Spark for sm_121), 'invoke verify --gpus all' the pushed image, then 'invoke publish "
+            "--promote'; a platform without that GPU (e.g. linux/amd64 for sm_121) cannot carry moving tags"
+        )
 
 
 def promote(
@@ -334,11 +369,12 @@ def promote(
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = print,
+    evidence_dir: Path = records.VERIFIED_DIR,
 ) -> Published:
-    """Point the recipe's moving tags at an already published (and verified) index, after checking it."""
+    """Point the recipe's moving tags at a published index, only when every platform image in it is GPU-verified."""
     if not DIGEST.fullmatch(index):
         raise PublishError(f"--promote {index!r}: pass the index digest (sha256:<64 hex>) that was verified")
-    tools = _tools(recipe, runner, eng, echo, "promote")
+    tools = tools_for(recipe, runner, eng, echo, "promote")
     repo = recipe.model.publish.repository
     when = when or dt.datetime.now(dt.UTC).date()
     moving = plan.final_tags(recipe, when).moving
@@ -354,6 +390,7 @@ def promote(
         )
     images = index_platforms(manifest)
     _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
+    require_gpu_verified(recipe, dict(images), evidence_dir)
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -366,130 +403,3 @@ def promote(
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))
-
-
-# ---- pull ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pulled:
-    reference: str  # what was asked for
-    platform: str
-    image: str  # the local reference of the pulled platform image (repository@digest)
-    drift: dict[str, tuple[str | None, str]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "drift": {k: {"image": a, "recipe": b} for k, (a, b) in self.drift.items()}}
-
-
-def host_platform() -> str:
-    machine = _platform.machine().lower()
-    if machine not in HOST_PLATFORMS:
-        raise PublishError(
-            f"unknown machine type {machine!r}; fix: pass --platform linux/arm64 or linux/amd64"
-        )
-    return HOST_PLATFORMS[machine]
-
-
-def pull(
-    recipe: Recipe,
-    tag: str | None = None,
-    *,
-    allow_drift: bool = False,
-    platform: str | None = None,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = print,
-    warn: Echo = print,
-) -> Pulled:
-    """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
-
-    A label that differs raises PublishError naming each one, or only warns with `allow_drift`. The platform's
-    image is pulled by its digest from the index, so the image checked is exactly the one the tag names.
-    """
-    platform = platform or host_platform()
-    ref = reference_for(recipe, tag)
-    repo = recipe.model.publish.repository
-    tools = _tools(recipe, runner, eng, echo, f"pull-{_arch(platform)}")
-    manifest = tools.fetch(ref)
-    if manifest is None:
-        raise PublishError(
-            f"{ref} does not exist; fix: check --tag (the recipe publishes "
-            f"{', '.join(plan.final_tags(recipe, dt.date.today()).all)}), log in to the registry, or publish it"
-        )
-    if "manifests" in manifest:
-        images = dict(index_platforms(manifest))
-        if platform not in images:
-            raise PublishError(
-                f"{ref} has no {platform} image (it has {', '.join(images) or 'none'}); fix: pass --platform, "
-                "or publish every platform of the recipe"
-            )
-        local = f"{repo}@{images[platform]}"
-    else:
-        local = ref
-    echo(f"sparkforge: pulling {ref} for {platform}")
-    try:
-        engine.run_cli(tools.runner, tools.engine, "pull", "pull", "--platform", platform, local)
-    except EngineError as exc:
-        raise PublishError(f"pull of {ref} failed; log in to the registry if it is private.\n{exc}") from None
-    if local != ref and "@" not in ref:
-        engine.tag_image(local, ref)  # `docker run REPO:TAG` then means the image that was checked
-    found = engine.image_platform(local)
-    if found != platform:
-        raise PublishError(f"{ref} gave a {found} image where {platform} was asked for")
-    drift = label_drift(recipe, engine.image_labels(local))
-    if drift:
-        message = (
-            f"{ref} ({platform}) was not built from recipe {recipe.name} as it is here: {_drift_text(drift)}. "
-            f"Fix: pull the tag built from this recipe ('invoke pull --recipe {_recipe_ref(recipe)}' pulls "
-            f"{reference_for(recipe)}), check out the sparkforge revision the image names (label "
-            f"org.opencontainers.image.revision={engine.image_labels(local).get('org.opencontainers.image.revision')}"
-            f"), or rebuild ('invoke build --recipe {_recipe_ref(recipe)}')"
-        )
-        if not allow_drift:
-            raise PublishError(message + "; --allow-drift accepts the image with a warning")
-        warn(f"sparkforge: WARNING (--allow-drift): {message}")
-    else:
-        echo(
-            f"sparkforge: {local} ({platform}) matches recipe {recipe.name} (hash {recipe.hash[:12]}, all pins)"
-        )
-    return Pulled(ref, platform, local, drift)
-
-
-def _drift_text(drift: Mapping[str, tuple[str | None, str]]) -> str:
-    items = "; ".join(
-        f"{k}: image {a if a is not None else '(missing)'}, recipe {b}" for k, (a, b) in drift.items()
-    )
-    return f"{len(drift)} label(s) differ ({items})"
-
-
-# ---- CI ----------------------------------------------------------------------------------------
-
-
-def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:
-    """One GitHub Actions matrix entry per recipe and platform.
-
-    arm64 builds on a native arm64 runner, amd64 on x86; a recipe with `publish.qemu: true` builds arm64 on
-    the x86 runner under QEMU instead (for repositories without arm64 runners).
-    """
-    entries = []
-    for recipe in recipes:
-        repo = recipe.model.publish.repository
-        for platform in recipe.model.platforms:
-            arch = _arch(platform)
-            qemu = recipe.model.publish.qemu and platform != "linux/amd64"
-            cache = f"{repo}:buildcache-{recipe.name}-{arch}"
-            entries.append(
-                {
-                    "recipe": recipe.name,
-                    "path": _recipe_ref(recipe),
-                    "platform": platform,
-                    "arch": arch,
-                    "runner": RUNNERS["linux/amd64"] if qemu else RUNNERS[platform],
-                    "qemu": qemu,
-                    "repository": repo,
-                    "cache_from": f"type=registry,ref={cache}",
-                    "cache_to": f"type=registry,ref={cache},mode=max,image-manifest=true,oci-mediatypes=true",
-                }
-            )
-    return entries

@@ -254,6 +254,15 @@ def load_recipe(ref: str | Path) -> Recipe:
     return Recipe(name=path.stem, path=path, model=model, chain=chain)
 
 
+def recipe_ref(recipe: Recipe) -> str:
+    """What `--recipe` takes for this recipe on a CI checkout: its name in recipes/, else its repo path."""
+    if recipe.path.parent == RECIPES_DIR:
+        return recipe.name
+    return (
+        str(recipe.path.relative_to(REPO_ROOT)) if recipe.path.is_relative_to(REPO_ROOT) else str(recipe.path)
+    )
+
+
 def list_recipe_names() -> list[str]:
     """Buildable recipes in recipes/ (files starting with '_' are shared partials)."""
     if not RECIPES_DIR.is_dir():

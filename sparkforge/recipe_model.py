@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -54,8 +55,8 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     ),
     "glob": (r"[A-Za-z0-9_.*?/\[\]-]+", "use a path glob like 'vllm/_C*.so'"),
     "patch": (
-        r"patches/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.patch",
-        "use a path like 'patches/vllm/0001-fix.patch'",
+        r"patches/(?!\.\.?/)[A-Za-z0-9_.-]+/(?!\.\.?\.patch$)[A-Za-z0-9_.-]+\.patch",
+        "use a path like 'patches/vllm/0001-fix.patch' (no '.' or '..' segments)",
     ),
     "tag": (r"[A-Za-z0-9_{}][A-Za-z0-9_.{}-]{0,127}", "use a tag template like '{vllm}-cu{cuda}-{date}'"),
     "probe_source": (
@@ -68,6 +69,36 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     ),
 }
 TAG_PLACEHOLDERS = ("recipe", "vllm", "torch", "cuda", "date", "hash")
+# Variables that change how every process in the image finds and loads code: never set from a recipe.
+LOADER_ENV = frozenset(
+    {
+        "PATH",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONSAFEPATH",
+        "PYTHONNOUSERSITE",
+        "PYTHONEXECUTABLE",
+        "VIRTUAL_ENV",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "PIP_CONSTRAINT",
+        "PIP_REQUIRE_VIRTUALENV",
+        "BASH_ENV",
+        "ENV",
+        "SHELL",
+        "IFS",
+        "HOME",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CUDA_HOME",
+    }
+)
 
 
 def _pattern(kind: str) -> Any:
@@ -95,7 +126,7 @@ def _exact_version(value: str) -> str:
 
 
 ExactVersion = Annotated[StrictStr, AfterValidator(_exact_version)]
-ImageRef = _pattern("image")
+PinnedImage = _pattern("image")  # a recipe's base image, pinned by digest (parsing: preflight.images)
 Sha40 = _pattern("sha40")
 
 
@@ -104,8 +135,8 @@ class StrictModel(BaseModel):
 
 
 class Images(StrictModel):
-    builder: ImageRef = Field(description="image the compile stages run in (needs nvcc)")
-    runtime: ImageRef = Field(description="image the final stage starts from")
+    builder: PinnedImage = Field(description="image the compile stages run in (needs nvcc)")
+    runtime: PinnedImage = Field(description="image the final stage starts from")
 
 
 class Component(StrictModel):
@@ -218,13 +249,19 @@ class Publish(StrictModel):
     @field_validator("tags", "moving_tags")
     @classmethod
     def _placeholders(cls, value: list[str]) -> list[str]:
+        fix = "use one of " + ", ".join("{" + p + "}" for p in TAG_PLACEHOLDERS)
         for tag in value:
-            for name in re.findall(r"\{([^}]*)\}", tag):
+            try:
+                fields = [name for _, name, spec, conv in string.Formatter().parse(tag) if name is not None]
+            except ValueError:
+                raise ValueError(
+                    f"tag {tag!r} has a stray '{{' or '}}'; fix: write placeholders as {{name}} and {fix}"
+                ) from None
+            for name in fields:
                 if name not in TAG_PLACEHOLDERS:
-                    raise ValueError(
-                        f"tag {tag!r} uses unknown placeholder {{{name}}}; fix: use one of "
-                        + ", ".join("{" + p + "}" for p in TAG_PLACEHOLDERS)
-                    )
+                    raise ValueError(f"tag {tag!r} uses unknown placeholder {{{name}}}; fix: {fix}")
+            if re.search(r"\{[^}]*[^a-z}][^}]*\}", tag):
+                raise ValueError(f"tag {tag!r}: a placeholder has a format spec or index; fix: {fix}")
         return value
 
 
@@ -256,6 +293,20 @@ class RecipeModel(StrictModel):
                 f"build.cuda_wheels {wheels} is not CUDA {self.cuda}; fix: pin a cuda-toolkit release of CUDA {self.cuda}"
             )
         return self
+
+    @field_validator("env")
+    @classmethod
+    def _no_loader_env(cls, value: dict[str, str]) -> dict[str, str]:
+        refused = sorted(
+            k for k in value if k.upper() in LOADER_ENV or k.upper().startswith(("LD_", "DYLD_"))
+        )
+        if refused:
+            raise ValueError(
+                f"{', '.join(refused)} would change how every process in the image finds and loads code (or "
+                "where pip and TLS look); fix: remove it (sparkforge sets the venv's PATH itself; ship a library "
+                "through a component instead)"
+            )
+        return value
 
     @field_validator("platforms")
     @classmethod

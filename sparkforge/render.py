@@ -60,9 +60,9 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_dockerfile(recipe: Recipe) -> str:
-    """The Dockerfile text for a recipe."""
-    values = dataclasses.asdict(plan.template_values(recipe))
+def render_dockerfile(recipe: Recipe, bases: plan.Bases | None = None) -> str:
+    """The Dockerfile text for a recipe (on its pinned base images unless `bases` overrides them)."""
+    values = dataclasses.asdict(plan.template_values(recipe, bases))
     try:
         return _environment().get_template(TEMPLATE).render(**values)
     except jinja2.UndefinedError as exc:
@@ -84,23 +84,44 @@ class Context:
 
 
 def _build_script(recipe: Recipe) -> str:
+    """build.sh: the same argv `invoke build` runs (engine.build_command), for buildx and for built-in BuildKit."""
+    from sparkforge.engine import BuildRequest, Engine, build_command
+
     platform = recipe.model.platforms[0]
-    tag = plan.candidate_tag(recipe, platform)
+    request = BuildRequest(
+        context=Path("."),
+        platform=platform,
+        target="runtime",
+        tags=(plan.candidate_tag(recipe, platform),),
+        build_args={"SPARKFORGE_CREATED": _CREATED},
+    )
+
+    def line(engine: Engine) -> str:
+        command = build_command(engine, request)
+        argv = shlex.join(command.argv[:-1]).replace(
+            f"SPARKFORGE_CREATED={_CREATED}", '"SPARKFORGE_CREATED=$created"'
+        )
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(command.env.items()))
+        return f'{env + " " if env else ""}{argv} "$@" {shlex.quote(command.argv[-1])}'
+
     lines = [
         "#!/usr/bin/env bash",
-        f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory.",
-        "# Extra docker build options (e.g. --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
+        f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory: the argv",
+        "# `invoke build` runs (sparkforge.engine.build_command). Extra options (e.g. --secret",
+        "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
-        "if docker buildx version >/dev/null 2>&1; then build=(docker buildx build --load); "
-        "else export DOCKER_BUILDKIT=1; build=(docker build); fi",
-        '"${build[@]}" --platform '
-        + shlex.quote(platform)
-        + " --target runtime --tag "
-        + shlex.quote(tag)
-        + ' --build-arg "SPARKFORGE_CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" --progress plain "$@" .',
+        "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+        "if docker buildx version >/dev/null 2>&1; then",
+        "  " + line(Engine("docker", "buildx", "")),
+        "else",
+        "  " + line(Engine("docker", "buildkit", "")),
+        "fi",
     ]
     return "\n".join(lines) + "\n"
+
+
+_CREATED = "@CREATED@"
 
 
 def _copy_tree(source: Path, dest: Path) -> None:
@@ -117,9 +138,9 @@ def _copy_tree(source: Path, dest: Path) -> None:
             shutil.copymode(item, target)
 
 
-def _write_context(recipe: Recipe, root: Path) -> None:
+def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None:
     root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(render_dockerfile(recipe))
+    (root / "Dockerfile").write_text(render_dockerfile(recipe, bases))
     _copy_tree(TEMPLATES_DIR / "files", root / "files")
     patches_dir = root / "patches"
     patches_dir.mkdir()
@@ -131,14 +152,17 @@ def _write_context(recipe: Recipe, root: Path) -> None:
     (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
     _copy_tree(IMAGE_TESTS_DIR, root / "image-tests")
     (root / "constraints.txt").write_text(plan.constraints(recipe))
-    (root / "lock.json").write_text(json.dumps(plan.lock(recipe), indent=2, sort_keys=True) + "\n")
+    (root / "lock.json").write_text(json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n")
     script = root / "build.sh"
     script.write_text(_build_script(recipe))
     script.chmod(0o755)
 
 
-def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
+def render_context(recipe: Recipe, out_root: Path | None = None, bases: plan.Bases | None = None) -> Context:
     """Write build/<recipe>/ afresh; the same recipe and repository give the same bytes.
+
+    `bases` (a --base-image override) is written into the Dockerfile, the labels and lock.json, so the image
+    records the base it was really built on.
 
     The context is written beside the target and swapped in by rename, so a build reading the previous
     context never sees a half-written one.
@@ -148,7 +172,7 @@ def render_context(recipe: Recipe, out_root: Path | None = None) -> Context:
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.", dir=parent))
     try:
-        _write_context(recipe, staging / "context")
+        _write_context(recipe, staging / "context", bases)
         if root.exists():
             old = staging / "old"
             root.rename(old)

@@ -8,32 +8,47 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkforge import engine, plan
+from sparkforge import engine, evidence, plan, records
 from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import Recipe
 from sparkforge.report import Check, Report
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
-VERIFIED_DIR = Path(__file__).resolve().parent.parent / "build" / "verified"
-SUITE = "/opt/sparkforge/image-tests/run_checks.py"
 LOCK_PATH = "/opt/sparkforge/lock.json"
+# The checkout's suite judges the image, mounted read-only; the copy in the image is for users' own checks.
+SUITE_DIR = Path(__file__).resolve().parent.parent / "tests" / "image"
+SUITE_MOUNT = "/opt/sparkforge/judge"
 GpuMode = Literal["all", "none", "auto"]
+GPU_MODES: tuple[GpuMode, ...] = ("all", "none", "auto")
 
 
 def check_labels(recipe: Recipe, labels: dict[str, str]) -> Check:
     """The image's labels carry the recipe's hash and every pin."""
-    expected = {k: v for k, v in plan.labels(recipe).items() if k.startswith(plan.LABEL_PREFIX)}
-    wrong = {k: {"expected": v, "found": labels.get(k)} for k, v in expected.items() if labels.get(k) != v}
+    wrong = plan.label_drift(recipe, labels)
     if wrong:
         return Check(
             "labels",
             "failed",
-            f"{len(wrong)} label(s) differ from the recipe ({', '.join(sorted(wrong))}); the image was built "
-            "from another recipe or version: rebuild it or pass the matching --recipe",
-            {"mismatched": wrong},
+            f"{plan.drift_text(wrong)}; the image was built from another recipe or version: rebuild it or "
+            "pass the matching --recipe",
+            {"mismatched": {k: {"expected": b, "found": a} for k, (a, b) in wrong.items()}},
         )
+    return Check("labels", "passed", f"recipe hash and {len(plan.pins(recipe))} pins match", {})
+
+
+def check_base(recipe: Recipe, labels: dict[str, str]) -> Check:
+    """Which base images the image was built on; an override is reported (push refuses it by default)."""
+    override = plan.base_override(recipe, labels)
+    found = {stage: labels.get(label) for stage, label in plan.BASE_LABELS.items()}
+    if not override:
+        return Check("base", "passed", "built on the recipe's pinned base images", {"bases": found})
+    text = "; ".join(f"{stage}: {a or '(no label)'} instead of {b}" for stage, (a, b) in override.items())
     return Check(
-        "labels", "passed", f"recipe hash and {len(plan.pins(recipe))} pins match", {"checked": len(expected)}
+        "base",
+        "passed",
+        f"BASE OVERRIDE: built on other base images than the recipe pins ({text}); push and publish refuse it "
+        "without --allow-base-override",
+        {"bases": found, "override": True},
     )
 
 
@@ -88,11 +103,17 @@ def check_kernels(recipe: Recipe, image: str) -> Check:
 
 
 def run_image_suite(
-    image: str, gpus: bool, platform: str | None, timeout_s: int = 1800, model_dir: Path | None = None
-) -> list[Check]:
-    """The suite copied into the image, run in a throwaway container; one Check per in-image check."""
-    environment = {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"}
-    volumes: dict[str, str] = {}
+    image: str,
+    gpus: bool,
+    platform: str | None,
+    timeout_s: int = 1800,
+    model_dir: Path | None = None,
+    suite: Path = SUITE_DIR,
+) -> tuple[list[Check], dict[str, Any]]:
+    """The checkout's suite, mounted read-only into a throwaway container of the image: (checks, the suite's
+    own document: GPU, env). A report that is empty, lacks an expected check or has an unknown status fails."""
+    environment = {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    volumes: dict[str, str] = {str(suite.resolve()): SUITE_MOUNT}
     if model_dir is not None:
         if not model_dir.is_dir():
             raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
@@ -100,7 +121,7 @@ def run_image_suite(
         environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
     result = engine.run_container(
         image,
-        [SUITE],
+        [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH],
         entrypoint=["/opt/venv/bin/python3"],
         gpus=gpus,
         platform=platform,
@@ -113,7 +134,7 @@ def run_image_suite(
             Check(
                 "image-suite", "failed", f"the in-image suite {result.stderr}; output: {result.stdout[-800:]}"
             )
-        ]
+        ], {}
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
     if line is None:
         return [
@@ -123,12 +144,31 @@ def run_image_suite(
                 f"the in-image suite exited {result.exit_code} without a report; last output: "
                 + (result.stderr or result.stdout)[-800:],
             )
-        ]
-    return [Check.from_dict(c) for c in json.loads(line[len(MARKER) :])["checks"]]
+        ], {}
+    return parse_suite_output(line[len(MARKER) :])
 
 
-def _resolve_gpus(mode: GpuMode) -> tuple[bool, str]:
-    if mode not in ("all", "none", "auto"):
+def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
+    """The suite's JSON document -> checks; anything untrustworthy in it becomes a failed 'image-suite' check."""
+    try:
+        document = json.loads(text)
+        raw = list(document["checks"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return [Check("image-suite", "failed", f"the suite's report is not readable ({exc})")], {}
+    problems = evidence.suite_problems(raw)
+    checks = [
+        Check.from_dict(c)
+        for c in raw
+        if isinstance(c, dict) and c.get("status") in evidence.STATUSES and "name" in c
+    ]
+    if problems:
+        checks.append(Check("image-suite", "failed", "; ".join(problems) + "; fix: run the checkout's suite"))
+    return checks, {k: v for k, v in document.items() if k != "checks"}
+
+
+def resolve_gpus(mode: str) -> tuple[bool, str]:
+    """(use a GPU, why) for a --gpus mode; raises before anything runs when the mode cannot be honoured."""
+    if mode not in GPU_MODES:
         raise VerifyError(f"--gpus {mode!r}: use all, none or auto")
     if mode == "none":
         return False, "GPU checks disabled (--gpus none)"
@@ -144,47 +184,66 @@ def _resolve_gpus(mode: GpuMode) -> tuple[bool, str]:
 def verify_image(
     recipe: Recipe, image: str, *, gpus: GpuMode = "auto", kernels: bool = True, model_dir: Path | None = None
 ) -> Report:
-    """Every verify check for `image`; the report fails if any check failed."""
+    """Every verify check for `image` (resolved to its image ID first: every check sees the same image)."""
+    use_gpus, why = resolve_gpus(gpus)
+    image_id = str(engine.inspect_image(image)["Id"])
     report = Report(command="verify", subject=image, recipe=recipe.name)
+    report.extra["image_id"] = image_id
     start = time.monotonic()
-    labels = engine.image_labels(image)
+    labels = engine.image_labels(image_id)
     report.add(check_labels(recipe, labels)).duration_s = time.monotonic() - start
+    report.add(check_base(recipe, labels))
     start = time.monotonic()
-    report.add(check_lock(recipe, read_image_file(image, LOCK_PATH))).duration_s = time.monotonic() - start
+    report.add(check_lock(recipe, read_image_file(image_id, LOCK_PATH))).duration_s = time.monotonic() - start
     if kernels:
         start = time.monotonic()
         try:
-            check = check_kernels(recipe, image)
+            check = check_kernels(recipe, image_id)
         except SparkforgeError as exc:
             check = Check("kernels", "failed", str(exc))
         check.duration_s = time.monotonic() - start
         report.add(check)
-    use_gpus, why = _resolve_gpus(gpus)
-    platform = engine.image_platform(image)
-    for check in run_image_suite(image, use_gpus, platform, model_dir=model_dir):
+    platform = engine.image_platform(image_id)
+    checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir)
+    if gpus == "all":
+        checks = [Check.from_dict(c) for c in evidence.require_gpu_checks([c.to_dict() for c in checks])]
+    for check in checks:
         report.add(check)
-    report.extra["gpus"] = {"used": use_gpus, "why": why}
+    verdict = evidence.gpu_verdict(
+        [c.to_dict() for c in report.checks], document.get("gpu"), recipe.model.gpu
+    )
+    report.add(
+        Check("gpu-verified", "passed" if verdict.verified else "skipped", verdict.reason, verdict.to_dict())
+    )
+    report.extra["gpus"] = {"mode": gpus, "used": use_gpus, "why": why}
+    report.extra["gpu"] = document.get("gpu")
+    report.extra["gpu_verified"] = verdict.to_dict()
+    report.extra["suite"] = {"source": str(SUITE_DIR), "sha256": evidence.suite_digest(SUITE_DIR)}
+    report.extra["base_override"] = bool(plan.base_override(recipe, labels))
     report.extra["platform"] = platform
     return report
 
 
-def _record_path(image_id: str, directory: Path) -> Path:
-    return directory / f"{image_id.removeprefix('sha256:')}.json"
+def verify_and_record(
+    recipe: Recipe,
+    image: str,
+    *,
+    gpus: GpuMode = "auto",
+    kernels: bool = True,
+    model_dir: Path | None = None,
+    directory: Path = records.VERIFIED_DIR,
+) -> Report:
+    """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass)."""
+    report = verify_image(recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir)
+    record_verified(report, directory)
+    return report
 
 
-def record_verified(image: str, report: Report, directory: Path = VERIFIED_DIR) -> Path | None:
-    """Remember that this exact image (by ID) passed verify; `push` refuses images without such a record."""
-    if report.status != "passed":
-        return None
-    path = _record_path(str(engine.inspect_image(image)["Id"]), directory)
-    report.write_json(path)
-    return path
+def record_verified(report: Report, directory: Path = records.VERIFIED_DIR) -> Path:
+    """Keep this verify's result for the exact image (by ID); a failure revokes an earlier pass."""
+    return records.write_record(str(report.extra["image_id"]), report.to_dict(), directory)
 
 
-def verified_record(image: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
-    """The passed verify report of this exact image (by ID), if there is one."""
-    path = _record_path(str(engine.inspect_image(image)["Id"]), directory)
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    return data if data.get("status") == "passed" else None
+def verified_record(image: str, directory: Path = records.VERIFIED_DIR) -> dict[str, Any] | None:
+    """The passed verify report of this exact image (by ID), if its latest verify passed."""
+    return records.passed_record(str(engine.inspect_image(image)["Id"]), directory)

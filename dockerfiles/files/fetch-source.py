@@ -62,23 +62,40 @@ def sdist_commit(root: Path) -> str | None:
     return None
 
 
+def _inside(root: Path, path: Path) -> bool:
+    """True when `path` (resolved) is `root` or below it: a path-component test, not a string prefix."""
+    return path == root or root in path.parents
+
+
+def check_members(archive: tarfile.TarFile, dest: Path) -> None:
+    """Refuse absolute paths, '..', devices, and links (symbolic or hard) whose target leaves `dest`."""
+    root = dest.resolve()
+    for member in archive.getmembers():
+        target = (root / member.name).resolve()
+        if Path(member.name).is_absolute() or not _inside(root, target):
+            fail(f"unsafe archive member {member.name!r} (outside the tree)")
+        if member.isdev() or member.isfifo():
+            fail(f"unsafe archive member {member.name!r} (device or fifo)")
+        if member.issym():
+            link = (target.parent / member.linkname).resolve()
+            if Path(member.linkname).is_absolute() or not _inside(root, link):
+                fail(f"archive link {member.name!r} -> {member.linkname!r} points outside the tree")
+        if member.islnk():  # hard-link targets are archive paths, relative to the archive root
+            link = (root / member.linkname).resolve()
+            if Path(member.linkname).is_absolute() or not _inside(root, link):
+                fail(f"archive hard link {member.name!r} -> {member.linkname!r} points outside the tree")
+
+
 def safe_extract(archive: tarfile.TarFile, dest: Path) -> None:
-    """Extract refusing absolute paths, '..' and links that leave `dest` (Python < 3.11.4 has no filter)."""
+    """Extract refusing anything that would land outside `dest` (tarfile's data filter where it exists)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    check_members(archive, dest)
     if hasattr(tarfile, "data_filter"):
         try:
             archive.extractall(dest, filter="data")
         except tarfile.FilterError as exc:
             fail(f"unsafe archive member: {exc}")
         return
-    root = dest.resolve()
-    for member in archive.getmembers():
-        target = (dest / member.name).resolve()
-        if not str(target).startswith(str(root)) or member.isdev():
-            fail(f"unsafe archive member {member.name!r}")
-        if (member.issym() or member.islnk()) and not str(
-            (target.parent / member.linkname).resolve()
-        ).startswith(str(root)):
-            fail(f"archive link {member.name!r} points outside the tree")
     archive.extractall(dest)
 
 

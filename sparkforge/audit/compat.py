@@ -82,6 +82,22 @@ def entry_verdict(kind: str, arch: int, variant: str, target: GpuTarget) -> Verd
     return "none"
 
 
+_CMAKE_ARCH = re.compile(r"^(\d+)\.(\d)([af]?)(\+PTX)?$")
+
+
+def cmake_arch_verdict(entry: str, target: GpuTarget) -> Verdict:
+    """How code CMake builds for one arch-list entry ('12.0f', '8.0+PTX') runs on `target`: its SASS, and its
+    PTX when '+PTX' asks for it, judged by the same rule as the entries of a real fatbin."""
+    match = _CMAKE_ARCH.match(entry.strip())
+    if match is None:
+        return "none"
+    arch, variant = int(match[1]) * 10 + int(match[2]), match[3]
+    verdicts = [entry_verdict("sass", arch, variant, target)]
+    if match[4]:
+        verdicts.append(entry_verdict("ptx", arch, variant, target))
+    return best_verdict(verdicts)
+
+
 def verdict_of(entry: Entry, target: GpuTarget) -> Verdict:
     return entry_verdict(entry.kind, entry.arch, entry.variant, target)
 

@@ -30,6 +30,7 @@ def _write_json(path: str, data: object) -> None:
         "metadata_file": "record the digest from this BuildKit metadata file ('invoke build --push-by-digest')",
         "digests": DIGESTS_HELP,
         "unverified": "push even though this image has no passed 'invoke verify' (loudly warned)",
+        "allow_base_override": "push an image built on other base images than the recipe pins (test images)",
     }
 )
 @user_errors
@@ -41,7 +42,8 @@ def push(
     metadata_file: str = "",
     digests: str = "",
     unverified: bool = False,
-):
+    allow_base_override: bool = False,
+) -> None:
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
     from sparkforge import publish as pub
     from sparkforge.recipe import load_recipe
@@ -54,6 +56,7 @@ def push(
         digests_dir=Path(digests) if digests else pub.DIGESTS_DIR,
         echo=echo,
         allow_unverified=unverified,
+        allow_base_override=allow_base_override,
     )
 
 
@@ -64,10 +67,12 @@ def push(
         "digests": DIGESTS_HELP,
         "digest": "PLATFORM=sha256:... for one platform (repeatable; overrides the records)",
         "date": "date for {date} tags, YYYYMMDD (default: today, UTC)",
-        "moving": "also move the moving tags (default: only after verification, with --promote)",
+        "moving": "also move the moving tags (only when every platform image is GPU-verified)",
         "promote": "move the moving tags to this verified index digest (sha256:...) and do nothing else",
         "json": "write the result (index digest, tags) here",
         "dry": "read the registry, print what would be written, write nothing",
+        "unverified": "publish digests that have no passed verify record (loudly warned; never moves tags)",
+        "allow_base_override": "publish images built on other base images than the recipe pins (test images)",
     },
 )
 @user_errors
@@ -81,7 +86,9 @@ def publish(
     promote: str = "",
     json: str = "",
     dry: bool = False,
-):
+    unverified: bool = False,
+    allow_base_override: bool = False,
+) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
     from sparkforge import publish as pub
     from sparkforge.commands import Runner
@@ -104,7 +111,16 @@ def publish(
             if not value:
                 raise PublishError(f"--digest {item!r}: use PLATFORM=sha256:..., e.g. linux/arm64=sha256:...")
             found[platform] = value
-        result = pub.publish(loaded, found, when=when, moving=moving, runner=runner, echo=echo)
+        result = pub.publish(
+            loaded,
+            found,
+            when=when,
+            moving=moving,
+            runner=runner,
+            echo=echo,
+            allow_unverified=unverified,
+            allow_base_override=allow_base_override,
+        )
     _write_json(json, result.to_json())
 
 
@@ -120,12 +136,12 @@ def publish(
 @user_errors
 def pull(
     c: Context, recipe: str, tag: str = "", platform: str = "", allow_drift: bool = False, json: str = ""
-):
+) -> None:
     """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
-    from sparkforge import publish as pub
+    from sparkforge.pull import pull as run_pull
     from sparkforge.recipe import load_recipe
 
-    result = pub.pull(
+    result = run_pull(
         load_recipe(recipe),
         tag or None,
         allow_drift=allow_drift,
@@ -145,9 +161,9 @@ def pull(
     },
 )
 @user_errors
-def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = ""):
+def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = "") -> None:
     """The GitHub Actions build matrix (recipe x platform, runner, qemu, cache) as JSON."""
-    from sparkforge.publish import ci_matrix as matrix
+    from sparkforge.ci import ci_matrix as matrix
     from sparkforge.recipe import list_recipe_names, load_recipe
 
     names = list(recipe or []) or list_recipe_names()

@@ -17,6 +17,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from sparkforge.audit import compat
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError
 from sparkforge.preflight import cmake
@@ -28,31 +29,17 @@ _TRACE = 'message(STATUS "' + _MARK + '|{line}|{out}|${{{out}}}|" {src})'
 _TRACED = ("cuda_archs_loose_intersection", "cuda_archs_sm90plus")
 _BUILDING = re.compile(r'"(?:Building|Not building) ([A-Za-z0-9_ .+-]+?)(?: kernels)?(?: for archs| as |")')
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
-_RANK = {"native": 3, "family": 2, "jit": 1, "none": 0}
 
 
 def arch_verdict(entry: str, gpu: str) -> str:
     """How code built for one CMake arch entry (e.g. '12.0f', '8.0+PTX') runs on `gpu` ('sm_121')."""
-    match = _ARCH.match(entry.strip())
-    target = re.fullmatch(r"sm_(\d+)(\d)[af]?", gpu)
-    if match is None or target is None:
-        return "none"
-    major, minor, suffix, ptx = int(match[1]), int(match[2]), match[3], bool(match[4])
-    g_major, g_minor = int(target[1]), int(target[2])
-    same_line = major == g_major and minor <= g_minor
-    if suffix == "a":
-        sass = "native" if (major, minor) == (g_major, g_minor) else "none"
-    elif suffix == "f":
-        sass = "family" if same_line else "none"
-    else:
-        sass = "native" if same_line else "none"
-    if sass == "none" and ptx and suffix != "a" and (major, minor) <= (g_major, g_minor):
-        return "jit"
-    return sass
+    return compat.cmake_arch_verdict(entry, compat.parse_target(gpu))
 
 
 def best_verdict(entries: list[str], gpu: str) -> str:
-    return max((arch_verdict(e, gpu) for e in entries), key=_RANK.__getitem__, default="none")
+    """The best verdict of any entry (the GPU rule itself lives in sparkforge.audit.compat)."""
+    target = compat.parse_target(gpu)
+    return compat.best_verdict(compat.cmake_arch_verdict(e, target) for e in entries)
 
 
 @dataclass(frozen=True)

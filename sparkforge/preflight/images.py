@@ -13,6 +13,7 @@ from typing import Any
 
 import requests
 
+from sparkforge import oci
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.recipe import RecipeModel
@@ -38,8 +39,7 @@ class ImageRef:
 
     @property
     def base_url(self) -> str:
-        local = self.registry.split(":")[0] in ("localhost", "127.0.0.1")
-        return f"{'http' if local else 'https'}://{self.registry}"
+        return f"{'http' if oci.is_local_registry(self.registry) else 'https'}://{self.registry}"
 
     def with_digest(self, digest: str) -> str:
         name = self.repository if self.registry == _DOCKER_HUB else f"{self.registry}/{self.repository}"
@@ -116,11 +116,13 @@ def manifest_platforms(fetcher: Fetcher, image: ImageRef, manifest: dict[str, An
     if response.status_code != 200:
         return []
     data = response.json()
-    return [f"{data.get('os', '?')}/{data.get('architecture', '?')}"]
+    parts = [data.get("os", "?"), data.get("architecture", "?"), data.get("variant")]
+    return ["/".join(p for p in parts if p)]
 
 
 def _covers(available: list[str], wanted: str) -> bool:
-    return any(a == wanted or a.startswith(wanted + "/") for a in available)
+    """linux/arm64 is covered by linux/arm64 and linux/arm64/v8 (oci's one platform table decides)."""
+    return any(oci.canonical(*[*a.split("/", 2), ""][:3]) == wanted for a in available)
 
 
 def check_images(check: Check, model: RecipeModel, fetcher: Fetcher) -> None:

@@ -39,6 +39,15 @@ def touched_files(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def escaping_paths(text: str) -> list[str]:
+    """Paths a diff names (either side) that are absolute or climb out of the tree with '..'."""
+    names = [n for m in _DIFF_GIT.finditer(text) for n in m.groups()]
+    names += [m.group(1) for m in re.finditer(r"^(?:---|\+\+\+) (?:[ab]/)?(\S+)", text, re.M)]
+    names += [m.group(1) for m in re.finditer(r"^(?:rename|copy) (?:from|to) (.+)$", text, re.M)]
+    bad = [n for n in names if n != "/dev/null" and (n.startswith("/") or ".." in Path(n).parts)]
+    return list(dict.fromkeys(bad))
+
+
 def hunks(text: str) -> list[Hunk]:
     out: list[Hunk] = []
     current = ""
@@ -87,7 +96,12 @@ def prepare_scratch(root: Path, patches: list[Path], scratch: Path) -> list[str]
     """Copy the files the series touches from `root` into `scratch`; returns those copied."""
     copied = []
     for patch in patches:
-        for rel in touched_files(patch.read_text(errors="replace")):
+        text = patch.read_text(errors="replace")
+        if escaping_paths(text):
+            raise ValueError(
+                f"{patch}: names paths outside the source tree: {', '.join(escaping_paths(text))}"
+            )
+        for rel in touched_files(text):
             source, target = root / rel, scratch / rel
             if source.is_file() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +124,17 @@ def check_patches(
     if not patches:
         check.status = "skipped"
         check.reason = "the recipe has no patches"
+        return
+    escaping = {_display(p, repo_root): escaping_paths(p.read_text(errors="replace")) for p in patches}
+    escaping = {name: paths for name, paths in escaping.items() if paths}
+    if escaping:
+        check.status = "failed"
+        check.reason = " | ".join(
+            f"{name} names paths outside the source tree ({', '.join(paths)}); fix: regenerate the patch with "
+            "'git diff' inside the checkout (paths relative to its root)"
+            for name, paths in escaping.items()
+        )
+        check.details = {"escaping": escaping}
         return
     prepare_scratch(root, patches, scratch)
     results: list[dict[str, Any]] = []

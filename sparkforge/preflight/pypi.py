@@ -16,6 +16,7 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from sparkforge import oci
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
@@ -54,7 +55,7 @@ class WheelTarget:
 
     @classmethod
     def of(cls, platform: str, python: str) -> WheelTarget:
-        machine = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}.get(platform, platform)
+        machine = oci.PLATFORMS[platform].machine if platform in oci.PLATFORMS else platform
         return cls(machine, python)
 
     def accepts(self, tag: Tag) -> bool:

@@ -19,6 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from sparkforge import oci
 from sparkforge.recipe import RecipeModel
 from sparkforge.report import Check
 
@@ -30,7 +31,6 @@ SOURCE_REQUIREMENT_FILES = (
     "requirements/build.txt",
     "requirements/build/cuda.txt",
 )
-_MACHINES = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def marker_environment(platform: str, python: str) -> dict[str, str]:
     env = dict(default_environment())
     env.update(
         {
-            "platform_machine": _MACHINES.get(platform, platform),
+            "platform_machine": oci.PLATFORMS[platform].machine if platform in oci.PLATFORMS else platform,
             "sys_platform": "linux",
             "platform_system": "Linux",
             "os_name": "posix",

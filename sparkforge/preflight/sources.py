@@ -23,6 +23,7 @@ from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
+    extract_wheel_members,
     preflight_cache,
     publish_dir,
     read_record,
@@ -199,10 +200,7 @@ def from_local_wheel(path: Path) -> UpstreamTree:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
             wanted = [*WHEEL_MEMBERS, *(n for n in names if n.endswith(".dist-info/METADATA"))]
-            for name in wanted:
-                if name in names:
-                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / name).write_bytes(zf.read(name))
+            extract_wheel_members(zf, wanted, tmp)  # the one guarded copy (no absolute or '..' members)
         (tmp / WHEEL_FILE_LIST).write_text("\n".join(names) + "\n")
         final = publish_dir(tmp, final)
     return from_wheel_dir(final, str(path))

@@ -70,6 +70,12 @@ class LocalRegistry:
         response.raise_for_status()
         return response.headers["Docker-Content-Digest"], response.json()
 
+    def blob(self, name: str, digest: str) -> Any:
+        """A JSON blob (image config, attestation statement) by digest."""
+        response = requests.get(f"{self.url}/v2/{name}/blobs/{digest}", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
 
 @contextlib.contextmanager
 def local_registry(root: Path, wait_s: float = 20.0) -> Iterator[LocalRegistry]:

@@ -13,7 +13,7 @@ import pytest
 
 from sparkforge import engine, plan
 from sparkforge.build import BuildOptions, build
-from sparkforge.errors import EngineError, PreflightError, VerifyError
+from sparkforge.errors import EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.engine
@@ -58,16 +58,52 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     for name in ("fp8.reference", "fp8.cutlass_scaled_mm", "fp8.cutlass_block", "fp8.linear"):
         assert by_name[name].status == "skipped" and "no GPU" in by_name[name].reason
     assert by_name["serve"].status == "skipped" and "no model mounted" in by_name["serve"].reason
+    assert by_name["pip-check"].status == "passed", by_name["pip-check"].reason
+    assert by_name["gpu-verified"].status == "skipped"
+    assert (
+        report.extra["gpu_verified"]["reason"] == "no GPU was used; recipe targets sm_121: not GPU-verified"
+    )
+    # The checkout's suite judged the image (mounted read-only), and the report says which one.
+    from sparkforge.evidence import suite_digest
+    from sparkforge.verify import SUITE_DIR
+
+    assert report.extra["suite"]["sha256"] == suite_digest(SUITE_DIR)
+    # CI builds on the offline Debian base: labels, lock and verify all say so.
+    assert by_name["base"].details.get("override") is True and "BASE OVERRIDE" in by_name["base"].reason
+    assert report.extra["base_override"] is True
     scheme = plan.final_tags(recipe, dt.datetime.now(dt.UTC).date())
     assert result.tags == scheme.immutable  # moving tags wait for a GPU verify
-    for tag in result.tags:
-        assert engine.image_exists(tag), tag
+    for tag in result.tags:  # final tags name the very image verify saw, not whatever the candidate is now
+        assert engine.inspect_image(tag)["Id"] == report.extra["image_id"], tag
     from sparkforge.verify import verified_record
 
-    assert verified_record(result.candidate)["recipe"] == recipe.name  # push accepts exactly this image
+    record = verified_record(result.candidate)
+    assert record["recipe"] == recipe.name and record["image_id"] == report.extra["image_id"]
+    assert record["gpu_verified"]["verified"] is False  # a CPU-only verify never satisfies a GPU requirement
     labels = engine.image_labels(result.tags[0])
     assert labels["dev.sparkforge.recipe-hash"] == recipe.hash
     assert labels["org.opencontainers.image.created"] != "unknown"
+    assert labels["dev.sparkforge.base.runtime"] == "sparkforge-base/debian-bookworm:amd64"
+    from sparkforge.verify import LOCK_PATH, read_image_file
+
+    lock = json.loads(read_image_file(result.candidate, LOCK_PATH) or b"{}")
+    assert (
+        lock["base_override"] is True and lock["images"]["runtime"] == "sparkforge-base/debian-bookworm:amd64"
+    )
+
+
+def test_the_checkouts_suite_judges_not_the_copy_in_the_image(real_image, tmp_path: Path) -> None:
+    # The mounted suite is what runs: one that reports nothing fails verify, though the image's copy is intact.
+    _, result = real_image
+    from sparkforge.verify import SUITE_DIR, run_image_suite
+
+    broken = tmp_path / "suite"
+    broken.mkdir()
+    (broken / "run_checks.py").write_text("print('SPARKFORGE-CHECKS-JSON:' + '{\"checks\": []}')\n")
+    checks, _ = run_image_suite(result.candidate, False, "linux/amd64", suite=broken)
+    assert [c.name for c in checks] == ["image-suite"] and "reported no checks" in checks[0].reason
+    checks, _ = run_image_suite(result.candidate, False, "linux/amd64", suite=SUITE_DIR)
+    assert {c.name for c in checks} >= {"registry", "versions", "pip-check", "fp8.cutlass_block"}
 
 
 def test_verify_task_writes_reports(real_image, tmp_path: Path) -> None:
@@ -102,10 +138,14 @@ def test_verify_task_writes_reports(real_image, tmp_path: Path) -> None:
     assert {c["name"] for c in data["checks"]} >= {
         "labels",
         "lock",
+        "base",
         "registry",
         "versions",
+        "pip-check",
         "fp8.cutlass_scaled_mm",
+        "gpu-verified",
     }
+    assert data["suite"]["sha256"].startswith("sha256:") and data["gpu_verified"]["verified"] is False
     assert "<testsuite" in junit.read_text()
     assert "registry" in proc.stdout and "PASSED" in proc.stdout
 
@@ -165,13 +205,17 @@ def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secret
     recipe = load_recipe(str(recipe_path))
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     engine.remove_image(candidate)
-    with pytest.raises(EngineError, match="stage 'runtime'; nothing was tagged") as info:
+    with pytest.raises(
+        EngineError, match=r"stage 'runtime', step \d+/\d+ \(RUN .*\); nothing was tagged"
+    ) as info:
         build(recipe, _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/bad-pin:final",)))
     assert not engine.image_exists(candidate)
     assert not engine.image_exists("sparkforge-test/bad-pin:final")
     log = next((tmp_path / "logs").rglob("*-build.log"))
     assert "transformers==5.99.0" in log.read_text()
-    assert str(log) in str(info.value)
+    assert str(log) in str(info.value) and str(log.with_suffix(".sh")) in str(info.value)  # log and replay
+    assert "last lines" not in str(info.value)  # the stream was printed once; the error is one paragraph
+    assert "pip could not install the pinned set" in str(info.value)
     assert (log.parent / log.name.replace(".log", ".sh")).read_text().count("--secret") == 2
 
 
@@ -191,7 +235,7 @@ def test_engine_stopped_gives_clear_error(tmp_path: Path) -> None:
 
 
 def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
-    recipe = load_recipe(str(CI_RECIPE))
+    recipe = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"))  # lists linux/arm64
     result = build(
         recipe,
         BuildOptions(
@@ -212,6 +256,18 @@ def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     )
     assert run.exit_code == 0 and run.stdout.strip() == "aarch64", run
     assert engine.image_labels(result.candidate)["dev.sparkforge.recipe-hash"] == recipe.hash
+
+
+def test_platform_the_recipe_does_not_list_is_refused_before_building(tmp_path: Path) -> None:
+    recipe = load_recipe(str(CI_RECIPE))  # linux/amd64 only
+    options = BuildOptions(
+        preflight=False, platform="linux/arm64", target="base", verify=False, log_root=tmp_path
+    )
+    with pytest.raises(
+        SparkforgeError, match="--platform linux/arm64: recipe ci-wheels-amd64 builds linux/amd64"
+    ):
+        build(recipe, options)
+    assert not (tmp_path / recipe.name).exists()
 
 
 def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> None:

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import engine, plan
+from sparkforge import engine, evidence, plan, records
 from sparkforge import publish as pub
+from sparkforge import pull as pulling
 from sparkforge.build import BuildOptions, build
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.errors import PreflightError, PublishError
+from sparkforge.manifests import index_platforms
 from sparkforge.preflight import lock_recipe
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.images import check_images
@@ -48,6 +50,14 @@ class Smoke:
     candidates: dict[str, str]  # platform -> local image
     pushed: dict[str, pub.PushedImage]
     digests_dir: Path
+    evidence: Path  # verify records of this test module (never the checkout's build/verified)
+
+    def publish(self, digests: dict[str, str], **kw: object) -> pub.Published:
+        """Smoke images are the base stage on offline bases: nothing to verify, so publish waives both (loudly)."""
+        kw = {"when": DAY, "allow_unverified": True, "allow_base_override": True, **kw}
+        return pub.publish(
+            self.recipe, digests, runner=self.runner, eng=self.eng, evidence_dir=self.evidence, **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     @property
     def name(self) -> str:  # repository path inside the registry
@@ -122,12 +132,14 @@ def smoke(
                 recipe,
                 platform,
                 allow_unverified=True,  # smoke images are the base stage: nothing in them to verify
+                allow_base_override=True,  # and built on the offline Debian bases
+                evidence_dir=tmp / "verified",
                 image=candidates[platform],
                 digests_dir=tmp / "digests",
                 runner=runner,
                 eng=eng,
             )
-        yield Smoke(recipe, registry, eng, runner, candidates, pushed, tmp / "digests")
+        yield Smoke(recipe, registry, eng, runner, candidates, pushed, tmp / "digests", tmp / "verified")
     finally:
         repo = recipe.model.publish.repository
         refs = [*candidates.values(), *(p.reference for p in pushed.values())]
@@ -139,7 +151,7 @@ def smoke(
 
 @pytest.fixture(scope="module")
 def published(smoke: Smoke) -> pub.Published:
-    return pub.publish(smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng)
+    return smoke.publish(smoke.digests())
 
 
 def _tag(full: str) -> str:
@@ -159,7 +171,7 @@ def test_publish_refuses_a_missing_platform(smoke: Smoke) -> None:
     before = smoke.registry.tags(smoke.name)
     only_amd64 = {"linux/amd64": smoke.pushed["linux/amd64"].digest}
     with pytest.raises(PublishError, match=r"no image for linux/arm64.*nothing was tagged"):
-        pub.publish(smoke.recipe, only_amd64, when=DAY, runner=smoke.runner, eng=smoke.eng)
+        smoke.publish(only_amd64)
     assert smoke.registry.tags(smoke.name) == before
 
 
@@ -167,7 +179,7 @@ def test_publish_refuses_a_digest_that_is_not_its_platform(smoke: Smoke) -> None
     before = smoke.registry.tags(smoke.name)
     lying = {p: smoke.pushed["linux/amd64"].digest for p in PLATFORMS}  # an amd64 image recorded as arm64
     with pytest.raises(PublishError, match=r"the merged index has no image for linux/arm64"):
-        pub.publish(smoke.recipe, lying, when=DAY, runner=smoke.runner, eng=smoke.eng)
+        smoke.publish(lying)
     assert smoke.registry.tags(smoke.name) == before
 
 
@@ -179,12 +191,12 @@ def test_publish_merges_every_platform_under_the_immutable_tags(
     for full in tags.immutable:
         digest, index = smoke.registry.manifest(smoke.name, _tag(full)) or ("", {})
         assert digest == published.index
-        assert sorted(pub.index_platforms(index)) == sorted(smoke.digests().items())
+        assert sorted(index_platforms(index)) == sorted(smoke.digests().items())
     assert "latest" not in smoke.registry.tags(smoke.name)  # moving tags wait for verification
 
 
 def test_publish_again_leaves_immutable_tags_unchanged(smoke: Smoke, published: pub.Published) -> None:
-    again = pub.publish(smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng)
+    again = smoke.publish(smoke.digests())
     assert again.tags == () and again.unchanged == plan.final_tags(smoke.recipe, DAY).immutable
     assert again.index == published.index
 
@@ -209,6 +221,8 @@ def _rebuilt_and_pushed(smoke: Smoke, tmp_path: Path, label: str) -> Iterator[pu
             runner=smoke.runner,
             eng=smoke.eng,
             allow_unverified=True,
+            allow_base_override=True,
+            evidence_dir=smoke.evidence,
         )
     finally:
         engine.remove_image(rebuilt)
@@ -222,15 +236,117 @@ def test_immutable_tag_never_moves_to_other_content(
         assert other.digest != smoke.pushed["linux/amd64"].digest
         digests = {**smoke.digests(), "linux/amd64": other.digest}
         with pytest.raises(PublishError, match="refusing to move immutable tag"):
-            pub.publish(smoke.recipe, digests, when=DAY, runner=smoke.runner, eng=smoke.eng)
+            smoke.publish(digests)
         first = _tag(plan.final_tags(smoke.recipe, DAY).immutable[0])
         assert (smoke.registry.manifest(smoke.name, first) or ("",))[0] == published.index
 
 
-def test_promote_moves_the_moving_tags_to_the_verified_index(smoke: Smoke, published: pub.Published) -> None:
-    moved = pub.promote(smoke.recipe, published.index, when=DAY, runner=smoke.runner, eng=smoke.eng)
+def _gb10_checks() -> list[dict[str, object]]:
+    """The in-image suite's report from a full GB10 run: every expected check, the required FP8 cases."""
+    shapes = [(16, 256, 512), (64, 1024, 2048), (1, 16384, 5120)]
+    cases = {
+        "fp8.cutlass_scaled_mm": [
+            {"m": m, "n": n, "k": k, "per_token": t, "per_channel": t}
+            for m, n, k in shapes
+            for t in (False, True)
+        ],
+        "fp8.cutlass_block": [{"m": m, "n": n, "k": k} for m, n, k in shapes],
+    }
+    return [
+        {"name": name, "status": "passed", "reason": "", "details": {"cases": cases.get(name, [])}}
+        for name in evidence.EXPECTED_IMAGE_CHECKS
+    ]
+
+
+def _record(smoke: Smoke, platform: str, gpu: dict[str, str] | None, status: str = "passed") -> None:
+    """What 'invoke verify' (on a GPU host when `gpu`) then 'invoke push' leave behind for one platform image.
+
+    A GB10 cannot exist here: its run is the one thing mocked; the rule that judges it is the real one."""
+    image_id = str(engine.inspect_image(smoke.candidates[platform])["Id"])
+    checks = _gb10_checks()
+    verdict = evidence.gpu_verdict(checks, gpu, smoke.recipe.model.gpu)
+    data = {
+        "status": status,
+        "checks": checks,
+        "gpu": gpu,
+        "gpu_verified": verdict.to_dict(),
+        "base_override": True,
+    }
+    records.write_record(image_id, data, smoke.evidence)
+    repo = smoke.recipe.model.publish.repository
+    records.link_digest(smoke.pushed[platform].digest, image_id, repo, smoke.evidence)
+
+
+GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
+H200 = {"name": "NVIDIA H200", "capability": "9.0", "driver": "580.159.04"}
+
+
+def _promote(smoke: Smoke, index: str) -> pub.Published:
+    return pub.promote(
+        smoke.recipe, index, when=DAY, runner=smoke.runner, eng=smoke.eng, evidence_dir=smoke.evidence
+    )
+
+
+def test_moving_tags_never_move_without_gpu_verified_records(smoke: Smoke, published: pub.Published) -> None:
+    before = smoke.registry.tags(smoke.name)
+    for platform in PLATFORMS:
+        _record(smoke, platform, None)  # passed, but on no GPU (what CI records)
+    with pytest.raises(PublishError, match=r"refusing to move the moving tags \(latest\).*no GPU was used"):
+        _promote(smoke, published.index)
+    with pytest.raises(PublishError, match="refusing to move the moving tags"):
+        smoke.publish(smoke.digests(), moving=True)
+    _record(smoke, "linux/amd64", H200)  # all checks passed, on another GPU
+    with pytest.raises(PublishError, match="ran on sm_90; recipe targets sm_121"):
+        _promote(smoke, published.index)
+    _record(smoke, "linux/arm64", GB10)  # one platform GPU-verified is not enough: the tag names both
+    with pytest.raises(PublishError, match=r"Not: linux/amd64 sha256:\w+: ran on sm_90") as info:
+        _promote(smoke, published.index)
+    assert "linux/arm64" not in str(info.value).split("Not:")[1].split("Nothing")[0]
+    assert smoke.registry.tags(smoke.name) == before and "latest" not in before
+
+
+def test_a_failed_verify_revokes_the_right_to_move(smoke: Smoke, published: pub.Published) -> None:
+    for platform in PLATFORMS:
+        _record(smoke, platform, GB10)
+    _record(smoke, "linux/amd64", GB10, status="failed")  # a later verify of the same image failed
+    with pytest.raises(PublishError, match=r"linux/amd64 sha256:[0-9a-f]+: its latest verify failed"):
+        _promote(smoke, published.index)
+    with pytest.raises(PublishError, match=r"verify FAILED \(the pass is revoked\)"):
+        pub.publish(
+            smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng,
+            allow_base_override=True, evidence_dir=smoke.evidence,
+        )  # fmt: skip
+
+
+def test_promote_moves_the_moving_tags_to_a_gpu_verified_index(
+    smoke: Smoke, published: pub.Published
+) -> None:
+    for platform in PLATFORMS:
+        _record(smoke, platform, GB10)
+    moved = _promote(smoke, published.index)
     assert moved.tags == plan.final_tags(smoke.recipe, DAY).moving
     assert (smoke.registry.manifest(smoke.name, "latest") or ("",))[0] == published.index
+    again = smoke.publish(smoke.digests(), moving=True)
+    assert plan.final_tags(smoke.recipe, DAY).moving[0] in again.tags
+
+
+def test_publish_takes_only_verified_digests(smoke: Smoke, published: pub.Published, tmp_path: Path) -> None:
+    empty = tmp_path / "no-records"
+    kw = {"when": DAY, "runner": smoke.runner, "eng": smoke.eng, "evidence_dir": empty}
+    with pytest.raises(PublishError, match="no verify record"):
+        pub.publish(smoke.recipe, smoke.digests(), allow_base_override=True, **kw)  # type: ignore[arg-type]
+    for platform in PLATFORMS:
+        _record(smoke, platform, None)
+    with pytest.raises(PublishError, match="--allow-base-override"):  # offline bases are not the recipe's
+        smoke.publish(smoke.digests(), allow_base_override=False)
+
+
+def test_push_refuses_an_image_on_an_override_base(smoke: Smoke) -> None:
+    with pytest.raises(PublishError, match="built on other base images than the recipe pins"):
+        pub.push(
+            smoke.recipe, "linux/amd64", image=smoke.candidates["linux/amd64"], digests_dir=None,
+            eng=smoke.eng, allow_unverified=True, evidence_dir=smoke.evidence,
+        )  # fmt: skip
 
 
 def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Published) -> None:
@@ -242,17 +358,17 @@ def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Pu
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
-    pulled = pub.pull(
+    pulled = pulling.pull(
         smoke.recipe, platform=platform, runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
     )
-    assert pulled.reference == pub.reference_for(smoke.recipe)
+    assert pulled.reference == pulling.reference_for(smoke.recipe)
     assert pulled.image == smoke.pushed[platform].reference and pulled.drift == {}
     assert engine.image_platform(pulled.image) == platform
     assert engine.image_labels(pulled.reference)["dev.sparkforge.recipe-hash"] == smoke.recipe.hash
 
 
 def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
-    pulled = pub.pull(
+    pulled = pulling.pull(
         smoke.recipe,
         published.index,
         platform="linux/arm64",
@@ -266,16 +382,16 @@ def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
 
 def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Published, tmp_path: Path) -> None:
     drifted = load_recipe(_recipe_file(tmp_path, smoke.registry, transformers="5.20.1"))
-    tag = _tag(pub.reference_for(smoke.recipe))
+    tag = _tag(pulling.reference_for(smoke.recipe))
     with pytest.raises(PublishError) as caught:
-        pub.pull(
+        pulling.pull(
             drifted, tag, platform="linux/amd64", runner=smoke.runner, eng=smoke.eng, echo=lambda _: None
         )
     message = str(caught.value)
     assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
     assert "dev.sparkforge.recipe-hash" in message and "--allow-drift" in message
     warnings: list[str] = []
-    pulled = pub.pull(
+    pulled = pulling.pull(
         drifted,
         tag,
         allow_drift=True,
@@ -298,7 +414,7 @@ def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path:
 
 
 def test_push_refuses_an_unverified_image(smoke: Smoke) -> None:
-    with pytest.raises(PublishError, match="has no passed verify"):
+    with pytest.raises(PublishError, match="no verify record"):
         pub.push(
             smoke.recipe,
             "linux/amd64",
@@ -314,13 +430,7 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
     # A scheduled rebuild of the same recipe: other bytes, same recipe hash, a later day.
     with _rebuilt_and_pushed(smoke, tmp_path, "next-day") as other:
         next_day = DAY + dt.timedelta(days=1)
-        result = pub.publish(
-            smoke.recipe,
-            {**smoke.digests(), "linux/amd64": other.digest},
-            when=next_day,
-            runner=smoke.runner,
-            eng=smoke.eng,
-        )
+        result = smoke.publish({**smoke.digests(), "linux/amd64": other.digest}, when=next_day)
         hash_tag, date_tag = plan.final_tags(smoke.recipe, next_day).immutable
         assert result.tags == (date_tag,) and result.unchanged == (hash_tag,)
         assert (smoke.registry.manifest(smoke.name, _tag(hash_tag)) or ("",))[0] == published.index

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -197,25 +198,80 @@ def check_serve(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
         log.close()
 
 
+def check_pip(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """`pip check`: a dependency conflict in the image fails it (the build only prints pip's report)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=300, check=False
+    )
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        conflicts = [ln for ln in output.splitlines() if ln.strip()]
+        return (
+            "failed",
+            f"pip check found {len(conflicts)} conflict(s): {'; '.join(conflicts[:5])}; fix: pin compatible "
+            "versions in the recipe",
+            {"output": output[-4000:]},
+        )
+    return "passed", "pip check: no broken requirements", {"output": output[-400:]}
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """The GPU the checks ran on (name, compute capability, driver), or None when none is visible."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    driver = None
+    version_file = Path("/proc/driver/nvidia/version")
+    if version_file.is_file():
+        found = re.search(r"Kernel Module\s+([0-9.]+)", version_file.read_text())
+        driver = found.group(1) if found else None
+    if driver is None:
+        import shutil
+        import subprocess
+
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=False).stdout
+            driver = out.strip().splitlines()[0] if out.strip() else None
+    return {
+        "name": torch.cuda.get_device_name(),
+        "capability": f"{major}.{minor}",
+        "driver": driver,
+        "torch_cuda": torch.version.cuda,
+        "count": torch.cuda.device_count(),
+    }
+
+
+# The suite, in order. Its names are sparkforge.evidence.EXPECTED_IMAGE_CHECKS (a unit test keeps them equal).
+SUITE: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]] = [
+    ("registry", check_registry),
+    ("versions", check_versions),
+    ("pip-check", check_pip),
+    *checks_fp8.CHECKS,
+    ("serve", check_serve),
+]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lock", type=Path, default=Path("/opt/sparkforge/lock.json"))
     parser.add_argument("--only", action="append", default=[], help="run only these checks")
     args = parser.parse_args()
     lock = json.loads(args.lock.read_text())
-    suite: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]] = [
-        ("registry", check_registry),
-        ("versions", check_versions),
-        *checks_fp8.CHECKS,
-        ("serve", check_serve),
-    ]
-    results = [_check(name, fn, lock) for name, fn in suite if not args.only or name in args.only]
-    print(
-        MARKER
-        + json.dumps(
-            {"checks": results, "env": {"visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES")}}
-        )
-    )
+    results = [_check(name, fn, lock) for name, fn in SUITE if not args.only or name in args.only]
+    document = {
+        "checks": results,
+        "gpu": gpu_info(),
+        "env": {"visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES")},
+    }
+    print(MARKER + json.dumps(document))
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
 

@@ -139,7 +139,17 @@ BY_NAME = {f.name: f for f in FIXTURES}
 
 
 def nvcc_available() -> bool:
-    return NVCC.is_file() and os.access(NVCC, os.X_OK)
+    """nvcc 13 is here; under SPARKFORGE_REQUIRE_ENGINE=1 (CI) its absence fails loudly instead of skipping."""
+    found = NVCC.is_file() and os.access(NVCC, os.X_OK)
+    if not found and os.environ.get("SPARKFORGE_REQUIRE_ENGINE") == "1":
+        import pytest
+
+        pytest.fail(
+            f"SPARKFORGE_REQUIRE_ENGINE=1 but nvcc 13 is not at {NVCC}: the audit tests would skip; install CUDA "
+            "13.0 (or pip's nvidia-cuda-nvcc) and set SPARKFORGE_NVCC",
+            pytrace=False,
+        )
+    return found
 
 
 def _digest(fixture: Fixture) -> str:

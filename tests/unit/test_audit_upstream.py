@@ -14,16 +14,11 @@ from sparkforge.audit import audit_target
 from sparkforge.audit.fatbin import read_fatbin_file
 from sparkforge.cache import cache_path
 
+# Downloads 333 MB; deselected unless -m slow (pyproject's addopts: -m 'not slow').
 pytestmark = pytest.mark.slow
 
 VLLM_VERSION = "0.33.0"
 WHEEL = f"vllm-{VLLM_VERSION}-cp38-abi3-manylinux_2_28_aarch64.whl"
-
-
-@pytest.fixture(autouse=True)
-def _only_when_selected(request: pytest.FixtureRequest) -> None:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("downloads 333 MB: run with -m slow")
 
 
 @pytest.fixture(scope="session")

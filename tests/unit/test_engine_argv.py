@@ -78,9 +78,9 @@ def test_argv_never_contains_a_shell_string() -> None:
 
 def test_base_image_and_source_options() -> None:
     assert parse_base_image("mirror/cuda@sha256:" + "a" * 64) == {
-        "BUILDER_IMAGE": "mirror/cuda@sha256:" + "a" * 64, "RUNTIME_IMAGE": "mirror/cuda@sha256:" + "a" * 64,
+        "builder": "mirror/cuda@sha256:" + "a" * 64, "runtime": "mirror/cuda@sha256:" + "a" * 64,
     }  # fmt: skip
-    assert parse_base_image("runtime=r:1") == {"RUNTIME_IMAGE": "r:1"}
+    assert parse_base_image("runtime=r:1") == {"runtime": "r:1"}
     with pytest.raises(SparkforgeError, match="builder=REF,runtime=REF"):
         parse_base_image("final=r:1")
     assert parse_sources(["vllm=http://127.0.0.1:8000/v.tar.gz"]) == {
@@ -88,6 +88,13 @@ def test_base_image_and_source_options() -> None:
     }
     with pytest.raises(SparkforgeError, match="component=URL"):
         parse_sources(["http://x"])
+    for url in ("file:///etc/passwd", "ftp://mirror/v.tar.gz", "git+ssh://h/r"):  # only http(s) is fetched
+        with pytest.raises(SparkforgeError, match="only http:// and https://"):
+            parse_sources([f"vllm={url}"])
+    with pytest.raises(SparkforgeError, match="builds no component 'torch' from source"):
+        parse_sources(["torch=http://127.0.0.1:8000/t.tar.gz"])
+    with pytest.raises(SparkforgeError, match="wheels only"):
+        parse_sources(["vllm=http://127.0.0.1:8000/v.tar.gz"], [])
 
 
 def test_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,6 +119,8 @@ def test_wheel_recipe_skips_the_arch_plan():
         ("8.0+PTX", "jit"),
         ("9.0a+PTX", "none"),
         ("10.0f", "none"),
+        ("10.0f+PTX", "none"),  # family PTX runs only within its family (the twin rule said jit)
+        ("12.0f+PTX", "family"),
     ],
 )
 def test_arch_verdicts_on_sm121(entry, verdict):

@@ -28,12 +28,16 @@ def _images_check(recipe, *, offline: bool = False) -> Check:
     return check
 
 
-def test_images_offline_or_unreachable_skip():
+def test_images_offline_or_unreachable_skip(tmp_path):
     # A registry answering for real is tested in tests/engine/test_publish.py (Debian's docker-registry).
     offline = _images_check(load_recipe("vllm-qwen35"), offline=True)
     assert offline.status == "skipped" and "offline" in offline.reason
-    shipped = _images_check(load_recipe("vllm-qwen35"))  # Docker Hub is not reachable from here
-    assert shipped.status in ("skipped", "passed")
+    # Unreachable on purpose (nothing listens on port 9 here), not by accident of this machine's network.
+    image = "127.0.0.1:9/nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:" + "a" * 64
+    path = tmp_path / "unreachable.yaml"
+    path.write_text(f"extends: vllm-qwen35\nimages:\n  builder: {image}\n  runtime: {image}\n")
+    unreachable = _images_check(load_recipe(path))
+    assert unreachable.status == "skipped" and "registry unreachable: 127.0.0.1:9" in unreachable.reason
 
 
 def test_parse_image_defaults():

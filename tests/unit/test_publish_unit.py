@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from invoke import Context
 
-from sparkforge import plan
+from sparkforge import ci, manifests, oci, plan, pull, records
 from sparkforge import publish as pub
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
@@ -33,7 +33,7 @@ def _variant(tmp_path: Path, body: str, name: str = "variant") -> Path:
 
 def test_matrix_native_runners_per_platform(tmp_path: Path) -> None:
     native = load_recipe(_variant(tmp_path, "publish:\n  qemu: false\n"))
-    entries = pub.ci_matrix([native])
+    entries = ci.ci_matrix([native])
     assert [(e["platform"], e["runner"], e["qemu"]) for e in entries] == [
         ("linux/amd64", "ubuntu-24.04", False),
         ("linux/arm64", "ubuntu-24.04-arm", False),
@@ -42,7 +42,7 @@ def test_matrix_native_runners_per_platform(tmp_path: Path) -> None:
 
 def test_matrix_qemu_only_where_the_recipe_allows_it() -> None:
     smoke, source = load_recipe(SMOKE), load_recipe("vllm-qwen35")
-    entries = pub.ci_matrix([smoke, source])
+    entries = ci.ci_matrix([smoke, source])
     by_key = {(e["recipe"], e["arch"]): e for e in entries}
     assert set(by_key) == {
         ("smoke-multiarch", "amd64"),
@@ -61,7 +61,7 @@ def test_matrix_qemu_only_where_the_recipe_allows_it() -> None:
 
 
 def test_matrix_build_cache_per_recipe_and_platform() -> None:
-    entries = pub.ci_matrix(
+    entries = ci.ci_matrix(
         [load_recipe(SMOKE), load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")]
     )
     caches = [e["cache_to"].split(",")[1] for e in entries]
@@ -96,35 +96,35 @@ def test_tag_scheme_expansion() -> None:
     repo = recipe.model.publish.repository
     assert tags.immutable == (f"{repo}:0.33.0-{recipe.hash[:12]}", f"{repo}:0.33.0-cu130-20261129")
     assert tags.moving == (f"{repo}:latest",)
-    assert pub.expand_tag(recipe, "{recipe}-{torch}-{date}", DAY) == "smoke-multiarch-2.14.0-20261129"
+    assert plan.expand_tag(recipe, "{recipe}-{torch}-{date}", DAY) == "smoke-multiarch-2.14.0-20261129"
 
 
 def test_default_pull_tag_is_the_first_without_a_date(tmp_path: Path) -> None:
     recipe = load_recipe(_variant(tmp_path, 'publish:\n  tags: ["{vllm}-{date}", "{vllm}-{hash}"]\n'))
-    assert pub.default_tag(recipe) == f"0.33.0-{recipe.hash[:12]}"
+    assert pull.default_tag(recipe) == f"0.33.0-{recipe.hash[:12]}"
     dated = load_recipe(_variant(tmp_path, 'publish:\n  tags: ["{date}"]\n  moving_tags: []\n', "dated"))
     with pytest.raises(PublishError, match=r"every tag carries \{date\}.*--tag"):
-        pub.default_tag(dated)
+        pull.default_tag(dated)
 
 
 def test_reference_for_tags_and_digests() -> None:
     recipe = load_recipe(SMOKE)
     repo = recipe.model.publish.repository
-    assert pub.reference_for(recipe, "latest") == f"{repo}:latest"
-    assert pub.reference_for(recipe, D1) == f"{repo}@{D1}"
-    assert pub.reference_for(recipe) == f"{repo}:0.33.0-{recipe.hash[:12]}"
+    assert pull.reference_for(recipe, "latest") == f"{repo}:latest"
+    assert pull.reference_for(recipe, D1) == f"{repo}@{D1}"
+    assert pull.reference_for(recipe) == f"{repo}:0.33.0-{recipe.hash[:12]}"
     for bad in ("two words", "sha256:abc", "-leading"):
         with pytest.raises(PublishError, match="neither a tag nor"):
-            pub.reference_for(recipe, bad)
+            pull.reference_for(recipe, bad)
 
 
 def test_local_registries_are_insecure_only_on_loopback() -> None:
-    assert pub.is_local_registry("localhost:5000/a/b")
-    assert pub.is_local_registry("127.0.0.1:5123/a")
-    assert pub.is_local_registry("localhost/a")
-    assert not pub.is_local_registry("ghcr.io/sparkforge/vllm")
-    assert not pub.is_local_registry("localhost.example.com:5000/a")
-    assert not pub.is_local_registry("sparkforge/vllm")
+    assert oci.is_local_registry("localhost:5000/a/b")
+    assert oci.is_local_registry("127.0.0.1:5123/a")
+    assert oci.is_local_registry("localhost/a")
+    assert not oci.is_local_registry("ghcr.io/sparkforge/vllm")
+    assert not oci.is_local_registry("localhost.example.com:5000/a")
+    assert not oci.is_local_registry("sparkforge/vllm")
 
 
 # ---- labels, indexes, records -------------------------------------------------------------------
@@ -133,14 +133,14 @@ def test_local_registries_are_insecure_only_on_loopback() -> None:
 def test_label_drift_names_each_differing_label(tmp_path: Path) -> None:
     recipe = load_recipe(SMOKE)
     labels = plan.labels(recipe)
-    assert pub.label_drift(recipe, labels) == {}
+    assert plan.label_drift(recipe, labels) == {}
     other = load_recipe(_variant(tmp_path, "components:\n  torch:\n    version: 2.13.0\n"))
-    drift = pub.label_drift(other, labels)
+    drift = plan.label_drift(other, labels)
     assert drift["dev.sparkforge.pin.torch"] == ("2.14.0", "2.13.0")
     assert drift["dev.sparkforge.recipe-hash"] == (recipe.hash, other.hash)
     assert set(drift) == {"dev.sparkforge.pin.torch", "dev.sparkforge.recipe-hash"}
     missing = {k: v for k, v in labels.items() if k != "dev.sparkforge.gpu"}
-    assert pub.label_drift(recipe, missing) == {"dev.sparkforge.gpu": (None, "sm_121")}
+    assert plan.label_drift(recipe, missing) == {"dev.sparkforge.gpu": (None, "sm_121")}
 
 
 def test_index_platforms_skips_attestations() -> None:
@@ -157,8 +157,8 @@ def test_index_platforms_skips_attestations() -> None:
             },
         ],
     }
-    assert pub.index_platforms(index) == [("linux/amd64", D1), ("linux/arm64", D2)]
-    assert pub.index_platforms({"config": {}, "layers": []}) == []
+    assert manifests.index_platforms(index) == [("linux/amd64", D1), ("linux/arm64", D2)]
+    assert manifests.index_platforms({"config": {}, "layers": []}) == []
 
 
 def test_publish_refuses_missing_extra_and_malformed_before_any_engine_work() -> None:
@@ -196,15 +196,32 @@ def test_digest_records_round_trip_and_refuse_stale(tmp_path: Path) -> None:
         pub.load_digests(recipe, tmp_path)
 
 
-def test_push_from_buildx_metadata_records_without_pushing(tmp_path: Path) -> None:
+def test_push_from_buildx_metadata_needs_a_verify_record(tmp_path: Path) -> None:
     recipe = load_recipe(SMOKE)
     metadata = tmp_path / "metadata.json"
-    metadata.write_text(json.dumps({"containerimage.digest": D2, "image.name": "x"}))
-    pushed = pub.push(
-        recipe, "linux/arm64", metadata_file=metadata, digests_dir=tmp_path / "d", echo=lambda _: None
-    )
+    config = "sha256:" + "c" * 64  # the image ID verify saw (BuildKit's containerimage.config.digest)
+    metadata.write_text(json.dumps({"containerimage.digest": D2, "containerimage.config.digest": config}))
+    evidence = tmp_path / "verified"
+    kw = {
+        "metadata_file": metadata,
+        "digests_dir": tmp_path / "d",
+        "echo": lambda _: None,
+        "evidence_dir": evidence,
+    }
+    with pytest.raises(PublishError, match="no verify record"):
+        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+    assert not (tmp_path / "d").exists()
+    records.write_record(config, {"status": "failed"}, evidence)
+    with pytest.raises(PublishError, match="latest verify FAILED"):
+        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+    records.write_record(config, {"status": "passed", "base_override": True}, evidence)
+    with pytest.raises(PublishError, match="--allow-base-override"):
+        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+    records.write_record(config, {"status": "passed", "base_override": False}, evidence)
+    pushed = pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     assert pushed.reference == f"{recipe.model.publish.repository}@{D2}"
     assert json.loads((tmp_path / "d" / "smoke-multiarch-arm64.json").read_text())["digest"] == D2
+    assert records.record_for_digest(D2, evidence)["image_id"] == config  # publish follows this link
     metadata.write_text("{}")
     with pytest.raises(PublishError, match=r"containerimage\.digest"):
         pub.push(recipe, "linux/arm64", metadata_file=metadata, digests_dir=None)
@@ -212,12 +229,25 @@ def test_push_from_buildx_metadata_records_without_pushing(tmp_path: Path) -> No
         pub.push(recipe, "linux/s390x", metadata_file=metadata)
 
 
+def test_push_unverified_is_loud_and_links_nothing(tmp_path: Path) -> None:
+    recipe = load_recipe(SMOKE)
+    metadata = tmp_path / "metadata.json"
+    metadata.write_text(json.dumps({"containerimage.digest": D1, "containerimage.config.digest": D3}))
+    said: list[str] = []
+    pub.push(
+        recipe, "linux/amd64", metadata_file=metadata, digests_dir=None, echo=said.append,
+        allow_unverified=True, evidence_dir=tmp_path,
+    )  # fmt: skip
+    assert any("WARNING (--unverified)" in line for line in said)
+    assert records.record_for_digest(D1, tmp_path) is None  # so publish refuses it without --unverified too
+
+
 # ---- the commands each engine gets --------------------------------------------------------------
 
 
 def test_buildx_merges_with_imagetools(tmp_path: Path) -> None:
     lines: list[str] = []
-    tools = pub.Manifests(
+    tools = manifests.Manifests(
         Engine("docker", "buildx", "28.2.2"), Runner(dry=True, echo=lines.append), "ghcr.io/o/r"
     )
     assert tools.create(["ghcr.io/o/r:1", "ghcr.io/o/r:2"], [f"ghcr.io/o/r@{D1}", f"ghcr.io/o/r@{D2}"]) == ""
@@ -228,7 +258,7 @@ def test_buildx_merges_with_imagetools(tmp_path: Path) -> None:
 
 def test_engine_without_buildx_uses_docker_manifest_insecure_only_for_local() -> None:
     lines: list[str] = []
-    local = pub.Manifests(
+    local = manifests.Manifests(
         Engine("/usr/bin/docker", "buildkit", "20.10.24"),
         Runner(dry=True, echo=lines.append),
         "localhost:5000/a",
@@ -238,12 +268,14 @@ def test_engine_without_buildx_uses_docker_manifest_insecure_only_for_local() ->
         f"/usr/bin/docker manifest create --insecure localhost:5000/a:1 localhost:5000/a@{D1}"
     )
     assert lines[1].endswith("/usr/bin/docker manifest push --insecure --purge localhost:5000/a:1")
-    remote = pub.Manifests(Engine("/usr/bin/docker", "buildkit", "20.10.24"), Runner(dry=True), "ghcr.io/o/r")
+    remote = manifests.Manifests(
+        Engine("/usr/bin/docker", "buildkit", "20.10.24"), Runner(dry=True), "ghcr.io/o/r"
+    )
     assert "--insecure" not in remote._cmd("push", "ghcr.io/o/r:1", insecure=True).argv
 
 
 def test_json_in_tolerates_warnings_around_the_manifest() -> None:
     text = 'WARNING: experimental\n{"schemaVersion": 2, "manifests": []}\ntrailing'
-    assert pub._json_in(text, "x") == {"schemaVersion": 2, "manifests": []}
+    assert manifests._json_in(text, "x") == {"schemaVersion": 2, "manifests": []}
     with pytest.raises(PublishError, match="expected a manifest"):
-        pub._json_in("no such thing", "x")
+        manifests._json_in("no such thing", "x")

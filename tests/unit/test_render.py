@@ -27,9 +27,10 @@ UPDATE = os.environ.get("SPARKFORGE_UPDATE_GOLDEN") == "1"
 def test_golden_dockerfile(name: str) -> None:
     text = render_dockerfile(load_recipe(name))
     golden = GOLDEN / f"{name}.Dockerfile"
-    if UPDATE:
+    if UPDATE and (not golden.exists() or golden.read_text() != text):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(text)
+        pytest.fail(f"{golden} rewritten; review the diff and run again without SPARKFORGE_UPDATE_GOLDEN")
     assert golden.exists(), "golden file missing; run with SPARKFORGE_UPDATE_GOLDEN=1 once"
     assert text == golden.read_text(), (
         f"rendered Dockerfile differs from {golden}; if intended, regenerate it"
@@ -38,7 +39,9 @@ def test_golden_dockerfile(name: str) -> None:
 
 def test_source_dockerfile_pins_everything() -> None:
     text = render_dockerfile(load_recipe("vllm-qwen35"))
-    assert text.count("@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6") == 2
+    pinned = "@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
+    assert sum(line.startswith("ARG ") and pinned in line for line in text.splitlines()) == 2
+    assert f'dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04{pinned}"' in text
     assert "--index-url https://download.pytorch.org/whl/cu130 torch==2.13.0" in text
     assert "transformers==5.17.0" in text
     assert "--commit db9527a46873454610df6dbedf79a36d6bf1a7f6" in text
@@ -213,3 +216,25 @@ def test_build_dry_prints_the_buildkit_command() -> None:
     assert "--platform linux/arm64" in out and "--target runtime" in out
     assert f"sparkforge-candidate/vllm-qwen35:{load_recipe('vllm-qwen35').hash[:12]}-arm64" in out
     assert "then: verify" in out
+
+
+def test_build_script_is_the_engine_argv(tmp_path: Path) -> None:
+    # One build command: build.sh is rendered from engine.build_command, not written beside it by hand.
+    import shlex
+
+    from sparkforge.engine import BuildRequest, Engine, build_command
+
+    recipe = load_recipe("vllm-qwen35-wheels")
+    script = (render_context(recipe, tmp_path).path / "build.sh").read_text()
+    request = BuildRequest(
+        context=Path("."),
+        platform="linux/arm64",
+        target="runtime",
+        tags=(plan.candidate_tag(recipe, "linux/arm64"),),
+        build_args={"SPARKFORGE_CREATED": "X"},
+    )
+    for engine in (Engine("docker", "buildx", ""), Engine("docker", "buildkit", "")):
+        argv = shlex.join(build_command(engine, request).argv[:-1])
+        assert argv.replace("SPARKFORGE_CREATED=X", '"SPARKFORGE_CREATED=$created"') in script
+    proc = subprocess.run(["bash", "-n", str(tmp_path / recipe.name / "build.sh")], capture_output=True)
+    assert proc.returncode == 0, proc.stderr

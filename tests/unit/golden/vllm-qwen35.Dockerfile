@@ -128,7 +128,9 @@ LABEL \
       dev.sparkforge.pin.torch="2.13.0" \
       dev.sparkforge.pin.transformers="5.17.0" \
       dev.sparkforge.pin.flashinfer="0.7.0.post1" \
-      dev.sparkforge.pin.cuda="13.0"
+      dev.sparkforge.pin.cuda="13.0" \
+      dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6" \
+      dev.sparkforge.base.runtime="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
 
 ########################################################################################################
 # Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite
@@ -172,5 +174,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       dev.sparkforge.pin.torch="2.13.0" \
       dev.sparkforge.pin.transformers="5.17.0" \
       dev.sparkforge.pin.flashinfer="0.7.0.post1" \
-      dev.sparkforge.pin.cuda="13.0"
+      dev.sparkforge.pin.cuda="13.0" \
+      dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6" \
+      dev.sparkforge.base.runtime="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6"
 ENTRYPOINT ["vllm", "serve"]

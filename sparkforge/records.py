@@ -1,0 +1,73 @@
+"""Verify records: what verify found for one exact image (by image ID), and which registry digests are it.
+
+A record is written after every verify, passed or failed: a later failed verify of the same image replaces
+(revokes) an earlier pass. `push` links the registry digest it pushed to the image ID, so `publish` and
+`promote` can ask, for a digest, whether that image passed verify and whether it is GPU-verified.
+Standard library only: records are plain JSON files under build/verified/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+VERIFIED_DIR = Path(__file__).resolve().parent.parent / "build" / "verified"
+_ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+
+
+def _hex(value: str) -> str:
+    match = _ID.fullmatch(value)
+    if not match:
+        raise ValueError(f"not a sha256 image ID or digest: {value!r}")
+    return match.group(1)
+
+
+def write_record(image_id: str, data: dict[str, Any], directory: Path = VERIFIED_DIR) -> Path:
+    """Store the verify result of `image_id` (replacing any earlier one: a failure revokes a pass)."""
+    path = directory / f"{_hex(image_id)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**data, "image_id": f"sha256:{_hex(image_id)}"}, indent=2) + "\n")
+    return path
+
+
+def read_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
+    path = directory / f"{_hex(image_id)}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def passed_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
+    """The record of this image if its latest verify passed."""
+    record = read_record(image_id, directory)
+    return record if record and record.get("status") == "passed" else None
+
+
+def is_gpu_verified(record: dict[str, Any] | None) -> bool:
+    """A passed record whose verdict (sparkforge.evidence.gpu_verdict) says GPU-verified."""
+    return bool(
+        record
+        and record.get("status") == "passed"
+        and (record.get("gpu_verified") or {}).get("verified") is True
+    )
+
+
+def link_digest(digest: str, image_id: str, repository: str, directory: Path = VERIFIED_DIR) -> Path:
+    """Remember that `repository@digest` is the local image `image_id` (written by push)."""
+    path = directory / "digests" / f"{_hex(digest)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {"digest": f"sha256:{_hex(digest)}", "image_id": image_id, "repository": repository}, indent=2
+        )
+        + "\n"
+    )
+    return path
+
+
+def record_for_digest(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
+    """The current verify record of the image pushed as `digest` (None when unknown or never pushed from here)."""
+    link = directory / "digests" / f"{_hex(digest)}.json"
+    if not link.is_file():
+        return None
+    return read_record(json.loads(link.read_text())["image_id"], directory)

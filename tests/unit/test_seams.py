@@ -1,0 +1,46 @@
+"""Every call to the outside goes through one of the two seams: commands.Runner or engine.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sparkforge"
+SEAMS = {"commands.py", "engine.py"}
+# Known, owned elsewhere and still to move behind the seams (host set-up probes); shrink, never grow.
+PENDING = {"hostsetup.py"}
+OUTSIDE = {"subprocess", "docker", "os.system"}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "system"
+            and getattr(node.value, "id", "") == "os"
+        ):
+            found.add("os.system")
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "_client"
+            and getattr(node.value, "id", "") == "engine"
+        ):
+            found.add("engine._client")
+    return found
+
+
+def test_only_the_seams_call_programs_or_the_engine_sdk() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(_imports(path) & (OUTSIDE | {"engine._client"}))
+        for path in PACKAGE.rglob("*.py")
+        if path.name not in SEAMS
+    }
+    offenders = {name: found for name, found in offenders.items() if found}
+    assert set(offenders) <= PENDING | {"manifests.py"}, offenders
+    # manifests.py reads an index digest through engine._client(); it must not reach for more than that.
+    assert offenders.get("manifests.py", ["engine._client"]) == ["engine._client"]
