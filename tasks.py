@@ -10,6 +10,7 @@ from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, user_errors
+from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
@@ -121,6 +122,7 @@ def _finish(report: Report, json_path: str, junit_path: str = "") -> None:
         "no_cache": "do not use the build cache",
         "no_verify": "tag without verifying (loudly warned)",
         "no_preflight": "skip the upstream preflight checks",
+        "no_probe": "source recipes: skip the compile probe that runs before the full compile",
         "push_by_digest": "push to the recipe's repository by digest (buildx; CI)",
         "metadata_file": "write BuildKit's metadata (digest) here",
         "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
@@ -145,6 +147,7 @@ def build(
     no_cache: bool = False,
     no_verify: bool = False,
     no_preflight: bool = False,
+    no_probe: bool = False,
     push_by_digest: bool = False,
     metadata_file: str = "",
     source: list[str] | None = None,
@@ -179,6 +182,7 @@ def build(
             source or [], [n for n, c in loaded.model.components.items() if c.source == "git"]
         ),
         preflight=not no_preflight,
+        probe=not no_probe,
         metadata_file=Path(metadata_file) if metadata_file else None,
         cache_from=tuple(cache_from or ()),
         cache_to=tuple(cache_to or ()),
@@ -338,6 +342,7 @@ ci_ns = Collection("ci")
 ci_ns.add_task(cli_publish.ci_matrix, "matrix")
 
 ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, lint, test)
+ns.add_task(cli_probe.probe)
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)

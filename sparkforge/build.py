@@ -45,6 +45,7 @@ class BuildOptions:
     cache_from: tuple[str, ...] = ()  # BuildKit cache sources, e.g. type=registry,ref=...
     cache_to: tuple[str, ...] = ()
     preflight: bool = True
+    probe: bool = True  # source recipes: the compile probe before the full compile (sparkforge/probe)
 
 
 @dataclass
@@ -194,6 +195,9 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     platform = check_options(recipe, options)
     if options.preflight:
         run_preflight_gate(recipe, options, echo)
+    from sparkforge.probe.gate import probe_gate, wants_probe
+
+    probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
     bases = plan.bases(recipe, parse_base_image(options.base_image))
     context = render_context(recipe, bases=bases)
     log_dir = plan.log_dir(recipe, platform, options.log_root)
@@ -210,6 +214,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     build_args = {
         "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "SPARKFORGE_REVISION": _revision(),
+        **probe_args,
     }
     for component, url in options.sources.items():
         build_args[f"{component.upper()}_SOURCE_URL"] = url

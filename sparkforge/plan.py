@@ -14,7 +14,7 @@ from sparkforge.recipe import REPO_ROOT, Recipe
 
 PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
 LABEL_PREFIX = "dev.sparkforge"
-STAGES_SOURCE = ("toolchain", "source", "build", "runtime")
+STAGES_SOURCE = ("toolchain", "source", "build-env", "probe", "build", "runtime")
 STAGES_WHEEL = ("runtime",)
 # The base images a build really used (the recipe's pins, or a --base-image override): labels and lock say so.
 BASE_LABELS = {"builder": f"{LABEL_PREFIX}.base.builder", "runtime": f"{LABEL_PREFIX}.base.runtime"}
@@ -211,6 +211,8 @@ class TemplateValues:
     env: dict[str, str]
     labels: dict[str, str]
     stages: tuple[str, ...]
+    # The recipe's build section (probe settings filled in, rust, cuda_wheels).
+    build: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: dict[str, Any] = field(default_factory=dict)
     cuda_major: str = ""
@@ -243,4 +245,5 @@ def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateV
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
         runtime=m.runtime.model_dump(mode="json"),
         cuda_major=m.cuda.split(".")[0],
+        build={**m.build.model_dump(mode="json"), "probe": m.build.probe_settings.model_dump(mode="json")},
     )

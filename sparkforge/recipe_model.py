@@ -68,6 +68,10 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use the signer's certificate identity (a regexp), e.g. "
         "'^https://github.com/ORG/REPO/.github/workflows/images.yml@refs/.*$'",
     ),
+    "probe_source": (
+        r"csrc/[A-Za-z0-9_./-]+\.(?:cu|cpp)",
+        "use a vLLM source path under csrc/, e.g. 'csrc/libtorch_stable/activation_kernels.cu'",
+    ),
     "description": (
         r"[A-Za-z0-9 .,:;()+/_=@%#\[\]-]{1,200}",
         "use one line of plain text: letters, digits, spaces and . , : ; ( ) + / _ = @ % # [ ] -",
@@ -190,10 +194,48 @@ class Components(StrictModel):
         return [(k, v) for k in ("vllm", "torch", "transformers", "flashinfer") if (v := getattr(self, k))]
 
 
+# The compile probe's default translation units: what GB10 users run (issue: compile probe).
+DEFAULT_PROBE_SOURCES = (
+    "csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu",
+    "csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_blockwise_sm120_fp8.cu",
+    "csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_sm120_kernels.cu",
+    "csrc/libtorch_stable/activation_kernels.cu",
+)
+
+
+class Probe(StrictModel):
+    sources: list[_pattern("probe_source")] = Field(
+        default_factory=lambda: list(DEFAULT_PROBE_SOURCES),
+        min_length=1,
+        description="translation units the probe compiles, relative to the vLLM source root",
+    )
+    externals: Literal["fetch", "omit"] = Field(
+        "fetch",
+        description="vLLM's external projects (FlashAttention, ...): fetched, or left out (no GitHub)",
+    )
+    cutlass: Literal["fetch", "flashinfer"] = Field(
+        "fetch", description="CUTLASS: vLLM's own FetchContent, or the headers in the pinned flashinfer wheel"
+    )
+
+
 class Build(StrictModel):
     torch_cuda_arch_list: list[_pattern("arch")] = Field(min_length=1)
     max_jobs: StrictInt = Field(6, ge=1, le=64, description="parallel compile jobs; each nvcc job needs GBs")
     nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
+    probe: Probe | None = Field(
+        None, description="the compile probe (invoke probe); defaults for source recipes"
+    )
+    rust: bool | None = Field(
+        None, description="build vLLM's Rust extensions (vllm-rs, _rust_tool_parser); source recipes must say"
+    )
+    cuda_wheels: ExactVersion | None = Field(
+        None, description="install CUDA's compiler from NVIDIA's PyPI cuda-toolkit wheels of this version"
+    )
+
+    @property
+    def probe_settings(self) -> Probe:
+        """The probe as configured, or the defaults (DEFAULT_PROBE_SOURCES, fetch, fetch)."""
+        return self.probe or Probe()
 
 
 class Runtime(StrictModel):
@@ -279,6 +321,21 @@ class RecipeModel(StrictModel):
     audit: Audit = Field(default_factory=Audit)
     runtime: Runtime = Field(default_factory=Runtime)
     publish: Publish
+
+    @model_validator(mode="after")
+    def _source_build_choices(self) -> RecipeModel:
+        if self.components.vllm.source == "git" and self.build.rust is None:
+            raise ValueError(
+                "build.rust is not set; fix: state build.rust: false (vLLM's Rust extensions vllm-rs and "
+                "_rust_tool_parser are left out; verify checks the image has none) or true (needs cargo >= 1.95 "
+                "in the builder image)"
+            )
+        wheels = self.build.cuda_wheels
+        if wheels is not None and ".".join(wheels.split(".")[:2]) != self.cuda:
+            raise ValueError(
+                f"build.cuda_wheels {wheels} is not CUDA {self.cuda}; fix: pin a cuda-toolkit release of CUDA {self.cuda}"
+            )
+        return self
 
     @field_validator("env")
     @classmethod

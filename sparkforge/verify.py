@@ -253,7 +253,10 @@ def verify_image(
             check = Check("kernels", "failed", str(exc))
         check.duration_s = time.monotonic() - start
         report.add(check)
-    from sparkforge.signing_check import attestation_check  # signing hook: what the image carried
+    from sparkforge.probe.rust import check_rust_extensions  # the recipe's build.rust decision, in the image
+    from sparkforge.signing_check import attestation_check  # what the image carried
+
+    report.add(check_rust_extensions(recipe, image_id))
 
     report.add(attestation_check(recipe, image))
     platform = engine.image_platform(image_id)

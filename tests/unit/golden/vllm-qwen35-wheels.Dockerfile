@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash 1e95f5df2a45). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash 440322e03a24). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
 # Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -35,7 +35,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="1e95f5df2a451e49a7e9b700aac8b3bb095dce5b826768a4fcd86bda055801a7" \
+      dev.sparkforge.recipe-hash="440322e03a24180612129cc8ced4e5f1b2e11306b9f58ada701161ef7e276505" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
@@ -87,7 +87,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="1e95f5df2a451e49a7e9b700aac8b3bb095dce5b826768a4fcd86bda055801a7" \
+      dev.sparkforge.recipe-hash="440322e03a24180612129cc8ced4e5f1b2e11306b9f58ada701161ef7e276505" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \

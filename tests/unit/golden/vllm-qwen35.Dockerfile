@@ -1,7 +1,7 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash fdae4fb53816). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 78b0837e4047). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
-# Stages: toolchain -> source -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
+# Stages: toolchain -> source -> build-env -> probe -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
 # the CA bundle over the system trust store of each downloading RUN, so apt, pip, git and CMake all use it.
 
 # Compile-stage base, pinned by digest in the recipe; `invoke build --base-image` overrides it (mirrors, offline).
@@ -13,12 +13,13 @@ ARG RUNTIME_IMAGE="ubuntu:24.04@sha256:80dd3c3b9c6cecb9f1667e9290b3bc61b78c2678c
 # Stage toolchain: Python venv, build tools, torch 2.13.0 from the recipe's index
 ########################################################################################################
 FROM ${BUILDER_IMAGE} AS toolchain
+# vLLM's configure needs a C++20 compiler, Python headers and `patch` (its torch-header hotfix) besides git.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
-    /opt/sparkforge/bin/ensure-python git ccache && python3 -m venv /opt/venv
+    /opt/sparkforge/bin/ensure-python git ccache g++ patch python3-config=python3-dev && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY constraints.txt /opt/sparkforge/constraints.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -54,26 +55,53 @@ RUN : > /opt/sparkforge/patches-applied.txt \
  && cat /opt/sparkforge/patches-applied.txt
 
 ########################################################################################################
-# Stage build: the vLLM wheel for 12.1a against the installed torch (never swapped)
+# Stage build-env: the patched source in the toolchain with vLLM's build requirements (shared by probe and build)
 ########################################################################################################
-FROM toolchain AS build
+FROM toolchain AS build-env
 COPY --from=source /workspace/vllm /workspace/vllm
 COPY --from=source /opt/sparkforge/source.json /opt/sparkforge/patches-applied.txt /opt/sparkforge/
 WORKDIR /workspace/vllm
 # Explicit arch list: a GPU-less build cannot detect it, and torch's autodetect mis-names 12.1.
 ENV TORCH_CUDA_ARCH_LIST="12.1a"
-# Parallel nvcc jobs and threads per job, sized in the recipe for the build host's memory.
-ENV MAX_JOBS=6 NVCC_THREADS=2
 ENV VLLM_TARGET_DEVICE=cuda CCACHE_DIR=/root/.cache/ccache SETUPTOOLS_SCM_PRETEND_VERSION="0.31.0"
+# ccache keys independent of the build directory, so the build reuses what the probe compiled.
+ENV CCACHE_BASEDIR=/workspace/vllm CCACHE_NOHASHDIR=1
+# Rust extensions (vllm-rs, _rust_tool_parser) per the recipe's build.rust: required (1) or left out (0, no cargo).
+ENV VLLM_REQUIRE_RUST_FRONTEND=0
 # Upstream's own step: drop torch pins from vLLM's requirements so the installed torch is kept.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     python3 tools/use_existing_torch.py --prefix \
  && /opt/sparkforge/bin/with-ca pip install -c /opt/sparkforge/constraints.txt -r requirements/build/cuda.txt
+
+########################################################################################################
+# Stage probe: vLLM's real CMake configure, then the recipe's probe units compiled alone and measured
+# (`invoke probe`: minutes to the first compile error instead of an hour)
+########################################################################################################
+FROM build-env AS probe
+COPY files/probe-compile.py /opt/sparkforge/bin/
+# Always a real compile (what is measured sizes the build's MAX_JOBS), still stored in ccache for the build.
+RUN --mount=type=cache,target=/root/.cache/ccache \
+    CCACHE_RECACHE=1 python3 /opt/sparkforge/bin/probe-compile.py --source /workspace/vllm --build /workspace/vllm/build/probe \
+      --out /opt/sparkforge/probe --nvcc-threads 2 \
+      --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu \
+      --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_blockwise_sm120_fp8.cu \
+      --unit csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_sm120_kernels.cu \
+      --unit csrc/libtorch_stable/activation_kernels.cu
+
+########################################################################################################
+# Stage build: the vLLM wheel for 12.1a against the installed torch (never swapped)
+########################################################################################################
+FROM build-env AS build
+# Peak memory (GB) of one heavy unit as the probe measured it on this host; 0 = not probed (a safe default).
+ARG SPARKFORGE_UNIT_PEAK_GB=0
+COPY files/cap-jobs.py /opt/sparkforge/bin/
+# MAX_JOBS/NVCC_THREADS: the recipe's 6 x 2 is the ceiling, capped by the memory this build has.
 RUN --mount=type=cache,target=/root/.cache/ccache \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
-    /opt/sparkforge/bin/with-ca python3 setup.py bdist_wheel --dist-dir=/wheels --py-limited-api=cp38 \
+    eval "$(python3 /opt/sparkforge/bin/cap-jobs.py --max-jobs 6 --nvcc-threads 2 --unit-peak-gb "${SPARKFORGE_UNIT_PEAK_GB}")" \
+ && /opt/sparkforge/bin/with-ca python3 setup.py bdist_wheel --dist-dir=/wheels --py-limited-api=cp38 \
  && ls -l /wheels
 
 ########################################################################################################
@@ -102,7 +130,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="fdae4fb53816f9c4863ad6d9ed39fae844ec5794e71e4d544f30be31e7dbe5d8" \
+      dev.sparkforge.recipe-hash="78b0837e4047abfe1e67fce5c81baf9a50a823e735de0273d4e81c8d129c974c" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -156,7 +184,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="fdae4fb53816f9c4863ad6d9ed39fae844ec5794e71e4d544f30be31e7dbe5d8" \
+      dev.sparkforge.recipe-hash="78b0837e4047abfe1e67fce5c81baf9a50a823e735de0273d4e81c8d129c974c" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
