@@ -141,6 +141,26 @@ class Runner:
             )
         return Result(command, proc.returncode, output, log)
 
+    def start(self, command: Command, log: Path) -> None:
+        """Start a long-running daemon detached from this process, its output appended to `log`."""
+        if self.dry:
+            self.echo(f"{Command(('setsid', *command.argv), command.env).shell_line()} >{log} 2>&1 &")
+            return
+        with log.open("ab") as out:
+            try:
+                subprocess.Popen(
+                    list(command.argv),
+                    cwd=command.cwd,
+                    env={**os.environ, **command.env},
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise CommandError(
+                    f"cannot start {command.argv[0]!r} (not installed or not on PATH)."
+                ) from exc
+
     def capture(
         self, command: Command, step: str, *, check: bool = True, timeout: float | None = None
     ) -> Result:

@@ -39,15 +39,30 @@ class Engine:
         return {"DOCKER_BUILDKIT": "1"} if self.mode == "buildkit" else {}
 
 
-def _candidates() -> list[str]:
+def docker_candidates() -> list[str]:
+    """The docker CLIs on this machine, in the order every caller tries them: PATH's first."""
     found = [shutil.which("docker"), "/usr/bin/docker", "/usr/local/bin/docker"]
     return list(dict.fromkeys(p for p in found if p and Path(p).exists()))
+
+
+def daemon_ready(runner: Runner, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a docker CLI here reaches a daemon (`env` may point it at another one, e.g. DOCKER_HOST)."""
+    return any(
+        runner.capture(Command.of(docker, "info", env=env), "engine-ready", check=False).returncode == 0
+        for docker in docker_candidates()
+    )
+
+
+def cli_has_image(runner: Runner, ref: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the engine a docker CLI reaches (with `env`, e.g. DOCKER_HOST) holds image `ref`."""
+    argv = (docker_cli(), "image", "inspect", ref)
+    return runner.capture(Command(argv, dict(env or {})), "image-inspect", check=False).returncode == 0
 
 
 def detect_engine(runner: Runner | None = None) -> Engine:
     """Find a docker CLI with BuildKit and a reachable daemon, or raise EngineError saying how to get one."""
     runner = runner or Runner(stream=False)
-    candidates = _candidates()
+    candidates = docker_candidates()
     if not candidates:
         raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
     reasons = []
@@ -417,7 +432,7 @@ def run_cli(runner: Runner, engine: Engine, step: str, *args: str, check: bool =
 
 def docker_cli() -> str:
     """A docker CLI for talking to other engines (nodes); BuildKit is not needed for that."""
-    candidates = _candidates()
+    candidates = docker_candidates()
     if not candidates:
         raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
     return candidates[0]
