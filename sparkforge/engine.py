@@ -254,6 +254,12 @@ def inspect_image(ref: str) -> dict[str, Any]:
             ) from None
 
 
+def registry_digest(ref: str) -> str:
+    """The digest of the manifest or index `ref` names in its registry, read through the engine's API."""
+    with sdk_errors(f"read the digest of {ref} from its registry"):
+        return str(_client().images.get_registry_data(ref).id)
+
+
 def image_labels(ref: str) -> dict[str, str]:
     return dict((inspect_image(ref).get("Config") or {}).get("Labels") or {})
 
