@@ -341,16 +341,8 @@ def link_pushed_digest(
     metadata_file: Path, image_id: str, repository: str, directory: Path = records.VERIFIED_DIR
 ) -> str:
     """After a push-by-digest rebuild: the pushed image must be the verified one (same config digest)."""
-    import json
-
-    try:
-        meta = json.loads(metadata_file.read_text())
-        digest, config = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
-    except (OSError, ValueError, KeyError):
-        raise EngineError(
-            f"{metadata_file}: no containerimage.digest / containerimage.config.digest; the pushed image cannot "
-            "be matched to the verified one. Fix: build with buildx and --metadata-file"
-        ) from None
+    meta = engine.read_build_metadata(metadata_file)
+    digest, config = meta.digest, meta.config_digest
     if config != image_id:
         raise VerifyError(
             f"the push-by-digest rebuild is not the verified image: config {config} != verified image ID "

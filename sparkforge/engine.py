@@ -113,6 +113,29 @@ class BuildRequest:
     progress: Literal["plain", "auto", "tty"] = "plain"
 
 
+@dataclass(frozen=True)
+class BuildMetadata:
+    """What BuildKit's --metadata-file says of a pushed image: its manifest digest and its config (image ID)."""
+
+    digest: str
+    config_digest: str
+
+
+def read_build_metadata(path: Path) -> BuildMetadata:
+    """Read BuildKit's metadata file (`containerimage.digest`, `containerimage.config.digest`)."""
+    import json
+
+    try:
+        meta = json.loads(path.read_text())
+        return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(
+            f"{path}: no 'containerimage.digest' / 'containerimage.config.digest', so the pushed image cannot be "
+            "matched to the verified one; fix: pass the --metadata-file written by 'invoke build --push-by-digest' "
+            "(buildx)"
+        ) from None
+
+
 def buildx_driver(runner: Runner, engine: Engine, builder: str | None = None) -> Engine:
     """The engine with the buildx driver of `builder` (default: the current one); unchanged without buildx."""
     if engine.mode != "buildx":

@@ -18,7 +18,7 @@ from typing import Any
 from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
-from sparkforge.errors import PublishError
+from sparkforge.errors import EngineError, PublishError
 from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.recipe import REPO_ROOT, Recipe, recipe_ref
 
@@ -177,13 +177,10 @@ def push(
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:
-            meta = json.loads(metadata_file.read_text())
-            digest, image_id = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
-        except (OSError, ValueError, KeyError):
-            raise PublishError(
-                f"{metadata_file}: no 'containerimage.digest' / 'containerimage.config.digest'; fix: pass the "
-                "--metadata-file written by 'invoke build --push-by-digest' (buildx)"
-            ) from None
+            meta = engine.read_build_metadata(metadata_file)
+        except EngineError as exc:
+            raise PublishError(str(exc)) from None
+        digest, image_id = meta.digest, meta.config_digest
         record = records.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
         _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)

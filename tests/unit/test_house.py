@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 
+import pytest
+
+from sparkforge import engine
 from sparkforge.commands import Command, Runner
+from sparkforge.errors import EngineError
 
 
 def test_runner_start_detaches_a_daemon_and_appends_its_output(tmp_path: Path) -> None:
@@ -24,3 +30,23 @@ def test_runner_start_dry_prints_the_detached_line(tmp_path: Path) -> None:
     Runner(dry=True, echo=lines.append).start(Command.of("dockerd", "--host", "x y", env={"PATH": "/b"}), log)
     assert lines == [f"PATH=/b setsid dockerd --host 'x y' >{log} 2>&1 &"]
     assert not log.exists()
+
+
+def test_one_reader_for_buildkits_metadata_file(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.json"
+    digest, config = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    meta.write_text(
+        json.dumps({"containerimage.digest": digest, "containerimage.config.digest": config, "x": 1})
+    )
+    read = engine.read_build_metadata(meta)
+    assert (read.digest, read.config_digest) == (digest, config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.digest = config  # type: ignore[misc]
+    for text in ("{}", "not json", "[]", json.dumps({"containerimage.digest": digest})):
+        meta.write_text(text)
+        with pytest.raises(
+            EngineError, match=r"containerimage\.config\.digest.*fix: pass the --metadata-file"
+        ):
+            engine.read_build_metadata(meta)
+    with pytest.raises(EngineError, match="fix:"):
+        engine.read_build_metadata(tmp_path / "missing.json")
