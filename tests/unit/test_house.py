@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from sparkforge import engine
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
+from sparkforge.report import Check, Report, load_report
 
 
 def test_runner_start_detaches_a_daemon_and_appends_its_output(tmp_path: Path) -> None:
@@ -50,3 +52,31 @@ def test_one_reader_for_buildkits_metadata_file(tmp_path: Path) -> None:
             engine.read_build_metadata(meta)
     with pytest.raises(EngineError, match="fix:"):
         engine.read_build_metadata(tmp_path / "missing.json")
+
+
+def test_a_written_report_cannot_change(tmp_path: Path) -> None:
+    report = Report(command="verify", subject="img", recipe="r")
+    report.add(Check("labels", "passed", details={"n": 1}))
+    with report.timed("smoke") as check:
+        check.reason = "ran"
+    report.extra["image_id"] = "sha256:x"
+    report.subject = "candidate"  # still open: filled in until written
+    report.write_json(tmp_path / "r.json")
+    written = (tmp_path / "r.json").read_text()
+    for change in (
+        lambda: setattr(report, "subject", "other"),
+        lambda: report.add(Check("late", "failed")),
+        lambda: report.timed("late").__enter__(),
+        lambda: setattr(report.checks[0], "status", "failed"),
+        lambda: report.checks.append(Check("late", "failed")),  # type: ignore[attr-defined]
+        lambda: report.extra.__setitem__("image_id", "sha256:y"),
+        lambda: report.checks[0].details.__setitem__("n", 2),
+    ):
+        with pytest.raises((FrozenInstanceError, AttributeError, TypeError)):
+            change()
+    report.write_junit(tmp_path / "r.xml")  # writing again (another format) is fine
+    report.write_json(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == written
+    loaded = load_report(tmp_path / "r.json")
+    assert loaded.to_dict() == report.to_dict()
+    loaded.add(Check("more", "passed"))  # a report read back is a new, open one
