@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sparkforge import engine, plan, records
 from sparkforge.commands import Command, Runner
+from sparkforge.console import say
 from sparkforge.engine import BuildRequest, Engine
 from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, Recipe
@@ -190,7 +191,7 @@ def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[st
         )
 
 
-def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = print) -> BuildResult:
+def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = say) -> BuildResult:
     """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
     platform = check_options(recipe, options)
     if options.preflight:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkforge.console import say
 from sparkforge.errors import CommandError
 
 
@@ -69,7 +69,7 @@ class Runner:
     ) -> None:
         self.dry = dry
         self.log_dir = log_dir
-        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.echo = echo or say
         self.stream = stream
         self._step = 0
 

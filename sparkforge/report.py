@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sparkforge import __version__
+from sparkforge.console import say
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -163,7 +164,7 @@ class Report(_Sealable):
         return [(c.name, c.status.upper(), f"{c.duration_s:.1f}s", c.reason) for c in self.checks]
 
 
-def print_report(report: Report, echo: Callable[[str], None] = print) -> None:
+def print_report(report: Report, echo: Callable[[str], None] = say) -> None:
     """Print a summary table: rich on a TTY, plain aligned text otherwise (logs, CI, pipes)."""
     import sys
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
 
+from sparkforge.console import say, warn
 from sparkforge.errors import SparkforgeError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,9 +29,6 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def echo(line: str) -> None:
-    print(line, flush=True)
-
-
-def warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+# One default output for the whole tool (sparkforge/console.py): progress and results on stdout, warnings on stderr.
+echo = say
+__all__ = ["echo", "user_errors", "warn"]

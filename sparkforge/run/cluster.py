@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkforge.commands import Command
+from sparkforge.console import Echo
 from sparkforge.run import RunError
 from sparkforge.run.doctor import DoctorOptions, DoctorResult, run_doctor
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
 from sparkforge.run.profiles import Profile
 
-Echo = Callable[[str], None]
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
     (

@@ -7,16 +7,15 @@ reply carries the reasoning and the answer in separate fields, which is what is 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkforge.console import Echo
 from sparkforge.run import RunError
 from sparkforge.run.cluster import cluster_down, start_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, describe_plan, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.profiles import Profile
 
-Echo = Callable[[str], None]
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).
 _CHAT = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import time
 from dataclasses import FrozenInstanceError
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import engine
+from sparkforge import build, cli, console, engine, publish, pull
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
-from sparkforge.report import Check, Report, load_report
+from sparkforge.lint import run_lint
+from sparkforge.probe.run import run_probe
+from sparkforge.report import Check, Report, load_report, print_report
 
 
 def test_runner_start_detaches_a_daemon_and_appends_its_output(tmp_path: Path) -> None:
@@ -80,3 +83,28 @@ def test_a_written_report_cannot_change(tmp_path: Path) -> None:
     loaded = load_report(tmp_path / "r.json")
     assert loaded.to_dict() == report.to_dict()
     loaded.add(Check("more", "passed"))  # a report read back is a new, open one
+
+
+def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str]) -> None:
+    # Runner streams a program's lines and build/publish/pull/probe/lint say their progress to the same place.
+    Runner().run(Command.of("sh", "-c", "echo from-the-program"), "step")
+    Runner(dry=True).run(Command.of("true", "dry"), "step")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("from-the-program\ntrue dry\n", "")
+    defaults = {
+        fn.__qualname__: inspect.signature(fn).parameters["echo"].default
+        for fn in (
+            build.build,
+            publish.push,
+            publish.publish,
+            publish.promote,
+            pull.pull,
+            run_probe,
+            run_lint,
+            print_report,
+        )
+    }
+    assert set(defaults.values()) == {console.say}, defaults
+    assert cli.echo is console.say and cli.warn is console.warn
+    console.warn("careful")
+    assert capfd.readouterr() == ("", "careful\n")
