@@ -154,7 +154,7 @@ class Report(_Sealable):
                 time=f"{check.duration_s:.3f}",
             )
             if check.status == "failed":
-                ET.SubElement(case, "failure", message=check.reason).text = json.dumps(check.details)
+                ET.SubElement(case, "failure", message=check.reason).text = json.dumps(dict(check.details))
             elif check.status == "skipped":
                 ET.SubElement(case, "skipped", message=check.reason)
         path.parent.mkdir(parents=True, exist_ok=True)

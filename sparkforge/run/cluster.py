@@ -118,12 +118,18 @@ def cluster_up(
         [by_rank[e.node.rank].env for e in engines],
         launch,
     )
+    launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
+    return UpResult(plan, result, time.monotonic() - start)
+
+
+def launch_plan(
+    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float, dry: bool
+) -> None:
+    """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
         echo(line)
-    if dry:
-        return UpResult(plan, result, time.monotonic() - start)
-    start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
-    return UpResult(plan, result, time.monotonic() - start)
+    if not dry:
+        start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
 
 
 def start_plan(

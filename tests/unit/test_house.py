@@ -108,3 +108,25 @@ def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str
     assert cli.echo is console.say and cli.warn is console.warn
     console.warn("careful")
     assert capfd.readouterr() == ("", "careful\n")
+
+
+def test_finish_report_prints_writes_and_fails_once_for_every_checking_task(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from invoke.exceptions import Exit
+
+    report = Report(command="cluster.doctor", subject="2 nodes")
+    report.add(Check("engines", "passed", "2 engines answer"))
+    report.add(Check("image", "failed", "not on node1"))
+    with pytest.raises(Exit) as raised:
+        cli.finish_report(
+            report, str(tmp_path / "r.json"), str(tmp_path / "r.xml"), hint="the table says why"
+        )
+    assert raised.value.message == "sparkforge: cluster.doctor failed (image); the table says why"
+    assert load_report(tmp_path / "r.json").to_dict() == report.to_dict()
+    assert (tmp_path / "r.xml").is_file()
+    out = capfd.readouterr().out
+    assert "cluster.doctor 2 nodes: FAILED" in out and out.endswith(f"report: {tmp_path / 'r.json'}\n")
+    passed = Report(command="preflight", subject="recipe r")
+    passed.add(Check("lock", "passed"))
+    cli.finish_report(passed)  # no files asked for, nothing raised
