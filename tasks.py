@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
-from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
-
-if TYPE_CHECKING:
-    from sparkforge.report import Report
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -90,22 +85,7 @@ def preflight(
         github_base=github_base,
         profiles=[load_profile(p) for p in profile or []],
     )
-    _finish(report, json)
-
-
-def _finish(report: Report, json_path: str, junit_path: str = "") -> None:
-
-    from sparkforge.report import print_report
-
-    print_report(report, echo)
-    if json_path:
-        report.write_json(Path(json_path))
-        echo(f"report: {json_path}")
-    if junit_path:
-        report.write_junit(Path(junit_path))
-    if report.status != "passed":
-        failed = ", ".join(c.name for c in report.failed)
-        raise Exit(f"sparkforge: {report.command} failed ({failed}); see the table above", code=1)
+    finish_report(report, json)
 
 
 @task(
@@ -222,7 +202,7 @@ def verify(
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
     result = verify_and_record(loaded, ref, gpus=gpu_mode(gpus), kernels=not no_kernels, model_dir=model)
-    _finish(result, report, junit)
+    finish_report(result, report, junit)
 
 
 @task(

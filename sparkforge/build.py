@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sparkforge import engine, plan, records
 from sparkforge.commands import Command, Runner
+from sparkforge.console import say
 from sparkforge.engine import BuildRequest, Engine
 from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import REPO_ROOT, Recipe
@@ -190,7 +191,7 @@ def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[st
         )
 
 
-def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = print) -> BuildResult:
+def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = say) -> BuildResult:
     """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
     platform = check_options(recipe, options)
     if options.preflight:
@@ -341,16 +342,8 @@ def link_pushed_digest(
     metadata_file: Path, image_id: str, repository: str, directory: Path = records.VERIFIED_DIR
 ) -> str:
     """After a push-by-digest rebuild: the pushed image must be the verified one (same config digest)."""
-    import json
-
-    try:
-        meta = json.loads(metadata_file.read_text())
-        digest, config = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
-    except (OSError, ValueError, KeyError):
-        raise EngineError(
-            f"{metadata_file}: no containerimage.digest / containerimage.config.digest; the pushed image cannot "
-            "be matched to the verified one. Fix: build with buildx and --metadata-file"
-        ) from None
+    meta = engine.read_build_metadata(metadata_file)
+    digest, config = meta.digest, meta.config_digest
     if config != image_id:
         raise VerifyError(
             f"the push-by-digest rebuild is not the verified image: config {config} != verified image ID "

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkforge.console import say
 from sparkforge.errors import CommandError
 
 
@@ -69,7 +69,7 @@ class Runner:
     ) -> None:
         self.dry = dry
         self.log_dir = log_dir
-        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.echo = echo or say
         self.stream = stream
         self._step = 0
 
@@ -140,6 +140,26 @@ class Runner:
                 f"--- last lines ---\n{tail}\n---{where}"
             )
         return Result(command, proc.returncode, output, log)
+
+    def start(self, command: Command, log: Path) -> None:
+        """Start a long-running daemon detached from this process, its output appended to `log`."""
+        if self.dry:
+            self.echo(f"{Command(('setsid', *command.argv), command.env).shell_line()} >{log} 2>&1 &")
+            return
+        with log.open("ab") as out:
+            try:
+                subprocess.Popen(
+                    list(command.argv),
+                    cwd=command.cwd,
+                    env={**os.environ, **command.env},
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise CommandError(
+                    f"cannot start {command.argv[0]!r} (not installed or not on PATH)."
+                ) from exc
 
     def capture(
         self, command: Command, step: str, *, check: bool = True, timeout: float | None = None

@@ -10,12 +10,17 @@ import re
 import shutil
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkforge.commands import Command, Runner, argv_of
+# BuildKit's argv and metadata file are data (sparkforge/buildkit.py); the seam hands them out with the engine.
+from sparkforge.buildkit import BuildMetadata as BuildMetadata
+from sparkforge.buildkit import BuildRequest as BuildRequest
+from sparkforge.buildkit import build_command as build_command
+from sparkforge.buildkit import read_build_metadata as read_build_metadata
+from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, EngineError
 
 NO_ENGINE_FIX = (
@@ -39,15 +44,30 @@ class Engine:
         return {"DOCKER_BUILDKIT": "1"} if self.mode == "buildkit" else {}
 
 
-def _candidates() -> list[str]:
+def docker_candidates() -> list[str]:
+    """The docker CLIs on this machine, in the order every caller tries them: PATH's first."""
     found = [shutil.which("docker"), "/usr/bin/docker", "/usr/local/bin/docker"]
     return list(dict.fromkeys(p for p in found if p and Path(p).exists()))
+
+
+def daemon_ready(runner: Runner, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a docker CLI here reaches a daemon (`env` may point it at another one, e.g. DOCKER_HOST)."""
+    return any(
+        runner.capture(Command.of(docker, "info", env=env), "engine-ready", check=False).returncode == 0
+        for docker in docker_candidates()
+    )
+
+
+def cli_has_image(runner: Runner, ref: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the engine a docker CLI reaches (with `env`, e.g. DOCKER_HOST) holds image `ref`."""
+    argv = (docker_cli(), "image", "inspect", ref)
+    return runner.capture(Command(argv, dict(env or {})), "image-inspect", check=False).returncode == 0
 
 
 def detect_engine(runner: Runner | None = None) -> Engine:
     """Find a docker CLI with BuildKit and a reachable daemon, or raise EngineError saying how to get one."""
     runner = runner or Runner(stream=False)
-    candidates = _candidates()
+    candidates = docker_candidates()
     if not candidates:
         raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
     reasons = []
@@ -73,31 +93,6 @@ def detect_engine(runner: Runner | None = None) -> Engine:
     raise EngineError("no usable container engine: " + "; ".join(reasons) + f". Fix: {NO_ENGINE_FIX}")
 
 
-@dataclass(frozen=True)
-class BuildRequest:
-    """Everything one BuildKit build needs; `build_command` turns it into argv."""
-
-    context: Path
-    platform: str
-    target: str
-    tags: tuple[str, ...] = ()
-    dockerfile: Path | None = None
-    build_args: Mapping[str, str] = field(default_factory=dict)
-    secrets: tuple[str, ...] = ()  # "id=ca,src=/path" as docker takes it
-    no_cache: bool = False
-    builder: str | None = None
-    network: str | None = None
-    push_by_digest: str | None = None  # repository to push to by digest (buildx)
-    # The tag pushed instead where the builder cannot push by digest alone (buildx's docker driver).
-    staging_tag: str = "staging"
-    sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
-    metadata_file: Path | None = None
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
-    attestations: bool = False
-    progress: Literal["plain", "auto", "tty"] = "plain"
-
-
 def buildx_driver(runner: Runner, engine: Engine, builder: str | None = None) -> Engine:
     """The engine with the buildx driver of `builder` (default: the current one); unchanged without buildx."""
     if engine.mode != "buildx":
@@ -111,69 +106,6 @@ def buildx_driver(runner: Runner, engine: Engine, builder: str | None = None) ->
         )
     found = re.search(r"^Driver:\s*(\S+)", result.output, re.MULTILINE)
     return dataclasses.replace(engine, driver=found.group(1) if found else "")
-
-
-def build_command(engine: Engine, req: BuildRequest) -> Command:
-    """The exact BuildKit command for a request (buildx when present, else DOCKER_BUILDKIT=1 docker build)."""
-    common: list[str | None] = [
-        "--platform",
-        req.platform,
-        "--target",
-        req.target,
-        "--progress",
-        req.progress,
-    ]
-    if req.dockerfile is not None:
-        common += ["--file", str(req.dockerfile)]
-    for tag in req.tags:
-        common += ["--tag", tag]
-    for key, value in sorted(req.build_args.items()):
-        common += ["--build-arg", f"{key}={value}"]
-    for secret in req.secrets:
-        common += ["--secret", secret]
-    if req.no_cache:
-        common.append("--no-cache")
-    if req.network:
-        common += ["--network", req.network]
-    if engine.mode == "buildx":
-        argv: list[str | None] = [engine.docker, "buildx", "build"]
-        if req.builder:
-            argv += ["--builder", req.builder]
-        argv += common
-        for ref in req.cache_from:
-            argv += ["--cache-from", ref]
-        for ref in req.cache_to:
-            argv += ["--cache-to", ref]
-        if req.push_by_digest and engine.driver == "docker":
-            # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
-            # never a release tag; the digest in the metadata file is what publish merges.
-            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
-        elif req.push_by_digest:
-            argv += [
-                "--output",
-                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
-            ]
-        else:
-            argv.append("--load")
-        if req.attestations:
-            argv += ["--provenance", "mode=max"]
-            if req.sbom != "false":
-                argv += ["--sbom", req.sbom]
-        if req.metadata_file is not None:
-            argv += ["--metadata-file", str(req.metadata_file)]
-        argv.append(str(req.context))
-        return Command(argv_of(argv), engine.env)
-    if req.builder:
-        raise EngineError(
-            f"--builder {req.builder} needs docker buildx, which {engine.docker} lacks; fix: install the buildx "
-            "plugin (Docker 23+ ships it) or drop --builder"
-        )
-    if req.push_by_digest or req.cache_from or req.cache_to or req.attestations:
-        raise EngineError(
-            f"push by digest, registry cache and attestations need docker buildx, which {engine.docker} lacks; "
-            "fix: install the buildx plugin, or build with plain tags and 'invoke push'"
-        )
-    return Command(argv_of([engine.docker, "build", *common, str(req.context)]), engine.env)
 
 
 # ---- engine API through the Docker SDK ----------------------------------------------------------
@@ -237,6 +169,12 @@ def inspect_image(ref: str) -> dict[str, Any]:
             raise EngineError(
                 f"image {ref} is not in the local engine; fix: build it ('invoke build') or pull it ('invoke pull')"
             ) from None
+
+
+def registry_digest(ref: str) -> str:
+    """The digest of the manifest or index `ref` names in its registry, read through the engine's API."""
+    with sdk_errors(f"read the digest of {ref} from its registry"):
+        return str(_client().images.get_registry_data(ref).id)
 
 
 def image_labels(ref: str) -> dict[str, str]:
@@ -417,7 +355,7 @@ def run_cli(runner: Runner, engine: Engine, step: str, *args: str, check: bool =
 
 def docker_cli() -> str:
     """A docker CLI for talking to other engines (nodes); BuildKit is not needed for that."""
-    candidates = _candidates()
+    candidates = docker_candidates()
     if not candidates:
         raise EngineError(f"no docker CLI found on this machine; {NO_ENGINE_FIX}")
     return candidates[0]

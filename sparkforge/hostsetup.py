@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkforge import engine
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
 
@@ -26,25 +27,10 @@ class SetupStep:
     done: str
 
 
-def _docker_ready(docker: str) -> bool:
-    if not Path(docker).exists():
-        return False
-    return subprocess.run([docker, "info"], capture_output=True).returncode == 0
-
-
-def _docker_cli() -> str:
-    # Debian's docker.io CLI (20.10) can build with the engine's BuildKit; a newer CLI without buildx cannot.
-    for path in ("/usr/bin/docker", shutil.which("docker")):
-        if path and Path(path).exists():
-            return path
-    return "/usr/bin/docker"
-
-
 def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[SetupStep]:
     """Install and start Docker if none runs (Debian-like hosts); register qemu for arm64 when asked."""
     steps: list[SetupStep] = []
-    docker = _docker_cli()
-    if not _docker_ready(docker):
+    if not engine.daemon_ready(runner):
         if not shutil.which("dockerd"):
             if not shutil.which("apt-get"):
                 raise EngineError(
@@ -59,13 +45,10 @@ def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[S
                 "apt-install-docker",
             )
             steps.append(SetupStep("install", "installed docker.io from the distribution"))
-        if runner.dry:
-            runner.echo(f"setsid dockerd >{DOCKER_LOG} 2>&1 &")
-        else:
-            with DOCKER_LOG.open("ab") as log:
-                subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+        runner.start(Command.of("dockerd"), DOCKER_LOG)
+        if not runner.dry:
             deadline = time.monotonic() + wait_s
-            while not _docker_ready(docker):
+            while not engine.daemon_ready(runner):
                 if time.monotonic() > deadline:
                     tail = DOCKER_LOG.read_text(errors="replace")[-1500:]
                     raise EngineError(
@@ -130,8 +113,7 @@ def build_base(
     if platform not in ARCH_OF_PLATFORM:
         raise EngineError(f"no offline base for {platform}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}")
     name = base_image_name(platform, suite)
-    docker = _docker_cli()
-    if not force and subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0:
+    if not force and engine.cli_has_image(runner, name):
         return SetupStep(f"base-{ARCH_OF_PLATFORM[platform]}", f"{name} already exists")
     arch = ARCH_OF_PLATFORM[platform]
     if arch != "amd64" and os.uname().machine == "x86_64":
@@ -163,6 +145,8 @@ def build_base(
         )
         shutil.rmtree(rootfs, ignore_errors=True)
         (Path(tmp) / "Dockerfile").write_text('FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n')
+        # The CLI the engine's rule picks for builds (one with BuildKit), like every other build.
+        docker = engine.detect_engine(runner).docker
         runner.run(
             Command.of(
                 docker, "build", "--platform", platform, "--tag", name, tmp, env={"DOCKER_BUILDKIT": "1"}
@@ -257,17 +241,12 @@ def install_buildx(runner: Runner) -> SetupStep:
     return SetupStep("buildx-install", f"{', '.join(pins)} unpacked in {BUILDX_ROOT} (system not upgraded)")
 
 
-def _buildx_ready() -> bool:
-    env = {**os.environ, **buildx_env()}
-    return subprocess.run([_docker_cli(), "info"], capture_output=True, env=env).returncode == 0
-
-
 def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
     """A second dockerd (trixie's, containerd image store) on its own socket, bridge and data root.
 
     The host's engine keeps running untouched; its images are not visible here (bases are copied over).
     """
-    if _buildx_ready():
+    if engine.daemon_ready(runner, buildx_env()):
         return SetupStep("buildx-daemon", f"the buildx engine already runs ({BUILDX_HOST})")
     name, address = BUILDX_BRIDGE
     if not Path(f"/sys/class/net/{name}").exists():
@@ -284,7 +263,7 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
         "iptables": False,
         "ip-masq": False,
     }
-    argv = [
+    dockerd = Command.of(
         str(BUILDX_ROOT / "bin" / "dockerd"),
         "--config-file",
         str(BUILDX_ROOT / "daemon.json"),
@@ -296,20 +275,17 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
         str(BUILDX_RUN / "dockerd.pid"),
         "--host",
         BUILDX_HOST,
-    ]
+        env={"PATH": f"{BUILDX_ROOT / 'bin'}:{os.environ.get('PATH', '')}"},
+    )
     if runner.dry:
-        runner.echo(f"PATH={BUILDX_ROOT / 'bin'}:$PATH setsid {' '.join(argv)} >{BUILDX_LOG} 2>&1 &")
+        runner.start(dockerd, BUILDX_LOG)
         return SetupStep("buildx-daemon", "would start the buildx engine")
-    import json
-
     BUILDX_RUN.mkdir(parents=True, exist_ok=True)
     (BUILDX_ROOT / "daemon.json").write_text(json.dumps(config, indent=2) + "\n")
-    env = {**os.environ, "PATH": f"{BUILDX_ROOT / 'bin'}:{os.environ.get('PATH', '')}"}
-    with BUILDX_LOG.open("ab") as log:
-        # A long-running daemon, not a step: started directly, like the host engine in engine_up.
-        subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, env=env)
+    # A long-running daemon, not a step: started detached, like the host engine in engine_up.
+    runner.start(dockerd, BUILDX_LOG)
     deadline = time.monotonic() + wait_s
-    while not _buildx_ready():
+    while not engine.daemon_ready(runner, buildx_env()):
         if time.monotonic() > deadline:
             tail = BUILDX_LOG.read_text(errors="replace")[-1500:]
             raise EngineError(f"the buildx dockerd did not come up in {wait_s}s; {BUILDX_LOG} ends:\n{tail}")
@@ -320,13 +296,10 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
 def copy_bases(runner: Runner) -> list[SetupStep]:
     """The host engine's offline bases, copied into the buildx engine (its image store is separate)."""
     steps = []
-    docker = _docker_cli()
+    docker = engine.docker_cli()
     for platform in ARCH_OF_PLATFORM:
         name = base_image_name(platform)
-        host = subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
-        env = {**os.environ, **buildx_env()}
-        there = subprocess.run([docker, "image", "inspect", name], capture_output=True, env=env)
-        if not host or there.returncode == 0:
+        if not engine.cli_has_image(runner, name) or engine.cli_has_image(runner, name, buildx_env()):
             continue
         with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
             archive = str(Path(tmp) / "base.tar")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkforge.commands import Command, Runner
+from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
 from sparkforge.recipe import REPO_ROOT, list_recipe_names, load_recipe
 from sparkforge.render import render_context
@@ -29,7 +30,7 @@ def hadolint_argv(dockerfile: Path) -> tuple[str, ...]:
     return (*argv, str(dockerfile))
 
 
-def run_lint(echo: Callable[[str], None] = print) -> None:
+def run_lint(echo: Callable[[str], None] = say) -> None:
     """Fail with every problem found; each tool's output is shown."""
     runner = Runner(echo=echo)
     failures: list[str] = []

@@ -16,7 +16,7 @@ from typing import Any
 from sparkforge import engine, oci
 from sparkforge.commands import Command, Runner
 from sparkforge.engine import Engine
-from sparkforge.errors import PublishError
+from sparkforge.errors import EngineError, PublishError
 from sparkforge.oci import is_local_registry
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -153,9 +153,9 @@ class Manifests:
         if not self.buildx:
             # docker manifest cannot print a list's digest; the engine's distribution API can.
             try:
-                return str(engine._client().images.get_registry_data(ref).id)
-            except Exception as exc:  # the SDK raises NotFound, APIError or a connection error
-                raise PublishError(f"cannot read the digest of {ref} through the engine: {exc}") from None
+                return engine.registry_digest(ref)
+            except EngineError as exc:
+                raise PublishError(str(exc)) from None
         template = "{{println .Manifest.Digest}}"
         result = self.runner.capture(self._cmd("inspect", "--format", template, ref), "digest")
         found = DIGEST.findall(result.output)

@@ -10,21 +10,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
+from sparkforge.console import Echo, say
 from sparkforge.engine import Engine
-from sparkforge.errors import PublishError
+from sparkforge.errors import EngineError, PublishError
 from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.recipe import REPO_ROOT, Recipe, recipe_ref
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
-
-Echo = Callable[[str], None]
 
 
 # ---- records of pushed platform images ----------------------------------------------------------
@@ -157,7 +156,7 @@ def push(
     digests_dir: Path | None = DIGESTS_DIR,
     runner: Runner | None = None,
     eng: Engine | None = None,
-    echo: Echo = print,
+    echo: Echo = say,
     allow_unverified: bool = False,
     allow_base_override: bool = False,
     evidence_dir: Path = records.VERIFIED_DIR,
@@ -177,13 +176,10 @@ def push(
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:
-            meta = json.loads(metadata_file.read_text())
-            digest, image_id = str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"])
-        except (OSError, ValueError, KeyError):
-            raise PublishError(
-                f"{metadata_file}: no 'containerimage.digest' / 'containerimage.config.digest'; fix: pass the "
-                "--metadata-file written by 'invoke build --push-by-digest' (buildx)"
-            ) from None
+            meta = engine.read_build_metadata(metadata_file)
+        except EngineError as exc:
+            raise PublishError(str(exc)) from None
+        digest, image_id = meta.digest, meta.config_digest
         record = records.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
         _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
@@ -252,7 +248,7 @@ def publish(
     moving: bool = False,
     runner: Runner | None = None,
     eng: Engine | None = None,
-    echo: Echo = print,
+    echo: Echo = say,
     allow_unverified: bool = False,
     allow_base_override: bool = False,
     evidence_dir: Path = records.VERIFIED_DIR,
@@ -369,7 +365,7 @@ def promote(
     when: dt.date | None = None,
     runner: Runner | None = None,
     eng: Engine | None = None,
-    echo: Echo = print,
+    echo: Echo = say,
     evidence_dir: Path = records.VERIFIED_DIR,
 ) -> Published:
     """Point the recipe's moving tags at a published index, only when every platform image in it is GPU-verified."""

@@ -9,10 +9,12 @@ from typing import Any
 
 from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
+from sparkforge.console import Echo, say
+from sparkforge.console import warn as warn_line
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.manifests import DIGEST, index_platforms
-from sparkforge.publish import Echo, tools_for
+from sparkforge.publish import tools_for
 from sparkforge.recipe import Recipe, recipe_ref
 
 # ---- tags and references ------------------------------------------------------------------------
@@ -66,8 +68,8 @@ def pull(
     platform: str | None = None,
     runner: Runner | None = None,
     eng: Engine | None = None,
-    echo: Echo = print,
-    warn: Echo = print,
+    echo: Echo = say,
+    warn: Echo = warn_line,
     allow_unsigned: bool = False,
 ) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.

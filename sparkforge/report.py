@@ -7,17 +7,33 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from sparkforge import __version__
+from sparkforge.console import say
 
 Status = Literal["passed", "failed", "skipped"]
 
 
+class _Sealable:
+    """Mutable while filled in; once sealed (a report was written) every assignment is an error."""
+
+    _sealed = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._sealed:
+            raise FrozenInstanceError(f"cannot set {name!r}: this report was written and is now immutable")
+        super().__setattr__(name, value)
+
+    def _seal(self) -> None:
+        object.__setattr__(self, "_sealed", True)
+
+
 @dataclass
-class Check:
+class Check(_Sealable):
     """One named check with its verdict, the reason for it and the evidence."""
 
     name: str
@@ -31,7 +47,7 @@ class Check:
             "name": self.name,
             "status": self.status,
             "reason": self.reason,
-            "details": self.details,
+            "details": dict(self.details),
             "duration_s": round(self.duration_s, 3),
         }
 
@@ -47,8 +63,11 @@ class Check:
 
 
 @dataclass
-class Report:
-    """A checking command's result; `extra` holds command-specific top-level keys (e.g. audit's)."""
+class Report(_Sealable):
+    """A checking command's result; `extra` holds command-specific top-level keys (e.g. audit's).
+
+    Writing it (`write_json`, `write_junit`) seals it: what was written is what the report says from then on.
+    """
 
     command: str
     subject: str
@@ -65,12 +84,31 @@ class Report:
         return [c for c in self.checks if c.status == "failed"]
 
     def add(self, check: Check) -> Check:
+        self._open()
         self.checks.append(check)
         return check
+
+    def _open(self) -> None:
+        if self._sealed:
+            raise FrozenInstanceError(
+                f"{self.command} {self.subject}: the report was written; it takes no checks"
+            )
+
+    def seal(self) -> None:
+        """Make the report and its checks immutable (checks a tuple, extra and details read-only)."""
+        if self._sealed:
+            return
+        for check in self.checks:
+            object.__setattr__(check, "details", MappingProxyType(check.details))
+            check._seal()
+        object.__setattr__(self, "checks", tuple(self.checks))
+        object.__setattr__(self, "extra", MappingProxyType(self.extra))
+        self._seal()
 
     @contextmanager
     def timed(self, name: str) -> Iterator[Check]:
         """Yield a passed check to fill in; its duration is measured around the block."""
+        self._open()
         check = Check(name=name, status="passed")
         start = time.monotonic()
         try:
@@ -93,10 +131,12 @@ class Report:
         return data
 
     def write_json(self, path: Path) -> None:
+        self.seal()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     def write_junit(self, path: Path) -> None:
+        self.seal()
         suite = ET.Element(
             "testsuite",
             name=f"sparkforge.{self.command}",
@@ -114,7 +154,7 @@ class Report:
                 time=f"{check.duration_s:.3f}",
             )
             if check.status == "failed":
-                ET.SubElement(case, "failure", message=check.reason).text = json.dumps(check.details)
+                ET.SubElement(case, "failure", message=check.reason).text = json.dumps(dict(check.details))
             elif check.status == "skipped":
                 ET.SubElement(case, "skipped", message=check.reason)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +164,7 @@ class Report:
         return [(c.name, c.status.upper(), f"{c.duration_s:.1f}s", c.reason) for c in self.checks]
 
 
-def print_report(report: Report, echo: Callable[[str], None] = print) -> None:
+def print_report(report: Report, echo: Callable[[str], None] = say) -> None:
     """Print a summary table: rich on a TTY, plain aligned text otherwise (logs, CI, pipes)."""
     import sys
 

@@ -13,15 +13,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkforge import engine, plan
+from sparkforge import console, engine, plan
 from sparkforge.commands import Runner
+from sparkforge.console import Echo
 from sparkforge.manifests import DIGEST, Manifests, index_platforms
 from sparkforge.recipe import Recipe
 from sparkforge.report import Check
 from sparkforge.signing import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
 
 REVISION_LABEL = "org.opencontainers.image.revision"
-Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def verify_remote(
     tools: Manifests,
     *,
     allow_unsigned: bool = False,
-    warn: Echo = print,
+    warn: Echo = console.warn,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
 

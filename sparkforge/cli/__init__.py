@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
 
+from sparkforge.console import say, warn
 from sparkforge.errors import SparkforgeError
+
+if TYPE_CHECKING:
+    from sparkforge.report import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,9 +33,23 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def echo(line: str) -> None:
-    print(line, flush=True)
+# One default output for the whole tool (sparkforge/console.py): progress and results on stdout, warnings on stderr.
+echo = say
+__all__ = ["echo", "finish_report", "user_errors", "warn"]
 
 
-def warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def finish_report(
+    report: Report, json_path: str = "", junit_path: str = "", *, hint: str = "see the table above"
+) -> None:
+    """A checking task's ending: the table, the JSON/JUnit files asked for, a non-zero exit when a check failed."""
+    from sparkforge.report import print_report
+
+    print_report(report, echo)
+    if json_path:
+        report.write_json(Path(json_path))
+        echo(f"report: {json_path}")
+    if junit_path:
+        report.write_junit(Path(junit_path))
+    if report.status != "passed":
+        failed = ", ".join(c.name for c in report.failed)
+        raise Exit(f"sparkforge: {report.command} failed ({failed}); {hint}", code=1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context, task
 
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import echo, finish_report, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -37,12 +37,9 @@ def probe(
     no_cache: bool = False,
 ) -> None:
     """Compile probe: vLLM's own configure on the patched source, the recipe's probe units compiled, audited."""
-    from invoke.exceptions import Exit
-
     from sparkforge.build import parse_sources
     from sparkforge.probe import ProbeOptions, run_probe
     from sparkforge.recipe import load_recipe
-    from sparkforge.report import print_report
 
     options = ProbeOptions(
         platform=platform or None,
@@ -53,11 +50,5 @@ def probe(
         no_cache=no_cache,
     )
     result = run_probe(load_recipe(recipe), options, echo=echo)
-    print_report(result.report, echo)
     echo(f"objects and logs: {result.out_dir}")
-    if json:
-        result.report.write_json(Path(json))
-        echo(f"report: {json}")
-    if result.report.status != "passed":
-        failed = ", ".join(ch.name for ch in result.report.failed)
-        raise Exit(f"sparkforge: probe failed ({failed}); see the table above", code=1)
+    finish_report(result.report, json)

@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import echo, finish_report, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -51,6 +51,13 @@ def _engines(nodes: str) -> list:
     from sparkforge.run.nodes import NodeEngine, parse_nodes
 
     return [NodeEngine(n) for n in parse_nodes(nodes)]
+
+
+def _engine(node: str):
+    """One node's engine for `serve` (default: the local one)."""
+    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
+
+    return NodeEngine(parse_node(node) if node else LOCAL)
 
 
 def _doctor_options(image: str, interface: str, master_port: int, gpus: str, sanity: bool = True):
@@ -128,12 +135,11 @@ def serve(
     ulimit: list[str] | None = None,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
-    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
     from sparkforge.run.profiles import load_profile
     from sparkforge.run.serve import serve_up
 
     _preflight(recipe, profile, no_preflight)
-    engine = NodeEngine(parse_node(node) if node else LOCAL)
+    engine = _engine(node)
     options = _launch_options(
         _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit
     )
@@ -147,11 +153,9 @@ def serve(
 @user_errors
 def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     """Stop and remove what `serve` started on this node."""
-    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
     from sparkforge.run.serve import serve_down as down
 
-    engine = NodeEngine(parse_node(node) if node else LOCAL)
-    echo(f"removed {down(engine, profile or None)} container(s)")
+    echo(f"removed {down(_engine(node), profile or None)} container(s)")
 
 
 def _pick(*keys: str, **extra: str) -> dict[str, str]:
@@ -185,7 +189,6 @@ def doctor(
     no_preflight: bool = False,
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
-    from sparkforge.report import print_report
     from sparkforge.run.doctor import run_doctor
 
     if not (recipe or image):
@@ -195,14 +198,7 @@ def doctor(
     result = run_doctor(
         _engines(nodes), _doctor_options(_image(recipe, image), interface, master_port, gpus), echo=echo
     )
-    print_report(result.report, echo)
-    if json:
-        result.report.write_json(Path(json))
-        echo(f"report: {json}")
-    if result.report.status != "passed":
-        raise Exit(
-            "sparkforge: cluster.doctor failed; the table above names the stage, the node and the fix", code=1
-        )
+    finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
 
 @task(

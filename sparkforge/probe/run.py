@@ -16,6 +16,7 @@ from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
 from sparkforge.build import BuildOptions, build
 from sparkforge.commands import Runner
+from sparkforge.console import say
 from sparkforge.errors import EngineError, PreflightError
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details, require_cmake
 from sparkforge.preflight.fetch import make_fetcher
@@ -205,7 +206,7 @@ def judge(
     return max((int(u.get("peak_tree_mb") or 0) for u in units), default=0)
 
 
-def run_probe(recipe: Recipe, options: ProbeOptions, *, echo: Callable[[str], None] = print) -> ProbeResult:
+def run_probe(recipe: Recipe, options: ProbeOptions, *, echo: Callable[[str], None] = say) -> ProbeResult:
     """The compile probe: raises ProbeError for what stops it early; the report says what it found."""
     if recipe.model.components.vllm.source != "git":
         raise ProbeError(

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkforge.commands import Command
+from sparkforge.console import Echo
 from sparkforge.run import RunError
 from sparkforge.run.doctor import DoctorOptions, DoctorResult, run_doctor
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
 from sparkforge.run.profiles import Profile
 
-Echo = Callable[[str], None]
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
     (
@@ -118,12 +118,18 @@ def cluster_up(
         [by_rank[e.node.rank].env for e in engines],
         launch,
     )
+    launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
+    return UpResult(plan, result, time.monotonic() - start)
+
+
+def launch_plan(
+    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float, dry: bool
+) -> None:
+    """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
         echo(line)
-    if dry:
-        return UpResult(plan, result, time.monotonic() - start)
-    start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
-    return UpResult(plan, result, time.monotonic() - start)
+    if not dry:
+        start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
 
 
 def start_plan(

@@ -7,16 +7,15 @@ reply carries the reasoning and the answer in separate fields, which is what is 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkforge.console import Echo
 from sparkforge.run import RunError
-from sparkforge.run.cluster import cluster_down, start_plan
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, describe_plan, plan_launch
+from sparkforge.run.cluster import cluster_down, launch_plan
+from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.profiles import Profile
 
-Echo = Callable[[str], None]
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).
 _CHAT = """
@@ -59,12 +58,8 @@ def serve_up(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
     plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
-    for line in describe_plan(plan, [engine.node.label]):
-        echo(line)
-    if dry:
-        return plan, None
-    start_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s)
-    if not chat:
+    launch_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
+    if dry or not chat:
         return plan, None
     name = profile.model.served_model_name or profile.model.model
     output = engine.call(

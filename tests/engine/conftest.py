@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
+import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,3 +92,21 @@ def _remove_test_images() -> object:
     if throwaway:
         subprocess.run([docker, "rmi", "--force", *throwaway], capture_output=True)
     subprocess.run([docker, "image", "prune", "--force"], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def sdist_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM 0.31.0's sdist from PyPI (cached), served over real HTTP on 127.0.0.1 (probe and source-stage tests)."""
+    from sparkforge.preflight.fetch import make_fetcher
+    from sparkforge.preflight.pypi import resolve_file
+
+    fetcher = make_fetcher()
+    dist = resolve_file(fetcher, "vllm", "0.31.0", wheel=None)
+    sdist = fetcher.download(dist.url, what="vLLM 0.31.0 sdist", sha256=dist.sha256)
+    root = tmp_path_factory.mktemp("served")
+    shutil.copyfile(sdist, root / "vllm-0.31.0.tar.gz")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/vllm-0.31.0.tar.gz"
+    server.shutdown()

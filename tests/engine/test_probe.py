@@ -5,14 +5,9 @@ cores) plus 2-3 min for the unpatched and the no-nvcc variants; warm (BuildKit c
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
-import shutil
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,24 +22,6 @@ pytestmark = pytest.mark.engine
 RECIPES = REPO_ROOT / "tests" / "recipes"
 FP8 = "csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu"
 DISPATCH = "csrc/libtorch_stable/quantization/w8a8/cutlass/scaled_mm_c3x_sm120.cu"
-
-
-@pytest.fixture(scope="module")
-def sdist_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM 0.31.0's sdist from PyPI (cached), served over real HTTP on 127.0.0.1."""
-    from sparkforge.preflight.fetch import make_fetcher
-    from sparkforge.preflight.pypi import resolve_file
-
-    fetcher = make_fetcher()
-    dist = resolve_file(fetcher, "vllm", "0.31.0", wheel=None)
-    sdist = fetcher.download(dist.url, what="vLLM 0.31.0 sdist", sha256=dist.sha256)
-    root = tmp_path_factory.mktemp("served")
-    shutil.copyfile(sdist, root / "vllm-0.31.0.tar.gz")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/vllm-0.31.0.tar.gz"
-    server.shutdown()
 
 
 def _options(base: str, url: str, logs: Path) -> ProbeOptions:

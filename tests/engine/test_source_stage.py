@@ -3,12 +3,7 @@ proven, and the recipe's patch series applied. (The compile stage takes about an
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import shutil
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,25 +14,6 @@ from sparkforge.errors import EngineError
 from sparkforge.recipe import load_recipe
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def sdist_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM 0.31.0's sdist from PyPI (cached), served over real HTTP on 127.0.0.1."""
-    from sparkforge.preflight.fetch import make_fetcher
-    from sparkforge.preflight.pypi import resolve_file
-
-    fetcher = make_fetcher()
-    dist = resolve_file(fetcher, "vllm", "0.31.0", wheel=None)
-    sdist = fetcher.download(dist.url, what="vLLM 0.31.0 sdist", sha256=dist.sha256)
-    root = tmp_path_factory.mktemp("served")
-    shutil.copyfile(sdist, root / "vllm-0.31.0.tar.gz")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/vllm-0.31.0.tar.gz"
-    server.shutdown()
 
 
 def _options(base: str, url: str, tmp_path: Path) -> BuildOptions:
@@ -53,9 +29,9 @@ def _options(base: str, url: str, tmp_path: Path) -> BuildOptions:
     )
 
 
-def test_patch_series_applies_in_a_real_container(base_amd64: str, sdist_server: str, tmp_path: Path) -> None:
+def test_patch_series_applies_in_a_real_container(base_amd64: str, sdist_url: str, tmp_path: Path) -> None:
     recipe = load_recipe("vllm-qwen35")
-    result = build(recipe, _options(base_amd64, sdist_server, tmp_path))
+    result = build(recipe, _options(base_amd64, sdist_url, tmp_path))
     assert result.candidate.endswith("-source") and engine.image_exists(result.candidate)
     run = engine.run_container(
         result.candidate,
@@ -73,7 +49,7 @@ def test_patch_series_applies_in_a_real_container(base_amd64: str, sdist_server:
     assert 'set(CUDA_SUPPORTED_ARCHS "7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0;12.1")' in run.stdout
 
 
-def test_source_of_another_commit_is_refused(base_amd64: str, sdist_server: str, tmp_path: Path) -> None:
+def test_source_of_another_commit_is_refused(base_amd64: str, sdist_url: str, tmp_path: Path) -> None:
     recipe_path = tmp_path / "other-commit.yaml"
     recipe_path.write_text(
         "extends: vllm-qwen35\n".replace("vllm-qwen35", str(Path(load_recipe("vllm-qwen35").path)))
@@ -81,6 +57,6 @@ def test_source_of_another_commit_is_refused(base_amd64: str, sdist_server: str,
     )
     recipe = load_recipe(str(recipe_path))
     with pytest.raises(EngineError, match="stage 'source'; nothing was tagged") as info:
-        build(recipe, _options(base_amd64, sdist_server, tmp_path))
+        build(recipe, _options(base_amd64, sdist_url, tmp_path))
     log = Path(str(info.value).split("Log: ")[1].split()[0])
     assert "is commit db9527a46, the recipe pins 89a77b10846fd96273cce78d86d2556ea582d26e" in log.read_text()

@@ -1,0 +1,125 @@
+"""BuildKit's command line and metadata file, as data: the argv `invoke build` (and build.sh) runs, and what
+BuildKit's --metadata-file says of a pushed image. Nothing here calls a program; engine.py (the seam) does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from sparkforge.commands import Command, argv_of
+from sparkforge.errors import EngineError
+
+if TYPE_CHECKING:
+    from sparkforge.engine import Engine
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything one BuildKit build needs; `build_command` turns it into argv."""
+
+    context: Path
+    platform: str
+    target: str
+    tags: tuple[str, ...] = ()
+    dockerfile: Path | None = None
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # "id=ca,src=/path" as docker takes it
+    no_cache: bool = False
+    builder: str | None = None
+    network: str | None = None
+    push_by_digest: str | None = None  # repository to push to by digest (buildx)
+    # The tag pushed instead where the builder cannot push by digest alone (buildx's docker driver).
+    staging_tag: str = "staging"
+    sbom: str = "true"  # --sbom value: "true", "false" (no scanner image reachable), or "generator=REF"
+    metadata_file: Path | None = None
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    attestations: bool = False
+    progress: Literal["plain", "auto", "tty"] = "plain"
+
+
+@dataclass(frozen=True)
+class BuildMetadata:
+    """What BuildKit's --metadata-file says of a pushed image: its manifest digest and its config (image ID)."""
+
+    digest: str
+    config_digest: str
+
+
+def read_build_metadata(path: Path) -> BuildMetadata:
+    """Read BuildKit's metadata file (`containerimage.digest`, `containerimage.config.digest`)."""
+    try:
+        meta = json.loads(path.read_text())
+        return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(
+            f"{path}: no 'containerimage.digest' / 'containerimage.config.digest', so the pushed image cannot be "
+            "matched to the verified one; fix: pass the --metadata-file written by 'invoke build --push-by-digest' "
+            "(buildx)"
+        ) from None
+
+
+def build_command(engine: Engine, req: BuildRequest) -> Command:
+    """The exact BuildKit command for a request (buildx when present, else DOCKER_BUILDKIT=1 docker build)."""
+    common: list[str | None] = [
+        "--platform",
+        req.platform,
+        "--target",
+        req.target,
+        "--progress",
+        req.progress,
+    ]
+    if req.dockerfile is not None:
+        common += ["--file", str(req.dockerfile)]
+    for tag in req.tags:
+        common += ["--tag", tag]
+    for key, value in sorted(req.build_args.items()):
+        common += ["--build-arg", f"{key}={value}"]
+    for secret in req.secrets:
+        common += ["--secret", secret]
+    if req.no_cache:
+        common.append("--no-cache")
+    if req.network:
+        common += ["--network", req.network]
+    if engine.mode == "buildx":
+        argv: list[str | None] = [engine.docker, "buildx", "build"]
+        if req.builder:
+            argv += ["--builder", req.builder]
+        argv += common
+        for ref in req.cache_from:
+            argv += ["--cache-from", ref]
+        for ref in req.cache_to:
+            argv += ["--cache-to", ref]
+        if req.push_by_digest and engine.driver == "docker":
+            # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
+            # never a release tag; the digest in the metadata file is what publish merges.
+            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
+        elif req.push_by_digest:
+            argv += [
+                "--output",
+                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
+            ]
+        else:
+            argv.append("--load")
+        if req.attestations:
+            argv += ["--provenance", "mode=max"]
+            if req.sbom != "false":
+                argv += ["--sbom", req.sbom]
+        if req.metadata_file is not None:
+            argv += ["--metadata-file", str(req.metadata_file)]
+        argv.append(str(req.context))
+        return Command(argv_of(argv), engine.env)
+    if req.builder:
+        raise EngineError(
+            f"--builder {req.builder} needs docker buildx, which {engine.docker} lacks; fix: install the buildx "
+            "plugin (Docker 23+ ships it) or drop --builder"
+        )
+    if req.push_by_digest or req.cache_from or req.cache_to or req.attestations:
+        raise EngineError(
+            f"push by digest, registry cache and attestations need docker buildx, which {engine.docker} lacks; "
+            "fix: install the buildx plugin, or build with plain tags and 'invoke push'"
+        )
+    return Command(argv_of([engine.docker, "build", *common, str(req.context)]), engine.env)
