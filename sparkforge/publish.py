@@ -8,7 +8,6 @@ moving tags move only through `promote`.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -18,58 +17,11 @@ from typing import Any
 from sparkforge import engine, oci, plan, records
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
+from sparkforge.digests import DIGESTS_DIR, PushedImage
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
-from sparkforge.recipe import REPO_ROOT, Recipe, recipe_ref
-
-DIGESTS_DIR = REPO_ROOT / "build" / "digests"
-
-
-# ---- records of pushed platform images ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PushedImage:
-    """One platform's image in the registry, addressed by digest: what `publish` merges."""
-
-    recipe: str
-    recipe_hash: str
-    platform: str
-    repository: str
-    digest: str
-
-    @property
-    def reference(self) -> str:
-        return f"{self.repository}@{self.digest}"
-
-    def write(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.recipe}-{oci.arch(self.platform)}.json"
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        return path
-
-
-def load_digests(recipe: Recipe, directory: Path) -> dict[str, str]:
-    """platform -> digest from the records `push` wrote for this recipe; a stale record is an error."""
-    out: dict[str, str] = {}
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-            record = PushedImage(**{k: data[k] for k in PushedImage.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError):
-            raise PublishError(f"{path}: not a digest record written by 'invoke push'; remove it") from None
-        if record.recipe != recipe.name:
-            continue
-        if record.recipe_hash != recipe.hash or record.repository != recipe.model.publish.repository:
-            raise PublishError(
-                f"{path}: written for recipe hash {record.recipe_hash[:12]} / {record.repository}, but recipe "
-                f"{recipe.name} is now {recipe.hash[:12]} / {recipe.model.publish.repository}; fix: build and "
-                f"push {record.platform} again from this recipe, or remove the stale record"
-            )
-        out[record.platform] = record.digest
-    return out
-
+from sparkforge.recipe import Recipe, recipe_ref
 
 # ---- evidence ------------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ def push(
 ) -> None:
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
     from sparkforge import publish as pub
+    from sparkforge.digests import DIGESTS_DIR
     from sparkforge.recipe import load_recipe
 
     pub.push(
@@ -53,7 +54,7 @@ def push(
         platform or None,
         image=image or None,
         metadata_file=Path(metadata_file) if metadata_file else None,
-        digests_dir=Path(digests) if digests else pub.DIGESTS_DIR,
+        digests_dir=Path(digests) if digests else DIGESTS_DIR,
         echo=echo,
         allow_unverified=unverified,
         allow_base_override=allow_base_override,
@@ -92,6 +93,7 @@ def publish(
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
     from sparkforge import publish as pub
     from sparkforge.commands import Runner
+    from sparkforge.digests import DIGESTS_DIR, load_digests
     from sparkforge.recipe import load_recipe
 
     loaded = load_recipe(recipe)
@@ -105,7 +107,7 @@ def publish(
     if promote:
         result = pub.promote(loaded, promote, when=when, runner=runner, echo=echo)
     else:
-        found = pub.load_digests(loaded, Path(digests) if digests else pub.DIGESTS_DIR)
+        found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
         for item in digest or []:
             platform, _, value = item.partition("=")
             if not value:

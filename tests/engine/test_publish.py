@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge import digests as pushed_records
 from sparkforge import engine, evidence, plan, records
 from sparkforge import publish as pub
 from sparkforge import pull as pulling
@@ -48,7 +49,7 @@ class Smoke:
     eng: Engine
     runner: Runner
     candidates: dict[str, str]  # platform -> local image
-    pushed: dict[str, pub.PushedImage]
+    pushed: dict[str, pushed_records.PushedImage]
     digests_dir: Path
     evidence: Path  # verify records of this test module (never the checkout's build/verified)
 
@@ -116,7 +117,7 @@ def smoke(
     runner = Runner(log_dir=tmp / "logs", stream=False)
     bases = {"linux/amd64": base_amd64, "linux/arm64": base_arm64}
     candidates: dict[str, str] = {}
-    pushed: dict[str, pub.PushedImage] = {}
+    pushed: dict[str, pushed_records.PushedImage] = {}
     try:
         for platform in PLATFORMS:
             options = BuildOptions(
@@ -159,7 +160,7 @@ def _tag(full: str) -> str:
 
 
 def test_push_records_each_platform_by_digest(smoke: Smoke) -> None:
-    records = pub.load_digests(smoke.recipe, smoke.digests_dir)
+    records = pushed_records.load_digests(smoke.recipe, smoke.digests_dir)
     assert records == smoke.digests()
     for platform, image in smoke.pushed.items():
         found = smoke.registry.manifest(smoke.name, image.digest)
@@ -202,7 +203,7 @@ def test_publish_again_leaves_immutable_tags_unchanged(smoke: Smoke, published: 
 
 
 @contextmanager
-def _rebuilt_and_pushed(smoke: Smoke, tmp_path: Path, label: str) -> Iterator[pub.PushedImage]:
+def _rebuilt_and_pushed(smoke: Smoke, tmp_path: Path, label: str) -> Iterator[pushed_records.PushedImage]:
     """The amd64 smoke image rebuilt with other bytes (same recipe and labels) and pushed by digest."""
     (tmp_path / "Dockerfile").write_text(f"FROM {smoke.candidates['linux/amd64']}\nLABEL rebuilt={label}\n")
     rebuilt = f"{smoke.recipe.model.publish.repository}:rebuilt-{label}-amd64"

@@ -10,6 +10,7 @@ import pytest
 from invoke import Context
 
 from sparkforge import ci, manifests, oci, plan, pull, records
+from sparkforge import digests as pushed_records
 from sparkforge import publish as pub
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
@@ -182,18 +183,20 @@ def test_digest_records_round_trip_and_refuse_stale(tmp_path: Path) -> None:
     recipe = load_recipe(SMOKE)
     repo = recipe.model.publish.repository
     for platform, digest in (("linux/amd64", D1), ("linux/arm64", D2)):
-        pub.PushedImage(recipe.name, recipe.hash, platform, repo, digest).write(tmp_path)
-    pub.PushedImage("other-recipe", "0" * 64, "linux/amd64", "x/y", D3).write(tmp_path)  # ignored
-    assert pub.load_digests(recipe, tmp_path) == {"linux/amd64": D1, "linux/arm64": D2}
-    assert pub.load_digests(recipe, tmp_path / "absent") == {}
-    pub.PushedImage(recipe.name, "f" * 64, "linux/arm64", repo, D3).write(tmp_path)  # overwrites arm64
+        pushed_records.PushedImage(recipe.name, recipe.hash, platform, repo, digest).write(tmp_path)
+    pushed_records.PushedImage("other-recipe", "0" * 64, "linux/amd64", "x/y", D3).write(tmp_path)  # ignored
+    assert pushed_records.load_digests(recipe, tmp_path) == {"linux/amd64": D1, "linux/arm64": D2}
+    assert pushed_records.load_digests(recipe, tmp_path / "absent") == {}
+    pushed_records.PushedImage(recipe.name, "f" * 64, "linux/arm64", repo, D3).write(
+        tmp_path
+    )  # overwrites arm64
     with pytest.raises(
         PublishError, match=r"smoke-multiarch-arm64\.json: written for recipe hash ffffffffffff"
     ):
-        pub.load_digests(recipe, tmp_path)
+        pushed_records.load_digests(recipe, tmp_path)
     (tmp_path / "junk.json").write_text("{}")
     with pytest.raises(PublishError, match="not a digest record"):
-        pub.load_digests(recipe, tmp_path)
+        pushed_records.load_digests(recipe, tmp_path)
 
 
 def test_push_from_buildx_metadata_needs_a_verify_record(tmp_path: Path) -> None:
