@@ -89,7 +89,10 @@ class Workspace:
         argv = wl.filled(values)
         assert argv[:3] == ["python", "-m", "invoke"]
         command = [sys.executable, "-m", "invoke", "--search-root", str(REPO_ROOT), *argv[3:], *extra]
-        return subprocess.run(command, cwd=self.work, env=buildx_env(), capture_output=True, text=True)
+        # A hung build (e.g. a RUN step waiting on a network this engine lacks) fails the test, not CI.
+        return subprocess.run(
+            command, cwd=self.work, env=buildx_env(), capture_output=True, text=True, timeout=900
+        )
 
 
 def build_base_stage(
