@@ -21,7 +21,7 @@ RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 @user_errors
 def recipes(c: Context) -> None:
     """List the recipes with their one-line descriptions."""
-    from sparkforge.recipe import list_recipe_names, load_recipe
+    from sparkforge.recipe.loader import list_recipe_names, load_recipe
 
     for name in list_recipe_names():
         echo(f"{name:28} {load_recipe(name).model.description}")
@@ -33,7 +33,7 @@ def show(c: Context, recipe: str) -> None:
     """Print the resolved recipe (after extends) as YAML, with its hash."""
     import yaml
 
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)
     echo(f"# {loaded.name} ({loaded.path}); extends: {' -> '.join(p.name for p in loaded.chain)}")
@@ -45,8 +45,8 @@ def show(c: Context, recipe: str) -> None:
 @user_errors
 def render(c: Context, recipe: str, out: str = "") -> None:
     """Write the build context build/<recipe>/ (Dockerfile, patches, image tests, lock, build.sh)."""
-    from sparkforge.recipe import load_recipe
-    from sparkforge.render import render_context
+    from sparkforge.build.render import render_context
+    from sparkforge.recipe.loader import load_recipe
 
     context = render_context(load_recipe(recipe), Path(out) if out else None)
     echo(f"rendered {context.path}")
@@ -74,8 +74,8 @@ def preflight(
     profile: list[str] | None = None,
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
-    from sparkforge.preflight import run_preflight
-    from sparkforge.recipe import load_recipe
+    from sparkforge.preflight.checks import run_preflight
+    from sparkforge.recipe.loader import load_recipe
     from sparkforge.run.profiles import load_profile
 
     report = run_preflight(
@@ -138,10 +138,10 @@ def build(
     dry: bool = False,
 ) -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
-    from sparkforge.build import BuildOptions, parse_sources
-    from sparkforge.build import build as run_build
-    from sparkforge.recipe import load_recipe
-    from sparkforge.verify import gpu_mode
+    from sparkforge.build.pipeline import build as run_build
+    from sparkforge.build.stage import BuildOptions, parse_sources
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.verify.suite import gpu_mode
 
     loaded = load_recipe(recipe)
     options = BuildOptions(
@@ -193,15 +193,18 @@ def verify(
     model_dir: str = "",
 ) -> None:
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
-    from sparkforge import plan
-    from sparkforge.recipe import load_recipe
-    from sparkforge.verify import gpu_mode, verify_and_record
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.trust import attestation_check
+    from sparkforge.verify.suite import gpu_mode, verify_and_record
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
-    result = verify_and_record(loaded, ref, gpus=gpu_mode(gpus), kernels=not no_kernels, model_dir=model)
+    result = verify_and_record(
+        loaded, ref, gpus=gpu_mode(gpus), kernels=not no_kernels, model_dir=model, carried=attestation_check
+    )
     finish_report(result, report, junit)
 
 
@@ -220,9 +223,9 @@ def audit(
     c: Context, target: str, gpu: str = "", require: list[str] | None = None, recipe: str = "", json: str = ""
 ) -> None:
     """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
-    from sparkforge.audit import format_audit_table
-    from sparkforge.recipe import load_recipe
-    from sparkforge.verify import audit_subject
+    from sparkforge.audit.coverage import format_audit_table
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.verify.suite import audit_subject
 
     requires = list(require or [])
     if recipe:
@@ -250,8 +253,8 @@ def audit(
 @user_errors
 def lock(c: Context, recipe: str, check: bool = False, write: bool = False) -> None:
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
-    from sparkforge.preflight import lock_recipe
-    from sparkforge.recipe import load_recipe
+    from sparkforge.preflight.lock import lock_recipe
+    from sparkforge.recipe.loader import load_recipe
 
     result = lock_recipe(load_recipe(recipe), check=check, write=write)
     echo(str(result))
@@ -261,7 +264,7 @@ def lock(c: Context, recipe: str, check: bool = False, write: bool = False) -> N
 @user_errors
 def lint(c: Context) -> None:
     """ruff on the code, hadolint on every recipe's rendered Dockerfile."""
-    from sparkforge.lint import run_lint
+    from sparkforge.build.lint import run_lint
 
     run_lint(echo)
 
@@ -291,9 +294,9 @@ def test(c: Context, slow: bool = False, k: str = "") -> None:
 @user_errors
 def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = False) -> None:
     """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
+    from sparkforge.build.hostsetup import buildx_up
+    from sparkforge.build.hostsetup import engine_up as up
     from sparkforge.commands import Runner
-    from sparkforge.hostsetup import buildx_up
-    from sparkforge.hostsetup import engine_up as up
 
     runner = Runner(dry=dry)
     for step in [*up(runner, qemu=qemu), *(buildx_up(runner) if buildx else [])]:
@@ -307,8 +310,8 @@ def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = 
 @user_errors
 def engine_bases(c: Context, platform: list[str] | None = None, force: bool = False) -> None:
     """Offline stand-in bases from Debian (debootstrap) for machines that cannot pull the recipe's bases."""
+    from sparkforge.build.hostsetup import build_base
     from sparkforge.commands import Runner
-    from sparkforge.hostsetup import build_base
 
     for plat in platform or ["linux/amd64", "linux/arm64"]:
         echo(str(build_base(Runner(stream=False), plat, force=force).done))

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparkforge.audit import audit_target
 from sparkforge.audit.fatbin import Entry, read_fatbin_file
+from sparkforge.audit.scan import audit_target
 from sparkforge.cache import cache_path
 
 ROOT = Path(__file__).resolve().parent.parent

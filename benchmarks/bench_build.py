@@ -14,13 +14,14 @@ import statistics
 import time
 from pathlib import Path
 
-from sparkforge import engine, plan
+from sparkforge import engine
+from sparkforge.build.buildkit import BuildRequest, build_command
+from sparkforge.build.hostsetup import base_image_name
+from sparkforge.build.render import render_context
 from sparkforge.commands import Runner
-from sparkforge.engine import BuildRequest
-from sparkforge.hostsetup import base_image_name
-from sparkforge.recipe import REPO_ROOT, load_recipe
-from sparkforge.render import render_context
-from sparkforge.verify import verify_image
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.verify.suite import verify_image
 
 RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
 
@@ -40,7 +41,7 @@ def timed_build(eng: engine.Engine, context: Path, tag: str, *, no_cache: bool =
         no_cache=no_cache,
     )
     start = time.monotonic()
-    Runner(stream=False).run(engine.build_command(eng, request), "bench-build")
+    Runner(stream=False).run(build_command(eng, request), "bench-build")
     return time.monotonic() - start
 
 

@@ -24,8 +24,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "engine")]
 from registry import local_registry  # noqa: E402
 from test_buildx import Workspace, _recipe_file, build_base_stage, docker  # noqa: E402
 
-from sparkforge import hostsetup, plan  # noqa: E402
-from sparkforge.recipe import load_recipe  # noqa: E402
+from sparkforge.build import hostsetup  # noqa: E402
+from sparkforge.recipe import plan  # noqa: E402
+from sparkforge.recipe.loader import load_recipe  # noqa: E402
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 

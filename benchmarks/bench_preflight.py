@@ -22,11 +22,11 @@ from pathlib import Path
 
 import yaml
 
-from sparkforge.preflight import run_preflight
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.preflight.sources import extract_archive
-from sparkforge.recipe import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
+from sparkforge.recipe.loader import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
 
 V0160 = {"version": "0.16.0", "commit": "89a77b10846fd96273cce78d86d2556ea582d26e", "patches": []}
 PATCH = REPO_ROOT / "patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch"

@@ -21,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
+from sparkforge.build.probe import ProbeOptions, run_probe
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
-from sparkforge.probe import ProbeOptions, run_probe
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 
 
 def serve_sdist(root: Path) -> str:

@@ -13,9 +13,9 @@ import statistics
 import time
 from typing import Any
 
-from sparkforge import imagefs
-from sparkforge.imagesize import size_report
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.verify import imagefs
+from sparkforge.verify.size import size_report
 
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "size.json"

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sparkforge import evidence, records  # noqa: E402
+from sparkforge.verify import evidence, verified  # noqa: E402
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 
@@ -53,7 +53,7 @@ def main() -> int:
     # The same record `invoke verify` keeps per image ID; here the "image" is this host's environment.
     fake_id = "sha256:" + "0" * 63 + "1"
     record_dir = args.out / "verified"
-    records.write_record(
+    verified.write_record(
         fake_id,
         {"status": status, "checks": checks, "gpu": document["gpu"], "gpu_verified": verdict.to_dict()},
         record_dir,
@@ -69,7 +69,7 @@ def main() -> int:
         "wall_s": round(wall, 2),
         "status": status,
         "gpu_verified": verdict.to_dict(),
-        "gpu_verified_record": records.is_gpu_verified(records.read_record(fake_id, record_dir)),
+        "gpu_verified_record": verified.is_gpu_verified(verified.read_record(fake_id, record_dir)),
         "checks": [{k: c[k] for k in ("name", "status", "reason", "duration_s")} for c in checks],
     }
     args.out.mkdir(parents=True, exist_ok=True)

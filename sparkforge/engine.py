@@ -15,11 +15,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-# BuildKit's argv and metadata file are data (sparkforge/buildkit.py); the seam hands them out with the engine.
-from sparkforge.buildkit import BuildMetadata as BuildMetadata
-from sparkforge.buildkit import BuildRequest as BuildRequest
-from sparkforge.buildkit import build_command as build_command
-from sparkforge.buildkit import read_build_metadata as read_build_metadata
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, EngineError
 

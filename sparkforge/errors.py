@@ -39,3 +39,11 @@ class VerifyError(SparkforgeError):
 
 class PublishError(SparkforgeError):
     """A push, manifest merge or pull was refused."""
+
+
+class RunError(SparkforgeError):
+    """A serve profile, a node or a launch is wrong or failed."""
+
+
+class ProfileError(RunError):
+    """A serve profile file is missing, malformed or asks for something the pinned vLLM lacks."""

@@ -37,9 +37,9 @@ def probe(
     no_cache: bool = False,
 ) -> None:
     """Compile probe: vLLM's own configure on the patched source, the recipe's probe units compiled, audited."""
-    from sparkforge.build import parse_sources
-    from sparkforge.probe import ProbeOptions, run_probe
-    from sparkforge.recipe import load_recipe
+    from sparkforge.build.probe import ProbeOptions, run_probe
+    from sparkforge.build.stage import parse_sources
+    from sparkforge.recipe.loader import load_recipe
 
     options = ProbeOptions(
         platform=platform or None,

@@ -45,9 +45,9 @@ def push(
     allow_base_override: bool = False,
 ) -> None:
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
-    from sparkforge import publish as pub
-    from sparkforge.digests import DIGESTS_DIR
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import publish as pub
+    from sparkforge.registry.pushed import DIGESTS_DIR
 
     pub.push(
         load_recipe(recipe),
@@ -91,10 +91,10 @@ def publish(
     allow_base_override: bool = False,
 ) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
-    from sparkforge import publish as pub
     from sparkforge.commands import Runner
-    from sparkforge.digests import DIGESTS_DIR, load_digests
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import publish as pub
+    from sparkforge.registry.pushed import DIGESTS_DIR, load_digests
 
     loaded = load_recipe(recipe)
     when = None
@@ -147,8 +147,8 @@ def pull(
     json: str = "",
 ) -> None:
     """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
-    from sparkforge.pull import pull as run_pull
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.pull import pull as run_pull
 
     result = run_pull(
         load_recipe(recipe),
@@ -173,8 +173,8 @@ def pull(
 @user_errors
 def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = "") -> None:
     """The GitHub Actions build matrix (recipe x platform, runner, qemu, cache) as JSON."""
-    from sparkforge.ci import ci_matrix as matrix
-    from sparkforge.recipe import list_recipe_names, load_recipe
+    from sparkforge.recipe.loader import list_recipe_names, load_recipe
+    from sparkforge.registry.matrix import ci_matrix as matrix
 
     names = list(recipe or []) or list_recipe_names()
     recipes = [load_recipe(name) for name in names]

@@ -20,8 +20,8 @@ IFACE_HELP = "the cluster-link interface on every node (sets VLLM_HOST_IP, NCCL/
 def _image(recipe: str, image: str) -> str:
     if image:
         return image
-    from sparkforge import plan
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)
     return plan.candidate_tag(loaded, loaded.model.platforms[0])
@@ -33,7 +33,7 @@ def _preflight(recipe: str, profile_ref: str, skip: bool) -> None:
         return
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe.loader import load_recipe
     from sparkforge.report import Report, print_report
     from sparkforge.run.profiles import load_profile
 
@@ -61,7 +61,7 @@ def _engine(node: str):
 
 
 def _doctor_options(image: str, interface: str, master_port: int, gpus: str, sanity: bool = True):
-    from sparkforge.run.doctor import DoctorOptions
+    from sparkforge.run.facts import DoctorOptions
 
     return DoctorOptions(
         image=image, interface=interface or None, master_port=master_port, sanity=sanity, gpus=gpus == "all"

@@ -28,7 +28,7 @@ def _read_json(path: str, what: str) -> dict:
 
 def _tools(key: str):
     from sparkforge.commands import Runner
-    from sparkforge.signing import Cosign, Signer
+    from sparkforge.registry.cosign import Cosign, Signer
 
     return Cosign(Runner(echo=echo)), Signer.from_env(key)
 
@@ -43,8 +43,8 @@ def _tools(key: str):
 @user_errors
 def images(c: Context, recipe: str, published: str, key: str = "") -> None:
     """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
-    from sparkforge.recipe import load_recipe
-    from sparkforge.signing import sign_published
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.cosign import sign_published
 
     loaded = load_recipe(recipe)
     data = _read_json(published, "'invoke publish --json'")
@@ -67,8 +67,8 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
 @user_errors
 def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
-    from sparkforge.recipe import load_recipe
-    from sparkforge.signing import attest_report
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.cosign import attest_report
 
     cosign, signer = _tools(key)
     signed = attest_report(
@@ -83,10 +83,10 @@ def install(c: Context, workdir: str = "") -> None:
     """Install cosign from Debian trixie's archive (the .deb only; the system is not upgraded). Idempotent."""
     import shutil
 
+    from sparkforge.build.hostsetup import debian_mirror
     from sparkforge.commands import Runner
-    from sparkforge.hostsetup import debian_mirror
-    from sparkforge.recipe import REPO_ROOT
-    from sparkforge.signing import install_cosign
+    from sparkforge.recipe.loader import REPO_ROOT
+    from sparkforge.registry.cosign import install_cosign
 
     if shutil.which("cosign"):
         echo(f"sparkforge: cosign already installed ({shutil.which('cosign')})")

@@ -27,9 +27,9 @@ def _gb(size: int) -> str:
 @user_errors
 def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = 15) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
-    from sparkforge import plan
-    from sparkforge.imagesize import size_report
-    from sparkforge.recipe import load_recipe
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.verify.size import size_report
 
     if not image:
         if not recipe:

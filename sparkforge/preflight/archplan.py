@@ -19,9 +19,14 @@ from packaging.version import Version
 
 from sparkforge.audit import compat
 from sparkforge.commands import Command, Runner
-from sparkforge.errors import CommandError
+from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight import cmake
+from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.pypi import WheelTarget, resolve_file, wheel_members
+from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check
+
+TORCH_SELECT_CMAKE = "torch/share/cmake/Caffe2/Modules_CUDA_fix/upstream/FindCUDA/select_compute_arch.cmake"
 
 MIN_CMAKE = Version("3.18")
 _MARK = "@@sparkforge@@"
@@ -94,6 +99,33 @@ class ArchInputs:
     machine: str
     arch_list: list[str]
     torch_select_cmake: Path | None  # torch's select_compute_arch.cmake; None = emulate it
+
+    @classmethod
+    def of(cls, recipe: Recipe, fetcher: Fetcher, platform: str | None = None) -> ArchInputs:
+        """The one place preflight and the probe take the plan's inputs from a recipe."""
+        model = recipe.model
+        return cls(
+            gpu=model.gpu,
+            cuda=model.cuda,
+            torch_version=model.components.torch.version,
+            python=model.python,
+            machine=WheelTarget.of(platform or model.platforms[0], model.python).machine,
+            arch_list=list(model.build.torch_cuda_arch_list),
+            torch_select_cmake=torch_select_cmake(recipe, fetcher),
+        )
+
+
+def torch_select_cmake(recipe: Recipe, fetcher: Fetcher) -> Path | None:
+    """torch's select_compute_arch.cmake from a PyPI wheel of the recipe's torch (any platform: it is text)."""
+    torch = recipe.model.components.torch
+    target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
+    try:
+        dist = resolve_file(fetcher, torch.package or "torch", torch.version.split("+")[0], wheel=target)
+        root = wheel_members(fetcher, dist, [TORCH_SELECT_CMAKE])
+    except PreflightError:
+        return None
+    path = root / TORCH_SELECT_CMAKE
+    return path if path.is_file() else None
 
 
 def emulated_select_cmake() -> str:

@@ -16,7 +16,7 @@ import requests
 from sparkforge import oci
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
-from sparkforge.recipe import RecipeModel
+from sparkforge.recipe.loader import RecipeModel
 from sparkforge.report import Check
 
 MANIFEST_ACCEPT = ", ".join(

@@ -23,7 +23,7 @@ from sparkforge.preflight.fetch import Fetcher, make_fetcher
 from sparkforge.preflight.images import fetch_manifest, parse_image
 from sparkforge.preflight.pypi import WheelTarget, resolve_file
 from sparkforge.preflight.sources import same_commit
-from sparkforge.recipe import Recipe
+from sparkforge.recipe.loader import Recipe
 
 State = Literal["pinned", "resolved", "drift", "floating", "unresolved"]
 _FAILING: frozenset[str] = frozenset({"drift", "floating"})

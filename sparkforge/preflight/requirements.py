@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sparkforge import oci
-from sparkforge.recipe import RecipeModel
+from sparkforge.recipe.loader import RecipeModel
 from sparkforge.report import Check
 
 # transformers releases that first know a model type (config class in transformers.models.auto).

@@ -21,7 +21,7 @@ from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:
     from sparkforge.preflight.sources import UpstreamTree
-    from sparkforge.recipe import Recipe
+    from sparkforge.recipe.loader import Recipe
     from sparkforge.run.profiles import Profile
 
 ARG_UTILS = "vllm/engine/arg_utils.py"

@@ -31,7 +31,8 @@ from sparkforge.preflight.fetch import (
     write_record,
 )
 from sparkforge.preflight.pypi import PYPI_SIMPLE, WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
-from sparkforge.recipe import Component, Recipe
+from sparkforge.recipe.loader import Recipe
+from sparkforge.recipe.schema import Component
 
 GITHUB = "https://github.com"
 REGISTRY_PY = "vllm/model_executor/models/registry.py"

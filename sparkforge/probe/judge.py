@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sparkforge.recipe_model import RecipeModel
+from sparkforge.recipe.schema import RecipeModel
 from sparkforge.report import Check, Report
 
 PATCH_HINT = "patches/vllm/0001-cmake-keep-sm121-on-cuda13.patch"

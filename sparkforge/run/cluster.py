@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from sparkforge.commands import Command
 from sparkforge.console import Echo
-from sparkforge.run import RunError
-from sparkforge.run.doctor import DoctorOptions, DoctorResult, run_doctor
+from sparkforge.errors import RunError
+from sparkforge.run.doctor import DoctorResult, run_doctor
+from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
 from sparkforge.run.profiles import Profile

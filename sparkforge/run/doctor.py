@@ -9,59 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
+from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run import RunError
+from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import Job, Outcome, first_event, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    engines: float = 20
-    image: float = 30
-    addresses: float = 60
-    reach: float = 30
-    sanity: float = 60
-
-
-@dataclass(frozen=True)
-class DoctorOptions:
-    image: str
-    interface: str | None = None
-    master_port: int = 29501
-    deadlines: Deadlines = Deadlines()
-    sanity: bool = True
-    nccl: Literal["auto", "yes", "no"] = "auto"
-    gpus: bool = False
-
-
-@dataclass
-class NodeFacts:
-    """What the probe found on one node, and the address/env the launch will use there."""
-
-    rank: int
-    label: str
-    auto_ip: str
-    ip_source: str
-    interfaces: list[dict[str, Any]]
-    infiniband: dict[str, list[str]]
-    versions: dict[str, Any]
-    address: str = ""
-    interface: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    def interface_of(self, address: str) -> dict[str, Any] | None:
-        return next((i for i in self.interfaces if i.get("ipv4") == address), None)
-
-    def named(self, name: str) -> dict[str, Any] | None:
-        return next((i for i in self.interfaces if i.get("name") == name), None)
-
-    def default_interface(self) -> str | None:
-        return next((str(i["name"]) for i in self.interfaces if i.get("default_route")), None)
 
 
 def network_env(interface: str | None, address: str, hcas: Sequence[str] = ()) -> dict[str, str]:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkforge.recipe import REPO_ROOT
-from sparkforge.run import RunError
+from sparkforge.errors import RunError
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sparkforge.run import RunError
+from sparkforge.errors import RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, run_argv
 from sparkforge.run.profiles import Profile
 

@@ -14,8 +14,7 @@ from typing import Literal
 
 from sparkforge.commands import Command, Runner, run_pipeline
 from sparkforge.engine import docker_cli
-from sparkforge.errors import CommandError
-from sparkforge.run import RunError
+from sparkforge.errors import CommandError, RunError
 
 LABEL = (
     "dev.sparkforge.run"  # every container sparkforge starts on a node carries it (value: what started it)

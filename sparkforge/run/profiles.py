@@ -14,9 +14,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkforge.errors import RecipeError
-from sparkforge.recipe import REPO_ROOT, _explain, _read_doc
-from sparkforge.run import ProfileError
+from sparkforge.errors import ProfileError, RecipeError
+from sparkforge.recipe.loader import REPO_ROOT, _explain, _read_doc
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 # Flags sparkforge sets itself from --port, --nodes and the cluster plan; a profile setting them would conflict.

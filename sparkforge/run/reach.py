@@ -15,7 +15,7 @@ from sparkforge.run.jobs import Job, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 if TYPE_CHECKING:
-    from sparkforge.run.doctor import DoctorOptions, NodeFacts
+    from sparkforge.run.facts import DoctorOptions, NodeFacts
 
 ENV_FIX = "(it sets VLLM_HOST_IP, NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on each node)"
 

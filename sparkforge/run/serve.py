@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from sparkforge.console import Echo
-from sparkforge.run import RunError
+from sparkforge.errors import RunError
 from sparkforge.run.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
 from sparkforge.run.nodes import NodeEngine

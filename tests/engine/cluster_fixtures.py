@@ -31,8 +31,9 @@ def vllm_image(
     base_amd64: str, canary_secrets: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> str:
     """The CI recipe's real vLLM 0.33.0 image (a cached rebuild when another test built it), under a test tag."""
-    from sparkforge.build import BuildOptions, build
-    from sparkforge.recipe import REPO_ROOT, load_recipe
+    from sparkforge.build.pipeline import build
+    from sparkforge.build.stage import BuildOptions
+    from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 
     ca, token = canary_secrets
     options = BuildOptions(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.hostsetup import base_image_name
+from sparkforge.build.hostsetup import base_image_name
 
 CANARY = "sparkforge-secret-canary-3f9c1e7a"  # constant: any build that ever leaked it would show it
 

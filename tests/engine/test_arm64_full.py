@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import engine, verify
-from sparkforge.build import BuildOptions, build
-from sparkforge.recipe import load_recipe
+from sparkforge import engine
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
+from sparkforge.recipe.loader import load_recipe
+from sparkforge.verify import suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -35,11 +37,10 @@ def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> 
     elapsed = time.monotonic() - start
     labels = engine.image_labels(result.candidate)
     assert engine.image_platform(result.candidate) == "linux/arm64"
-    assert verify.check_labels(recipe, labels).status == "passed"
+    assert suite.check_labels(recipe, labels).status == "passed"
     assert (
-        verify.check_lock(recipe, verify.read_image_file(result.candidate, verify.LOCK_PATH)).status
-        == "passed"
+        suite.check_lock(recipe, suite.read_image_file(result.candidate, suite.LOCK_PATH)).status == "passed"
     )
-    kernels = verify.check_kernels(recipe, result.candidate)
+    kernels = suite.check_kernels(recipe, result.candidate)
     assert kernels.status == "passed", kernels.reason
     print(f"arm64 build under qemu: {elapsed:.0f} s")

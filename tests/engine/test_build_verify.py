@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import engine, plan
-from sparkforge.build import BuildOptions, build
+from sparkforge import engine
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
 from sparkforge.errors import EngineError, PreflightError, SparkforgeError, VerifyError
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -64,8 +66,8 @@ def test_real_image_verified_and_tagged(real_image) -> None:
         report.extra["gpu_verified"]["reason"] == "no GPU was used; recipe targets sm_121: not GPU-verified"
     )
     # The checkout's suite judged the image (mounted read-only), and the report says which one.
-    from sparkforge.evidence import suite_digest
-    from sparkforge.verify import SUITE_DIR
+    from sparkforge.verify.evidence import suite_digest
+    from sparkforge.verify.suite import SUITE_DIR
 
     assert report.extra["suite"]["sha256"] == suite_digest(SUITE_DIR)
     replay = (result.log_dir / "image-suite.sh").read_text()  # the suite run is a replayable step too
@@ -78,7 +80,7 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     assert result.tags == scheme.immutable  # moving tags wait for a GPU verify
     for tag in result.tags:  # final tags name the very image verify saw, not whatever the candidate is now
         assert engine.inspect_image(tag)["Id"] == report.extra["image_id"], tag
-    from sparkforge.verify import verified_record
+    from sparkforge.verify.suite import verified_record
 
     record = verified_record(result.candidate)
     assert record["recipe"] == recipe.name and record["image_id"] == report.extra["image_id"]
@@ -87,7 +89,7 @@ def test_real_image_verified_and_tagged(real_image) -> None:
     assert labels["dev.sparkforge.recipe-hash"] == recipe.hash
     assert labels["org.opencontainers.image.created"] != "unknown"
     assert labels["dev.sparkforge.base.runtime"] == "sparkforge-base/debian-bookworm:amd64"
-    from sparkforge.verify import LOCK_PATH, read_image_file
+    from sparkforge.verify.suite import LOCK_PATH, read_image_file
 
     lock = json.loads(read_image_file(result.candidate, LOCK_PATH) or b"{}")
     assert (
@@ -98,7 +100,7 @@ def test_real_image_verified_and_tagged(real_image) -> None:
 def test_the_checkouts_suite_judges_not_the_copy_in_the_image(real_image, tmp_path: Path) -> None:
     # The mounted suite is what runs: one that reports nothing fails verify, though the image's copy is intact.
     _, result = real_image
-    from sparkforge.verify import SUITE_DIR, run_image_suite
+    from sparkforge.verify.suite import SUITE_DIR, run_image_suite
 
     broken = tmp_path / "suite"
     broken.mkdir()

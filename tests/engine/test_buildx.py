@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import hostsetup, plan
-from sparkforge.ci import ci_matrix
-from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
+from sparkforge.build import hostsetup
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.registry.matrix import ci_matrix
 
 try:  # tests/engine is imported as a package or as a plain directory, depending on how pytest finds it
     from .registry import LocalRegistry, local_registry, unavailable_reason

@@ -24,9 +24,10 @@ from cluster import DOCKER
 from cluster_fixtures import TIMINGS, VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
 
 from sparkforge.commands import Command
-from sparkforge.recipe import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.cluster import ensure_image
-from sparkforge.run.doctor import DoctorOptions, run_doctor
+from sparkforge.run.doctor import run_doctor
+from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, parse_nodes
 
 pytestmark = pytest.mark.engine

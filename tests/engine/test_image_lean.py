@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import engine, imagefs
-from sparkforge.build import BuildOptions, build
-from sparkforge.imagesize import size_report
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge import engine
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.verify import imagefs
+from sparkforge.verify.size import size_report
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -114,7 +116,7 @@ def _parse(stdout: str) -> list:
     import json
 
     from sparkforge.report import Check
-    from sparkforge.verify import MARKER
+    from sparkforge.verify.suite import MARKER
 
     line = next(ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER))
     return [Check.from_dict(c) for c in json.loads(line[len(MARKER) :])["checks"]]

@@ -16,20 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import digests as pushed_records
-from sparkforge import engine, evidence, plan, records
-from sparkforge import publish as pub
-from sparkforge import pull as pulling
-from sparkforge.build import BuildOptions, build
+from sparkforge import engine
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.errors import PreflightError, PublishError
-from sparkforge.manifests import index_platforms
-from sparkforge.preflight import lock_recipe
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.images import check_images
-from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
+from sparkforge.preflight.lock import lock_recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.registry import publish as pub
+from sparkforge.registry import pull as pulling
+from sparkforge.registry import pushed as pushed_records
+from sparkforge.registry.manifests import index_platforms
 from sparkforge.report import Check
+from sparkforge.verify import evidence, verified
 
 try:  # tests/engine is imported as a package or as a plain directory, depending on how pytest finds it
     from .registry import LocalRegistry, local_registry, unavailable_reason
@@ -273,9 +276,9 @@ def _record(smoke: Smoke, platform: str, gpu: dict[str, str] | None, status: str
         "gpu_verified": verdict.to_dict(),
         "base_override": True,
     }
-    records.write_record(image_id, data, smoke.evidence)
+    verified.write_record(image_id, data, smoke.evidence)
     repo = smoke.recipe.model.publish.repository
-    records.link_digest(smoke.pushed[platform].digest, image_id, repo, smoke.evidence)
+    verified.link_digest(smoke.pushed[platform].digest, image_id, repo, smoke.evidence)
 
 
 GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}

@@ -18,7 +18,7 @@ import pytest
 from cluster import DOCKER
 from cluster_fixtures import vllm_image  # noqa: F401 - fixture
 
-from sparkforge.recipe import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.serve import ChatReply
 
 pytestmark = pytest.mark.engine

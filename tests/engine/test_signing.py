@@ -21,20 +21,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkforge import engine, plan
-from sparkforge import publish as pub
-from sparkforge import pull as pulling
-from sparkforge.build import BuildOptions, build
+from sparkforge import engine
+from sparkforge.build.hostsetup import base_image_name
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.errors import EngineError
-from sparkforge.hostsetup import base_image_name
-from sparkforge.manifests import Manifests
-from sparkforge.recipe import REPO_ROOT, Recipe, load_recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.registry import publish as pub
+from sparkforge.registry import pull as pulling
+from sparkforge.registry.cosign import PROVENANCE, Cosign, Signer, SigningError, Source, provenance
+from sparkforge.registry.manifests import Manifests
+from sparkforge.registry.trust import attestation_check
 from sparkforge.report import Check, Report
-from sparkforge.signing import PROVENANCE, Cosign, Signer, SigningError, Source, provenance
-from sparkforge.signing_check import attestation_check
-from sparkforge.verify import verify_image
+from sparkforge.verify.suite import verify_image
 
 try:
     from .registry import LocalRegistry, local_registry, unavailable_reason
@@ -289,7 +291,7 @@ def test_verify_reports_the_attestation_the_pulled_image_carried(signed: Signed,
         assert result.returncode == 0, result.stdout + result.stderr
     finally:
         report.unlink()
-    found = verify_image(signed.recipe, pulled.image, gpus="none", kernels=False)
+    found = verify_image(signed.recipe, pulled.image, gpus="none", kernels=False, carried=attestation_check)
     check = next(c for c in found.checks if c.name == "attestation")
     assert check.status == "passed", check.reason
     assert "GPU-verified on linux/arm64 (NVIDIA GB10)" in check.reason
@@ -378,7 +380,7 @@ def test_moving_tag_needs_a_gpu_verified_attestation_for_the_platform(signed: Si
     amd64 = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"
     cpu_only = _verify_report(signed, amd64, "linux/amd64", False, tmp_path / "cpu.json")
     os.environ["COSIGN_PASSWORD"] = PASSWORD
-    from sparkforge.signing import attest_report
+    from sparkforge.registry.cosign import attest_report
 
     signer = Signer(str(signed.keys / "cosign.key"))
     attest_report(signed.recipe, amd64, json.loads(cpu_only.read_text()), signed.cosign(), signer)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from sparkforge import engine
-from sparkforge.build import BuildOptions, build
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
 from sparkforge.errors import EngineError
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 
 pytestmark = pytest.mark.engine
 # vllm-qwen35 builds linux/arm64 only; CI's amd64 variant of it (same source, commit and patch series).

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkforge.recipe import RECIPES_DIR
+from sparkforge.recipe.loader import RECIPES_DIR
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from sparkforge.cache import cache_path
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.preflight.sources import extract_archive
-from sparkforge.recipe import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
+from sparkforge.recipe.loader import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
 
 # vLLM releases: the commit each was built from (shared/facts/gb10.md; checked against _version.py).
 COMMITS = {

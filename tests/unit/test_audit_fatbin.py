@@ -16,8 +16,8 @@ from audit_fixtures import (
     nvcc_available,
 )
 
-from sparkforge.audit import audit_target
 from sparkforge.audit.fatbin import parse_buffer, read_fatbin_file
+from sparkforge.audit.scan import audit_target
 
 pytestmark = pytest.mark.skipif(
     not nvcc_available(), reason="nvcc 13 not found at /usr/local/cuda-13.0/bin/nvcc"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from audit_fixtures import build_fixtures, nvcc_available
 
-from sparkforge.audit import audit_tar_stream, audit_target
 from sparkforge.audit.fatbin import MAX_ENTRIES_PER_FILE, FatbinFile, parse_buffer, read_fatbin_file
+from sparkforge.audit.scan import audit_tar_stream, audit_target
 from sparkforge.errors import AuditError
 
 SECONDS = 2.0

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from audit_fixtures import build_fixtures, nvcc_available
 
-from sparkforge.audit import audit_tar_stream, audit_target, format_audit_table
-from sparkforge.audit.coverage import glob_matches
+from sparkforge.audit.coverage import format_audit_table, glob_matches
 from sparkforge.audit.fatbin import parse_buffer
-from sparkforge.audit.scan import parse_stream
+from sparkforge.audit.scan import audit_tar_stream, audit_target, parse_stream
 from sparkforge.report import load_report
 
 IMAGE_PREFIX = "usr/local/lib/python3.12/dist-packages/"

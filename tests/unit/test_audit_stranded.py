@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.audit import audit_target
+from sparkforge.audit.scan import audit_target
 
 NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
 SOURCE = "__global__ void k{n}(float* x) {{ x[threadIdx.x] *= {n}.0f; }}\n"

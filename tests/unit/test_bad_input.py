@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build import BuildOptions, build
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
 from sparkforge.commands import Runner
 from sparkforge.errors import RecipeError, SparkforgeError, VerifyError
 from sparkforge.preflight.patches import check_patches, escaping_paths, prepare_scratch
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Check
 
 WHEELS = REPO_ROOT / "recipes" / "vllm-qwen35-wheels.yaml"

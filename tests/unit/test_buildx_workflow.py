@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.engine import BuildRequest, Engine, build_command
-from sparkforge.recipe import REPO_ROOT
+from sparkforge.build.buildkit import BuildRequest, build_command
+from sparkforge.engine import Engine
+from sparkforge.recipe.loader import REPO_ROOT
 from tests.engine.workflow import IMAGES_YML, invoke_lines, line
 
 DOCKER_DRIVER = Engine("docker", "buildx", "26.1.5", driver="docker")

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build import BuildOptions, build, parse_base_image, parse_sources, secret_args
-from sparkforge.engine import BuildRequest, Engine, build_command
+from sparkforge.build.buildkit import BuildRequest, build_command
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions, parse_base_image, parse_sources, secret_args
+from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, SparkforgeError
-from sparkforge.recipe import load_recipe
+from sparkforge.recipe.loader import load_recipe
 
 BUILDX = Engine("docker", "buildx", "28.2.2")
 BUILTIN = Engine("/usr/bin/docker", "buildkit", "20.10.24")

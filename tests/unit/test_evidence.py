@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from sparkforge import evidence, records
-from sparkforge.verify import parse_suite_output
+from sparkforge.verify import evidence
+from sparkforge.verify import verified as records
+from sparkforge.verify.suite import parse_suite_output
 
 RUN_CHECKS = Path(__file__).resolve().parents[1] / "image" / "run_checks.py"
 GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
@@ -221,7 +222,7 @@ def test_fetch_source_extracts_a_clean_tree_without_the_data_filter(
 
 
 def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> None:
-    from sparkforge.build import link_pushed_digest
+    from sparkforge.build.stage import link_pushed_digest
     from sparkforge.errors import VerifyError
 
     verified = "sha256:" + "1" * 64

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import build, cli, console, engine, publish, pull
+from sparkforge import cli, console
+from sparkforge.build import pipeline, stage
+from sparkforge.build.lint import run_lint
+from sparkforge.build.probe import run_probe
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
-from sparkforge.lint import run_lint
-from sparkforge.probe.run import run_probe
+from sparkforge.registry import publish, pull
+from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Check, Report, load_report, print_report
 
 
@@ -43,7 +46,7 @@ def test_one_reader_for_buildkits_metadata_file(tmp_path: Path) -> None:
     meta.write_text(
         json.dumps({"containerimage.digest": digest, "containerimage.config.digest": config, "x": 1})
     )
-    read = engine.read_build_metadata(meta)
+    read = read_build_metadata(meta)
     assert (read.digest, read.config_digest) == (digest, config)
     with pytest.raises(dataclasses.FrozenInstanceError):
         read.digest = config  # type: ignore[misc]
@@ -52,9 +55,9 @@ def test_one_reader_for_buildkits_metadata_file(tmp_path: Path) -> None:
         with pytest.raises(
             EngineError, match=r"containerimage\.config\.digest.*fix: pass the --metadata-file"
         ):
-            engine.read_build_metadata(meta)
+            read_build_metadata(meta)
     with pytest.raises(EngineError, match="fix:"):
-        engine.read_build_metadata(tmp_path / "missing.json")
+        read_build_metadata(tmp_path / "missing.json")
 
 
 def test_a_written_report_cannot_change(tmp_path: Path) -> None:
@@ -94,7 +97,8 @@ def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str
     defaults = {
         fn.__qualname__: inspect.signature(fn).parameters["echo"].default
         for fn in (
-            build.build,
+            pipeline.build,
+            stage.build_stage,
             publish.push,
             publish.publish,
             publish.promote,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkforge import imagefs, imagesize
 from sparkforge.errors import RecipeError
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.verify import imagefs, size
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="whiteouts and trusted.* xattrs need root (CI is root)"
@@ -88,7 +88,7 @@ def test_text_files_are_never_opened_by_the_audit() -> None:
     ],
 )
 def test_library_names(path: str, name: str | None) -> None:
-    assert imagesize.library_name(path) == name
+    assert size.library_name(path) == name
 
 
 @needs_root
@@ -106,7 +106,7 @@ def test_duplicates_flag_cuda_libraries_at_two_paths(tmp_path: Path) -> None:
     (layer / "venv/triton/bin").mkdir(parents=True)
     (layer / "venv/triton/bin/ptxas").symlink_to("../../nvidia/cu13/bin/ptxas")  # a link is not a copy
     tree = imagefs.read_layers([layer], "test")
-    found = {d.name: d for d in imagesize.duplicates(tree)}
+    found = {d.name: d for d in size.duplicates(tree)}
     assert set(found) == {"libcupti", "libz"}
     assert found["libcupti"].cuda and found["libcupti"].identical and found["libcupti"].wasted_bytes == 500
     assert not found["libz"].cuda and not found["libz"].identical

@@ -14,11 +14,17 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
-from sparkforge.preflight import cmake, run_preflight
-from sparkforge.preflight.archplan import ArchInputs, arch_verdict, judge_plan, plan_arches
+from sparkforge.preflight import cmake
+from sparkforge.preflight.archplan import (
+    ArchInputs,
+    arch_verdict,
+    judge_plan,
+    plan_arches,
+    torch_select_cmake,
+)
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.preflight.fetch import make_fetcher
-from sparkforge.preflight.run import _torch_select_cmake
-from sparkforge.recipe import load_recipe
+from sparkforge.recipe.loader import load_recipe
 from sparkforge.report import Check
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake >= 3.18 on PATH")
@@ -90,7 +96,7 @@ def test_0_18_1_on_cuda_12_9_builds_sm120a_only_for_the_sm12x_kernels():
 
 
 def test_emulated_torch_step_matches_torch_select_compute_arch(sdist_0310, tmp_path):
-    torch_select = _torch_select_cmake(load_recipe("vllm-qwen35"), make_fetcher())
+    torch_select = torch_select_cmake(load_recipe("vllm-qwen35"), make_fetcher())
     assert torch_select is not None and "cuda_select_nvcc_arch_flags" in torch_select.read_text().lower()
     tree = sdist_0310.tree()
     for arch_list in (["12.1a"], ["12.0", "12.0f"], ["9.0+PTX", "12.1a"], ["8.0", "8.6", "12.0f"]):

@@ -13,7 +13,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     write_recipe,
 )
 
-from sparkforge.preflight import run_preflight
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.preflight.registry import check_models, registered_architectures
 from sparkforge.preflight.requirements import (
     check_requirements,
@@ -22,7 +22,7 @@ from sparkforge.preflight.requirements import (
     source_requirements,
 )
 from sparkforge.preflight.sources import REGISTRY_PY
-from sparkforge.recipe import load_recipe
+from sparkforge.recipe.loader import load_recipe
 from sparkforge.report import Check
 
 QWEN35 = ["Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration"]

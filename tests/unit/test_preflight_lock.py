@@ -15,10 +15,10 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.errors import PreflightError
-from sparkforge.preflight import lock_recipe
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.images import check_images, parse_image
-from sparkforge.recipe import load_recipe
+from sparkforge.preflight.lock import lock_recipe
+from sparkforge.recipe.loader import load_recipe
 from sparkforge.report import Check
 
 

@@ -17,9 +17,9 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
-from sparkforge.preflight import run_preflight
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.preflight.patches import check_patches, explain_failure, hunks, touched_files
-from sparkforge.recipe import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.report import Check
 
 

@@ -22,7 +22,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 
 from sparkforge.commands import Runner
 from sparkforge.errors import PreflightError
-from sparkforge.preflight import run_preflight
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.sources import (
     extract_archive,
@@ -31,7 +31,7 @@ from sparkforge.preflight.sources import (
     resolve_upstream,
     same_commit,
 )
-from sparkforge.recipe import load_recipe
+from sparkforge.recipe.loader import load_recipe
 
 
 def _resolve(recipe, source, *, base="https://github.com", offline=False):

@@ -18,10 +18,10 @@ from sparkforge.commands import Runner
 from sparkforge.errors import RecipeError
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details
 from sparkforge.probe.crosscheck import compare, gencode_calls, gencode_codes, plan_codes, planned_codes
-from sparkforge.probe.rust import judge_rust
 from sparkforge.probe.units import ProbeError, check_units
-from sparkforge.recipe import REPO_ROOT, load_recipe
-from sparkforge.recipe_model import DEFAULT_PROBE_SOURCES
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.recipe.schema import DEFAULT_PROBE_SOURCES
+from sparkforge.verify.rust import judge_rust
 
 FILES = REPO_ROOT / "dockerfiles" / "files"
 FP8 = "csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu"
@@ -131,7 +131,7 @@ def test_probe_sources_are_held_to_a_path_pattern(write_recipe):
 
 
 def test_the_rust_decision_is_in_the_lock():
-    from sparkforge import plan
+    from sparkforge.recipe import plan
 
     assert plan.lock(load_recipe("vllm-qwen35"))["build"]["rust"] is False
 
@@ -191,8 +191,8 @@ def test_omitting_externals_keeps_every_vllm_target(sdist_0310, tmp_path):
 
 
 def test_build_runs_the_probe_only_before_compiling_a_source_recipe():
-    from sparkforge.build import BuildOptions
-    from sparkforge.probe.gate import wants_probe
+    from sparkforge.build.pipeline import wants_probe
+    from sparkforge.build.stage import BuildOptions
 
     source, wheels = load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")
     assert wants_probe(source, BuildOptions())

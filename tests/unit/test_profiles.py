@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.errors import ProfileError
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface, unknown_flags
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Report
-from sparkforge.run import ProfileError
 from sparkforge.run.profiles import list_profile_names, load_profile
 
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"

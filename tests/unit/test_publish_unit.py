@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 from invoke import Context
 
-from sparkforge import ci, manifests, oci, plan, pull, records
-from sparkforge import digests as pushed_records
-from sparkforge import publish as pub
+from sparkforge import oci
 from sparkforge.commands import Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
-from sparkforge.recipe import REPO_ROOT, load_recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.registry import manifests, pull
+from sparkforge.registry import matrix as ci
+from sparkforge.registry import publish as pub
+from sparkforge.registry import pushed as pushed_records
+from sparkforge.verify import verified
 
 SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"
 DAY = dt.date(2026, 11, 29)
@@ -214,17 +218,17 @@ def test_push_from_buildx_metadata_needs_a_verify_record(tmp_path: Path) -> None
     with pytest.raises(PublishError, match="no verify record"):
         pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     assert not (tmp_path / "d").exists()
-    records.write_record(config, {"status": "failed"}, evidence)
+    verified.write_record(config, {"status": "failed"}, evidence)
     with pytest.raises(PublishError, match="latest verify FAILED"):
         pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
-    records.write_record(config, {"status": "passed", "base_override": True}, evidence)
+    verified.write_record(config, {"status": "passed", "base_override": True}, evidence)
     with pytest.raises(PublishError, match="--allow-base-override"):
         pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
-    records.write_record(config, {"status": "passed", "base_override": False}, evidence)
+    verified.write_record(config, {"status": "passed", "base_override": False}, evidence)
     pushed = pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     assert pushed.reference == f"{recipe.model.publish.repository}@{D2}"
     assert json.loads((tmp_path / "d" / "smoke-multiarch-arm64.json").read_text())["digest"] == D2
-    assert records.record_for_digest(D2, evidence)["image_id"] == config  # publish follows this link
+    assert verified.record_for_digest(D2, evidence)["image_id"] == config  # publish follows this link
     metadata.write_text("{}")
     with pytest.raises(PublishError, match=r"containerimage\.digest"):
         pub.push(recipe, "linux/arm64", metadata_file=metadata, digests_dir=None)
@@ -242,7 +246,7 @@ def test_push_unverified_is_loud_and_links_nothing(tmp_path: Path) -> None:
         allow_unverified=True, evidence_dir=tmp_path,
     )  # fmt: skip
     assert any("WARNING (--unverified)" in line for line in said)
-    assert records.record_for_digest(D1, tmp_path) is None  # so publish refuses it without --unverified too
+    assert verified.record_for_digest(D1, tmp_path) is None  # so publish refuses it without --unverified too
 
 
 # ---- the commands each engine gets --------------------------------------------------------------

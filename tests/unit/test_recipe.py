@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sparkforge.errors import RecipeError
-from sparkforge.recipe import REPO_ROOT, list_recipe_names, load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
 
 GOOD = ["vllm-qwen35", "vllm-qwen35-wheels"]
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import plan
+from sparkforge.build.lint import hadolint_argv
+from sparkforge.build.render import double_quote, render_context, render_dockerfile, shell_quote
 from sparkforge.errors import RecipeError, RenderError
-from sparkforge.lint import hadolint_argv
-from sparkforge.recipe import REPO_ROOT, Recipe, list_recipe_names, load_recipe
-from sparkforge.render import double_quote, render_context, render_dockerfile, shell_quote
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, list_recipe_names, load_recipe
 
 GOLDEN = Path(__file__).parent / "golden"
 # Regenerate after an intended template change: SPARKFORGE_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py
@@ -222,10 +222,11 @@ def test_build_dry_prints_the_buildkit_command() -> None:
 
 
 def test_build_script_is_the_engine_argv(tmp_path: Path) -> None:
-    # One build command: build.sh is rendered from engine.build_command, not written beside it by hand.
+    # One build command: build.sh is rendered from buildkit.build_command, not written beside it by hand.
     import shlex
 
-    from sparkforge.engine import BuildRequest, Engine, build_command
+    from sparkforge.build.buildkit import BuildRequest, build_command
+    from sparkforge.engine import Engine
 
     recipe = load_recipe("vllm-qwen35-wheels")
     script = (render_context(recipe, tmp_path).path / "build.sh").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.run import RunError
+from sparkforge.errors import RunError
 from sparkforge.run.doctor import network_env
 from sparkforge.run.launch import LaunchOptions, describe_plan, plan_launch
 from sparkforge.run.nodes import LOCAL, NodeEngine, parse_nodes

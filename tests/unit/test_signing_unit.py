@@ -10,8 +10,8 @@ import yaml
 
 from sparkforge.commands import Runner
 from sparkforge.errors import RecipeError
-from sparkforge.recipe import REPO_ROOT, load_recipe
-from sparkforge.signing import (
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.registry.cosign import (
     PROVENANCE,
     Cosign,
     Policy,
@@ -22,7 +22,7 @@ from sparkforge.signing import (
     suite_hash,
     verify_claim,
 )
-from sparkforge.signing_check import is_moving
+from sparkforge.registry.trust import is_moving
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
 SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"

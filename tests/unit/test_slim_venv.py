@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparkforge.recipe import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "dockerfiles" / "files" / "slim-venv.py"
 

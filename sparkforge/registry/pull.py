@@ -7,15 +7,17 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkforge import engine, oci, plan, records
+from sparkforge import engine, oci
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
 from sparkforge.console import warn as warn_line
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
-from sparkforge.manifests import DIGEST, index_platforms
-from sparkforge.publish import tools_for
-from sparkforge.recipe import Recipe, recipe_ref
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import Recipe, recipe_ref
+from sparkforge.registry.manifests import DIGEST, index_platforms
+from sparkforge.registry.publish import tools_for
+from sparkforge.verify import verified as records
 
 # ---- tags and references ------------------------------------------------------------------------
 
@@ -97,7 +99,9 @@ def pull(
         local = f"{repo}@{images[platform]}"
     else:
         local = ref
-    from sparkforge import signing_check  # signatures are verified in the registry before anything is pulled
+    from sparkforge.registry import (
+        trust as signing_check,  # signatures are verified in the registry before anything is pulled
+    )
 
     trusted = signing_check.verify_remote(
         recipe, ref, local, platform, tools, allow_unsigned=allow_unsigned, warn=warn

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkforge import engine, evidence, plan, records
+from sparkforge import engine
 from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
-from sparkforge.recipe import Recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check, Report
+from sparkforge.verify import evidence, verified
+from sparkforge.verify.rust import check_rust_extensions
+
+CarriedCheck = Callable[
+    [Recipe, str], Check
+]  # what a pulled image carried (registry.trust.attestation_check)
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 LOCK_PATH = "/opt/sparkforge/lock.json"
 # The checkout's suite judges the image, mounted read-only; the copy in the image is for users' own checks.
-SUITE_DIR = Path(__file__).resolve().parent.parent / "tests" / "image"
+SUITE_DIR = Path(__file__).resolve().parents[2] / "tests" / "image"
 SUITE_MOUNT = "/opt/sparkforge/judge"
 GpuMode = Literal["all", "none", "auto"]
 GPU_MODES: tuple[GpuMode, ...] = ("all", "none", "auto")
@@ -75,8 +82,8 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
 
 def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
     """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
-    from sparkforge import imagefs
-    from sparkforge.audit import audit_target
+    from sparkforge.audit.scan import audit_target
+    from sparkforge.verify import imagefs
 
     path = Path(target).expanduser()
     if path.exists():
@@ -233,8 +240,13 @@ def verify_image(
     kernels: bool = True,
     model_dir: Path | None = None,
     log_dir: Path | None = None,
+    carried: CarriedCheck | None = None,
 ) -> Report:
-    """Every verify check for `image` (resolved to its image ID first: every check sees the same image)."""
+    """Every verify check for `image` (resolved to its image ID first: every check sees the same image).
+
+    `carried` checks what the image carried from its registry (signed attestations); the registry side hands
+    it in, since verify sits below the registry.
+    """
     use_gpus, why = resolve_gpus(gpus)
     image_id = str(engine.inspect_image(image)["Id"])
     report = Report(command="verify", subject=image, recipe=recipe.name)
@@ -253,12 +265,12 @@ def verify_image(
             check = Check("kernels", "failed", str(exc))
         check.duration_s = time.monotonic() - start
         report.add(check)
-    from sparkforge.probe.rust import check_rust_extensions  # the recipe's build.rust decision, in the image
-    from sparkforge.signing_check import attestation_check  # what the image carried
-
     report.add(check_rust_extensions(recipe, image_id))
-
-    report.add(attestation_check(recipe, image))
+    report.add(
+        carried(recipe, image)
+        if carried is not None
+        else Check("attestation", "skipped", "signed attestations are checked for pulled images only")
+    )
     platform = engine.image_platform(image_id)
     checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir, log_dir=log_dir)
     if gpus == "all":
@@ -287,20 +299,23 @@ def verify_and_record(
     gpus: GpuMode = "auto",
     kernels: bool = True,
     model_dir: Path | None = None,
-    directory: Path = records.VERIFIED_DIR,
+    directory: Path = verified.VERIFIED_DIR,
     log_dir: Path | None = None,
+    carried: CarriedCheck | None = None,
 ) -> Report:
     """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass)."""
-    report = verify_image(recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir, log_dir=log_dir)
+    report = verify_image(
+        recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir, log_dir=log_dir, carried=carried
+    )
     record_verified(report, directory)
     return report
 
 
-def record_verified(report: Report, directory: Path = records.VERIFIED_DIR) -> Path:
+def record_verified(report: Report, directory: Path = verified.VERIFIED_DIR) -> Path:
     """Keep this verify's result for the exact image (by ID); a failure revokes an earlier pass."""
-    return records.write_record(str(report.extra["image_id"]), report.to_dict(), directory)
+    return verified.write_record(str(report.extra["image_id"]), report.to_dict(), directory)
 
 
-def verified_record(image: str, directory: Path = records.VERIFIED_DIR) -> dict[str, Any] | None:
+def verified_record(image: str, directory: Path = verified.VERIFIED_DIR) -> dict[str, Any] | None:
     """The passed verify report of this exact image (by ID), if its latest verify passed."""
-    return records.passed_record(str(engine.inspect_image(image)["Id"]), directory)
+    return verified.passed_record(str(engine.inspect_image(image)["Id"]), directory)

@@ -19,8 +19,8 @@ from typing import Any
 
 from sparkforge import engine
 from sparkforge.errors import AuditError
-from sparkforge.imagefs import ImageTree, LayerFile, image_tree
 from sparkforge.report import Check, Report
+from sparkforge.verify.imagefs import ImageTree, LayerFile, image_tree
 
 TOP = 25
 # Shared libraries: "libcublasLt.so.13.1.0.3" -> "libcublasLt"; vendored copies ("libgomp-a34b3233.so.1",

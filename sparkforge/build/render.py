@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jinja2
 
-from sparkforge import plan
+from sparkforge.recipe import plan
 from sparkforge.errors import RenderError
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 TEMPLATES_DIR = REPO_ROOT / "dockerfiles"
 IMAGE_TESTS_DIR = REPO_ROOT / "tests" / "image"
@@ -84,8 +84,9 @@ class Context:
 
 
 def _build_script(recipe: Recipe) -> str:
-    """build.sh: the same argv `invoke build` runs (engine.build_command), for buildx and for built-in BuildKit."""
-    from sparkforge.engine import BuildRequest, Engine, build_command
+    """build.sh: the same argv `invoke build` runs (buildkit.build_command), for buildx and for built-in BuildKit."""
+    from sparkforge.build.buildkit import BuildRequest, build_command
+    from sparkforge.engine import Engine
 
     platform = recipe.model.platforms[0]
     request = BuildRequest(
@@ -107,7 +108,7 @@ def _build_script(recipe: Recipe) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory: the argv",
-        "# `invoke build` runs (sparkforge.engine.build_command). Extra options (e.g. --secret",
+        "# `invoke build` runs (sparkforge.build.buildkit.build_command). Extra options (e.g. --secret",
         "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',

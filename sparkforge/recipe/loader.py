@@ -14,14 +14,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sparkforge.errors import RecipeError
-from sparkforge.recipe_model import (  # noqa: F401 - re-exported: the schema's public names
-    TAG_PLACEHOLDERS,
-    Component,
-    Components,
-    RecipeModel,
-)
+from sparkforge.recipe.schema import RecipeModel
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = REPO_ROOT / "recipes"
 
 

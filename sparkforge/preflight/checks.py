@@ -13,18 +13,16 @@ from sparkforge.preflight.archplan import ArchInputs, judge_plan, plan_arches, r
 from sparkforge.preflight.fetch import Fetcher, make_fetcher
 from sparkforge.preflight.images import check_images
 from sparkforge.preflight.patches import check_patches
-from sparkforge.preflight.pypi import WheelTarget, resolve_file, wheel_members
 from sparkforge.preflight.registry import check_models
 from sparkforge.preflight.requirements import check_requirements, source_requirements, wheel_requirements
 from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
 from sparkforge.preflight.sources import GITHUB, REGISTRY_PY, UpstreamTree, resolve_upstream
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:
     from sparkforge.run.profiles import Profile
 
-TORCH_SELECT_CMAKE = "torch/share/cmake/Caffe2/Modules_CUDA_fix/upstream/FindCUDA/select_compute_arch.cmake"
 CHECKS = ("source", "models", "requirements", "patches", "arch-plan", "images")
 
 
@@ -109,24 +107,9 @@ def run_preflight(
     return report
 
 
-def _torch_select_cmake(recipe: Recipe, fetcher: Fetcher) -> Path | None:
-    """torch's select_compute_arch.cmake from a PyPI wheel of the recipe's torch (any platform: it is text)."""
-    torch = recipe.model.components.torch
-    version = torch.version.split("+")[0]
-    target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
-    try:
-        dist = resolve_file(fetcher, torch.package or "torch", version, wheel=target)
-        root = wheel_members(fetcher, dist, [TORCH_SELECT_CMAKE])
-    except PreflightError:
-        return None
-    path = root / TORCH_SELECT_CMAKE
-    return path if path.is_file() else None
-
-
 def _arch_plan(
     check: Check, recipe: Recipe, tree: UpstreamTree, scratch: Path, fetcher: Fetcher, runner: Runner
 ) -> None:
-    model = recipe.model
     if tree.kind == "wheel":
         check.status = "skipped"
         check.reason = (
@@ -148,13 +131,5 @@ def _arch_plan(
         patched = scratch / rel
         return patched.read_text() if patched.is_file() else tree.read_text(rel)
 
-    inputs = ArchInputs(
-        gpu=model.gpu,
-        cuda=model.cuda,
-        torch_version=model.components.torch.version,
-        python=model.python,
-        machine=WheelTarget.of(model.platforms[0], model.python).machine,
-        arch_list=list(model.build.torch_cuda_arch_list),
-        torch_select_cmake=_torch_select_cmake(recipe, fetcher),
-    )
+    inputs = ArchInputs.of(recipe, fetcher)
     judge_plan(check, plan_arches(read_text, inputs, runner), inputs)

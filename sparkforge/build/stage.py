@@ -1,4 +1,4 @@
-"""Build orchestration: preflight -> render -> BuildKit build to a candidate tag -> verify -> final tags."""
+"""One stage built: render -> BuildKit build to a candidate tag -> verify (runtime) -> final tags; no gates."""
 
 from __future__ import annotations
 
@@ -6,19 +6,23 @@ import dataclasses
 import datetime as dt
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkforge import engine, plan, records
+from sparkforge import engine
+from sparkforge.recipe import plan
+from sparkforge.verify import verified
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
-from sparkforge.engine import BuildRequest, Engine
+from sparkforge.build.buildkit import BuildRequest, build_command
+from sparkforge.registry.pushed import read_build_metadata
+from sparkforge.engine import Engine
 from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
-from sparkforge.recipe import REPO_ROOT, Recipe
-from sparkforge.render import Context, render_context
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.build.render import Context, render_context
 from sparkforge.report import Report
-from sparkforge.verify import GpuMode, resolve_gpus
+from sparkforge.verify.suite import GpuMode, resolve_gpus
 
 CA_ENV = "SPARKFORGE_CA_BUNDLE"
 SECRET_IDS = ("ca", "hf_token")
@@ -176,29 +180,15 @@ def check_options(recipe: Recipe, options: BuildOptions) -> str:
     return platform
 
 
-def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
-    """Preflight before any build step; a failure stops the build before anything is built."""
-    from sparkforge.preflight import run_preflight
-    from sparkforge.report import print_report
-
-    report = run_preflight(recipe, source=options.sources.get("vllm"))
-    print_report(report, echo)
-    if report.status != "passed":
-        failed = ", ".join(c.name for c in report.failed)
-        raise PreflightError(
-            f"preflight failed ({failed}); nothing was built. Fix the recipe (see the table above), "
-            "or build anyway with --no-preflight"
-        )
-
-
-def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = say) -> BuildResult:
-    """Preflight, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+def build_stage(
+    recipe: Recipe,
+    options: BuildOptions,
+    *,
+    echo: Callable[[str], None] = say,
+    build_args: Mapping[str, str] | None = None,
+) -> BuildResult:
+    """Render, build the stage to a candidate tag, verify a runtime stage, and only then tag it."""
     platform = check_options(recipe, options)
-    if options.preflight:
-        run_preflight_gate(recipe, options, echo)
-    from sparkforge.probe.gate import probe_gate, wants_probe
-
-    probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
     bases = plan.bases(recipe, parse_base_image(options.base_image))
     context = render_context(recipe, bases=bases)
     log_dir = plan.log_dir(recipe, platform, options.log_root)
@@ -215,7 +205,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
     build_args = {
         "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "SPARKFORGE_REVISION": _revision(),
-        **probe_args,
+        **(build_args or {}),
     }
     for component, url in options.sources.items():
         build_args[f"{component.upper()}_SOURCE_URL"] = url
@@ -234,10 +224,10 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
         cache_to=options.cache_to,
         progress="plain" if os.environ.get("CI") or not os.isatty(2) else "auto",
     )
-    command = engine.build_command(eng, request)
+    command = build_command(eng, request)
     # Pushing re-runs the same build (fully cached) with a push-by-digest output, only after verify passed.
     push_command = (
-        engine.build_command(
+        build_command(
             eng,
             dataclasses.replace(
                 request,
@@ -296,7 +286,7 @@ def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] 
             link_pushed_digest(options.metadata_file, image_id, recipe.model.publish.repository)
         echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
         return result
-    if not options.tags and not records.is_gpu_verified(records.read_record(image_id)):
+    if not options.tags and not verified.is_gpu_verified(verified.read_record(image_id)):
         # Moving tags (latest, {vllm}) promise a GPU-verified image (sparkforge.evidence.gpu_verdict).
         final = scheme.immutable
         why = (
@@ -323,7 +313,7 @@ def _verify(
 ) -> Report:
     """Verify the built image and keep its record (verify.verify_and_record); raise when it failed."""
     from sparkforge.report import print_report
-    from sparkforge.verify import verify_and_record
+    from sparkforge.verify.suite import verify_and_record
 
     report = verify_and_record(recipe, image_id, gpus=options.gpus, log_dir=log_dir)
     report.subject = candidate
@@ -339,10 +329,10 @@ def _verify(
 
 
 def link_pushed_digest(
-    metadata_file: Path, image_id: str, repository: str, directory: Path = records.VERIFIED_DIR
+    metadata_file: Path, image_id: str, repository: str, directory: Path = verified.VERIFIED_DIR
 ) -> str:
     """After a push-by-digest rebuild: the pushed image must be the verified one (same config digest)."""
-    meta = engine.read_build_metadata(metadata_file)
+    meta = read_build_metadata(metadata_file)
     digest, config = meta.digest, meta.config_digest
     if config != image_id:
         raise VerifyError(
@@ -350,5 +340,5 @@ def link_pushed_digest(
             f"{image_id}. The rebuild was not reproduced from cache; its digest {digest} is NOT recorded as "
             "verified and 'invoke publish' will refuse it. Fix: rebuild and verify again, then push"
         )
-    records.link_digest(digest, image_id, repository, directory)
+    verified.link_digest(digest, image_id, repository, directory)
     return digest

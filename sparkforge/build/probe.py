@@ -14,7 +14,7 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
-from sparkforge.build import BuildOptions, build
+from sparkforge.build.stage import BuildOptions, build_stage
 from sparkforge.commands import Runner
 from sparkforge.console import say
 from sparkforge.errors import EngineError, PreflightError
@@ -22,12 +22,11 @@ from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details,
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.patches import check_patches
 from sparkforge.preflight.pypi import WheelTarget
-from sparkforge.preflight.run import _torch_select_cmake
 from sparkforge.preflight.sources import GITHUB, resolve_upstream
 from sparkforge.probe.crosscheck import compare, gencode_calls
 from sparkforge.probe.judge import judge_configure, judge_unit
 from sparkforge.probe.units import ProbeError, check_units
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Report
 
 IMAGE_DIR = "/opt/sparkforge/probe"
@@ -98,15 +97,7 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
         problem = require_cmake(runner)
         if problem:
             raise ProbeError(f"the arch plan needs cmake on this machine: {problem}")
-        inputs = ArchInputs(
-            gpu=model.gpu,
-            cuda=model.cuda,
-            torch_version=model.components.torch.version,
-            python=model.python,
-            machine=WheelTarget.of(options.platform or model.platforms[0], model.python).machine,
-            arch_list=list(model.build.torch_cuda_arch_list),
-            torch_select_cmake=_torch_select_cmake(recipe, fetcher),
-        )
+        inputs = ArchInputs.of(recipe, fetcher, options.platform)
         with report.timed("arch-plan") as check:
             plan = plan_details(plan_arches(read_text, inputs, runner))
             check.details = plan
@@ -132,7 +123,7 @@ def _build_probe_stage(
         probe=False,
         log_root=log_dir,
     )
-    return build(recipe, build_options, echo=echo).candidate
+    return build_stage(recipe, build_options, echo=echo).candidate
 
 
 def _fetch_results(image: str, out_dir: Path) -> dict[str, Any]:

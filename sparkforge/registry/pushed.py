@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparkforge import oci
-from sparkforge.errors import PublishError
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.errors import EngineError, PublishError
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
 
@@ -53,3 +53,24 @@ def load_digests(recipe: Recipe, directory: Path) -> dict[str, str]:
             )
         out[record.platform] = record.digest
     return out
+
+
+@dataclass(frozen=True)
+class BuildMetadata:
+    """What BuildKit's --metadata-file says of a pushed image: its manifest digest and its config (image ID)."""
+
+    digest: str
+    config_digest: str
+
+
+def read_build_metadata(path: Path) -> BuildMetadata:
+    """Read BuildKit's metadata file (`containerimage.digest`, `containerimage.config.digest`)."""
+    try:
+        meta = json.loads(path.read_text())
+        return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(
+            f"{path}: no 'containerimage.digest' / 'containerimage.config.digest', so the pushed image cannot be "
+            "matched to the verified one; fix: pass the --metadata-file written by 'invoke build --push-by-digest' "
+            "(buildx)"
+        ) from None

@@ -202,7 +202,7 @@ def image_tree(ref: str) -> ImageTree | None:
 
 def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "auto") -> Report:
     """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export."""
-    from sparkforge.audit import audit_files, audit_tar_stream
+    from sparkforge.audit.scan import audit_files, audit_tar_stream
 
     if reader not in ("auto", "layers", "export"):
         raise AuditError(f"reader {reader!r}: use auto, layers or export")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge import plan
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"

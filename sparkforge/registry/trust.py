@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkforge import console, engine, plan
+from sparkforge import console, engine
 from sparkforge.commands import Runner
 from sparkforge.console import Echo
-from sparkforge.manifests import DIGEST, Manifests, index_platforms
-from sparkforge.recipe import Recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import Recipe
+from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
+from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
 from sparkforge.report import Check
-from sparkforge.signing import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
 
 REVISION_LABEL = "org.opencontainers.image.revision"
 

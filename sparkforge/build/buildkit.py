@@ -41,27 +41,6 @@ class BuildRequest:
     progress: Literal["plain", "auto", "tty"] = "plain"
 
 
-@dataclass(frozen=True)
-class BuildMetadata:
-    """What BuildKit's --metadata-file says of a pushed image: its manifest digest and its config (image ID)."""
-
-    digest: str
-    config_digest: str
-
-
-def read_build_metadata(path: Path) -> BuildMetadata:
-    """Read BuildKit's metadata file (`containerimage.digest`, `containerimage.config.digest`)."""
-    try:
-        meta = json.loads(path.read_text())
-        return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        raise EngineError(
-            f"{path}: no 'containerimage.digest' / 'containerimage.config.digest', so the pushed image cannot be "
-            "matched to the verified one; fix: pass the --metadata-file written by 'invoke build --push-by-digest' "
-            "(buildx)"
-        ) from None
-
-
 def build_command(engine: Engine, req: BuildRequest) -> Command:
     """The exact BuildKit command for a request (buildx when present, else DOCKER_BUILDKIT=1 docker build)."""
     common: list[str | None] = [

@@ -1,17 +1,17 @@
-"""The probe before a source build (`invoke build` unless --no-probe): minutes to the first compile error."""
+"""`invoke build`: the gates (preflight, then the compile probe on source recipes), then the stage build."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from sparkforge.probe.run import ProbeOptions, run_probe
+from sparkforge.build.probe import ProbeOptions, run_probe
+from sparkforge.build.stage import BuildOptions, BuildResult, build_stage, check_options
+from sparkforge.console import say
+from sparkforge.errors import PreflightError
+from sparkforge.preflight.checks import run_preflight
 from sparkforge.probe.units import ProbeError
-from sparkforge.recipe import Recipe
+from sparkforge.recipe.loader import Recipe
 from sparkforge.report import print_report
-
-if TYPE_CHECKING:
-    from sparkforge.build import BuildOptions
 
 
 def wants_probe(recipe: Recipe, options: BuildOptions) -> bool:
@@ -50,3 +50,24 @@ def probe_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None
         f"sparkforge: probe passed; heaviest unit peaked at {result.unit_peak_mb} MB (build arg {result.unit_peak_gb} GB)"
     )
     return {"SPARKFORGE_UNIT_PEAK_GB": str(result.unit_peak_gb)}
+
+
+def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
+    """Preflight before any build step; a failure stops the build before anything is built."""
+    report = run_preflight(recipe, source=options.sources.get("vllm"))
+    print_report(report, echo)
+    if report.status != "passed":
+        failed = ", ".join(c.name for c in report.failed)
+        raise PreflightError(
+            f"preflight failed ({failed}); nothing was built. Fix the recipe (see the table above), "
+            "or build anyway with --no-preflight"
+        )
+
+
+def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = say) -> BuildResult:
+    """Preflight, probe, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+    check_options(recipe, options)
+    if options.preflight:
+        run_preflight_gate(recipe, options, echo)
+    probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
+    return build_stage(recipe, options, echo=echo, build_args=probe_args)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkforge import oci
-from sparkforge.recipe import Recipe, recipe_ref
+from sparkforge.recipe.loader import Recipe, recipe_ref
 
 
 def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 
 from sparkforge import engine
-from sparkforge.recipe import Recipe
+from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check
 
 RUST_ARTIFACTS = ("vllm-rs", "_rust_tool_parser")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__
-from sparkforge.recipe import REPO_ROOT, Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
 LABEL_PREFIX = "dev.sparkforge"

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-VERIFIED_DIR = Path(__file__).resolve().parent.parent / "build" / "verified"
+VERIFIED_DIR = Path(__file__).resolve().parents[2] / "build" / "verified"
 _ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 
 

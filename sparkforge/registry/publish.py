@@ -14,14 +14,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge import engine, oci, plan, records
+from sparkforge import engine, oci
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
-from sparkforge.digests import DIGESTS_DIR, PushedImage
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
-from sparkforge.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
-from sparkforge.recipe import Recipe, recipe_ref
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import Recipe, recipe_ref
+from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
+from sparkforge.registry.pushed import DIGESTS_DIR, PushedImage, read_build_metadata
+from sparkforge.verify import verified
 
 # ---- evidence ------------------------------------------------------------------------------------
 
@@ -111,7 +113,7 @@ def push(
     echo: Echo = say,
     allow_unverified: bool = False,
     allow_base_override: bool = False,
-    evidence_dir: Path = records.VERIFIED_DIR,
+    evidence_dir: Path = verified.VERIFIED_DIR,
 ) -> PushedImage:
     """Push one platform's image to the recipe's repository and record its digest for `publish`.
 
@@ -128,11 +130,11 @@ def push(
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:
-            meta = engine.read_build_metadata(metadata_file)
+            meta = read_build_metadata(metadata_file)
         except EngineError as exc:
             raise PublishError(str(exc)) from None
         digest, image_id = meta.digest, meta.config_digest
-        record = records.read_record(image_id, evidence_dir)
+        record = verified.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
         _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
     else:
@@ -148,7 +150,7 @@ def push(
             raise PublishError(
                 f"refusing to push {source}: {plan.drift_text(drift)}; fix: rebuild it from this recipe"
             )
-        record = records.read_record(image_id, evidence_dir)
+        record = verified.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{source} ({image_id[:19]})", allow_base_override)
         override = plan.base_override(recipe, labels)
         if override and not allow_base_override and not any("other base images" in p for p in problems):
@@ -167,7 +169,7 @@ def push(
         raise PublishError(f"not a sha256 digest: {digest!r}")
     pushed = PushedImage(recipe.name, recipe.hash, platform, repo, digest)
     if record is not None and record.get("status") == "passed":
-        records.link_digest(digest, image_id, repo, evidence_dir)  # publish and promote follow this link
+        verified.link_digest(digest, image_id, repo, evidence_dir)  # publish and promote follow this link
     if digests_dir is not None:
         echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
     return pushed
@@ -203,7 +205,7 @@ def publish(
     echo: Echo = say,
     allow_unverified: bool = False,
     allow_base_override: bool = False,
-    evidence_dir: Path = records.VERIFIED_DIR,
+    evidence_dir: Path = verified.VERIFIED_DIR,
 ) -> Published:
     """Merge one digest per platform into one index under the recipe's immutable tags (all-or-nothing).
 
@@ -220,7 +222,7 @@ def publish(
         )
     problems: list[str] = []
     for platform, digest in sorted(digests.items()):
-        record = records.record_for_digest(digest, evidence_dir)
+        record = verified.record_for_digest(digest, evidence_dir)
         problems += _evidence_problems(recipe, record, f"{platform} {digest[:19]}", allow_base_override)
     _refuse_or_warn(problems, f"publish {recipe.model.publish.repository}", allow_unverified, echo)
     if moving:
@@ -289,8 +291,8 @@ def require_gpu_verified(recipe: Recipe, digests: Mapping[str, str], evidence_di
     """Moving tags promise a GPU-verified image for every platform they name; no waiver exists for this."""
     problems = []
     for platform, digest in sorted(digests.items()):
-        record = records.record_for_digest(digest, evidence_dir)
-        if records.is_gpu_verified(record):
+        record = verified.record_for_digest(digest, evidence_dir)
+        if verified.is_gpu_verified(record):
             continue
         if record is None:
             why = "no verify record for this digest (pushed from another machine, or --unverified)"
@@ -318,7 +320,7 @@ def promote(
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = say,
-    evidence_dir: Path = records.VERIFIED_DIR,
+    evidence_dir: Path = verified.VERIFIED_DIR,
 ) -> Published:
     """Point the recipe's moving tags at a published index, only when every platform image in it is GPU-verified."""
     if not DIGEST.fullmatch(index):
