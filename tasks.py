@@ -76,7 +76,7 @@ def preflight(
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.preflight.checks import run_preflight
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.profiles import load_profile
+    from sparkforge.recipe.profile import load_profile
 
     report = run_preflight(
         load_recipe(recipe),

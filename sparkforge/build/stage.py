@@ -166,12 +166,7 @@ def parse_sources(items: Sequence[str], components: Sequence[str] = ("vllm",)) -
 
 def check_options(recipe: Recipe, options: BuildOptions) -> str:
     """Every option checked before anything runs (an hour of building must not end in a usage error)."""
-    platform = options.platform or recipe.model.platforms[0]
-    if platform not in recipe.model.platforms:
-        raise SparkforgeError(
-            f"--platform {platform}: recipe {recipe.name} builds {', '.join(recipe.model.platforms)}; fix: use "
-            "one of those, or add the platform to the recipe's platforms"
-        )
+    platform = plan.recipe_platform(recipe, options.platform)
     if options.verify and options.target == "runtime" and not options.dry:
         resolve_gpus(options.gpus)  # --gpus all on an engine without the NVIDIA runtime fails here, not after
     source_built = [n for n, c in recipe.model.components.items() if c.source == "git"]

@@ -34,8 +34,8 @@ def _preflight(recipe: str, profile_ref: str, skip: bool) -> None:
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.report import Report, print_report
-    from sparkforge.run.profiles import load_profile
 
     loaded = load_recipe(recipe)
     report = Report(command="preflight", subject=f"profile {profile_ref}", recipe=loaded.name)
@@ -135,7 +135,7 @@ def serve(
     ulimit: list[str] | None = None,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
-    from sparkforge.run.profiles import load_profile
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.serve import serve_up
 
     _preflight(recipe, profile, no_preflight)
@@ -235,15 +235,13 @@ def up(
     ulimit: list[str] | None = None,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
-    from sparkforge.commands import Command
-    from sparkforge.engine import docker_cli
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.cluster import cluster_up, ensure_image
-    from sparkforge.run.profiles import load_profile
 
     _preflight(recipe, profile, no_preflight)
     ref = _image(recipe, image)
     engines = _engines(nodes)
-    ensure_image(engines, ref, Command((docker_cli(),)) if distribute else None, echo)
+    ensure_image(engines, ref, echo, distribute=distribute)
     launch = _launch_options(
         ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit
     )

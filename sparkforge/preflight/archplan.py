@@ -128,37 +128,6 @@ def torch_select_cmake(recipe: Recipe, fetcher: Fetcher) -> Path | None:
     return path if path.is_file() else None
 
 
-def emulated_select_cmake() -> str:
-    """A minimal stand-in for torch's `cuda_select_nvcc_arch_flags` for numeric lists (X.Y[a|f][+PTX])."""
-    return r"""
-function(cuda_select_nvcc_arch_flags out_variable)
-  set(_list "${ARGN}")
-  string(REGEX REPLACE "[ \t]+" ";" _list "${_list}")
-  set(_flags)
-  set(_ptx)
-  foreach(_name ${_list})
-    set(_add_ptx FALSE)
-    if(_name MATCHES "(.*)\\+PTX$")
-      set(_add_ptx TRUE)
-      set(_name ${CMAKE_MATCH_1})
-    endif()
-    if(NOT _name MATCHES "^[0-9]+\\.[0-9][af]?$")
-      message(SEND_ERROR "Found Unknown CUDA Architecture Name in CUDA_SELECT_NVCC_ARCH_FLAGS: ${_name} ")
-    endif()
-    string(REPLACE "." "" _code "${_name}")
-    list(APPEND _flags -gencode arch=compute_${_code},code=sm_${_code})
-    if(_add_ptx)
-      list(APPEND _ptx ${_code})
-    endif()
-  endforeach()
-  foreach(_code ${_ptx})
-    list(APPEND _flags -gencode arch=compute_${_code},code=compute_${_code})
-  endforeach()
-  set(${out_variable} ${_flags} PARENT_SCOPE)
-endfunction()
-"""
-
-
 def _driver(inputs: ArchInputs, select_path: Path, utils_path: Path, lists_path: Path) -> str:
     values = {
         "CMAKE_CUDA_COMPILER_VERSION": inputs.cuda,
@@ -250,7 +219,7 @@ def plan_arches(
             select.write_text(inputs.torch_select_cmake.read_text())
             torch_step = f"torch {inputs.torch_version} select_compute_arch.cmake"
         else:
-            select.write_text(emulated_select_cmake())
+            select.write_text(cmake.emulated_select_cmake())
             torch_step = "emulated (torch's select_compute_arch.cmake unavailable)"
         (work / "utils.cmake").write_text(utils_script)
         (work / "CMakeLists.cmake").write_text(lists_script)

@@ -21,7 +21,7 @@ from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:
-    from sparkforge.run.profiles import Profile
+    from sparkforge.recipe.profile import Profile
 
 CHECKS = ("source", "models", "requirements", "patches", "arch-plan", "images")
 

@@ -240,3 +240,34 @@ def script_of(
             src = args[1] if args[1].startswith('"') else f'"{args[1]}"'
             pieces.append(template.format(line=call.line, out=args[0], src=src))
     return "\n".join(pieces) + "\n", frozenset(pure)
+
+
+def emulated_select_cmake() -> str:
+    """A minimal stand-in for torch's `cuda_select_nvcc_arch_flags` for numeric lists (X.Y[a|f][+PTX])."""
+    return r"""
+function(cuda_select_nvcc_arch_flags out_variable)
+  set(_list "${ARGN}")
+  string(REGEX REPLACE "[ \t]+" ";" _list "${_list}")
+  set(_flags)
+  set(_ptx)
+  foreach(_name ${_list})
+    set(_add_ptx FALSE)
+    if(_name MATCHES "(.*)\\+PTX$")
+      set(_add_ptx TRUE)
+      set(_name ${CMAKE_MATCH_1})
+    endif()
+    if(NOT _name MATCHES "^[0-9]+\\.[0-9][af]?$")
+      message(SEND_ERROR "Found Unknown CUDA Architecture Name in CUDA_SELECT_NVCC_ARCH_FLAGS: ${_name} ")
+    endif()
+    string(REPLACE "." "" _code "${_name}")
+    list(APPEND _flags -gencode arch=compute_${_code},code=sm_${_code})
+    if(_add_ptx)
+      list(APPEND _ptx ${_code})
+    endif()
+  endforeach()
+  foreach(_code ${_ptx})
+    list(APPEND _flags -gencode arch=compute_${_code},code=compute_${_code})
+  endforeach()
+  set(${out_variable} ${_flags} PARENT_SCOPE)
+endfunction()
+"""

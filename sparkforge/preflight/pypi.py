@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,17 +140,29 @@ def wheel_members(
     a few hundred kB); otherwise downloads the whole wheel into the cache.
     """
     selection = hashlib.sha256("\0".join([*members, "|", *suffixes]).encode()).hexdigest()[:12]
-    final = preflight_cache("wheels", f"{dist.sha256}-{selection}")
+
+    def open_archive() -> zipfile.ZipFile:
+        what = dist.filename
+        archive = fetcher.open_remote_zip(dist.url, dist.size, what=what) if dist.size else None
+        return archive or zipfile.ZipFile(fetcher.download(dist.url, what=what, sha256=dist.sha256))
+
+    return cached_members(f"{dist.sha256}-{selection}", open_archive, members, suffixes)
+
+
+def cached_members(
+    key: str,
+    open_archive: Callable[[], zipfile.ZipFile],
+    members: Sequence[str],
+    suffixes: Sequence[str] = (),
+) -> Path:
+    """The one wheel-member cache: members (and names ending in `suffixes`) extracted once under `key`."""
+    final = preflight_cache("wheels", key)
     if (final / WHEEL_FILE_LIST).is_file():
         return final
-    what = dist.filename
-    archive = fetcher.open_remote_zip(dist.url, dist.size, what=what) if dist.size else None
-    if archive is None:
-        archive = zipfile.ZipFile(fetcher.download(dist.url, what=what, sha256=dist.sha256))
-    with archive:
+    with open_archive() as archive:
         names = archive.namelist()
         wanted = [*members, *(n for n in names if suffixes and n.endswith(tuple(suffixes)))]
         tmp = scratch_dir("wheels")
-        extract_wheel_members(archive, wanted, tmp)
+        extract_wheel_members(archive, wanted, tmp)  # the one guarded copy (no absolute or '..' members)
     (tmp / WHEEL_FILE_LIST).write_text("\n".join(names) + "\n")
     return publish_dir(tmp, final)

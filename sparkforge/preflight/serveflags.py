@@ -22,7 +22,7 @@ from sparkforge.report import Check, Report
 if TYPE_CHECKING:
     from sparkforge.preflight.sources import UpstreamTree
     from sparkforge.recipe.loader import Recipe
-    from sparkforge.run.profiles import Profile
+    from sparkforge.recipe.profile import Profile
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 CLI_ARGS = (

@@ -23,14 +23,20 @@ from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
-    extract_wheel_members,
     preflight_cache,
     publish_dir,
     read_record,
     scratch_dir,
     write_record,
 )
-from sparkforge.preflight.pypi import PYPI_SIMPLE, WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.preflight.pypi import (
+    PYPI_SIMPLE,
+    WHEEL_FILE_LIST,
+    WheelTarget,
+    cached_members,
+    resolve_file,
+    wheel_members,
+)
 from sparkforge.recipe.loader import Recipe
 from sparkforge.recipe.schema import Component
 
@@ -195,16 +201,10 @@ def from_pypi_wheel(fetcher: Fetcher, package: str, version: str, target: WheelT
 
 def from_local_wheel(path: Path) -> UpstreamTree:
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    final = preflight_cache("wheels", f"{sha}-local")
-    if not (final / WHEEL_FILE_LIST).is_file():
-        tmp = scratch_dir("wheels")
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            wanted = [*WHEEL_MEMBERS, *(n for n in names if n.endswith(".dist-info/METADATA"))]
-            extract_wheel_members(zf, wanted, tmp)  # the one guarded copy (no absolute or '..' members)
-        (tmp / WHEEL_FILE_LIST).write_text("\n".join(names) + "\n")
-        final = publish_dir(tmp, final)
-    return from_wheel_dir(final, str(path))
+    root = cached_members(
+        f"{sha}-local", lambda: zipfile.ZipFile(path), WHEEL_MEMBERS, suffixes=(".dist-info/METADATA",)
+    )
+    return from_wheel_dir(root, str(path))
 
 
 def from_directory(path: Path, runner: Runner) -> UpstreamTree:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sparkforge.errors import RecipeError
+from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.schema import RecipeModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +82,13 @@ def _key_lines(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, ..
 
 
 @dataclass(frozen=True)
-class _Doc:
+class YamlDoc:
     path: Path
     data: dict[str, Any]
     lines: dict[tuple[str, ...], int]
 
 
-def _read_doc(path: Path) -> _Doc:
+def read_yaml(path: Path) -> YamlDoc:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -114,23 +114,38 @@ def _read_doc(path: Path) -> _Doc:
         )
     lines: dict[tuple[str, ...], int] = {}
     _key_lines(node, (), lines)
-    return _Doc(path, data, lines)
+    return YamlDoc(path, data, lines)
 
 
-def resolve_recipe_path(ref: str | Path, relative_to: Path | None = None) -> Path:
-    """A recipe name in recipes/ or a path (relative paths from `relative_to` or the working directory)."""
+def resolve_named_file(
+    ref: str | Path,
+    folder: Path,
+    kind: str,
+    known: list[str],
+    error: type[SparkforgeError],
+    relative_to: Path | None = None,
+) -> Path:
+    """A name in `folder` (NAME.yaml) or a path; relative paths from `relative_to`'s folder, else the working directory.
+
+    The one lookup for recipes and serve profiles: a value ending in .yaml/.yml or holding a '/' is a path.
+    """
     text = str(ref)
     if text.endswith((".yaml", ".yml")) or "/" in text:
         base = relative_to.parent if relative_to else Path.cwd()
         path = (base / text).resolve()
     else:
-        path = RECIPES_DIR / f"{text}.yaml"
+        path = folder / f"{text}.yaml"
     if not path.is_file():
-        known = ", ".join(list_recipe_names()) or "none"
-        raise RecipeError(
-            f"recipe {text!r} not found (looked for {path}); fix: use a name from recipes/ ({known}) or a path"
+        raise error(
+            f"{kind} {text!r} not found (looked for {path}); fix: use a name from {folder.name}/ "
+            f"({', '.join(known) or 'none'}) or a path"
         )
     return path
+
+
+def resolve_recipe_path(ref: str | Path, relative_to: Path | None = None) -> Path:
+    """A recipe name in recipes/ or a path (relative paths from `relative_to` or the working directory)."""
+    return resolve_named_file(ref, RECIPES_DIR, "recipe", list_recipe_names(), RecipeError, relative_to)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +165,7 @@ def _load_chain(
     if path in stack:
         cycle = " -> ".join(p.name for p in (*stack, path))
         raise RecipeError(f"{stack[-1]}: 'extends' forms a cycle ({cycle}); fix: remove one of the extends")
-    doc = _read_doc(path)
+    doc = read_yaml(path)
     data = dict(doc.data)
     origins = {k: (path, line) for k, line in doc.lines.items()}
     parent = data.pop("extends", None)
@@ -196,7 +211,7 @@ _TYPE_FIXES = {
 }
 
 
-def _explain(
+def explain_errors(
     error: Mapping[str, Any],
     origins: Mapping[tuple[str, ...], tuple[Path, int]],
     path: Path,
@@ -235,7 +250,7 @@ def load_recipe(ref: str | Path) -> Recipe:
     try:
         model = RecipeModel.model_validate(data)
     except ValidationError as exc:
-        problems = [_explain(e, origins, path) for e in exc.errors()]
+        problems = [explain_errors(e, origins, path) for e in exc.errors()]
         raise RecipeError(f"recipe {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
     for _, component in model.components.items():
         for patch in component.patches:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__
+from sparkforge.errors import SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
@@ -247,3 +248,16 @@ def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateV
         cuda_major=m.cuda.split(".")[0],
         build={**m.build.model_dump(mode="json"), "probe": m.build.probe_settings.model_dump(mode="json")},
     )
+
+
+def recipe_platform(
+    recipe: Recipe, platform: str | None, error: type[SparkforgeError] = SparkforgeError
+) -> str:
+    """The one platform check (build, push, publish): `platform` or the recipe's first, refused unless it builds it."""
+    chosen = platform or recipe.model.platforms[0]
+    if chosen not in recipe.model.platforms:
+        raise error(
+            f"--platform {chosen}: recipe {recipe.name} builds {', '.join(recipe.model.platforms)}; fix: use "
+            "one of those, or add the platform to the recipe's platforms"
+        )
+    return chosen

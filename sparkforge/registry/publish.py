@@ -122,11 +122,7 @@ def push(
     carry the recipe's labels and platform; it is pushed under a per-platform staging tag. Either way the image
     needs a passed verify record (by image ID) unless `allow_unverified`, and the pushed digest is linked to it.
     """
-    platform = platform or recipe.model.platforms[0]
-    if platform not in recipe.model.platforms:
-        raise PublishError(
-            f"recipe {recipe.name} does not build {platform}; fix: use one of {', '.join(recipe.model.platforms)}"
-        )
+    platform = plan.recipe_platform(recipe, platform, PublishError)
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:

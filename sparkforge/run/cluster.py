@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from sparkforge.commands import Command
 from sparkforge.console import Echo
+from sparkforge.engine import docker_cli
 from sparkforge.errors import RunError
+from sparkforge.recipe.profile import Profile
 from sparkforge.run.doctor import DoctorResult, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
-from sparkforge.run.profiles import Profile
 
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
@@ -68,11 +69,18 @@ def serve_label(profile: str | None = None) -> str:
 
 
 def ensure_image(
-    engines: Sequence[NodeEngine], image: str, source: Command | None, echo: Echo
+    engines: Sequence[NodeEngine],
+    image: str,
+    echo: Echo,
+    *,
+    distribute: bool = False,
+    docker: str | None = None,
 ) -> dict[str, str]:
-    """Prove the same image ID on every node; with `source` (a local docker), stream it to nodes that differ."""
+    """Prove the same image ID on every node; with `distribute`, stream this machine's image (its `docker`
+    client, default the engine seam's) to the nodes that differ."""
     ids = {e.node.label: e.image_id(image) for e in engines}
-    if source is not None:
+    if distribute:
+        source = Command((docker or docker_cli(),))
         local = local_image_id(source, image)
         differ = [e for e in engines if ids[e.node.label] != local]
         if differ:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from sparkforge.errors import RunError
+from sparkforge.recipe.profile import Profile
 from sparkforge.run.nodes import LABEL, ContainerSpec, run_argv
-from sparkforge.run.profiles import Profile
 
 MODEL_MOUNT = "/models"
 TOKEN_MOUNT = "/run/secrets/hf_token"  # the token file, mounted read-only; only its path is in the env

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
+from sparkforge.recipe.profile import Profile
 from sparkforge.run.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.run.profiles import Profile
 
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).

@@ -132,7 +132,7 @@ def test_different_images_are_refused_and_distribution_fixes_it(two_nodes, base_
         )
         assert before["addresses"].status == "skipped"
         start = time.monotonic()
-        ids = ensure_image(engines, ref, Command((DOCKER,)), print)
+        ids = ensure_image(engines, ref, print, distribute=True, docker=DOCKER)
         print(f"distribution of the base image to node b: {time.monotonic() - start:.1f} s")
         assert len(set(ids.values())) == 1
         after = {c.name: c for c in run_doctor(engines, options).report.checks}
@@ -205,8 +205,8 @@ def test_cluster_up_runs_the_plan_until_vllm_itself_fails_and_leaves_nothing(
 
 def test_cluster_logs_and_down(two_nodes) -> None:
     """A worker started from a plan (it exits: no GPU) is shown by cluster.logs and removed by cluster.down."""
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.launch import LaunchOptions, plan_launch
-    from sparkforge.run.profiles import load_profile
 
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(two_nodes))]
     plan = plan_launch(

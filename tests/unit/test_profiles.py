@@ -14,8 +14,8 @@ from sparkforge.errors import ProfileError
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface, unknown_flags
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.recipe.profile import list_profile_names, load_profile
 from sparkforge.report import Report
-from sparkforge.run.profiles import list_profile_names, load_profile
 
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
 

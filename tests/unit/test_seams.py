@@ -42,3 +42,29 @@ def test_only_the_seams_call_programs_or_the_engine_sdk() -> None:
     }
     offenders = {name: found for name, found in offenders.items() if found}
     assert set(offenders) <= PENDING, offenders
+
+
+def test_invoke_stays_in_the_cli() -> None:
+    # Nothing below sparkforge/cli imports Invoke: the library is usable from any script.
+    offenders = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "invoke" in _imports(path) and path.relative_to(PACKAGE).parts[0] != "cli"
+    )
+    assert offenders == []
+
+
+def test_the_cli_builds_no_seam_commands() -> None:
+    # Tasks parse, call and print; which program runs (argv) is decided in the library.
+    offenders = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in (PACKAGE / "cli").rglob("*.py")
+        if "Command"
+        in {
+            a.name
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+        }
+    )
+    assert offenders == []

@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkforge.errors import ProfileError, RecipeError
-from sparkforge.recipe.loader import REPO_ROOT, _explain, _read_doc
+from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 # Flags sparkforge sets itself from --port, --nodes and the cluster plan; a profile setting them would conflict.
@@ -124,32 +124,22 @@ class Profile:
 
 
 def resolve_profile_path(ref: str | Path) -> Path:
-    text = str(ref)
-    path = (
-        Path(text).resolve()
-        if text.endswith((".yaml", ".yml")) or "/" in text
-        else PROFILES_DIR / f"{text}.yaml"
-    )
-    if not path.is_file():
-        known = ", ".join(list_profile_names()) or "none"
-        raise ProfileError(
-            f"profile {text!r} not found (looked for {path}); fix: use a name from profiles/ ({known}) or a path"
-        )
-    return path
+    """A profile name in profiles/ or a path (relative to the working directory)."""
+    return resolve_named_file(ref, PROFILES_DIR, "profile", list_profile_names(), ProfileError)
 
 
 def load_profile(ref: str | Path) -> Profile:
     """Load and validate a profile; errors name file, line, key path and the fix."""
     path = resolve_profile_path(ref)
     try:
-        doc = _read_doc(path)
+        doc = read_yaml(path)
     except RecipeError as exc:
         raise ProfileError(str(exc).replace("a recipe", "a profile").replace("recipe", "profile")) from None
     origins = {key: (path, line) for key, line in doc.lines.items()}
     try:
         model = ProfileModel.model_validate(doc.data)
     except ValidationError as exc:
-        problems = [_explain(e, origins, path, ProfileModel) for e in exc.errors()]
+        problems = [explain_errors(e, origins, path, ProfileModel) for e in exc.errors()]
         raise ProfileError(f"profile {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
     return Profile(path.stem, path, model, dict(doc.lines))
 
