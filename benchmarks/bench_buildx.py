@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "engine")]
 
 from registry import local_registry  # noqa: E402
-from test_buildx import Workspace, _recipe_file, build_base_stage, docker  # noqa: E402
+from test_buildx_index import Workspace, _recipe_file, build_base_stage, docker  # noqa: E402
 
 from sparkforge.build import hostsetup  # noqa: E402
 from sparkforge.recipe import plan  # noqa: E402
