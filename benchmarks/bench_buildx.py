@@ -21,12 +21,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "engine")]
 
+from buildx_fixtures import Workspace, build_base_stage, docker  # noqa: E402
 from registry import local_registry  # noqa: E402
-from test_buildx_index import Workspace, _recipe_file, build_base_stage, docker  # noqa: E402
 
 from sparkforge.build import hostsetup  # noqa: E402
 from sparkforge.recipe import plan  # noqa: E402
 from sparkforge.recipe.loader import load_recipe  # noqa: E402
+from tests.recipe_files import smoke_recipe_file  # noqa: E402
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 
@@ -58,7 +59,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         for run in range(args.runs):
             with local_registry(tmp / f"registry-{run}") as registry:  # a fresh registry: no cache there yet
-                recipe = load_recipe(_recipe_file(tmp / f"recipe-{run}", registry))
+                recipe = load_recipe(smoke_recipe_file(tmp / f"recipe-{run}", registry.host))
                 ws = Workspace(recipe, registry, tmp / f"work-{run}", tmp / f"runner-{run}")
                 ws.work.mkdir()
                 ws.runner_temp.mkdir()

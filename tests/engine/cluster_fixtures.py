@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -11,15 +10,11 @@ from pathlib import Path
 import pytest
 from cluster import DOCKER, DOCKERD, TestCluster, remove_stale, sh
 
+from tests.prerequisites import skip_or_fail
+
 # Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
 VLLM_REF = "sparkforge-run-test/cluster:vllm"
 TIMINGS: dict[str, float] = {}  # set-up figures, printed by the tests and recorded in benchmarks/cluster.md
-
-
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("SPARKFORGE_REQUIRE_ENGINE") == "1":
-        pytest.fail(f"SPARKFORGE_REQUIRE_ENGINE=1 but {reason}")  # CI must not pass by skipping
-    pytest.skip(reason)
 
 
 def _missing_tools() -> list[str]:
@@ -62,7 +57,7 @@ def two_nodes(vllm_image: str) -> Iterator[TestCluster]:
 
     missing = _missing_tools()
     if missing:
-        _skip_or_fail(
+        skip_or_fail(
             f"the namespaced test cluster needs {', '.join(missing)} (apt: iproute2 util-linux openssh-server)"
         )
     remove_stale()

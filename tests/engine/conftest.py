@@ -1,4 +1,8 @@
-"""Engine fixtures: skip with an explicit reason when no Docker engine (or no offline base) is available."""
+"""Engine fixtures: skip with an explicit reason when no Docker engine (or no offline base) is available.
+
+The publish, signing and buildx fixtures live in their own modules and are registered here once, so that the
+tests split by behaviour across several modules share one session's images and registries.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,21 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
+from buildx_fixtures import buildx_published  # noqa: F401 - fixtures, registered for every engine test
+from publish_fixtures import published, smoke, smoke_registry  # noqa: F401
+from signing_fixtures import signed  # noqa: F401
 
+from sparkforge import engine
 from sparkforge.build.hostsetup import base_image_name
+from sparkforge.build.pipeline import build
+from sparkforge.build.stage import BuildOptions
+from sparkforge.recipe.loader import Recipe
+from tests.prerequisites import skip_or_fail
 
 CANARY = "sparkforge-secret-canary-3f9c1e7a"  # constant: any build that ever leaked it would show it
 
@@ -28,23 +41,17 @@ def _engine_reason() -> str | None:
     return None
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("SPARKFORGE_REQUIRE_ENGINE") == "1":
-        pytest.fail(f"SPARKFORGE_REQUIRE_ENGINE=1 but {reason}")  # CI must not pass by skipping
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def engine_ready() -> None:
     reason = _engine_reason()
     if reason:
-        _skip_or_fail(reason)
+        skip_or_fail(reason)
 
 
 def _offline_base(platform: str) -> str:
     name = base_image_name(platform)
     if subprocess.run(["/usr/bin/docker", "image", "inspect", name], capture_output=True).returncode != 0:
-        _skip_or_fail(f"offline base {name} missing; run 'invoke engine.bases --platform {platform}'")
+        skip_or_fail(f"offline base {name} missing; run 'invoke engine.bases --platform {platform}'")
     return name
 
 
@@ -56,6 +63,47 @@ def base_amd64(engine_ready: None) -> str:
 @pytest.fixture(scope="session")
 def base_arm64(engine_ready: None) -> str:
     return _offline_base("linux/arm64")
+
+
+@pytest.fixture(scope="session")
+def qemu_arm64() -> None:
+    """arm64 images build and run here under QEMU: its binfmt entry must be registered."""
+    entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    if not entry.exists() or "enabled" not in entry.read_text():
+        skip_or_fail("qemu-aarch64 binfmt is not registered; run 'invoke engine.up --qemu'")
+
+
+BaseStages = Callable[[Recipe, Path], AbstractContextManager[dict[str, str]]]
+
+
+@pytest.fixture(scope="session")
+def base_stages(base_amd64: str, base_arm64: str, qemu_arm64: None) -> BaseStages:
+    """Builds a recipe's quick 'base' stage for amd64 and arm64 (QEMU) on the offline Debian bases.
+
+    `with base_stages(recipe, log_root) as candidates:` maps each platform of the recipe to its local image;
+    the images are removed when the block ends."""
+    bases = {"linux/amd64": base_amd64, "linux/arm64": base_arm64}
+
+    @contextmanager
+    def built(recipe: Recipe, log_root: Path) -> Iterator[dict[str, str]]:
+        candidates: dict[str, str] = {}
+        try:
+            for platform in recipe.model.platforms:
+                options = BuildOptions(
+                    preflight=False,
+                    platform=platform,
+                    target="base",
+                    base_image=bases[platform],
+                    verify=False,
+                    log_root=log_root,
+                )
+                candidates[platform] = build(recipe, options, echo=lambda _: None).candidate
+            yield candidates
+        finally:
+            for image in candidates.values():
+                engine.remove_image(image)
+
+    return built
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,11 @@ from sparkforge.build.stage import BuildOptions
 from sparkforge.errors import EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
+UNKNOWN_MODEL = "models:\n  architectures: [NoSuchModelForCausalLM]\n"
 
 
 def _options(base: str, secrets: tuple[Path, Path], tmp_path: Path, **kw) -> BuildOptions:
@@ -179,8 +181,7 @@ def test_no_secret_in_any_layer(real_image, canary: str) -> None:
 def test_missing_architecture_fails_verify_and_is_not_tagged(
     base_amd64, canary_secrets, tmp_path: Path
 ) -> None:
-    recipe_path = tmp_path / "missing-arch.yaml"
-    recipe_path.write_text(f"extends: {CI_RECIPE}\nmodels:\n  architectures: [NoSuchModelForCausalLM]\n")
+    recipe_path = write_recipe_file(tmp_path / "missing-arch.yaml", UNKNOWN_MODEL, extends=CI_RECIPE)
     recipe = load_recipe(str(recipe_path))
     options = _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/missing-arch:final",))
     engine.remove_image("sparkforge-test/missing-arch:final")
@@ -194,8 +195,7 @@ def test_missing_architecture_fails_verify_and_is_not_tagged(
 
 
 def test_preflight_runs_first_and_stops_the_build(base_amd64, canary_secrets, tmp_path: Path) -> None:
-    recipe_path = tmp_path / "old-vllm.yaml"
-    recipe_path.write_text(f"extends: {CI_RECIPE}\nmodels:\n  architectures: [NoSuchModelForCausalLM]\n")
+    recipe_path = write_recipe_file(tmp_path / "old-vllm.yaml", UNKNOWN_MODEL, extends=CI_RECIPE)
     recipe = load_recipe(str(recipe_path))
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     with pytest.raises(PreflightError, match="nothing was built"):
@@ -205,8 +205,8 @@ def test_preflight_runs_first_and_stops_the_build(base_amd64, canary_secrets, tm
 
 
 def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secrets, tmp_path: Path) -> None:
-    recipe_path = tmp_path / "bad-pin.yaml"
-    recipe_path.write_text(f"extends: {CI_RECIPE}\ncomponents:\n  transformers:\n    version: 5.99.0\n")
+    bad_pin = "components:\n  transformers:\n    version: 5.99.0\n"
+    recipe_path = write_recipe_file(tmp_path / "bad-pin.yaml", bad_pin, extends=CI_RECIPE)
     recipe = load_recipe(str(recipe_path))
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     engine.remove_image(candidate)

@@ -16,6 +16,7 @@ from sparkforge.build.probe import ProbeOptions, ProbeResult, judge, run_probe
 from sparkforge.probe.units import ProbeError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Report
+from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
 
@@ -92,9 +93,7 @@ def test_without_the_patch_sm12x_kernels_are_family_only(
 
 
 def _variant(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "variant.yaml"
-    path.write_text(f"extends: {RECIPES / 'ci-probe-amd64.yaml'}\n{body}")
-    return path
+    return write_recipe_file(tmp_path / "variant.yaml", body, extends=RECIPES / "ci-probe-amd64.yaml")
 
 
 def test_a_probe_path_that_does_not_exist_stops_in_seconds(base_amd64: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from sparkforge.build.pipeline import build
 from sparkforge.build.stage import BuildOptions
 from sparkforge.errors import EngineError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
 # vllm-qwen35 builds linux/arm64 only; CI's amd64 variant of it (same source, commit and patch series).
@@ -53,11 +54,8 @@ def test_patch_series_applies_in_a_real_container(base_amd64: str, sdist_url: st
 
 
 def test_source_of_another_commit_is_refused(base_amd64: str, sdist_url: str, tmp_path: Path) -> None:
-    recipe_path = tmp_path / "other-commit.yaml"
-    recipe_path.write_text(
-        f"extends: {CI_SOURCE_RECIPE}\n"
-        + "components:\n  vllm:\n    commit: 89a77b10846fd96273cce78d86d2556ea582d26e\n"
-    )
+    other_commit = "components:\n  vllm:\n    commit: 89a77b10846fd96273cce78d86d2556ea582d26e\n"
+    recipe_path = write_recipe_file(tmp_path / "other-commit.yaml", other_commit, extends=CI_SOURCE_RECIPE)
     recipe = load_recipe(str(recipe_path))
     with pytest.raises(EngineError, match=r"stage 'source'.*; nothing was tagged") as info:
         build(recipe, _options(base_amd64, sdist_url, tmp_path))

@@ -18,6 +18,7 @@ from typing import Literal
 
 from sparkforge.audit.fatbin import Entry
 from sparkforge.cache import cache_path
+from tests.prerequisites import fail_if_required
 
 NVCC = Path(os.environ.get("SPARKFORGE_NVCC", "/usr/local/cuda-13.0/bin/nvcc"))
 KERNEL = 'extern "C" __global__ void scale(float *x, float f) { x[threadIdx.x] *= f; }\n'
@@ -141,13 +142,10 @@ BY_NAME = {f.name: f for f in FIXTURES}
 def nvcc_available() -> bool:
     """nvcc 13 is here; under SPARKFORGE_REQUIRE_ENGINE=1 (CI) its absence fails loudly instead of skipping."""
     found = NVCC.is_file() and os.access(NVCC, os.X_OK)
-    if not found and os.environ.get("SPARKFORGE_REQUIRE_ENGINE") == "1":
-        import pytest
-
-        pytest.fail(
-            f"SPARKFORGE_REQUIRE_ENGINE=1 but nvcc 13 is not at {NVCC}: the audit tests would skip; install CUDA "
-            "13.0 (or pip's nvidia-cuda-nvcc) and set SPARKFORGE_NVCC",
-            pytrace=False,
+    if not found:
+        fail_if_required(
+            f"nvcc 13 is not at {NVCC}: the audit tests would skip; install CUDA 13.0 (or pip's nvidia-cuda-nvcc) "
+            "and set SPARKFORGE_NVCC"
         )
     return found
 

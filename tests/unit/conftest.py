@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sparkforge.recipe.loader import RECIPES_DIR
+from tests.recipe_files import write_recipe_file
 
 
 @pytest.fixture
@@ -18,13 +18,7 @@ def write_recipe(tmp_path: Path) -> Callable[..., Path]:
     def write(
         text: str | dict | None = None, *, name: str = "test.yaml", extends: str | None = "vllm-qwen35"
     ) -> Path:
-        path = tmp_path / name
-        if isinstance(text, dict):
-            text = yaml.safe_dump(text, sort_keys=False)
-        body = text or ""
-        if extends:
-            body = f"extends: {RECIPES_DIR / (extends + '.yaml')}\n" + body
-        path.write_text(body)
-        return path
+        parent = RECIPES_DIR / f"{extends}.yaml" if extends else None
+        return write_recipe_file(tmp_path / name, "" if text is None else text, extends=parent)
 
     return write

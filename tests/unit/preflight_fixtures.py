@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from sparkforge.cache import cache_path
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.preflight.sources import extract_archive
 from sparkforge.recipe.loader import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
+from tests.recipe_files import write_recipe_file
 
 # vLLM releases: the commit each was built from (shared/facts/gb10.md; checked against _version.py).
 COMMITS = {
@@ -83,9 +83,9 @@ def write_recipe(
     directory: Path, body: dict[str, Any], *, extends: str = "vllm-qwen35", name: str = "test"
 ) -> Recipe:
     """A recipe file extending a shipped recipe by absolute path, loaded."""
-    path = directory / f"{name}.yaml"
-    path.write_text(f"extends: {RECIPES_DIR / (extends + '.yaml')}\n" + yaml.safe_dump(body, sort_keys=False))
-    return load_recipe(path)
+    return load_recipe(
+        write_recipe_file(directory / f"{name}.yaml", body, extends=RECIPES_DIR / f"{extends}.yaml")
+    )
 
 
 def vllm_pin(version: str, commit: str, *, patches: list[str] | None = None) -> dict[str, Any]:

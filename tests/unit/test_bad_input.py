@@ -13,15 +13,14 @@ from sparkforge.errors import RecipeError, SparkforgeError, VerifyError
 from sparkforge.preflight.patches import check_patches, escaping_paths, prepare_scratch
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Check
+from tests.recipe_files import write_recipe_file
 
 WHEELS = REPO_ROOT / "recipes" / "vllm-qwen35-wheels.yaml"
 SOURCE = REPO_ROOT / "recipes" / "vllm-qwen35.yaml"
 
 
 def _recipe(tmp_path: Path, body: str, base: Path = WHEELS) -> Path:
-    path = tmp_path / "variant.yaml"
-    path.write_text(f"extends: {base}\n{body}")
-    return path
+    return write_recipe_file(tmp_path / "variant.yaml", body, extends=base)
 
 
 @pytest.mark.parametrize(

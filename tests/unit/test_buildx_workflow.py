@@ -1,6 +1,6 @@
 """The workflow's invoke lines and sparkforge's buildx argv: a change on one side that the other lacks fails here.
 
-tests/engine/test_buildx.py runs these very lines (parsed from images.yml) against a real engine and registry.
+tests/engine/test_buildx_*.py run these very lines (parsed from images.yml) against a real engine and registry.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_shipped_source_recipe_passes_on_0_31_0(sdist_0310):
     report = run_preflight(load_recipe("vllm-qwen35"), source="pypi")
     statuses = {c.name: c.status for c in report.checks}
     # 'images' depends on whether Docker Hub answers from this machine; it is tested against a real local
-    # registry (tests/engine/test_publish.py) and an unreachable one (test_preflight_lock.py) instead.
+    # registry (tests/engine/test_publish_preflight.py) and an unreachable one (test_preflight_lock.py) instead.
     statuses.pop("images")
     assert statuses == {
         "source": "passed",

@@ -1,5 +1,5 @@
 """Check 5 offline and `lock` against a git remote served on 127.0.0.1 (real HTTP, real git); the registry
-side runs against Debian's docker-registry in tests/engine/test_publish.py."""
+side runs against Debian's docker-registry in tests/engine/test_publish_preflight.py."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _images_check(recipe, *, offline: bool = False) -> Check:
 
 
 def test_images_offline_or_unreachable_skip(tmp_path):
-    # A registry answering for real is tested in tests/engine/test_publish.py (Debian's docker-registry).
+    # A registry answering for real is tested in tests/engine/test_publish_preflight.py (Debian's docker-registry).
     offline = _images_check(load_recipe("vllm-qwen35"), offline=True)
     assert offline.status == "skipped" and "offline" in offline.reason
     # Unreachable on purpose (nothing listens on port 9 here), not by accident of this machine's network.

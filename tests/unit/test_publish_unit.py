@@ -14,23 +14,21 @@ from sparkforge.commands import Runner
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
-from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry import manifests, pull
 from sparkforge.registry import matrix as ci
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pushed as pushed_records
 from sparkforge.verify import verified
+from tests.recipe_files import SMOKE, write_recipe_file
 
-SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"
 DAY = dt.date(2026, 11, 29)
 D1, D2, D3 = ("sha256:" + c * 64 for c in "123")
 
 
 def _variant(tmp_path: Path, body: str, name: str = "variant") -> Path:
     path = tmp_path / name / "smoke-multiarch.yaml"  # same name: only what the body changes differs
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"extends: {SMOKE}\n{body}")
-    return path
+    return write_recipe_file(path, body, extends=SMOKE)
 
 
 # ---- CI matrix ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import yaml
 
 from sparkforge.errors import RecipeError
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
+from tests.recipe_files import write_recipe_file
 
 GOOD = ["vllm-qwen35", "vllm-qwen35-wheels"]
 
@@ -130,8 +131,7 @@ def test_error_names_file_and_line(write_recipe) -> None:
 
 def test_error_in_parent_names_parent_file(write_recipe, tmp_path: Path) -> None:
     parent = write_recipe("gpu: sm121\n", name="parent.yaml")
-    child = tmp_path / "child.yaml"
-    child.write_text(f"extends: {parent}\ndescription: child\n")
+    child = write_recipe_file(tmp_path / "child.yaml", "description: child\n", extends=parent)
     with pytest.raises(RecipeError) as info:
         load_recipe(str(child))
     assert f"{parent}:2: gpu:" in str(info.value)
@@ -140,8 +140,7 @@ def test_error_in_parent_names_parent_file(write_recipe, tmp_path: Path) -> None
 def test_missing_key_in_standalone_recipe(tmp_path: Path) -> None:
     data = load_recipe("vllm-qwen35").resolved()
     del data["description"]
-    path = tmp_path / "standalone.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_recipe_file(tmp_path / "standalone.yaml", data, extends=None)
     with pytest.raises(RecipeError, match=r"description: Field required; fix: add this key"):
         load_recipe(str(path))
 

@@ -17,6 +17,7 @@ from sparkforge.build.render import double_quote, render_context, render_dockerf
 from sparkforge.errors import RecipeError, RenderError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, list_recipe_names, load_recipe
+from tests.recipe_files import write_recipe_file
 
 GOLDEN = Path(__file__).parent / "golden"
 # Regenerate after an intended template change: SPARKFORGE_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py
@@ -160,12 +161,9 @@ def _set(data: dict, dotted: str, value: str) -> None:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_values_rejected(field: str, value: str, tmp_path: Path) -> None:
-    import yaml
-
     data = load_recipe("vllm-qwen35").resolved()
     _set(data, field, value)
-    path = tmp_path / "hostile.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_recipe_file(tmp_path / "hostile.yaml", data, extends=None)
     with pytest.raises(RecipeError) as info:
         load_recipe(str(path))
     assert field.rsplit(".", 1)[0] in str(info.value)

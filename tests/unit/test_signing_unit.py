@@ -23,15 +23,13 @@ from sparkforge.registry.cosign import (
     verify_claim,
 )
 from sparkforge.registry.trust import is_moving
+from tests.recipe_files import SMOKE, write_recipe_file
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
-SMOKE = REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"
 
 
 def _recipe(tmp_path: Path, signing: str) -> Path:
-    path = tmp_path / "signed.yaml"
-    path.write_text(f"extends: {SMOKE}\npublish:\n  signing:\n{signing}")
-    return path
+    return write_recipe_file(tmp_path / "signed.yaml", f"publish:\n  signing:\n{signing}", extends=SMOKE)
 
 
 def test_key_policy_resolves_a_repository_path(tmp_path: Path) -> None:
@@ -70,11 +68,9 @@ def test_signing_policy_is_strict(tmp_path: Path, signing: str) -> None:
 
 
 def test_signing_policy_is_not_an_input_of_the_image(tmp_path: Path) -> None:
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "plain.yaml").write_text(f"extends: {SMOKE}\n")
+    plain = write_recipe_file(tmp_path / "plain" / "plain.yaml", extends=SMOKE)
     signed = load_recipe(_recipe(tmp_path, "    key: keys/cosign.pub\n"))
-    assert signed.hash == load_recipe(plain / "plain.yaml").hash  # a new key needs no rebuild
+    assert signed.hash == load_recipe(plain).hash  # a new key needs no rebuild
 
 
 def test_moving_tags_match_their_templates() -> None:
@@ -157,5 +153,5 @@ def test_only_the_jobs_that_sign_get_an_oidc_token() -> None:
             first = next(i for i, s in enumerate(steps) if "invoke sign" in s or "invoke pull" in s)
             assert any("sigstore/cosign-installer@" in s for s in steps[:first]), name
         for step in job["steps"]:
-            if "invoke sign" in step.get("run", ""):  # run as written by tests/engine/test_signing.py
+            if "invoke sign" in step.get("run", ""):  # run as written by tests/engine/signing_fixtures.py
                 assert "${{" not in step["run"] and "--key" not in step["run"]  # the key: env, only in tests

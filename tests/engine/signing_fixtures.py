@@ -1,0 +1,212 @@
+"""Signed smoke images the signing tests share: cosign key pairs made here, the local registry, no transparency log.
+
+Smoke images (the template's quick 'base' stage of tests/recipes/smoke-multiarch.yaml) for amd64 and arm64
+(QEMU) are pushed, merged, then signed by running the images workflow's own `invoke sign` step (with a key
+instead of the CI job's keyless identity), once per session. The engine conftest registers the fixture; tests
+import the rest. About 60 s warm (bases and layers cached).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from registry import LocalRegistry, local_registry, unavailable_reason
+
+from sparkforge import engine
+from sparkforge.commands import Runner
+from sparkforge.engine import Engine, detect_engine
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.registry import publish as pub
+from sparkforge.registry import pull as pulling
+from sparkforge.registry.cosign import Cosign
+from sparkforge.registry.manifests import Manifests
+from sparkforge.report import Check, Report
+from tests.prerequisites import skip_or_fail
+from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
+from tests.recipe_files import smoke_recipe_file
+
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+DAY = dt.date(2026, 11, 30)
+PASSWORD = "sparkforge-test-key-password"
+QUIET = {"echo": lambda _: None, "warn": lambda _: None}
+
+
+def workflow_step(name_part: str) -> dict:
+    """The images workflow's step whose name contains `name_part` (the tests run its `run` line)."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    steps = [s for job in jobs.values() for s in job["steps"] if name_part in s.get("name", "")]
+    assert len(steps) == 1, f"{name_part!r} names {len(steps)} steps in {WORKFLOW}"
+    return steps[0]
+
+
+def _keypair(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    env = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
+    subprocess.run(["cosign", "generate-key-pair"], cwd=folder, env=env, check=True, capture_output=True)
+    return folder
+
+
+@dataclass(frozen=True)
+class Signed:
+    recipe: Recipe
+    registry: LocalRegistry
+    eng: Engine
+    runner: Runner
+    keys: Path
+    other_keys: Path
+    candidates: dict[str, str]
+    published: pub.Published
+    name: str  # the NAME the workflow steps see
+
+    def run_step(self, name_part: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """Run a workflow step's `run` with bash, as the runner would, signing with the test key."""
+        step = workflow_step(name_part)
+        full = {
+            **os.environ,
+            **{k: v for k, v in (step.get("env") or {}).items() if "${{" not in str(v)},
+            "RECIPE": str(self.recipe.path),
+            "NAME": self.name,
+            "PYTHONPATH": str(REPO_ROOT),
+            "SPARKFORGE_SIGNING_KEY": str(self.keys / "cosign.key"),
+            "COSIGN_PASSWORD": PASSWORD,
+            **env,
+        }
+        return subprocess.run(
+            ["bash", "-e", "-c", step["run"].replace("python ", f"{sys.executable} ")],
+            cwd=REPO_ROOT,
+            env=full,
+            capture_output=True,
+            text=True,
+        )
+
+    def cosign(self) -> Cosign:
+        return Cosign(self.runner)
+
+    def manifests(self) -> Manifests:
+        return Manifests(self.eng, self.runner, self.recipe.model.publish.repository)
+
+
+def signed_recipe_file(folder: Path, registry: LocalRegistry, key: Path, **versions: str) -> Path:
+    """The smoke recipe published to `registry` as sparkforge/signed, its signatures checked with `key`."""
+    return smoke_recipe_file(
+        folder,
+        registry.host,
+        repository="sparkforge/signed",
+        name="smoke-signed",
+        signing_key=key,
+        **versions,
+    )
+
+
+@pytest.fixture(scope="session")
+def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
+    """Both platforms built, pushed and merged, then signed by the workflow's sign step."""
+    for reason in (
+        unavailable_reason(),
+        None if shutil.which("cosign") else "cosign is not installed (invoke sign.install)",
+    ):
+        if reason:
+            skip_or_fail(reason)
+    tmp = tmp_path_factory.mktemp("signing")
+    keys, other = _keypair(tmp / "keys"), _keypair(tmp / "other-keys")
+    name = f"signing-test-{os.getpid()}"
+    published_json = REPO_ROOT / "build" / "published" / f"{name}.json"
+    with local_registry(tmp / "registry") as registry:
+        recipe = load_recipe(signed_recipe_file(tmp / "recipe", registry, keys / "cosign.pub"))
+        eng, runner = detect_engine(), Runner(log_dir=tmp / "logs", stream=False)
+        candidates: dict[str, str] = {}
+        digests: dict[str, str] = {}
+        try:
+            with base_stages(recipe, tmp / "build") as built:
+                for platform in PLATFORMS:
+                    candidates[platform] = _with_revision(
+                        built[platform], platform, f"sparkforge-test/signing-{platform[6:]}", tmp
+                    )
+                    pushed = pub.push(
+                        recipe,
+                        platform,
+                        image=candidates[platform],
+                        digests_dir=None,
+                        runner=runner,
+                        eng=eng,
+                        allow_unverified=True,
+                        allow_base_override=True,
+                        echo=lambda _: None,
+                    )
+                    digests[platform] = pushed.digest
+                # Smoke base stages on offline bases: nothing to verify, so published explicitly unverified.
+                published = pub.publish(
+                    recipe,
+                    digests,
+                    when=DAY,
+                    runner=runner,
+                    eng=eng,
+                    echo=lambda _: None,
+                    allow_unverified=True,
+                    allow_base_override=True,
+                )
+                published_json.parent.mkdir(parents=True, exist_ok=True)
+                published_json.write_text(json.dumps(published.to_json()))
+                state = Signed(recipe, registry, eng, runner, keys, other, candidates, published, name)
+                result = state.run_step("Sign every platform image")
+                assert result.returncode == 0, result.stdout + result.stderr
+                yield state
+        finally:
+            published_json.unlink(missing_ok=True)
+            repo = recipe.model.publish.repository
+            refs = [*candidates.values(), *(f"{repo}@{d}" for d in digests.values())]
+            refs += [f"{repo}:{recipe.hash[:12]}-{p.split('/')[1]}" for p in PLATFORMS]
+            refs += [*plan.final_tags(recipe, DAY).all, f"{repo}:stable-copy", f"{repo}:unsigned"]
+            for ref in refs:
+                engine.remove_image(ref)
+
+
+def _head() -> str:
+    argv = ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"]
+    return subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+
+
+def docker_build(dockerfile: str, platform: str, tag: str, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Dockerfile").write_text(dockerfile)
+    env = {"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}
+    argv = ["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(folder)]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-1500:]
+
+
+def _with_revision(image: str, platform: str, tag: str, tmp: Path, revision: str = "") -> str:
+    """The base stage with the labels the runtime stage adds at build time (revision = this checkout's HEAD)."""
+    label = f"LABEL org.opencontainers.image.revision={revision or _head()}\n"
+    docker_build(f"FROM {image}\n{label}", platform, tag, tmp / tag.replace("/", "-"))
+    return tag
+
+
+def pull_signed(
+    signed: Signed, tag: str | None = None, platform: str = "linux/amd64", **kw
+) -> pulling.Pulled:
+    return pulling.pull(
+        signed.recipe, tag, platform=platform, runner=signed.runner, eng=signed.eng, **QUIET, **kw
+    )
+
+
+def verify_report(signed: Signed, image: str, platform: str, gpu: bool, path: Path) -> Path:
+    """A verify report as the GPU job writes it; the GPU itself is what cannot exist here (mocked: `gpus`)."""
+    report = Report(command="verify", subject=image, recipe=signed.recipe.name)
+    report.add(Check("labels", "passed", "recipe hash and pins match"))
+    report.add(Check("fp8-gemm", "passed" if gpu else "skipped", "", {"gpu": "NVIDIA GB10"} if gpu else {}))
+    report.extra["gpus"] = {"used": gpu, "why": "GPU runtime present" if gpu else "no NVIDIA runtime"}
+    report.extra["platform"] = platform
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report.write_json(path)
+    return path
