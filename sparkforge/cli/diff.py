@@ -62,7 +62,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
 
     loaded = load_recipe(recipe)
     tools = tools_for(loaded, None, None, echo, "history")
-    tags = [tag] if tag else list(plan.final_tags(loaded, dt.date.today()).moving)
+    tags = [tag] if tag else [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
     views = [history_view(loaded, tools, t, attestations=not no_attestations) for t in tags]
     for view in views:
         echo(f"{view['repository']}:{view['tag']} (record {view['record']})")

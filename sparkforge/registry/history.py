@@ -65,8 +65,13 @@ class TagHistory:
         }
 
 
+def tag_of(repository: str, tag: str) -> str:
+    """The bare tag of `tag`, which may also be given as repository:tag (as plan.final_tags writes them)."""
+    return tag.removeprefix(f"{repository}:")
+
+
 def record_ref(repository: str, tag: str) -> str:
-    return f"{repository}:{tag}{SUFFIX}"
+    return f"{repository}:{tag_of(repository, tag)}{SUFFIX}"
 
 
 def no_history(repository: str, tag: str, recipe: str) -> PublishError:
@@ -93,6 +98,7 @@ def evidence_of(platforms: Mapping[str, str], evidence_dir: Path) -> dict[str, d
 
 def read(tools: Manifests, tag: str) -> TagHistory:
     """The tag's history from the registry (no entries when it has none)."""
+    tag = tag_of(tools.repository, tag)
     ref = record_ref(tools.repository, tag)
     if tools.fetch(ref) is None:
         return TagHistory(tools.repository, tag, ())
@@ -123,6 +129,7 @@ def append(
     now: dt.datetime | None = None,
 ) -> TagHistory:
     """Add `entry` to the tag's history in the registry (an image of one file, pushed under `<tag>.history`)."""
+    tag = tag_of(tools.repository, tag)
     current = read(tools, tag)
     updated = TagHistory(tools.repository, tag, (*current.entries, entry))
     ref = updated.reference
@@ -188,15 +195,15 @@ def record_move(
     if tools.runner.dry:
         return
     for tag in tags:
-        entry = new_entry(action, recipe, recipe_hash, index, platforms, previous.get(tag), evidence_dir)
+        before = previous.get(tag, previous.get(tag_of(tools.repository, tag)))
+        entry = new_entry(action, recipe, recipe_hash, index, platforms, before, evidence_dir)
         append(tools, tag, entry)
 
 
 def current_digests(tools: Manifests, tags: tuple[str, ...] | list[str]) -> dict[str, str | None]:
-    """What each tag names in the registry now (None: absent), read before a move."""
-    return {
-        tag: tools.digest_of(f"{tools.repository}:{tag}")
-        if tools.fetch(f"{tools.repository}:{tag}")
-        else None
-        for tag in tags
-    }
+    """What each tag names in the registry now (None: absent), read before a move; keyed by bare tag."""
+    out: dict[str, str | None] = {}
+    for tag in tags:
+        ref = f"{tools.repository}:{tag_of(tools.repository, tag)}"
+        out[tag_of(tools.repository, tag)] = tools.digest_of(ref) if tools.fetch(ref) else None
+    return out

@@ -162,7 +162,9 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
     if digest:
         tools = tools_for(recipe, runner, None, lambda _: None, "pull-history")
         found = find_release(
-            tools, list(plan.final_tags(recipe, dt.date.today()).moving), digest.rsplit("@", 1)[-1]
+            tools,
+            [t.rsplit(":", 1)[1] for t in plan.final_tags(recipe, dt.date.today()).moving],
+            digest.rsplit("@", 1)[-1],
         )
         lines.append(
             f"release: {found['tag']} named it from {found['date']} ({found['action']})"

@@ -44,7 +44,8 @@ def rollback(
     current = tools.digest_of(f"{repo}:{tag}") if tools.fetch(f"{repo}:{tag}") else None
     # The entries before the one that made the tag name what it names now, newest first.
     last = max((i for i, e in enumerate(past.entries) if e.digest == current), default=len(past.entries))
-    seen: set[str] = {current or ""}
+    # A release the tag was rolled back from is never a rollback target again.
+    seen: set[str] = {current or ""} | {e.previous or "" for e in past.entries if e.action == "rollback"}
     refused: list[str] = []
     for entry in reversed(past.entries[:last]):
         if entry.digest in seen:
@@ -83,10 +84,10 @@ def _move(
 ) -> pub.Published:
     repo, index = recipe.model.publish.repository, entry.digest
     if tools.buildx:
-        tools.create([tag], [f"{repo}@{index}"])  # one index source: a carbon copy, as promote does
+        tools.create([f"{repo}:{tag}"], [f"{repo}@{index}"])  # one index source: a carbon copy, as promote does
         got = index if tools.runner.dry else tools.digest_of(f"{repo}:{tag}")
     else:
-        got = tools.create([tag], [f"{repo}@{d}" for d in images.values()]) or index
+        got = tools.create([f"{repo}:{tag}"], [f"{repo}@{d}" for d in images.values()]) or index
     if got != index:
         raise PublishError(
             f"{tag} now names index {got}, an equivalent of {index} with other bytes; verify it and promote it "

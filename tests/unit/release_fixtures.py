@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from audit_fixtures import Fixture, build_fixtures
+from tests.unit.audit_fixtures import Fixture, build_fixtures
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 RELEASES = {
