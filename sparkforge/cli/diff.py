@@ -94,9 +94,10 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
 @task(
     help={
         "recipe": RECIPE_HELP,
-        "image": "the image to report on (default: the recipe's candidate for its first platform)",
+        "image": "image, wheel or directory to report on (default: the recipe's candidate for its first platform)",
         "verify_report": "a verify report of this image ('invoke verify --report'): its JIT checks (default: "
         "this machine's latest verify record of the image)",
+        "gpu": "GPU target (default: the recipe's)",
         "json": "write the kernel report (JSON) here",
         "markdown": "write the kernel report (Markdown, for a release page) here",
         "attest": "attach the report to IMAGE (repository@sha256:...) as a signed attestation",
@@ -113,12 +114,13 @@ def kernels(
     markdown: str = "",
     attest: bool = False,
     key: str = "",
+    gpu: str = "",
 ) -> None:
     """The kernel report of an image: audit verdicts, JIT toolchain checks, usable vLLM backends."""
     from sparkforge.errors import SparkforgeError
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.verify.kernels_report import for_image, to_markdown
+    from sparkforge.verify.kernels_report import for_target, to_markdown
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
@@ -131,8 +133,8 @@ def kernels(
                 f"--verify-report {verify_report}: cannot read it ({exc}); fix: pass the file 'invoke verify "
                 "--report' wrote"
             ) from None
-    report = for_image(
-        ref, loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name, verify_checks=checks
+    report = for_target(
+        ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name, verify_checks=checks
     )
     data = report.to_dict()
     text = to_markdown(data)

@@ -84,7 +84,9 @@ def _move(
 ) -> pub.Published:
     repo, index = recipe.model.publish.repository, entry.digest
     if tools.buildx:
-        tools.create([f"{repo}:{tag}"], [f"{repo}@{index}"])  # one index source: a carbon copy, as promote does
+        tools.create(
+            [f"{repo}:{tag}"], [f"{repo}@{index}"]
+        )  # one index source: a carbon copy, as promote does
         got = index if tools.runner.dry else tools.digest_of(f"{repo}:{tag}")
     else:
         got = tools.create([f"{repo}:{tag}"], [f"{repo}@{d}" for d in images.values()]) or index

@@ -210,21 +210,31 @@ def versions(labels: Mapping[str, str]) -> dict[str, str]:
     return {k.removeprefix(prefix): v for k, v in sorted(labels.items()) if k.startswith(prefix)}
 
 
-def for_image(
-    image: str,
+def for_target(
+    target: str,
     gpu: str,
     require: Sequence[str],
     *,
     recipe: str | None = None,
     verify_checks: Sequence[Mapping[str, Any]] | None = None,
 ) -> Report:
-    """Audit `image` (never run) and make its kernel report; without `verify_checks`, this machine's latest
-    verify record of the same image ID supplies the JIT checks when there is one."""
+    """The kernel report of an image (audited, never run) or of a wheel or directory (`invoke audit`'s inputs).
+
+    For an image without `verify_checks`, this machine's latest verify record of the same image ID supplies
+    the JIT checks when there is one; a wheel or directory has none (its compilers are 'unchecked').
+    """
+    from pathlib import Path
+
     from sparkforge import engine
     from sparkforge.verify import verified
     from sparkforge.verify.suite import audit_subject
 
-    attrs = engine.inspect_image(image)
+    if Path(target).expanduser().exists():
+        audit = audit_subject(target, gpu, require)
+        return kernel_report(
+            audit, recipe=recipe, verify_checks=verify_checks, facts={"file": Path(target).name}
+        )
+    attrs = engine.inspect_image(target)
     labels = dict((attrs.get("Config") or {}).get("Labels") or {})
     if verify_checks is None:
         record = verified.read_record(str(attrs["Id"]), verified.VERIFIED_DIR)
@@ -235,7 +245,7 @@ def for_image(
         "recipe_hash": labels.get("dev.sparkforge.recipe-hash", ""),
         **{f"pin.{k}": v for k, v in versions(labels).items()},
     }
-    audit = audit_subject(image, gpu, require)
+    audit = audit_subject(target, gpu, require)
     return kernel_report(
         audit, recipe=recipe or labels.get("dev.sparkforge.recipe"), verify_checks=verify_checks, facts=facts
     )

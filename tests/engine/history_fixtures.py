@@ -32,7 +32,7 @@ from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.releases import attest_kernels
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
-from sparkforge.verify.kernels_report import for_image
+from sparkforge.verify.kernels_report import for_target
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE, write_recipe_file
 from tests.unit.audit_fixtures import nvcc_available
@@ -127,7 +127,7 @@ def _release(state: dict, name: str, candidate: str, recipe: Recipe, tmp: Path) 
     report.add(Check("fp8-gemm", "passed", "", {"gpu": GB10["name"]}))
     report.extra.update({"gpus": {"used": True, "why": "GPU runtime present"}, "platform": PLATFORM})
     attest_report(recipe, image, report.to_dict(), cosign, signer)
-    kernels = for_image(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
+    kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
     return Release(recipe, tag, pushed.digest, published.index)
 
