@@ -7,8 +7,8 @@ from pathlib import Path
 
 from invoke import Collection, Context, task
 
-from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import diff as cli_diff
+from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import run as cli_run

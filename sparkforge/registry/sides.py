@@ -95,8 +95,10 @@ def _fetch(ref: str, runner: Runner, echo: Echo) -> None:
         engine.run_cli(runner, engine.detect_engine(runner), "diff-pull", "pull", "-q", ref)
     except EngineError as exc:
         what = "digest" if "@" in ref else "tag"
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip().strip("-")]
+        why = (lines[-1] if lines else "no answer").removeprefix("Error response from daemon: ")[-200:]
         raise PublishError(
-            f"{ref}: not in the local engine, and its registry has no such {what} ({str(exc).strip()[-200:]}); "
+            f"{ref}: not in the local engine, and its registry has no such {what} ({why}); "
             "fix: check the reference ('invoke history --recipe R' lists the digests a tag has named) or log "
             "in to the registry"
         ) from None

@@ -2,7 +2,8 @@
 
 Release 1 carries vLLM's _C and _moe_C with native sm_121 cubins; release 2 (a newer vLLM pin) ships _moe_C
 as the family-only sm_120f build (real nvcc 13 fatbinaries, tests/unit/release_fixtures.py). Each is the
-smoke recipe's quick base stage (amd64 only, to keep it fast) with that site-packages tree added, pushed,
+offline Debian base with that site-packages tree, the lock and every label of the recipe (amd64 only, no
+RUN step: seconds to build), pushed,
 GPU-verified on a GB10 (the one thing mocked: the record exactly as tests/engine/test_publish_moving.py
 writes it), published with --moving (latest), signed, and attested (GPU verify claim, kernel report).
 """
@@ -91,7 +92,7 @@ def _recipe(folder: Path, registry: LocalRegistry, key: Path, vllm: str) -> Reci
         f"publish:\n  repository: {registry.host}/sparkforge/history\n  signing:\n    key: {key}\n"
         f"components:\n  vllm:\n    version: {vllm}\n"
     )
-    return load_recipe(write_recipe_file(folder / f"history-{vllm}.yaml", body, extends=SMOKE))
+    return load_recipe(write_recipe_file(folder / vllm / "history.yaml", body, extends=SMOKE))
 
 
 def _head() -> str:
@@ -99,14 +100,20 @@ def _head() -> str:
     return subprocess.run(argv, capture_output=True, text=True).stdout.strip()
 
 
-def _release(state: dict, name: str, candidate: str, recipe: Recipe, tmp: Path) -> Release:
+def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Release:
     """Add the release's libraries to the base stage, then push, GB10-verify, publish --moving, sign, attest."""
     runner, eng, evidence_dir = state["runner"], state["eng"], state["evidence"]
     context = release_tree(name, tmp / f"context-{name}")
     tag = f"sparkforge-historytest/{name}-{os.getpid()}"  # not sparkforge-test/: other sessions sweep those
     state["images"].append(tag)
-    (context / "lock.json").write_text(json.dumps(plan.lock(recipe)))  # as the runtime stage carries it
-    dockerfile = f"FROM {candidate}\nCOPY opt /opt\nCOPY lock.json /opt/sparkforge/lock.json\nLABEL org.opencontainers.image.revision={_head()}\n"
+    bases = plan.bases(recipe, {"builder": base, "runtime": base})  # honest: the offline base (an override)
+    (context / "lock.json").write_text(
+        json.dumps(plan.lock(recipe, bases))
+    )  # as the runtime stage carries it
+    labels = {**plan.labels(recipe, bases), "org.opencontainers.image.revision": _head()}
+    dockerfile = f"FROM {base}\nCOPY opt /opt\nCOPY lock.json /opt/sparkforge/lock.json\n" + "".join(
+        f"LABEL {key}={json.dumps(value)}\n" for key, value in labels.items()
+    )  # the runtime stage's files and labels; no RUN step, so no network and no venv to build
     docker_build(dockerfile, PLATFORM, tag, context)
     pushed = pub.push(
         recipe, PLATFORM, image=tag, digests_dir=None, runner=runner, eng=eng, allow_unverified=True,
@@ -133,7 +140,7 @@ def _release(state: dict, name: str, candidate: str, recipe: Recipe, tmp: Path) 
 
 
 @pytest.fixture(scope="module")
-def releases(base_stages, tmp_path_factory: pytest.TempPathFactory):
+def releases(base_amd64: str, tmp_path_factory: pytest.TempPathFactory):
     for reason in (
         unavailable_reason(),
         None if shutil.which("cosign") else "cosign is not installed (invoke sign.install)",
@@ -158,8 +165,7 @@ def releases(base_stages, tmp_path_factory: pytest.TempPathFactory):
         try:
             for name, vllm in VERSIONS.items():
                 recipe = _recipe(tmp / "recipes", registry, keys / "cosign.pub", vllm)
-                with base_stages(recipe, tmp / f"build-{name}") as candidates:
-                    made[name] = _release(state, name, candidates[PLATFORM], recipe, tmp)
+                made[name] = _release(state, name, base_amd64, recipe, tmp)
             yield Releases(
                 registry,
                 state["eng"],
