@@ -58,7 +58,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.publish import tools_for
-    from sparkforge.registry.releases import history_view
+    from sparkforge.registry.releases import history_view, verdict_counts
 
     loaded = load_recipe(recipe)
     tools = tools_for(loaded, None, None, echo, "history")
@@ -83,7 +83,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
                     " on GPU" if signed.get("gpu_used") else ""
                 )
                 kernels = p.get("kernels") or {}
-                cover = ", ".join(f"{k} {v}" for k, v in (kernels.get("by_verdict") or {}).items())
+                cover = verdict_counts(kernels)
                 echo(
                     f"      {platform}: {gpu}; {claim if signed else 'no signed verify claim'}; "
                     f"kernels: {cover or 'no signed kernel report'}"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.commands import Command
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.registry.manifests import Manifests
 from sparkforge.verify import verified
@@ -103,7 +104,11 @@ def read(tools: Manifests, tag: str) -> TagHistory:
     if tools.fetch(ref) is None:
         return TagHistory(tools.repository, tag, ())
     try:
-        engine.run_cli(tools.runner, tools.engine, "history-pull", "pull", "-q", ref)
+        pulled = tools.runner.capture(
+            Command((tools.engine.docker, "pull", "-q", ref), tools.engine.env), "history-pull", check=False
+        )
+        if pulled.returncode != 0:
+            raise EngineError(pulled.output.strip()[-300:])
         data = engine.read_image_file(ref, "/" + FILE)
     except EngineError as exc:
         raise PublishError(f"cannot read the history of {tools.repository}:{tag} ({ref}): {exc}") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sparkforge.audit.compat import VERDICTS
 from sparkforge.commands import Runner
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
@@ -138,8 +139,14 @@ def carried_with_kernels(recipe: Recipe, image: str) -> Check:
     return Check(check.name, check.status, reason, {**dict(check.details), "kernels": kernels or {}})
 
 
+def verdict_counts(kernels: Mapping[str, Any]) -> str:
+    """'native 2, family 1, jit 0, none 0' in the audit's order (attested JSON comes back with sorted keys)."""
+    by = kernels.get("by_verdict") or {}
+    return ", ".join(f"{v} {by[v]}" for v in VERDICTS if v in by)
+
+
 def _coverage_text(kernels: Mapping[str, Any]) -> str:
-    counts = ", ".join(f"{k} {v}" for k, v in (kernels.get("by_verdict") or {}).items())
+    counts = verdict_counts(kernels)
     return f"{kernels.get('target')}: {counts}; usable backends: {', '.join(kernels.get('usable_backends') or []) or 'none'}"
 
 

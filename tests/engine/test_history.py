@@ -4,12 +4,17 @@ registry, rollback moves latest back only to a GPU-verified predecessor, and pul
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from history_fixtures import GB10, Releases, gpu_record
 
 from sparkforge import engine
 from sparkforge.build.hostsetup import base_image_name
 from sparkforge.errors import PublishError
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry import history, rollback
 from sparkforge.registry import pull as pulling
 from sparkforge.registry import releases as release_info
@@ -96,6 +101,8 @@ def test_pull_by_digest_verifies_an_earlier_release_and_names_it(releases: Relea
     shown = release_info.pulled(recipe, pulled.image, releases.new.index, releases.runner)
     assert shown["history"]["tag"] == "latest" and shown["kernels"]["by_verdict"]["family"] == 1
     assert "usable backends" in shown["lines"][0]
+    carried = release_info.carried_with_kernels(recipe, pulled.image)  # what 'invoke verify --image' adds
+    assert carried.status == "passed" and "kernel report: sm_121: native 1, family 1" in carried.reason
     labels = engine.image_labels(pulled.image)
     assert labels["dev.sparkforge.pin.vllm"].startswith("0.34.0")
 
@@ -106,3 +113,24 @@ def test_a_tag_without_history_is_a_one_paragraph_error(releases: Releases) -> N
     with pytest.raises(PublishError, match=r"--rollback 0\.33\.0: not a moving tag .*fix:"):
         rollback.rollback(releases.old.recipe, "0.33.0", runner=releases.runner, eng=releases.eng,
                           evidence_dir=releases.evidence, **QUIET)  # fmt: skip
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "invoke", *args]
+    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_the_commands_print_history_diff_and_refuse_a_bad_digest(releases: Releases, tmp_path) -> None:
+    recipe = str(releases.new.recipe.path)
+    shown = _invoke("history", "--recipe", recipe, "--tag", "latest", "--json", str(tmp_path / "h.json"))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert releases.new.index in shown.stdout and "signed verify passed on GPU" in shown.stdout
+    assert "kernels: native 1, family 1" in shown.stdout  # release 2's signed kernel report
+    repo = releases.repository
+    a, b = f"{repo}@{releases.old.digest}", f"{repo}@{releases.new.digest}"
+    changed = _invoke("diff", a, b, "--json", str(tmp_path / "d.json"))
+    assert changed.returncode == 0 and "lost native sm_121" in changed.stdout
+    assert json.loads((tmp_path / "d.json").read_text())["command"] == "diff"
+    bad = _invoke("pull", "--recipe", recipe, "--digest", "sha256:nothex")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "--digest 'sha256:nothex': pass one sha256:<64 hex> digest" in bad.stderr and "fix:" in bad.stderr
