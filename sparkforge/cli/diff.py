@@ -55,6 +55,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     """The digests a moving tag has named, newest first, with dates, verify verdicts and kernel coverage."""
     import datetime as dt
 
+    from sparkforge.errors import PublishError
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.publish import tools_for
@@ -63,7 +64,16 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     loaded = load_recipe(recipe)
     tools = tools_for(loaded, None, None, echo, "history")
     tags = [tag] if tag else [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
-    views = [history_view(loaded, tools, t, attestations=not no_attestations) for t in tags]
+    views, missing = [], []
+    for t in tags:  # without --tag, the moving tags that have a history
+        try:
+            views.append(history_view(loaded, tools, t, attestations=not no_attestations))
+        except PublishError as exc:
+            if tag or "has no history" not in str(exc):
+                raise
+            missing.append(exc)
+    if not views:
+        raise missing[0]
     for view in views:
         echo(f"{view['repository']}:{view['tag']} (record {view['record']})")
         for e in view["entries"]:
