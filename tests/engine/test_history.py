@@ -122,10 +122,11 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_commands_print_history_diff_and_refuse_a_bad_digest(releases: Releases, tmp_path) -> None:
     recipe = str(releases.new.recipe.path)
-    shown = _invoke("history", "--recipe", recipe, "--tag", "latest", "--json", str(tmp_path / "h.json"))
+    shown = _invoke("history", "--recipe", recipe, "--json", str(tmp_path / "h.json"))  # each moving tag
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert releases.new.index in shown.stdout and "signed verify passed on GPU" in shown.stdout
     assert "kernels: native 1, family 1" in shown.stdout  # release 2's signed kernel report
+    assert [v["tag"] for v in json.loads((tmp_path / "h.json").read_text())] == ["latest"]
     repo = releases.repository
     a, b = f"{repo}@{releases.old.digest}", f"{repo}@{releases.new.digest}"
     changed = _invoke("diff", a, b, "--json", str(tmp_path / "d.json"))
