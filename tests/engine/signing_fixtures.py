@@ -35,17 +35,20 @@ from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
 from tests.recipe_files import smoke_recipe_file
 
-WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+WORKFLOWS = (
+    REPO_ROOT / ".github" / "workflows" / "images.yml",
+    REPO_ROOT / ".github" / "workflows" / "gpu-attest.yml",
+)
 DAY = dt.date(2026, 11, 30)
 PASSWORD = "sparkforge-test-key-password"
 QUIET = {"echo": lambda _: None, "warn": lambda _: None}
 
 
 def workflow_step(name_part: str) -> dict:
-    """The images workflow's step whose name contains `name_part` (the tests run its `run` line)."""
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
-    steps = [s for job in jobs.values() for s in job["steps"] if name_part in s.get("name", "")]
-    assert len(steps) == 1, f"{name_part!r} names {len(steps)} steps in {WORKFLOW}"
+    """The images workflows' step whose name contains `name_part` (the tests run its `run` line)."""
+    jobs = [j for w in WORKFLOWS for j in yaml.safe_load(w.read_text())["jobs"].values()]
+    steps = [s for job in jobs for s in job.get("steps", []) if name_part in s.get("name", "")]
+    assert len(steps) == 1, f"{name_part!r} names {len(steps)} steps in {WORKFLOWS}"
     return steps[0]
 
 
