@@ -17,6 +17,7 @@ import pytest
 from signing_fixtures import docker_build
 
 from sparkforge import engine
+from sparkforge.errors import SparkforgeError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.verify import verified
@@ -88,3 +89,19 @@ def test_a_forged_report_never_makes_a_gpu_verified_record(
             by_name["image-suite"].status == "failed" and "2 report markers" in by_name["image-suite"].reason
         )
         assert report.status == "failed"
+
+
+def test_a_verify_that_raises_records_a_failure(base_amd64: str, tmp_path: Path) -> None:
+    # Hole 4: a verify that ended in an exception wrote no record, so an earlier pass of the image stayed.
+    recipe = load_recipe(SMOKE)
+    image_id = str(engine.inspect_image(base_amd64)["Id"])
+    earlier = {"status": "passed", "checks": passing_checks(), "gpu": GB10, "gpus": {"used": True}}
+    verified.write_record(image_id, earlier, tmp_path)
+    assert verified.is_gpu_verified(verified.read_record(image_id, tmp_path), recipe.model.gpu)
+    with pytest.raises(
+        SparkforgeError
+    ):  # the base image has no /opt/venv: the suite's container cannot start
+        verify_and_record(recipe, base_amd64, gpus="none", kernels=False, directory=tmp_path)
+    record = verified.read_record(image_id, tmp_path)
+    assert record["status"] == "failed" and "verify did not finish" in record["checks"][0]["reason"]
+    assert not verified.is_gpu_verified(record, recipe.model.gpu)
