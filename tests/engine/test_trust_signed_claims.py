@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from signing_fixtures import PASSWORD, Signed, pull_signed, signed_recipe_file, verify_report
-from test_signing_refusals import _rebuilt
+from signing_fixtures import PASSWORD, Signed, docker_build, pull_signed, signed_recipe_file, verify_report
 
+from sparkforge import engine
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, attest_report, provenance
 from tests.recipe_files import write_recipe_file
@@ -25,10 +27,19 @@ from tests.unit.test_evidence import GB10, H200
 pytestmark = pytest.mark.engine
 
 
-def _signed_image(signed: Signed, tmp_path: Path, tag: str) -> str:
-    """A new amd64 image pushed as `tag`, signed and with provenance by the recipe's key: repository@digest."""
-    digest = _rebuilt(signed, tmp_path, tag)
-    ref = f"{signed.recipe.model.publish.repository}@{digest}"
+def _signed_image(signed: Signed, tmp_path: Path, tag: str, unique: str) -> str:
+    """A new amd64 image (bytes of its own: `unique`) pushed as `tag`, signed and with provenance by the recipe's
+    key: repository@digest."""
+    repo = signed.recipe.model.publish.repository
+    # From the registry by digest: a local tag may be gone (other sessions clean sparkforge-test/ images).
+    dockerfile = f"FROM {repo}@{signed.published.platforms['linux/amd64']}\nLABEL trust-test={unique}\n"
+    docker_build(dockerfile, "linux/amd64", f"{repo}:{tag}", tmp_path / unique)
+    pushed = subprocess.run(
+        ["/usr/bin/docker", "push", f"{repo}:{tag}"], check=True, capture_output=True, text=True
+    )
+    engine.remove_image(f"{repo}:{tag}")
+    digest = re.findall(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout)[-1]
+    ref = f"{repo}@{digest}"
     os.environ["COSIGN_PASSWORD"] = PASSWORD
     signer = Signer(str(signed.keys / "cosign.key"))
     signed.cosign().sign(ref, signer)
@@ -55,7 +66,7 @@ def test_pull_of_a_moving_tag_applies_the_one_rule_to_the_signed_report(
     signed: Signed, tmp_path: Path
 ) -> None:
     # Hole 1: a GPU run whose vLLM FP8 checks were all skipped, or a run on sm_90, moved 'latest' at pull.
-    image = _signed_image(signed, tmp_path, "latest")
+    image = _signed_image(signed, tmp_path, "latest", "rule")
     path = verify_report(signed, image, "linux/amd64", GB10, tmp_path / "skipped.json")
     report = json.loads(path.read_text())
     for check in report["checks"]:  # --gpus auto on a GPU host: the runtime was there, no vLLM kernel ran
@@ -78,7 +89,7 @@ def test_pull_of_a_moving_tag_applies_the_one_rule_to_the_signed_report(
 
 def test_a_later_failed_claim_revokes_the_pass(signed: Signed, tmp_path: Path) -> None:
     # Hole 4: a later failed verify attestation did not revoke an earlier pass at pull.
-    image = _signed_image(signed, tmp_path, "latest")
+    image = _signed_image(signed, tmp_path, "latest", "revoked")
     _attest(signed, image, tmp_path, GB10)
     assert pull_signed(signed, "latest").trust["verified"]["status"] == "passed"
     _attest(signed, image, tmp_path, GB10, fail="fp8.cutlass_block")  # a later run on the same image failed
@@ -92,7 +103,7 @@ def test_a_later_failed_claim_revokes_the_pass(signed: Signed, tmp_path: Path) -
 
 def test_only_the_verify_signers_claims_count(signed: Signed, tmp_path: Path) -> None:
     # Hole 3: the verify attestation was checked with the publishing signer's identity.
-    image = _signed_image(signed, tmp_path, "latest")
+    image = _signed_image(signed, tmp_path, "latest", "verify-signer")
     separate = load_recipe(
         write_recipe_file(
             tmp_path / "separate" / "smoke-signed.yaml",
@@ -118,7 +129,7 @@ def test_only_the_verify_signers_claims_count(signed: Signed, tmp_path: Path) ->
 
 def test_a_report_is_attested_only_for_the_image_it_verified(signed: Signed, tmp_path: Path) -> None:
     # Hole 7: the report's image ID was never compared with the digest it was attested for.
-    image = _signed_image(signed, tmp_path, "other-image-report")
+    image = _signed_image(signed, tmp_path, "other-image-report", "image-id")
     with pytest.raises(
         SigningError, match=r"the report verified image sha256:0{64}, but that digest's image is"
     ):
