@@ -167,17 +167,19 @@ def parse_sources(items: Sequence[str], components: Sequence[str] = ("vllm",)) -
 def check_options(recipe: Recipe, options: BuildOptions) -> str:
     """Every option checked before anything runs (an hour of building must not end in a usage error)."""
     platform = plan.recipe_platform(recipe, options.platform)
+    gpu_runtime = options.gpus != "none"
     if options.verify and options.target == "runtime" and not options.dry:
-        resolve_gpus(options.gpus)  # --gpus all on an engine without the NVIDIA runtime fails here, not after
+        # --gpus all on an engine without the NVIDIA runtime fails here, not after
+        gpu_runtime, _ = resolve_gpus(options.gpus)
     source_built = [n for n, c in recipe.model.components.items() if c.source == "git"]
     parse_sources([f"{k}={v}" for k, v in options.sources.items()], source_built)
     parse_base_image(options.base_image)
     moving = moving_requests(recipe, options.tags)
-    if moving and (not options.verify or options.gpus == "none" or options.target != "runtime"):
+    if moving and (not options.verify or not gpu_runtime or options.target != "runtime"):
         raise VerifyError(
             f"--tag {', '.join(moving)}: a moving tag names only a GPU-verified image, and this build cannot "
-            "make one (--no-verify, --gpus none or a stage other than runtime); fix: drop the tag, or build "
-            "and verify with --gpus all on the target GPU"
+            "make one (--no-verify, --gpus none, no NVIDIA runtime in the engine, or a stage other than "
+            "runtime); fix: drop the tag, or build and verify with --gpus all on the target GPU"
         )
     return platform
 

@@ -65,6 +65,18 @@ def claim(rep: dict[str, Any], when: str = "2026-12-01T00:00:00.000000Z", **chan
     return Statement("https://sparkforge.dev/attestations/verify/v1", (DIGEST,), predicate)
 
 
+@pytest.fixture
+def engine_or_skip() -> None:
+    from sparkforge import engine
+
+    try:
+        runtime = engine.gpu_runtime_available()
+    except Exception as exc:  # no engine reachable: nothing to ask (the engine tests need one)
+        pytest.skip(f"no engine: {exc}")
+    if runtime:
+        pytest.skip("this engine has the NVIDIA runtime")
+
+
 def judge(*statements: Statement):
     return judge_claims(RECIPE, PLATFORM, DIGEST, CONFIG, statements)
 
@@ -223,6 +235,13 @@ def test_a_moving_tag_is_refused_before_building_when_the_build_cannot_gpu_verif
     with pytest.raises(VerifyError, match=r"--tag .*:latest: a moving tag names only a GPU-verified image"):
         check_options(RECIPE, options)
     check_options(RECIPE, BuildOptions(tags=("localhost:5000/x:keep",), dry=True, **change))
+
+
+def test_a_moving_tag_is_refused_before_building_on_an_engine_without_a_gpu(engine_or_skip: None) -> None:
+    # --gpus auto on an engine without the NVIDIA runtime (this machine): the verify cannot GPU-verify.
+    options = BuildOptions(tags=(f"{RECIPE.model.publish.repository}:latest",), gpus="auto")
+    with pytest.raises(VerifyError, match="no NVIDIA runtime in the engine"):
+        check_options(RECIPE, options)
 
 
 def test_claims_are_not_changed_by_judging() -> None:
