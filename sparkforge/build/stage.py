@@ -167,11 +167,20 @@ def parse_sources(items: Sequence[str], components: Sequence[str] = ("vllm",)) -
 def check_options(recipe: Recipe, options: BuildOptions) -> str:
     """Every option checked before anything runs (an hour of building must not end in a usage error)."""
     platform = plan.recipe_platform(recipe, options.platform)
+    gpu_runtime = options.gpus != "none"
     if options.verify and options.target == "runtime" and not options.dry:
-        resolve_gpus(options.gpus)  # --gpus all on an engine without the NVIDIA runtime fails here, not after
+        # --gpus all on an engine without the NVIDIA runtime fails here, not after
+        gpu_runtime, _ = resolve_gpus(options.gpus)
     source_built = [n for n, c in recipe.model.components.items() if c.source == "git"]
     parse_sources([f"{k}={v}" for k, v in options.sources.items()], source_built)
     parse_base_image(options.base_image)
+    moving = moving_requests(recipe, options.tags)
+    if moving and (not options.verify or not gpu_runtime or options.target != "runtime"):
+        raise VerifyError(
+            f"--tag {', '.join(moving)}: a moving tag names only a GPU-verified image, and this build cannot "
+            "make one (--no-verify, --gpus none, no NVIDIA runtime in the engine, or a stage other than "
+            "runtime); fix: drop the tag, or build and verify with --gpus all on the target GPU"
+        )
     return platform
 
 
@@ -281,21 +290,42 @@ def build_stage(
             link_pushed_digest(options.metadata_file, image_id, recipe.model.publish.repository)
         echo(f"sparkforge: pushed {recipe.name} for {platform} by digest (metadata: {options.metadata_file})")
         return result
-    if not options.tags and not verified.is_gpu_verified(verified.read_record(image_id)):
-        # Moving tags (latest, {vllm}) promise a GPU-verified image (sparkforge.evidence.gpu_verdict).
-        final = scheme.immutable
+    refused: list[str] = []
+    if not verified.is_gpu_verified(verified.read_record(image_id), recipe.model.gpu):
+        # Moving tags (latest, {vllm}, or a --tag that names one) promise a GPU-verified image.
+        refused = moving_requests(recipe, final) if options.tags else []
+        final = tuple(t for t in final if t not in refused) if options.tags else scheme.immutable
         why = (
             (result.verify.extra.get("gpu_verified") or {}).get("reason") if result.verify else "--no-verify"
         )
         echo(
-            f"sparkforge: moving tags ({', '.join(scheme.moving) or 'none'}) not moved: {why}. On the Spark: "
-            "invoke verify --gpus all, then move them (invoke publish --promote)."
+            f"sparkforge: moving tags ({', '.join(refused or scheme.moving) or 'none'}) not moved: {why}. On the "
+            "Spark: invoke verify --gpus all, then move them (invoke publish --promote)."
         )
     for tag in final:
         engine.tag_image(image_id, tag)
     result.tags = tuple(final)
-    echo(f"sparkforge: {candidate} ({image_id[:19]}) -> {', '.join(final)}")
+    echo(f"sparkforge: {candidate} ({image_id[:19]}) -> {', '.join(final) or '(no tag)'}")
+    if refused:
+        raise VerifyError(
+            f"refusing --tag {', '.join(refused)}: a moving tag names only a GPU-verified image, and "
+            f"{candidate} is not GPU-verified for {recipe.model.gpu}; the other tags were applied. Fix: on the "
+            "target GPU, 'invoke verify --gpus all', then 'invoke publish --promote'"
+        )
     return result
+
+
+def moving_requests(recipe: Recipe, refs: Sequence[str]) -> list[str]:
+    """The references among `refs` whose tag is a moving tag of the recipe (a name without a tag is :latest)."""
+    from sparkforge.registry.trust import is_moving
+
+    out = []
+    for ref in refs:
+        last = ref.rsplit("/", 1)[-1]
+        tag = last.split(":", 1)[1] if ":" in last else "latest"
+        if is_moving(recipe, tag) or tag in plan.final_tags(recipe, dt.datetime.now(dt.UTC).date()).moving:
+            out.append(ref)
+    return out
 
 
 def _verify(

@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from sparkforge.recipe.identity import pinned_identity
+
 # Every string that can reach a Dockerfile or a shell line is held to one of these patterns.
 _SHA256 = r"sha256:[0-9a-f]{64}"
 _IMAGE_NAME = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
@@ -64,9 +66,9 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use the path of a cosign public key file, e.g. 'keys/cosign.pub'",
     ),
     "identity": (
-        r"[A-Za-z0-9_.:/@^$*+?()|\\-]{1,300}",
+        r"[A-Za-z0-9_.:/@^$*+?()|\[\]\\-]{1,300}",
         "use the signer's certificate identity (a regexp), e.g. "
-        "'^https://github.com/ORG/REPO/.github/workflows/images.yml@refs/.*$'",
+        "'^https://github.com/ORG/REPO/.github/workflows/images.yml@refs/heads/main$'",
     ),
     "probe_source": (
         r"csrc/[A-Za-z0-9_./-]+\.(?:cu|cpp)",
@@ -261,20 +263,36 @@ class Audit(StrictModel):
 
 
 class Keyless(StrictModel):
-    identity: _pattern("identity")
+    """The CI identities that sign: the publishing workflow, and (separately) the GPU verify attestation's."""
+
+    identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)]
+    verify_identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)]
     issuer: _pattern("url") = "https://token.actions.githubusercontent.com"
+
+    @model_validator(mode="after")
+    def _separate(self) -> Keyless:
+        if self.identity.split("@refs/")[0] == self.verify_identity.split("@refs/")[0]:
+            raise ValueError(
+                "verify_identity names the same workflow as identity, so the publishing job could attest a GPU "
+                "pass; fix: name the GPU verify workflow (.github/workflows/gpu-attest.yml) in verify_identity"
+            )
+        return self
 
 
 class Signing(StrictModel):
-    """Who may sign the recipe's images: one public key (a path in the repo) or a keyless CI identity."""
+    """Who may sign the recipe's images: public keys (paths in the repo) or keyless CI identities."""
 
     key: _pattern("key_path") | None = None
+    # The key whose verify attestations count (GPU-verified); default: `key` itself.
+    verify_key: _pattern("key_path") | None = None
     keyless: Keyless | None = None
 
     @model_validator(mode="after")
     def _one_way(self) -> Signing:
         if (self.key is None) == (self.keyless is None):
             raise ValueError("give exactly one of 'key' (a cosign public key path) or 'keyless' (identity)")
+        if self.verify_key is not None and self.key is None:
+            raise ValueError("verify_key goes with key; keyless signing names verify_identity instead")
         return self
 
 

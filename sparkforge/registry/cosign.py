@@ -9,6 +9,7 @@ and are verified without one (`--tlog-upload=false`, `--insecure-ignore-tlog=tru
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import json
 import os
@@ -18,17 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge import engine
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.registry.manifests import Manifests
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
 KERNELS_CLAIM = "https://sparkforge.dev/attestations/kernels/v1"  # sparkforge.registry.releases
 BUILD_TYPE = "https://sparkforge.dev/build/v1"
 KEY_ENV = "SPARKFORGE_SIGNING_KEY"  # path (or cosign key URI) of the private key; unset means keyless
-SUITE_DIR = REPO_ROOT / "tests" / "image"
 
 
 class SigningError(PublishError):
@@ -56,6 +58,17 @@ class Policy:
             return cls(key=key if key.is_absolute() else REPO_ROOT / key)
         assert signing.keyless is not None
         return cls(identity=signing.keyless.identity, issuer=signing.keyless.issuer)
+
+    @classmethod
+    def for_verify(cls, recipe: Recipe) -> Policy | None:
+        """Whose GPU verify attestations count: `verify_key`, or the keyless `verify_identity` (its own job)."""
+        signing = recipe.model.publish.signing
+        if signing is None:
+            return None
+        if signing.keyless is not None:
+            return cls(identity=signing.keyless.verify_identity, issuer=signing.keyless.issuer)
+        key = Path(signing.verify_key or str(signing.key))
+        return cls(key=key if key.is_absolute() else REPO_ROOT / key)
 
     def describe(self) -> str:
         return f"key {self.key}" if self.key else f"keyless identity {self.identity} (issuer {self.issuer})"
@@ -139,38 +152,37 @@ def provenance(recipe: Recipe, platform: str, source: Source) -> dict[str, Any]:
     }
 
 
-def suite_hash(directory: Path = SUITE_DIR) -> str:
-    """sha256 over the in-image suite's files (names and bytes): which checks a report's verify ran."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(f"{path.relative_to(directory)}\0".encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
 def verify_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
-    """The verify-report predicate: which checks ran, on which GPU, the suite and the recipe hash."""
+    """The verify-report predicate: what the report itself says (recipe hash, suite hash, image ID, the GPU the
+    host passed in), stamped with the time it is signed (pull lets the newest claim win)."""
     if report.get("command") != "verify" or report.get("recipe") != recipe.name:
         raise SigningError(
             f"the report is a {report.get('command')!r} report of recipe {report.get('recipe')!r}, not a verify "
             f"report of {recipe.name}; fix: pass the --report that 'invoke verify --recipe {recipe.name}' wrote"
         )
+    if report.get("recipe_hash") != recipe.hash:
+        raise SigningError(
+            f"the report verified recipe hash {str(report.get('recipe_hash'))[:12]}, not {recipe.name}'s "
+            f"{recipe.hash[:12]}; fix: verify the image with this recipe, then attest that report"
+        )
     gpus = report.get("gpus") or {}
-    devices = sorted(
-        {
-            str(c["details"][key])
-            for c in report.get("checks", [])
-            for key in ("gpu", "device", "gpu_name")
-            if isinstance(c.get("details"), dict) and c["details"].get(key)
-        }
-    )
+    gpu = report.get("gpu") or {}
     return {
         "recipe": recipe.name,
-        "recipeHash": recipe.hash,
+        "recipeHash": report.get("recipe_hash"),
         "platform": report.get("platform"),
         "status": report.get("status"),
-        "gpu": {"used": bool(gpus.get("used")), "why": gpus.get("why", ""), "devices": devices},
-        "suiteHash": suite_hash(),
+        "imageId": report.get("image_id"),
+        "gpu": {
+            "used": gpus.get("used") is True,
+            "why": gpus.get("why", ""),
+            "name": gpu.get("name"),
+            "capability": gpu.get("capability"),
+            "driver": gpu.get("driver"),
+            "devices": [str(gpu["name"])] if gpu.get("name") else [],
+        },
+        "suiteHash": (report.get("suite") or {}).get("sha256"),
+        "attestedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "checks": [{"name": c.get("name"), "status": c.get("status")} for c in report.get("checks", [])],
         "report": dict(report),
     }
@@ -312,9 +324,17 @@ def sign_published(
 
 
 def attest_report(
-    recipe: Recipe, image: str, report: Mapping[str, Any], cosign: Cosign, signer: Signer
+    recipe: Recipe,
+    image: str,
+    report: Mapping[str, Any],
+    cosign: Cosign,
+    signer: Signer,
+    tools: Manifests | None = None,
 ) -> Signed:
-    """Attest a verify report for one platform image (repository@sha256:...) of the recipe."""
+    """Attest a verify report for one platform image (repository@sha256:...) of the recipe.
+
+    The report must be of that very image: its image ID is the config digest of the attested manifest.
+    """
     repo = recipe.model.publish.repository
     name, _, digest = image.partition("@")
     if name != repo or not plan_digest(digest):
@@ -322,7 +342,15 @@ def attest_report(
             f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
             "'image' that 'invoke pull --json' wrote"
         )
-    cosign.attest(image, VERIFY_CLAIM, verify_claim(recipe, report), signer)
+    claim = verify_claim(recipe, report)
+    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
+    config = tools.config_digest(image)
+    if claim["imageId"] != config:
+        raise SigningError(
+            f"refusing to attest {image}: the report verified image {claim['imageId']}, but that digest's image "
+            f"is {config}; fix: verify the pulled image ('invoke verify --image {image}') and attest that report"
+        )
+    cosign.attest(image, VERIFY_CLAIM, claim, signer)
     return Signed(image, VERIFY_CLAIM)
 
 

@@ -148,6 +148,13 @@ class Manifests:
             for c in images.values()
         }
 
+    def config_digest(self, ref: str) -> str:
+        """The config digest (the image ID an engine shows) of the single-platform manifest `ref` names."""
+        config = str(((self.fetch(ref) or {}).get("config") or {}).get("digest", ""))
+        if not DIGEST.fullmatch(config):
+            raise PublishError(f"{ref} is not a single image manifest in the registry (no config digest)")
+        return config
+
     def digest_of(self, ref: str) -> str:
         """The digest of the manifest or index that `ref` names in the registry."""
         if not self.buildx:

@@ -284,20 +284,20 @@ def publish(
     return result
 
 
-def require_gpu_verified(recipe: Recipe, digests: Mapping[str, str], evidence_dir: Path) -> None:
-    """Moving tags promise a GPU-verified image for every platform they name; no waiver exists for this."""
+def require_gpu_verified(
+    recipe: Recipe, digests: Mapping[str, str], evidence_dir: Path = verified.VERIFIED_DIR
+) -> None:
+    """THE gate of moving tags: every platform -> digest is GPU-verified for this recipe, or PublishError.
+
+    Each digest's verify record (followed through the link push or pull wrote) must be of this repository,
+    recipe, recipe hash, platform and this checkout's suite, and its own checks must pass the one GPU-verified
+    rule (verified.record_verdict) for the recipe's GPU on the GPU the host passed in. No waiver exists.
+    """
     problems = []
     for platform, digest in sorted(digests.items()):
-        record = verified.record_for_digest(digest, evidence_dir)
-        if verified.is_gpu_verified(record):
-            continue
-        if record is None:
-            why = "no verify record for this digest (pushed from another machine, or --unverified)"
-        elif record.get("status") != "passed":
-            why = "its latest verify failed"
-        else:
-            why = (record.get("gpu_verified") or {}).get("reason") or "not GPU-verified"
-        problems.append(f"{platform} {digest[:19]}: {why}")
+        why = _not_gpu_verified(recipe, platform, digest, evidence_dir)
+        if why:
+            problems.append(f"{platform} {digest[:19]}: {why}")
     if problems:
         moving = ", ".join(recipe.model.publish.moving_tags) or "(none)"
         raise PublishError(
@@ -307,6 +307,34 @@ def require_gpu_verified(recipe: Recipe, digests: Mapping[str, str], evidence_di
             "GPU (DGX Spark for sm_121), 'invoke verify --gpus all' the pushed image, then 'invoke publish "
             "--promote'; a platform without that GPU (e.g. linux/amd64 for sm_121) cannot carry moving tags"
         )
+
+
+def _not_gpu_verified(recipe: Recipe, platform: str, digest: str, evidence_dir: Path) -> str:
+    """Why the record of `digest` does not make it GPU-verified for `recipe` on `platform` ('' when it does)."""
+    link = verified.digest_link(digest, evidence_dir)
+    if link is None:
+        return "no verify record for this digest (pushed from another machine, or --unverified)"
+    record = verified.read_record(str(link["image_id"]), evidence_dir)
+    if record is None:
+        return "no verify record for this digest (pushed from another machine, or --unverified)"
+    from sparkforge.verify.evidence import suite_digest
+    from sparkforge.verify.suite import SUITE_DIR
+
+    expected = {
+        "repository": (link.get("repository"), recipe.model.publish.repository),
+        "recipe": (record.get("recipe"), recipe.name),
+        "recipe hash": (record.get("recipe_hash"), recipe.hash),
+        "platform": (record.get("platform"), platform),
+        "suite": ((record.get("suite") or {}).get("sha256"), suite_digest(SUITE_DIR)),
+    }
+    wrong = [f"{what} {found!r}, not {want!r}" for what, (found, want) in expected.items() if found != want]
+    if wrong and record.get("status") == "passed":
+        return "its verify record is of something else (" + "; ".join(wrong) + "); verify it with this recipe"
+    return (
+        verified.record_verdict(record, recipe.model.gpu).reason
+        if not verified.is_gpu_verified(record, recipe.model.gpu)
+        else ""
+    )
 
 
 def promote(
@@ -339,6 +367,8 @@ def promote(
     images = index_platforms(manifest)
     _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
     require_gpu_verified(recipe, dict(images), evidence_dir)
+    if tools.buildx:  # the same label-drift rule as publish and pull, read from the registry
+        _require_labels(recipe, tools, [f"{repo}@{index}"])
     before = {} if tools.runner.dry else history.current_digests(tools, moving)
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy

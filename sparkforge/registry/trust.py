@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +21,8 @@ from sparkforge.recipe.loader import Recipe
 from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
 from sparkforge.report import Check
+from sparkforge.verify import evidence
+from sparkforge.verify.evidence import GpuVerdict
 
 REVISION_LABEL = "org.opencontainers.image.revision"
 
@@ -121,15 +123,23 @@ def verify_remote(
                 f"the signing certificate was not issued to commit {source['revision']} ({found.reason})",
                 "pull an image built by this repository's images workflow",
             )
-    claim = _gpu_claim(recipe, platform, cosign, policy, f"{repo}@{digest}", digest)
-    if moving and not claim:
+    verifier = Policy.for_verify(recipe)
+    assert verifier is not None
+    found = cosign.attestations(f"{repo}@{digest}", verifier, VERIFY_CLAIM)
+    config = tools.config_digest(f"{repo}@{digest}")
+    judged = judge_claims(recipe, platform, digest, config, found.statements)
+    if judged.revoked or (moving and not judged.verdict.verified):
         raise _refuse(
             ref,
             platform,
-            f"{tag} is a moving tag, and {repo}@{digest} carries no signed GPU verify attestation for {platform} "
-            f"and recipe hash {recipe.hash[:12]} (moving tags name only GPU-verified images)",
-            "pull an immutable tag or a digest, or wait for the images workflow's verify job to attest it",
+            (f"{tag} is a moving tag (moving tags name only GPU-verified images), and " if moving else "")
+            + f"{repo}@{digest} ({platform}, recipe hash {recipe.hash[:12]}): {judged.reason} (verify "
+            f"attestations signed by {verifier.describe()})",
+            "pull an immutable tag or a digest that passed, or wait for the GPU verify job to attest it"
+            if not judged.revoked
+            else "pull another image: this one failed its verify",
         )
+    claim = judged.claim if judged.verdict.verified else {}
     return Trusted(
         ref, platform, digest, top, policy.describe(), source["repository"], source["revision"], claim
     )
@@ -208,27 +218,64 @@ def _provenance(
     return {"repository": str(source.get("repository")), "revision": str(source.get("revision"))}
 
 
-def _gpu_claim(
-    recipe: Recipe, platform: str, cosign: Cosign, policy: Policy, image: str, digest: str
-) -> dict[str, Any]:
-    """The newest signed verify claim for this image that passed on a GPU for this platform and recipe."""
-    found = cosign.attestations(image, policy, VERIFY_CLAIM)
-    for statement in reversed(found.statements):
-        if _is_gpu_verified(statement, recipe, platform, digest):
-            p = statement.predicate
-            return {k: p.get(k) for k in ("status", "platform", "recipeHash", "suiteHash", "gpu", "checks")}
-    return {}
+@dataclass(frozen=True)
+class Judged:
+    """What the signed verify claims of one platform image add up to: the newest decides, a failure revokes."""
+
+    verdict: GpuVerdict
+    reason: str
+    claim: dict[str, Any] = field(default_factory=dict)  # the newest claim (summary), if any
+    revoked: bool = False  # a signed claim for this digest failed
 
 
-def _is_gpu_verified(statement: Statement, recipe: Recipe, platform: str, digest: str) -> bool:
-    p = statement.predicate
-    return (
-        digest in statement.subjects
-        and p.get("status") == "passed"
-        and p.get("recipeHash") == recipe.hash
-        and p.get("platform") == platform
-        and bool((p.get("gpu") or {}).get("used"))
+def judge_claims(
+    recipe: Recipe, platform: str, digest: str, config: str, statements: Sequence[Statement]
+) -> Judged:
+    """THE GPU-verified rule (evidence.gpu_verdict) applied to the report inside the newest signed claim."""
+    sm = evidence.sm_of(evidence.capability_of(recipe.model.gpu))
+    mine = [s for s in statements if digest in s.subjects]
+    if not mine:
+        none = GpuVerdict(False, "no signed GPU verify attestation", None, sm)
+        return Judged(none, "carries no signed GPU verify attestation")
+    failed = [s for s in mine if s.predicate.get("status") != "passed"]
+    if failed:
+        when = failed[-1].predicate.get("attestedAt", "an unknown time")
+        revoked = GpuVerdict(False, "a signed verify failed", None, sm)
+        return Judged(
+            revoked,
+            f"has a signed verify attestation that FAILED ({when}); a failure revokes every pass",
+            revoked=True,
+        )
+    newest = max(mine, key=lambda s: str(s.predicate.get("attestedAt") or ""))
+    p = newest.predicate
+    summary = {
+        k: p.get(k) for k in ("status", "platform", "recipeHash", "suiteHash", "imageId", "gpu", "attestedAt")
+    }
+    verdict = claim_verdict(p, recipe, platform, config)
+    return Judged(
+        verdict, f"its newest signed verify claim ({p.get('attestedAt')}): {verdict.reason}", summary
     )
+
+
+def claim_verdict(predicate: Mapping[str, Any], recipe: Recipe, platform: str, config: str) -> GpuVerdict:
+    """One claim: about this image, recipe and platform, its report judged by the one rule on the host's GPU."""
+    sm = evidence.sm_of(evidence.capability_of(recipe.model.gpu))
+    report = predicate.get("report") or {}
+    wrong = [
+        f"{what} {found!r} is not {want!r}"
+        for what, found, want in (
+            ("platform", predicate.get("platform"), platform),
+            ("recipe hash", predicate.get("recipeHash"), recipe.hash),
+            ("report recipe hash", report.get("recipe_hash"), recipe.hash),
+            ("image ID", predicate.get("imageId"), config),
+            ("report image ID", report.get("image_id"), config),
+        )
+        if found != want
+    ]
+    if wrong:
+        return GpuVerdict(False, "it is about something else: " + "; ".join(wrong), None, sm)
+    gpu = report.get("gpu") if (report.get("gpus") or {}).get("used") is True else None
+    return evidence.gpu_verdict(report.get("checks") or [], gpu, recipe.model.gpu)
 
 
 def check_labels(trusted: Trusted, labels: Mapping[str, str], on_refuse: Callable[[], None]) -> None:
@@ -274,24 +321,22 @@ def attestation_check(recipe: Recipe, image: str, runner: Runner | None = None) 
             "attestation", "failed", f"{ref}: no valid signature by {policy.describe()} ({signed.reason})"
         )
     provenance = cosign.attestations(ref, policy, PROVENANCE).statements
-    claims = cosign.attestations(ref, policy, VERIFY_CLAIM).statements
+    verifier = Policy.for_verify(recipe)
+    assert verifier is not None
+    claims = cosign.attestations(ref, verifier, VERIFY_CLAIM).statements
+    config = str(engine.inspect_image(image)["Id"])
+    platform = engine.image_platform(image)
+    judged = judge_claims(recipe, platform, digests[0], config, claims)
     details = {
         "reference": ref,
         "signer": policy.describe(),
+        "verify_signer": verifier.describe(),
         "provenance": [s.predicate.get("buildDefinition", {}).get("externalParameters") for s in provenance],
-        "verify": [
-            {k: s.predicate.get(k) for k in ("status", "platform", "recipeHash", "suiteHash", "gpu")}
-            for s in claims
-        ],
+        "verify": judged.claim,
+        "gpu_verified": judged.verdict.to_dict(),
     }
-    gpu = [c for c in details["verify"] if c["status"] == "passed" and (c["gpu"] or {}).get("used")]
     reason = (
-        f"signed by {policy.describe()}; {len(provenance)} provenance and {len(claims)} verify attestation(s)"
-        + (f", GPU-verified on {platform_of(gpu[-1])}" if gpu else ", none GPU-verified")
+        f"signed by {policy.describe()}; {len(provenance)} provenance and {len(claims)} verify attestation(s); "
+        + judged.reason
     )
-    return Check("attestation", "passed", reason, details)
-
-
-def platform_of(claim: Mapping[str, Any]) -> str:
-    devices = (claim.get("gpu") or {}).get("devices") or []
-    return f"{claim.get('platform')} ({', '.join(devices) or 'GPU'})"
+    return Check("attestation", "failed" if judged.revoked else "passed", reason, details)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
+from sparkforge.verify.gpuhost import compare_gpu, host_gpu
 from sparkforge.verify.rust import check_rust_extensions
 
 CarriedCheck = Callable[
@@ -21,6 +23,7 @@ CarriedCheck = Callable[
 ]  # what a pulled image carried (registry.trust.attestation_check)
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
+NONCE_ENV = "SPARKFORGE_NONCE"
 LOCK_PATH = "/opt/sparkforge/lock.json"
 # The checkout's suite judges the image, mounted read-only; the copy in the image is for users' own checks.
 SUITE_DIR = Path(__file__).resolve().parents[2] / "tests" / "image"
@@ -120,14 +123,20 @@ def run_image_suite(
 ) -> tuple[list[Check], dict[str, Any]]:
     """The checkout's suite, mounted read-only into a throwaway container of the image: (checks, the suite's
     own document: GPU, env). A report that is empty, lacks an expected check or has an unknown status fails."""
-    environment = {"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    nonce = secrets.token_hex(16)  # this run's report must echo it: no canned or replayed report counts
+    environment = {
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        NONCE_ENV: nonce,
+    }
     volumes: dict[str, str] = {str(suite.resolve()): SUITE_MOUNT}
     if model_dir is not None:
         if not model_dir.is_dir():
             raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
         volumes[str(model_dir.resolve())] = "/models/smoke"
         environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
-    argv = [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH]
+    argv = [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH, "--nonce", nonce]
     entrypoint = "/opt/venv/bin/python3"
     if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
         _save_replay(log_dir, image, argv, entrypoint, gpus, platform, environment, volumes)
@@ -149,17 +158,50 @@ def run_image_suite(
                 "image-suite", "failed", f"the in-image suite {result.stderr}; output: {result.stdout[-800:]}"
             )
         ], {}
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if line is None:
+    return read_suite_output(result.stdout, result.stderr, result.exit_code, nonce)
+
+
+def read_suite_output(
+    stdout: str, stderr: str, exit_code: int, nonce: str
+) -> tuple[list[Check], dict[str, Any]]:
+    """Exactly one report marker in the whole output, echoing this run's nonce; anything else is a failure.
+
+    A second marker means something besides the suite wrote a report (an `atexit` hook, a sitecustomize in
+    the image): the host refuses to choose between them.
+    """
+    lines = [ln for ln in (stdout + "\n" + stderr).splitlines() if MARKER in ln]
+    if not lines:
         return [
             Check(
                 "image-suite",
                 "failed",
-                f"the in-image suite exited {result.exit_code} without a report; last output: "
-                + (result.stderr or result.stdout)[-800:],
+                f"the in-image suite exited {exit_code} without a report; last output: "
+                + (stderr or stdout)[-800:],
             )
         ], {}
-    return parse_suite_output(line[len(MARKER) :])
+    if len(lines) > 1 or not lines[0].startswith(MARKER):
+        return [
+            Check(
+                "image-suite",
+                "failed",
+                f"the suite's output holds {len(lines)} report markers where exactly one is expected: something "
+                "in the image besides the suite wrote a report (an atexit hook, a sitecustomize); nothing in "
+                "this output is trusted. Fix: rebuild the image from the recipe",
+                {"markers": len(lines)},
+            )
+        ], {}
+    checks, document = parse_suite_output(lines[0][len(MARKER) :])
+    unreadable = not document and [c.name for c in checks] == ["image-suite"]
+    if not unreadable and document.get("nonce") != nonce:
+        return [
+            Check(
+                "image-suite",
+                "failed",
+                "the suite's report does not echo this run's nonce (a canned or replayed report); nothing in "
+                "this output is trusted. Fix: run the checkout's suite (tests/image/run_checks.py)",
+            )
+        ], {}
+    return checks, document
 
 
 def _save_replay(
@@ -272,19 +314,23 @@ def verify_image(
         else Check("attestation", "skipped", "signed attestations are checked for pulled images only")
     )
     platform = engine.image_platform(image_id)
+    gpu, probe = host_gpu(plan.bases(recipe).runtime, use_gpus, platform)
+    report.add(probe)
     checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir, log_dir=log_dir)
     if gpus == "all":
         checks = [Check.from_dict(c) for c in evidence.require_gpu_checks([c.to_dict() for c in checks])]
     for check in checks:
         report.add(check)
-    verdict = evidence.gpu_verdict(
-        [c.to_dict() for c in report.checks], document.get("gpu"), recipe.model.gpu
-    )
+    report.add(compare_gpu(gpu, document.get("gpu")))
+    # The verdict's GPU is the host's reading; the suite's own claim only has to agree with it.
+    verdict = evidence.gpu_verdict([c.to_dict() for c in report.checks], gpu, recipe.model.gpu)
     report.add(
         Check("gpu-verified", "passed" if verdict.verified else "skipped", verdict.reason, verdict.to_dict())
     )
+    report.extra["recipe_hash"] = recipe.hash
     report.extra["gpus"] = {"mode": gpus, "used": use_gpus, "why": why}
-    report.extra["gpu"] = document.get("gpu")
+    report.extra["gpu"] = gpu
+    report.extra["suite_gpu"] = document.get("gpu")
     report.extra["gpu_verified"] = verdict.to_dict()
     report.extra["suite"] = {"source": str(SUITE_DIR), "sha256": evidence.suite_digest(SUITE_DIR)}
     report.extra["base_override"] = bool(plan.base_override(recipe, labels))
@@ -303,10 +349,28 @@ def verify_and_record(
     log_dir: Path | None = None,
     carried: CarriedCheck | None = None,
 ) -> Report:
-    """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass)."""
-    report = verify_image(
-        recipe, image, gpus=gpus, kernels=kernels, model_dir=model_dir, log_dir=log_dir, carried=carried
-    )
+    """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass).
+
+    A verify that ends in an exception is a failure too: it is recorded (revoking an earlier pass), then raised.
+    """
+    image_id = str(engine.inspect_image(image)["Id"])
+    try:
+        report = verify_image(
+            recipe,
+            image_id,
+            gpus=gpus,
+            kernels=kernels,
+            model_dir=model_dir,
+            log_dir=log_dir,
+            carried=carried,
+        )
+    except BaseException as exc:
+        failed = Report(command="verify", subject=image, recipe=recipe.name)
+        failed.add(Check("verify", "failed", f"verify did not finish: {exc.__class__.__name__}: {exc}"))
+        failed.extra.update({"image_id": image_id, "recipe_hash": recipe.hash})
+        record_verified(failed, directory)
+        raise
+    report.subject = image
     record_verified(report, directory)
     return report
 

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sparkforge.verify.evidence import GpuVerdict, capability_of, gpu_verdict, sm_of
+
 VERIFIED_DIR = Path(__file__).resolve().parents[2] / "build" / "verified"
 _ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 
@@ -43,13 +45,24 @@ def passed_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, An
     return record if record and record.get("status") == "passed" else None
 
 
-def is_gpu_verified(record: dict[str, Any] | None) -> bool:
-    """A passed record whose verdict (sparkforge.evidence.gpu_verdict) says GPU-verified."""
-    return bool(
-        record
-        and record.get("status") == "passed"
-        and (record.get("gpu_verified") or {}).get("verified") is True
-    )
+def record_verdict(record: dict[str, Any] | None, target: str) -> GpuVerdict:
+    """THE rule (evidence.gpu_verdict), applied again to a record's own checks, on the GPU the host passed in.
+
+    The verdict stored in the record is never trusted: a record without `gpus.used` (the host passed no GPU
+    to the container) has no GPU, whatever its suite claimed.
+    """
+    sm = sm_of(capability_of(target))
+    if not record:
+        return GpuVerdict(False, "no verify record", None, sm)
+    if record.get("status") != "passed":
+        return GpuVerdict(False, "its latest verify failed (the pass is revoked)", None, sm)
+    gpu = record.get("gpu") if (record.get("gpus") or {}).get("used") is True else None
+    return gpu_verdict(record.get("checks") or [], gpu, target)
+
+
+def is_gpu_verified(record: dict[str, Any] | None, target: str) -> bool:
+    """A passed record whose checks make the image GPU-verified for `target` (record_verdict)."""
+    return record_verdict(record, target).verified
 
 
 def link_digest(digest: str, image_id: str, repository: str, directory: Path = VERIFIED_DIR) -> Path:
@@ -65,9 +78,13 @@ def link_digest(digest: str, image_id: str, repository: str, directory: Path = V
     return path
 
 
+def digest_link(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
+    """What push (or pull) linked to `digest`: its image ID and repository (None when never linked here)."""
+    link = directory / "digests" / f"{_hex(digest)}.json"
+    return dict(json.loads(link.read_text())) if link.is_file() else None
+
+
 def record_for_digest(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
     """The current verify record of the image pushed as `digest` (None when unknown or never pushed from here)."""
-    link = directory / "digests" / f"{_hex(digest)}.json"
-    if not link.is_file():
-        return None
-    return read_record(json.loads(link.read_text())["image_id"], directory)
+    link = digest_link(digest, directory)
+    return None if link is None else read_record(str(link["image_id"]), directory)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,21 +32,26 @@ from sparkforge.registry import pull as pulling
 from sparkforge.registry.cosign import Cosign
 from sparkforge.registry.manifests import Manifests
 from sparkforge.report import Check, Report
+from sparkforge.verify.evidence import suite_digest
+from sparkforge.verify.suite import SUITE_DIR
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
 from tests.recipe_files import smoke_recipe_file
 
-WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+WORKFLOWS = (
+    REPO_ROOT / ".github" / "workflows" / "images.yml",
+    REPO_ROOT / ".github" / "workflows" / "gpu-attest.yml",
+)
 DAY = dt.date(2026, 11, 30)
 PASSWORD = "sparkforge-test-key-password"
 QUIET = {"echo": lambda _: None, "warn": lambda _: None}
 
 
 def workflow_step(name_part: str) -> dict:
-    """The images workflow's step whose name contains `name_part` (the tests run its `run` line)."""
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
-    steps = [s for job in jobs.values() for s in job["steps"] if name_part in s.get("name", "")]
-    assert len(steps) == 1, f"{name_part!r} names {len(steps)} steps in {WORKFLOW}"
+    """The images workflows' step whose name contains `name_part` (the tests run its `run` line)."""
+    jobs = [j for w in WORKFLOWS for j in yaml.safe_load(w.read_text())["jobs"].values()]
+    steps = [s for job in jobs for s in job.get("steps", []) if name_part in s.get("name", "")]
+    assert len(steps) == 1, f"{name_part!r} names {len(steps)} steps in {WORKFLOWS}"
     return steps[0]
 
 
@@ -200,13 +206,28 @@ def pull_signed(
     )
 
 
-def verify_report(signed: Signed, image: str, platform: str, gpu: bool, path: Path) -> Path:
-    """A verify report as the GPU job writes it; the GPU itself is what cannot exist here (mocked: `gpus`)."""
+def verify_report(
+    signed: Signed, image: str, platform: str, gpu: dict[str, Any] | None, path: Path, **change: Any
+) -> Path:
+    """A verify report as the GPU job writes it for `image` (repository@digest); the GPU run itself is what
+    cannot exist here (`gpu`: the GPU the host passed in and read, None for none)."""
+    from tests.unit.test_evidence import passing_checks
+
     report = Report(command="verify", subject=image, recipe=signed.recipe.name)
-    report.add(Check("labels", "passed", "recipe hash and pins match"))
-    report.add(Check("fp8-gemm", "passed" if gpu else "skipped", "", {"gpu": "NVIDIA GB10"} if gpu else {}))
-    report.extra["gpus"] = {"used": gpu, "why": "GPU runtime present" if gpu else "no NVIDIA runtime"}
-    report.extra["platform"] = platform
+    for check in passing_checks():
+        skipped = gpu is None and check["name"].startswith("fp8.")
+        report.add(Check.from_dict({**check, "status": "skipped"} if skipped else check))
+    report.extra.update(
+        {
+            "image_id": signed.manifests().config_digest(image),
+            "recipe_hash": signed.recipe.hash,
+            "gpus": {"mode": "all" if gpu else "none", "used": gpu is not None},
+            "gpu": gpu,
+            "suite": {"sha256": suite_digest(SUITE_DIR)},
+            "platform": platform,
+            **change,
+        }
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     report.write_json(path)
     return path

@@ -12,8 +12,10 @@ from publish_fixtures import DAY, PLATFORMS, Smoke
 from sparkforge import engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
+from sparkforge.recipe.loader import Recipe, load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.verify import evidence, verified
+from sparkforge.verify.suite import SUITE_DIR
 
 pytestmark = pytest.mark.engine
 
@@ -35,16 +37,28 @@ def _gb10_checks() -> list[dict[str, object]]:
     ]
 
 
-def _record(smoke: Smoke, platform: str, gpu: dict[str, str] | None, status: str = "passed") -> None:
+def _record(
+    smoke: Smoke,
+    platform: str,
+    gpu: dict[str, str] | None,
+    status: str = "passed",
+    recipe: Recipe | None = None,
+) -> None:
     """What 'invoke verify' (on a GPU host when `gpu`) then 'invoke push' leave behind for one platform image.
 
     A GB10 cannot exist here: its run is the one thing mocked; the rule that judges it is the real one."""
+    recipe = recipe or smoke.recipe
     image_id = str(engine.inspect_image(smoke.candidates[platform])["Id"])
     checks = _gb10_checks()
     verdict = evidence.gpu_verdict(checks, gpu, smoke.recipe.model.gpu)
     data = {
         "status": status,
+        "recipe": recipe.name,
+        "recipe_hash": recipe.hash,
+        "platform": platform,
+        "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
         "checks": checks,
+        "gpus": {"used": gpu is not None},  # the host passed the GPU in and read it
         "gpu": gpu,
         "gpu_verified": verdict.to_dict(),
         "base_override": True,
@@ -118,3 +132,33 @@ def test_publish_takes_only_verified_digests(smoke: Smoke, published: pub.Publis
         _record(smoke, platform, None)
     with pytest.raises(PublishError, match="--allow-base-override"):  # offline bases are not the recipe's
         smoke.publish(smoke.digests(), allow_base_override=False)
+
+
+def test_promote_checks_the_labels_of_the_index_it_moves_to(
+    smoke: Smoke, published: pub.Published, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hole 5: promote checked only the records; an index of images built from another recipe version moved.
+    from buildx_fixtures import buildx_env
+    from registry import unavailable_reason  # noqa: F401 - the registry is the smoke one
+
+    from sparkforge.build import hostsetup
+    from sparkforge.engine import Engine
+    from tests.recipe_files import smoke_recipe_file
+
+    env = buildx_env()
+    if not (Path(env["DOCKER_CONFIG"]) / "cli-plugins" / "docker-buildx").exists():
+        from tests.prerequisites import skip_or_fail
+
+        skip_or_fail("the buildx plugin is not installed (invoke engine.up --buildx)")
+    monkeypatch.setenv("DOCKER_CONFIG", str(hostsetup.BUILDX_CONFIG))  # imagetools reads the registry itself
+    drifted = load_recipe(smoke_recipe_file(tmp_path, smoke.registry.host, transformers="5.20.1"))
+    assert drifted.hash != smoke.recipe.hash
+    for platform in PLATFORMS:  # GPU-verified records that claim the drifted recipe for these digests
+        _record(smoke, platform, GB10, recipe=drifted)
+    buildx = Engine("/usr/bin/docker", "buildx", smoke.eng.server_version)
+    before = smoke.registry.tags(smoke.name)
+    with pytest.raises(PublishError, match=r"was not built from this recipe: .*transformers"):
+        pub.promote(
+            drifted, published.index, when=DAY, runner=smoke.runner, eng=buildx, evidence_dir=smoke.evidence
+        )
+    assert smoke.registry.tags(smoke.name) == before

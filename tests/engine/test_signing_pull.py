@@ -17,6 +17,7 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry.trust import attestation_check
 from sparkforge.verify.suite import verify_image
+from tests.unit.test_evidence import GB10
 
 pytestmark = pytest.mark.engine
 
@@ -35,7 +36,7 @@ def test_pull_verifies_signature_and_provenance_for_each_platform(signed: Signed
 def test_verify_reports_the_attestation_the_pulled_image_carried(signed: Signed, tmp_path: Path) -> None:
     pulled = pull_signed(signed, platform="linux/arm64")
     report = verify_report(
-        signed, pulled.image, "linux/arm64", True, REPO_ROOT / "reports" / f"{signed.name}-verify.json"
+        signed, pulled.image, "linux/arm64", GB10, REPO_ROOT / "reports" / f"{signed.name}-verify.json"
     )
     try:
         result = signed.run_step("Attest the GPU verify report", IMAGE=pulled.image)
@@ -45,7 +46,8 @@ def test_verify_reports_the_attestation_the_pulled_image_carried(signed: Signed,
     found = verify_image(signed.recipe, pulled.image, gpus="none", kernels=False, carried=attestation_check)
     check = next(c for c in found.checks if c.name == "attestation")
     assert check.status == "passed", check.reason
-    assert "GPU-verified on linux/arm64 (NVIDIA GB10)" in check.reason
+    assert "every vLLM FP8 kernel check passed on sm_121 (NVIDIA GB10): GPU-verified" in check.reason
+    assert check.details["verify"]["gpu"]["name"] == "NVIDIA GB10"
     assert check.details["provenance"][0]["recipeHash"] == signed.recipe.hash
     other = attestation_check(signed.recipe, base_image_name("linux/amd64"))  # never in the registry
     assert other.status == "skipped"

@@ -31,6 +31,7 @@ from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.registry import pull as pulling
 from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, provenance
 from sparkforge.registry.manifests import Manifests
+from tests.unit.test_evidence import GB10
 
 pytestmark = pytest.mark.engine
 
@@ -127,18 +128,21 @@ def test_moving_tag_needs_a_gpu_verified_attestation_for_the_platform(signed: Si
     with pytest.raises(SigningError, match=r"latest is a moving tag.*no signed GPU verify attestation"):
         pull_signed(signed, "latest", allow_unsigned=True)  # --allow-unsigned does not apply to moving tags
     amd64 = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"
-    cpu_only = verify_report(signed, amd64, "linux/amd64", False, tmp_path / "cpu.json")
+    cpu_only = verify_report(signed, amd64, "linux/amd64", None, tmp_path / "cpu.json")
     os.environ["COSIGN_PASSWORD"] = PASSWORD
     from sparkforge.registry.cosign import attest_report
 
     signer = Signer(str(signed.keys / "cosign.key"))
     attest_report(signed.recipe, amd64, json.loads(cpu_only.read_text()), signed.cosign(), signer)
-    with pytest.raises(SigningError, match=r"no signed GPU verify attestation for linux/amd64"):
+    with pytest.raises(SigningError, match=r"latest is a moving tag .*linux/amd64.*no GPU was used"):
         pull_signed(signed, "latest")
-    gpu = verify_report(signed, amd64, "linux/amd64", True, tmp_path / "gpu.json")
+    gpu = verify_report(signed, amd64, "linux/amd64", GB10, tmp_path / "gpu.json")
     attest_report(signed.recipe, amd64, json.loads(gpu.read_text()), signed.cosign(), signer)
     pulled = pull_signed(signed, "latest")
-    assert pulled.trust["verified"]["gpu"]["used"] is True
+    assert (
+        pulled.trust["verified"]["gpu"]["used"] is True
+        and pulled.trust["verified"]["gpu"]["capability"] == "12.1"
+    )
     assert pulled.trust["verified"]["gpu"]["devices"] == ["NVIDIA GB10"]
 
 

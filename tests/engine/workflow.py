@@ -16,6 +16,8 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGES_YML = REPO_ROOT / ".github" / "workflows" / "images.yml"
+GPU_ATTEST_YML = REPO_ROOT / ".github" / "workflows" / "gpu-attest.yml"  # images.yml's gpu-verify job runs it
+WORKFLOWS = (IMAGES_YML, GPU_ATTEST_YML)
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,10 @@ class WorkflowLine:
         return [string.Template(arg).substitute(values) for arg in self.argv]
 
 
-def invoke_lines(path: Path = IMAGES_YML) -> list[WorkflowLine]:
-    """Every `python -m invoke` line in the workflow's run steps, in order."""
+def invoke_lines(path: Path | None = None) -> list[WorkflowLine]:
+    """Every `python -m invoke` line in the workflow's run steps (default: images.yml and what it calls)."""
+    if path is None:
+        return [w for p in WORKFLOWS for w in invoke_lines(p)]
     workflow = yaml.safe_load(path.read_text())
     found = []
     for job_name, job in workflow["jobs"].items():
@@ -48,9 +52,11 @@ def invoke_lines(path: Path = IMAGES_YML) -> list[WorkflowLine]:
     return found
 
 
-def line(job: str, task: str, path: Path = IMAGES_YML) -> WorkflowLine:
+def line(job: str, task: str, path: Path | None = None) -> WorkflowLine:
     """The one line of `job` that runs `task` (the merge job's publish, not the verify job's --promote)."""
     matches = [w for w in invoke_lines(path) if w.job == job and w.task == task]
     if len(matches) != 1:
-        raise LookupError(f"{path.name}: expected one 'invoke {task}' in job {job}, found {len(matches)}")
+        raise LookupError(
+            f"{path or 'the workflows'}: expected one 'invoke {task}' in job {job}, found {len(matches)}"
+        )
     return matches[0]

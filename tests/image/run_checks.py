@@ -265,10 +265,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lock", type=Path, default=Path("/opt/sparkforge/lock.json"))
     parser.add_argument("--only", action="append", default=[], help="run only these checks")
+    parser.add_argument(
+        "--nonce",
+        default=os.environ.get("SPARKFORGE_NONCE", ""),
+        help="echoed in the report: the host accepts only a report of the run it started",
+    )
     args = parser.parse_args()
     lock = json.loads(args.lock.read_text())
     results = [_check(name, fn, lock) for name, fn in SUITE if not args.only or name in args.only]
     document = {
+        "nonce": args.nonce,
         "checks": results,
         "gpu": gpu_info(),
         "env": {"visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES")},

@@ -128,25 +128,38 @@ def test_suite_digest_changes_with_any_file(tmp_path: Path) -> None:
     assert evidence.suite_digest(tmp_path) != first
 
 
+def _gpu_record(status: str, gpu: dict[str, Any] | None, used: bool = True) -> dict[str, Any]:
+    return {"status": status, "checks": passing_checks(), "gpu": gpu, "gpus": {"used": used}}
+
+
 def test_a_failed_verify_revokes_the_pass(tmp_path: Path) -> None:
     image = "sha256:" + "a" * 64
-    verdict = evidence.gpu_verdict(passing_checks(), GB10, "sm_121").to_dict()
-    records.write_record(image, {"status": "passed", "gpu_verified": verdict}, tmp_path)
-    assert records.is_gpu_verified(records.passed_record(image, tmp_path))
-    records.write_record(image, {"status": "failed", "gpu_verified": verdict}, tmp_path)
+    records.write_record(image, _gpu_record("passed", GB10), tmp_path)
+    assert records.is_gpu_verified(records.passed_record(image, tmp_path), "sm_121")
+    records.write_record(image, _gpu_record("failed", GB10), tmp_path)
     assert records.passed_record(image, tmp_path) is None
-    assert not records.is_gpu_verified(records.read_record(image, tmp_path))
+    assert not records.is_gpu_verified(records.read_record(image, tmp_path), "sm_121")
 
 
 def test_a_cpu_only_verify_never_satisfies_a_gpu_requirement(tmp_path: Path) -> None:
     image = "sha256:" + "b" * 64
-    cpu = evidence.gpu_verdict(passing_checks(), None, "sm_121").to_dict()
-    records.write_record(image, {"status": "passed", "gpu_verified": cpu}, tmp_path)
+    records.write_record(image, _gpu_record("passed", None, used=False), tmp_path)
     assert records.passed_record(image, tmp_path) is not None
-    assert not records.is_gpu_verified(records.read_record(image, tmp_path))
+    assert not records.is_gpu_verified(records.read_record(image, tmp_path), "sm_121")
     records.link_digest("sha256:" + "d" * 64, image, "localhost:5000/x", tmp_path)
     assert records.record_for_digest("sha256:" + "d" * 64, tmp_path)["image_id"] == image
     assert records.record_for_digest("sha256:" + "e" * 64, tmp_path) is None
+
+
+def test_a_record_is_judged_again_never_by_its_stored_verdict(tmp_path: Path) -> None:
+    # A record whose suite claimed a GB10 while the host passed no GPU, and a stored "verified: true".
+    image = "sha256:" + "c" * 64
+    forged = {**_gpu_record("passed", GB10, used=False), "gpu_verified": {"verified": True}}
+    records.write_record(image, forged, tmp_path)
+    verdict = records.record_verdict(records.read_record(image, tmp_path), "sm_121")
+    assert not verdict.verified and "no GPU was used" in verdict.reason
+    records.write_record(image, _gpu_record("passed", H200), tmp_path)
+    assert "ran on sm_90" in records.record_verdict(records.read_record(image, tmp_path), "sm_121").reason
 
 
 def test_build_rule_is_the_one_rule() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,13 @@ from sparkforge.registry.cosign import (
     SigningError,
     Source,
     provenance,
-    suite_hash,
     verify_claim,
 )
 from sparkforge.registry.trust import is_moving
 from tests.recipe_files import SMOKE, write_recipe_file
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+GPU_ATTEST = REPO_ROOT / ".github" / "workflows" / "gpu-attest.yml"
 
 
 def _recipe(tmp_path: Path, signing: str) -> Path:
@@ -42,9 +43,16 @@ def test_key_policy_resolves_a_repository_path(tmp_path: Path) -> None:
         policy.verify_args()
 
 
+PINNED = r"^https://github.com/sparkforge/sparkforge/\.github/workflows/{}\.yml@refs/(heads/main|tags/v[0-9]+\.[0-9]+\.[0-9]+)$"
+
+
+def _keyless(identity: str, verify_identity: str) -> str:
+    return f"    keyless:\n      identity: '{identity}'\n      verify_identity: '{verify_identity}'\n"
+
+
 def test_keyless_policy_defaults_to_github_actions(tmp_path: Path) -> None:
-    identity = "^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/.*$"
-    recipe = load_recipe(_recipe(tmp_path, f"    keyless:\n      identity: '{identity}'\n"))
+    identity, verifier = PINNED.format("images"), PINNED.format("gpu-attest")
+    recipe = load_recipe(_recipe(tmp_path, _keyless(identity, verifier)))
     policy = Policy.of(recipe)
     assert policy is not None and policy.verify_args() == (
         "--certificate-identity-regexp",
@@ -52,6 +60,47 @@ def test_keyless_policy_defaults_to_github_actions(tmp_path: Path) -> None:
         "--certificate-oidc-issuer",
         "https://token.actions.githubusercontent.com",
     )
+    verify = Policy.for_verify(recipe)  # the GPU verify attestation: its own workflow's identity
+    assert verify is not None and verify.verify_args()[1] == verifier
+
+
+@pytest.mark.parametrize(
+    ("identity", "why"),
+    [
+        (
+            "^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/(heads|tags)/.*$",
+            "any-branch",
+        ),
+        ("^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/.*$", "any-branch"),
+        ("^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/tags/v.*$", "vany"),
+        (
+            "^https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/heads/main.*$",
+            "main-copy",
+        ),
+        ("^https://github.com/.*/.github/workflows/images.yml@refs/heads/main$", "must be literal"),
+        ("https://github.com/sparkforge/sparkforge/.github/workflows/images.yml@refs/heads/main", "anchored"),
+    ],
+)
+def test_an_over_broad_signer_identity_is_refused_at_load(tmp_path: Path, identity: str, why: str) -> None:
+    # Hole 3: refs/(heads|tags)/.* let any collaborator sign from a branch or tag of their own.
+    with pytest.raises(RecipeError, match=rf"too broad: .*{re.escape(why)}.*fix: pin the default branch"):
+        load_recipe(_recipe(tmp_path, _keyless(identity, PINNED.format("gpu-attest"))))
+    with pytest.raises(RecipeError, match="too broad"):  # the verify identity is held to the same rule
+        load_recipe(_recipe(tmp_path, _keyless(PINNED.format("images"), identity)))
+
+
+def test_the_verify_identity_is_not_the_publishing_identity(tmp_path: Path) -> None:
+    same = PINNED.format("images")
+    with pytest.raises(RecipeError, match="verify_identity names the same workflow as identity"):
+        load_recipe(_recipe(tmp_path, _keyless(same, same)))
+
+
+def test_the_repositorys_recipes_pin_their_signers() -> None:
+    for path in sorted((REPO_ROOT / "recipes").glob("[!_]*.yaml")):  # _*.yaml: partial bases
+        signing = load_recipe(path).model.publish.signing
+        if signing is not None and signing.keyless is not None:
+            assert r"images\.yml@refs/(heads/main|tags/v" in signing.keyless.identity, path
+            assert r"gpu-attest\.yml@" in signing.keyless.verify_identity, path
 
 
 @pytest.mark.parametrize(
@@ -107,22 +156,31 @@ def test_source_in_github_actions_is_the_workflow_run(monkeypatch: pytest.Monkey
     assert source.invocation.endswith("/actions/runs/42")
 
 
-def test_verify_claim_says_which_checks_ran_on_which_gpu() -> None:
+def test_verify_claim_takes_what_it_says_from_the_report() -> None:
+    # Hole 7: the recipe and suite hash came from the attesting checkout, not from the report.
     recipe = load_recipe(SMOKE)
+    gpu = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
     report = {
         "command": "verify",
         "recipe": recipe.name,
+        "recipe_hash": recipe.hash,
+        "image_id": "sha256:" + "c" * 64,
         "status": "passed",
         "platform": "linux/arm64",
         "gpus": {"used": True, "why": "GPU runtime present"},
-        "checks": [{"name": "fp8-gemm", "status": "passed", "details": {"gpu": "NVIDIA GB10"}}],
+        "gpu": gpu,
+        "suite": {"sha256": "sha256:" + "5" * 64},
+        "checks": [{"name": "fp8.cutlass_block", "status": "passed", "details": {}}],
     }
     claim = verify_claim(recipe, report)
-    assert claim["gpu"] == {"used": True, "why": "GPU runtime present", "devices": ["NVIDIA GB10"]}
-    assert claim["recipeHash"] == recipe.hash and claim["suiteHash"] == suite_hash()
-    assert claim["checks"] == [{"name": "fp8-gemm", "status": "passed"}]
+    assert claim["gpu"] == {**gpu, "used": True, "why": "GPU runtime present", "devices": ["NVIDIA GB10"]}
+    assert claim["recipeHash"] == recipe.hash and claim["suiteHash"] == "sha256:" + "5" * 64
+    assert claim["imageId"] == "sha256:" + "c" * 64 and claim["attestedAt"].endswith("Z")
+    assert claim["checks"] == [{"name": "fp8.cutlass_block", "status": "passed"}]
     with pytest.raises(SigningError, match="not a verify report of smoke-multiarch"):
         verify_claim(recipe, {**report, "command": "audit"})
+    with pytest.raises(SigningError, match="the report verified recipe hash 000000000000"):
+        verify_claim(recipe, {**report, "recipe_hash": "0" * 64})
 
 
 def test_key_signatures_stay_off_the_transparency_log(tmp_path: Path) -> None:
@@ -140,18 +198,36 @@ def test_moving_tag_dates_are_any_day() -> None:
 
 
 def test_only_the_jobs_that_sign_get_an_oidc_token() -> None:
-    data = yaml.safe_load(WORKFLOW.read_text())
-    assert data["permissions"] == {}
-    jobs = data["jobs"]
-    runs = {n: " ".join(s.get("run", "") for s in job["steps"]) for n, job in jobs.items()}
+    images = yaml.safe_load(WORKFLOW.read_text())
+    attest = yaml.safe_load(GPU_ATTEST.read_text())
+    assert images["permissions"] == {} and attest["permissions"] == {}
+    jobs = {**images["jobs"], **{f"gpu-attest/{n}": j for n, j in attest["jobs"].items()}}
+    runs = {n: " ".join(s.get("run", "") for s in job.get("steps", [])) for n, job in jobs.items()}
     signing = {n for n, text in runs.items() if "invoke sign" in text}
-    assert signing == {"merge", "verify"}  # the index and images; the GPU verify report
+    assert signing == {"merge", "gpu-attest/verify"}  # the index and images; the GPU verify report
+    callers = {"gpu-verify"}  # images.yml's job that runs gpu-attest.yml: the token is granted there
     for name, job in jobs.items():
-        assert (job.get("permissions", {}).get("id-token") == "write") == (name in signing), name
+        wants = name in signing or name in callers
+        assert (job.get("permissions", {}).get("id-token") == "write") == wants, name
         if name in signing:  # cosign is installed before it is used (verify: by pull, before sign.attest)
             steps = [s.get("uses", "") + s.get("run", "") for s in job["steps"]]
             first = next(i for i, s in enumerate(steps) if "invoke sign" in s or "invoke pull" in s)
             assert any("sigstore/cosign-installer@" in s for s in steps[:first]), name
-        for step in job["steps"]:
+        for step in job.get("steps", []):
             if "invoke sign" in step.get("run", ""):  # run as written by tests/engine/signing_fixtures.py
                 assert "${{" not in step["run"] and "--key" not in step["run"]  # the key: env, only in tests
+
+
+def test_signing_jobs_run_only_from_the_default_branch_or_release_tags() -> None:
+    # Hole 3: workflow_dispatch ran from any branch, and the verify attestation shared the merge job's identity.
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    for name in ("merge", "gpu-verify"):
+        condition = jobs[name]["if"]
+        assert (
+            "github.ref == 'refs/heads/main'" in condition
+            and "startsWith(github.ref, 'refs/tags/v')" in condition
+        )
+    assert jobs["gpu-verify"]["uses"] == "./.github/workflows/gpu-attest.yml"
+    attest = yaml.safe_load(GPU_ATTEST.read_text())
+    assert list(attest[True]) == ["workflow_call"]  # `on` reads as true; only images.yml runs it
+    assert attest["jobs"]["verify"]["environment"] == "gpu-verify"  # protected: reviewers, branch rules
