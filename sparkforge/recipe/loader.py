@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,30 @@ from sparkforge.recipe.schema import RecipeModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = REPO_ROOT / "recipes"
+PATCHES_DIR = REPO_ROOT / "patches"
+
+
+def patch_file(patch: str) -> Path:
+    """A recipe's patch as a regular file inside patches/ (never a symlink: its target would be read and shipped)."""
+    path = REPO_ROOT / patch
+    try:
+        info = path.lstat()
+    except OSError:
+        raise RecipeError(
+            f"patch {patch} does not exist; fix: add the file or remove it from the recipe"
+        ) from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise RecipeError(
+            f"patch {patch} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a regular file'}; its "
+            "contents would be copied into build/ and the image; fix: put the patch itself in patches/ "
+            "(a regular file, 'git format-patch' output)"
+        )
+    if not path.resolve().is_relative_to(PATCHES_DIR.resolve()):
+        raise RecipeError(
+            f"patch {patch} resolves to {path.resolve()}, outside {PATCHES_DIR} (a symlinked folder); fix: keep "
+            "patch folders as real folders inside patches/"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -36,11 +61,11 @@ class Recipe:
         for name, component in self.model.components.items():
             for patch in component.patches:
                 digest.update(f"{name}:{patch}:".encode())
-                digest.update(hashlib.sha256((REPO_ROOT / patch).read_bytes()).digest())
+                digest.update(hashlib.sha256(patch_file(patch).read_bytes()).digest())
         return digest.hexdigest()
 
     def patch_paths(self) -> list[Path]:
-        return [REPO_ROOT / p for _, c in self.model.components.items() for p in c.patches]
+        return [patch_file(p) for _, c in self.model.components.items() for p in c.patches]
 
     def resolved(self) -> dict[str, Any]:
         return self.model.model_dump(mode="json", exclude_none=True)
@@ -88,16 +113,103 @@ class YamlDoc:
     lines: dict[tuple[str, ...], int]
 
 
-def read_yaml(path: Path) -> YamlDoc:
+# Bounds for every recipe and profile file: a YAML file is read before anything can check what it says.
+MAX_YAML_BYTES = 256 * 1024
+MAX_YAML_DEPTH = 40
+MAX_YAML_ALIASES = 64
+MAX_YAML_NODES = 50_000  # after alias expansion: what validation and hashing will walk
+
+
+def _read_bounded(path: Path) -> str:
+    """A regular file's text, at most MAX_YAML_BYTES (a FIFO or /dev/zero would otherwise hang or fill memory)."""
     try:
-        text = path.read_text()
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise RecipeError(f"{path}: not a regular file (a device, pipe or folder); fix: name a YAML file")
+        if info.st_size > MAX_YAML_BYTES:
+            raise RecipeError(
+                f"{path}: {info.st_size} bytes, more than a recipe or profile needs ({MAX_YAML_BYTES}); "
+                "fix: name the right file or split it with 'extends'"
+            )
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.strerror}); fix: check the path") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise RecipeError(
+            f"{path}: grew past {MAX_YAML_BYTES} bytes while read; fix: name a stable YAML file"
+        )
     try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{path}: byte {exc.start} is not UTF-8; fix: save the file as UTF-8 text"
+        ) from None
+
+
+def _check_events(text: str, path: Path) -> None:
+    """Nesting depth and alias count from the event stream (no recursion, nothing built yet)."""
+    loader = _LineLoader(text)
+    depth = aliases = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise RecipeError(
+                        f"{path}:{event.start_mark.line + 1}: nested deeper than {MAX_YAML_DEPTH} levels; "
+                        "fix: flatten the structure"
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_YAML_ALIASES:
+                    raise RecipeError(
+                        f"{path}:{event.start_mark.line + 1}: more than {MAX_YAML_ALIASES} YAML aliases (*name); "
+                        "fix: write the values out or use 'extends'"
+                    )
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, path: Path, sizes: dict[int, int], stack: set[int]) -> int:
+    """How many nodes the document holds once aliases are expanded; RecipeError on a cycle or past the cap."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in stack:
+        raise RecipeError(
+            f"{path}:{node.start_mark.line + 1}: a YAML alias refers to itself; fix: remove the recursive alias"
+        )
+    stack.add(id(node))
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    total = 1 + sum(_expanded_size(child, path, sizes, stack) for child in children)
+    stack.discard(id(node))
+    if total > MAX_YAML_NODES:
+        raise RecipeError(
+            f"{path}:{node.start_mark.line + 1}: aliases expand to more than {MAX_YAML_NODES} values (an alias "
+            "bomb); fix: write the values out instead of nesting aliases"
+        )
+    sizes[id(node)] = total
+    return total
+
+
+def read_yaml(path: Path) -> YamlDoc:
+    """One YAML mapping with key lines; bounded in size, depth and alias expansion; duplicate keys refused."""
+    text = _read_bounded(path)
+    try:
+        _check_events(text, path)
         loader = _LineLoader(text)
         loader.name = str(path)
         try:
             node = loader.get_single_node()
+            if node is not None:
+                _expanded_size(node, path, {}, set())
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -159,6 +271,24 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_EXTENDS = 8
+# Never a recipe part, whatever the user names: system configuration, kernel and device trees, secrets.
+_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run", "/var/lib")
+
+
+def _check_extends_target(parent: Path, top: Path, where: str) -> None:
+    """`extends` reaches recipes/ or the folder of the recipe file the user named (its opt-in), nothing else."""
+    real = parent.resolve()
+    roots = (RECIPES_DIR.resolve(), top.resolve().parent)
+    system = any(real == Path(d) or real.is_relative_to(d) for d in _SYSTEM_DIRS)
+    if system or not any(real.is_relative_to(root) for root in roots):
+        raise RecipeError(
+            f"{where}: extends reaches {real}, outside recipes/ and the folder of the recipe you named "
+            f"({top.resolve().parent}); fix: extend a recipe in recipes/ by name, or copy the base next to your "
+            "recipe file (naming a recipe file by path is the opt-in for its own folder)"
+        )
+
+
 def _load_chain(
     path: Path, stack: tuple[Path, ...]
 ) -> tuple[dict[str, Any], dict[tuple[str, ...], tuple[Path, int]], tuple[Path, ...]]:
@@ -176,7 +306,14 @@ def _load_chain(
             f"{path}:{doc.lines[('extends',)]}: extends: must be a recipe name or path string; "
             "fix: e.g. 'extends: vllm-qwen35-wheels'"
         )
+    where = f"{path}:{doc.lines[('extends',)]}"
+    if len(stack) + 1 >= MAX_EXTENDS:
+        raise RecipeError(
+            f"{where}: 'extends' goes more than {MAX_EXTENDS} files deep; fix: shorten the chain "
+            "(merge some of the partials)"
+        )
     parent_path = resolve_recipe_path(parent, relative_to=path)
+    _check_extends_target(parent_path, (*stack, path)[0], where)
     base, base_origins, chain = _load_chain(parent_path, (*stack, path))
     merged = _merge(base, data)
     return merged, {**base_origins, **origins}, (path, *chain)
@@ -252,13 +389,14 @@ def load_recipe(ref: str | Path) -> Recipe:
     except ValidationError as exc:
         problems = [explain_errors(e, origins, path) for e in exc.errors()]
         raise RecipeError(f"recipe {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
-    for _, component in model.components.items():
-        for patch in component.patches:
-            if not (REPO_ROOT / patch).is_file():
-                line = origins.get(("components",), (path, 0))[1]
-                raise RecipeError(
-                    f"{path}:{line}: patch {patch} does not exist; fix: add the file or remove it"
-                )
+    for name, component in model.components.items():
+        for index, patch in enumerate(component.patches):
+            try:
+                patch_file(patch)
+            except RecipeError as exc:
+                key = ("components", name, "patches", str(index))
+                where, line = origins.get(key, origins.get(("components",), (path, 0)))
+                raise RecipeError(f"{where}:{line}: {exc}") from None
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", path.stem):
         raise RecipeError(
             f"{path}: the file name {path.stem!r} is the recipe name and becomes image tags; fix: rename it to "
