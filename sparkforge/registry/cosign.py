@@ -20,6 +20,7 @@ from typing import Any
 
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
+from sparkforge.oci import PLATFORMS
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
@@ -292,6 +293,9 @@ def sign_published(
 ) -> list[Signed]:
     """Sign every platform digest and the index; attest each platform's provenance (same signer)."""
     repo = recipe.model.publish.repository
+    index, platforms = parse_published(
+        {"index": index, "platforms": dict(platforms)}, "sign"
+    )  # before cosign
     plan_platforms = set(recipe.model.platforms)
     if set(platforms) != plan_platforms:
         raise SigningError(
@@ -327,6 +331,33 @@ def attest_report(
 
 def plan_digest(text: str) -> bool:
     return len(text) == 71 and text.startswith("sha256:") and all(c in "0123456789abcdef" for c in text[7:])
+
+
+def parse_published(data: object, where: str) -> tuple[str, dict[str, str]]:
+    """What 'invoke publish --json' wrote -> (index digest, platform -> digest), every value type-checked
+    before cosign sees any of it."""
+    fix = "fix: pass the file 'invoke publish --json' wrote, unedited"
+    if not isinstance(data, dict):
+        raise SigningError(f"{where}: a JSON object is expected, found {type(data).__name__}; {fix}")
+    index, platforms = data.get("index"), data.get("platforms")
+    if not isinstance(index, str) or not plan_digest(index):
+        raise SigningError(
+            f"{where}: 'index' must be sha256: and 64 lowercase hex digits, found {index!r:.80}; {fix}"
+        )
+    if not isinstance(platforms, dict) or not platforms:
+        raise SigningError(
+            f"{where}: 'platforms' must map each platform to its digest, found {platforms!r:.80}; {fix}"
+        )
+    for platform, digest in platforms.items():
+        if platform not in PLATFORMS:
+            raise SigningError(
+                f"{where}: platforms: {platform!r:.80} is not one of {', '.join(PLATFORMS)}; {fix}"
+            )
+        if not isinstance(digest, str) or not plan_digest(digest):
+            raise SigningError(
+                f"{where}: platforms.{platform}: must be sha256: and 64 lowercase hex digits, found {digest!r:.80}; {fix}"
+            )
+    return index, dict(platforms)
 
 
 # ---- installing cosign ----------------------------------------------------------------------------
