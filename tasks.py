@@ -240,7 +240,7 @@ def audit(
     if report.status != "passed":
         from invoke.exceptions import Exit
 
-        raise Exit("sparkforge: audit failed: a required library has no kernels that run on " + gpu, code=1)
+        raise Exit(f"sparkforge: audit failed: {report.failed[0].reason}", code=1)
 
 
 @task(
