@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,72 @@ class Command:
             lines.append(f"cd {shlex.quote(str(self.cwd))}")
         lines.append(self.shell_line())
         return "\n".join(lines) + "\n"
+
+
+# An engine that stops mid-command: the docker CLI's own words for it. A RUN step's "unexpected EOF" is no
+# sign: only BuildKit's top-level ERROR line, the gRPC transport and the CLI's connect errors are.
+_ENGINE_GONE = re.compile(
+    r"^ERROR: .*(?:unexpected EOF|error reading from server|transport is closing|connection reset by peer)\s*$"
+    r"|rpc error: code = Unavailable|Cannot connect to the Docker daemon|error during connect"
+    r"|failed to receive status: .*EOF",
+    re.MULTILINE,
+)
+ENGINE_STOPPED = "the engine at {address} stopped answering"
+ENGINE_STOPPED_FIX = (
+    "fix: start it ('invoke engine.up', or 'sudo systemctl start docker'), then run the same command again "
+    "(BuildKit's cache keeps the steps that finished)"
+)
+_DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+
+
+def engine_address(command: Command) -> str:
+    """The engine a docker CLI command talks to: its --host/--context, else DOCKER_HOST/DOCKER_CONTEXT, else the
+    CLI's default socket."""
+    argv = command.argv
+    for flag in ("--host", "-H", "--context", "-c"):
+        if flag in argv[1:-1]:
+            return argv[argv.index(flag) + 1]
+    env = {**os.environ, **command.env}
+    return env.get("DOCKER_HOST") or (
+        f"context {env['DOCKER_CONTEXT']}" if env.get("DOCKER_CONTEXT") else _DEFAULT_ENGINE
+    )
+
+
+def engine_lost(command: Command, output: str, timeout: float = 15) -> str | None:
+    """For a failed docker CLI command: the engine's address when the engine went away under it, else None.
+
+    Gone: it does not answer `docker version` now, or the output carries the CLI's own words for a lost engine.
+    """
+    if Path(command.argv[0]).name != "docker" or len(command.argv) < 2:
+        return None
+    flags: tuple[str, ...] = ()
+    for flag in ("--host", "-H", "--context", "-c"):
+        if flag in command.argv[1:-1]:
+            flags = (flag, command.argv[command.argv.index(flag) + 1])
+    probe = [command.argv[0], *flags, "version", "--format", "{{.Server.Version}}"]
+    try:
+        answers = (
+            subprocess.run(
+                probe, env={**os.environ, **command.env}, capture_output=True, timeout=timeout, check=False
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        answers = False
+    if answers and not _ENGINE_GONE.search(output):
+        return None
+    return engine_address(command)
+
+
+def engine_stopped_message(address: str, during: str) -> str:
+    """One paragraph: which engine stopped, during what, what was left undone, the fix."""
+    return f"{ENGINE_STOPPED.format(address=address)} during {during}; {ENGINE_STOPPED_FIX}"
+
+
+def stopped_engine_in(text: str) -> str | None:
+    """The address named by an engine_stopped_message in `text` (a CommandError's message), else None."""
+    match = re.search(re.escape(ENGINE_STOPPED).replace(r"\{address\}", r"(\S+(?: \S+)?)"), text)
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +202,9 @@ class Runner:
         if check and proc.returncode != 0:
             tail = "".join(lines[-15:]).rstrip()
             where = f" Full log: {log}." if log else ""
+            lost = engine_lost(command, output)
+            if lost:
+                raise CommandError(f"{step}: {engine_stopped_message(lost, f'step {step!r}')}.{where}")
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n"
                 f"--- last lines ---\n{tail}\n---{where}"
@@ -187,6 +257,9 @@ class Runner:
                 f"{step}: no answer within {timeout:g} s from {command.shell_line()}"
             ) from None
         if check and proc.returncode != 0:
+            lost = engine_lost(command, proc.stdout + proc.stderr)
+            if lost:
+                raise CommandError(f"{step}: {engine_stopped_message(lost, f'step {step!r}')}")
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n{proc.stderr.strip()[-2000:]}"
             )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sparkforge.commands import Command, Runner, run_pipeline
+from sparkforge.commands import Command, Runner, engine_lost, engine_stopped_message, run_pipeline
 from sparkforge.engine import docker_cli
 from sparkforge.errors import CommandError, RunError
 
@@ -266,6 +266,11 @@ class NodeEngine:
                 f"{self.node.label}: {exc}; fix: check that the node is up and its engine answers"
             ) from None
         if result.returncode != 0:
+            lost = engine_lost(self.command(*args), result.output)
+            if lost:
+                raise RunError(
+                    f"{self.node.label}: {engine_stopped_message(lost, f'docker {args[0]} ({step})')}"
+                )
             raise RunError(f"{self.node.label}: docker {args[0]} failed: {result.output.strip()[-600:]}")
         return result.output
 
