@@ -124,9 +124,10 @@ def _failure(log: Path | None, output: str) -> str:
     replay = log.with_suffix(".sh") if log is not None else None
     lost = stopped_engine_in(output)
     if lost:  # the engine went away: name it and the step it was on (the last one BuildKit started)
-        started = re.findall(r"^#\d+ \[([a-z0-9_-]+) +(\d+/\d+)\] ([^\n]{0,100})", text, re.MULTILINE)
+        started = re.findall(r"^#\d+ \[(?:([a-z0-9_-]+) +)?(\d+/\d+)\] ([^\n]{0,100})", text, re.MULTILINE)
         step = steps[-1] if steps else started[-1] if started else None
-        during = f"step {step[1]} (stage '{step[0]}': {step[2].strip()})" if step else "the build"
+        stage_name = f"stage '{step[0]}': " if step and step[0] else ""
+        during = f"step {step[1]} ({stage_name}{step[2].strip()})" if step else "the build"
         return (
             f"build failed: {engine_stopped_message(lost, during)}. Nothing was tagged and no record was written. "
             f"Log: {log}; replay: {replay}"
