@@ -81,7 +81,7 @@ def _numeric(flag: str) -> bool:
 def check_flag(key: str) -> str:
     """The flag name as written in a profile's args -> '' when fine, else the reason and the fix."""
     if key.startswith("-"):
-        return f"write the flag without dashes: '{key.lstrip('-')}: ...' instead of '{key}: ...'"
+        return f"{key!r} has dashes; fix: write the flag without dashes: '{key.lstrip('-')}: ...' instead of '{key}: ...'"
     if not _FLAG.fullmatch(key):
         return f"{key!r} is not a vLLM flag name; fix: e.g. 'max-model-len: 32768'"
     flag = norm_flag(key).split(".", 1)[0]
