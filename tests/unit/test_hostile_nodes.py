@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from invoke import Context
+from invoke.exceptions import Exit
 
+from sparkforge.cli import run as cli_run
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run import inputs
@@ -139,7 +142,7 @@ def test_any_node_list_is_refused_or_well_formed(text: str) -> None:
         assert not node.target.startswith("-") and "@-" not in node.target and "//-" not in node.target
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(user=_user, host=_host, port=st.integers(min_value=1, max_value=65535))
 def test_valid_ssh_urls_pass_and_normalise(user: str, host: str, port: int) -> None:
     node = parse_node(f"ssh://{user}@{host}:{port}")
@@ -149,7 +152,7 @@ def test_valid_ssh_urls_pass_and_normalise(user: str, host: str, port: int) -> N
         assert parse_node(f"ssh://{user}@{host}").key == node.key
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(host=_host, port=st.one_of(st.integers(), st.text(max_size=6)))
 def test_tcp_ports_are_whole_numbers_in_range(host: str, port: object) -> None:
     text = f"tcp://{host}:{port}"
@@ -185,14 +188,31 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
         (["--nodes", "ssh://me@a=10.0.0.1,ssh://me@b=10.0.0.2", "--cache-dir", "/x:/root"], "--cache-dir"),
     ],
 )
-def test_cluster_up_refuses_before_any_engine(args: list[str], needle: str) -> None:
+def test_cluster_up_refuses_before_any_engine(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], needle: str
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "tcp://192.0.2.1:9")
+    options: dict[str, object] = {
+        k.removeprefix("--").replace("-", "_"): v for k, v in zip(args[::2], args[1::2], strict=True)
+    }
+    if "port" in options:
+        options["port"] = int(str(options["port"]))
+    with pytest.raises(Exit) as info:
+        cli_run.up(
+            Context(), recipe="vllm-qwen35", profile="qwen35-122b-a10b-fp8-tp2", no_preflight=True,
+            image="sparkforge-test/none:1", **options,
+        )  # fmt: skip
+    assert info.value.code != 0
+    assert needle in str(info.value.message) and "fix:" in str(info.value.message), info.value.message
+
+
+def test_cluster_up_refusal_through_the_command_line() -> None:
     result = _invoke(
         "cluster.up", "--recipe", "vllm-qwen35", "--profile", "qwen35-122b-a10b-fp8-tp2", "--no-preflight",
-        "--image", "sparkforge-test/none:1", *args,
+        "--image", "sparkforge-test/none:1", "--nodes", "ssh://me@a,,ssh://me@b",
     )  # fmt: skip
-    assert result.returncode != 0
-    assert "Traceback" not in result.stdout + result.stderr
-    assert needle in result.stderr and "fix:" in result.stderr, result.stderr
+    assert result.returncode != 0 and "Traceback" not in result.stdout + result.stderr
+    assert "node 1 is empty" in result.stderr and "fix:" in result.stderr, result.stderr
 
 
 def test_cluster_up_dry_contacts_no_engine() -> None:

@@ -8,10 +8,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from invoke import Context
+from invoke.exceptions import Exit
 
+from sparkforge.audit.scan import audit_target
+from sparkforge.cli import publish, sign
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry.cosign import parse_published
@@ -20,6 +25,14 @@ GOOD = "sha256:" + "a" * 64
 UNREACHABLE = {
     "DOCKER_HOST": "tcp://192.0.2.1:9"
 }  # TEST-NET: an engine contact would fail differently or hang
+
+
+def _task(fn: Callable[..., object], **options: object) -> str:
+    """Call an Invoke task in this process as the command line would: a refusal is an Exit with one paragraph."""
+    with pytest.raises(Exit) as info:
+        fn(Context(), **options)
+    assert info.value.code != 0
+    return str(info.value.message)
 
 
 def _invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,22 +90,27 @@ def test_published_json_that_is_right_passes() -> None:
     ids=["list", "broken", "deep", "nan", "traversal"],
 )
 def test_sign_refuses_hostile_published_files_before_cosign(
-    tmp_path: Path, content: str, needle: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, needle: str
 ) -> None:
     path = tmp_path / "published.json"
     path.write_text(content)
-    # No cosign on PATH: reaching it would be a different error.
-    result = _invoke(
-        "sign", "--recipe", "vllm-qwen35", "--published", str(path), env={"PATH": "/usr/bin:/bin"}
-    )
-    assert result.returncode != 0
-    assert needle in result.stderr and "fix:" in result.stderr, result.stderr
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cosign (nor docker) to reach: a refusal must come first
+    message = _task(sign.images, recipe="vllm-qwen35", published=str(path))
+    assert needle in message and "fix:" in message, message
 
 
 @pytest.mark.parametrize("special", ["/dev/zero", "/tmp"])
 def test_sign_does_not_read_devices_or_folders(special: str) -> None:
-    result = _invoke("sign", "--recipe", "vllm-qwen35", "--published", special)
-    assert result.returncode != 0 and "not a regular file" in result.stderr
+    assert "not a regular file" in _task(sign.images, recipe="vllm-qwen35", published=special)
+
+
+def test_sign_through_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps({"index": GOOD, "platforms": {"linux/evil": GOOD}}))
+    result = _invoke(
+        "sign", "--recipe", "vllm-qwen35", "--published", str(path), env={"PATH": "/usr/bin:/bin"}
+    )
+    assert result.returncode != 0 and "is not one of" in result.stderr and "fix:" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -105,10 +123,18 @@ def test_sign_does_not_read_devices_or_folders(special: str) -> None:
         (["--tag", "a" * 129], "is neither a tag"),
     ],
 )
-def test_pull_checks_its_options_before_the_engine(args: list[str], needle: str) -> None:
-    result = _invoke("pull", "--recipe", "vllm-qwen35", *args)
-    assert result.returncode != 0
-    assert needle in result.stderr and "fix:" in result.stderr, result.stderr
+def test_pull_checks_its_options_before_the_engine(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], needle: str
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", UNREACHABLE["DOCKER_HOST"])
+    options = {"platform": args[1]} if args[0] == "--platform" else {"tag": args[1]}
+    message = _task(publish.pull, recipe="vllm-qwen35", **options)
+    assert needle in message and "fix:" in message, message
+
+
+def test_pull_through_the_command_line() -> None:
+    result = _invoke("pull", "--recipe", "vllm-qwen35", "--platform", "linux/evil")
+    assert result.returncode != 0 and "is not a platform" in result.stderr and "fix:" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -120,11 +146,8 @@ def test_pull_checks_its_options_before_the_engine(args: list[str], needle: str)
     ],
 )
 def test_publish_digest_is_checked(tmp_path: Path, item: str, needle: str) -> None:
-    result = _invoke(
-        "publish", "--recipe", "vllm-qwen35", "--digests", str(tmp_path), "--digest", item, "--dry"
-    )
-    assert result.returncode != 0
-    assert needle in result.stderr, result.stderr
+    message = _task(publish.publish, recipe="vllm-qwen35", digests=str(tmp_path), digest=[item], dry=True)
+    assert needle in message, message
 
 
 def test_audit_of_a_tree_without_cuda_binaries_is_not_passed(tmp_path: Path) -> None:
@@ -140,5 +163,5 @@ def test_audit_of_a_tree_without_cuda_binaries_is_not_passed(tmp_path: Path) -> 
 
 
 def test_audit_of_an_empty_folder_is_not_passed(tmp_path: Path) -> None:
-    result = _invoke("audit", str(tmp_path))
-    assert result.returncode != 0 and "nothing was audited" in result.stderr
+    report = audit_target(tmp_path)
+    assert report.status == "failed" and "nothing was audited" in report.failed[0].reason
