@@ -245,7 +245,7 @@ def run_container(
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
             if _connection_lost(exc) or not _answers():
                 raise EngineError(
-                    engine_stopped_message(_sdk_address(), f"the run of {image}") + "; nothing was recorded"
+                    engine_stopped_message(_sdk_address(), f"the run of {image}")
                 ) from None
             container.kill()
             logs = container.logs().decode(errors="replace")
