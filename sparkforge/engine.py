@@ -244,9 +244,7 @@ def run_container(
             result = container.wait(timeout=timeout_s)
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
             if _connection_lost(exc) or not _answers():
-                raise EngineError(
-                    engine_stopped_message(_sdk_address(), f"the run of {image}")
-                ) from None
+                raise EngineError(engine_stopped_message(_sdk_address(), f"the run of {image}")) from None
             container.kill()
             logs = container.logs().decode(errors="replace")
             return RunResult(124, logs, f"timed out after {timeout_s} s ({exc.__class__.__name__})")

@@ -18,9 +18,10 @@ IFACE_HELP = "the cluster-link interface on every node (sets VLLM_HOST_IP, NCCL/
 
 
 def _image(recipe: str, image: str) -> str:
-    if image:
-        return image
     from sparkforge.recipe import plan
+
+    if image:
+        return plan.check_reference("--image", image)
     from sparkforge.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)

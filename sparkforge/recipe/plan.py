@@ -193,6 +193,29 @@ def expand_tag(recipe: Recipe, template: str, when: _dt.date) -> str:
     return tag
 
 
+# OCI distribution reference: [registry[:port]/]name(/name)*[:tag]; the registry part may hold '.', ':' and capitals.
+_REF_NAME = re.compile(
+    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+)
+
+
+def check_reference(option: str, ref: str) -> str:
+    """An image reference from the command line (NAME[:TAG] or NAME@sha256:...), or RecipeError before any work."""
+    name, at, digest = ref.partition("@")
+    tag = ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        name, _, tag = name.rpartition(":")
+    good = bool(_REF_NAME.fullmatch(name)) and len(name) <= 255
+    good = good and (not at or bool(re.fullmatch(r"sha256:[0-9a-f]{64}", digest)))
+    good = good and (not tag or bool(OCI_TAG.fullmatch(tag)))
+    if not good:
+        raise RecipeError(
+            f"{option} {ref[:120]!r} is not an image reference; fix: use NAME[:TAG] or NAME@sha256:<64 hex> with a "
+            "lowercase name (e.g. ghcr.io/org/vllm-qwen35:0.31.0) and a tag of letters, digits, _ . - (at most 128)"
+        )
+    return ref
+
+
 def check_tags(recipe: Recipe, when: _dt.date) -> Tags:
     """Every tag of the recipe's scheme, expanded and checked (raises before anything is built)."""
     return final_tags(recipe, when)

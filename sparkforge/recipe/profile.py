@@ -56,6 +56,13 @@ class ProfileModel(BaseModel):
     env: dict[str, StrictStr] = Field(default_factory=dict)
     served_model_name: str | None = None
 
+    @field_validator("description")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if not value.strip() or len(value) > 300 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("write one line of printable text (at most 300 characters); fix: shorten it")
+        return value
+
     @field_validator("model", "served_model_name")
     @classmethod
     def _model_name(cls, value: str | None) -> str | None:

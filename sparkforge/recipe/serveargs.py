@@ -155,6 +155,8 @@ def _check_text(key: str, text: str) -> str:
         return _check_number(key, int(number) if number.is_integer() and "." not in text else number)
     if text.strip().lower() in ("nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"):
         return f"{key!r}: {text} is not a finite number; fix: write a number"
+    if re.search(r"\s--?[A-Za-z]", text):
+        return f"{key!r}: the value {text!r} reads like more flags inside one value; fix: write each flag as its own key"
     if text.startswith("-"):
         return (
             f"{key!r}: the value {text!r} would be read as another flag; fix: write each flag as its own key "

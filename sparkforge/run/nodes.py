@@ -129,10 +129,13 @@ def parse_node(spec: str, rank: int = 0) -> Node:
     target, _, address = text.partition("=")
     if address:
         try:
-            ipaddress.ip_address(address)
+            link = ipaddress.ip_address(address)
+            if link.is_unspecified or link.is_multicast:
+                raise ValueError(address)
         except ValueError:
             raise RunError(
-                f"node {spec!r}: {address!r} after '=' is not an IP address; fix: write the node's address on "
+                f"node {spec!r}: {address!r} after '=' is not an IP address (of one node: not 0.0.0.0, :: or multicast); "
+                "fix: write the node's address on "
                 "the cluster link, e.g. ssh://me@spark2=192.168.100.2"
             ) from None
     elif "=" in text:

@@ -66,6 +66,8 @@ def engine_socket(tmp_path: Path) -> Iterator[Path]:
         ("spark\x1b[2J", "whitespace or a control character"),
         ("ssh://me@host=", "nothing after '='"),
         ("ssh://me@host=10.0.0.1=2", "is not an IP address"),
+        ("ssh://me@host=0.0.0.0", "is not an IP address (of one node"),
+        ("ssh://me@host=224.0.0.1", "is not an IP address (of one node"),
         ("-context", "neither an engine URL nor a context name"),
         ("ssh://a@h,ssh://a@H:22", "twice"),
         ("tcp://h,tcp://h:2375", "twice"),

@@ -67,10 +67,16 @@ def _refused(tmp_path: Path, needle: str, **keys: object) -> str:
         ({"chat-template": {"a": 1}}, "is not a flag value"),
         ({"x": "line\nbreak"}, "one line"),
         ({"x": "nul\x00"}, "one line"),
+        ({"chat-template": "t.jinja --trust-remote-code"}, "more flags inside one value"),
     ],
 )
 def test_flags_cannot_be_smuggled(tmp_path: Path, args: dict, needle: str) -> None:
     _refused(tmp_path, needle, args=args)
+
+
+@pytest.mark.parametrize("text", ["two\nlines", "\x1b[2Jclear", "", "x" * 301])
+def test_a_description_is_one_printable_line(tmp_path: Path, text: str) -> None:
+    _refused(tmp_path, "description", description=text)
 
 
 def test_tensor_parallel_under_another_spelling_is_still_counted(tmp_path: Path) -> None:
