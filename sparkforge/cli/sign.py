@@ -80,12 +80,11 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
 def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.cosign import attest_report, parse_verify_report
 
+    data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)
-    signed = attest_report(
-        load_recipe(recipe), image, _read_json(report, "'invoke verify --report'"), cosign, signer
-    )
+    signed = attest_report(load_recipe(recipe), image, data, cosign, signer)
     echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
 
 

@@ -175,3 +175,30 @@ def test_build_tag_is_an_image_reference_checked_before_the_build(ref: str) -> N
 
     message = _task(tasks.build, recipe="vllm-qwen35", tag=[ref], dry=True)
     assert "--tag" in message and "is not an image reference" in message and "fix:" in message, message
+
+
+@pytest.mark.parametrize(
+    ("report", "needle"),
+    [
+        (
+            {"command": "verify", "recipe": "vllm-qwen35", "status": "passed", "checks": "all"},
+            "'checks' must be a list",
+        ),
+        (
+            {"command": "verify", "recipe": "vllm-qwen35", "status": "passed", "checks": ["x"]},
+            "checks[0] must be",
+        ),
+        ({"command": "verify", "recipe": "vllm-qwen35", "status": "great", "checks": []}, "passed or failed"),
+        (
+            {"command": "verify", "recipe": "vllm-qwen35", "status": "passed", "checks": [], "gpus": []},
+            "'gpus'",
+        ),
+        ({"command": 1, "recipe": "vllm-qwen35", "status": "passed", "checks": []}, "'command' must be"),
+    ],
+    ids=["checks-str", "check-str", "status", "gpus-list", "command-int"],
+)
+def test_attest_type_checks_the_report_before_cosign(tmp_path: Path, report: dict, needle: str) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    message = _task(sign.attest, recipe="vllm-qwen35", image="x@" + GOOD, report=str(path))
+    assert needle in message and "fix:" in message, message
