@@ -7,6 +7,7 @@ errors); the flags and parser names themselves are checked against the pinned vL
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -38,6 +39,7 @@ from sparkforge.recipe.serveargs import (
 )
 
 PROFILES_DIR = REPO_ROOT / "profiles"
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 __all__ = ["RESERVED_FLAGS", "Profile", "ProfileModel", "load_profile"]
 
 ArgValue = StrictBool | StrictInt | StrictFloat | StrictStr | list[StrictInt | StrictFloat | StrictStr]
@@ -154,6 +156,11 @@ def resolve_profile_path(ref: str | Path) -> Path:
 def load_profile(ref: str | Path) -> Profile:
     """Load and validate a profile; errors name file, line, key path and the fix."""
     path = resolve_profile_path(ref)
+    if not PROFILE_NAME.fullmatch(path.stem):
+        raise ProfileError(
+            f"{path}: the file name {path.stem[:80]!r} is the profile's name and becomes container names and labels; "
+            "fix: rename it to lowercase letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"
+        )
     try:
         doc = read_yaml(path)
     except RecipeError as exc:

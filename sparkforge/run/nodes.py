@@ -27,6 +27,7 @@ _CONTEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _SSH_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _PORT = re.compile(r"[0-9]{1,5}")
+MAX_NODES = 64  # a profile's `nodes` is at most 64
 _DEFAULT_PORTS = {
     "ssh": 22,
     "tcp": 2375,
@@ -157,6 +158,10 @@ def parse_node(spec: str, rank: int = 0) -> Node:
 def parse_nodes(text: str) -> tuple[Node, ...]:
     """`A,B[,...]` (the head first) -> nodes ranked in that order; empty entries and duplicates are refused."""
     parts = text.split(",")
+    if len(parts) > MAX_NODES:
+        raise RunError(
+            f"--nodes lists {len(parts)} nodes, more than a profile can use ({MAX_NODES}); fix: list the nodes the profile runs on"
+        )
     if not text.strip(" "):
         raise RunError(
             f"--nodes is empty; fix: list the nodes, head first ({NODE_FORMS}), separated by commas"

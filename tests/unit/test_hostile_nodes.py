@@ -73,6 +73,7 @@ def engine_socket(tmp_path: Path) -> Iterator[Path]:
         ("tcp://h,tcp://h:2375", "twice"),
         ("spark2,spark2", "twice"),
         ("ssh://a@h1=10.0.0.1,ssh://a@h2=10.0.0.1", "link address 10.0.0.1 to ranks 0 and 1"),
+        (",".join(f"n{i}" for i in range(65)), "more than a profile can use"),
     ],
 )
 def test_bad_node_lists_are_refused(text: str, needle: str) -> None:

@@ -79,6 +79,14 @@ def test_a_description_is_one_printable_line(tmp_path: Path, text: str) -> None:
     _refused(tmp_path, "description", description=text)
 
 
+@pytest.mark.parametrize("name", ["--rm", "a b", "UPPER", "x;y", "-p"])
+def test_a_profile_name_becomes_container_names_so_it_is_checked(tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ProfileError, match="is the profile's name"):
+        load_profile(path)
+
+
 def test_tensor_parallel_under_another_spelling_is_still_counted(tmp_path: Path) -> None:
     _refused(tmp_path, "tensor-parallel-size 4", args={"tensor_parallel_size": 4})
 
