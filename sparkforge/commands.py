@@ -49,13 +49,10 @@ class Command:
         return "\n".join(lines) + "\n"
 
 
-# An engine that stops mid-command: the docker CLI's own words for it. A RUN step's "unexpected EOF" is no
-# sign: only BuildKit's top-level ERROR line, the gRPC transport and the CLI's connect errors are.
+# An engine that stops mid-command: the docker CLI's own words for losing its daemon. BuildKit's bare
+# "unexpected EOF" is no sign by itself (a RUN step or a registry can say it): there the probe decides.
 _ENGINE_GONE = re.compile(
-    r"^ERROR: .*(?:unexpected EOF|error reading from server|transport is closing|connection reset by peer)\s*$"
-    r"|rpc error: code = Unavailable|Cannot connect to the Docker daemon|error during connect"
-    r"|failed to receive status: .*EOF",
-    re.MULTILINE,
+    r"Cannot connect to the Docker daemon|error during connect|error reading from server: EOF", re.MULTILINE
 )
 ENGINE_STOPPED = "the engine at {address} stopped answering"
 ENGINE_STOPPED_FIX = (

@@ -25,7 +25,7 @@ import pytest
 from sparkforge import engine
 from sparkforge.build.buildkit import BuildRequest, build_command
 from sparkforge.build.stage import _failure
-from sparkforge.commands import Runner
+from sparkforge.commands import Command, Runner, engine_lost
 from sparkforge.errors import CommandError, RunError
 from sparkforge.run.nodes import NodeEngine, parse_node
 from tests.prerequisites import skip_or_fail
@@ -226,3 +226,23 @@ def test_engine_killed_mid_build_is_named_and_nothing_is_tagged(
     output = _build(throwaway, context, tmp_path / "again", pause=0)
     assert "CACHED" in output, output[-2000:]  # the COPY steps that finished before the kill
     assert subprocess.run(inspect, capture_output=True, check=False).returncode == 0
+
+
+def test_a_failure_on_a_live_engine_is_not_blamed_on_the_engine(engine_ready: None, tmp_path: Path) -> None:
+    # A real failed command on the machine's engine (which answers): its own error, not "stopped answering".
+    docker = engine.docker_cli()
+    with pytest.raises(CommandError) as info:
+        Runner(log_dir=tmp_path, stream=False).run(
+            Command.of(docker, "image", "inspect", "sparkforge-test/fault-no-such-image:1"), "inspect"
+        )
+    assert "stopped answering" not in str(info.value) and "No such image" in str(info.value)
+
+
+def test_an_engine_that_is_not_there_is_named(tmp_path: Path) -> None:
+    host = f"unix://{tmp_path}/gone.sock"
+    command = Command.of(engine.docker_cli(), "--host", host, "ps")
+    with pytest.raises(
+        CommandError, match=rf"ps: the engine at {host} stopped answering during step 'ps'; fix: "
+    ):
+        Runner(stream=False).capture(command, "ps")
+    assert engine_lost(command, "") == host
