@@ -58,7 +58,8 @@ def _tools(key: str):
 def images(c: Context, recipe: str, published: str, key: str = "") -> None:
     """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.cosign import parse_published, sign_published
+    from sparkforge.registry.cosign import sign_published
+    from sparkforge.registry.signinputs import parse_published
 
     loaded = load_recipe(recipe)
     index, platforms = parse_published(_read_json(published, "'invoke publish --json'"), published)
@@ -80,7 +81,8 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
 def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.cosign import attest_report, parse_verify_report
+    from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.signinputs import parse_verify_report
 
     data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)

@@ -19,7 +19,7 @@ from sparkforge.audit.scan import audit_target
 from sparkforge.cli import publish, sign
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.registry.cosign import parse_published
+from sparkforge.registry.signinputs import parse_published
 
 GOOD = "sha256:" + "a" * 64
 UNREACHABLE = {
