@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invoke import Context
 from invoke.exceptions import Exit
@@ -130,7 +130,7 @@ _host = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?(\.[a-z0-9]{1,8}){0,2}
 _user = st.from_regex(r"[a-z_][a-z0-9_.-]{0,10}", fullmatch=True)
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=60))
 def test_any_node_list_is_refused_or_well_formed(text: str) -> None:
     try:
@@ -145,7 +145,7 @@ def test_any_node_list_is_refused_or_well_formed(text: str) -> None:
         assert not node.target.startswith("-") and "@-" not in node.target and "//-" not in node.target
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(user=_user, host=_host, port=st.integers(min_value=1, max_value=65535))
 def test_valid_ssh_urls_pass_and_normalise(user: str, host: str, port: int) -> None:
     node = parse_node(f"ssh://{user}@{host}:{port}")
@@ -155,7 +155,7 @@ def test_valid_ssh_urls_pass_and_normalise(user: str, host: str, port: int) -> N
         assert parse_node(f"ssh://{user}@{host}").key == node.key
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(host=_host, port=st.one_of(st.integers(), st.text(max_size=6)))
 def test_tcp_ports_are_whole_numbers_in_range(host: str, port: object) -> None:
     text = f"tcp://{host}:{port}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -189,7 +189,7 @@ _keys = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=st.dictionaries(_keys, _values, max_size=4), model=st.text(max_size=40))
 def test_any_profile_is_refused_or_yields_only_its_own_flags(args: dict, model: str) -> None:
     try:
@@ -213,7 +213,7 @@ def test_any_profile_is_refused_or_yields_only_its_own_flags(args: dict, model: 
                 assert math.isfinite(number)
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(env=st.dictionaries(st.text(max_size=20), st.one_of(st.text(max_size=40), st.integers()), max_size=4))
 def test_any_profile_env_is_refused_or_clean(env: dict) -> None:
     try:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkforge.build.render import render_context
@@ -130,7 +130,7 @@ def test_a_loadable_recipe_with_a_local_version_is_refused_on_load_and_plan(tmp_
         plan.template_values(recipe)  # ... that no tag can carry
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     version=st.text(max_size=140),
     template=st.sampled_from(["{vllm}", "{vllm}-cu{cuda}-{date}", "v{vllm}-{hash}"]),
