@@ -313,7 +313,10 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such" in result.output:
                 return ContainerState("missing", None)
-            raise RunError(f"{self.node.label}: the engine stopped answering: {result.output.strip()[-300:]}")
+            raise RunError(
+                f"{self.node.label}: {engine_stopped_message(self.node.target, f'the wait for {name}')} "
+                f"({result.output.strip()[-300:]})"
+            )
         status, _, code = result.output.strip().partition(" ")
         return ContainerState(status, int(code) if code.strip().lstrip("-").isdigit() else None)
 
