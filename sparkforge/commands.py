@@ -62,17 +62,43 @@ ENGINE_STOPPED_FIX = (
 _DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 
 
+_GLOBAL_WITH_VALUE = {
+    "--host",
+    "-H",
+    "--context",
+    "-c",
+    "--config",
+    "--log-level",
+    "-l",
+    "--tlscacert",
+    "--tlscert",
+    "--tlskey",
+}
+
+
+def _engine_flags(argv: Sequence[str]) -> tuple[str, ...]:
+    """The docker CLI's global --host/--context before the subcommand (a `sh -c` later is the container's)."""
+    index = 1
+    while index < len(argv) and argv[index].startswith("-"):
+        if argv[index] in _GLOBAL_WITH_VALUE and index + 1 < len(argv):
+            if argv[index] in ("--host", "-H", "--context", "-c"):
+                return (argv[index], argv[index + 1])
+            index += 2
+        else:
+            index += 1
+    return ()
+
+
 def engine_address(command: Command) -> str:
     """The engine a docker CLI command talks to: its --host/--context, else DOCKER_HOST/DOCKER_CONTEXT, else the
     CLI's default socket."""
-    argv = command.argv
-    for flag in ("--host", "-H", "--context", "-c"):
-        if flag in argv[1:-1]:
-            return argv[argv.index(flag) + 1]
+    flags = _engine_flags(command.argv)
+    if flags:
+        return flags[1] if flags[0] in ("--host", "-H") else f"context {flags[1]}"
     env = {**os.environ, **command.env}
-    return env.get("DOCKER_HOST") or (
-        f"context {env['DOCKER_CONTEXT']}" if env.get("DOCKER_CONTEXT") else _DEFAULT_ENGINE
-    )
+    if env.get("DOCKER_HOST"):
+        return env["DOCKER_HOST"]
+    return f"context {env['DOCKER_CONTEXT']}" if env.get("DOCKER_CONTEXT") else _DEFAULT_ENGINE
 
 
 def engine_lost(command: Command, output: str, timeout: float = 15) -> str | None:
@@ -82,11 +108,7 @@ def engine_lost(command: Command, output: str, timeout: float = 15) -> str | Non
     """
     if Path(command.argv[0]).name != "docker" or len(command.argv) < 2:
         return None
-    flags: tuple[str, ...] = ()
-    for flag in ("--host", "-H", "--context", "-c"):
-        if flag in command.argv[1:-1]:
-            flags = (flag, command.argv[command.argv.index(flag) + 1])
-    probe = [command.argv[0], *flags, "version", "--format", "{{.Server.Version}}"]
+    probe = [command.argv[0], *_engine_flags(command.argv), "version", "--format", "{{.Server.Version}}"]
     try:
         answers = (
             subprocess.run(
