@@ -7,6 +7,7 @@ from pathlib import Path
 
 from invoke import Collection, Context, task
 
+from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
@@ -198,7 +199,7 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.trust import attestation_check
+    from sparkforge.registry.releases import carried_with_kernels
     from sparkforge.verify.suite import gpu_mode, verify_and_record
 
     loaded = load_recipe(recipe)
@@ -206,7 +207,12 @@ def verify(
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
     result = verify_and_record(
-        loaded, ref, gpus=gpu_mode(gpus), kernels=not no_kernels, model_dir=model, carried=attestation_check
+        loaded,
+        ref,
+        gpus=gpu_mode(gpus),
+        kernels=not no_kernels,
+        model_dir=model,
+        carried=carried_with_kernels,
     )
     finish_report(result, report, junit)
 
@@ -334,6 +340,9 @@ ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_task(cli_size.size)
+ns.add_task(cli_diff.diff)
+ns.add_task(cli_diff.history)
+ns.add_task(cli_diff.kernels)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import jinja2
 
-from sparkforge.recipe import plan
 from sparkforge.errors import RenderError
+from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, patch_file
 
 TEMPLATES_DIR = REPO_ROOT / "dockerfiles"

@@ -70,6 +70,7 @@ def push(
         "date": "date for {date} tags, YYYYMMDD (default: today, UTC)",
         "moving": "also move the moving tags (only when every platform image is GPU-verified)",
         "promote": "move the moving tags to this verified index digest (sha256:...) and do nothing else",
+        "rollback": "move this moving tag back to the previous GPU-verified index in its history, nothing else",
         "json": "write the result (index digest, tags) here",
         "dry": "read the registry, print what would be written, write nothing",
         "unverified": "publish digests that have no passed verify record (loudly warned; never moves tags)",
@@ -85,6 +86,7 @@ def publish(
     date: str = "",
     moving: bool = False,
     promote: str = "",
+    rollback: str = "",
     json: str = "",
     dry: bool = False,
     unverified: bool = False,
@@ -105,7 +107,11 @@ def publish(
         except ValueError:
             raise PublishError(f"--date {date!r}: use YYYYMMDD, e.g. 20261129") from None
     runner = Runner(dry=True, echo=echo) if dry else None
-    if promote:
+    if rollback:
+        from sparkforge.registry.rollback import rollback as roll_back
+
+        result = roll_back(loaded, rollback, runner=runner, echo=echo)
+    elif promote:
         result = pub.promote(loaded, promote, when=when, runner=runner, echo=echo)
     else:
         found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
@@ -156,6 +162,7 @@ def _check_pull_tag(tag: str) -> None:
     help={
         "recipe": RECIPE_HELP,
         "tag": "tag or sha256:DIGEST to pull (default: the recipe's first tag without {date})",
+        "digest": "pull this earlier release (index or image sha256:...; 'invoke history' lists them), verified",
         "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
         "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
         "allow_unsigned": "accept an image without a valid signature, LOUDLY (never for moving tags)",
@@ -167,6 +174,7 @@ def pull(
     c: Context,
     recipe: str,
     tag: str = "",
+    digest: str = "",
     platform: str = "",
     allow_drift: bool = False,
     allow_unsigned: bool = False,  # signing hook
@@ -178,9 +186,15 @@ def pull(
 
     _check_platform(platform)  # before the engine or the registry is contacted
     _check_pull_tag(tag)
+    if digest and (tag or not digest.startswith("sha256:") or len(digest) != 71):
+        raise PublishError(
+            f"--digest {digest!r}: pass one sha256:<64 hex> digest and no --tag; fix: copy it from 'invoke history "
+            f"--recipe {recipe}'"
+        )
+    loaded = load_recipe(recipe)
     result = run_pull(
-        load_recipe(recipe),
-        tag or None,
+        loaded,
+        digest or tag or None,
         allow_drift=allow_drift,
         platform=platform or None,
         echo=echo,
@@ -188,7 +202,12 @@ def pull(
         allow_unsigned=allow_unsigned,  # signing hook
     )
     echo(f"image: {result.image}")
-    _write_json(json, result.to_json())
+    from sparkforge.registry import releases
+
+    release = releases.pulled(loaded, result.image, result.reference if digest else "")
+    for line in release["lines"]:
+        echo(line)
+    _write_json(json, {**result.to_json(), "release": release})
 
 
 @task(

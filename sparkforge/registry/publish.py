@@ -21,6 +21,7 @@ from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
+from sparkforge.registry import history
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.registry.pushed import DIGESTS_DIR, PushedImage, read_build_metadata
 from sparkforge.verify import verified
@@ -338,6 +339,7 @@ def promote(
     images = index_platforms(manifest)
     _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
     require_gpu_verified(recipe, dict(images), evidence_dir)
+    before = {} if tools.runner.dry else history.current_digests(tools, moving)
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -349,4 +351,7 @@ def promote(
             "'invoke publish --promote' with the new digest after verifying it"
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
+    history.record_move(
+        tools, moving, "promote", recipe.name, recipe.hash, index, dict(images), before, evidence_dir
+    )
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

@@ -1,0 +1,161 @@
+"""Invoke tasks for releases over time: diff (what changed), history (what a tag named), kernels (the kernel
+report of an image, optionally attested). Thin: parse, call sparkforge.registry, print."""
+
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+
+from invoke import Context, task
+
+from sparkforge.cli import echo, user_errors
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+
+
+def _write(path: str, text: str) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+        echo(f"wrote {path}")
+
+
+@task(
+    iterable=["bench"],
+    help={
+        "a": "the older image (local, or REGISTRY/REPO:TAG or @sha256:...), or a recipe name/path",
+        "b": "the newer image or recipe",
+        "json": "write the diff report (JSON) here",
+        "bench": "benchmark results JSON of A, then of B ('invoke bench --json'; give twice)",
+    },
+)
+@user_errors
+def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = None) -> None:
+    """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
+    from sparkforge.registry.diff import diff as run_diff
+    from sparkforge.registry.diff import format_table
+
+    report = run_diff(a, b, echo=echo, bench=[Path(p) for p in bench or []])
+    echo(format_table(report))
+    if json:
+        report.write_json(Path(json))
+        echo(f"report: {json}")
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "tag": "moving tag whose history to list (default: each of the recipe's moving tags)",
+        "json": "write the history (JSON) here",
+        "no_attestations": "do not read each index's signed verify and kernel attestations (faster)",
+    }
+)
+@user_errors
+def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestations: bool = False) -> None:
+    """The digests a moving tag has named, newest first, with dates, verify verdicts and kernel coverage."""
+    import datetime as dt
+
+    from sparkforge.errors import PublishError
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.releases import history_view, verdict_counts
+
+    loaded = load_recipe(recipe)
+    tools = tools_for(loaded, None, None, echo, "history")
+    tags = [tag] if tag else [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
+    views, missing = [], []
+    for t in tags:  # without --tag, the moving tags that have a history
+        try:
+            views.append(history_view(loaded, tools, t, attestations=not no_attestations))
+        except PublishError as exc:
+            if tag or "has no history" not in str(exc):
+                raise
+            missing.append(exc)
+    if not views:
+        raise missing[0]
+    for view in views:
+        echo(f"{view['repository']}:{view['tag']} (record {view['record']})")
+        for e in view["entries"]:
+            mark = "*" if e["current"] else " "
+            echo(
+                f" {mark} {e['date']}  {e['digest']}  {e['action']:8}  {e['recipe']} {e['recipe_hash'][:12]}"
+            )
+            for platform, p in e["platforms"].items():
+                rec = p.get("recorded") or {}
+                gpu = (
+                    "GPU-verified"
+                    if rec.get("gpu_verified")
+                    else f"not GPU-verified ({rec.get('reason', '?')})"
+                )
+                signed = p.get("verify") or {}
+                claim = f"signed verify {signed.get('status')}" + (
+                    " on GPU" if signed.get("gpu_used") else ""
+                )
+                kernels = p.get("kernels") or {}
+                cover = verdict_counts(kernels)
+                echo(
+                    f"      {platform}: {gpu}; {claim if signed else 'no signed verify claim'}; "
+                    f"kernels: {cover or 'no signed kernel report'}"
+                )
+    _write(json, _json.dumps(views if not tag else views[0], indent=2, sort_keys=True) + "\n")
+
+
+@task(
+    help={
+        "recipe": RECIPE_HELP,
+        "image": "image, wheel or directory to report on (default: the recipe's candidate for its first platform)",
+        "verify_report": "a verify report of this image ('invoke verify --report'): its JIT checks (default: "
+        "this machine's latest verify record of the image)",
+        "gpu": "GPU target (default: the recipe's)",
+        "json": "write the kernel report (JSON) here",
+        "markdown": "write the kernel report (Markdown, for a release page) here",
+        "attest": "attach the report to IMAGE (repository@sha256:...) as a signed attestation",
+        "key": "cosign private key for --attest (default: $SPARKFORGE_SIGNING_KEY; none: keyless)",
+    }
+)
+@user_errors
+def kernels(
+    c: Context,
+    recipe: str,
+    image: str = "",
+    verify_report: str = "",
+    json: str = "",
+    markdown: str = "",
+    attest: bool = False,
+    key: str = "",
+    gpu: str = "",
+) -> None:
+    """The kernel report of an image: audit verdicts, JIT toolchain checks, usable vLLM backends."""
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.verify.kernels_report import for_target, to_markdown
+
+    loaded = load_recipe(recipe)
+    ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
+    checks = None
+    if verify_report:
+        try:
+            checks = list(_json.loads(Path(verify_report).read_text()).get("checks") or [])
+        except (OSError, ValueError) as exc:
+            raise SparkforgeError(
+                f"--verify-report {verify_report}: cannot read it ({exc}); fix: pass the file 'invoke verify "
+                "--report' wrote"
+            ) from None
+    report = for_target(
+        ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name, verify_checks=checks
+    )
+    data = report.to_dict()
+    text = to_markdown(data)
+    echo(text)
+    _write(json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _write(markdown, text)
+    if attest:
+        from sparkforge.commands import Runner
+        from sparkforge.registry.cosign import Cosign, Signer
+        from sparkforge.registry.releases import attest_kernels
+
+        signer = Signer.from_env(key)
+        signed = attest_kernels(loaded, ref, data, Cosign(Runner(echo=echo)), signer)
+        echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")

@@ -1,0 +1,191 @@
+"""What a published release carries beyond its signature: the signed kernel report, and a tag's history
+enriched with each index's signed verify verdicts and kernel coverage (for `history`, `pull` and `verify`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sparkforge.audit.compat import VERDICTS
+from sparkforge.commands import Runner
+from sparkforge.errors import PublishError
+from sparkforge.recipe.loader import Recipe
+from sparkforge.registry import history
+from sparkforge.registry.cosign import (
+    KERNELS_CLAIM,
+    VERIFY_CLAIM,
+    Cosign,
+    Policy,
+    Signed,
+    Signer,
+    SigningError,
+)
+from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
+from sparkforge.registry.trust import attestation_check
+from sparkforge.report import Check
+from sparkforge.verify.kernels_report import coverage_summary
+
+
+def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The kernel-report predicate: the report itself, with the recipe hash it was made for."""
+    if report.get("command") != "kernels":
+        raise SigningError(
+            f"the report is a {report.get('command')!r} report, not a kernel report; fix: pass the --json that "
+            f"'invoke kernels --recipe {recipe.name} --image IMAGE' wrote"
+        )
+    return {"recipe": recipe.name, "recipeHash": recipe.hash, "report": dict(report)}
+
+
+def attest_kernels(
+    recipe: Recipe, image: str, report: Mapping[str, Any], cosign: Cosign, signer: Signer
+) -> Signed:
+    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation."""
+    repo = recipe.model.publish.repository
+    name, _, digest = image.partition("@")
+    if name != repo or not DIGEST.fullmatch(digest):
+        raise SigningError(
+            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
+            "'image' that 'invoke pull --json' wrote"
+        )
+    cosign.attest(image, KERNELS_CLAIM, kernels_claim(recipe, report), signer)
+    return Signed(image, KERNELS_CLAIM)
+
+
+def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
+    """The newest signed kernel report and verify claim of one platform image (empty when unsigned or none)."""
+    policy = Policy.of(recipe)
+    if policy is None:
+        return {"signed": False, "why": "the recipe declares no publish.signing"}
+    cosign = Cosign(runner)
+    try:
+        kernels = cosign.attestations(ref, policy, KERNELS_CLAIM).statements
+        claims = cosign.attestations(ref, policy, VERIFY_CLAIM).statements
+    except SigningError as exc:
+        return {"signed": False, "why": str(exc)}
+    digest = ref.rsplit("@", 1)[-1]
+    kernel = [s.predicate for s in kernels if digest in s.subjects]
+    verify = [s.predicate for s in claims if digest in s.subjects]
+    out: dict[str, Any] = {"signed": True}
+    if kernel:
+        out["kernels"] = coverage_summary(kernel[-1].get("report") or {})
+    if verify:
+        last = verify[-1]
+        out["verify"] = {
+            "status": last.get("status"),
+            "gpu_used": bool((last.get("gpu") or {}).get("used")),
+            "devices": (last.get("gpu") or {}).get("devices") or [],
+        }
+    return out
+
+
+def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool = True) -> dict[str, Any]:
+    """The tag's history, newest first, each index with its platforms' signed verify and kernel claims."""
+    past = history.read(tools, tag)
+    if not past.entries:
+        raise history.no_history(tools.repository, tag, recipe.name)
+    current = (
+        tools.digest_of(f"{tools.repository}:{tag}") if tools.fetch(f"{tools.repository}:{tag}") else None
+    )
+    rows = []
+    for entry in reversed(past.entries):
+        platforms = {}
+        for platform, digest in sorted(entry.platforms.items()):
+            claims = (
+                signed_claims(recipe, f"{tools.repository}@{digest}", tools.runner) if attestations else {}
+            )
+            platforms[platform] = {"digest": digest, "recorded": entry.verified.get(platform, {}), **claims}
+        rows.append(
+            {
+                "digest": entry.digest,
+                "date": entry.date,
+                "action": entry.action,
+                "recipe": entry.recipe,
+                "recipe_hash": entry.recipe_hash,
+                "previous": entry.previous,
+                "current": entry.digest == current,
+                "platforms": platforms,
+            }
+        )
+    return {
+        "repository": tools.repository,
+        "tag": tag,
+        "record": past.reference,
+        "current": current,
+        "entries": rows,
+    }
+
+
+def find_release(tools: Manifests, tags: list[str], digest: str) -> dict[str, Any] | None:
+    """The history entry (of any of `tags`) naming `digest` as an index or a platform image, if any."""
+    for tag in tags:
+        for entry in history.read(tools, tag).entries:
+            if digest == entry.digest or digest in entry.platforms.values():
+                return {"tag": tag, "date": entry.date, "action": entry.action, "index": entry.digest}
+    return None
+
+
+def carried_with_kernels(recipe: Recipe, image: str) -> Check:
+    """verify --image's attestation check, plus the signed kernel report the pulled image carries."""
+    check = attestation_check(recipe, image)
+    ref = (check.details or {}).get("reference")
+    if check.status != "passed" or not ref:
+        return check
+    claims = signed_claims(recipe, str(ref), Runner(stream=False))
+    kernels = claims.get("kernels")
+    reason = check.reason + (
+        f"; kernel report: {_coverage_text(kernels)}" if kernels else "; no signed kernel report"
+    )
+    return Check(check.name, check.status, reason, {**dict(check.details), "kernels": kernels or {}})
+
+
+def verdict_counts(kernels: Mapping[str, Any]) -> str:
+    """'native 2, family 1, jit 0, none 0' in the audit's order (attested JSON comes back with sorted keys)."""
+    by = kernels.get("by_verdict") or {}
+    return ", ".join(f"{v} {by[v]}" for v in VERDICTS if v in by)
+
+
+def _coverage_text(kernels: Mapping[str, Any]) -> str:
+    counts = verdict_counts(kernels)
+    return f"{kernels.get('target')}: {counts}; usable backends: {', '.join(kernels.get('usable_backends') or []) or 'none'}"
+
+
+def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None = None) -> dict[str, Any]:
+    """What `pull` shows after verifying: the pulled image's signed kernel report, and for `--digest`, where
+    that digest stands in the moving tags' history."""
+    import datetime as dt
+
+    from sparkforge.recipe import plan
+    from sparkforge.registry.publish import tools_for
+
+    runner = runner or Runner(stream=False)
+    claims = signed_claims(recipe, image, runner)
+    kernels = claims.get("kernels")
+    if not claims.get("signed"):
+        lines = [f"kernel report: not checked ({claims.get('why')})"]
+    else:
+        lines = ["kernel report: " + (_coverage_text(kernels) if kernels else "none attested for this image")]
+    found = None
+    if digest:
+        tools = tools_for(recipe, runner, None, lambda _: None, "pull-history")
+        found = find_release(
+            tools,
+            [t.rsplit(":", 1)[1] for t in plan.final_tags(recipe, dt.date.today()).moving],
+            digest.rsplit("@", 1)[-1],
+        )
+        lines.append(
+            f"release: {found['tag']} named it from {found['date']} ({found['action']})"
+            if found
+            else "release: not in any moving tag's history (an immutable-tag release, or published elsewhere)"
+        )
+    return {"lines": lines, "kernels": kernels or {}, "history": found}
+
+
+def platforms_of(tools: Manifests, digest: str) -> dict[str, str]:
+    manifest = tools.fetch(f"{tools.repository}@{digest}")
+    if manifest is None:
+        raise PublishError(
+            f"{tools.repository}@{digest} is not in the registry; fix: check the digest ('invoke history "
+            "--recipe R' lists the ones a tag has named)"
+        )
+    return dict(index_platforms(manifest)) if "manifests" in manifest else {}

@@ -1,0 +1,102 @@
+"""Move a moving tag back to the previous GPU-verified index its history names, under promote's own gate.
+
+The gate is `publish.require_gpu_verified` (every platform image GPU-verified for the recipe's GPU) plus the
+recipe's platform set, exactly what `promote` requires; only the one tag asked for moves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparkforge.commands import Runner
+from sparkforge.console import Echo, say
+from sparkforge.engine import Engine
+from sparkforge.errors import PublishError
+from sparkforge.recipe.loader import Recipe, recipe_ref
+from sparkforge.registry import history
+from sparkforge.registry import publish as pub
+from sparkforge.registry.manifests import Manifests, index_platforms
+from sparkforge.registry.trust import is_moving
+from sparkforge.verify import verified
+
+
+def rollback(
+    recipe: Recipe,
+    tag: str,
+    *,
+    runner: Runner | None = None,
+    eng: Engine | None = None,
+    echo: Echo = say,
+    evidence_dir: Path = verified.VERIFIED_DIR,
+) -> pub.Published:
+    """Point `tag` at the newest earlier index in its history that passes promote's gate; refuse when none does."""
+    repo = recipe.model.publish.repository
+    if not is_moving(recipe, tag):
+        moving = ", ".join(recipe.model.publish.moving_tags) or "none"
+        raise PublishError(
+            f"--rollback {tag}: not a moving tag of recipe {recipe.name} (moving tags: {moving}); immutable tags "
+            "never move; fix: pass a moving tag, e.g. --rollback latest"
+        )
+    tools = pub.tools_for(recipe, runner, eng, echo, "rollback")
+    past = history.read(tools, tag)
+    if not past.entries:
+        raise history.no_history(repo, tag, recipe_ref(recipe))
+    current = tools.digest_of(f"{repo}:{tag}") if tools.fetch(f"{repo}:{tag}") else None
+    # The entries before the one that made the tag name what it names now, newest first.
+    last = max((i for i, e in enumerate(past.entries) if e.digest == current), default=len(past.entries))
+    # A release the tag was rolled back from is never a rollback target again.
+    seen: set[str] = {current or ""} | {e.previous or "" for e in past.entries if e.action == "rollback"}
+    refused: list[str] = []
+    for entry in reversed(past.entries[:last]):
+        if entry.digest in seen:
+            continue
+        seen.add(entry.digest)
+        manifest = tools.fetch(f"{repo}@{entry.digest}")
+        if manifest is None:
+            refused.append(f"{entry.digest[:19]} ({entry.date}): no longer in the registry")
+            continue
+        images = dict(index_platforms(manifest)) if "manifests" in manifest else {}
+        try:
+            pub._require_platforms(recipe, list(images), f"index {entry.digest[:19]}", "roll back to")
+            pub.require_gpu_verified(recipe, images, evidence_dir)
+        except PublishError as exc:
+            refused.append(f"{entry.digest[:19]} ({entry.date}): {str(exc).split('Not: ')[-1][:300]}")
+            continue
+        return _move(recipe, tools, tag, entry, images, current, evidence_dir, echo)
+    raise PublishError(
+        f"refusing to roll back {repo}:{tag}: no earlier index in its history is GPU-verified for "
+        f"{recipe.model.gpu} on every platform (promote's rule). "
+        + (f"Tried: {' | '.join(refused)}. " if refused else "Its history names no earlier index. ")
+        + f"Nothing was moved; {tag} still names {current}. Fix: verify an earlier index on the target GPU "
+        "('invoke verify --gpus all' of its pulled images), then re-run the rollback, or promote a new index"
+    )
+
+
+def _move(
+    recipe: Recipe,
+    tools: Manifests,
+    tag: str,
+    entry: history.Entry,
+    images: dict[str, str],
+    current: str | None,
+    evidence_dir: Path,
+    echo: Echo,
+) -> pub.Published:
+    repo, index = recipe.model.publish.repository, entry.digest
+    if tools.buildx:
+        tools.create(
+            [f"{repo}:{tag}"], [f"{repo}@{index}"]
+        )  # one index source: a carbon copy, as promote does
+        got = index if tools.runner.dry else tools.digest_of(f"{repo}:{tag}")
+    else:
+        got = tools.create([f"{repo}:{tag}"], [f"{repo}@{d}" for d in images.values()]) or index
+    if got != index:
+        raise PublishError(
+            f"{tag} now names index {got}, an equivalent of {index} with other bytes; verify it and promote it "
+            "('invoke publish --promote')"
+        )
+    echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
+    history.record_move(
+        tools, [tag], "rollback", entry.recipe, entry.recipe_hash, index, images, {tag: current}, evidence_dir
+    )
+    return pub.Published(recipe.name, repo, index, images, (tag,), (), "")
