@@ -142,9 +142,12 @@ def build(
     from sparkforge.build.pipeline import build as run_build
     from sparkforge.build.stage import BuildOptions, parse_sources
     from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.plan import check_reference
     from sparkforge.verify.suite import gpu_mode
 
     loaded = load_recipe(recipe)
+    for ref in tag or ():
+        check_reference("--tag", ref)  # before the hour-long build, not at tagging time
     options = BuildOptions(
         platform=platform or None,
         target=target,
@@ -246,7 +249,7 @@ def audit(
     if report.status != "passed":
         from invoke.exceptions import Exit
 
-        raise Exit("sparkforge: audit failed: a required library has no kernels that run on " + gpu, code=1)
+        raise Exit(f"sparkforge: audit failed: {report.failed[0].reason}", code=1)
 
 
 @task(

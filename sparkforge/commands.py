@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,91 @@ class Command:
             lines.append(f"cd {shlex.quote(str(self.cwd))}")
         lines.append(self.shell_line())
         return "\n".join(lines) + "\n"
+
+
+# An engine that stops mid-command: the docker CLI's own words for losing its daemon. BuildKit's bare
+# "unexpected EOF" is no sign by itself (a RUN step or a registry can say it): there the probe decides.
+_ENGINE_GONE = re.compile(
+    r"Cannot connect to the Docker daemon|error during connect|error reading from server: EOF", re.MULTILINE
+)
+ENGINE_STOPPED = "the engine at {address} stopped answering"
+ENGINE_STOPPED_FIX = (
+    "fix: start it ('invoke engine.up', or 'sudo systemctl start docker'), then run the same command again "
+    "(BuildKit's cache keeps the steps that finished)"
+)
+_DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+
+
+_GLOBAL_WITH_VALUE = {
+    "--host",
+    "-H",
+    "--context",
+    "-c",
+    "--config",
+    "--log-level",
+    "-l",
+    "--tlscacert",
+    "--tlscert",
+    "--tlskey",
+}
+
+
+def _engine_flags(argv: Sequence[str]) -> tuple[str, ...]:
+    """The docker CLI's global --host/--context before the subcommand (a `sh -c` later is the container's)."""
+    index = 1
+    while index < len(argv) and argv[index].startswith("-"):
+        if argv[index] in _GLOBAL_WITH_VALUE and index + 1 < len(argv):
+            if argv[index] in ("--host", "-H", "--context", "-c"):
+                return (argv[index], argv[index + 1])
+            index += 2
+        else:
+            index += 1
+    return ()
+
+
+def engine_address(command: Command) -> str:
+    """The engine a docker CLI command talks to: its --host/--context, else DOCKER_HOST/DOCKER_CONTEXT, else the
+    CLI's default socket."""
+    flags = _engine_flags(command.argv)
+    if flags:
+        return flags[1] if flags[0] in ("--host", "-H") else f"context {flags[1]}"
+    env = {**os.environ, **command.env}
+    if env.get("DOCKER_HOST"):
+        return env["DOCKER_HOST"]
+    return f"context {env['DOCKER_CONTEXT']}" if env.get("DOCKER_CONTEXT") else _DEFAULT_ENGINE
+
+
+def engine_lost(command: Command, output: str, timeout: float = 15) -> str | None:
+    """For a failed docker CLI command: the engine's address when the engine went away under it, else None.
+
+    Gone: it does not answer `docker version` now, or the output carries the CLI's own words for a lost engine.
+    """
+    if Path(command.argv[0]).name != "docker" or len(command.argv) < 2:
+        return None
+    probe = [command.argv[0], *_engine_flags(command.argv), "version", "--format", "{{.Server.Version}}"]
+    try:
+        answers = (
+            subprocess.run(
+                probe, env={**os.environ, **command.env}, capture_output=True, timeout=timeout, check=False
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        answers = False
+    if answers and not _ENGINE_GONE.search(output):
+        return None
+    return engine_address(command)
+
+
+def engine_stopped_message(address: str, during: str) -> str:
+    """One paragraph: which engine stopped, during what, what was left undone, the fix."""
+    return f"{ENGINE_STOPPED.format(address=address)} during {during}; {ENGINE_STOPPED_FIX}"
+
+
+def stopped_engine_in(text: str) -> str | None:
+    """The address named by an engine_stopped_message in `text` (a CommandError's message), else None."""
+    match = re.search(re.escape(ENGINE_STOPPED).replace(r"\{address\}", r"(\S+(?: \S+)?)"), text)
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +221,9 @@ class Runner:
         if check and proc.returncode != 0:
             tail = "".join(lines[-15:]).rstrip()
             where = f" Full log: {log}." if log else ""
+            lost = engine_lost(command, output)
+            if lost:
+                raise CommandError(f"{step}: {engine_stopped_message(lost, f'step {step!r}')}.{where}")
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n"
                 f"--- last lines ---\n{tail}\n---{where}"
@@ -187,6 +276,9 @@ class Runner:
                 f"{step}: no answer within {timeout:g} s from {command.shell_line()}"
             ) from None
         if check and proc.returncode != 0:
+            lost = engine_lost(command, proc.stdout + proc.stderr)
+            if lost:
+                raise CommandError(f"{step}: {engine_stopped_message(lost, f'step {step!r}')}")
             raise CommandError(
                 f"{step} failed (exit {proc.returncode}): {command.shell_line()}\n{proc.stderr.strip()[-2000:]}"
             )

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command, Runner, engine_stopped_message
 from sparkforge.errors import CommandError, EngineError
 
 NO_ENGINE_FIX = (
@@ -139,8 +139,22 @@ def sdk_errors(what: str) -> Iterator[None]:
         ) from None
     except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
         raise EngineError(
-            f"{what}: lost the Docker engine ({exc.__class__.__name__}); {NO_ENGINE_FIX}"
+            f"{what}: {engine_stopped_message(_sdk_address(), what)} ({exc.__class__.__name__})"
         ) from None
+
+
+def _sdk_address() -> str:
+    """The engine the Docker SDK talks to (docker.from_env): DOCKER_HOST, else the default socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """A requests/urllib3 error for a dropped connection (not the wait's read timeout running out)."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return False
+    return isinstance(exc, requests.exceptions.ConnectionError | ConnectionError)
 
 
 def image_exists(ref: str) -> bool:
@@ -229,14 +243,26 @@ def run_container(
         try:
             result = container.wait(timeout=timeout_s)
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
+            if _connection_lost(exc) or not _answers():
+                raise EngineError(engine_stopped_message(_sdk_address(), f"the run of {image}")) from None
             container.kill()
             logs = container.logs().decode(errors="replace")
             return RunResult(124, logs, f"timed out after {timeout_s} s ({exc.__class__.__name__})")
-        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        with sdk_errors(f"reading the output of {image}"):
+            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
         return RunResult(int(result.get("StatusCode", 1)), stdout, stderr)
     finally:
-        container.remove(force=True)
+        with contextlib.suppress(Exception):  # an engine that went away takes its containers with it
+            container.remove(force=True)
+
+
+def _answers() -> bool:
+    try:
+        _client().ping()
+    except Exception:  # any failure to ping is "not answering"
+        return False
+    return True
 
 
 class _ChunkReader(io.RawIOBase):

@@ -173,7 +173,21 @@ def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: S
 def coverage_check(
     libraries: Sequence[LibraryAudit], unreadable: Sequence[ScannedFile], target: GpuTarget
 ) -> Check:
-    """The check when nothing is required: passes, and reports the counts."""
+    """The check when nothing is required: passes and reports the counts; fails when nothing was audited."""
+    if not libraries:
+        where = (
+            f"; {len(unreadable)} unreadable: {_listing([f.path for f in unreadable])}" if unreadable else ""
+        )
+        return Check(
+            name="coverage",
+            status="failed",
+            reason=(
+                f"nothing was audited: no CUDA device code (no fatbinary in any ELF library, object or wheel) on "
+                f"{target.name}{where}; fix: point the audit at the folder, wheel or image holding the CUDA "
+                "libraries (e.g. site-packages/vllm)"
+            ),
+            details={"unreadable": [{"path": f.path, "error": f.error} for f in unreadable]},
+        )
     counts = Counter(lib.verdict for lib in libraries)
     entries = sum(sum(lib.entries.values()) for lib in libraries)
     reason = (

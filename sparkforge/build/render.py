@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jinja2
 
-from sparkforge.recipe import plan
 from sparkforge.errors import RenderError
-from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe, patch_file
 
 TEMPLATES_DIR = REPO_ROOT / "dockerfiles"
 IMAGE_TESTS_DIR = REPO_ROOT / "tests" / "image"
@@ -148,7 +148,7 @@ def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None
     series = []
     for _, component in recipe.model.components.items():
         for patch in component.patches:
-            shutil.copyfile(REPO_ROOT / patch, patches_dir / Path(patch).name)
+            shutil.copyfile(patch_file(patch), patches_dir / Path(patch).name)  # a regular file in patches/
             series.append(Path(patch).name)
     (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
     _copy_tree(IMAGE_TESTS_DIR, root / "image-tests")

@@ -112,6 +112,8 @@ def _revision() -> str:
 
 def _failure(log: Path | None, output: str) -> str:
     """One paragraph from BuildKit's plain log: failing stage and step, likely cause and fix, log and replay."""
+    from sparkforge.commands import engine_stopped_message, stopped_engine_in
+
     text = (log.read_text(errors="replace") if log is not None and log.is_file() else output)[-40000:]
     steps = re.findall(r"(?:ERROR: |> )\[([a-z0-9_-]+) +(\d+/\d+)\] ([^\n]{0,100})", text)
     if steps:
@@ -119,6 +121,17 @@ def _failure(log: Path | None, output: str) -> str:
         where = f" in stage '{stage}', step {number} ({instruction.strip().rstrip(':')})"
     else:
         where = ""
+    replay = log.with_suffix(".sh") if log is not None else None
+    lost = stopped_engine_in(output)
+    if lost:  # the engine went away: name it and the step it was on (the last one BuildKit started)
+        started = re.findall(r"^#\d+ \[(?:([a-z0-9_-]+) +)?(\d+/\d+)\] ([^\n]{0,100})", text, re.MULTILINE)
+        step = steps[-1] if steps else started[-1] if started else None
+        stage_name = f"stage '{step[0]}': " if step and step[0] else ""
+        during = f"step {step[1]} ({stage_name}{step[2].strip()})" if step else "the build"
+        return (
+            f"build failed: {engine_stopped_message(lost, during)}. Nothing was tagged and no record was written. "
+            f"Log: {log}; replay: {replay}"
+        )
     hint = ""
     if "no space left on device" in text:
         hint = " The disk is full: free space ('docker system prune', 'docker builder prune') and retry."
@@ -137,7 +150,6 @@ def _failure(log: Path | None, output: str) -> str:
             " pip could not install the pinned set (a missing version or conflicting pins): check the recipe's "
             "pins; 'invoke preflight' names the failing one."
         )
-    replay = log.with_suffix(".sh") if log is not None else None
     return f"build failed{where}; nothing was tagged.{hint} Log: {log}; replay: {replay}"
 
 

@@ -96,6 +96,7 @@ def publish(
     from sparkforge.commands import Runner
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
+    from sparkforge.registry.cosign import plan_digest
     from sparkforge.registry.pushed import DIGESTS_DIR, load_digests
 
     loaded = load_recipe(recipe)
@@ -116,8 +117,11 @@ def publish(
         found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
         for item in digest or []:
             platform, _, value = item.partition("=")
-            if not value:
-                raise PublishError(f"--digest {item!r}: use PLATFORM=sha256:..., e.g. linux/arm64=sha256:...")
+            if not value or not plan_digest(value):
+                raise PublishError(
+                    f"--digest {item!r}: use PLATFORM=sha256:<64 lowercase hex digits>, e.g. linux/arm64=sha256:..."
+                )
+            _check_platform(platform, "--digest")
             found[platform] = value
         result = pub.publish(
             loaded,
@@ -130,6 +134,28 @@ def publish(
             allow_base_override=allow_base_override,
         )
     _write_json(json, result.to_json())
+
+
+def _check_platform(platform: str, option: str = "--platform") -> None:
+    """A platform from the command line: one of the table in sparkforge/oci.py (empty: the default)."""
+    from sparkforge import oci
+
+    if platform and platform not in oci.PLATFORMS:
+        raise PublishError(
+            f"{option} {platform[:80]!r} is not a platform sparkforge builds; fix: use one of {', '.join(oci.PLATFORMS)}"
+        )
+
+
+def _check_pull_tag(tag: str) -> None:
+    """`pull --tag`: an OCI tag or sha256:DIGEST (empty: the recipe's default)."""
+    from sparkforge.recipe.plan import OCI_TAG
+    from sparkforge.registry.cosign import plan_digest
+
+    if tag and not (OCI_TAG.fullmatch(tag) or plan_digest(tag)):
+        raise PublishError(
+            f"--tag {tag[:80]!r} is neither a tag (letters, digits, _ . -, at most 128) nor sha256:<64 hex digits>; "
+            "fix: pass one of the recipe's tags or a digest"
+        )
 
 
 @task(
@@ -158,6 +184,8 @@ def pull(
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.pull import pull as run_pull
 
+    _check_platform(platform)  # before the engine or the registry is contacted
+    _check_pull_tag(tag)
     if digest and (tag or not digest.startswith("sha256:") or len(digest) != 71):
         raise PublishError(
             f"--digest {digest!r}: pass one sha256:<64 hex> digest and no --tag; fix: copy it from 'invoke history "

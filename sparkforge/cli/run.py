@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import echo, finish_report, user_errors, warn
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -18,9 +18,10 @@ IFACE_HELP = "the cluster-link interface on every node (sets VLLM_HOST_IP, NCCL/
 
 
 def _image(recipe: str, image: str) -> str:
-    if image:
-        return image
     from sparkforge.recipe import plan
+
+    if image:
+        return plan.check_reference("--image", image)
     from sparkforge.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)
@@ -48,21 +49,46 @@ def _preflight(recipe: str, profile_ref: str, skip: bool) -> None:
 
 
 def _engines(nodes: str) -> list:
-    from sparkforge.run.nodes import NodeEngine, parse_nodes
+    """Every node checked (and plain tcp:// warned) before any engine is contacted."""
+    import os
 
-    return [NodeEngine(n) for n in parse_nodes(nodes)]
+    from sparkforge.run.nodes import NodeEngine, node_warnings, parse_nodes
+
+    parsed = parse_nodes(nodes)
+    for line in node_warnings(parsed, os.environ):
+        warn(f"warning: {line}")
+    return [NodeEngine(n) for n in parsed]
 
 
 def _engine(node: str):
     """One node's engine for `serve` (default: the local one)."""
-    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
+    import os
 
-    return NodeEngine(parse_node(node) if node else LOCAL)
+    from sparkforge.run.nodes import LOCAL, NodeEngine, node_warnings, parse_node
+
+    parsed = parse_node(node) if node else LOCAL
+    for line in node_warnings([parsed], os.environ):
+        warn(f"warning: {line}")
+    return NodeEngine(parsed)
+
+
+def _trust_remote_code(allowed: bool) -> bool:
+    """The one way to let vLLM run the model repository's code: said on the command line, printed loudly."""
+    if allowed:
+        warn(
+            "warning: --trust-remote-code: vLLM will run Python code from the model's repository inside a "
+            "container with host network, host IPC and the GPU; use it only for a model repository you trust"
+        )
+    return allowed
 
 
 def _doctor_options(image: str, interface: str, master_port: int, gpus: str, sanity: bool = True):
     from sparkforge.run.facts import DoctorOptions
+    from sparkforge.run.inputs import check_choice, check_interface, check_port
 
+    check_interface(interface)
+    check_port("--master-port", master_port)
+    check_choice("--gpus", gpus, ("all", "none"))
     return DoctorOptions(
         image=image, interface=interface or None, master_port=master_port, sanity=sanity, gpus=gpus == "all"
     )
@@ -78,19 +104,31 @@ def _launch_options(
     hf_token_file: str,
     cache_dir: str,
     ulimit: list[str] | None = None,
+    trust_remote_code: bool = False,
 ):
+    from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
+    model_path = Path(model_dir).resolve() if model_dir else None
+    token_path = Path(hf_token_file).resolve() if hf_token_file else None
+    inputs.check_port("--port", port)
+    inputs.check_port("--master-port", master_port)
+    inputs.check_choice("--backend", backend, ("mp", "ray"))
+    inputs.check_choice("--gpus", gpus, ("all", "none"))
+    inputs.check_host_path("--model-dir", str(model_path or ""))
+    inputs.check_host_path("--hf-token-file", str(token_path or ""))
+    inputs.check_host_path("--cache-dir", cache_dir)
     return LaunchOptions(
         image=image,
         port=port,
         master_port=master_port,
         backend=backend,  # type: ignore[arg-type]
         gpus=gpus != "none",
-        model_dir=Path(model_dir) if model_dir else None,
-        hf_token_file=Path(hf_token_file).resolve() if hf_token_file else None,
+        model_dir=model_path,
+        hf_token_file=token_path,
         cache_dir=cache_dir,
-        ulimits=tuple(ulimit) if ulimit else GB10_ULIMITS,
+        ulimits=inputs.check_ulimits(ulimit) if ulimit else GB10_ULIMITS,
+        trust_remote_code=_trust_remote_code(trust_remote_code),
     )
 
 
@@ -106,6 +144,7 @@ COMMON_HELP = {
     "no_preflight": "skip checking the profile's flags against the pinned vLLM",
     "dry": "print the exact plan (docker argv and env per node), start nothing",
     "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
+    "trust_remote_code": "let vLLM run Python code from the model's repository (never from a profile; printed)",
 }
 
 
@@ -133,17 +172,20 @@ def serve(
     no_chat: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.serve import serve_up
 
-    _preflight(recipe, profile, no_preflight)
-    engine = _engine(node)
+    engine = _engine(node)  # every input checked before the network or an engine is contacted
+    loaded = load_profile(profile)
     options = _launch_options(
-        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit
-    )
-    serve_up(engine, load_profile(profile), options, echo=echo, chat=not no_chat, dry=dry)
+        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+        trust_remote_code,
+    )  # fmt: skip
+    _preflight(recipe, profile, no_preflight)
+    serve_up(engine, loaded, options, echo=echo, chat=not no_chat, dry=dry)
 
 
 @task(
@@ -193,11 +235,11 @@ def doctor(
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
+    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
+    options = _doctor_options(_image(recipe, image), interface, master_port, gpus)
     if profile and recipe:
         _preflight(recipe, profile, no_preflight)
-    result = run_doctor(
-        _engines(nodes), _doctor_options(_image(recipe, image), interface, master_port, gpus), echo=echo
-    )
+    result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
 
@@ -233,22 +275,27 @@ def up(
     no_preflight: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.cluster import cluster_up, ensure_image
+    from sparkforge.run.inputs import check_positive
 
-    _preflight(recipe, profile, no_preflight)
+    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
+    loaded = load_profile(profile)
     ref = _image(recipe, image)
-    engines = _engines(nodes)
-    ensure_image(engines, ref, echo, distribute=distribute)
     launch = _launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit
+        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code
     )
     doctor_options = _doctor_options(ref, interface, master_port, gpus, sanity=True)
+    check_positive("--health-timeout", health_timeout)
+    _preflight(recipe, profile, no_preflight)
+    if not dry:  # --dry contacts no engine: no image check, no doctor probe
+        ensure_image(engines, ref, echo, distribute=distribute)
     cluster_up(
         engines,
-        load_profile(profile),
+        loaded,
         launch,
         doctor_options,
         echo=echo,
@@ -272,7 +319,9 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
 def logs(c: Context, nodes: str, tail: int = 100) -> None:
     """The last log lines of every serve container on every node."""
     from sparkforge.run.cluster import cluster_logs
+    from sparkforge.run.inputs import check_positive
 
+    check_positive("--tail", tail)
     for where, text in cluster_logs(_engines(nodes), tail).items():
         echo(f"==> {where} <==")
         echo(text.rstrip())

@@ -17,13 +17,27 @@ KEY_HELP = (
 )
 
 
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
 def _read_json(path: str, what: str) -> dict:
+    """A JSON object from a regular file of bounded size (never a pipe or a device), or a clear error."""
+    import stat
+
+    fix = f"fix: pass the file {what} wrote"
     try:
-        return dict(_json.loads(Path(path).read_text()))
-    except (OSError, ValueError) as exc:
-        raise SparkforgeError(
-            f"{path}: cannot read the {what} ({exc}); fix: pass the file {what} wrote"
-        ) from None
+        info = Path(path).stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
+            raise SparkforgeError(
+                f"{path}: not a regular file of at most {MAX_JSON_BYTES} bytes, so not the {what}; {fix}"
+            )
+        data = _json.loads(Path(path).read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200]
+        raise SparkforgeError(f"{path}: cannot read the {what} ({reason}); {fix}") from None
+    if not isinstance(data, dict):
+        raise SparkforgeError(f"{path}: the {what} is a JSON object, this is a {type(data).__name__}; {fix}")
+    return data
 
 
 def _tools(key: str):
@@ -45,14 +59,13 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
     """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import sign_published
+    from sparkforge.registry.signinputs import parse_published
 
     loaded = load_recipe(recipe)
-    data = _read_json(published, "'invoke publish --json'")
+    index, platforms = parse_published(_read_json(published, "'invoke publish --json'"), published)
     cosign, signer = _tools(key)
-    echo(f"sparkforge: signing {data.get('reference')} with {signer.describe()}")
-    for signed in sign_published(
-        loaded, str(data.get("index")), dict(data.get("platforms") or {}), cosign, signer
-    ):
+    echo(f"sparkforge: signing {loaded.model.publish.repository}@{index} with {signer.describe()}")
+    for signed in sign_published(loaded, index, platforms, cosign, signer):
         echo(f"sparkforge: signed {signed.reference} ({signed.what})")
 
 
@@ -69,11 +82,11 @@ def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> N
     """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.signinputs import parse_verify_report
 
+    data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)
-    signed = attest_report(
-        load_recipe(recipe), image, _read_json(report, "'invoke verify --report'"), cosign, signer
-    )
+    signed = attest_report(load_recipe(recipe), image, data, cosign, signer)
     echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
 
 

@@ -23,7 +23,7 @@ from sparkforge.preflight.fetch import Fetcher, make_fetcher
 from sparkforge.preflight.images import fetch_manifest, parse_image
 from sparkforge.preflight.pypi import WheelTarget, resolve_file
 from sparkforge.preflight.sources import same_commit
-from sparkforge.recipe.loader import Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 State = Literal["pinned", "resolved", "drift", "floating", "unresolved"]
 _FAILING: frozenset[str] = frozenset({"drift", "floating"})
@@ -154,6 +154,20 @@ def _vllm_entries(recipe: Recipe, runner: Runner, fetcher: Fetcher) -> list[Lock
     return entries
 
 
+def _check_writable(recipe: Recipe) -> None:
+    """`--write` edits the recipe files in place: never through a symlink whose target leaves the project."""
+    for path in recipe.chain:
+        real = path.resolve()
+        if real != path.absolute() and not real.is_relative_to(REPO_ROOT.resolve()):
+            raise PreflightError(
+                f"lock --write: {path} is a symlink to {real}, outside this project ({REPO_ROOT}); writing the "
+                "pins would change that file; fix: replace the link with a copy of the recipe, or run "
+                "'invoke lock' without --write and edit the pins by hand"
+            )
+        if not real.is_file():
+            raise PreflightError(f"lock --write: {path} is not a regular file; fix: name a recipe file")
+
+
 def _write(recipe: Recipe, entries: list[LockEntry]) -> tuple[Path, ...]:
     """Replace each re-resolved value in the recipe file that states it (comments and layout kept)."""
     written: list[Path] = []
@@ -189,6 +203,8 @@ def lock_recipe(
             "lock resolves tags and refs against registries and git remotes, which needs the network; "
             "fix: run it online (offline, 'invoke preflight --offline' still checks that every pin is a digest/SHA)"
         )
+    if write and not check:
+        _check_writable(recipe)  # before the network: a refusal touches nothing
     runner = runner or Runner(stream=False)
     fetcher = fetcher or make_fetcher()
     model = recipe.model

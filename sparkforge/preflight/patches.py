@@ -103,7 +103,8 @@ def prepare_scratch(root: Path, patches: list[Path], scratch: Path) -> list[str]
             )
         for rel in touched_files(text):
             source, target = root / rel, scratch / rel
-            if source.is_file() and not target.exists():
+            inside = source.resolve().is_relative_to(root.resolve())  # a symlink in the checkout stays unread
+            if inside and source.is_file() and not source.is_symlink() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target)
                 copied.append(rel)
@@ -124,6 +125,14 @@ def check_patches(
     if not patches:
         check.status = "skipped"
         check.reason = "the recipe has no patches"
+        return
+    not_regular = [_display(p, repo_root) for p in patches if p.is_symlink() or not p.is_file()]
+    if not_regular:
+        check.status = "failed"
+        check.reason = (
+            f"{', '.join(not_regular)}: not a regular file in patches/ (a symlink's target would be read and "
+            "shipped); fix: put the patch itself in patches/"
+        )
         return
     escaping = {_display(p, repo_root): escaping_paths(p.read_text(errors="replace")) for p in patches}
     escaping = {name: paths for name, paths in escaping.items() if paths}

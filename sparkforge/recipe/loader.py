@@ -5,19 +5,44 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.schema import RecipeModel
+from sparkforge.recipe.yamlfile import YamlDoc, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = REPO_ROOT / "recipes"
+PATCHES_DIR = REPO_ROOT / "patches"
+
+
+def patch_file(patch: str) -> Path:
+    """A recipe's patch as a regular file inside patches/ (never a symlink: its target would be read and shipped)."""
+    path = REPO_ROOT / patch
+    try:
+        info = path.lstat()
+    except OSError:
+        raise RecipeError(
+            f"patch {patch} does not exist; fix: add the file or remove it from the recipe"
+        ) from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise RecipeError(
+            f"patch {patch} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a regular file'}; its "
+            "contents would be copied into build/ and the image; fix: put the patch itself in patches/ "
+            "(a regular file, 'git format-patch' output)"
+        )
+    if not path.resolve().is_relative_to(PATCHES_DIR.resolve()):
+        raise RecipeError(
+            f"patch {patch} resolves to {path.resolve()}, outside {PATCHES_DIR} (a symlinked folder); fix: keep "
+            "patch folders as real folders inside patches/"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -36,11 +61,11 @@ class Recipe:
         for name, component in self.model.components.items():
             for patch in component.patches:
                 digest.update(f"{name}:{patch}:".encode())
-                digest.update(hashlib.sha256((REPO_ROOT / patch).read_bytes()).digest())
+                digest.update(hashlib.sha256(patch_file(patch).read_bytes()).digest())
         return digest.hexdigest()
 
     def patch_paths(self) -> list[Path]:
-        return [REPO_ROOT / p for _, c in self.model.components.items() for p in c.patches]
+        return [patch_file(p) for _, c in self.model.components.items() for p in c.patches]
 
     def resolved(self) -> dict[str, Any]:
         return self.model.model_dump(mode="json", exclude_none=True)
@@ -48,73 +73,7 @@ class Recipe:
 
 # ---- loading ------------------------------------------------------------------------------------
 
-
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise RecipeError(
-                f"{loader.name}:{key_node.start_mark.line + 1}: key {key!r} appears twice; fix: keep one"
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _key_lines(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            path = (*prefix, str(key_node.value))
-            out[path] = key_node.start_mark.line + 1
-            _key_lines(value_node, path, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            path = (*prefix, str(index))
-            out[path] = item.start_mark.line + 1
-            _key_lines(item, path, out)
-
-
-@dataclass(frozen=True)
-class YamlDoc:
-    path: Path
-    data: dict[str, Any]
-    lines: dict[tuple[str, ...], int]
-
-
-def read_yaml(path: Path) -> YamlDoc:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror}); fix: check the path") from None
-    try:
-        loader = _LineLoader(text)
-        loader.name = str(path)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecipeError(
-            f"{where}: invalid YAML ({problem}); fix: correct the syntax at that line"
-        ) from None
-    if not isinstance(data, dict):
-        raise RecipeError(
-            f"{path}:1: a recipe must be a YAML mapping of keys; fix: start with 'description: ...'"
-        )
-    lines: dict[tuple[str, ...], int] = {}
-    _key_lines(node, (), lines)
-    return YamlDoc(path, data, lines)
+__all__ = ["Recipe", "YamlDoc", "load_recipe", "read_yaml"]
 
 
 def resolve_named_file(
@@ -159,6 +118,26 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_EXTENDS = 8
+# Never a recipe part, whatever the user names: system configuration, kernel and device trees, secrets.
+_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run", "/var/lib")
+
+
+def _check_extends_target(parent: Path, top: Path, where: str) -> None:
+    """`extends` reaches this project's files or the folder of the recipe file the user named (its opt-in), never a
+    system folder."""
+    real = parent.resolve()
+    roots = (REPO_ROOT.resolve(), top.resolve().parent)
+    system = any(real == Path(d) or real.is_relative_to(d) for d in _SYSTEM_DIRS)
+    if system or not any(real.is_relative_to(root) for root in roots):
+        raise RecipeError(
+            f"{where}: extends reaches {real}, outside this project and the folder of the recipe you named "
+            f"({top.resolve().parent}){' (a system folder)' if system else ''}; fix: extend a recipe in recipes/ "
+            "by name, or copy the base next to your recipe file (naming a recipe file by path is the opt-in for "
+            "its own folder)"
+        )
+
+
 def _load_chain(
     path: Path, stack: tuple[Path, ...]
 ) -> tuple[dict[str, Any], dict[tuple[str, ...], tuple[Path, int]], tuple[Path, ...]]:
@@ -176,7 +155,14 @@ def _load_chain(
             f"{path}:{doc.lines[('extends',)]}: extends: must be a recipe name or path string; "
             "fix: e.g. 'extends: vllm-qwen35-wheels'"
         )
+    where = f"{path}:{doc.lines[('extends',)]}"
+    if len(stack) + 1 >= MAX_EXTENDS:
+        raise RecipeError(
+            f"{where}: 'extends' goes more than {MAX_EXTENDS} files deep; fix: shorten the chain "
+            "(merge some of the partials)"
+        )
     parent_path = resolve_recipe_path(parent, relative_to=path)
+    _check_extends_target(parent_path, (*stack, path)[0], where)
     base, base_origins, chain = _load_chain(parent_path, (*stack, path))
     merged = _merge(base, data)
     return merged, {**base_origins, **origins}, (path, *chain)
@@ -252,13 +238,14 @@ def load_recipe(ref: str | Path) -> Recipe:
     except ValidationError as exc:
         problems = [explain_errors(e, origins, path) for e in exc.errors()]
         raise RecipeError(f"recipe {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
-    for _, component in model.components.items():
-        for patch in component.patches:
-            if not (REPO_ROOT / patch).is_file():
-                line = origins.get(("components",), (path, 0))[1]
-                raise RecipeError(
-                    f"{path}:{line}: patch {patch} does not exist; fix: add the file or remove it"
-                )
+    for name, component in model.components.items():
+        for index, patch in enumerate(component.patches):
+            try:
+                patch_file(patch)
+            except RecipeError as exc:
+                key = ("components", name, "patches", str(index))
+                where, line = origins.get(key, origins.get(("components",), (path, 0)))
+                raise RecipeError(f"{where}:{line}: {exc}") from None
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", path.stem):
         raise RecipeError(
             f"{path}: the file name {path.stem!r} is the recipe name and becomes image tags; fix: rename it to "

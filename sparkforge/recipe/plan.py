@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__
-from sparkforge.errors import SparkforgeError
+from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 PROJECT_SOURCE = "https://github.com/sparkforge/sparkforge"
@@ -162,9 +163,62 @@ class Tags:
         return (*self.immutable, *self.moving)
 
 
+# The OCI distribution spec's tag grammar: checked after the placeholders are filled, at plan time, so a
+# version with '+' or '!' fails here and not after the hour-long build.
+OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
 def expand_tag(recipe: Recipe, template: str, when: _dt.date) -> str:
-    """One tag template of the recipe's scheme with its placeholders filled (no repository)."""
-    return template.format(**tag_values(recipe, when))
+    """One tag template of the recipe's scheme with its placeholders filled (no repository); RecipeError if the
+    result is not a valid OCI tag."""
+    tag = template.format(**tag_values(recipe, when))
+    if not OCI_TAG.fullmatch(tag):
+        values = tag_values(recipe, when)
+        culprits = [
+            f"{{{k}}} = {v!r}"
+            for k, v in values.items()
+            if f"{{{k}}}" in template and not OCI_TAG.fullmatch(v)
+        ]
+        bad = sorted({c for c in tag if not re.fullmatch(r"[A-Za-z0-9._-]", c)})
+        why = (
+            f"{len(tag)} characters (at most 128)"
+            if len(tag) > 128
+            else f"holds {', '.join(repr(c) for c in bad) or 'a leading ' + repr(tag[:1])}"
+        )
+        raise RecipeError(
+            f"{recipe.path}: publish tag template {template!r} expands to {tag!r}, which is not a valid OCI tag "
+            f"({why}{'; from ' + ', '.join(culprits) if culprits else ''}); fix: change the template (drop or "
+            "replace that placeholder) so the tag is letters, digits, '_', '.' and '-', at most 128 characters"
+        )
+    return tag
+
+
+# OCI distribution reference: [registry[:port]/]name(/name)*[:tag]; the registry part may hold '.', ':' and capitals.
+_REF_NAME = re.compile(
+    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+)
+
+
+def check_reference(option: str, ref: str) -> str:
+    """An image reference from the command line (NAME[:TAG] or NAME@sha256:...), or RecipeError before any work."""
+    name, at, digest = ref.partition("@")
+    tag = ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        name, _, tag = name.rpartition(":")
+    good = bool(_REF_NAME.fullmatch(name)) and len(name) <= 255
+    good = good and (not at or bool(re.fullmatch(r"sha256:[0-9a-f]{64}", digest)))
+    good = good and (not tag or bool(OCI_TAG.fullmatch(tag)))
+    if not good:
+        raise RecipeError(
+            f"{option} {ref[:120]!r} is not an image reference; fix: use NAME[:TAG] or NAME@sha256:<64 hex> with a "
+            "lowercase name (e.g. ghcr.io/org/vllm-qwen35:0.31.0) and a tag of letters, digits, _ . - (at most 128)"
+        )
+    return ref
+
+
+def check_tags(recipe: Recipe, when: _dt.date) -> Tags:
+    """Every tag of the recipe's scheme, expanded and checked (raises before anything is built)."""
+    return final_tags(recipe, when)
 
 
 def final_tags(recipe: Recipe, when: _dt.date, repository: str | None = None) -> Tags:
@@ -220,6 +274,7 @@ class TemplateValues:
 
 
 def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateValues:
+    check_tags(recipe, _dt.datetime.now(_dt.UTC).date())  # tags fail at plan time, not after the build
     m = recipe.model
     effective = effective or bases(recipe)
     components = {

@@ -12,30 +12,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
+from sparkforge.recipe.serveargs import (
+    MODEL,
+    RESERVED_FLAGS,
+    SECRET_FIX,
+    check_env,
+    check_flag,
+    check_value,
+    is_secret_value,
+    norm_flag,
+)
 
 PROFILES_DIR = REPO_ROOT / "profiles"
-# Flags sparkforge sets itself from --port, --nodes and the cluster plan; a profile setting them would conflict.
-RESERVED_FLAGS = {
-    "model": "the profile's 'model' key",
-    "port": "--port",
-    "host": "sparkforge (0.0.0.0 on the head)",
-    "nnodes": "--nodes",
-    "node-rank": "the cluster plan",
-    "master-addr": "the cluster plan (the head's link address)",
-    "master-port": "--master-port",
-    "headless": "the cluster plan (every node but the head)",
-    "distributed-executor-backend": "--backend",
-    "data-parallel-address": "the cluster plan",
-}
-_FLAG = re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9_-]+)*")
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET_ENV = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+__all__ = ["RESERVED_FLAGS", "Profile", "ProfileModel", "load_profile"]
 
-ArgValue = bool | int | float | str | list[str | int | float]
+ArgValue = StrictBool | StrictInt | StrictFloat | StrictStr | list[StrictInt | StrictFloat | StrictStr]
 
 
 class ProfileModel(BaseModel):
@@ -45,48 +52,66 @@ class ProfileModel(BaseModel):
 
     description: str
     model: Annotated[str, Field(min_length=1)]
-    nodes: Annotated[int, Field(ge=1, le=64)] = 1
-    gpus_per_node: Annotated[int, Field(ge=1, le=8)] = 1
+    nodes: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+    gpus_per_node: Annotated[StrictInt, Field(ge=1, le=8)] = 1
     args: dict[str, ArgValue] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, StrictStr] = Field(default_factory=dict)
     served_model_name: str | None = None
 
-    @field_validator("args")
+    @field_validator("description")
     @classmethod
-    def _flags(cls, args: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    def _one_line(cls, value: str) -> str:
+        if not value.strip() or len(value) > 300 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("write one line of printable text (at most 300 characters); fix: shorten it")
+        return value
+
+    @field_validator("model", "served_model_name")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and not MODEL.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a model id or path (it would reach 'vllm serve' as "
+                f"{'a flag' if value.startswith('-') else 'something else'}); fix: write a Hugging Face id like "
+                "'Qwen/Qwen3.5-35B-A3B-FP8' or a path, without spaces and not starting with '-'"
+            )
+        if value is not None and is_secret_value(value):
+            raise ValueError(f"the value looks like a secret and {SECRET_FIX}")
+        return value
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _flags(cls, args: object) -> object:
+        if not isinstance(args, dict):
+            return args  # pydantic names the type error
+        seen: dict[str, str] = {}
         for key, value in args.items():
-            name = key.removeprefix("--")
-            if key.startswith("-"):
-                raise ValueError(f"write the flag without dashes: '{name}: ...' instead of '{key}: ...'")
-            if not _FLAG.fullmatch(key):
-                raise ValueError(f"{key!r} is not a vLLM flag name; fix: e.g. 'max-model-len: 32768'")
-            if key.replace("_", "-") in RESERVED_FLAGS:
-                raise ValueError(
-                    f"{key!r} is set by {RESERVED_FLAGS[key.replace('_', '-')]}; fix: remove it from args"
+            key = str(key)
+            problem = check_flag(key) or check_value(key, value)
+            if not problem and norm_flag(key) in seen:
+                problem = (
+                    f"{key!r} and {seen[norm_flag(key)]!r} are the same vLLM flag; fix: keep one of them"
                 )
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, str) and ("\n" in item or "\0" in item):
-                    raise ValueError(f"{key!r}: values are one line; fix: remove the line break")
+            if problem:
+                raise ValueError(problem)
+            seen[norm_flag(key)] = key
         return args
 
-    @field_validator("env")
+    @field_validator("env", mode="before")
     @classmethod
-    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env(cls, env: object) -> object:
+        if not isinstance(env, dict):
+            return env
         for key, value in env.items():
-            if not _ENV.fullmatch(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-            if key in _SECRET_ENV:
-                raise ValueError(
-                    f"{key} would land in 'docker inspect'; fix: remove it and pass --hf-token-file (mounted, never in env)"
-                )
-            if "\n" in value or "\0" in value:
-                raise ValueError(f"{key}: values are one line")
+            problem = check_env(str(key), value)
+            if problem:
+                raise ValueError(problem)
         return env
 
     @model_validator(mode="after")
     def _parallelism(self) -> ProfileModel:
-        tp = int(self.args.get("tensor-parallel-size", self.args.get("tp", 1)))  # type: ignore[arg-type]
-        pp = int(self.args.get("pipeline-parallel-size", self.args.get("pp", 1)))  # type: ignore[arg-type]
+        args = {norm_flag(k): v for k, v in self.args.items()}
+        tp = int(args.get("tensor-parallel-size", args.get("tp", 1)))  # type: ignore[arg-type]
+        pp = int(args.get("pipeline-parallel-size", args.get("pp", 1)))  # type: ignore[arg-type]
         gpus = self.nodes * self.gpus_per_node
         if tp * pp != gpus:
             raise ValueError(
@@ -131,6 +156,11 @@ def resolve_profile_path(ref: str | Path) -> Path:
 def load_profile(ref: str | Path) -> Profile:
     """Load and validate a profile; errors name file, line, key path and the fix."""
     path = resolve_profile_path(ref)
+    if not PROFILE_NAME.fullmatch(path.stem):
+        raise ProfileError(
+            f"{path}: the file name {path.stem[:80]!r} is the profile's name and becomes container names and labels; "
+            "fix: rename it to lowercase letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"
+        )
     try:
         doc = read_yaml(path)
     except RecipeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -110,6 +111,11 @@ LOADER_ENV = frozenset(
         "CUDA_HOME",
     }
 )
+
+
+def loader_env_names(names: Iterable[str]) -> list[str]:
+    """The names among `names` that LOADER_ENV refuses (the one deny list for recipes and serve profiles)."""
+    return sorted(n for n in names if n.upper() in LOADER_ENV or n.upper().startswith(("LD_", "DYLD_")))
 
 
 def _pattern(kind: str) -> Any:
@@ -358,9 +364,7 @@ class RecipeModel(StrictModel):
     @field_validator("env")
     @classmethod
     def _no_loader_env(cls, value: dict[str, str]) -> dict[str, str]:
-        refused = sorted(
-            k for k in value if k.upper() in LOADER_ENV or k.upper().startswith(("LD_", "DYLD_"))
-        )
+        refused = loader_env_names(value)
         if refused:
             raise ValueError(
                 f"{', '.join(refused)} would change how every process in the image finds and loads code (or "

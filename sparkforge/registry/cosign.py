@@ -305,6 +305,10 @@ def sign_published(
 ) -> list[Signed]:
     """Sign every platform digest and the index; attest each platform's provenance (same signer)."""
     repo = recipe.model.publish.repository
+    if not plan_digest(index) or not all(isinstance(d, str) and plan_digest(d) for d in platforms.values()):
+        raise SigningError(
+            f"refusing to sign {repo}@{index!r:.80}: digests must be sha256:<64 hex>; fix: sign what 'invoke publish' wrote"
+        )
     plan_platforms = set(recipe.model.platforms)
     if set(platforms) != plan_platforms:
         raise SigningError(

@@ -17,7 +17,7 @@ from sparkforge.console import Echo
 from sparkforge.engine import docker_cli
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.doctor import DoctorResult, run_doctor
+from sparkforge.run.doctor import DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
@@ -111,6 +111,12 @@ def cluster_up(
 ) -> UpResult:
     """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
     start = time.monotonic()
+    if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
+        addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
+        envs = [network_env(doctor.interface, a) for a in addresses]
+        plan = plan_launch(profile, addresses, envs, launch)
+        launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=True)
+        return UpResult(plan, None, time.monotonic() - start)
     result = run_doctor(engines, doctor, echo=echo)
     if result.report.status != "passed":
         failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)

@@ -40,6 +40,9 @@ class LaunchOptions:
     hf_token_file: Path | None = None
     cache_dir: str = "/var/cache/sparkforge"  # on every node: HF, vLLM, FlashInfer and Triton caches
     ulimits: tuple[str, ...] = GB10_ULIMITS
+    trust_remote_code: bool = (
+        False  # only from the command line (never a profile): runs the model repo's code
+    )
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def plan_launch(
                 {"RAY_NODE_IP_ADDRESS": addresses[rank], "RAY_OVERRIDE_NODE_IP_ADDRESS": addresses[rank]}
             )
         serve = ["serve", model, *profile.serve_args(), *model_extra]
+        serve += ["--trust-remote-code"] if options.trust_remote_code else []
         exec_argv: tuple[str, ...] = ()
         if options.backend == "mp":
             if count > 1:

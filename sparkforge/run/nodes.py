@@ -7,12 +7,15 @@ so ssh:// nodes use the user's own ssh set-up exactly as the docker CLI does.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from sparkforge.commands import Command, Runner, run_pipeline
+from sparkforge.commands import Command, Runner, engine_lost, engine_stopped_message, run_pipeline
 from sparkforge.engine import docker_cli
 from sparkforge.errors import CommandError, RunError
 
@@ -20,7 +23,15 @@ LABEL = (
     "dev.sparkforge.run"  # every container sparkforge starts on a node carries it (value: what started it)
 )
 NODE_FORMS = "unix:///path/docker.sock, tcp://host:2376, ssh://user@host[:port] or a docker context name"
-_CONTEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_CONTEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_SSH_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_PORT = re.compile(r"[0-9]{1,5}")
+MAX_NODES = 64  # a profile's `nodes` is at most 64
+_DEFAULT_PORTS = {
+    "ssh": 22,
+    "tcp": 2375,
+}  # what the docker CLI uses when a URL names none (tcp: 2376 with TLS)
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ class Node:
     target: str  # the engine URL, or the context name
     address: str | None = None
     rank: int = 0
+    key: str = ""  # the engine after normalisation (lowercase host, default port, resolved socket path)
 
     @property
     def label(self) -> str:
@@ -46,47 +58,144 @@ class Node:
 LOCAL = Node("local", "local", "local")
 
 
+def _refuse(spec: str, what: str) -> RunError:
+    return RunError(f"node {spec!r}: {what}; fix: use {NODE_FORMS}, optionally =LINK_ADDRESS")
+
+
+def _host_port(spec: str, scheme: str, rest: str) -> tuple[str, int | None]:
+    """`host[:port]` (IPv6 in brackets) -> (lowercase host, port or None); RunError for anything else."""
+    if rest.startswith("["):
+        host, bracket, tail = rest[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _refuse(spec, f"[{host}] is not an IPv6 address") from None
+        if not bracket or (tail and not tail.startswith(":")):
+            raise _refuse(spec, f"{rest!r} is not [IPv6]:port")
+        port_text = tail[1:] if tail else None
+    else:
+        host, colon, port_text_or_empty = rest.partition(":")
+        port_text = port_text_or_empty if colon else None
+        labels = host.split(".")
+        if not host or len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+            raise _refuse(spec, f"{host!r} is not a host name or IP address")
+    port = None
+    if port_text is not None:
+        if not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
+            raise _refuse(spec, f"port {port_text!r} is not a whole number from 1 to 65535")
+        port = int(port_text)
+    return host.lower(), port
+
+
+def _check_url(spec: str, scheme: str, rest: str) -> str:
+    """Validate the part after SCHEME:// -> a normalised key that two spellings of one engine share."""
+    if scheme == "unix":
+        path = Path(rest)
+        if not path.is_absolute():
+            raise _refuse(
+                spec, f"unix://{rest} is not an absolute path (unix:///run/docker.sock has three slashes)"
+            )
+        try:
+            is_socket = stat.S_ISSOCK(path.stat().st_mode)
+        except OSError as exc:
+            raise _refuse(spec, f"{path} cannot be read ({exc.strerror})") from None
+        if not is_socket:
+            raise _refuse(spec, f"{path} is not a socket (an engine listens on a socket file)")
+        return f"unix://{os.path.realpath(path)}"
+    authority = rest.removesuffix("/")
+    if "/" in authority or "?" in authority or "#" in authority:
+        raise _refuse(spec, f"{scheme}:// takes host[:port] only, no path or query")
+    user = ""
+    if "@" in authority:
+        if scheme != "ssh":
+            raise _refuse(spec, "tcp:// takes no user (credentials never go in a node URL)")
+        user, _, authority = authority.rpartition("@")
+        if not _SSH_USER.fullmatch(user):
+            raise _refuse(
+                spec, f"{user!r} is not an ssh user name (letters, digits, _ . -; never starting with '-')"
+            )
+    host, port = _host_port(spec, scheme, authority)
+    return f"{scheme}://{user + '@' if user else ''}{host}:{port or _DEFAULT_PORTS[scheme]}"
+
+
 def parse_node(spec: str, rank: int = 0) -> Node:
-    """`URL_OR_CONTEXT[=ADDRESS]` -> Node; errors say which form was expected."""
-    text = spec.strip()
+    """`URL_OR_CONTEXT[=ADDRESS]` -> Node; errors say which form was expected. Only the local file system is read."""
+    text = spec.strip(" ")
+    if not text:
+        raise RunError(
+            f"node {rank} is empty; fix: list the nodes, head first ({NODE_FORMS}), separated by commas"
+        )
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in text):
+        raise _refuse(text, "holds whitespace or a control character")
     target, _, address = text.partition("=")
     if address:
         try:
-            ipaddress.ip_address(address)
+            link = ipaddress.ip_address(address)
+            if link.is_unspecified or link.is_multicast:
+                raise ValueError(address)
         except ValueError:
             raise RunError(
-                f"node {spec!r}: {address!r} after '=' is not an IP address; fix: write the node's address on "
+                f"node {spec!r}: {address!r} after '=' is not an IP address (of one node: not 0.0.0.0, :: or multicast); "
+                "fix: write the node's address on "
                 "the cluster link, e.g. ssh://me@spark2=192.168.100.2"
             ) from None
+    elif "=" in text:
+        raise _refuse(text, "nothing after '='")
     scheme = target.split("://", 1)[0] if "://" in target else ""
     if scheme in ("unix", "tcp", "ssh"):
         rest = target.split("://", 1)[1]
         if not rest:
             raise RunError(f"node {spec!r}: nothing after {scheme}://; fix: use {NODE_FORMS}")
-        return Node(text, scheme, target, address or None, rank)  # type: ignore[arg-type]
+        key = _check_url(text, scheme, rest)
+        return Node(text, scheme, target, address or None, rank, key)  # type: ignore[arg-type]
     if scheme:
         raise RunError(f"node {spec!r}: Docker does not take {scheme}:// engines; fix: use {NODE_FORMS}")
     if not _CONTEXT.fullmatch(target):
         raise RunError(f"node {spec!r} is neither an engine URL nor a context name; fix: use {NODE_FORMS}")
-    return Node(text, "context", target, address or None, rank)
+    return Node(text, "context", target, address or None, rank, f"context:{target}")
 
 
 def parse_nodes(text: str) -> tuple[Node, ...]:
-    """`A,B[,...]` (the head first) -> nodes ranked in that order."""
-    specs = [s for s in (p.strip() for p in text.split(",")) if s]
-    if not specs:
+    """`A,B[,...]` (the head first) -> nodes ranked in that order; empty entries and duplicates are refused."""
+    parts = text.split(",")
+    if len(parts) > MAX_NODES:
+        raise RunError(
+            f"--nodes lists {len(parts)} nodes, more than a profile can use ({MAX_NODES}); fix: list the nodes the profile runs on"
+        )
+    if not text.strip(" "):
         raise RunError(
             f"--nodes is empty; fix: list the nodes, head first ({NODE_FORMS}), separated by commas"
         )
-    nodes = tuple(parse_node(s, i) for i, s in enumerate(specs))
+    nodes = tuple(parse_node(s, i) for i, s in enumerate(parts))
     seen: dict[str, int] = {}
+    addresses: dict[str, int] = {}
     for node in nodes:
-        if node.target in seen:
+        if node.key in seen:
             raise RunError(
-                f"--nodes names {node.target} twice (ranks {seen[node.target]} and {node.rank}); fix: list each once"
+                f"--nodes names {node.target} twice (ranks {seen[node.key]} and {node.rank}, both {node.key}); "
+                "fix: list each once"
             )
-        seen[node.target] = node.rank
+        seen[node.key] = node.rank
+        if node.address and node.address in addresses:
+            raise RunError(
+                f"--nodes gives link address {node.address} to ranks {addresses[node.address]} and {node.rank}; "
+                "fix: give each node its own address on the cluster link"
+            )
+        if node.address:
+            addresses[node.address] = node.rank
     return nodes
+
+
+def node_warnings(nodes: Sequence[Node], env: Mapping[str, str]) -> list[str]:
+    """Accepted but risky: a plain tcp:// engine (no TLS) gives root on that node to anyone on the network."""
+    if env.get("DOCKER_TLS_VERIFY"):
+        return []
+    return [
+        f"{n.label}: {n.target} is plain tcp:// without TLS: anyone who reaches that port has root on the node; "
+        "fix: use ssh://user@host, or set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for a TLS engine (port 2376)"
+        for n in nodes
+        if n.kind == "tcp"
+    ]
 
 
 @dataclass(frozen=True)
@@ -165,6 +274,11 @@ class NodeEngine:
                 f"{self.node.label}: {exc}; fix: check that the node is up and its engine answers"
             ) from None
         if result.returncode != 0:
+            lost = engine_lost(self.command(*args), result.output)
+            if lost:
+                raise RunError(
+                    f"{self.node.label}: {engine_stopped_message(lost, f'docker {args[0]} ({step})')}"
+                )
             raise RunError(f"{self.node.label}: docker {args[0]} failed: {result.output.strip()[-600:]}")
         return result.output
 
@@ -199,7 +313,10 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such" in result.output:
                 return ContainerState("missing", None)
-            raise RunError(f"{self.node.label}: the engine stopped answering: {result.output.strip()[-300:]}")
+            raise RunError(
+                f"{self.node.label}: {engine_stopped_message(self.node.target, f'the wait for {name}')} "
+                f"({result.output.strip()[-300:]})"
+            )
         status, _, code = result.output.strip().partition(" ")
         return ContainerState(status, int(code) if code.strip().lstrip("-").isdigit() else None)
 

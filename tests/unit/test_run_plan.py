@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,15 @@ from sparkforge.run.launch import LaunchOptions, describe_plan, plan_launch
 from sparkforge.run.nodes import LOCAL, NodeEngine, parse_nodes
 
 
-def test_node_forms() -> None:
-    nodes = parse_nodes("unix:///run/a.sock, ssh://me@spark2:2222=192.168.100.2,tcp://10.0.0.3:2376,spark3")
+def test_node_forms(tmp_path: Path) -> None:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "a.sock"))  # unix:// nodes must name a real socket
+    nodes = parse_nodes(
+        f"unix://{tmp_path}/a.sock, ssh://me@spark2:2222=192.168.100.2,tcp://10.0.0.3:2376,spark3"
+    )
+    sock.close()
     assert [(n.kind, n.target, n.address, n.rank) for n in nodes] == [
-        ("unix", "unix:///run/a.sock", None, 0),
+        ("unix", f"unix://{tmp_path}/a.sock", None, 0),
         ("ssh", "ssh://me@spark2:2222", "192.168.100.2", 1),
         ("tcp", "tcp://10.0.0.3:2376", None, 2),
         ("context", "spark3", None, 3),
@@ -37,7 +43,8 @@ def test_node_forms() -> None:
         ("ssh://", "nothing after ssh://"),
         ("ssh://a=notanip", "is not an IP address"),
         ("a,a", "names a twice"),
-        ("bad name", "neither an engine URL nor a context name"),
+        ("bad name", "holds whitespace"),
+        ("bad!name", "neither an engine URL nor a context name"),
     ],
 )
 def test_bad_nodes(text: str, needle: str) -> None:
