@@ -10,6 +10,7 @@ from invoke import Collection, Context, task
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
@@ -331,6 +332,7 @@ ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_task(cli_size.size)
+ns.add_task(cli_rebuild.rebuild)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)

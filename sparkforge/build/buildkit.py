@@ -3,7 +3,6 @@ BuildKit's --metadata-file says of a pushed image. Nothing here calls a program;
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,9 @@ from typing import TYPE_CHECKING, Literal
 
 from sparkforge.commands import Command, argv_of
 from sparkforge.errors import EngineError
+
+# BuildKit (0.11+) sets the config's and history's times from this build arg; 0.13's exporter rewrites layers.
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
 
 if TYPE_CHECKING:
     from sparkforge.engine import Engine
@@ -39,6 +41,11 @@ class BuildRequest:
     cache_to: tuple[str, ...] = ()
     attestations: bool = False
     progress: Literal["plain", "auto", "tty"] = "plain"
+
+    @property
+    def reproducible(self) -> bool:
+        """A SOURCE_DATE_EPOCH build arg asks for reproducible layers (buildx: timestamps rewritten)."""
+        return SOURCE_DATE_EPOCH in self.build_args
 
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
@@ -72,15 +79,22 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             argv += ["--cache-from", ref]
         for ref in req.cache_to:
             argv += ["--cache-to", ref]
+        # BuildKit 0.13 clamps every file time in the new layers to SOURCE_DATE_EPOCH (reproducible layers).
+        rewrite = ",rewrite-timestamp=true" if req.reproducible else ""
         if req.push_by_digest and engine.driver == "docker":
             # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
             # never a release tag; the digest in the metadata file is what publish merges.
-            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
+            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true{rewrite}"]
         elif req.push_by_digest:
             argv += [
                 "--output",
-                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
+                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true{rewrite}",
             ]
+        elif req.reproducible and engine.driver == "docker":
+            # The docker driver stores the image in the engine itself (what --load does), timestamps rewritten.
+            argv += ["--output", f"type=image{rewrite}"]
+        elif req.reproducible:
+            argv += ["--output", f"type=docker{rewrite}"]
         else:
             argv.append("--load")
         if req.attestations:

@@ -15,6 +15,7 @@ from sparkforge.recipe import plan
 from sparkforge.verify import verified
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
+from sparkforge.build import epoch
 from sparkforge.build.buildkit import BuildRequest, build_command
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.engine import Engine
@@ -197,8 +198,11 @@ def build_stage(
     candidate = plan.candidate_tag(recipe, platform)
     if options.target != "runtime":
         candidate = f"{candidate}-{options.target}"
+    # Reproducible builds: the build's time is derived from its pinned bases, never the clock (build/epoch.py).
+    stamp = epoch.for_build(recipe, bases, dry=options.dry)
     build_args = {
-        "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "SOURCE_DATE_EPOCH": str(stamp.seconds),
+        "SPARKFORGE_CREATED": stamp.iso,
         "SPARKFORGE_REVISION": _revision(),
         **(build_args or {}),
     }
