@@ -247,17 +247,18 @@ def audit(
 @task(
     help={
         "recipe": RECIPE_HELP,
-        "check": "fail on any floating or drifted reference",
+        "check": "fail on any floating or drifted reference (exit 1)",
+        "strict": "with --check: also fail on any pin that could not be verified, e.g. unreachable (exit 3)",
         "write": "write resolved SHAs/digests back into the recipe file that states them",
     }
 )
 @user_errors
-def lock(c: Context, recipe: str, check: bool = False, write: bool = False) -> None:
+def lock(c: Context, recipe: str, check: bool = False, strict: bool = False, write: bool = False) -> None:
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
     from sparkforge.preflight.lock import lock_recipe
     from sparkforge.recipe.loader import load_recipe
 
-    result = lock_recipe(load_recipe(recipe), check=check, write=write)
+    result = lock_recipe(load_recipe(recipe), check=check, strict=strict, write=write)
     echo(str(result))
 
 
