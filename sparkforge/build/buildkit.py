@@ -42,10 +42,19 @@ class BuildRequest:
     attestations: bool = False
     progress: Literal["plain", "auto", "tty"] = "plain"
 
+    # Layer timestamps rewritten to SOURCE_DATE_EPOCH (buildx). Off where a push-by-digest on the docker driver
+    # follows: Docker 26's own exporter refuses the rewrite, and the pushed image must equal the local one.
+    rewrite_timestamps: bool = True
+
     @property
     def reproducible(self) -> bool:
         """A SOURCE_DATE_EPOCH build arg asks for reproducible layers (buildx: timestamps rewritten)."""
-        return SOURCE_DATE_EPOCH in self.build_args
+        return SOURCE_DATE_EPOCH in self.build_args and self.rewrite_timestamps
+
+    @property
+    def image_tar(self) -> Path:
+        """Where the docker driver's reproducible build writes its image for `docker load` (beside the context)."""
+        return self.context.parent / f".{self.context.name}-{self.target}.image.tar"
 
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
@@ -82,6 +91,7 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
         # BuildKit 0.13 clamps every file time in the new layers to SOURCE_DATE_EPOCH (reproducible layers).
         rewrite = ",rewrite-timestamp=true" if req.reproducible else ""
         if req.push_by_digest and engine.driver == "docker":
+            rewrite = ""  # Docker 26's image exporter: "rewrite-timestamp conflicts with unpack"
             # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
             # never a release tag; the digest in the metadata file is what publish merges.
             argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true{rewrite}"]
@@ -91,8 +101,8 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
                 f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true{rewrite}",
             ]
         elif req.reproducible and engine.driver == "docker":
-            # The docker driver stores the image in the engine itself (what --load does), timestamps rewritten.
-            argv += ["--output", f"type=image{rewrite}"]
+            # The engine's own exporter cannot rewrite (it unpacks): a tarball, then `docker load` (load_command).
+            argv += ["--output", f"type=docker,dest={req.image_tar}{rewrite}"]
         elif req.reproducible:
             argv += ["--output", f"type=docker{rewrite}"]
         else:
@@ -116,3 +126,10 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             "fix: install the buildx plugin, or build with plain tags and 'invoke push'"
         )
     return Command(argv_of([engine.docker, "build", *common, str(req.context)]), engine.env)
+
+
+def load_command(engine: Engine, req: BuildRequest) -> Command | None:
+    """The `docker load` a reproducible build on buildx's docker driver needs after it (None otherwise)."""
+    if engine.mode != "buildx" or engine.driver != "docker" or req.push_by_digest or not req.reproducible:
+        return None
+    return Command((engine.docker, "load", "--input", str(req.image_tar)), engine.env)

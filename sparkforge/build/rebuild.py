@@ -228,7 +228,7 @@ def compare(original: str, rebuilt: str, report: Report, runner: Runner) -> list
     if same_config and a_layers == b_layers:
         report.add(Check("config", "passed", f"same image ID {a['Id']}", {"id": a["Id"]}))
         report.add(
-            Check("layers", "passed", f"all {len(a_layers)} layer digests equal", {"layers": a_layers})
+            Check("layers", "passed", f"all {len(a_layers)} layer digests equal", {"diff_ids": list(a_layers)})
         )
         return []
     with tempfile.TemporaryDirectory(prefix="sparkforge-rebuild-") as tmp:
