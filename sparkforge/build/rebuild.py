@@ -176,7 +176,7 @@ def lock_check(subject: Subject) -> Check:
     return Check("lock", "passed", "the image's lock is the checkout's lock for this recipe")
 
 
-def rebuild(subject: Subject, options: RebuildOptions, echo: Callable[[str], None]) -> str:
+def rebuild(subject: Subject, options: RebuildOptions, original: str, echo: Callable[[str], None]) -> str:
     """Rebuild the subject's stage with no cache; the rebuilt image's ID (tagged sparkforge-rebuild/...)."""
     stamp = epoch.Epoch(subject.epoch, f"{subject.ref}'s created time")
     args = {"SOURCE_DATE_EPOCH": str(stamp.seconds), "SPARKFORGE_CREATED": stamp.iso}
@@ -198,15 +198,23 @@ def rebuild(subject: Subject, options: RebuildOptions, echo: Callable[[str], Non
     )
     candidate = plan.candidate_tag(subject.recipe, subject.platform)
     candidate += "" if subject.stage == "runtime" else f"-{subject.stage}"
-    previous = str(engine.inspect_image(candidate)["Id"]) if engine.image_exists(candidate) else None
+    # The build moves the candidate tag to the rebuild: it names what it named before (held as a tag, since an
+    # image store may drop an image left without a name), or nothing.
+    previous = candidate if engine.image_exists(candidate) else None
+    if previous is not None and str(engine.inspect_image(candidate)["Id"]) != subject.image_id:
+        previous = f"{REBUILD_REPO}/{subject.recipe.name}:previous"
+        engine.tag_image(candidate, previous)
+    elif previous is not None:
+        previous = original
     echo(f"sparkforge: rebuilding {subject.ref} (stage {subject.stage}, {subject.platform}) with no cache")
     result = build_stage(subject.recipe, build_options, echo=echo, build_args=args)
     rebuilt = str(engine.inspect_image(result.candidate)["Id"])
     if result.candidate != holding:
         engine.tag_image(rebuilt, holding)
-        # The build moved the candidate tag to the rebuild: it names what it named before, or nothing.
         if previous:
             engine.tag_image(previous, result.candidate)
+            if previous != original:
+                engine.remove_image(previous)
         else:
             engine.remove_image(result.candidate)
     return holding
@@ -228,7 +236,9 @@ def compare(original: str, rebuilt: str, report: Report, runner: Runner) -> list
     if same_config and a_layers == b_layers:
         report.add(Check("config", "passed", f"same image ID {a['Id']}", {"id": a["Id"]}))
         report.add(
-            Check("layers", "passed", f"all {len(a_layers)} layer digests equal", {"diff_ids": list(a_layers)})
+            Check(
+                "layers", "passed", f"all {len(a_layers)} layer digests equal", {"diff_ids": list(a_layers)}
+            )
         )
         return []
     with tempfile.TemporaryDirectory(prefix="sparkforge-rebuild-") as tmp:
@@ -284,15 +294,19 @@ def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) ->
     )
     report.add(lock_check(subject))
     began = time.monotonic()
-    rebuilt = rebuild(subject, options, echo)
-    report.add(
-        Check("rebuild", "passed", f"rebuilt as {rebuilt}", {"image": rebuilt}, time.monotonic() - began)
-    )
+    original = f"{REBUILD_REPO}/{subject.recipe.name}:original-{subject.image_id.split(':')[-1][:12]}"
+    engine.tag_image(subject.image_id, original)  # held by name while the rebuild moves tags
+    rebuilt = None
     try:
-        compare(subject.image_id, rebuilt, report, runner)
+        rebuilt = rebuild(subject, options, original, echo)
+        report.add(
+            Check("rebuild", "passed", f"rebuilt as {rebuilt}", {"image": rebuilt}, time.monotonic() - began)
+        )
+        compare(original, rebuilt, report, runner)
     finally:
-        if not options.keep:
+        if rebuilt and not options.keep:
             engine.remove_image(rebuilt)
+        engine.remove_image(original)
     return report
 
 

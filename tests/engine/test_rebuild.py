@@ -111,7 +111,7 @@ def test_rebuild_names_a_planted_time_file(built, tmp_path):
     done = _invoke(
         "rebuild", "--check", image, "--recipe", str(recipe), "--json", str(report), templates=templates
     )
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 1 and report.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
     checks = _report(report)
     assert checks["config"]["status"] == "failed" and checks["layers"]["status"] == "failed"
     layers = checks["layers"]["details"]["layers"]
