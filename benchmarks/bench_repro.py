@@ -67,7 +67,9 @@ def build(request: BuildRequest, engine: Engine) -> dict[str, object]:
         request.image_tar.unlink()
         result["load_s"] = round(load_s, 1)
     result["total_s"] = round(seconds + float(result.get("load_s", 0.0)), 1)
-    return {**result, **inspect(request.tags[0])}
+    out = {**result, **inspect(request.tags[0])}
+    print(json.dumps({request.tags[0]: out}), file=sys.stderr, flush=True)  # progress: survives a timeout
+    return out
 
 
 def main() -> None:
