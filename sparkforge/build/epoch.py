@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sparkforge import engine
 from sparkforge.commands import Runner
-from sparkforge.errors import SparkforgeError
+from sparkforge.errors import EngineError, SparkforgeError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.recipe.plan import Bases
 
@@ -75,5 +75,13 @@ def for_build(recipe: Recipe, bases: Bases, *, dry: bool = False) -> Epoch:
 def _engine_created(ref: str) -> str:
     """A base image's `created`, as the engine holds it (a base BuildKit has to pull is pulled first)."""
     if not engine.image_exists(ref):
-        engine.run_cli(Runner(stream=False), engine.detect_engine(), "pull-base", "pull", ref)
+        try:
+            engine.run_cli(Runner(stream=False), engine.detect_engine(), "pull-base", "pull", ref)
+        except EngineError as exc:
+            raise EngineError(
+                f"base image {ref} is not in the engine and its pull failed ({str(exc).splitlines()[-1][:160]}); "
+                "the build reads its SOURCE_DATE_EPOCH from it. A base image could not be pulled (offline, or no "
+                "access): pass --base-image REF (a mirror, or 'invoke engine.bases' for offline Debian bases), or "
+                "log in to the registry; nothing was built"
+            ) from None
     return str(engine.inspect_image(ref).get("Created") or "")
