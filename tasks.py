@@ -11,6 +11,7 @@ from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
+from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
@@ -255,17 +256,18 @@ def audit(
 @task(
     help={
         "recipe": RECIPE_HELP,
-        "check": "fail on any floating or drifted reference",
+        "check": "fail on any floating or drifted reference (exit 1)",
+        "strict": "with --check: also fail on any pin that could not be verified, e.g. unreachable (exit 3)",
         "write": "write resolved SHAs/digests back into the recipe file that states them",
     }
 )
 @user_errors
-def lock(c: Context, recipe: str, check: bool = False, write: bool = False) -> None:
+def lock(c: Context, recipe: str, check: bool = False, strict: bool = False, write: bool = False) -> None:
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
     from sparkforge.preflight.lock import lock_recipe
     from sparkforge.recipe.loader import load_recipe
 
-    result = lock_recipe(load_recipe(recipe), check=check, write=write)
+    result = lock_recipe(load_recipe(recipe), check=check, strict=strict, write=write)
     echo(str(result))
 
 
@@ -343,6 +345,7 @@ ns.add_task(cli_size.size)
 ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)
 ns.add_task(cli_diff.kernels)
+ns.add_task(cli_rebuild.rebuild)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)

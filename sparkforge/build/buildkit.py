@@ -3,7 +3,6 @@ BuildKit's --metadata-file says of a pushed image. Nothing here calls a program;
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,9 @@ from typing import TYPE_CHECKING, Literal
 
 from sparkforge.commands import Command, argv_of
 from sparkforge.errors import EngineError
+
+# BuildKit (0.11+) sets the config's and history's times from this build arg; 0.13's exporter rewrites layers.
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
 
 if TYPE_CHECKING:
     from sparkforge.engine import Engine
@@ -39,6 +41,20 @@ class BuildRequest:
     cache_to: tuple[str, ...] = ()
     attestations: bool = False
     progress: Literal["plain", "auto", "tty"] = "plain"
+
+    # Layer timestamps rewritten to SOURCE_DATE_EPOCH (buildx). Off where a push-by-digest on the docker driver
+    # follows: Docker 26's own exporter refuses the rewrite, and the pushed image must equal the local one.
+    rewrite_timestamps: bool = True
+
+    @property
+    def reproducible(self) -> bool:
+        """A SOURCE_DATE_EPOCH build arg asks for reproducible layers (buildx: timestamps rewritten)."""
+        return SOURCE_DATE_EPOCH in self.build_args and self.rewrite_timestamps
+
+    @property
+    def image_tar(self) -> Path:
+        """Where the docker driver's reproducible build writes its image for `docker load` (beside the context)."""
+        return self.context.parent / f".{self.context.name}-{self.target}.image.tar"
 
 
 def build_command(engine: Engine, req: BuildRequest) -> Command:
@@ -72,15 +88,23 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             argv += ["--cache-from", ref]
         for ref in req.cache_to:
             argv += ["--cache-to", ref]
+        # BuildKit 0.13 clamps every file time in the new layers to SOURCE_DATE_EPOCH (reproducible layers).
+        rewrite = ",rewrite-timestamp=true" if req.reproducible else ""
         if req.push_by_digest and engine.driver == "docker":
+            rewrite = ""  # Docker 26's image exporter: "rewrite-timestamp conflicts with unpack"
             # The engine's own BuildKit (containerd image store) pushes only by name: a per-platform staging tag,
             # never a release tag; the digest in the metadata file is what publish merges.
-            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true"]
+            argv += ["--output", f"type=image,name={req.push_by_digest}:{req.staging_tag},push=true{rewrite}"]
         elif req.push_by_digest:
             argv += [
                 "--output",
-                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true",
+                f"type=image,name={req.push_by_digest},push-by-digest=true,name-canonical=true,push=true{rewrite}",
             ]
+        elif req.reproducible and engine.driver == "docker":
+            # The engine's own exporter cannot rewrite (it unpacks): a tarball, then `docker load` (load_command).
+            argv += ["--output", f"type=docker,dest={req.image_tar}{rewrite}"]
+        elif req.reproducible:
+            argv += ["--output", f"type=docker{rewrite}"]
         else:
             argv.append("--load")
         if req.attestations:
@@ -102,3 +126,10 @@ def build_command(engine: Engine, req: BuildRequest) -> Command:
             "fix: install the buildx plugin, or build with plain tags and 'invoke push'"
         )
     return Command(argv_of([engine.docker, "build", *common, str(req.context)]), engine.env)
+
+
+def load_command(engine: Engine, req: BuildRequest) -> Command | None:
+    """The `docker load` a reproducible build on buildx's docker driver needs after it (None otherwise)."""
+    if engine.mode != "buildx" or engine.driver != "docker" or req.push_by_digest or not req.reproducible:
+        return None
+    return Command((engine.docker, "load", "--input", str(req.image_tar)), engine.env)

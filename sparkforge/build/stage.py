@@ -15,7 +15,8 @@ from sparkforge.recipe import plan
 from sparkforge.verify import verified
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
-from sparkforge.build.buildkit import BuildRequest, build_command
+from sparkforge.build import epoch
+from sparkforge.build.buildkit import BuildRequest, build_command, load_command
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.engine import Engine
 from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
@@ -218,8 +219,11 @@ def build_stage(
     candidate = plan.candidate_tag(recipe, platform)
     if options.target != "runtime":
         candidate = f"{candidate}-{options.target}"
+    # Reproducible builds: the build's time is derived from its pinned bases, never the clock (build/epoch.py).
+    stamp = epoch.for_build(recipe, bases, dry=options.dry)
     build_args = {
-        "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "SOURCE_DATE_EPOCH": str(stamp.seconds),
+        "SPARKFORGE_CREATED": stamp.iso,
         "SPARKFORGE_REVISION": _revision(),
         **(build_args or {}),
     }
@@ -239,6 +243,7 @@ def build_stage(
         cache_from=options.cache_from,
         cache_to=options.cache_to,
         progress="plain" if os.environ.get("CI") or not os.isatty(2) else "auto",
+        rewrite_timestamps=not (push_repo and eng.driver == "docker"),
     )
     command = build_command(eng, request)
     # Pushing re-runs the same build (fully cached) with a push-by-digest output, only after verify passed.
@@ -280,6 +285,9 @@ def build_stage(
         logs = sorted(log_dir.glob("*-build.log"))
         # BuildKit's output was streamed once above; the error is one paragraph, not the log again.
         raise EngineError(_failure(logs[-1] if logs else None, str(exc))) from None
+    if (load := load_command(eng, request)) is not None:  # reproducible on buildx's docker driver: a tarball
+        runner.run(load, "load")
+        request.image_tar.unlink(missing_ok=True)
     if options.target != "runtime" and push_command is not None and not options.verify:
         # Only an explicitly unverified stage is pushed (smoke images of the publishing path).
         echo(f"sparkforge: WARNING: --no-verify: pushing stage {options.target} UNVERIFIED")

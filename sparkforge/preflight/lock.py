@@ -25,8 +25,18 @@ from sparkforge.preflight.pypi import WheelTarget, resolve_file
 from sparkforge.preflight.sources import same_commit
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
+# Exit codes of `invoke lock --check`: 0 every pin verified (lenient: or unreachable), 1 drift or floating
+# pins (and any other error), 3 with --strict: some pin could not be verified (its registry or remote unreachable).
+EXIT_UNVERIFIED = 3
+
 State = Literal["pinned", "resolved", "drift", "floating", "unresolved"]
 _FAILING: frozenset[str] = frozenset({"drift", "floating"})
+
+
+class UnverifiedPinsError(PreflightError):
+    """lock --check --strict: a pin could not be verified (distinct exit code from drift)."""
+
+    exit_code = EXIT_UNVERIFIED
 
 
 @dataclass(frozen=True)
@@ -192,12 +202,14 @@ def lock_recipe(
     recipe: Recipe,
     *,
     check: bool = False,
+    strict: bool = False,
     write: bool = False,
     offline: bool = False,
     runner: Runner | None = None,
     fetcher: Fetcher | None = None,
 ) -> LockResult:
-    """Resolve the recipe's refs and tags now; with `check`, fail (PreflightError) on floating or drifted pins."""
+    """Resolve the recipe's refs and tags now; with `check`, fail (PreflightError) on floating or drifted pins,
+    and with `strict` also (UnverifiedPinsError, exit code 3) on any pin that could not be verified."""
     if offline:
         raise PreflightError(
             "lock resolves tags and refs against registries and git remotes, which needs the network; "
@@ -223,5 +235,13 @@ def lock_recipe(
             + "; fix: run 'invoke lock --recipe "
             + recipe.name
             + "' to re-resolve and write the pins, then review the diff"
+        )
+    unverified = [e for e in entries if e.state == "unresolved"]
+    if check and strict and unverified:
+        raise UnverifiedPinsError(
+            f"lock --check --strict: {recipe.name} has {len(unverified)} pin(s) that could not be verified ("
+            + "; ".join(f"{e.key} {e.pinned}: {e.note or 'unreachable'}" for e in unverified)
+            + "); --strict expects a network that reaches every registry and remote; fix: run it where they "
+            "are reachable, or drop --strict on an offline machine (the lenient check reports them instead)"
         )
     return result

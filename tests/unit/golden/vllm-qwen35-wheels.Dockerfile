@@ -17,6 +17,8 @@ FROM ${RUNTIME_IMAGE} AS base
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Package installs must never prompt.
 ARG DEBIAN_FRONTEND=noninteractive
+# The build's time from its pinned bases (reproducible builds): Python then writes hash-checked bytecode.
+ARG SOURCE_DATE_EPOCH
 COPY files/with-ca files/ensure-python /opt/sparkforge/bin/
 COPY files/slim-venv.py /opt/sparkforge/bin/
 # g++: the host compiler nvcc drives when FlashInfer JIT-compiles a kernel at serve time.
@@ -44,6 +46,8 @@ LABEL \
       dev.sparkforge.pin.cuda="13.0" \
       dev.sparkforge.base.builder="nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6" \
       dev.sparkforge.base.runtime="ubuntu:24.04@sha256:80dd3c3b9c6cecb9f1667e9290b3bc61b78c2678c02cbdae5f0fea92cc6734ab"
+# The stage and the build's time from its pins (what `invoke rebuild --check` rebuilds with).
+LABEL dev.sparkforge.stage="base" dev.sparkforge.source-date-epoch="${SOURCE_DATE_EPOCH}"
 
 ########################################################################################################
 # Stage runtime: the served image: pinned wheels under constraints, lock, labels, the image test suite.
@@ -82,6 +86,7 @@ ARG SPARKFORGE_CREATED=unknown
 ARG SPARKFORGE_REVISION=unknown
 LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.revision="${SPARKFORGE_REVISION}" \
+      dev.sparkforge.stage="runtime" \
       org.opencontainers.image.title="vllm-qwen35-wheels" \
       org.opencontainers.image.description="vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \

@@ -1,0 +1,50 @@
+"""Invoke task `rebuild --check IMAGE`: rebuild an image from its own labels, lock and time; compare digests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from sparkforge.cli import echo, finish_report, user_errors
+
+
+@task(
+    help={
+        "check": "rebuild IMAGE and compare config and layer digests (the only mode)",
+        "recipe": "the recipe file the image was built from, when it is not among the checkout's recipes",
+        "network": "BuildKit --network for the rebuild's RUN steps (e.g. host on an engine without a bridge)",
+        "ca_bundle": "PEM bundle for a TLS-intercepting proxy (default: $SPARKFORGE_CA_BUNDLE)",
+        "keep": "keep the rebuilt image (tagged sparkforge-rebuild/<recipe>:check-<id>)",
+        "json": "write the JSON report here",
+    }
+)
+@user_errors
+def rebuild(
+    c: Context,
+    check: str = "",
+    recipe: str = "",
+    network: str = "",
+    ca_bundle: str = "",
+    keep: bool = False,
+    json: str = "",
+) -> None:
+    """Rebuild IMAGE (local or a registry reference) from its labels, lock and provenance; name what differs."""
+    from sparkforge.build.rebuild import RebuildOptions, difference_lines, rebuild_check
+
+    if not check:
+        raise Exit("sparkforge: rebuild needs --check IMAGE (a local image or a registry reference)", code=2)
+    report = rebuild_check(
+        RebuildOptions(
+            image=check,
+            recipe=recipe or None,
+            network=network or None,
+            ca_bundle=Path(ca_bundle) if ca_bundle else None,
+            keep=keep,
+        ),
+        echo,
+    )
+    for line in difference_lines(report):
+        echo(line)
+    finish_report(report, json, hint="the rebuild is not identical: see the files above")

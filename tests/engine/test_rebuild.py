@@ -1,0 +1,135 @@
+"""Reproducible builds on the buildx engine (BuildKit 0.13, timestamps rewritten to SOURCE_DATE_EPOCH) and
+`invoke rebuild --check`: the smoke recipe's 'base' stage on the offline Debian base, built and then rebuilt with
+no cache, gives the same config and layer digests; a step planted in a copy of the template that writes the time
+into a file makes the rebuild differ, and the report names that file, its layer and the content diff."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from buildx_fixtures import buildx_env, docker
+
+from sparkforge.build import hostsetup
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from tests.prerequisites import skip_or_fail
+from tests.recipe_files import SMOKE, write_recipe_file
+
+PLATFORM = "linux/amd64"
+PLANTED = "opt/sparkforge/built-at"
+HELPER = Path(__file__).with_name("planted_invoke.py")
+
+
+def _require_buildx_engine() -> None:
+    base = hostsetup.base_image_name(PLATFORM)
+    if docker("image", "inspect", base, check=False).returncode != 0:
+        skip_or_fail(f"the buildx engine or its {base} is missing; run 'invoke engine.up --buildx'")
+
+
+def _invoke(*args: str, templates: Path | None = None) -> subprocess.CompletedProcess[str]:
+    head = [sys.executable, str(HELPER), str(templates)] if templates else [sys.executable, "-m", "invoke"]
+    if not templates:
+        head += ["--search-root", str(REPO_ROOT)]
+    env = {**buildx_env(), "SPARKFORGE_CA_BUNDLE": os.environ.get("SPARKFORGE_CA_BUNDLE", "")}
+    env.pop("SOURCE_DATE_EPOCH", None)
+    return subprocess.run([*head, *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture
+def built(engine_ready: None, tmp_path: Path) -> Iterator[object]:
+    """Builds `name`'s base stage (optionally on a planted template); the images are removed afterwards."""
+    _require_buildx_engine()
+    made: list[str] = []
+
+    def build(name: str, templates: Path | None = None) -> tuple[Path, str]:
+        recipe = write_recipe_file(tmp_path / f"{name}.yaml", "platforms: [linux/amd64]\n", extends=SMOKE)
+        done = _invoke(
+            "build",
+            "--recipe",
+            str(recipe),
+            "--platform",
+            PLATFORM,
+            "--target",
+            "base",
+            "--no-cache",
+            "--base-image",
+            hostsetup.base_image_name(PLATFORM),
+            "--no-verify",
+            "--no-preflight",
+            templates=templates,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        image = plan.candidate_tag(load_recipe(recipe), PLATFORM) + "-base"
+        made.append(image)
+        return recipe, image
+
+    yield build
+    for image in made:
+        docker("image", "rm", "--force", image, check=False)
+
+
+def _report(path: Path) -> dict[str, dict]:
+    return {c["name"]: c for c in json.loads(path.read_text())["checks"]}
+
+
+def test_two_builds_without_cache_are_identical(built, tmp_path):
+    recipe, image = built("repro-twice")
+    first = json.loads(docker("image", "inspect", image).stdout)[0]
+    labels = first["Config"]["Labels"]
+    # The time is the pinned base's, never the clock: config and label say the same second.
+    base = json.loads(docker("image", "inspect", hostsetup.base_image_name(PLATFORM)).stdout)[0]
+    assert first["Created"][:19] == base["Created"][:19]
+    assert labels["dev.sparkforge.stage"] == "base" and labels["dev.sparkforge.source-date-epoch"].isdigit()
+    report = tmp_path / "rebuild.json"
+    done = _invoke("rebuild", "--check", image, "--recipe", str(recipe), "--json", str(report))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checks = _report(report)
+    assert checks["config"]["status"] == "passed" and checks["config"]["details"]["id"] == first["Id"]
+    assert checks["layers"]["details"]["diff_ids"] == first["RootFS"]["Layers"]
+    # The original is left as it was; the rebuild is gone.
+    assert json.loads(docker("image", "inspect", image).stdout)[0]["Id"] == first["Id"]
+    assert "sparkforge-rebuild/" not in docker("images", "--format", "{{.Repository}}").stdout
+
+
+def test_rebuild_names_a_planted_time_file(built, tmp_path):
+    templates = tmp_path / "dockerfiles"
+    shutil.copytree(REPO_ROOT / "dockerfiles", templates)
+    template = templates / "vllm.Dockerfile.j2"
+    text = template.read_text()
+    marker = "# Static labels only:"
+    assert marker in text
+    template.write_text(text.replace(marker, f"RUN date +%s%N > /{PLANTED}\n{marker}", 1))
+    recipe, image = built("repro-planted", templates)
+    report = tmp_path / "rebuild.json"
+    done = _invoke(
+        "rebuild", "--check", image, "--recipe", str(recipe), "--json", str(report), templates=templates
+    )
+    assert done.returncode == 1 and report.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    checks = _report(report)
+    assert checks["config"]["status"] == "failed" and checks["layers"]["status"] == "failed"
+    layers = checks["layers"]["details"]["layers"]
+    assert len(layers) == 1 and "date +%s%N" in layers[0]["step"]
+    (planted,) = layers[0]["files"]
+    assert planted["path"] == PLANTED and planted["differs"] == ["content"]
+    # The two times the step wrote, one per build: the content diff of the small text file.
+    removed = [line for line in planted["diff"].splitlines() if line[:1] == "-" and line[1:2].isdigit()]
+    added = [line for line in planted["diff"].splitlines() if line[:1] == "+" and line[1:2].isdigit()]
+    assert len(removed) == len(added) == 1 and removed[0][1:] != added[0][1:]
+    assert f"/{PLANTED}" in done.stdout and "rebuild failed (config, layers)" in done.stderr
+
+
+def test_rebuild_refuses_an_image_without_labels(engine_ready):
+    _require_buildx_engine()
+    base = hostsetup.base_image_name(PLATFORM)
+    done = _invoke("rebuild", "--check", base)
+    assert done.returncode == 1
+    message = done.stderr.strip()
+    assert "carries no sparkforge labels" in message and "dev.sparkforge.recipe-hash" in message
+    assert "fix:" in message and "Traceback" not in done.stderr and len(message.splitlines()) == 1
