@@ -8,11 +8,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sparkforge.build.render import render_context
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
-from sparkforge.build.render import render_context
 
 # Every ignored hadolint rule, with the reason; passed as --ignore.
 HADOLINT_IGNORED: dict[str, str] = {

@@ -21,7 +21,6 @@ from sparkforge.errors import EngineError, PreflightError
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details, require_cmake
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.patches import check_patches
-from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.preflight.sources import GITHUB, resolve_upstream
 from sparkforge.probe.crosscheck import compare, gencode_calls
 from sparkforge.probe.judge import judge_configure, judge_unit

@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkforge import engine
-from sparkforge.recipe import plan
-from sparkforge.verify import verified
-from sparkforge.commands import Command, Runner
-from sparkforge.console import say
 from sparkforge.build import epoch
 from sparkforge.build.buildkit import BuildRequest, build_command, load_command
-from sparkforge.registry.pushed import read_build_metadata
-from sparkforge.engine import Engine
-from sparkforge.errors import CommandError, EngineError, PreflightError, SparkforgeError, VerifyError
-from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.build.render import Context, render_context
+from sparkforge.commands import Command, Runner
+from sparkforge.console import say
+from sparkforge.engine import Engine
+from sparkforge.errors import CommandError, EngineError, SparkforgeError, VerifyError
+from sparkforge.recipe import plan
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Report
+from sparkforge.verify import verified
 from sparkforge.verify.suite import GpuMode, resolve_gpus
 
 CA_ENV = "SPARKFORGE_CA_BUNDLE"
