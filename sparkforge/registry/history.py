@@ -83,7 +83,7 @@ def no_history(repository: str, tag: str, recipe: str) -> PublishError:
     )
 
 
-def evidence_of(platforms: Mapping[str, str], evidence_dir: Path) -> dict[str, dict[str, Any]]:
+def evidence_of(platforms: Mapping[str, str], evidence_dir: Path, gpu: str) -> dict[str, dict[str, Any]]:
     """The GPU verdict of each platform image at the time of a move, from this machine's verify records."""
     out = {}
     for platform, digest in sorted(platforms.items()):
@@ -91,7 +91,7 @@ def evidence_of(platforms: Mapping[str, str], evidence_dir: Path) -> dict[str, d
         verdict = (record or {}).get("gpu_verified") or {}
         out[platform] = {
             "status": (record or {}).get("status", "unknown"),
-            "gpu_verified": verified.is_gpu_verified(record),
+            "gpu_verified": verified.is_gpu_verified(record, gpu),
             "reason": verdict.get("reason", "no verify record on the machine that moved the tag"),
         }
     return out
@@ -170,6 +170,7 @@ def new_entry(
     platforms: Mapping[str, str],
     previous: str | None,
     evidence_dir: Path,
+    gpu: str,
     now: dt.datetime | None = None,
 ) -> Entry:
     when = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat()
@@ -181,7 +182,7 @@ def new_entry(
         recipe_hash,
         dict(platforms),
         previous,
-        evidence_of(platforms, evidence_dir),
+        evidence_of(platforms, evidence_dir, gpu),
     )
 
 
@@ -195,13 +196,14 @@ def record_move(
     platforms: Mapping[str, str],
     previous: Mapping[str, str | None],
     evidence_dir: Path,
+    gpu: str,
 ) -> None:
-    """Append one entry per moved tag (nothing when dry)."""
+    """Append one entry per moved tag (nothing when dry); `gpu` is the recipe's target the verdicts are for."""
     if tools.runner.dry:
         return
     for tag in tags:
         before = previous.get(tag, previous.get(tag_of(tools.repository, tag)))
-        entry = new_entry(action, recipe, recipe_hash, index, platforms, before, evidence_dir)
+        entry = new_entry(action, recipe, recipe_hash, index, platforms, before, evidence_dir, gpu)
         append(tools, tag, entry)
 
 

@@ -382,6 +382,15 @@ def promote(
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
     history.record_move(
-        tools, moving, "promote", recipe.name, recipe.hash, index, dict(images), before, evidence_dir
+        tools,
+        moving,
+        "promote",
+        recipe.name,
+        recipe.hash,
+        index,
+        dict(images),
+        before,
+        evidence_dir,
+        recipe.model.gpu,
     )
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

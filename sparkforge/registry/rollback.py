@@ -97,6 +97,15 @@ def _move(
         )
     echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
     history.record_move(
-        tools, [tag], "rollback", entry.recipe, entry.recipe_hash, index, images, {tag: current}, evidence_dir
+        tools,
+        [tag],
+        "rollback",
+        entry.recipe,
+        entry.recipe_hash,
+        index,
+        images,
+        {tag: current},
+        evidence_dir,
+        recipe.model.gpu,
     )
     return pub.Published(recipe.name, repo, index, images, (tag,), (), "")

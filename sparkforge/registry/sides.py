@@ -154,20 +154,20 @@ def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None
         {b["name"]: b["verdict"] for b in backends},
         {k: str(v["status"]) for k, v in jit.items()} if jit is not None else None,
         size,
-        _verify_of(record),
+        _verify_of(record, gpu),
         bench_numbers(bench) if bench else None,
         tuple(notes),
     )
 
 
-def _verify_of(record: Mapping[str, Any] | None) -> dict[str, Any]:
+def _verify_of(record: Mapping[str, Any] | None, gpu: str) -> dict[str, Any]:
     if record is None:
         return {"status": "none on this machine", "gpu_verified": "no"}
     verdict = record.get("gpu_verified") or {}
     return {
         "status": record.get("status"),
         "gpu_verified": "yes"
-        if verified.is_gpu_verified(dict(record))
+        if verified.is_gpu_verified(dict(record), gpu)
         else f"no ({verdict.get('reason', '')})",
     }
 

@@ -34,10 +34,12 @@ from sparkforge.registry.releases import attest_kernels
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
 from sparkforge.verify.kernels_report import for_target
+from sparkforge.verify.suite import SUITE_DIR
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE, write_recipe_file
 from tests.unit.audit_fixtures import nvcc_available
 from tests.unit.release_fixtures import release_tree
+from tests.unit.test_evidence import passing_checks
 
 PLATFORM = "linux/amd64"
 VERSIONS = {"native": "0.33.0", "family": "0.34.0"}  # release -> vLLM pin
@@ -77,7 +79,12 @@ def gpu_record(release: Release, gpu: dict[str, str] | None, evidence_dir: Path)
     checks = _gb10_checks()
     data = {
         "status": "passed",
+        "recipe": release.recipe.name,
+        "recipe_hash": release.recipe.hash,
+        "platform": PLATFORM,
+        "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
         "checks": checks,
+        "gpus": {"used": gpu is not None},  # the host passed the GPU in and read it
         "gpu": gpu,
         "gpu_verified": evidence.gpu_verdict(checks, gpu, release.recipe.model.gpu).to_dict(),
         "base_override": True,
@@ -130,10 +137,21 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     from sparkforge.registry.cosign import sign_published
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
-    report = Report(command="verify", subject=image, recipe=recipe.name)
-    report.add(Check("fp8-gemm", "passed", "", {"gpu": GB10["name"]}))
-    report.extra.update({"gpus": {"used": True, "why": "GPU runtime present"}, "platform": PLATFORM})
-    attest_report(recipe, image, report.to_dict(), cosign, signer)
+    tools = Manifests(eng, runner, recipe.model.publish.repository)
+    report = Report(command="verify", subject=image, recipe=recipe.name)  # what the GB10 job writes (mocked)
+    for check in passing_checks():
+        report.add(Check.from_dict(check))
+    report.extra.update(
+        {
+            "image_id": tools.config_digest(image),
+            "recipe_hash": recipe.hash,
+            "gpus": {"mode": "all", "used": True},
+            "gpu": GB10,
+            "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
+            "platform": PLATFORM,
+        }
+    )
+    attest_report(recipe, image, report.to_dict(), cosign, signer, tools)
     kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
     return Release(recipe, tag, pushed.digest, published.index)
