@@ -236,7 +236,7 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_up, ensure_image
+    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
 
     _preflight(recipe, profile, no_preflight)
     ref = _image(recipe, image)
@@ -246,15 +246,19 @@ def up(
         ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit
     )
     doctor_options = _doctor_options(ref, interface, master_port, gpus, sanity=True)
-    cluster_up(
-        engines,
-        load_profile(profile),
-        launch,
-        doctor_options,
-        echo=echo,
-        health_timeout_s=health_timeout,
-        dry=dry,
+    loaded = load_profile(profile)
+    up_result = cluster_up(
+        engines, loaded, launch, doctor_options, echo=echo, health_timeout_s=health_timeout, dry=dry
     )
+    if not dry:
+        from sparkforge.run.serve import ask
+
+        try:
+            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+        except BaseException:
+            removed = cluster_down(engines, loaded.name)
+            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
+            raise
 
 
 @task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})

@@ -113,6 +113,7 @@ def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
         "version": __version__,
         "recipe": recipe.name,
         "recipe_hash": recipe.hash,
+        **({"device": m.device} if m.device != "cuda" else {}),
         "gpu": m.gpu,
         "cuda": m.cuda,
         "python": m.python,

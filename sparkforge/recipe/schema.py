@@ -34,6 +34,10 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     ),
     "sha40": (r"[0-9a-f]{40}", "use the full 40-character commit SHA (run 'invoke lock' to resolve a ref)"),
     "sha_short": (r"[0-9a-f]{7,40}", "use the commit SHA the wheel was built from (7 to 40 hex characters)"),
+    "sha256_hex": (
+        r"[0-9a-f]{64}",
+        "use the wheel file's sha256 as 64 hex characters (PyPI's Simple API lists it)",
+    ),
     "package": (r"[A-Za-z0-9][A-Za-z0-9._-]*", "use a PyPI distribution name, e.g. 'flashinfer-python'"),
     "url": (r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%/+-]*)?", "use a plain http(s) URL"),
     "gpu": (r"sm_[0-9]{2,3}[af]?", "use a CUDA SM target like 'sm_121'"),
@@ -160,6 +164,19 @@ class Component(StrictModel):
     patches: list[_pattern("patch")] = Field(
         default_factory=list, description="patch series, applied in order"
     )
+    # The two keys below are left out of the recipe hash at their defaults (exclude_if), so adding them changed no
+    # existing recipe's hash.
+    sha256: _pattern("sha256_hex") | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="the one wheel file pip may install (hash-checking mode; source: wheel)",
+    )
+    requires: Literal["declared", "without-torch"] = Field(
+        "declared",
+        exclude_if=lambda v: v == "declared",
+        description="without-torch: install the wheel with --no-deps, then its declared requirements except "
+        "its torch pin (a CPU build pinning torch==X+cpu, a local version PyPI does not serve)",
+    )
 
     @model_validator(mode="after")
     def _source_needs(self) -> Component:
@@ -175,6 +192,8 @@ class Component(StrictModel):
                 )
         elif self.patches:
             raise ValueError("patches apply only to source 'git'; fix: set source: git or remove patches")
+        if self.source == "git" and (self.sha256 is not None or self.requires != "declared"):
+            raise ValueError("sha256 and requires apply only to source 'wheel'; fix: remove them")
         return self
 
 
@@ -186,8 +205,11 @@ class Components(StrictModel):
 
     @model_validator(mode="after")
     def _vllm_commit(self) -> Components:
-        if self.vllm.commit is None:
-            raise ValueError("components.vllm needs 'commit'; fix: add the commit the release was built from")
+        if self.vllm.commit is None and self.vllm.sha256 is None:
+            raise ValueError(
+                "components.vllm needs 'commit' (or, for a wheel that records none, its file's 'sha256'); fix: add "
+                "the commit the release was built from"
+            )
         return self
 
     def items(self) -> list[tuple[str, Component]]:
@@ -309,6 +331,9 @@ class Publish(StrictModel):
 
 class RecipeModel(StrictModel):
     description: _pattern("description")
+    # cpu: a test vehicle (vLLM's CPU platform) that runs the serve path where no GPU is; left out of the recipe
+    # hash at its default, so GPU recipes hash as before. gpu and cuda stay required: torch's wheel is CUDA's.
+    device: Literal["cuda", "cpu"] = Field("cuda", exclude_if=lambda v: v == "cuda")
     gpu: _pattern("gpu")
     platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(min_length=1)
     cuda: _pattern("cuda")
