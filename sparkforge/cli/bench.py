@@ -59,7 +59,8 @@ def bench(
         echo(line)
     extra = report.extra
     echo(
-        f"vLLM {extra['vllm']}, image {extra['image']['id'][:19]}, backends {extra['backends'] or 'none logged'}"
+    chosen = {kind: entry["names"] for kind, entry in extra["backends"].items()}
+    echo(f"vLLM {extra['vllm']}, image {extra['image']['id'][:19]}, backends {chosen or 'none logged'}")
     )
     finish_report(report, json, hint="a concurrency run failed; see its reason above")
 

@@ -52,6 +52,7 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use a Python class name, e.g. 'Qwen3_5MoeForConditionalGeneration'",
     ),
     "model_type": (r"[a-z0-9_]+", "use a transformers model type, e.g. 'qwen3_5_moe'"),
+    "deb_package": (r"[a-z0-9][a-z0-9.+-]+", "use a Debian/Ubuntu package name, e.g. 'libnuma1'"),
     "env_name": (r"[A-Za-z_][A-Za-z0-9_]*", "use an environment variable name (letters, digits, _)"),
     "env_value": (
         r"[A-Za-z0-9_./:,=+@%-]*",
@@ -270,6 +271,11 @@ class Runtime(StrictModel):
         True,
         description="strip local symbols and debug sections from shared libraries (dynamic symbols stay, so "
         "loading and in-process backtraces are unchanged; only offline debuggers lose names)",
+    )
+    system_packages: list[_pattern("deb_package")] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,  # left out of the recipe hash when empty: existing recipes hash as before
+        description="Debian/Ubuntu libraries the recipe's wheels load that the runtime base lacks (e.g. libnuma1)",
     )
 
 

@@ -24,12 +24,15 @@ from sparkforge.run.nodes import NodeEngine
 
 PERCENTILES = (50, 90, 99)
 RESULT_DIR = "/tmp/sparkforge-bench"
-# What vLLM logs when it picks a kernel family (0.3x wording; first match per kind wins, the line is kept).
+# What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
 BACKEND_PATTERNS = {
-    "attention": r"\b[Uu]sing (?:the )?([A-Za-z0-9_]+) (?:attention )?backend",
-    "moe": r"(?i)\b(?:using|selected|chose)\b[^\n]*?\b([A-Za-z0-9_]*(?:moe|experts)[A-Za-z0-9_]*)",
-    "fp8": r"(?i)\b(?:using|selected|chose)\b[^\n]*?\b([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
+    "attention": r"\bUsing (?:default backend )?(?:AttentionBackendEnum\.)?([A-Za-z0-9_]+)(?: attention)? backend",
+    "vision_attention": r"(?:AttentionBackendEnum\.)([A-Za-z0-9_]+) for (?:vit attention|MMEncoderAttention)",
+    "linear_attention": r"\bUsing (.+? GDN .*?kernel)",
+    "moe": r"\bUsing ([A-Za-z0-9_ ]+?) MoE backend",
+    "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
 }
+_NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
 _HARDWARE = """
 import json, os, platform, shutil, subprocess
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
@@ -86,19 +89,19 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def backends(log: str) -> dict[str, dict[str, str]]:
-    """The attention / MoE / FP8 choices vLLM logged: {kind: {"name": ..., "line": ...}} (absent: not logged)."""
-    found: dict[str, dict[str, str]] = {}
+def backends(log: str) -> dict[str, dict[str, list[str]]]:
+    """The kernel families vLLM logged choosing: {kind: {"names": [...], "lines": [...]}} (absent: not logged)."""
+    found: dict[str, dict[str, list[str]]] = {}
     for line in log.splitlines():
         for kind, pattern in BACKEND_PATTERNS.items():
-            if kind in found:
-                continue
-            if kind == "attention" and re.search(r"(?i)moe|fp8", line):
+            if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
                 continue
             match = re.search(pattern, line)
             if match:
-                name = next(g for g in match.groups() if g)
-                found[kind] = {"name": name, "line": line.strip()[-240:]}
+                entry = found.setdefault(kind, {"names": [], "lines": []})
+                if match.group(1) not in entry["names"]:
+                    entry["names"].append(match.group(1))
+                    entry["lines"].append(line.strip()[-240:])
     return found
 
 

@@ -111,7 +111,7 @@ def test_serve_answers_bench_measures_and_down_leaves_nothing(
             and doc["image"]["id"].startswith("sha256:")
         )
         assert doc["hardware"]["machine"] == "x86_64" and doc["hardware"]["cpus"] >= 1
-        assert "attention" in doc["backends"], doc["backends"]
+        assert "moe" in doc["backends"] and "linear_attention" in doc["backends"], doc["backends"]
         for check in doc["checks"]:
             d = check["details"]
             assert d["completed"] == 4 and d["failed"] == 0 and d["output_tok_s"] > 0

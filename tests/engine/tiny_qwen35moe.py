@@ -32,8 +32,9 @@ def tokenizer(out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     words = list(SPECIALS)
-    for sentence in SENTENCES:
-        words += [w for w in sentence.split() if w not in words]
+    for word in " ".join(SENTENCES).split():
+        if word not in words:
+            words.append(word)
     words += [f"w{i}" for i in range(VOCAB - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -80,7 +81,7 @@ def model(out: Path) -> int:
     }
     vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64, "intermediate_size": 64}
     config = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    config.torch_dtype = torch.bfloat16
+    config.dtype = torch.bfloat16
     net = Qwen3_5MoeForConditionalGeneration(config).to(torch.bfloat16)
     net.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 3, "pad_token_id": 1}) + "\n")
