@@ -58,10 +58,8 @@ def bench(
     for line in table(report):
         echo(line)
     extra = report.extra
-    echo(
     chosen = {kind: entry["names"] for kind, entry in extra["backends"].items()}
     echo(f"vLLM {extra['vllm']}, image {extra['image']['id'][:19]}, backends {chosen or 'none logged'}")
-    )
     finish_report(report, json, hint="a concurrency run failed; see its reason above")
 
 

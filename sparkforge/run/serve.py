@@ -88,8 +88,17 @@ def check_architecture(engine: NodeEngine, profile: Profile, options: LaunchOpti
         return
     result = engine.runner.capture(
         engine.command(
-            "run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
-            "-c", _ARCH, arch,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "python3",
+            *_env_flags(profile),
+            options.image,
+            "-c",
+            _ARCH,
+            arch,
         ),
         "architecture",
         check=False,
