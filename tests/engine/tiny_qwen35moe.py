@@ -1,7 +1,7 @@
 """Write a tiny random-weight Qwen3.5-MoE checkpoint and a local tokenizer into a directory (run INSIDE the image).
 
-Nothing is downloaded: transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, three gated-delta-net
-`linear_attention` and one `full_attention`, 4 experts top-2, a 512-word vocabulary, a one-block vision tower),
+Nothing is downloaded: transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta-net
+`linear_attention` and `full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower),
 weights drawn from a fixed seed, saved as safetensors; a word-level tokenizer built with the `tokenizers` library
 from a few sentences plus filler words up to exactly the model's vocabulary (every id decodes to a word), with a
 chat template. Head sizes are the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
@@ -61,7 +61,9 @@ def model(out: Path) -> int:
         "vocab_size": VOCAB,
         "hidden_size": 64,
         "num_hidden_layers": 4,
-        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        # Both kinds in each half: with pipeline parallel 2 every stage holds one of each (vLLM 0.32 refuses
+        # stages that disagree on KV cache layouts, as a stage of gated-delta-net layers only would).
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
         "head_dim": 64,
