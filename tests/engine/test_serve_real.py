@@ -75,7 +75,7 @@ def test_a_model_class_the_image_lacks_is_refused_before_anything_starts(
         and "has no model class Qwen9NotAModelForCausalLM" in out
         and "nothing was downloaded" in out
     )
-    assert "Traceback" not in out and "docker run" in out  # the plan is printed, nothing was started
+    assert "Traceback" not in out and "docker run" not in out  # refused before the plan runs
     assert not any("started sparkforge-serve" in line for line in out.splitlines())
     assert _containers() == []
 
