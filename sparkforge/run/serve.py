@@ -39,7 +39,7 @@ _ARCH = """
 import sys
 from vllm.model_executor.models.registry import ModelRegistry
 archs = ModelRegistry.get_supported_archs()
-print(len(archs))
+print(f"registered={len(archs)}")
 sys.exit(0 if sys.argv[1] in archs else 3)
 """
 
@@ -105,9 +105,10 @@ def check_architecture(engine: NodeEngine, profile: Profile, options: LaunchOpti
         timeout=300,
     )
     if result.returncode == 3:
+        count = re.search(r"registered=(\d+)", result.output)
         raise RunError(
             f"profile {profile.name}: {options.image}'s vLLM has no model class {arch} (it registers "
-            f"{result.output.strip().splitlines()[-1]} others); nothing was downloaded or started; fix: use a "
+            f"{count.group(1) if count else 'other'} others); nothing was downloaded or started; fix: use a "
             "recipe whose vLLM supports it (preflight lists the recipe's models.architectures)"
         )
     if result.returncode != 0:
