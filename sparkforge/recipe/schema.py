@@ -165,8 +165,7 @@ class Component(StrictModel):
     patches: list[_pattern("patch")] = Field(
         default_factory=list, description="patch series, applied in order"
     )
-    # The two keys below are left out of the recipe hash at their defaults (exclude_if), so adding them changed no
-    # existing recipe's hash.
+    # Left out of the recipe hash at their defaults (exclude_if): existing recipes hash as before.
     sha256: _pattern("sha256_hex") | None = Field(
         None,
         exclude_if=lambda v: v is None,
@@ -337,8 +336,7 @@ class Publish(StrictModel):
 
 class RecipeModel(StrictModel):
     description: _pattern("description")
-    # cpu: a test vehicle (vLLM's CPU platform) that runs the serve path where no GPU is; left out of the recipe
-    # hash at its default, so GPU recipes hash as before. gpu and cuda stay required: torch's wheel is CUDA's.
+    # cpu: a test vehicle (vLLM's CPU platform) for the serve path without a GPU; out of the hash at its default.
     device: Literal["cuda", "cpu"] = Field("cuda", exclude_if=lambda v: v == "cuda")
     gpu: _pattern("gpu")
     platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(min_length=1)
