@@ -43,6 +43,7 @@ def cpu_twin(
         verify=False,
         gpus="none",
         preflight=False,
+        network="host",  # as `invoke build --network host`: RUN steps need no bridge
         log_root=tmp_path_factory.mktemp("twin-build") / "logs",
     )
     start = time.monotonic()
