@@ -279,7 +279,7 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_up, ensure_image
+    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
 
     engines = _engines(nodes)  # every input checked before the network or an engine is contacted
@@ -293,7 +293,7 @@ def up(
     _preflight(recipe, profile, no_preflight)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
-    cluster_up(
+    up_result = cluster_up(
         engines,
         loaded,
         launch,
@@ -302,6 +302,15 @@ def up(
         health_timeout_s=health_timeout,
         dry=dry,
     )
+    if not dry:
+        from sparkforge.run.serve import ask
+
+        try:
+            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+        except BaseException:
+            removed = cluster_down(engines, loaded.name)
+            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
+            raise
 
 
 @task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})

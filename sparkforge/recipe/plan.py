@@ -114,6 +114,7 @@ def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
         "version": __version__,
         "recipe": recipe.name,
         "recipe_hash": recipe.hash,
+        **({"device": m.device} if m.device != "cuda" else {}),
         "gpu": m.gpu,
         "cuda": m.cuda,
         "python": m.python,
@@ -271,6 +272,7 @@ class TemplateValues:
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: dict[str, Any] = field(default_factory=dict)
     cuda_major: str = ""
+    device: str = "cuda"
 
 
 def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateValues:
@@ -301,6 +303,7 @@ def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateV
         stages=STAGES_SOURCE if vllm.source == "git" else STAGES_WHEEL,
         runtime=m.runtime.model_dump(mode="json"),
         cuda_major=m.cuda.split(".")[0],
+        device=m.device,
         build={**m.build.model_dump(mode="json"), "probe": m.build.probe_settings.model_dump(mode="json")},
     )
 

@@ -45,6 +45,30 @@ __all__ = ["RESERVED_FLAGS", "Profile", "ProfileModel", "load_profile"]
 ArgValue = StrictBool | StrictInt | StrictFloat | StrictStr | list[StrictInt | StrictFloat | StrictStr]
 
 
+class AnswerCheck(BaseModel):
+    """What `serve` asks once healthy, and a regular expression the answer must match (a green health check is
+    not an answer check: a stale or broken model can answer garbage)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: Annotated[str, Field(min_length=1, max_length=2000)]
+    expect: Annotated[str, Field(min_length=1, max_length=500)]
+    max_tokens: Annotated[int, Field(ge=1, le=32768)] = 2048
+    # vLLM's sampling extension: generate exactly max_tokens (a random-weight test model would stop anywhere).
+    ignore_eos: bool = False
+
+    @field_validator("expect")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(
+                f"{value!r} is not a regular expression ({exc}); fix: e.g. '\\b391\\b'"
+            ) from None
+        return value
+
+
 class ProfileModel(BaseModel):
     """The schema of a profile file (unknown keys are errors)."""
 
@@ -57,6 +81,9 @@ class ProfileModel(BaseModel):
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, StrictStr] = Field(default_factory=dict)
     served_model_name: str | None = None
+    # The model class the checkpoint's config.json names: checked against the image's vLLM before any download.
+    architecture: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    check: AnswerCheck | None = None
 
     @field_validator("description")
     @classmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -20,6 +19,7 @@ from pydantic import (
 )
 
 from sparkforge.recipe.identity import pinned_identity
+from sparkforge.recipe.loaderenv import loader_env_names
 
 # Every string that can reach a Dockerfile or a shell line is held to one of these patterns.
 _SHA256 = r"sha256:[0-9a-f]{64}"
@@ -37,6 +37,10 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     ),
     "sha40": (r"[0-9a-f]{40}", "use the full 40-character commit SHA (run 'invoke lock' to resolve a ref)"),
     "sha_short": (r"[0-9a-f]{7,40}", "use the commit SHA the wheel was built from (7 to 40 hex characters)"),
+    "sha256_hex": (
+        r"[0-9a-f]{64}",
+        "use the wheel file's sha256 as 64 hex characters (PyPI's Simple API lists it)",
+    ),
     "package": (r"[A-Za-z0-9][A-Za-z0-9._-]*", "use a PyPI distribution name, e.g. 'flashinfer-python'"),
     "url": (r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%/+-]*)?", "use a plain http(s) URL"),
     "gpu": (r"sm_[0-9]{2,3}[af]?", "use a CUDA SM target like 'sm_121'"),
@@ -51,6 +55,7 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         "use a Python class name, e.g. 'Qwen3_5MoeForConditionalGeneration'",
     ),
     "model_type": (r"[a-z0-9_]+", "use a transformers model type, e.g. 'qwen3_5_moe'"),
+    "deb_package": (r"[a-z0-9][a-z0-9.+-]+", "use a Debian/Ubuntu package name, e.g. 'libnuma1'"),
     "env_name": (r"[A-Za-z_][A-Za-z0-9_]*", "use an environment variable name (letters, digits, _)"),
     "env_value": (
         r"[A-Za-z0-9_./:,=+@%-]*",
@@ -81,41 +86,6 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     ),
 }
 TAG_PLACEHOLDERS = ("recipe", "vllm", "torch", "cuda", "date", "hash")
-# Variables that change how every process in the image finds and loads code: never set from a recipe.
-LOADER_ENV = frozenset(
-    {
-        "PATH",
-        "LD_PRELOAD",
-        "LD_LIBRARY_PATH",
-        "LD_AUDIT",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "PYTHONUSERBASE",
-        "PYTHONSAFEPATH",
-        "PYTHONNOUSERSITE",
-        "PYTHONEXECUTABLE",
-        "VIRTUAL_ENV",
-        "PIP_INDEX_URL",
-        "PIP_EXTRA_INDEX_URL",
-        "PIP_CONSTRAINT",
-        "PIP_REQUIRE_VIRTUALENV",
-        "BASH_ENV",
-        "ENV",
-        "SHELL",
-        "IFS",
-        "HOME",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "CUDA_HOME",
-    }
-)
-
-
-def loader_env_names(names: Iterable[str]) -> list[str]:
-    """The names among `names` that LOADER_ENV refuses (the one deny list for recipes and serve profiles)."""
-    return sorted(n for n in names if n.upper() in LOADER_ENV or n.upper().startswith(("LD_", "DYLD_")))
 
 
 def _pattern(kind: str) -> Any:
@@ -168,6 +138,18 @@ class Component(StrictModel):
     patches: list[_pattern("patch")] = Field(
         default_factory=list, description="patch series, applied in order"
     )
+    # Left out of the recipe hash at their defaults (exclude_if): existing recipes hash as before.
+    sha256: _pattern("sha256_hex") | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="the one wheel file pip may install (hash-checking mode; source: wheel)",
+    )
+    requires: Literal["declared", "without-torch"] = Field(
+        "declared",
+        exclude_if=lambda v: v == "declared",
+        description="without-torch: install the wheel with --no-deps, then its declared requirements except "
+        "its torch pin (a CPU build pinning torch==X+cpu, a local version PyPI does not serve)",
+    )
 
     @model_validator(mode="after")
     def _source_needs(self) -> Component:
@@ -183,6 +165,8 @@ class Component(StrictModel):
                 )
         elif self.patches:
             raise ValueError("patches apply only to source 'git'; fix: set source: git or remove patches")
+        if self.source == "git" and (self.sha256 is not None or self.requires != "declared"):
+            raise ValueError("sha256 and requires apply only to source 'wheel'; fix: remove them")
         return self
 
 
@@ -194,8 +178,11 @@ class Components(StrictModel):
 
     @model_validator(mode="after")
     def _vllm_commit(self) -> Components:
-        if self.vllm.commit is None:
-            raise ValueError("components.vllm needs 'commit'; fix: add the commit the release was built from")
+        if self.vllm.commit is None and self.vllm.sha256 is None:
+            raise ValueError(
+                "components.vllm needs 'commit' (or, for a wheel that records none, its file's 'sha256'); fix: add "
+                "the commit the release was built from"
+            )
         return self
 
     def items(self) -> list[tuple[str, Component]]:
@@ -256,6 +243,11 @@ class Runtime(StrictModel):
         True,
         description="strip local symbols and debug sections from shared libraries (dynamic symbols stay, so "
         "loading and in-process backtraces are unchanged; only offline debuggers lose names)",
+    )
+    system_packages: list[_pattern("deb_package")] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,  # left out of the recipe hash when empty: existing recipes hash as before
+        description="Debian/Ubuntu libraries the recipe's wheels load that the runtime base lacks (e.g. libnuma1)",
     )
 
 
@@ -333,6 +325,8 @@ class Publish(StrictModel):
 
 class RecipeModel(StrictModel):
     description: _pattern("description")
+    # cpu: a test vehicle (vLLM's CPU platform) for the serve path without a GPU; out of the hash at its default.
+    device: Literal["cuda", "cpu"] = Field("cuda", exclude_if=lambda v: v == "cuda")
     gpu: _pattern("gpu")
     platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(min_length=1)
     cuda: _pattern("cuda")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from sparkforge.recipe.schema import loader_env_names
+from sparkforge.recipe.loaderenv import loader_env_names
 
 # Flags sparkforge sets itself from --port, --nodes and the cluster plan; a profile setting them would conflict.
 RESERVED_FLAGS = {

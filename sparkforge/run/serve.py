@@ -1,13 +1,18 @@
 """`serve` / `serve.down`: one node, one container, the way GB10 needs it; health, then one chat completion.
 
-The chat completion asks a question whose answer needs thinking: with the profile's reasoning parser the
-reply carries the reasoning and the answer in separate fields, which is what is checked and shown.
+Before anything starts, the model class (the profile's `architecture`, or the `--model-dir` config.json's) is
+looked up in the image's own vLLM registry, so a model the image cannot load is refused before any download.
+The chat completion asks the profile's `check.prompt` (default: a question whose answer needs thinking): with
+the profile's reasoning parser the reply carries the reasoning and the answer in separate fields; an empty or
+failed answer, or one not matching `check.expect`, fails serve (a green health check is not an answer check).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
@@ -19,10 +24,23 @@ from sparkforge.run.nodes import NodeEngine
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).
 _CHAT = """
-import json, sys, urllib.request
-body = json.dumps({"model": sys.argv[2], "messages": [{"role": "user", "content": sys.argv[3]}], "max_tokens": 2048}).encode()
-req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions", body, {"Content-Type": "application/json"})
-print(urllib.request.urlopen(req, timeout=600).read().decode())
+import json, sys, urllib.error, urllib.request
+body = {"model": sys.argv[2], "messages": [{"role": "user", "content": sys.argv[3]}], "max_tokens": int(sys.argv[4])}
+if sys.argv[5] == "1":
+    body["ignore_eos"] = True
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(req, timeout=600).read().decode())
+except urllib.error.HTTPError as exc:
+    print(exc.read().decode().replace("\\n", " "))
+"""
+# Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
+_ARCH = """
+import sys
+from vllm.model_executor.models.registry import ModelRegistry
+archs = ModelRegistry.get_supported_archs()
+print(f"registered={len(archs)}")
+sys.exit(0 if sys.argv[1] in archs else 3)
 """
 
 
@@ -30,16 +48,119 @@ print(urllib.request.urlopen(req, timeout=600).read().decode())
 class ChatReply:
     reasoning: str
     answer: str
+    finish_reason: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> ChatReply:
         """vLLM's OpenAI reply; the reasoning parser's part is `reasoning` (0.33.0; `reasoning_content` before)."""
         try:
-            message = json.loads(text)["choices"][0]["message"]
+            doc = json.loads(text)
+            choice = doc["choices"][0]
+            message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise RunError(f"the chat completion did not return an OpenAI reply: {text[:400]}") from None
         reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
-        return cls(str(reasoning), str(message.get("content") or ""))
+        usage = {k: int(v) for k, v in (doc.get("usage") or {}).items() if isinstance(v, int)}
+        return cls(
+            str(reasoning), str(message.get("content") or ""), str(choice.get("finish_reason") or ""), usage
+        )
+
+
+def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
+    """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
+    if profile.model.architecture:
+        return profile.model.architecture
+    config = model_dir / "config.json" if model_dir else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return str(archs[0]) if archs else None
+
+
+def check_architecture(engine: NodeEngine, profile: Profile, options: LaunchOptions, *, echo: Echo) -> None:
+    """Refuse a model class the image's vLLM does not register, before any container serves or downloads."""
+    arch = model_architecture(profile, options.model_dir)
+    if arch is None:
+        return
+    result = engine.runner.capture(
+        engine.command(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "python3",
+            *_env_flags(profile),
+            options.image,
+            "-c",
+            _ARCH,
+            arch,
+        ),
+        "architecture",
+        check=False,
+        timeout=300,
+    )
+    if result.returncode == 3:
+        count = re.search(r"registered=(\d+)", result.output)
+        raise RunError(
+            f"profile {profile.name}: {options.image}'s vLLM has no model class {arch} (it registers "
+            f"{count.group(1) if count else 'other'} others); nothing was downloaded or started; fix: use a "
+            "recipe whose vLLM supports it (preflight lists the recipe's models.architectures)"
+        )
+    if result.returncode != 0:
+        raise RunError(f"cannot read the model registry of {options.image}: {result.output.strip()[-400:]}")
+    echo(f"model class {arch}: registered in the image's vLLM")
+
+
+def _env_flags(profile: Profile) -> list[str]:
+    return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
+
+
+def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo: Echo) -> ChatReply:
+    """One chat completion from inside the head container; fails on an empty or failed answer or a miss."""
+    check = profile.model.check
+    prompt = check.prompt if check else CHAT_PROMPT
+    max_tokens, ignore_eos = (check.max_tokens, check.ignore_eos) if check else (2048, False)
+    name = profile.model.served_model_name or profile.model.model
+    output = engine.call(
+        "chat",
+        "exec",
+        container,
+        "python3",
+        "-c",
+        _CHAT,
+        str(port),
+        name,
+        prompt,
+        str(max_tokens),
+        "1" if ignore_eos else "0",
+        timeout=900,
+    )
+    reply = ChatReply.parse(output.strip().splitlines()[-1])
+    echo(f"reasoning ({len(reply.reasoning)} chars): {reply.reasoning[:300]}")
+    echo(f"answer: {reply.answer.strip()[:300]}")
+    echo(
+        f"finish reason: {reply.finish_reason or '?'}; usage: prompt {reply.usage.get('prompt_tokens', '?')}, "
+        f"completion {reply.usage.get('completion_tokens', '?')} tokens"
+    )
+    if profile.model.args.get("reasoning-parser") and not reply.reasoning:
+        echo("warning: the profile names a reasoning parser but the reply carries no separate reasoning")
+    if not reply.answer.strip():
+        raise RunError(
+            f"profile {profile.name}: the model answered nothing to {prompt!r} (finish reason "
+            f"{reply.finish_reason or 'unknown'}); fix: read 'invoke cluster.logs' (a broken or stale model can "
+            "pass the health check)"
+        )
+    if check and not re.search(check.expect, reply.answer):
+        raise RunError(
+            f"profile {profile.name}: the answer to {check.prompt!r} does not match {check.expect!r}: "
+            f"{reply.answer.strip()[:200]!r}; fix: check the model and its weights (health was green)"
+        )
+    return reply
 
 
 def serve_up(
@@ -58,27 +179,17 @@ def serve_up(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
     plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
+    if not dry:
+        check_architecture(engine, profile, options, echo=echo)
     launch_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
     if dry or not chat:
         return plan, None
-    name = profile.model.served_model_name or profile.model.model
-    output = engine.call(
-        "chat",
-        "exec",
-        plan.head.container.name,
-        "python3",
-        "-c",
-        _CHAT,
-        str(options.port),
-        name,
-        CHAT_PROMPT,
-        timeout=900,
-    )
-    reply = ChatReply.parse(output.strip().splitlines()[-1])
-    echo(f"reasoning ({len(reply.reasoning)} chars): {reply.reasoning[:300]}")
-    echo(f"answer: {reply.answer.strip()[:300]}")
-    if profile.model.args.get("reasoning-parser") and not reply.reasoning:
-        echo("warning: the profile names a reasoning parser but the reply carries no separate reasoning")
+    try:
+        reply = ask(engine, plan.head.container.name, options.port, profile, echo=echo)
+    except RunError:
+        removed = cluster_down([engine], plan.profile)
+        echo(f"removed {removed[engine.node.label]} container(s) after the failed answer")
+        raise
     return plan, reply
 
 

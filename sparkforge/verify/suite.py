@@ -100,6 +100,12 @@ def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
 
 def check_kernels(recipe: Recipe, image: str) -> Check:
     """Kernel coverage for the recipe's GPU from the image's binaries (no container is started)."""
+    if recipe.model.device == "cpu":
+        return Check(
+            "kernels",
+            "skipped",
+            f"not applicable: recipe {recipe.name} is a CPU test vehicle (device: cpu); no GPU kernels to audit",
+        )
     audit = audit_subject(image, recipe.model.gpu, recipe.model.audit.require)
     failed = [c for c in audit.checks if c.status == "failed"]
     details = {

@@ -159,9 +159,10 @@ def test_valid_ssh_urls_pass_and_normalise(user: str, host: str, port: int) -> N
 @given(host=_host, port=st.one_of(st.integers(), st.text(max_size=6)))
 def test_tcp_ports_are_whole_numbers_in_range(host: str, port: object) -> None:
     text = f"tcp://{host}:{port}"
-    valid = isinstance(port, int) and 1 <= port <= 65535
+    digits = str(port).rstrip(" ")  # an entry's surrounding spaces are trimmed, as in "a, b"
+    valid = digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 65535
     if valid:
-        assert parse_node(text).key == f"tcp://{host}:{port}"
+        assert parse_node(text).key == f"tcp://{host}:{int(digits)}"
     else:
         with pytest.raises(RunError):
             parse_node(text)

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from sparkforge.errors import ProfileError
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.loaderenv import LOADER_ENV
 from sparkforge.recipe.profile import ProfileModel, load_profile
-from sparkforge.recipe.schema import LOADER_ENV
 from sparkforge.recipe.serveargs import RESERVED_FLAGS
 from sparkforge.run.launch import LaunchOptions, plan_launch
 

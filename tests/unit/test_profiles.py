@@ -57,7 +57,7 @@ def test_false_becomes_no_flag_and_lists_repeat(tmp_path: Path) -> None:
     [
         (
             "description: d\nmodel: m\nmodle: x\n",
-            ":3: modle: unknown key; fix: remove it or use one of: args,",
+            ":3: modle: unknown key; fix: remove it or use one of: architecture, args, check,",
         ),
         ("description: d\nmodel: m\nargs:\n  port: 9000\n", ":3: args: 'port' is set by --port"),
         ("description: d\nmodel: m\nargs:\n  --max-model-len: 9\n", "write the flag without dashes"),

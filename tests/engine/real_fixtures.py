@@ -1,0 +1,74 @@
+"""Session fixtures for the real-vLLM tests: the CPU twin image (built by sparkforge, cached) and a tiny model.
+
+The twin (tests/recipes/ci-cpu-twin.yaml) is built through the same pipeline as every recipe; BuildKit's cache
+makes a rebuild on a reused machine seconds. The tiny Qwen3.5-MoE checkpoint is made INSIDE the twin image (it
+has torch and transformers) into a host directory, so this host needs neither; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from cluster import DOCKER, sh
+
+from sparkforge.recipe.loader import REPO_ROOT
+
+TWIN_RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
+TINY_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml")
+# Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
+TWIN_REF = "sparkforge-run-test/cpu-twin:vllm"
+MAKER = Path(__file__).with_name("tiny_qwen35moe.py")
+REAL_TIMINGS: dict[str, float] = {}  # printed by the tests, recorded in benchmarks/serve-real.md
+
+
+@pytest.fixture(scope="session")
+def cpu_twin(
+    base_amd64: str, canary_secrets: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The CPU twin image, built by sparkforge's own pipeline (a cached rebuild when it exists)."""
+    from sparkforge.build.pipeline import build
+    from sparkforge.build.stage import BuildOptions
+    from sparkforge.recipe.loader import load_recipe
+
+    ca, token = canary_secrets
+    options = BuildOptions(
+        platform="linux/amd64",
+        base_image=base_amd64,
+        ca_bundle=ca,
+        secrets=(f"id=hf_token,src={token}",),
+        tags=(TWIN_REF,),
+        verify=False,
+        gpus="none",
+        preflight=False,
+        network="host",  # as `invoke build --network host`: RUN steps need no bridge
+        log_root=tmp_path_factory.mktemp("twin-build") / "logs",
+    )
+    start = time.monotonic()
+    build(load_recipe(TWIN_RECIPE), options)
+    REAL_TIMINGS["twin_build_s"] = round(time.monotonic() - start, 1)
+    yield TWIN_REF
+    sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3.5-MoE (fixed seed) and a local tokenizer, written by the twin image into a host dir."""
+    out = tmp_path_factory.mktemp("tiny-qwen35moe")
+    start = time.monotonic()
+    proc = sh(
+        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
+        "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{out}:/out",
+        cpu_twin, "/opt/tiny_qwen35moe.py", "/out", timeout=900,
+    )  # fmt: skip
+    REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
+    made = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
+        made["files"]
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    sh("chmod", "-R", "a+rX", str(out))
+    return out
