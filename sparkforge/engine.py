@@ -148,15 +148,6 @@ def _sdk_address() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    """A requests/urllib3 error for a dropped connection (not the wait's read timeout running out)."""
-    import requests
-
-    if isinstance(exc, requests.exceptions.ReadTimeout):
-        return False
-    return isinstance(exc, requests.exceptions.ConnectionError | ConnectionError)
-
-
 def image_exists(ref: str) -> bool:
     import docker.errors
 
@@ -243,7 +234,8 @@ def run_container(
         try:
             result = container.wait(timeout=timeout_s)
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
-            if _connection_lost(exc) or not _answers():
+            # Over a unix socket the wait's read timeout arrives as a ConnectionError too: ask the engine itself.
+            if not _answers():
                 raise EngineError(engine_stopped_message(_sdk_address(), f"the run of {image}")) from None
             container.kill()
             logs = container.logs().decode(errors="replace")

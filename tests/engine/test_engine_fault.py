@@ -64,7 +64,13 @@ class Throwaway:
 
     def start(self, wait_s: float = 60) -> None:
         self.run.mkdir(parents=True, exist_ok=True)
+        # Its own network namespace: a dockerd in the machine's namespace (even with --bridge none) takes the
+        # machine engine's docker0 bridge down with it, and every other build's RUN steps lose their network.
+        if not Path(f"/run/netns/{self.name}").exists():  # a restart reuses it
+            subprocess.run(["ip", "netns", "add", self.name], capture_output=True, check=True)
+        subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], capture_output=True, check=True)
         argv = [
+            "nsenter", f"--net=/run/netns/{self.name}",
             shutil.which("dockerd") or "dockerd",
             "--host", self.host,
             "--data-root", str(self.data),
@@ -127,6 +133,7 @@ class Throwaway:
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
         shutil.rmtree(self.data, ignore_errors=True)
         shutil.rmtree(self.run, ignore_errors=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
 
 
 @pytest.fixture
