@@ -257,6 +257,37 @@ def up(
     )
 
 
+@task(
+    help={
+        "nodes": NODES_HELP + "; default: this machine (or the sysfs tree SPARKFORGE_SYSFS names)",
+        "recipe": RECIPE_HELP + " (with --nodes: the image whose helper reads each node's sysfs)",
+        "image": "image to read each node's sysfs with (default: the recipe's candidate tag)",
+        "interface": IFACE_HELP + " (checked: exists, up, an IPv4 RoCE v2 GID)",
+        "json": "write the JSON report here",
+    }
+)
+@user_errors
+def fabric(
+    c: Context, nodes: str = "", recipe: str = "", image: str = "", interface: str = "", json: str = ""
+) -> None:
+    """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
+    from sparkforge.console import warn
+    from sparkforge.run.inventory import describe_choices, fabric_report, local_facts, remote_facts
+
+    if nodes:
+        if not (recipe or image):
+            raise Exit(
+                "sparkforge: cluster.fabric --nodes needs --recipe R (or --image REF) to read sysfs", code=2
+            )
+        engines = _engines(nodes)
+        labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
+    else:
+        labels, raws = ["local"], [local_facts()]
+    report, choices = fabric_report(labels, raws, interface or None)
+    describe_choices(choices, echo, warn)
+    finish_report(report, json, hint="the table above names the device and the fix")
+
+
 @task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})
 @user_errors
 def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
@@ -284,6 +315,7 @@ serve_ns.add_task(serve_down, "down")
 
 cluster_ns = Collection("cluster")
 cluster_ns.add_task(doctor, "doctor")
+cluster_ns.add_task(fabric, "fabric")
 cluster_ns.add_task(up, "up")
 cluster_ns.add_task(cluster_down_task, "down")
 cluster_ns.add_task(logs, "logs")

@@ -126,6 +126,7 @@ def cluster_up(
         [by_rank[e.node.rank].address for e in engines],
         [by_rank[e.node.rank].env for e in engines],
         launch,
+        [by_rank[e.node.rank].rdma for e in engines],
     )
     launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)

@@ -19,6 +19,8 @@ from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
+RDMA_DEVICES = ("/dev/infiniband",)  # uverbsN and rdma_cm: what ibverbs opens
+HOST_ETC_MOUNT = "/etc:/run/sparkforge-host/etc:ro"  # the probe reads logind's RemoveIPC from the node's /etc
 
 
 def sanity_script() -> str:
@@ -39,6 +41,8 @@ class Job:
     args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     gpus: bool = False
+    rdma: bool = False  # the node has RDMA devices: pass them in, with what NCCL needs to register memory
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -78,9 +82,11 @@ def container_spec(job: Job, image: str, name: str, stage: str, session: str) ->
         host_network=True,
         shm_size="1g",  # a private /dev/shm per rank: vLLM must see the ranks as different nodes
         gpus=job.gpus,
-        cap_add=("IPC_LOCK",)
-        if job.gpus
-        else (),  # NCCL registers memory; without it: "unhandled system error"
+        # NCCL registers memory; without IPC_LOCK: "unhandled system error"
+        cap_add=("IPC_LOCK",) if job.gpus or job.rdma else (),
+        devices=RDMA_DEVICES if job.rdma else (),
+        ulimits=("memlock=-1",) if job.rdma else (),
+        mounts=job.mounts,
     )
 
 
