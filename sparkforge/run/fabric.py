@@ -1,6 +1,6 @@
 """The cluster fabric: which interface, which RDMA devices and which GID each node uses, decided from sysfs facts.
 
-Pure: the facts are the raw JSON of the doctor's in-image helper (`fabric()` in tests/image/cluster_sanity.py),
+Pure: the facts are the raw JSON of the doctor's in-image helper (`fabric()` in tests/image/cluster_facts.py),
 read on each node inside a probe container, or on this machine from /sys (or the tree SPARKFORGE_SYSFS names).
 NCCL_IB_HCA names both twins of the port in use (sparkforge/run/rdma.py ties them).
 """
@@ -114,7 +114,9 @@ def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeF
         _one_subnet_per_port(node, primaries)
         index = 0
         if len(addressed) > 1:
-            shared = [i for i, p in enumerate(primaries) if _shared(node.interface(p.netdev), peers)]
+            shared = [
+                i for i, p in enumerate(primaries) if peers and _shared(node.interface(p.netdev), peers)
+            ]
             index = shared[0] if shared else 0
             others = ", ".join(str(p.netdev) for i, p in enumerate(primaries) if i != index)
             choice.warnings.append(

@@ -1,6 +1,6 @@
 """`cluster.fabric`: each node's RDMA devices, ports, twins, GID choice and the environment a launch would set.
 
-The facts come from the doctor's in-image helper (`fabric()` in tests/image/cluster_sanity.py): in a probe
+The facts come from the doctor's in-image readers (`fabric()` in tests/image/cluster_facts.py): in a probe
 container on each node (the container's own /sys: with host networking it shows the node's devices), or, without
 --nodes, run here on this machine's /sys or on the tree SPARKFORGE_SYSFS names (its `proc/net/route` beside it).
 """
@@ -17,17 +17,17 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
-from sparkforge.run.jobs import SANITY_SCRIPT, Job, first_event, run_jobs
+from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 SYSFS_ENV = "SPARKFORGE_SYSFS"
 
 
 def _helper() -> ModuleType:
-    """The in-image helper as a module: the same reader runs here and in every probe container."""
-    spec = importlib.util.spec_from_file_location("sparkforge_cluster_helper", SANITY_SCRIPT)
+    """The in-image readers as a module: the same code reads here and in every probe container."""
+    spec = importlib.util.spec_from_file_location("sparkforge_cluster_facts", FACTS_SCRIPT)
     if spec is None or spec.loader is None:
-        raise RunError(f"{SANITY_SCRIPT}: cannot load the doctor's in-image helper")
+        raise RunError(f"{FACTS_SCRIPT}: cannot load the doctor's in-image readers")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

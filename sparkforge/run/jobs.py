@@ -19,18 +19,23 @@ from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
+FACTS_SCRIPT = SANITY_SCRIPT.with_name("cluster_facts.py")  # the readers, imported by the helper
 RDMA_DEVICES = ("/dev/infiniband",)  # uverbsN and rdma_cm: what ibverbs opens
-HOST_ETC_MOUNT = "/etc:/run/sparkforge-host/etc:ro"  # the probe reads logind's RemoveIPC from the node's /etc
+# Runs the helper with its readers installed as the module `cluster_facts`, on any image with python3.
+_BOOTSTRAP = """import sys, types
+facts = types.ModuleType("cluster_facts")
+exec(compile({facts!r}, "cluster_facts.py", "exec"), facts.__dict__)
+sys.modules["cluster_facts"] = facts
+exec(compile({sanity!r}, "cluster_sanity.py", "exec"), {{"__name__": "__main__"}})
+"""
 
 
 def sanity_script() -> str:
-    """The in-image helper's source, passed with `python3 -c` so it runs on any image."""
+    """The in-image helper and its readers as one `python3 -c` program."""
     try:
-        return SANITY_SCRIPT.read_text()
+        return _BOOTSTRAP.format(facts=FACTS_SCRIPT.read_text(), sanity=SANITY_SCRIPT.read_text())
     except OSError as exc:
-        raise RunError(
-            f"{SANITY_SCRIPT}: cannot read the doctor's in-image helper ({exc.strerror})"
-        ) from None
+        raise RunError(f"{exc.filename}: cannot read the doctor's in-image helper ({exc.strerror})") from None
 
 
 @dataclass(frozen=True)
