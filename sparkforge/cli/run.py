@@ -60,11 +60,29 @@ def _engine(node: str):
     return NodeEngine(parse_node(node) if node else LOCAL)
 
 
-def _doctor_options(image: str, interface: str, master_port: int, gpus: str, sanity: bool = True):
+def _doctor_options(
+    image: str,
+    interface: str,
+    master_port: int,
+    gpus: str,
+    sanity: bool = True,
+    *,
+    min_busbw: float = 0.0,
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "",
+):
     from sparkforge.run.facts import DoctorOptions
 
+    paths = (("hf-token-file", hf_token_file), ("model-dir", model_dir), ("cache-dir", cache_dir))
     return DoctorOptions(
-        image=image, interface=interface or None, master_port=master_port, sanity=sanity, gpus=gpus == "all"
+        image=image,
+        interface=interface or None,
+        master_port=master_port,
+        sanity=sanity,
+        gpus=gpus == "all",
+        min_busbw=min_busbw,
+        paths=tuple((kind, str(Path(p).absolute())) for kind, p in paths if p),
     )
 
 
@@ -78,6 +96,7 @@ def _launch_options(
     hf_token_file: str,
     cache_dir: str,
     ulimit: list[str] | None = None,
+    shared_weights: bool = False,
 ):
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
@@ -91,6 +110,7 @@ def _launch_options(
         hf_token_file=Path(hf_token_file).resolve() if hf_token_file else None,
         cache_dir=cache_dir,
         ulimits=tuple(ulimit) if ulimit else GB10_ULIMITS,
+        shared_weights=shared_weights,
     )
 
 
@@ -173,6 +193,10 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         json="write the JSON report here",
         master_port="the rendezvous port the launch uses (checked for reachability)",
         gpus="all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
+        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (one CX-7 port: ~19-24)",
+        model_dir="a model directory to look for on every node (config.json)",
+        hf_token_file="a token file to look for on every node",
+        cache_dir="a cache directory to look for on every node",
     )
 )
 @user_errors
@@ -187,6 +211,10 @@ def doctor(
     master_port: int = 29501,
     gpus: str = "none",
     no_preflight: bool = False,
+    min_busbw: float = 0.0,
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.run.doctor import run_doctor
@@ -196,7 +224,18 @@ def doctor(
     if profile and recipe:
         _preflight(recipe, profile, no_preflight)
     result = run_doctor(
-        _engines(nodes), _doctor_options(_image(recipe, image), interface, master_port, gpus), echo=echo
+        _engines(nodes),
+        _doctor_options(
+            _image(recipe, image),
+            interface,
+            master_port,
+            gpus,
+            min_busbw=min_busbw,
+            model_dir=model_dir,
+            hf_token_file=hf_token_file,
+            cache_dir=cache_dir,
+        ),
+        echo=echo,
     )
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
@@ -210,7 +249,8 @@ def doctor(
         "backend": "mp (vLLM's multiprocessing multi-node, default) or ray",
         "master_port": "rendezvous port (--master-port)",
         "distribute": "stream the local image to nodes whose image ID differs",
-        "health_timeout": "seconds to wait for /health",
+        "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
+        "shared_weights": "the cache dir is shared storage: download the weights once (on the head), not on every node",
     },
 )
 @user_errors
@@ -233,6 +273,7 @@ def up(
     no_preflight: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
+    shared_weights: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -243,9 +284,17 @@ def up(
     engines = _engines(nodes)
     ensure_image(engines, ref, echo, distribute=distribute)
     launch = _launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit
+        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, shared_weights
     )
-    doctor_options = _doctor_options(ref, interface, master_port, gpus, sanity=True)
+    doctor_options = _doctor_options(
+        ref,
+        interface,
+        master_port,
+        gpus,
+        model_dir=model_dir,
+        hf_token_file=hf_token_file,
+        cache_dir=cache_dir,
+    )
     cluster_up(
         engines,
         load_profile(profile),

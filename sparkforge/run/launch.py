@@ -41,6 +41,7 @@ class LaunchOptions:
     hf_token_file: Path | None = None
     cache_dir: str = "/var/cache/sparkforge"  # on every node: HF, vLLM, FlashInfer and Triton caches
     ulimits: tuple[str, ...] = GB10_ULIMITS
+    shared_weights: bool = False  # the cache dir is shared storage: download once (on the head), not per node
 
 
 @dataclass(frozen=True)
