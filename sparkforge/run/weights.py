@@ -23,9 +23,9 @@ from sparkforge.run.postmortem import keep_logs
 # Runs in the serving image: huggingface_hub ships with vLLM. One JSON line per event on stdout.
 _DOWNLOAD = """
 import json, os, sys, threading, time
-from huggingface_hub import snapshot_download
-repo, root = sys.argv[1], "/root/.cache/huggingface/hub"
-folder = os.path.join(root, "models--" + repo.replace("/", "--"))
+from huggingface_hub import constants, snapshot_download
+repo = sys.argv[1]
+folder = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
 result = {}
 def fetch():
     try:
