@@ -210,7 +210,8 @@ def _choose_address(
     fact: NodeFacts, declared: str | None, interface: str | None, choice: FabricChoice
 ) -> str | None:
     """The launch address and env: --interface, else a declared address, else the fabric, else vLLM's own pick."""
-    fact.warnings = list(choice.warnings)
+    if not declared or interface:  # the fabric's choice (or its absence) is what the launch will use
+        fact.warnings = list(choice.warnings)
     if (interface or not declared) and choice.error:
         return choice.error
     if interface or (not declared and choice.interface):
