@@ -96,7 +96,7 @@ def _launch_options(
     hf_token_file: str,
     cache_dir: str,
     ulimit: list[str] | None = None,
-    shared_weights: bool = False,
+    weights: str = "each",
 ):
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
@@ -110,7 +110,7 @@ def _launch_options(
         hf_token_file=Path(hf_token_file).resolve() if hf_token_file else None,
         cache_dir=cache_dir,
         ulimits=tuple(ulimit) if ulimit else GB10_ULIMITS,
-        shared_weights=shared_weights,
+        weights=weights,  # type: ignore[arg-type]
     )
 
 
@@ -125,6 +125,7 @@ COMMON_HELP = {
     "gpus": "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
     "no_preflight": "skip checking the profile's flags against the pinned vLLM",
     "dry": "print the exact plan (docker argv and env per node), start nothing",
+    "weights": "each (default): download the weights on every node before the health wait; shared: once, on the head (the cache dir is shared storage); skip: leave it to vLLM",
     "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
 }
 
@@ -153,6 +154,7 @@ def serve(
     no_chat: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
+    weights: str = "each",
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -161,7 +163,7 @@ def serve(
     _preflight(recipe, profile, no_preflight)
     engine = _engine(node)
     options = _launch_options(
-        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit
+        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit, weights
     )
     serve_up(engine, load_profile(profile), options, echo=echo, chat=not no_chat, dry=dry)
 
@@ -250,7 +252,6 @@ def doctor(
         "master_port": "rendezvous port (--master-port)",
         "distribute": "stream the local image to nodes whose image ID differs",
         "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
-        "shared_weights": "the cache dir is shared storage: download the weights once (on the head), not on every node",
     },
 )
 @user_errors
@@ -273,7 +274,7 @@ def up(
     no_preflight: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
-    shared_weights: bool = False,
+    weights: str = "each",
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -284,7 +285,7 @@ def up(
     engines = _engines(nodes)
     ensure_image(engines, ref, echo, distribute=distribute)
     launch = _launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, shared_weights
+        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, weights
     )
     doctor_options = _doctor_options(
         ref,

@@ -41,7 +41,8 @@ class LaunchOptions:
     hf_token_file: Path | None = None
     cache_dir: str = "/var/cache/sparkforge"  # on every node: HF, vLLM, FlashInfer and Triton caches
     ulimits: tuple[str, ...] = GB10_ULIMITS
-    shared_weights: bool = False  # the cache dir is shared storage: download once (on the head), not per node
+    # The download phase: on every node, once on the head (the cache dir is shared storage), or left to vLLM.
+    weights: Literal["each", "shared", "skip"] = "each"
 
 
 @dataclass(frozen=True)

@@ -58,11 +58,10 @@ class Download:
     container: ContainerSpec
 
 
-def plan_downloads(
-    profile: Profile, ranks: Sequence[int], options: LaunchOptions, *, shared: bool = False
-) -> list[Download]:
-    """A container per node (only the head's with `shared`); none with --model-dir (the doctor checks it)."""
-    if options.model_dir is not None:
+def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOptions) -> list[Download]:
+    """A container per node (only the head's for a shared cache); none with --model-dir (the doctor checks it),
+    with --weights skip, or with --gpus none (vLLM stops at device detection, before loading any weights)."""
+    if options.model_dir is not None or options.weights == "skip" or not options.gpus:
         return []
     hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
     mounts: tuple[str, ...] = (hf,)
@@ -85,7 +84,7 @@ def plan_downloads(
                 mounts=mounts,
             ),
         )
-        for rank in (ranks[:1] if shared else ranks)
+        for rank in (ranks[:1] if options.weights == "shared" else ranks)
     ]
 
 
@@ -95,16 +94,20 @@ def fetch_weights(
     options: LaunchOptions,
     *,
     echo: Echo,
-    shared: bool = False,
     dry: bool = False,
     timeout_s: float | None = None,
 ) -> dict[str, float]:
     """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage."""
     by_rank = {e.node.rank: e for e in engines}
-    downloads = plan_downloads(profile, sorted(by_rank), options, shared=shared)
+    downloads = plan_downloads(profile, sorted(by_rank), options)
     if not downloads:
+        if options.model_dir is None:
+            why = (
+                "--weights skip: vLLM downloads" if options.gpus else "--gpus none: vLLM stops before loading"
+            )
+            echo(f"download: skipped ({why})")
         return {}
-    where = "once, on the head (shared cache)" if shared else "on every node"
+    where = "once, on the head (shared cache)" if options.weights == "shared" else "on every node"
     echo(f"download: {profile.model.model} into {options.cache_dir}/huggingface {where}")
     if dry:
         return {}

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,7 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
     cache = tmp_path / "cache"
     size = _cached_model(cache, "sparkforge-test/tiny")
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(two_nodes))]
-    options = LaunchOptions(image=VLLM_REF, gpus=False, cache_dir=str(cache))
+    options = LaunchOptions(image=VLLM_REF, cache_dir=str(cache))  # the phase runs without a GPU
     lines: list[str] = []
     start = time.monotonic()
     done = fetch_weights(engines, profile, options, echo=lambda line: (lines.append(line), say(line)))
@@ -169,7 +170,7 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
         )
         == 2
     )
-    shared = fetch_weights(engines, profile, options, echo=say, shared=True)
+    shared = fetch_weights(engines, profile, replace(options, weights="shared"), echo=say)
     assert list(shared) == [engines[0].node.label]
 
     os.environ["SPARKFORGE_LOG_DIR"] = str(tmp_path / "logs")

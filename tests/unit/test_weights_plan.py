@@ -28,8 +28,14 @@ def test_each_node_downloads_with_the_launch_cache_and_token(tmp_path: Path) -> 
 
 def test_shared_cache_downloads_once_and_a_model_dir_not_at_all(tmp_path: Path) -> None:
     profile = load_profile(PROFILE)
-    assert [d.rank for d in plan_downloads(profile, [0, 1], LaunchOptions(image="i"), shared=True)] == [0]
+    assert [d.rank for d in plan_downloads(profile, [0, 1], LaunchOptions(image="i", weights="shared"))] == [
+        0
+    ]
     assert plan_downloads(profile, [0, 1], LaunchOptions(image="i", model_dir=tmp_path)) == []
+    assert plan_downloads(profile, [0, 1], LaunchOptions(image="i", weights="skip")) == []
+    assert (
+        plan_downloads(profile, [0, 1], LaunchOptions(image="i", gpus=False)) == []
+    )  # vLLM never loads them
 
 
 def test_the_stage_a_start_reached() -> None:
