@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -362,15 +363,34 @@ class TestCluster:
                 root.rmdir()  # only when no other cluster is in it
 
 
+def _owner_alive(name: str) -> bool:
+    """A cluster's names carry its creator's pid (sfrun<pid>, sfrunx<pid>...): is that process still running?"""
+    match = re.match(rf"{PREFIX}[a-z]*(\d+)", name)
+    if not match:
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_stale() -> None:
-    """Leftovers of a run that was killed before its teardown (same prefix): namespaces and state dirs."""
+    """Leftovers of a run that was killed before its teardown: namespaces and state dirs whose creating process is
+    gone. Clusters of runs still alive (another checkout's tests on the same machine) are left alone."""
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and not _owner_alive(name):
             for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
             sh("ip", "netns", "del", name, check=False)
     for root in (RUN_ROOT, STATE_ROOT):
-        TestCluster._unmount_under(root)
-        sh("rm", "-rf", "--one-file-system", str(root), check=False, timeout=900)
+        if not root.is_dir():
+            continue
+        for entry in root.iterdir():
+            if entry.name.startswith(PREFIX) and not _owner_alive(entry.name):
+                TestCluster._unmount_under(entry)
+                sh("rm", "-rf", "--one-file-system", str(entry), check=False, timeout=900)
