@@ -8,7 +8,6 @@ failure (`vllm serve` cannot start without a GPU: "Failed to infer device type")
 the GPU machine with the same script (benchmarks/cluster.md).
 """
 
-# ruff: noqa: F811 - the cluster fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
 import json
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cluster import DOCKER
-from cluster_fixtures import TIMINGS, VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
+from cluster_fixtures import TIMINGS, VLLM_REF
 
 from sparkforge.commands import Command
 from sparkforge.recipe.loader import REPO_ROOT

@@ -8,7 +8,6 @@ weights phase with Hugging Face's own snapshot_download (offline, from a prepare
 say "no RDMA devices on node X".
 """
 
-# ruff: noqa: F811 - the cluster fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
 import json
@@ -20,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cluster_fixtures import VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
+from cluster_fixtures import VLLM_REF
 
 from sparkforge.console import say
 from sparkforge.errors import RunError
