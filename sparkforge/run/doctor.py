@@ -179,12 +179,11 @@ def _addresses(
             "env": f.env,
             "rdma": f.rdma,
             "fabric": choice.to_dict(),
+            "warnings": f.warnings,
         }
         for f, choice in zip(facts, choices, strict=False)
     }
     warnings = [w for f in facts for w in f.warnings]
-    if warnings:
-        check.details["warnings"] = warnings
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
     else:
