@@ -8,6 +8,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 
 from sparkforge.cli import bench as cli_bench
+from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
@@ -350,5 +351,5 @@ ns.add_task(cli_rebuild.rebuild)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)
-ns.add_collection(cli_run.cluster_ns)
+ns.add_collection(cli_cluster.cluster_ns)
 ns.add_collection(cli_bench.ns)

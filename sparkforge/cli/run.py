@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, user_errors, warn
+from sparkforge.cli import echo, user_errors, warn
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -82,15 +82,33 @@ def _trust_remote_code(allowed: bool) -> bool:
     return allowed
 
 
-def _doctor_options(image: str, interface: str, master_port: int, gpus: str, sanity: bool = True):
+def _doctor_options(
+    image: str,
+    interface: str,
+    master_port: int,
+    gpus: str,
+    sanity: bool = True,
+    *,
+    min_busbw: float = 0.0,
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "",
+):
     from sparkforge.run.facts import DoctorOptions
     from sparkforge.run.inputs import check_choice, check_interface, check_port
 
     check_interface(interface)
     check_port("--master-port", master_port)
     check_choice("--gpus", gpus, ("all", "none"))
+    paths = (("hf-token-file", hf_token_file), ("model-dir", model_dir), ("cache-dir", cache_dir))
     return DoctorOptions(
-        image=image, interface=interface or None, master_port=master_port, sanity=sanity, gpus=gpus == "all"
+        image=image,
+        interface=interface or None,
+        master_port=master_port,
+        sanity=sanity,
+        gpus=gpus == "all",
+        min_busbw=min_busbw,
+        paths=tuple((kind, str(Path(p).absolute())) for kind, p in paths if p),
     )
 
 
@@ -105,6 +123,7 @@ def _launch_options(
     cache_dir: str,
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
+    weights: str = "each",
 ):
     from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
@@ -129,6 +148,7 @@ def _launch_options(
         cache_dir=cache_dir,
         ulimits=inputs.check_ulimits(ulimit) if ulimit else GB10_ULIMITS,
         trust_remote_code=_trust_remote_code(trust_remote_code),
+        weights=inputs.check_choice("--weights", weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
     )
 
 
@@ -143,6 +163,7 @@ COMMON_HELP = {
     "gpus": "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
     "no_preflight": "skip checking the profile's flags against the pinned vLLM",
     "dry": "print the exact plan (docker argv and env per node), start nothing",
+    "weights": "each (default): download the weights on every node before the health wait; shared: once, on the head (the cache dir is shared storage); skip: leave it to vLLM",
     "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
     "trust_remote_code": "let vLLM run Python code from the model's repository (never from a profile; printed)",
 }
@@ -173,6 +194,7 @@ def serve(
     dry: bool = False,
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
+    weights: str = "each",
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -182,7 +204,7 @@ def serve(
     loaded = load_profile(profile)
     options = _launch_options(
         _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-        trust_remote_code,
+        trust_remote_code, weights,
     )  # fmt: skip
     _preflight(recipe, profile, no_preflight)
     serve_up(engine, loaded, options, echo=echo, chat=not no_chat, dry=dry)
@@ -200,148 +222,6 @@ def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     echo(f"removed {down(_engine(node), profile or None)} container(s)")
 
 
-def _pick(*keys: str, **extra: str) -> dict[str, str]:
-    return {**{k: COMMON_HELP[k] for k in keys}, **extra}
-
-
-@task(
-    help=_pick(
-        "recipe",
-        "profile",
-        "image",
-        "no_preflight",
-        nodes=NODES_HELP,
-        interface=IFACE_HELP,
-        json="write the JSON report here",
-        master_port="the rendezvous port the launch uses (checked for reachability)",
-        gpus="all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
-    )
-)
-@user_errors
-def doctor(
-    c: Context,
-    nodes: str,
-    recipe: str = "",
-    profile: str = "",
-    image: str = "",
-    interface: str = "",
-    json: str = "",
-    master_port: int = 29501,
-    gpus: str = "none",
-    no_preflight: bool = False,
-) -> None:
-    """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
-    from sparkforge.run.doctor import run_doctor
-
-    if not (recipe or image):
-        raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
-    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
-    options = _doctor_options(_image(recipe, image), interface, master_port, gpus)
-    if profile and recipe:
-        _preflight(recipe, profile, no_preflight)
-    result = run_doctor(engines, options, echo=echo)
-    finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
-
-
-@task(
-    iterable=["ulimit"],
-    help={
-        **COMMON_HELP,
-        "nodes": NODES_HELP,
-        "interface": IFACE_HELP,
-        "backend": "mp (vLLM's multiprocessing multi-node, default) or ray",
-        "master_port": "rendezvous port (--master-port)",
-        "distribute": "stream the local image to nodes whose image ID differs",
-        "health_timeout": "seconds to wait for /health",
-    },
-)
-@user_errors
-def up(
-    c: Context,
-    recipe: str,
-    profile: str,
-    nodes: str,
-    interface: str = "",
-    image: str = "",
-    port: int = 8000,
-    master_port: int = 29501,
-    backend: str = "mp",
-    model_dir: str = "",
-    hf_token_file: str = "",
-    cache_dir: str = "/var/cache/sparkforge",
-    gpus: str = "all",
-    distribute: bool = False,
-    health_timeout: int = 1800,
-    no_preflight: bool = False,
-    dry: bool = False,
-    ulimit: list[str] | None = None,
-    trust_remote_code: bool = False,
-) -> None:
-    """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
-    from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
-    from sparkforge.run.inputs import check_positive
-
-    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
-    loaded = load_profile(profile)
-    ref = _image(recipe, image)
-    launch = _launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code
-    )
-    doctor_options = _doctor_options(ref, interface, master_port, gpus, sanity=True)
-    check_positive("--health-timeout", health_timeout)
-    _preflight(recipe, profile, no_preflight)
-    if not dry:  # --dry contacts no engine: no image check, no doctor probe
-        ensure_image(engines, ref, echo, distribute=distribute)
-    up_result = cluster_up(
-        engines,
-        loaded,
-        launch,
-        doctor_options,
-        echo=echo,
-        health_timeout_s=health_timeout,
-        dry=dry,
-    )
-    if not dry:
-        from sparkforge.run.serve import ask
-
-        try:
-            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
-        except BaseException:
-            removed = cluster_down(engines, loaded.name)
-            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
-            raise
-
-
-@task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})
-@user_errors
-def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
-    """Stop and remove every serve container sparkforge started on the nodes."""
-    from sparkforge.run.cluster import cluster_down
-
-    for label, count in cluster_down(_engines(nodes), profile or None).items():
-        echo(f"{label}: removed {count} container(s)")
-
-
-@task(help={"nodes": NODES_HELP, "tail": "lines per container"})
-@user_errors
-def logs(c: Context, nodes: str, tail: int = 100) -> None:
-    """The last log lines of every serve container on every node."""
-    from sparkforge.run.cluster import cluster_logs
-    from sparkforge.run.inputs import check_positive
-
-    check_positive("--tail", tail)
-    for where, text in cluster_logs(_engines(nodes), tail).items():
-        echo(f"==> {where} <==")
-        echo(text.rstrip())
-
-
 serve_ns = Collection("serve")
 serve_ns.add_task(serve, "serve", default=True)
 serve_ns.add_task(serve_down, "down")
-
-cluster_ns = Collection("cluster")
-cluster_ns.add_task(doctor, "doctor")
-cluster_ns.add_task(up, "up")
-cluster_ns.add_task(cluster_down_task, "down")
-cluster_ns.add_task(logs, "logs")

@@ -21,6 +21,8 @@ from sparkforge.run.doctor import DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
+from sparkforge.run.postmortem import keep_logs, stage_of
+from sparkforge.run.weights import fetch_weights
 
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
@@ -132,7 +134,9 @@ def cluster_up(
         [by_rank[e.node.rank].address for e in engines],
         [by_rank[e.node.rank].env for e in engines],
         launch,
+        [by_rank[e.node.rank].rdma for e in engines],
     )
+    fetch_weights(engines, profile, launch, echo=echo, dry=dry)
     launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)
 
@@ -164,9 +168,20 @@ def start_plan(
                 _ray_exec(engine, launch, len(engines), echo)
         wait_healthy(engines, plan, echo=echo, timeout_s=health_timeout_s)
     except BaseException:
+        kept = _keep(engines, plan)
         removed = cluster_down(engines, plan.profile)
-        echo(f"removed {sum(removed.values())} container(s) after the failure")
+        echo(f"removed {sum(removed.values())} container(s) after the failure{kept}")
         raise
+
+
+def _keep(engines: Sequence[NodeEngine], plan: LaunchPlan) -> str:
+    """Every launch container's full log, kept before removal (never masking the failure being raised)."""
+    by_rank = {e.node.rank: e for e in engines}
+    try:
+        where = keep_logs([by_rank[n.rank] for n in plan.nodes], [n.container.name for n in plan.nodes])
+    except Exception as exc:  # the launch's own failure is the one to report
+        return f"; logs not kept ({exc})"
+    return f"; their logs are kept in {where}"
 
 
 def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) -> None:
@@ -216,7 +231,8 @@ def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo,
             return
         time.sleep(3)
     raise RunError(
-        f"vLLM did not become healthy within {timeout_s:g} s; the containers are removed. Last lines of the head:\n"
+        f"stage health: vLLM did not become healthy within {timeout_s:g} s after the weights were on disk (the "
+        f"head was {stage_of(lines)}); the containers are removed, their logs kept. Last lines of the head:\n"
         + "\n".join(head.logs(plan.head.container.name, tail=15).splitlines()[-15:])
     )
 

@@ -1,8 +1,11 @@
 """`cluster.doctor`: staged checks of several nodes before anything is launched, each under its own deadline.
 
-engines -> image -> addresses (vLLM's own get_ip() in the image, per node) -> reach (every peer dials the
-address each node would advertise, on the launch port) -> mtu -> versions -> sanity (Gloo all-reduce, NCCL
-where GPUs exist, vLLM's MessageQueue with a remote reader). A stage that fails makes the later ones skip.
+engines -> image -> addresses (vLLM's own get_ip() in the image, per node; the fabric choice from each node's
+sysfs when --interface is not given) -> paths (token, model, caches on each node) -> reach (every peer dials the
+address each node would advertise, on the launch port; a don't-fragment full-MTU datagram each way) -> mtu ->
+host (drivers, RemoveIPC) -> versions -> nccl-library (what each image really loads) -> sanity (Gloo all-reduce,
+NCCL where GPUs exist with NCCL_DEBUG=INFO, vLLM's MessageQueue with a remote reader) -> transport (NET/IB or
+NET/Socket, bus bandwidth floor). A stage that fails makes the later ones skip.
 """
 
 from __future__ import annotations
@@ -14,27 +17,15 @@ from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
+from sparkforge.run import stages
+from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import Job, Outcome, first_event, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
-
-def network_env(interface: str | None, address: str, hcas: Sequence[str] = ()) -> dict[str, str]:
-    """The per-node variables that make vLLM, NCCL, Gloo, UCX and Open MPI use the cluster link."""
-    env = {"VLLM_HOST_IP": address}
-    if interface:
-        for key in (
-            "NCCL_SOCKET_IFNAME",
-            "GLOO_SOCKET_IFNAME",
-            "TP_SOCKET_IFNAME",
-            "UCX_NET_DEVICES",
-            "OMPI_MCA_btl_tcp_if_include",
-        ):
-            env[key] = interface
-    if hcas:
-        env["NCCL_IB_HCA"] = ",".join(hcas)
-    return env
+HOST_ROOT_MOUNT = "/:/run/sparkforge-host:ro"  # the probe reads the node's own paths and /etc (RemoveIPC)
+__all__ = ["DoctorResult", "network_env", "run_doctor"]
 
 
 @dataclass
@@ -50,19 +41,27 @@ def run_doctor(
     report = Report(command="cluster.doctor", subject=f"{len(engines)} nodes, image {options.image}")
     facts: list[NodeFacts] = []
     probes: list[Outcome] = []  # the probe containers stay up as reach listeners until the reach stage ends
-    stages: list[tuple[str, Callable[[Check], None]]] = [
+    df: dict[str, Any] = {}  # the reach stage's don't-fragment probes, judged by the mtu stage
+    sanity: dict[str, Any] = {}
+    steps: list[tuple[str, Callable[[Check], None]]] = [
         ("engines", lambda c: _engines(c, engines, options)),
         ("image", lambda c: _image(c, engines, options)),
         ("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
-        ("reach", lambda c: _reach(c, engines, facts, options)),
-        ("mtu", lambda c: _mtu(c, facts)),
+        ("paths", lambda c: stages.paths(c, facts, probes, options)),
+        ("reach", lambda c: df.update(_reach(c, engines, facts, options))),
+        ("mtu", lambda c: stages.mtu(c, facts, df)),
+        ("host", lambda c: stages.host(c, facts)),
         ("versions", lambda c: _versions(c, facts)),
     ]
     if options.sanity:
-        stages.append(("sanity", lambda c: _sanity(c, engines, facts, options)))
+        steps += [
+            ("nccl-library", lambda c: stages.nccl_library(c, engines, options)),
+            ("sanity", lambda c: sanity.update(_sanity(c, engines, facts, options))),
+            ("transport", lambda c: stages.transport(c, facts, sanity, options)),
+        ]
     blocked: str | None = None
     try:
-        for name, stage in stages:
+        for name, stage in steps:
             if blocked:
                 report.add(Check(name, "skipped", f"not run: stage '{blocked}' failed"))
                 continue
@@ -125,7 +124,11 @@ def _image(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) 
 def _addresses(
     check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, keep: list[Outcome]
 ) -> list[NodeFacts]:
-    jobs = [Job(engine, ("probe", "--listen", str(options.master_port)), {}) for engine in engines]
+    path_args = [a for kind, path in options.paths for a in ("--path", f"{kind}={path}")]
+    jobs = [
+        Job(engine, ("probe", "--listen", str(options.master_port), *path_args), mounts=(HOST_ROOT_MOUNT,))
+        for engine in engines
+    ]
 
     def listening(outcomes: list[Outcome]) -> bool:
         return all(
@@ -157,11 +160,15 @@ def _addresses(
             interfaces=list(event.get("interfaces", [])),
             infiniband=dict(event.get("infiniband", {})),
             versions=dict(event.get("versions", {})),
+            fabric=dict(event.get("fabric", {})),
+            host=dict(event.get("host", {})),
         )
-        problem = _choose_address(fact, node.address, options.interface)
+        facts.append(fact)
+    choices = choose_all([parse_node(f.label, f.fabric) for f in facts], options.interface)
+    for fact, choice in zip(facts, choices, strict=False):
+        problem = _choose_address(fact, fact_node_address(engines, fact), options.interface, choice)
         if problem:
             problems.append(problem)
-        facts.append(fact)
     check.details = {
         f.label: {
             "vllm_would_advertise": f.auto_ip,
@@ -170,9 +177,13 @@ def _addresses(
             "launch_address": f.address,
             "interface": f.interface,
             "env": f.env,
+            "rdma": f.rdma,
+            "fabric": choice.to_dict(),
+            "warnings": f.warnings,
         }
-        for f in facts
+        for f, choice in zip(facts, choices, strict=False)
     }
+    warnings = [w for f in facts for w in f.warnings]
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
     else:
@@ -185,63 +196,53 @@ def _addresses(
             )
             for f in facts
         )
+        if warnings:
+            check.reason += "; warning: " + "; ".join(warnings)
     return facts
 
 
-def _choose_address(fact: NodeFacts, declared: str | None, interface: str | None) -> str | None:
-    names = ", ".join(f"{i['name']} {i.get('ipv4') or '-'}" for i in fact.interfaces if i["name"] != "lo")
-    if interface:
-        found = fact.named(interface)
-        if found is None or not found.get("ipv4"):
-            return (
-                f"{fact.label} has no IPv4 address on interface {interface} (it has: {names}); "
-                "fix: name the cluster-link interface that exists on every node"
-            )
-        if declared and declared != found["ipv4"]:
-            return f"{fact.label}: --nodes says {declared} but {interface} holds {found['ipv4']}; fix: make them agree"
-        fact.address, fact.interface = str(found["ipv4"]), interface
-    elif declared:
+def fact_node_address(engines: Sequence[NodeEngine], fact: NodeFacts) -> str | None:
+    return next((e.node.address for e in engines if e.node.rank == fact.rank), None)
+
+
+def _choose_address(
+    fact: NodeFacts, declared: str | None, interface: str | None, choice: FabricChoice
+) -> str | None:
+    """The launch address and env: --interface, else a declared address, else the fabric, else vLLM's own pick."""
+    if not declared or interface:  # the fabric's choice (or its absence) is what the launch will use
+        fact.warnings = list(choice.warnings)
+    if (interface or not declared) and choice.error:
+        return choice.error
+    if interface or (not declared and choice.interface):
+        if declared and declared != choice.address:
+            return f"{fact.label}: --nodes says {declared} but {interface} holds {choice.address}; fix: make them agree"
+        fact.address, fact.interface, fact.env = str(choice.address), choice.interface, dict(choice.env)
+        return None
+    if declared:
+        names = ", ".join(f"{i['name']} {i.get('ipv4') or '-'}" for i in fact.interfaces if i["name"] != "lo")
         found = fact.interface_of(declared)
         if found is None:
             return f"{fact.label}: no interface holds the declared address {declared} (it has: {names}); fix: correct it"
         fact.address, fact.interface = declared, str(found["name"])
-    else:
-        fact.address = fact.auto_ip
-        found = fact.interface_of(fact.auto_ip)
-        fact.interface = str(found["name"]) if found else None
+        hcas = [hca for hca, nets in fact.infiniband.items() if fact.interface in nets]
+        fact.env = network_env(fact.interface, fact.address, hcas)
         return None
-    hcas = [hca for hca, nets in fact.infiniband.items() if fact.interface in nets]
-    fact.env = network_env(fact.interface, fact.address, hcas)
+    fact.address = fact.auto_ip
+    found = fact.interface_of(fact.auto_ip)
+    fact.interface = str(found["name"]) if found else None
     return None
 
 
 def _reach(
     check: Check, engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
-) -> None:
+) -> dict[str, Any]:
     diagnosis = diagnose_reach(engines, facts, options)
     check.details = diagnosis.details
     if diagnosis.problem:
         check.status, check.reason = "failed", diagnosis.problem
     else:
         check.reason = diagnosis.summary
-
-
-def _mtu(check: Check, facts: Sequence[NodeFacts]) -> None:
-    mtus = {}
-    for fact in facts:
-        found = fact.interface_of(fact.address)
-        mtus[fact.label] = {"interface": fact.interface, "mtu": found.get("mtu") if found else None}
-    check.details = mtus
-    values = {v["mtu"] for v in mtus.values()}
-    if len(values) > 1:
-        listing = ", ".join(f"{label} {v['interface']} {v['mtu']}" for label, v in mtus.items())
-        check.status = "failed"
-        check.reason = (
-            f"MTU differs across the link ({listing}): large transfers stall or fail (IBV_WC_RETRY_EXC_ERR); "
-            "fix: set the same MTU on every node's link interface (e.g. 'ip link set IF mtu 9000')"
-        )
-    else:
-        check.reason = f"MTU {values.pop()} on every node's link interface"
+    return dict(diagnosis.details.get("dont_fragment", {}))
 
 
 def _versions(check: Check, facts: Sequence[NodeFacts]) -> None:
@@ -258,7 +259,7 @@ def _versions(check: Check, facts: Sequence[NodeFacts]) -> None:
 
 def _sanity(
     check: Check, engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
-) -> None:
+) -> dict[str, Any]:
     by_rank = {f.rank: f for f in facts}
     master = f"{by_rank[0].address}:{options.master_port}"
     world = len(engines)
@@ -279,8 +280,9 @@ def _sanity(
                 "--nccl",
                 options.nccl,
             ),
-            by_rank[engine.node.rank].env,
+            {**by_rank[engine.node.rank].env, **(stages.NCCL_DEBUG_ENV if options.gpus else {})},
             gpus=options.gpus,
+            rdma=by_rank[engine.node.rank].rdma,
         )
         for engine in engines
     ]
@@ -300,9 +302,10 @@ def _sanity(
     if problems:
         check.status = "failed"
         check.reason = " ".join(problems)
-        return
-    stages = sorted({str(e["stage"]) for o in outcomes for e in o.events if e.get("event") == "done"})
-    check.reason = f"{world} ranks passed {', '.join(stages)} in {check.details['wall_s']} s"
+        return check.details
+    done = sorted({str(e["stage"]) for o in outcomes for e in o.events if e.get("event") == "done"})
+    check.reason = f"{world} ranks passed {', '.join(done)} in {check.details['wall_s']} s"
+    return check.details
 
 
 def _rank_summary(outcome: Outcome) -> dict[str, Any]:
@@ -312,6 +315,7 @@ def _rank_summary(outcome: Outcome) -> dict[str, Any]:
         "stages": [e for e in outcome.events if e.get("event") in ("done", "skipped", "failed")],
         "open_stage": outcome.open_stage(),
         "last_lines": outcome.last_lines,
+        "nccl_lines": [line for line in outcome.lines if "NCCL INFO" in line and "NET/" in line][:20],
     }
 
 

@@ -24,6 +24,8 @@ class DoctorOptions:
     sanity: bool = True
     nccl: Literal["auto", "yes", "no"] = "auto"
     gpus: bool = False
+    min_busbw: float = 0.0  # GB/s; NCCL's all-reduce bus bandwidth below it fails the transport stage
+    paths: tuple[tuple[str, str], ...] = ()  # (kind, path) to find on every node before a launch
 
 
 @dataclass
@@ -40,6 +42,14 @@ class NodeFacts:
     address: str = ""
     interface: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    fabric: dict[str, Any] = field(default_factory=dict)  # the helper's raw sysfs facts (run/fabric.py)
+    host: dict[str, Any] = field(default_factory=dict)  # host driver versions, RemoveIPC
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rdma(self) -> bool:
+        """The node has RDMA devices: its containers get /dev/infiniband, IPC_LOCK and unlimited memlock."""
+        return bool(self.fabric.get("rdma"))
 
     def interface_of(self, address: str) -> dict[str, Any] | None:
         return next((i for i in self.interfaces if i.get("ipv4") == address), None)

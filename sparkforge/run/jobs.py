@@ -19,16 +19,23 @@ from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
+FACTS_SCRIPT = SANITY_SCRIPT.with_name("cluster_facts.py")  # the readers, imported by the helper
+RDMA_DEVICES = ("/dev/infiniband",)  # uverbsN and rdma_cm: what ibverbs opens
+# Runs the helper with its readers installed as the module `cluster_facts`, on any image with python3.
+_BOOTSTRAP = """import sys, types
+facts = types.ModuleType("cluster_facts")
+exec(compile({facts!r}, "cluster_facts.py", "exec"), facts.__dict__)
+sys.modules["cluster_facts"] = facts
+exec(compile({sanity!r}, "cluster_sanity.py", "exec"), {{"__name__": "__main__"}})
+"""
 
 
 def sanity_script() -> str:
-    """The in-image helper's source, passed with `python3 -c` so it runs on any image."""
+    """The in-image helper and its readers as one `python3 -c` program."""
     try:
-        return SANITY_SCRIPT.read_text()
+        return _BOOTSTRAP.format(facts=FACTS_SCRIPT.read_text(), sanity=SANITY_SCRIPT.read_text())
     except OSError as exc:
-        raise RunError(
-            f"{SANITY_SCRIPT}: cannot read the doctor's in-image helper ({exc.strerror})"
-        ) from None
+        raise RunError(f"{exc.filename}: cannot read the doctor's in-image helper ({exc.strerror})") from None
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,8 @@ class Job:
     args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     gpus: bool = False
+    rdma: bool = False  # the node has RDMA devices: pass them in, with what NCCL needs to register memory
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -78,9 +87,11 @@ def container_spec(job: Job, image: str, name: str, stage: str, session: str) ->
         host_network=True,
         shm_size="1g",  # a private /dev/shm per rank: vLLM must see the ranks as different nodes
         gpus=job.gpus,
-        cap_add=("IPC_LOCK",)
-        if job.gpus
-        else (),  # NCCL registers memory; without it: "unhandled system error"
+        # NCCL registers memory; without IPC_LOCK: "unhandled system error"
+        cap_add=("IPC_LOCK",) if job.gpus or job.rdma else (),
+        devices=RDMA_DEVICES if job.rdma else (),
+        ulimits=("memlock=-1",) if job.rdma else (),
+        mounts=job.mounts,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
+from sparkforge.run.jobs import RDMA_DEVICES
 from sparkforge.run.nodes import LABEL, ContainerSpec, run_argv
 
 MODEL_MOUNT = "/models"
@@ -43,6 +44,8 @@ class LaunchOptions:
     trust_remote_code: bool = (
         False  # only from the command line (never a profile): runs the model repo's code
     )
+    # The download phase: on every node, once on the head (the cache dir is shared storage), or left to vLLM.
+    weights: Literal["each", "shared", "skip"] = "each"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,13 @@ def _model_arg(profile: Profile, options: LaunchOptions) -> tuple[str, list[str]
     return MODEL_MOUNT, extra
 
 
+def _ulimits(given: tuple[str, ...], rdma: bool) -> tuple[str, ...]:
+    """RDMA needs unlimited locked memory whatever other limits were asked for."""
+    if rdma and not any(u.startswith("memlock=") for u in given):
+        return (*given, "memlock=-1")
+    return given
+
+
 def _mounts(options: LaunchOptions) -> tuple[str, ...]:
     mounts = [f"{options.cache_dir.rstrip('/')}/{name}:{target}" for name, target in CACHES.items()]
     if options.model_dir is not None:
@@ -93,8 +103,12 @@ def plan_launch(
     addresses: Sequence[str],
     node_env: Sequence[Mapping[str, str]],
     options: LaunchOptions,
+    node_rdma: Sequence[bool] = (),
 ) -> LaunchPlan:
-    """One container per node (rank = position in --nodes, the head first), fully spelled out."""
+    """One container per node (rank = position in --nodes, the head first), fully spelled out.
+
+    A node with RDMA devices (`node_rdma`) also gets /dev/infiniband; IPC_LOCK and memlock=-1 every node has.
+    """
     count = len(addresses)
     if count != profile.model.nodes:
         raise RunError(
@@ -154,9 +168,10 @@ def plan_launch(
             host_network=True,
             ipc_host=True,
             gpus=options.gpus,
-            ulimits=options.ulimits,
+            ulimits=_ulimits(options.ulimits, rank < len(node_rdma) and node_rdma[rank]),
             cap_add=("IPC_LOCK",),
             mounts=_mounts(options),
+            devices=RDMA_DEVICES if rank < len(node_rdma) and node_rdma[rank] else (),
         )
         launches.append(NodeLaunch(rank, container, exec_argv))
     notes = (

@@ -216,6 +216,7 @@ class ContainerSpec:
     mounts: tuple[str, ...] = ()  # docker --volume values, e.g. /models:/models:ro
     cap_add: tuple[str, ...] = ()
     workdir: str | None = None
+    devices: tuple[str, ...] = ()  # docker --device values (a directory adds every device under it)
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
@@ -235,6 +236,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--ulimit", ulimit]
     for cap in spec.cap_add:
         argv += ["--cap-add", cap]
+    for device in spec.devices:
+        argv += ["--device", device]
     for mount in spec.mounts:
         argv += ["--volume", mount]
     for key, value in sorted(spec.env.items()):

@@ -37,6 +37,7 @@ def diagnose_reach(
     """Dial every peer's addresses (the probes listen on them); name each advertised address a peer cannot reach."""
     port = options.master_port
     result = ReachDiagnosis()
+    by_rank = {f.rank: f for f in facts}
     dial_jobs = [
         Job(
             engine,
@@ -45,6 +46,7 @@ def diagnose_reach(
                 "--timeout",
                 "4",
                 *(f"{ip}:{port}" for f in facts if f.rank != engine.node.rank for _, ip in _addresses(f)),
+                *_df_args(by_rank.get(engine.node.rank), facts, port),
             ),
         )
         for engine in engines
@@ -57,8 +59,14 @@ def diagnose_reach(
     # reached[(from_rank, ip)] = True/False
     reached: dict[tuple[int, str], bool] = {}
     errors: dict[tuple[int, str], str] = {}
+    df: dict[str, dict[str, Any]] = {}
+    ranks_at = {f.address: f.rank for f in facts}
     for outcome in outcomes:
         for event in outcome.events:
+            if event.get("event") == "df":
+                ip = str(event["target"]).rpartition(":")[0]
+                way = f"node{outcome.job.engine.node.rank} -> node{ranks_at.get(ip)} {ip}"
+                df[way] = {k: event.get(k) for k in ("ok", "size", "error") if k in event}
             if event.get("event") in ("reached", "unreachable"):
                 ip = str(event["target"]).rpartition(":")[0]
                 reached[(outcome.job.engine.node.rank, ip)] = event["event"] == "reached"
@@ -74,7 +82,7 @@ def diagnose_reach(
                 for peer in facts
                 if peer.rank != fact.rank
             }
-    result.details = {"port": port, "matrix": matrix}
+    result.details = {"port": port, "matrix": matrix, "dont_fragment": df}
     problems = []
     reachable = []
     for fact in facts:
@@ -105,6 +113,15 @@ def diagnose_reach(
     else:
         result.summary = "every peer reaches " + ", ".join(f"node{f.rank} {f.address}:{port}" for f in facts)
     return result
+
+
+def _df_args(fact: NodeFacts | None, facts: Sequence[NodeFacts], port: int) -> list[str]:
+    """A don't-fragment datagram of MTU-28 bytes (this node's link MTU) to every peer's launch address."""
+    found = fact.interface_of(fact.address) if fact else None
+    if fact is None or not found or not found.get("mtu"):
+        return []
+    size = int(found["mtu"]) - 28
+    return [a for f in facts if f.rank != fact.rank for a in ("--df", f"{f.address}:{port}:{size}")]
 
 
 def _fix(facts: Sequence[NodeFacts], reached: dict[tuple[int, str], bool]) -> str:

@@ -20,6 +20,7 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.run.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.weights import fetch_weights
 
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).
@@ -181,6 +182,7 @@ def serve_up(
     plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
     if not dry:
         check_architecture(engine, profile, options, echo=echo)
+    fetch_weights([engine], profile, options, echo=echo, dry=dry)
     launch_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
     if dry or not chat:
         return plan, None

@@ -8,7 +8,6 @@ failure (`vllm serve` cannot start without a GPU: "Failed to infer device type")
 the GPU machine with the same script (benchmarks/cluster.md).
 """
 
-# ruff: noqa: F811 - the cluster fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
 import json
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cluster import DOCKER
-from cluster_fixtures import TIMINGS, VLLM_REF, two_nodes, vllm_image  # noqa: F401 - fixtures
+from cluster_fixtures import TIMINGS, VLLM_REF
 
 from sparkforge.commands import Command
 from sparkforge.recipe.loader import REPO_ROOT
@@ -58,11 +57,13 @@ def _leftovers(cluster) -> dict[str, list[str]]:
     return {n.name: n.containers() for n in cluster.nodes if n.dockerd is not None}
 
 
-def test_doctor_names_the_auto_picked_lan_address(two_nodes, tmp_path: Path) -> None:
+def test_doctor_names_an_advertised_lan_address(two_nodes, tmp_path: Path) -> None:
+    """The LAN named explicitly (without --interface the fabric is chosen: test_cluster_fabric.py)."""
     report_path = tmp_path / "doctor.json"
     proc, seconds = _invoke(
-        "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--json", str(report_path)
-    )
+        "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--interface", "lan0",
+        "--json", str(report_path),
+    )  # fmt: skip
     out = proc.stdout + proc.stderr
     print(out, f"\ndoctor (misconfigured) wall: {seconds:.1f} s; set-up: {TIMINGS}")
     assert proc.returncode == 1 and "Traceback" not in out
@@ -77,10 +78,7 @@ def test_doctor_names_the_auto_picked_lan_address(two_nodes, tmp_path: Path) -> 
     assert all(v["default_route_interface"] == "lan0" for v in addresses.values())
     reach = checks["reach"]
     assert reach["status"] == "failed"
-    assert (
-        "node0 10.78.1.1 (auto-picked: lan0 holds the default route), unreachable from node1"
-        in reach["reason"]
-    )
+    assert "node0 10.78.1.1 (its VLLM_HOST_IP), unreachable from node1" in reach["reason"]
     assert "Fix: pass --interface fabric0" in reach["reason"]
     assert checks["sanity"]["status"] == "skipped"
     assert seconds < 30, f"the diagnosis took {seconds:.1f} s"  # the issue's bar: named in under 30 s
@@ -99,7 +97,8 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
     print(out, f"\ndoctor (--interface) wall: {seconds:.1f} s")
     assert proc.returncode == 0, out
     checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
-    assert all(c["status"] == "passed" for c in checks.values()), checks
+    nothing_to_do = ("paths", "transport", "nccl-library")  # no paths given, no RDMA, maybe a CPU torch
+    assert all(c["status"] == "passed" for c in checks.values() if c["name"] not in nothing_to_do), checks
     env = checks["addresses"]["details"]
     assert [v["env"]["VLLM_HOST_IP"] for v in env.values()] == ["10.77.0.1", "10.77.0.2"]
     assert all(v["env"]["GLOO_SOCKET_IFNAME"] == "fabric0" for v in env.values())

@@ -6,7 +6,6 @@ mounted file only), the failure surfaced with its cause and last lines within se
 The health wait and the chat completion need a GPU (docs/run.md says where they were exercised).
 """
 
-# ruff: noqa: F811 - the image fixture is imported by name and requested as an argument
 from __future__ import annotations
 
 import subprocess
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from cluster import DOCKER
-from cluster_fixtures import vllm_image  # noqa: F401 - fixture
 
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.serve import ChatReply

@@ -5,120 +5,35 @@ Modes (one JSON object per line on stdout, each with an "event" key, so the doct
   probe [--listen PORT]  the address vLLM would advertise (its own get_ip()), interfaces, MTUs, versions;
                          then, with --listen, accept connections on every address at PORT until killed
   listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
-  connect HOST:PORT...   try each address once with a short timeout
+  connect HOST:PORT...   try each address once with a short timeout; --df HOST:PORT:SIZE sends a don't-fragment
+                         datagram of SIZE bytes that the peer's listener answers
+  fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/fabric.py uses
+  nccl-library           the libnccl torch really loads: path, version, sha256
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
                          where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
-Standard library + what the image ships. The doctor passes this file's text with `python3 -c`, so it also
-runs on images built before it existed; it is the same script the GPU machine runs with torchrun-free ranks.
+Standard library + what the image ships. The doctor passes this file's text and cluster_facts.py's with
+`python3 -c`, so it also runs on images built before it existed; it is the same script the GPU machine runs
+with torchrun-free ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import fcntl
 import json
 import os
 import socket
-import struct
 import sys
 import time
+
+from cluster_facts import fabric, host_facts, host_paths, infiniband, interfaces, versions
 
 
 def emit(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, "t": round(time.time(), 3), **fields}), flush=True)
 
 
-# ---- probe ------------------------------------------------------------------------------------------
-
-
-def _ipv4_of(name: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def _default_route_interface() -> str | None:
-    try:
-        with open("/proc/net/route") as handle:
-            lines = handle.read().splitlines()[1:]
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 2 and fields[1] == "00000000":
-            return fields[0]
-    return None
-
-
-def interfaces() -> list[dict[str, object]]:
-    out = []
-    default = _default_route_interface()
-    for name in sorted(os.listdir("/sys/class/net")):
-        try:
-            with open(f"/sys/class/net/{name}/mtu") as handle:
-                mtu = int(handle.read())
-            with open(f"/sys/class/net/{name}/operstate") as handle:
-                state = handle.read().strip()
-        except OSError:
-            continue
-        out.append(
-            {
-                "name": name,
-                "ipv4": _ipv4_of(name),
-                "mtu": mtu,
-                "state": state,
-                "default_route": name == default,
-            }
-        )
-    return out
-
-
-def infiniband() -> dict[str, list[str]]:
-    """RDMA devices (NCCL_IB_HCA names) and the network interfaces they carry."""
-    found: dict[str, list[str]] = {}
-    root = "/sys/class/infiniband"
-    for hca in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        net = f"{root}/{hca}/device/net"
-        found[hca] = sorted(os.listdir(net)) if os.path.isdir(net) else []
-    return found
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict[str, object]:
-    """From package metadata and torch/version.py: importing torch here would cost seconds per node."""
-    import importlib.util
-    import re
-
-    found: dict[str, object] = {"python": sys.version.split()[0], "torch": _dist_version("torch")}
-    spec = importlib.util.find_spec("torch")
-    if spec and spec.origin:
-        try:
-            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as handle:
-                match = re.search(r"^cuda(?:: \S+)? = '([^']*)'", handle.read(), re.M)
-            found["cuda"] = match.group(1) if match else None
-        except OSError:
-            found["cuda"] = None
-    nccl = [v for v in (_dist_version(f"nvidia-nccl-cu{m}") for m in (13, 12)) if v]
-    found["nccl"] = nccl[0] if nccl else None
-    found["vllm"] = _dist_version("vllm")
-    found["ray"] = _dist_version("ray")
-    found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
-    return found
-
-
-def probe(listen_port: int | None) -> int:
+def probe(listen_port: int | None, paths: list[str] | None = None) -> int:
     try:
         from vllm.utils.network_utils import get_ip  # vLLM's own choice of the address it advertises
     except ImportError:
@@ -133,6 +48,9 @@ def probe(listen_port: int | None) -> int:
         ip_source=source,
         interfaces=found,
         infiniband=infiniband(),
+        fabric=fabric(),
+        host=host_facts(),
+        paths=host_paths(paths or []),
         versions=versions(),
         hostname=socket.gethostname(),
     )
@@ -146,20 +64,28 @@ def probe(listen_port: int | None) -> int:
 # ---- reachability ---------------------------------------------------------------------------------
 
 
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # linux/in.h: set the don't-fragment bit, never fragment locally
+
+
 def listen(addresses: list[str]) -> int:
-    servers = []
+    """Accept TCP connections on each address, and answer UDP datagrams there with their size (the DF probe)."""
+    servers, echoes = [], []
     for address in addresses:
         host, _, port = address.rpartition(":")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             server.bind((host, int(port)))
+            echo.bind((host, int(port)))
         except OSError as exc:
             emit("listen-failed", address=address, error=str(exc))
             return 3
         server.listen(16)
         server.setblocking(False)
+        echo.setblocking(False)
         servers.append(server)
+        echoes.append(echo)
     emit("listening", addresses=addresses)
     while True:
         for server in servers:
@@ -170,10 +96,38 @@ def listen(addresses: list[str]) -> int:
             host, port = server.getsockname()[:2]
             emit("accepted", address=f"{host}:{port}", peer=peer[0])
             conn.close()
+        for echo in echoes:
+            try:
+                data, peer = echo.recvfrom(65536)
+            except BlockingIOError:
+                continue
+            echo.sendto(str(len(data)).encode(), peer)  # a short answer: the size that arrived whole
         time.sleep(0.05)
 
 
-def connect(targets: list[str], timeout: float) -> int:
+def df_probe(target: str, size: int, tries: int = 3) -> None:
+    """One UDP datagram of `size` bytes (MTU-28: a full-MTU IP packet) with don't-fragment set; the peer answers."""
+    host, _, port = target.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        sock.settimeout(1.0)
+        error = "no answer (dropped on the way: an MTU below the packet's on the path or at the peer)"
+        for _ in range(tries):
+            try:
+                sock.sendto(b"\0" * size, (host, int(port)))
+                answer, _ = sock.recvfrom(64)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                error = f"{exc.__class__.__name__}: {exc}"
+                break
+            if answer.decode(errors="replace") == str(size):
+                emit("df", target=target, size=size, ok=True)
+                return
+        emit("df", target=target, size=size, ok=False, error=error)
+
+
+def connect(targets: list[str], timeout: float, df: list[str] | None = None) -> int:
     import threading
 
     failed = []
@@ -190,11 +144,42 @@ def connect(targets: list[str], timeout: float) -> int:
             emit("unreachable", target=target, error=error, seconds=round(time.monotonic() - start, 3))
 
     threads = [threading.Thread(target=attempt, args=(t,)) for t in targets]
+    for spec in df or []:  # HOST:PORT:SIZE
+        where, _, size = spec.rpartition(":")
+        threads.append(threading.Thread(target=df_probe, args=(where, int(size))))
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     emit("connected", failed=len(failed))
+    return 0
+
+
+def nccl_library() -> int:
+    """The NCCL library this image's torch really loads (from /proc/self/maps after importing torch): path,
+    version, sha256."""
+    import hashlib
+
+    import torch
+
+    path = None
+    with open("/proc/self/maps") as handle:
+        for line in handle:
+            name = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "libnccl" in os.path.basename(name):
+                path = name
+                break
+    version = None
+    try:
+        version = ".".join(str(p) for p in torch.cuda.nccl.version())
+    except Exception as exc:  # a CPU-only torch has no NCCL at all
+        emit("nccl-library", path=path, version=None, sha256=None, error=f"{exc.__class__.__name__}: {exc}")
+        return 0
+    digest = None
+    if path:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    emit("nccl-library", path=path, version=version, sha256=digest, torch=torch.__version__)
     return 0
 
 
@@ -305,11 +290,17 @@ def main(argv: list[str]) -> int:
     p_probe.add_argument(
         "--listen", type=int, help="then accept TCP connections on every address at this port"
     )
+    p_probe.add_argument("--path", action="append", default=[], help="KIND=PATH to look for on the node")
     p_listen = sub.add_parser("listen")
     p_listen.add_argument("addresses", nargs="+", help="HOST:PORT to accept connections on")
     p_connect = sub.add_parser("connect")
     p_connect.add_argument("targets", nargs="+")
     p_connect.add_argument("--timeout", type=float, default=3.0)
+    p_connect.add_argument("--df", action="append", default=[], help="HOST:PORT:SIZE don't-fragment probe")
+    sub.add_parser("nccl-library")
+    p_fabric = sub.add_parser("fabric")
+    p_fabric.add_argument("--root", default="/sys")
+    p_fabric.add_argument("--proc", default="/proc")
     p_sanity = sub.add_parser("sanity")
     p_sanity.add_argument("--rank", type=int, required=True)
     p_sanity.add_argument("--world", type=int, required=True)
@@ -320,11 +311,16 @@ def main(argv: list[str]) -> int:
     p_sanity.add_argument("--local-rank", type=int, default=0)
     args = parser.parse_args(argv)
     if args.mode == "probe":
-        return probe(args.listen)
+        return probe(args.listen, args.path)
     if args.mode == "listen":
         return listen(args.addresses)
+    if args.mode == "fabric":
+        emit("fabric", facts=fabric(args.root, args.proc, args.root == "/sys"))
+        return 0
     if args.mode == "connect":
-        return connect(args.targets, args.timeout)
+        return connect(args.targets, args.timeout, args.df)
+    if args.mode == "nccl-library":
+        return nccl_library()
     return sanity(
         args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank
     )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import run as cli_run
+from sparkforge.cli import cluster as cli_cluster
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run import inputs
@@ -202,7 +202,7 @@ def test_cluster_up_refuses_before_any_engine(
     if "port" in options:
         options["port"] = int(str(options["port"]))
     with pytest.raises(Exit) as info:
-        cli_run.up(
+        cli_cluster.up(
             Context(), recipe="vllm-qwen35", profile="qwen35-122b-a10b-fp8-tp2", no_preflight=True,
             image="sparkforge-test/none:1", **options,
         )  # fmt: skip

@@ -1,0 +1,222 @@
+"""Invoke tasks for several nodes: `cluster.doctor|fabric|up|down|logs` (thin: the work is in sparkforge.run)."""
+
+from __future__ import annotations
+
+from invoke import Collection, Context, task
+from invoke.exceptions import Exit
+
+from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.run import (
+    COMMON_HELP,
+    IFACE_HELP,
+    NODES_HELP,
+    RECIPE_HELP,
+    _doctor_options,
+    _engines,
+    _image,
+    _launch_options,
+    _preflight,
+)
+
+
+def _pick(*keys: str, **extra: str) -> dict[str, str]:
+    return {**{k: COMMON_HELP[k] for k in keys}, **extra}
+
+
+@task(
+    help=_pick(
+        "recipe",
+        "profile",
+        "image",
+        "no_preflight",
+        nodes=NODES_HELP,
+        interface=IFACE_HELP,
+        json="write the JSON report here",
+        master_port="the rendezvous port the launch uses (checked for reachability)",
+        gpus="all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
+        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (one CX-7 port: ~19-24)",
+        model_dir="a model directory to look for on every node (config.json)",
+        hf_token_file="a token file to look for on every node",
+        cache_dir="a cache directory to look for on every node",
+    )
+)
+@user_errors
+def doctor(
+    c: Context,
+    nodes: str,
+    recipe: str = "",
+    profile: str = "",
+    image: str = "",
+    interface: str = "",
+    json: str = "",
+    master_port: int = 29501,
+    gpus: str = "none",
+    no_preflight: bool = False,
+    min_busbw: float = 0.0,
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "",
+) -> None:
+    """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
+    from sparkforge.run.doctor import run_doctor
+
+    if not (recipe or image):
+        raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
+    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
+    options = _doctor_options(
+        _image(recipe, image),
+        interface,
+        master_port,
+        gpus,
+        min_busbw=min_busbw,
+        model_dir=model_dir,
+        hf_token_file=hf_token_file,
+        cache_dir=cache_dir,
+    )
+    if profile and recipe:
+        _preflight(recipe, profile, no_preflight)
+    result = run_doctor(engines, options, echo=echo)
+    finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
+
+
+@task(
+    iterable=["ulimit"],
+    help={
+        **COMMON_HELP,
+        "nodes": NODES_HELP,
+        "interface": IFACE_HELP,
+        "backend": "mp (vLLM's multiprocessing multi-node, default) or ray",
+        "master_port": "rendezvous port (--master-port)",
+        "distribute": "stream the local image to nodes whose image ID differs",
+        "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
+    },
+)
+@user_errors
+def up(
+    c: Context,
+    recipe: str,
+    profile: str,
+    nodes: str,
+    interface: str = "",
+    image: str = "",
+    port: int = 8000,
+    master_port: int = 29501,
+    backend: str = "mp",
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "/var/cache/sparkforge",
+    gpus: str = "all",
+    distribute: bool = False,
+    health_timeout: int = 1800,
+    no_preflight: bool = False,
+    dry: bool = False,
+    ulimit: list[str] | None = None,
+    trust_remote_code: bool = False,
+    weights: str = "each",
+) -> None:
+    """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
+    from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
+    from sparkforge.run.inputs import check_positive
+
+    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
+    loaded = load_profile(profile)
+    ref = _image(recipe, image)
+    launch = _launch_options(
+        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code,
+        weights,
+    )  # fmt: skip
+    doctor_options = _doctor_options(
+        ref,
+        interface,
+        master_port,
+        gpus,
+        sanity=True,
+        model_dir=model_dir,
+        hf_token_file=hf_token_file,
+        cache_dir=cache_dir,
+    )
+    check_positive("--health-timeout", health_timeout)
+    _preflight(recipe, profile, no_preflight)
+    if not dry:  # --dry contacts no engine: no image check, no doctor probe
+        ensure_image(engines, ref, echo, distribute=distribute)
+    up_result = cluster_up(
+        engines,
+        loaded,
+        launch,
+        doctor_options,
+        echo=echo,
+        health_timeout_s=health_timeout,
+        dry=dry,
+    )
+    if not dry:
+        from sparkforge.run.serve import ask
+
+        try:
+            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+        except BaseException:
+            removed = cluster_down(engines, loaded.name)
+            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
+            raise
+
+
+@task(
+    help={
+        "nodes": NODES_HELP + "; default: this machine (or the sysfs tree SPARKFORGE_SYSFS names)",
+        "recipe": RECIPE_HELP + " (with --nodes: the image whose helper reads each node's sysfs)",
+        "image": "image to read each node's sysfs with (default: the recipe's candidate tag)",
+        "interface": IFACE_HELP + " (checked: exists, up, an IPv4 RoCE v2 GID)",
+        "json": "write the JSON report here",
+    }
+)
+@user_errors
+def fabric(
+    c: Context, nodes: str = "", recipe: str = "", image: str = "", interface: str = "", json: str = ""
+) -> None:
+    """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
+    from sparkforge.console import warn
+    from sparkforge.run.inventory import describe_choices, fabric_report, local_facts, remote_facts
+
+    if nodes:
+        if not (recipe or image):
+            raise Exit(
+                "sparkforge: cluster.fabric --nodes needs --recipe R (or --image REF) to read sysfs", code=2
+            )
+        engines = _engines(nodes)
+        labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
+    else:
+        labels, raws = ["local"], [local_facts()]
+    report, choices = fabric_report(labels, raws, interface or None)
+    describe_choices(choices, echo, warn)
+    finish_report(report, json, hint="the table above names the device and the fix")
+
+
+@task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})
+@user_errors
+def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
+    """Stop and remove every serve container sparkforge started on the nodes."""
+    from sparkforge.run.cluster import cluster_down
+
+    for label, count in cluster_down(_engines(nodes), profile or None).items():
+        echo(f"{label}: removed {count} container(s)")
+
+
+@task(help={"nodes": NODES_HELP, "tail": "lines per container"})
+@user_errors
+def logs(c: Context, nodes: str, tail: int = 100) -> None:
+    """The last log lines of every serve container on every node."""
+    from sparkforge.run.cluster import cluster_logs
+    from sparkforge.run.inputs import check_positive
+
+    check_positive("--tail", tail)
+    for where, text in cluster_logs(_engines(nodes), tail).items():
+        echo(f"==> {where} <==")
+        echo(text.rstrip())
+
+
+cluster_ns = Collection("cluster")
+cluster_ns.add_task(doctor, "doctor")
+cluster_ns.add_task(fabric, "fabric")
+cluster_ns.add_task(up, "up")
+cluster_ns.add_task(cluster_down_task, "down")
+cluster_ns.add_task(logs, "logs")

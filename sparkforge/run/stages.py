@@ -1,0 +1,212 @@
+"""The doctor's node-level stages: paths on each node, the link MTU (both ways, don't-fragment), host drivers and
+RemoveIPC, the NCCL library each image really loads, and the transport NCCL chose with its bus bandwidth."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from sparkforge.report import Check
+from sparkforge.run.facts import DoctorOptions, NodeFacts
+from sparkforge.run.jobs import Job, Outcome, first_event, run_jobs
+from sparkforge.run.nodes import NodeEngine
+
+# Published figures (benchmarks/cluster.md): NCCL all_gather bus bandwidth over one CX-7 port ~19-24 GB/s.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def no_rdma(facts: Sequence[NodeFacts]) -> str | None:
+    """'no RDMA devices on node X' for the first node without any (None when every node has some)."""
+    bare = [f.label for f in facts if not f.rdma]
+    return f"no RDMA devices on {', '.join(bare)}" if bare else None
+
+
+def paths(
+    check: Check, facts: Sequence[NodeFacts], probes: Sequence[Outcome], options: DoctorOptions
+) -> None:
+    """The token file, model directory and caches as each node sees them (a bind mount of a missing path would
+    make Docker create an empty root-owned directory there)."""
+    if not options.paths:
+        check.status, check.reason = "skipped", "no token file, model directory or cache directory given"
+        return
+    problems, notes = [], []
+    for outcome in probes:
+        event = first_event(outcome, "probe") or {}
+        label = outcome.job.engine.node.label
+        entries = list(event.get("paths", []))
+        check.details[label] = entries
+        for entry in entries:
+            kind, path = entry["kind"], entry["path"]
+            if not entry.get("mounted"):
+                problems.append(f"{label}: the probe could not see the node's filesystem to look for {path}")
+            elif kind == "hf-token-file" and not entry.get("file"):
+                problems.append(
+                    f"{label}: the Hugging Face token file {path} is not there ({'a directory' if entry.get('directory') else 'missing'}); "
+                    "fix: copy the token file to that path on the node (mode 600), or pass the node's own path"
+                )
+            elif kind == "model-dir" and not entry.get("config"):
+                what = "holds no config.json" if entry.get("directory") else "does not exist"
+                problems.append(
+                    f"{label}: the model directory {path} {what}; fix: put the model at that path on every node "
+                    "(the same path everywhere), or leave --model-dir out to download into the cache"
+                )
+            elif kind == "cache-dir" and not entry.get("exists"):
+                notes.append(f"{label}: {path} will be created by Docker (root-owned)")
+    if problems:
+        check.status, check.reason = "failed", "; ".join(problems)
+    else:
+        check.reason = "every given path is in place on every node" + (
+            f" ({'; '.join(notes)})" if notes else ""
+        )
+
+
+def mtu(check: Check, facts: Sequence[NodeFacts], df: dict[str, Any]) -> None:
+    """The link interface's MTU is the same on every node, and a full-MTU packet with don't-fragment set gets
+    through in both directions (the reach stage sent them: MTU-28 bytes of UDP, like `ping -M do -s MTU-28`)."""
+    mtus = {}
+    for fact in facts:
+        found = fact.interface_of(fact.address)
+        mtus[fact.label] = {"interface": fact.interface, "mtu": found.get("mtu") if found else None}
+    check.details = {"interfaces": mtus, "dont_fragment": df}
+    values = {v["mtu"] for v in mtus.values()}
+    if len(values) > 1:
+        listing = ", ".join(f"{label} {v['interface']} {v['mtu']}" for label, v in mtus.items())
+        check.status = "failed"
+        check.reason = (
+            f"MTU differs across the link ({listing}): large transfers stall or fail (IBV_WC_RETRY_EXC_ERR); "
+            "fix: set the same MTU on every node's link interface (e.g. 'ip link set IF mtu 9000')"
+        )
+        return
+    lost = [f"{way} ({r.get('error')})" for way, r in df.items() if not r.get("ok")]
+    if lost:
+        check.status = "failed"
+        check.reason = (
+            f"a full-MTU packet with don't-fragment set does not get through: {'; '.join(lost)}; fix: set the "
+            "same MTU on both ends and on anything between them (a switch port), then rerun the doctor"
+        )
+        return
+    sizes = sorted({r["size"] for r in df.values()})
+    check.reason = f"MTU {values.pop()} on every node's link interface" + (
+        f"; {len(df)} don't-fragment probes of {'/'.join(map(str, sizes))} bytes got through" if df else ""
+    )
+
+
+def host(check: Check, facts: Sequence[NodeFacts]) -> None:
+    """Host driver versions (reported; a difference is named) and logind's RemoveIPC (yes: a warning)."""
+    check.details = {f.label: f.host for f in facts}
+    notes = []
+    for key in ("kernel", "nvidia", "mlx5_core"):
+        seen = {str(f.host.get(key)) for f in facts}
+        if len(seen) > 1:
+            notes.append(f"{key} differs ({', '.join(f'{f.label} {f.host.get(key)}' for f in facts)})")
+    removing = [f for f in facts if str(f.host.get("remove_ipc", "yes")) not in ("no", "false", "0")]
+    if removing:
+        notes.append(
+            "RemoveIPC=yes on "
+            + ", ".join(f"{f.label} ({f.host.get('remove_ipc_source')})" for f in removing)
+            + ": logind deletes a user's semaphores and shared memory when their last session closes, and a "
+            "worker started over ssh then loses them (the head blocks); fix: RemoveIPC=no in "
+            "/etc/systemd/logind.conf (then restart systemd-logind) or 'loginctl enable-linger USER'"
+        )
+    first = facts[0].host if facts else {}
+    check.reason = (
+        f"kernel {first.get('kernel')}, nvidia {first.get('nvidia')}, mlx5_core {first.get('mlx5_core')}"
+    )
+    if notes:
+        check.reason += "; warning: " + "; ".join(notes)
+
+
+def nccl_library(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) -> None:
+    """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps)."""
+    outcomes = run_jobs(
+        [Job(e, ("nccl-library",)) for e in engines], options.image, "nccl", options.deadlines.sanity
+    )
+    found: dict[str, dict[str, Any]] = {}
+    problems = []
+    for outcome in outcomes:
+        label = outcome.job.engine.node.label
+        event = first_event(outcome, "nccl-library")
+        if outcome.node_lost or event is None:
+            tail = outcome.node_lost or outcome.last_lines.replace("\n", " | ")[-400:]
+            problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
+            continue
+        found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error")}
+    check.details = found
+    if problems:
+        check.status, check.reason = "failed", "; ".join(problems)
+        return
+    if all(not v.get("path") for v in found.values()):
+        check.status = "skipped"
+        check.reason = (
+            "torch loads no NCCL library in this image (" + str(next(iter(found.values())).get("error")) + ")"
+        )
+        return
+    identities = {(v.get("version"), v.get("sha256")) for v in found.values()}
+    if len(identities) > 1:
+        listing = "; ".join(
+            f"{label}: {v['path']} {v['version']} sha256 {str(v['sha256'])[:16]}"
+            for label, v in found.items()
+        )
+        check.status = "failed"
+        check.reason = (
+            f"the nodes load different NCCL libraries ({listing}): a TP=2 run hangs or crashes at init even when "
+            "the version strings agree (vllm-project/vllm#42354); fix: run one image everywhere ('invoke "
+            "cluster.up --distribute') and drop any NCCL from LD_LIBRARY_PATH/LD_PRELOAD on the nodes"
+        )
+        return
+    one = next(iter(found.values()))
+    check.reason = (
+        f"NCCL {one['version']} from {one['path']} (sha256 {str(one['sha256'])[:16]}) on every node"
+    )
+    if _older(str(one.get("version")), (2, 29, 3)):
+        check.reason += "; warning: NCCL older than 2.29.3 is reported to hang on aarch64"
+
+
+def _older(version: str, floor: tuple[int, ...]) -> bool:
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    return bool(parts) and parts < floor
+
+
+_USING = re.compile(r"NET/(IB|Socket)\s*:\s*Using\s+(.*)")
+
+
+def transport(
+    check: Check, facts: Sequence[NodeFacts], sanity: dict[str, Any], options: DoctorOptions
+) -> None:
+    """From the sanity run's NCCL_DEBUG=INFO lines: NET/IB or NET/Socket, which devices; the bus bandwidth floor."""
+    missing = no_rdma(facts)
+    if missing:
+        check.status, check.reason = "skipped", missing
+        return
+    ranks: dict[str, Any] = sanity.get("ranks", {})
+    if not ranks or not any(
+        any(s.get("stage") == "nccl-allreduce" and s.get("event") == "done" for s in r["stages"])
+        for r in ranks.values()
+    ):
+        check.status, check.reason = "skipped", "NCCL did not run (no GPUs given: --gpus all runs it)"
+        return
+    problems = []
+    for label, rank in ranks.items():
+        used = [m for line in rank.get("nccl_lines", []) if (m := _USING.search(line))]
+        kind = "IB" if any(m.group(1) == "IB" for m in used) else ("Socket" if used else None)
+        busbw = next(
+            (s.get("busbw_GBps") for s in rank["stages"] if s.get("stage") == "nccl-allreduce"), None
+        )
+        check.details[label] = {"transport": kind, "devices": [m.group(2) for m in used], "busbw_GBps": busbw}
+        if kind != "IB":
+            problems.append(
+                f"{label}: NCCL used NET/{kind or '?'} (TCP sockets), not RDMA; fix: check that the containers see "
+                "/dev/infiniband and NCCL_IB_HCA names the ACTIVE twins ('invoke cluster.fabric')"
+            )
+        elif options.min_busbw and (busbw or 0) < options.min_busbw:
+            problems.append(
+                f"{label}: NCCL all-reduce bus bandwidth {busbw} GB/s is below --min-busbw {options.min_busbw:g}; "
+                "fix: both twins in NCCL_IB_HCA, the same MTU on both ends, an approved cable"
+            )
+    if problems:
+        check.status, check.reason = "failed", "; ".join(problems)
+    else:
+        check.reason = "; ".join(
+            f"{label}: NET/IB {v['devices']}, {v['busbw_GBps']} GB/s" for label, v in check.details.items()
+        )

@@ -1,0 +1,180 @@
+"""The download phase of `serve` and `cluster.up`: the model's weights on disk before vLLM starts.
+
+Without --model-dir, each node (or, with a cache on shared storage, one node) runs Hugging Face's own
+`snapshot_download` in a container of the serving image, with the same cache mount and token file the launch
+uses, and reports progress (bytes in the cache) while it runs. The health timeout then starts with the weights
+on disk instead of racing a first download of ~120 GB. A failed download keeps its logs and names the stage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkforge.console import Echo
+from sparkforge.errors import RunError
+from sparkforge.recipe.profile import Profile
+from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions
+from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
+from sparkforge.run.postmortem import keep_logs
+
+# Runs in the serving image: huggingface_hub ships with vLLM. One JSON line per event on stdout.
+_DOWNLOAD = """
+import json, os, sys, threading, time
+from huggingface_hub import constants, snapshot_download
+repo = sys.argv[1]
+folder = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
+result = {}
+def fetch():
+    try:
+        result["path"] = snapshot_download(repo_id=repo)
+    except Exception as exc:
+        result["error"] = f"{exc.__class__.__name__}: {exc}"
+def size():
+    total = 0
+    for base, _, files in os.walk(os.path.join(folder, "blobs")):
+        total += sum(os.path.getsize(os.path.join(base, f)) for f in files if not os.path.islink(os.path.join(base, f)))
+    return total
+start = time.monotonic()
+worker = threading.Thread(target=fetch, daemon=True)
+worker.start()
+while worker.is_alive():
+    worker.join(float(os.environ.get("SPARKFORGE_PROGRESS_S", "10")))
+    print(json.dumps({"event": "progress", "bytes": size(), "seconds": round(time.monotonic() - start, 1)}), flush=True)
+if "error" in result:
+    print(json.dumps({"event": "failed", "error": result["error"][-1500:]}), flush=True)
+    sys.exit(1)
+print(json.dumps({"event": "done", "path": result["path"], "bytes": size(), "seconds": round(time.monotonic() - start, 1)}), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Download:
+    """One node's download container."""
+
+    rank: int
+    container: ContainerSpec
+
+
+def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOptions) -> list[Download]:
+    """A container per node (only the head's for a shared cache); none with --model-dir (the doctor checks it),
+    with --weights skip, or with --gpus none (vLLM stops at device detection, before loading any weights)."""
+    if options.model_dir is not None or options.weights == "skip" or not options.gpus:
+        return []
+    hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
+    mounts: tuple[str, ...] = (hf,)
+    env = {
+        k: v for k, v in profile.model.env.items() if k.startswith("HF_")
+    }  # HF_ENDPOINT, HF_HUB_OFFLINE...
+    if options.hf_token_file is not None:
+        mounts += (f"{options.hf_token_file}:{TOKEN_MOUNT}:ro",)
+        env["HF_TOKEN_PATH"] = TOKEN_MOUNT
+    return [
+        Download(
+            rank,
+            ContainerSpec(
+                name=f"sparkforge-weights-{profile.name}-{rank}",
+                image=options.image,
+                entrypoint="python3",
+                args=("-c", _DOWNLOAD, profile.model.model),
+                env={"PYTHONUNBUFFERED": "1", **env},
+                labels={LABEL: "weights", f"{LABEL}.profile": profile.name, f"{LABEL}.rank": str(rank)},
+                mounts=mounts,
+            ),
+        )
+        for rank in (ranks[:1] if options.weights == "shared" else ranks)
+    ]
+
+
+def fetch_weights(
+    engines: Sequence[NodeEngine],
+    profile: Profile,
+    options: LaunchOptions,
+    *,
+    echo: Echo,
+    dry: bool = False,
+    timeout_s: float | None = None,
+) -> dict[str, float]:
+    """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage."""
+    by_rank = {e.node.rank: e for e in engines}
+    downloads = plan_downloads(profile, sorted(by_rank), options)
+    if not downloads:
+        if options.model_dir is None:
+            why = (
+                "--weights skip: vLLM downloads" if options.gpus else "--gpus none: vLLM stops before loading"
+            )
+            echo(f"download: skipped ({why})")
+        return {}
+    where = "once, on the head (shared cache)" if options.weights == "shared" else "on every node"
+    echo(f"download: {profile.model.model} into {options.cache_dir}/huggingface {where}")
+    if dry:
+        return {}
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    done: dict[str, float] = {}
+    try:
+        for download in downloads:
+            engine = by_rank[download.rank]
+            engine.remove([download.container.name])
+            engine.start(download.container)
+        pending = list(downloads)
+        seen: dict[int, int] = {}
+        while pending:
+            for download in list(pending):
+                engine = by_rank[download.rank]
+                events = _events(engine.logs(download.container.name))
+                for event in events[seen.get(download.rank, 0) :]:
+                    if event.get("event") == "progress":
+                        echo(
+                            f"  download {engine.node.label}: {event['bytes'] / 1e9:.2f} GB, {event['seconds']:.0f} s"
+                        )
+                seen[download.rank] = len(events)
+                state = engine.state(download.container.name)
+                if state.status in ("exited", "dead", "missing"):
+                    last = events[-1] if events else {}
+                    if state.exit_code != 0 or last.get("event") != "done":
+                        raise RunError(_failed(engine, download, last, options))
+                    done[engine.node.label] = float(last.get("seconds", 0))
+                    echo(
+                        f"  weights on disk on {engine.node.label}: {last['bytes'] / 1e9:.2f} GB ({last['path']})"
+                    )
+                    pending.remove(download)
+            if end is not None and time.monotonic() > end and pending:
+                kept = keep_logs([by_rank[d.rank] for d in pending], [d.container.name for d in pending])
+                raise RunError(
+                    f"stage download: the weights of {profile.model.model} were not on disk within {timeout_s:g} s on "
+                    f"{', '.join(by_rank[d.rank].node.label for d in pending)}; logs kept in {kept}; fix: rerun (the "
+                    "download resumes from the cache) or fetch the model once and pass --model-dir"
+                )
+            if pending:
+                time.sleep(2)
+    finally:
+        for download in downloads:
+            by_rank[download.rank].remove([download.container.name])
+    return done
+
+
+def _events(text: str) -> list[dict[str, object]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def _failed(engine: NodeEngine, download: Download, last: dict[str, object], options: LaunchOptions) -> str:
+    kept = keep_logs([engine], [download.container.name])
+    error = str(last.get("error") or engine.logs(download.container.name, tail=5).strip()[-600:])
+    hint = (
+        "check the model name; for a gated model pass --hf-token-file (a file on that node)"
+        if options.hf_token_file is None
+        else "check the model name and that the token on that node may read it"
+    )
+    return (
+        f"stage download: fetching the weights on {engine.node.label} failed: {error}; logs kept in {kept}; "
+        f"fix: {hint}, or pass --model-dir with the model already on every node"
+    )

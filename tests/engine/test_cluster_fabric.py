@@ -1,0 +1,185 @@
+"""The fabric choice, the doctor's node stages and the download phase on the namespaced two-node cluster
+(tests/engine/cluster.py: each node its own dockerd, a fabric veth and a LAN holding the default route).
+
+The nodes have no RDMA devices, so what runs for real here is the reading (each node's sysfs inside a probe
+container of the real vLLM image), the choice of the fabric over the LAN with its warning, the per-node path
+checks, the don't-fragment probes both ways, the host facts, the NCCL library torch really loads, and the
+weights phase with Hugging Face's own snapshot_download (offline, from a prepared cache). Stages needing RDMA
+say "no RDMA devices on node X".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from cluster_fixtures import VLLM_REF
+
+from sparkforge.console import say
+from sparkforge.errors import RunError
+from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.profile import load_profile
+from sparkforge.run.launch import LaunchOptions
+from sparkforge.run.nodes import NodeEngine, parse_nodes
+from sparkforge.run.weights import fetch_weights
+
+pytestmark = pytest.mark.engine
+
+
+def _nodes(cluster) -> str:
+    return ",".join(n.url for n in cluster.nodes)
+
+
+def _invoke(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    return proc, time.monotonic() - start
+
+
+def _leftovers(cluster) -> dict[str, list[str]]:
+    return {n.name: n.containers() for n in cluster.nodes if n.dockerd is not None}
+
+
+def test_fabric_reads_each_node_and_warns_about_the_lan(two_nodes, tmp_path: Path) -> None:
+    report_path = tmp_path / "fabric.json"
+    proc, seconds = _invoke(
+        "cluster.fabric", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--json", str(report_path)
+    )
+    out = proc.stdout + proc.stderr
+    print(out, f"\ncluster.fabric wall: {seconds:.1f} s")
+    assert proc.returncode == 0, out
+    assert "VLLM_HOST_IP=10.77.0.1" in proc.stdout and "VLLM_HOST_IP=10.77.0.2" in proc.stdout
+    assert proc.stdout.count("GLOO_SOCKET_IFNAME=fabric0") == 2 and "NCCL_IB_HCA" not in proc.stdout
+    assert "the default route is on lan0 (10.78.1.1), a LAN or Wi-Fi" in proc.stderr
+    checks = json.loads(report_path.read_text())["checks"]
+    for check in checks:
+        assert check["details"]["rdma_devices"] == [] and check["details"]["default_route"] == "lan0"
+        assert (
+            "no RDMA devices on node" in check["reason"]
+            and check["details"]["choice"]["interface"] == "fabric0"
+        )
+    assert _leftovers(two_nodes) == {"a": [], "b": []}
+
+
+def test_doctor_without_interface_takes_the_fabric_and_runs_the_node_stages(
+    two_nodes, tmp_path: Path
+) -> None:
+    token = tmp_path / "hf_token"
+    token.write_text("hf_fabric_canary\n")
+    report_path = tmp_path / "doctor.json"
+    proc, seconds = _invoke(
+        "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--json", str(report_path),
+        "--hf-token-file", str(token), "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    print(out, f"\ndoctor (no --interface, node stages) wall: {seconds:.1f} s")
+    assert proc.returncode == 0, out
+    checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
+    addresses = checks["addresses"]
+    nodes = list(addresses["details"].values())
+    assert [v["env"]["VLLM_HOST_IP"] for v in nodes] == ["10.77.0.1", "10.77.0.2"]
+    assert "the default route is on lan0 (10.78.1.1)" in nodes[0]["warnings"][0]
+    assert "warning:" in addresses["reason"]
+    assert checks["paths"]["status"] == "passed" and "will be created by Docker" in checks["paths"]["reason"]
+    assert not (tmp_path / "cache").exists()  # looked for, not created
+    mtu = checks["mtu"]
+    assert mtu["status"] == "passed" and "2 don't-fragment probes of 1472 bytes got through" in mtu["reason"]
+    assert set(mtu["details"]["dont_fragment"]) == {"node0 -> node1 10.77.0.2", "node1 -> node0 10.77.0.1"}
+    host = checks["host"]
+    assert host["status"] == "passed" and all(
+        v["kernel"] == os.uname().release for v in host["details"].values()
+    )
+    library = checks["nccl-library"]
+    print("nccl-library:", library["status"], library["reason"])
+    assert library["status"] in ("passed", "skipped")
+    if library["status"] == "passed":
+        assert len({(v["path"], v["sha256"]) for v in library["details"].values()}) == 1
+    assert checks["sanity"]["status"] == "passed"
+    transport = checks["transport"]
+    assert transport["status"] == "skipped"
+    assert (
+        transport["reason"].startswith("no RDMA devices on node0 (unix://")
+        and "node1 (unix://" in transport["reason"]
+    )
+    assert _leftovers(two_nodes) == {"a": [], "b": []}
+
+
+def test_doctor_looks_for_the_model_dir_on_the_nodes(two_nodes, tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    proc, seconds = _invoke(
+        "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--model-dir", str(missing)
+    )
+    out = proc.stdout + proc.stderr
+    print(out, f"\ndoctor (missing model dir) wall: {seconds:.1f} s")
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert f"node0 (unix://{two_nodes.nodes[0].socket}): the model directory {missing} does not exist" in out
+    assert "fix: put the model at that path on every node" in out
+    assert not missing.exists()  # Docker did not create it as a side effect
+    assert _leftovers(two_nodes) == {"a": [], "b": []}
+
+
+def _cached_model(cache: Path, repo: str) -> int:
+    """A model in Hugging Face's cache layout (refs, snapshot links to blobs), as a finished download leaves it."""
+    folder = cache / "huggingface" / "hub" / f"models--{repo.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    blob = b'{"architectures": ["TinyForTest"]}\n' + b" " * 4096
+    (folder / "blobs").mkdir(parents=True)
+    (folder / "blobs" / "c0ffee").write_bytes(blob)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(revision)
+    snapshot = folder / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to("../../blobs/c0ffee")
+    return len(blob)
+
+
+def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_nodes, tmp_path: Path) -> None:
+    profile_path = tmp_path / "tiny-tp2.yaml"
+    profile_path.write_text(
+        "description: a cached test model\nmodel: sparkforge-test/tiny\nnodes: 2\n"
+        "args:\n  tensor-parallel-size: 2\nenv:\n  HF_HUB_OFFLINE: '1'\n"
+    )
+    profile = load_profile(str(profile_path))
+    cache = tmp_path / "cache"
+    size = _cached_model(cache, "sparkforge-test/tiny")
+    engines = [NodeEngine(n) for n in parse_nodes(_nodes(two_nodes))]
+    options = LaunchOptions(image=VLLM_REF, cache_dir=str(cache))  # the phase runs without a GPU
+    lines: list[str] = []
+    start = time.monotonic()
+    done = fetch_weights(engines, profile, options, echo=lambda line: (lines.append(line), say(line)))
+    print(f"weights phase (cached, offline) on two nodes: {time.monotonic() - start:.1f} s")
+    assert set(done) == {e.node.label for e in engines}
+    assert (
+        sum(
+            f"weights on disk on {e.node.label}: {size / 1e9:.2f} GB" in line
+            for e in engines
+            for line in lines
+        )
+        == 2
+    )
+    shared = fetch_weights(engines, profile, replace(options, weights="shared"), echo=say)
+    assert list(shared) == [engines[0].node.label]
+
+    os.environ["SPARKFORGE_LOG_DIR"] = str(tmp_path / "logs")
+    try:
+        other = profile_path.with_name("absent.yaml")
+        other.write_text(profile_path.read_text().replace("sparkforge-test/tiny", "sparkforge-test/absent"))
+        with pytest.raises(RunError) as caught:
+            fetch_weights(engines, load_profile(str(other)), options, echo=say)
+    finally:
+        del os.environ["SPARKFORGE_LOG_DIR"]
+    text = str(caught.value)
+    print(text)
+    assert text.startswith("stage download: fetching the weights on node0") and "logs kept in" in text
+    assert "fix: check the model name" in text
+    kept = list((tmp_path / "logs").rglob("*.log"))
+    assert kept and "failed" in kept[0].read_text()
+    assert _leftovers(two_nodes) == {"a": [], "b": []}

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""What the cluster doctor reads on a node, standard library only: interfaces and their IPv4 addresses, RDMA devices
+and their GID tables from sysfs, the routing table, host drivers and logind's RemoveIPC, paths on the node, the
+image's package versions. The doctor's helper (cluster_sanity.py) imports it; sparkforge/run/inventory.py reads
+this machine (or a fake tree) with the same functions, so one reader serves both.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import sys
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _default_route_interface() -> str | None:
+    try:
+        with open("/proc/net/route") as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            return fields[0]
+    return None
+
+
+def interfaces() -> list[dict[str, object]]:
+    out = []
+    default = _default_route_interface()
+    for name in sorted(os.listdir("/sys/class/net")):
+        try:
+            with open(f"/sys/class/net/{name}/mtu") as handle:
+                mtu = int(handle.read())
+            with open(f"/sys/class/net/{name}/operstate") as handle:
+                state = handle.read().strip()
+        except OSError:
+            continue
+        out.append(
+            {
+                "name": name,
+                "ipv4": _ipv4_of(name),
+                "mtu": mtu,
+                "state": state,
+                "default_route": name == default,
+            }
+        )
+    return out
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, ValueError):  # sysfs answers EINVAL/EOPNOTSUPP for attributes a driver lacks
+        return None
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def routes(path: str) -> list[dict[str, object]]:
+    """/proc/net/route (little-endian hex) as dotted addresses: each interface's subnets and the default route."""
+    out: list[dict[str, object]] = []
+    for line in (_read(path) or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+
+        def dotted(word: str) -> str:
+            return socket.inet_ntoa(struct.pack("<I", int(word, 16)))
+
+        out.append(
+            {
+                "iface": fields[0],
+                "destination": dotted(fields[1]),
+                "gateway": dotted(fields[2]),
+                "mask": dotted(fields[7]),
+            }
+        )
+    return out
+
+
+def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> dict[str, object]:
+    """Raw RDMA and network facts from a sysfs tree (sparkforge/run/fabric.py decides from them).
+
+    RDMA devices with their PCI slot, GUIDs, net devices and per port state, link layer and non-zero GIDs (type and
+    net device); net devices with state, MTU, physical port facts and, when `addresses`, their IPv4 (an ioctl:
+    only for the live system); the routing table. /dev/infiniband is what a container needs for the devices.
+    """
+    rdma: dict[str, object] = {}
+    base = f"{root}/class/infiniband"
+    for device in _names(base):
+        uevent = _read(f"{base}/{device}/device/uevent") or ""
+        slot = next(
+            (v for k, _, v in (x.partition("=") for x in uevent.splitlines()) if k == "PCI_SLOT_NAME"), None
+        )
+        ports: dict[str, object] = {}
+        for port in _names(f"{base}/{device}/ports"):
+            where = f"{base}/{device}/ports/{port}"
+            gids = []
+            for index in sorted(_names(f"{where}/gids"), key=lambda n: int(n) if n.isdigit() else -1):
+                gid = _read(f"{where}/gids/{index}")
+                if not gid or not gid.replace(":", "").strip("0"):
+                    continue
+                gids.append(
+                    {
+                        "index": int(index),
+                        "gid": gid,
+                        "type": _read(f"{where}/gid_attrs/types/{index}"),
+                        "ndev": _read(f"{where}/gid_attrs/ndevs/{index}"),
+                    }
+                )
+            ports[port] = {
+                "state": _read(f"{where}/state"),
+                "phys_state": _read(f"{where}/phys_state"),
+                "link_layer": _read(f"{where}/link_layer"),
+                "rate": _read(f"{where}/rate"),
+                "gids": gids,
+            }
+        rdma[device] = {
+            "pci": slot,
+            "node_guid": _read(f"{base}/{device}/node_guid"),
+            "sys_image_guid": _read(f"{base}/{device}/sys_image_guid"),
+            "netdevs": _names(f"{base}/{device}/device/net"),
+            "ports": ports,
+        }
+    net: dict[str, object] = {}
+    for name in _names(f"{root}/class/net"):
+        where = f"{root}/class/net/{name}"
+        mtu = _read(f"{where}/mtu")
+        net[name] = {
+            "operstate": _read(f"{where}/operstate"),
+            "mtu": int(mtu) if mtu and mtu.isdigit() else None,
+            "phys_port_name": _read(f"{where}/phys_port_name"),
+            "phys_port_id": _read(f"{where}/phys_port_id"),
+            "phys_switch_id": _read(f"{where}/phys_switch_id"),
+            "ipv4": _ipv4_of(name) if addresses else None,
+        }
+    return {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route")}
+
+
+HOST_ROOT = "/run/sparkforge-host"  # the node's / mounted read-only by the doctor's probe
+HOST_ETC = f"{HOST_ROOT}/etc"
+
+
+def host_paths(specs: list[str], root: str = HOST_ROOT) -> list[dict[str, object]]:
+    """KIND=PATH on the node (not where sparkforge runs): exists, file or directory, readable, a model's config."""
+    out = []
+    for spec in specs:
+        kind, _, path = spec.partition("=")
+        where = root + path if os.path.isdir(root) else None
+        entry: dict[str, object] = {"kind": kind, "path": path, "mounted": where is not None}
+        if where:
+            entry.update(
+                exists=os.path.exists(where),
+                file=os.path.isfile(where),
+                directory=os.path.isdir(where),
+                readable=os.access(where, os.R_OK),
+                config=os.path.isfile(os.path.join(where, "config.json")),
+            )
+        out.append(entry)
+    return out
+
+
+def host_facts(etc: str = HOST_ETC) -> dict[str, object]:
+    """Host driver versions (the kernel is shared with the container) and systemd-logind's RemoveIPC."""
+    nvidia = (_read("/proc/driver/nvidia/version") or "").splitlines()
+    remove_ipc, source = "yes", "systemd's default"
+    if os.path.isdir(etc):
+        confs = [f"{etc}/systemd/logind.conf"]
+        confs += [
+            f"{etc}/systemd/logind.conf.d/{n}"
+            for n in _names(f"{etc}/systemd/logind.conf.d")
+            if n.endswith(".conf")
+        ]
+        for conf in confs:
+            for line in (_read(conf) or "").splitlines():
+                key, _, value = line.strip().partition("=")
+                if key.strip() == "RemoveIPC" and value.strip():
+                    remove_ipc, source = value.strip().lower(), conf.replace(etc, "/etc", 1)
+    else:
+        source = "the node's /etc was not mounted"
+    return {
+        "kernel": os.uname().release,
+        "nvidia": _read("/sys/module/nvidia/version") or (nvidia[0] if nvidia else None),
+        "mlx5_core": _read("/sys/module/mlx5_core/version")
+        or ("in-tree" if os.path.isdir("/sys/module/mlx5_core") else None),
+        "remove_ipc": remove_ipc,
+        "remove_ipc_source": source,
+    }
+
+
+def infiniband() -> dict[str, list[str]]:
+    """RDMA devices (NCCL_IB_HCA names) and the network interfaces they carry."""
+    found: dict[str, list[str]] = {}
+    root = "/sys/class/infiniband"
+    for hca in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        net = f"{root}/{hca}/device/net"
+        found[hca] = sorted(os.listdir(net)) if os.path.isdir(net) else []
+    return found
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, object]:
+    """From package metadata and torch/version.py: importing torch here would cost seconds per node."""
+    import importlib.util
+    import re
+
+    found: dict[str, object] = {"python": sys.version.split()[0], "torch": _dist_version("torch")}
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as handle:
+                match = re.search(r"^cuda(?:: \S+)? = '([^']*)'", handle.read(), re.M)
+            found["cuda"] = match.group(1) if match else None
+        except OSError:
+            found["cuda"] = None
+    nccl = [v for v in (_dist_version(f"nvidia-nccl-cu{m}") for m in (13, 12)) if v]
+    found["nccl"] = nccl[0] if nccl else None
+    found["vllm"] = _dist_version("vllm")
+    found["ray"] = _dist_version("ray")
+    found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
+    return found
