@@ -254,3 +254,6 @@ def test_node_killed_mid_check_gives_a_clear_error_and_leaves_nothing(two_nodes)
     assert "fix: bring the node back" in sanity.reason
     assert a.containers() == []  # rank 0's container on the surviving node was removed
     assert b.pids() == []  # nothing of node b runs any more
+    # The session's cluster serves the modules after this one (fabric, serve): power node b back on.
+    (b.run / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)  # the killed one's
+    two_nodes.start_engine(b, timeout=180)
