@@ -109,7 +109,10 @@ def test_only_the_verify_signers_claims_count(signed: Signed, tmp_path: Path) ->
             tmp_path / "separate" / "smoke-signed.yaml",
             f"publish:\n  signing:\n    key: {signed.keys / 'cosign.pub'}\n"
             f"    verify_key: {signed.other_keys / 'cosign.pub'}\n",
-            extends=signed_recipe_file(tmp_path / "base", signed.registry, signed.keys / "cosign.pub"),
+            # the base beside it: `extends` stays inside the named recipe's folder (or the project)
+            extends=signed_recipe_file(
+                tmp_path / "separate" / "base", signed.registry, signed.keys / "cosign.pub"
+            ),
         )
     )
     assert separate.hash == signed.recipe.hash
