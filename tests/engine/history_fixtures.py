@@ -111,7 +111,7 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     """Add the release's libraries to the base stage, then push, GB10-verify, publish --moving, sign, attest."""
     runner, eng, evidence_dir = state["runner"], state["eng"], state["evidence"]
     context = release_tree(name, tmp / f"context-{name}")
-    tag = f"sparkforge-historytest/{name}-{os.getpid()}"  # not sparkforge-test/: other sessions sweep those
+    tag = f"sparkforge-historytest/{name}-{os.getpid()}"  # not sparkforge-test/: other test runs sweep those
     state["images"].append(tag)
     bases = plan.bases(recipe, {"builder": base, "runtime": base})  # honest: the offline base (an override)
     (context / "lock.json").write_text(

@@ -40,7 +40,7 @@ def _rebuilt(signed: Signed, tmp_path: Path, tag: str, revision: str = "") -> st
     """The amd64 smoke image with other bytes (same labels), pushed under `tag`; returns its digest."""
     ref = f"{signed.recipe.model.publish.repository}:{tag}"
     extra = f"LABEL org.opencontainers.image.revision={revision}\n" if revision else ""
-    # From the registry by digest: a local tag may be gone (other sessions clean sparkforge-test/ images).
+    # From the registry by digest: a local tag may be gone (other test runs on the machine clean sparkforge-test/ images).
     source = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"
     dockerfile = f"FROM {source}\nLABEL rebuilt={tag}\n{extra}"
     docker_build(dockerfile, "linux/amd64", ref, tmp_path / tag)

@@ -31,7 +31,7 @@ def _signed_image(signed: Signed, tmp_path: Path, tag: str, unique: str) -> str:
     """A new amd64 image (bytes of its own: `unique`) pushed as `tag`, signed and with provenance by the recipe's
     key: repository@digest."""
     repo = signed.recipe.model.publish.repository
-    # From the registry by digest: a local tag may be gone (other sessions clean sparkforge-test/ images).
+    # From the registry by digest: a local tag may be gone (other test runs on the machine clean sparkforge-test/ images).
     dockerfile = f"FROM {repo}@{signed.published.platforms['linux/amd64']}\nLABEL trust-test={unique}\n"
     docker_build(dockerfile, "linux/amd64", f"{repo}:{tag}", tmp_path / unique)
     pushed = subprocess.run(
