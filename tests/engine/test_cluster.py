@@ -257,3 +257,6 @@ def test_node_killed_mid_check_gives_a_clear_error_and_leaves_nothing(two_nodes)
     # The session's cluster serves the modules after this one (fabric, serve): power node b back on.
     (b.run / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)  # the killed one's
     two_nodes.start_engine(b, timeout=180)
+    for container in b.containers():  # what the power-off left behind (a dead sanity rank)
+        b.docker("rm", "--force", container, check=False)
+    assert b.containers() == []
