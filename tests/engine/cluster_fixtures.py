@@ -21,29 +21,41 @@ def _missing_tools() -> list[str]:
     return [t for t in ("ip", "nsenter", "/usr/sbin/sshd", "ssh-keygen", DOCKERD) if not shutil.which(t)]
 
 
+def build_test_image(
+    recipe: str, tag: str, base: str, secrets: tuple[Path, Path], log_root: Path, network: str | None = None
+) -> None:
+    """A recipe's runtime image built by sparkforge's own pipeline under a test tag, unverified (the tests run it)."""
+    from sparkforge.build.pipeline import build
+    from sparkforge.build.stage import BuildOptions
+    from sparkforge.recipe.loader import load_recipe
+
+    ca, token = secrets
+    options = BuildOptions(
+        platform="linux/amd64",
+        base_image=base,
+        ca_bundle=ca,
+        secrets=(f"id=hf_token,src={token}",),
+        tags=(tag,),
+        verify=False,
+        gpus="none",
+        preflight=False,
+        network=network,
+        log_root=log_root,
+    )
+    build(load_recipe(recipe), options)
+
+
 @pytest.fixture(scope="session")
 def vllm_image(
     base_amd64: str, canary_secrets: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> str:
     """The CI recipe's real vLLM 0.33.0 image (a cached rebuild when another test built it), under a test tag."""
-    from sparkforge.build.pipeline import build
-    from sparkforge.build.stage import BuildOptions
-    from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+    from sparkforge.recipe.loader import REPO_ROOT
 
-    ca, token = canary_secrets
-    options = BuildOptions(
-        platform="linux/amd64",
-        base_image=base_amd64,
-        ca_bundle=ca,
-        secrets=(f"id=hf_token,src={token}",),
-        tags=(VLLM_REF,),
-        verify=False,
-        gpus="none",
-        preflight=False,
-        log_root=tmp_path_factory.mktemp("run-build") / "logs",
-    )
+    recipe = str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")
+    log_root = tmp_path_factory.mktemp("run-build") / "logs"
     start = time.monotonic()
-    build(load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")), options)
+    build_test_image(recipe, VLLM_REF, base_amd64, canary_secrets, log_root)
     TIMINGS["image_build_s"] = time.monotonic() - start
     yield VLLM_REF
     sh(DOCKER, "rmi", VLLM_REF, check=False)  # the tag only: the layers stay with the recipe's candidate

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cluster import DOCKER, sh
+from cluster_fixtures import build_test_image
 
 from sparkforge.recipe.loader import REPO_ROOT
 
@@ -29,25 +30,10 @@ def cpu_twin(
     base_amd64: str, canary_secrets: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> str:
     """The CPU twin image, built by sparkforge's own pipeline (a cached rebuild when it exists)."""
-    from sparkforge.build.pipeline import build
-    from sparkforge.build.stage import BuildOptions
-    from sparkforge.recipe.loader import load_recipe
-
-    ca, token = canary_secrets
-    options = BuildOptions(
-        platform="linux/amd64",
-        base_image=base_amd64,
-        ca_bundle=ca,
-        secrets=(f"id=hf_token,src={token}",),
-        tags=(TWIN_REF,),
-        verify=False,
-        gpus="none",
-        preflight=False,
-        network="host",  # as `invoke build --network host`: RUN steps need no bridge
-        log_root=tmp_path_factory.mktemp("twin-build") / "logs",
-    )
+    log_root = tmp_path_factory.mktemp("twin-build") / "logs"
     start = time.monotonic()
-    build(load_recipe(TWIN_RECIPE), options)
+    # --network host, as `invoke build --network host`: RUN steps need no bridge
+    build_test_image(TWIN_RECIPE, TWIN_REF, base_amd64, canary_secrets, log_root, network="host")
     REAL_TIMINGS["twin_build_s"] = round(time.monotonic() - start, 1)
     yield TWIN_REF
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
