@@ -68,8 +68,13 @@ def for_build(recipe: Recipe, bases: Bases, *, dry: bool = False) -> Epoch:
     """The epoch of one build of `recipe` on `bases` (a source build has two base images; --dry reads none)."""
     if dry and not os.environ.get(ENV):
         return Epoch(0, "--dry: base images not read")
+    return source_date_epoch(epoch_bases(recipe, bases))
+
+
+def epoch_bases(recipe: Recipe, bases: Bases) -> list[str]:
+    """The base images whose newest `created` is the epoch: a source build's two stages, else the runtime's."""
     git = recipe.model.components.vllm.source == "git"
-    return source_date_epoch([bases.builder, bases.runtime] if git else [bases.runtime])
+    return [bases.builder, bases.runtime] if git else [bases.runtime]
 
 
 def _engine_created(ref: str) -> str:

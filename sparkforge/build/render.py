@@ -83,9 +83,11 @@ class Context:
         return self.path / "Dockerfile"
 
 
-def _build_script(recipe: Recipe) -> str:
-    """build.sh: the same argv `invoke build` runs (buildkit.build_command), for buildx and for built-in BuildKit."""
-    from sparkforge.build.buildkit import BuildRequest, build_command
+def _build_script(recipe: Recipe, bases: plan.Bases) -> str:
+    """build.sh: the same argv `invoke build` runs (buildkit.build_command), for buildx and for built-in BuildKit,
+    with the same SOURCE_DATE_EPOCH (epoch.py: the newest `created` of the pinned base images, or the caller's)."""
+    from sparkforge.build.buildkit import SOURCE_DATE_EPOCH, BuildRequest, build_command
+    from sparkforge.build.epoch import epoch_bases
     from sparkforge.engine import Engine
 
     platform = recipe.model.platforms[0]
@@ -94,28 +96,56 @@ def _build_script(recipe: Recipe) -> str:
         platform=platform,
         target="runtime",
         tags=(plan.candidate_tag(recipe, platform),),
-        build_args={"SPARKFORGE_CREATED": _CREATED},
+        build_args={
+            "SPARKFORGE_CREATED": _CREATED,
+            "SPARKFORGE_REVISION": _REVISION,
+            SOURCE_DATE_EPOCH: _EPOCH,
+        },
     )
+    tarball = f"../.{recipe.name}-runtime.image.tar"  # beside the context, never inside it
 
     def line(engine: Engine) -> str:
         command = build_command(engine, request)
-        argv = shlex.join(command.argv[:-1]).replace(
-            f"SPARKFORGE_CREATED={_CREATED}", '"SPARKFORGE_CREATED=$created"'
+        argv = (
+            shlex.join(command.argv[:-1])
+            .replace(f"SPARKFORGE_CREATED={_CREATED}", '"SPARKFORGE_CREATED=$created"')
+            .replace(f"{SOURCE_DATE_EPOCH}={_EPOCH}", f'"{SOURCE_DATE_EPOCH}=${SOURCE_DATE_EPOCH}"')
+            .replace(f"SPARKFORGE_REVISION={_REVISION}", '"SPARKFORGE_REVISION=$revision"')
+            .replace(str(request.image_tar), tarball)
         )
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(command.env.items()))
         return f'{env + " " if env else ""}{argv} "$@" {shlex.quote(command.argv[-1])}'
 
+    refs = " ".join(shlex.quote(ref) for ref in epoch_bases(recipe, bases))
     lines = [
         "#!/usr/bin/env bash",
         f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory: the argv",
         "# `invoke build` runs (sparkforge.build.buildkit.build_command). Extra options (e.g. --secret",
-        "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it.",
+        "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it. SOURCE_DATE_EPOCH (set it to replay one",
+        "# image's `dev.sparkforge.source-date-epoch` label) defaults to the newest `created` of the pinned bases.",
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
-        "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+        f'if [[ -z "${{{SOURCE_DATE_EPOCH}:-}}" ]]; then',
+        f"  {SOURCE_DATE_EPOCH}=0",
+        f"  for ref in {refs}; do",
+        '    docker image inspect "$ref" >/dev/null 2>&1 || docker pull "$ref"',
+        '    seconds=$(date -u -d "$(docker image inspect --format \'{{.Created}}\' "$ref")" +%s)',
+        f"    if ((seconds > {SOURCE_DATE_EPOCH})); then {SOURCE_DATE_EPOCH}=$seconds; fi",
+        "  done",
+        "fi",
+        f'created=$(date -u -d "@${SOURCE_DATE_EPOCH}" +%Y-%m-%dT%H:%M:%SZ)',
+        "revision=${SPARKFORGE_REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}",
         "if docker buildx version >/dev/null 2>&1; then",
-        "  " + line(Engine("docker", "buildx", "")),
+        "  # BuildKit 0.13 rewrites every layer's file times to the epoch; the docker driver's own exporter cannot",
+        "  # (it unpacks), so there the image is written as a tarball and loaded.",
+        "  if docker buildx inspect 2>/dev/null | grep -Eq '^Driver: +docker$'; then",
+        "    " + line(Engine("docker", "buildx", "", "docker")),
+        f"    docker load --input {tarball} && rm -f {tarball}",
+        "  else",
+        "    " + line(Engine("docker", "buildx", "", "docker-container")),
+        "  fi",
         "else",
+        "  # The engine's built-in BuildKit: the config's times follow the epoch, layer file times do not.",
         "  " + line(Engine("docker", "buildkit", "")),
         "fi",
     ]
@@ -123,6 +153,8 @@ def _build_script(recipe: Recipe) -> str:
 
 
 _CREATED = "@CREATED@"
+_EPOCH = "@EPOCH@"
+_REVISION = "@REVISION@"
 
 
 def _copy_tree(source: Path, dest: Path) -> None:
@@ -155,7 +187,7 @@ def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None
     (root / "constraints.txt").write_text(plan.constraints(recipe))
     (root / "lock.json").write_text(json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n")
     script = root / "build.sh"
-    script.write_text(_build_script(recipe))
+    script.write_text(_build_script(recipe, bases or plan.bases(recipe)))
     script.chmod(0o755)
 
 

@@ -98,6 +98,33 @@ def test_two_builds_without_cache_are_identical(built, tmp_path):
     assert "sparkforge-rebuild/" not in docker("images", "--format", "{{.Repository}}").stdout
 
 
+def test_build_sh_replays_the_same_image(built, tmp_path):
+    """The rendered build.sh (what a user replays without sparkforge) gives `invoke build`'s image ID: the same
+    SOURCE_DATE_EPOCH from the pinned base, the same argv, the same timestamp rewrite."""
+    from sparkforge.build.render import render_context
+
+    recipe, image = built("replay-sh")
+    expected = json.loads(docker("image", "inspect", image).stdout)[0]["Id"]
+    base = hostsetup.base_image_name(PLATFORM)
+    loaded = load_recipe(recipe)
+    context = render_context(
+        loaded, tmp_path / "contexts", bases=plan.bases(loaded, {"builder": base, "runtime": base})
+    )
+    replay = "sparkforge-test/replay-sh:base"
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    env = {**buildx_env(), "SPARKFORGE_REVISION": head.stdout.strip() or "unknown"}
+    env.pop("SOURCE_DATE_EPOCH", None)
+    ca = os.environ.get("SPARKFORGE_CA_BUNDLE")
+    extra = ["--secret", f"id=ca,src={ca}"] if ca else []
+    argv = ["bash", str(context.path / "build.sh"), "--target", "base", "--no-cache", "--tag", replay, *extra]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert json.loads(docker("image", "inspect", replay).stdout)[0]["Id"] == expected
+    finally:
+        docker("image", "rm", "--force", replay, plan.candidate_tag(loaded, PLATFORM), check=False)
+
+
 def test_rebuild_names_a_planted_time_file(built, tmp_path):
     templates = tmp_path / "dockerfiles"
     shutil.copytree(REPO_ROOT / "dockerfiles", templates)

@@ -233,10 +233,24 @@ def test_build_script_is_the_engine_argv(tmp_path: Path) -> None:
         platform="linux/arm64",
         target="runtime",
         tags=(plan.candidate_tag(recipe, "linux/arm64"),),
-        build_args={"SPARKFORGE_CREATED": "X"},
+        build_args={"SPARKFORGE_CREATED": "X", "SPARKFORGE_REVISION": "R", "SOURCE_DATE_EPOCH": "E"},
     )
-    for engine in (Engine("docker", "buildx", ""), Engine("docker", "buildkit", "")):
-        argv = shlex.join(build_command(engine, request).argv[:-1])
-        assert argv.replace("SPARKFORGE_CREATED=X", '"SPARKFORGE_CREATED=$created"') in script
+    engines = (
+        Engine("docker", "buildx", "", "docker"),
+        Engine("docker", "buildx", "", "docker-container"),
+        Engine("docker", "buildkit", ""),
+    )
+    for engine in engines:
+        argv = (
+            shlex.join(build_command(engine, request).argv[:-1])
+            .replace("SPARKFORGE_CREATED=X", '"SPARKFORGE_CREATED=$created"')
+            .replace("SPARKFORGE_REVISION=R", '"SPARKFORGE_REVISION=$revision"')
+            .replace("SOURCE_DATE_EPOCH=E", '"SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"')
+            .replace(str(request.image_tar), "../.vllm-qwen35-wheels-runtime.image.tar")
+        )
+        assert argv in script
+    # The epoch is the pinned runtime base's `created` (a wheels recipe has no builder stage), never the clock.
+    assert f"for ref in {recipe.model.images.runtime}; do" in script and "$(date -u +" not in script
+    assert "rewrite-timestamp=true" in script and "docker load --input ../.vllm-qwen35-wheels" in script
     proc = subprocess.run(["bash", "-n", str(tmp_path / recipe.name / "build.sh")], capture_output=True)
     assert proc.returncode == 0, proc.stderr
