@@ -2,7 +2,8 @@
 
 The contract tests describe operands as the ops see them (shape, strides in elements, dtype): exactly what
 `TensorSpec.of` reads off a tensor. The planting tests use real CPU tensors and are skipped where torch is
-not installed.
+not installed (the CI host): tests/engine/test_fp8_contract_twin.py runs this whole module inside the CPU twin
+image, which has torch, so they run in CI all the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
 import checks_fp8
 import fp8_faults
 from fp8_contract import WRONG, TensorSpec, describe, quant_problems, scaled_mm_problems
+
+NO_TORCH = (
+    "torch is not installed here; tests/engine/test_fp8_contract_twin.py runs these in the CPU twin image"
+)
 
 FP8, F32 = "float8_e4m3fn", "float32"
 
@@ -158,7 +163,7 @@ def test_an_unknown_fault_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def _cpu_operands(blockwise: bool) -> tuple[Any, dict[str, Any]]:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     m, n, k = 16, 256, 512
     a = checks_fp8.to_fp8(torch.randn((m, k)))
     b = checks_fp8.to_fp8(torch.randn((n, k))).t()
@@ -214,7 +219,7 @@ def test_nan_input_poisons_one_element_of_the_ops_copy() -> None:
 
 
 def test_the_comparison_fails_a_2x_result_even_where_upstreams_tolerance_would_not() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     ref = torch.randn((64, 64)) / 10  # |ref| < 0.3 almost everywhere: allclose(rtol=.5, atol=.15) passes 2x
     ok, details = checks_fp8.compare(2 * ref, ref)
     assert details["mismatched"] < details["numel"] // 10  # upstream's tolerance alone lets >90% through
