@@ -66,7 +66,7 @@ def from_tarball(archive: Path) -> dict[str, object]:
         "id": saved.config_digest,
         "created": saved.config.get("created"),
         "diff_ids": list(saved.diff_ids),
-        "tarball": str(archive),
+        "tarball": archive.name,
     }
 
 
