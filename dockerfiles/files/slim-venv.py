@@ -10,13 +10,18 @@ and ship it twice. Every rule keeps what runs on the target: verify's kernel aud
   - identical files at several paths, hard-linked (one copy in the layer), or linked to a lower layer's copy;
   - with --toolkit: the link-time layout nvcc-driven JITs expect (lib64, libcudart.so, a libcuda stub);
   - with --strip: local symbols and debug sections of shared libraries (the dynamic symbols, which loading,
-    dlsym and in-process backtraces use, stay), as Debian's packages do.
+    dlsym and in-process backtraces use, stay), as Debian's packages do; the RECORD line of each stripped file
+    gets its new hash and size, so the record keeps no hash of the bytes strip removed (nvcc's local file symbol
+    `tmpxft_<pid>_...`, different in every compile, among them: benchmarks/repro.md section 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import csv
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -186,7 +191,9 @@ def loadable(path: Path) -> bool:
     return True
 
 
-def strip(root: Path, since: float, log: dict[str, int]) -> None:
+def strip(root: Path, since: float, log: dict[str, int]) -> list[Path]:
+    """Strips the step's shared libraries; returns those it rewrote."""
+    stripped: list[Path] = []
     tool = shutil.which("strip")
     if tool is None:
         sys.exit(
@@ -209,7 +216,41 @@ def strip(root: Path, since: float, log: dict[str, int]) -> None:
             log["libraries left unstripped (strip would break them)"] += before
             continue
         backup.unlink()
+        stripped.append(path)
         log["symbols and debug info"] += before - path.stat().st_size
+    return stripped
+
+
+def record_line(name: str, data: bytes) -> str:
+    """A RECORD row as pip writes it: path, sha256=<urlsafe base64 without padding>, size."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow([name, f"sha256={digest}", len(data)])
+    return out.getvalue()
+
+
+def refresh_records(root: Path, rewritten: list[Path]) -> int:
+    """The RECORD lines of files this step rewrote get their new hash and size; every other byte stays."""
+    wanted = {path.resolve() for path in rewritten}
+    refreshed = 0
+    if not wanted:
+        return refreshed
+    for record in sorted(root.glob("*.dist-info/RECORD")):
+        lines = record.read_bytes().decode("utf-8").splitlines(keepends=True)  # "\r\n" kept as pip wrote it
+        out, touched = [], 0
+        for line in lines:
+            body = line.rstrip("\r\n")
+            row = next(csv.reader([body]), [])
+            target = (root / row[0]).resolve() if row and row[0] else None
+            if target in wanted:
+                out.append(record_line(row[0], target.read_bytes()) + line[len(body) :])
+                touched += 1
+            else:
+                out.append(line)
+        if touched:
+            record.write_bytes("".join(out).encode("utf-8"))
+            refreshed += touched
+    return refreshed
 
 
 def main() -> int:
@@ -228,7 +269,9 @@ def main() -> int:
         toolkit_layout(args.toolkit, log)
     link_cupti(args.site, since, log)
     if args.strip:
-        strip(args.site, since, log)  # before dedupe: strip rewrites a file, which would split a hard link
+        # before dedupe: strip rewrites a file, which would split a hard link
+        refreshed = refresh_records(args.site, strip(args.site, since, log))
+        print(f"slim-venv: RECORD lines refreshed for stripped libraries: {refreshed}")
     dedupe(args.site, since, log)
     for why, size in sorted(log.items()):
         print(f"slim-venv: {why}: {size / 1e6:.1f} MB")

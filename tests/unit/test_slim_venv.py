@@ -116,3 +116,54 @@ def test_strip_keeps_libraries_loadable_and_refuses_a_broken_layout(tmp_path: Pa
     broken = tmp_path / "broken.so"
     broken.write_bytes(bytes(data))
     assert not slim.loadable(broken)
+
+
+def test_strip_refreshes_record_and_makes_two_compiles_identical(tmp_path: Path) -> None:
+    """Two compiles whose sources differ only in their file name (as nvcc's `tmpxft_<pid>_...` temp files do):
+    after --strip the libraries and their dists' RECORDs are byte-identical, and RECORD matches the files."""
+    import base64
+    import hashlib
+    import shutil
+
+    import pytest
+
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None or shutil.which("strip") is None:
+        pytest.skip("gcc and binutils' strip are needed to make and strip a real library")
+    code = "static int hidden(void) { return 42; }\nint answer(void) { return hidden(); }\n"
+    other = b"print('kept')\n"
+    sites = []
+    for run in (1, 2):
+        site = tmp_path / f"site{run}"
+        stamp = tmp_path / f"began{run}"
+        stamp.touch()
+        time.sleep(0.05)
+        source = _write(tmp_path, f"tmp{run}/tmpxft_0000{run}_answer.c", code.encode())
+        library = site / "pkg" / "libanswer.so"
+        library.parent.mkdir(parents=True)
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", str(source), "-o", str(library)], check=True)
+        _write(site, "pkg/kept.py", other)
+        record = (
+            "".join(
+                f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\r\n"
+                for name, data in (("pkg/kept.py", other), ("pkg/libanswer.so", library.read_bytes()))
+            )
+            + "pkg-1.0.dist-info/RECORD,,\r\n"
+        )
+        _write(site, "pkg-1.0.dist-info/RECORD", record.encode())
+        subprocess.run(
+            [sys.executable, str(SCRIPT), "--site", str(site), "--since", str(stamp), "--cuda", "13.0", "--strip"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        sites.append(site)
+    first, second = sites
+    before = (tmp_path / "tmp1" / "tmpxft_00001_answer.c").name
+    assert before.encode() not in (first / "pkg" / "libanswer.so").read_bytes()  # the temp name is gone
+    assert (first / "pkg" / "libanswer.so").read_bytes() == (second / "pkg" / "libanswer.so").read_bytes()
+    records = [(s / "pkg-1.0.dist-info" / "RECORD").read_bytes() for s in sites]
+    assert records[0] == records[1]
+    lines = records[0].decode().split("\r\n")
+    data = (first / "pkg" / "libanswer.so").read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert lines[1] == f"pkg/libanswer.so,sha256={digest},{len(data)}"  # the stripped bytes, pip's form
+    assert lines[0].startswith("pkg/kept.py,sha256=") and lines[2] == "pkg-1.0.dist-info/RECORD,,"
