@@ -70,9 +70,11 @@ def from_tarball(archive: Path) -> dict[str, object]:
     }
 
 
-def prune() -> float:
-    seconds, _ = run(["/usr/bin/docker", "builder", "prune", "--all", "--force"])
-    return round(seconds, 1)
+def prune() -> dict[str, object]:
+    """Clears BuildKit's whole cache; how long it took and what the engine says it reclaimed."""
+    seconds, out = run(["/usr/bin/docker", "builder", "prune", "--all", "--force"])
+    reclaimed = [line.split(":", 1)[1].strip() for line in out.splitlines() if "reclaimed space" in line]
+    return {"prune_s": round(seconds, 1), "prune_reclaimed": reclaimed[-1] if reclaimed else None}
 
 
 def build(request: BuildRequest, engine: Engine, keep_in: Path | None = None) -> dict[str, object]:
@@ -143,7 +145,7 @@ def main() -> None:
     keep_in = Path(tempfile.mkdtemp(prefix="repro-bench-", dir=REPO / "build")) if args.no_load else None
     runs = []
     for tag in ("a", "b"):
-        pruned = {"prune_s": prune()} if args.prune else {}
+        pruned = prune() if args.prune else {}
         runs.append({**pruned, **build(dataclasses.replace(base, tags=(f"{name}:{tag}",)), engine, keep_in)})
     first, second = runs
     results["reproducible"] = runs
