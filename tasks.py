@@ -49,7 +49,7 @@ def show(c: Context, recipe: str) -> None:
 @user_errors
 def render(c: Context, recipe: str, out: str = "") -> None:
     """Write the build context build/<recipe>/ (Dockerfile, patches, image tests, lock, build.sh)."""
-    from sparkforge.build.render import render_context
+    from sparkforge.imagebuild.render import render_context
     from sparkforge.recipe.loader import load_recipe
 
     context = render_context(load_recipe(recipe), Path(out) if out else None)
@@ -142,8 +142,8 @@ def build(
     dry: bool = False,
 ) -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
-    from sparkforge.build.pipeline import build as run_build
-    from sparkforge.build.stage import BuildOptions, parse_sources
+    from sparkforge.imagebuild.pipeline import build as run_build
+    from sparkforge.imagebuild.stage import BuildOptions, parse_sources
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.plan import check_reference
     from sparkforge.verify.suite import gpu_mode
@@ -277,7 +277,7 @@ def lock(c: Context, recipe: str, check: bool = False, strict: bool = False, wri
 @user_errors
 def lint(c: Context) -> None:
     """ruff on the code, hadolint on every recipe's rendered Dockerfile."""
-    from sparkforge.build.lint import run_lint
+    from sparkforge.imagebuild.lint import run_lint
 
     run_lint(echo)
 
@@ -307,9 +307,9 @@ def test(c: Context, slow: bool = False, k: str = "") -> None:
 @user_errors
 def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = False) -> None:
     """Make a working Docker engine: install from the distribution if missing, start it, wait for it."""
-    from sparkforge.build.hostsetup import buildx_up
-    from sparkforge.build.hostsetup import engine_up as up
     from sparkforge.commands import Runner
+    from sparkforge.imagebuild.hostsetup import buildx_up
+    from sparkforge.imagebuild.hostsetup import engine_up as up
 
     runner = Runner(dry=dry)
     for step in [*up(runner, qemu=qemu), *(buildx_up(runner) if buildx else [])]:
@@ -323,8 +323,8 @@ def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = 
 @user_errors
 def engine_bases(c: Context, platform: list[str] | None = None, force: bool = False) -> None:
     """Offline stand-in bases from Debian (debootstrap) for machines that cannot pull the recipe's bases."""
-    from sparkforge.build.hostsetup import build_base
     from sparkforge.commands import Runner
+    from sparkforge.imagebuild.hostsetup import build_base
 
     for plat in platform or ["linux/amd64", "linux/arm64"]:
         echo(str(build_base(Runner(stream=False), plat, force=force).done))

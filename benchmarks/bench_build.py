@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from sparkforge import engine
-from sparkforge.build.buildkit import BuildRequest, build_command
-from sparkforge.build.hostsetup import base_image_name
-from sparkforge.build.render import render_context
 from sparkforge.commands import Runner
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command
+from sparkforge.imagebuild.hostsetup import base_image_name
+from sparkforge.imagebuild.render import render_context
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify.suite import verify_image

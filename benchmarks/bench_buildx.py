@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "engine")]
 from buildx_fixtures import Workspace, build_base_stage, docker  # noqa: E402
 from registry import local_registry  # noqa: E402
 
-from sparkforge.build import hostsetup  # noqa: E402
+from sparkforge.imagebuild import hostsetup  # noqa: E402
 from sparkforge.recipe import plan  # noqa: E402
 from sparkforge.recipe.loader import load_recipe  # noqa: E402
 from tests.recipe_files import smoke_recipe_file  # noqa: E402

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from sparkforge.build.probe import ProbeOptions, run_probe
+from sparkforge.imagebuild.probe import ProbeOptions, run_probe
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe

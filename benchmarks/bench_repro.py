@@ -3,11 +3,11 @@
 Usage: python benchmarks/bench_repro.py --recipe tests/recipes/ci-wheels-amd64.yaml --network host \
          --base-image sparkforge-base/debian-bookworm:amd64 > benchmarks/results/repro_ci-wheels-amd64.json
 Runs against the buildx engine ('invoke engine.up --buildx'; BuildKit 0.13 through Docker 26's docker driver).
-The argv is `invoke build`'s own (sparkforge.build.buildkit.build_command): 'normal' is the same request without
+The argv is `invoke build`'s own (sparkforge.imagebuild.buildkit.build_command): 'normal' is the same request without
 the timestamp rewrite (the engine's exporter, --load), 'reproducible' is what `invoke build` runs (a tarball
 with rewrite-timestamp=true, then `docker load`). Every build has --no-cache (BuildKit's cache mounts, e.g. pip's
 download cache, stay: they never reach a layer). Digests of the two reproducible builds are compared; where they
-differ, both images are saved and compared file by file (sparkforge.build.layerdiff). Images are removed after.
+differ, both images are saved and compared file by file (sparkforge.imagebuild.layerdiff). Images are removed after.
 --prune clears BuildKit's whole cache (cache mounts included) before each build; --no-load keeps each reproducible
 build's tarball (the `docker save` format the exporter writes) instead of loading it, and reads digests and files
 from the tarballs: half the disk for a ~10 GB image (no loaded copy, no second save).
@@ -28,11 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from sparkforge.build import epoch, hostsetup, layerdiff  # noqa: E402
-from sparkforge.build.buildkit import BuildRequest, build_command, load_command  # noqa: E402
-from sparkforge.build.render import render_context  # noqa: E402
-from sparkforge.build.stage import parse_base_image  # noqa: E402
 from sparkforge.engine import Engine  # noqa: E402
+from sparkforge.imagebuild import epoch, hostsetup, layerdiff  # noqa: E402
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command  # noqa: E402
+from sparkforge.imagebuild.render import render_context  # noqa: E402
+from sparkforge.imagebuild.stage import parse_base_image  # noqa: E402
 from sparkforge.recipe import plan  # noqa: E402
 from sparkforge.recipe.loader import load_recipe  # noqa: E402
 

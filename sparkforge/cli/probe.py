@@ -37,8 +37,8 @@ def probe(
     no_cache: bool = False,
 ) -> None:
     """Compile probe: vLLM's own configure on the patched source, the recipe's probe units compiled, audited."""
-    from sparkforge.build.probe import ProbeOptions, run_probe
-    from sparkforge.build.stage import parse_sources
+    from sparkforge.imagebuild.probe import ProbeOptions, run_probe
+    from sparkforge.imagebuild.stage import parse_sources
     from sparkforge.recipe.loader import load_recipe
 
     options = ProbeOptions(

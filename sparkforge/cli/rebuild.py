@@ -31,7 +31,7 @@ def rebuild(
     json: str = "",
 ) -> None:
     """Rebuild IMAGE (local or a registry reference) from its labels, lock and provenance; name what differs."""
-    from sparkforge.build.rebuild import RebuildOptions, difference_lines, rebuild_check
+    from sparkforge.imagebuild.rebuild import RebuildOptions, difference_lines, rebuild_check
 
     if not check:
         raise Exit("sparkforge: rebuild needs --check IMAGE (a local image or a registry reference)", code=2)

@@ -96,8 +96,8 @@ def install(c: Context, workdir: str = "") -> None:
     """Install cosign from Debian trixie's archive (the .deb only; the system is not upgraded). Idempotent."""
     import shutil
 
-    from sparkforge.build.hostsetup import debian_mirror
     from sparkforge.commands import Runner
+    from sparkforge.imagebuild.hostsetup import debian_mirror
     from sparkforge.recipe.loader import REPO_ROOT
     from sparkforge.registry.cosign import install_cosign
 

@@ -22,7 +22,7 @@ import pytest
 from registry import LocalRegistry, local_registry, unavailable_reason
 from workflow import WorkflowLine, line
 
-from sparkforge.build import hostsetup
+from sparkforge.imagebuild import hostsetup
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.registry.matrix import ci_matrix

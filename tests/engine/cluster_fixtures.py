@@ -25,8 +25,8 @@ def build_test_image(
     recipe: str, tag: str, base: str, secrets: tuple[Path, Path], log_root: Path, network: str | None = None
 ) -> None:
     """A recipe's runtime image built by sparkforge's own pipeline under a test tag, unverified (the tests run it)."""
-    from sparkforge.build.pipeline import build
-    from sparkforge.build.stage import BuildOptions
+    from sparkforge.imagebuild.pipeline import build
+    from sparkforge.imagebuild.stage import BuildOptions
     from sparkforge.recipe.loader import load_recipe
 
     ca, token = secrets

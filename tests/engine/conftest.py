@@ -24,9 +24,9 @@ from publish_fixtures import published, smoke, smoke_registry  # noqa: F401
 from signing_fixtures import signed  # noqa: F401
 
 from sparkforge import engine
-from sparkforge.build.hostsetup import base_image_name
-from sparkforge.build.pipeline import build
-from sparkforge.build.stage import BuildOptions
+from sparkforge.imagebuild.hostsetup import base_image_name
+from sparkforge.imagebuild.pipeline import build
+from sparkforge.imagebuild.stage import BuildOptions
 from sparkforge.recipe.loader import Recipe
 from tests.prerequisites import skip_or_fail
 

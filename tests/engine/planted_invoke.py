@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))
 
 from invoke.main import program  # noqa: E402
 
-from sparkforge.build import render  # noqa: E402
+from sparkforge.imagebuild import render  # noqa: E402
 
 if __name__ == "__main__":
     render.TEMPLATES_DIR = Path(sys.argv[1])

@@ -14,7 +14,7 @@ import pytest
 from buildx_fixtures import PLATFORMS, Published, Workspace, docker
 from workflow import WorkflowLine, line
 
-from sparkforge.build import hostsetup
+from sparkforge.imagebuild import hostsetup
 from sparkforge.recipe import plan
 
 pytestmark = [pytest.mark.engine]

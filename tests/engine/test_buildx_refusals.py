@@ -15,7 +15,7 @@ import pytest
 from buildx_fixtures import TEST_IMAGES, Published, Workspace, build_base_stage, docker
 from workflow import line
 
-from sparkforge.build import hostsetup
+from sparkforge.imagebuild import hostsetup
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import load_recipe
 from tests.recipe_files import smoke_recipe_file

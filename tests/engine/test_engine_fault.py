@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from sparkforge import engine
-from sparkforge.build.buildkit import BuildRequest, build_command
-from sparkforge.build.stage import _failure
 from sparkforge.commands import Command, Runner, engine_lost
 from sparkforge.errors import CommandError, RunError
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command
+from sparkforge.imagebuild.stage import _failure
 from sparkforge.run.nodes import NodeEngine, parse_node
 from tests.prerequisites import skip_or_fail
 

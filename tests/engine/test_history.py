@@ -12,8 +12,8 @@ import pytest
 from history_fixtures import GB10, Releases, gpu_record
 
 from sparkforge import engine
-from sparkforge.build.hostsetup import base_image_name
 from sparkforge.errors import PublishError
+from sparkforge.imagebuild.hostsetup import base_image_name
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry import history, rollback
 from sparkforge.registry import pull as pulling

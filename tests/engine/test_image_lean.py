@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge import engine
-from sparkforge.build.pipeline import build
-from sparkforge.build.stage import BuildOptions
+from sparkforge.imagebuild.pipeline import build
+from sparkforge.imagebuild.stage import BuildOptions
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import imagefs
 from sparkforge.verify.size import size_report

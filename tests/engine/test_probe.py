@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.probe import ProbeOptions, ProbeResult, judge, run_probe
+from sparkforge.imagebuild.probe import ProbeOptions, ProbeResult, judge, run_probe
 from sparkforge.probe.units import ProbeError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Report
@@ -64,8 +64,8 @@ def test_a_plan_that_disagrees_with_the_configure_fails_the_probe(
 ) -> None:
     # Break one side on purpose: judge the real configure (patched source) against the plan of the unpatched
     # recipe (cmake -P on vLLM's own CMakeLists.txt without the patch).
-    from sparkforge.build.probe import _upstream
     from sparkforge.commands import Runner
+    from sparkforge.imagebuild.probe import _upstream
 
     unpatched = load_recipe(str(RECIPES / "ci-probe-unpatched.yaml"))
     scratch = Report(command="probe", subject="unpatched plan")

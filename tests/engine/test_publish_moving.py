@@ -141,8 +141,8 @@ def test_promote_checks_the_labels_of_the_index_it_moves_to(
     from buildx_fixtures import buildx_env
     from registry import unavailable_reason  # noqa: F401 - the registry is the smoke one
 
-    from sparkforge.build import hostsetup
     from sparkforge.engine import Engine
+    from sparkforge.imagebuild import hostsetup
     from tests.recipe_files import smoke_recipe_file
 
     env = buildx_env()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from buildx_fixtures import buildx_env, docker
 
-from sparkforge.build import hostsetup
+from sparkforge.imagebuild import hostsetup
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from tests.prerequisites import skip_or_fail
@@ -101,7 +101,7 @@ def test_two_builds_without_cache_are_identical(built, tmp_path):
 def test_build_sh_replays_the_same_image(built, tmp_path):
     """The rendered build.sh (what a user replays without sparkforge) gives `invoke build`'s image ID: the same
     SOURCE_DATE_EPOCH from the pinned base, the same argv, the same timestamp rewrite."""
-    from sparkforge.build.render import render_context
+    from sparkforge.imagebuild.render import render_context
 
     recipe, image = built("replay-sh")
     expected = json.loads(docker("image", "inspect", image).stdout)[0]["Id"]

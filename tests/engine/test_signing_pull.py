@@ -12,7 +12,7 @@ import pytest
 from signing_fixtures import PLATFORMS, Signed, pull_signed, verify_report
 
 from sparkforge import engine
-from sparkforge.build.hostsetup import base_image_name
+from sparkforge.imagebuild.hostsetup import base_image_name
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry.trust import attestation_check

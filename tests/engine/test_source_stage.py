@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sparkforge import engine
-from sparkforge.build.pipeline import build
-from sparkforge.build.stage import BuildOptions
 from sparkforge.errors import EngineError
+from sparkforge.imagebuild.pipeline import build
+from sparkforge.imagebuild.stage import BuildOptions
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from tests.recipe_files import write_recipe_file
 

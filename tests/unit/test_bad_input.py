@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.pipeline import build
-from sparkforge.build.stage import BuildOptions
 from sparkforge.commands import Runner
 from sparkforge.errors import RecipeError, SparkforgeError, VerifyError
+from sparkforge.imagebuild.pipeline import build
+from sparkforge.imagebuild.stage import BuildOptions
 from sparkforge.preflight.patches import check_patches, escaping_paths, prepare_scratch
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Check

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.buildkit import BuildRequest, build_command
 from sparkforge.engine import Engine
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command
 from sparkforge.recipe.loader import REPO_ROOT
 from tests.engine.workflow import IMAGES_YML, invoke_lines, line
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.buildkit import BuildRequest, build_command
-from sparkforge.build.pipeline import build
-from sparkforge.build.stage import BuildOptions, parse_base_image, parse_sources, secret_args
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, SparkforgeError
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command
+from sparkforge.imagebuild.pipeline import build
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, secret_args
 from sparkforge.recipe.loader import load_recipe
 
 BUILDX = Engine("docker", "buildx", "28.2.2")

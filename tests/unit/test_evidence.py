@@ -164,9 +164,9 @@ def test_a_record_is_judged_again_never_by_its_stored_verdict(tmp_path: Path) ->
 
 def test_build_rule_is_the_one_rule() -> None:
     # build.py's old rule called any passing fp8.* check GPU-verified; there is no second rule any more.
-    import sparkforge.build as build
+    import sparkforge.imagebuild as imagebuild
 
-    assert not hasattr(build, "gpu_verified")
+    assert not hasattr(imagebuild, "gpu_verified")
 
 
 # ---- fetch-source: real containment when tarfile has no data filter (Python < 3.11.4) ------------------
@@ -235,8 +235,8 @@ def test_fetch_source_extracts_a_clean_tree_without_the_data_filter(
 
 
 def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> None:
-    from sparkforge.build.stage import link_pushed_digest
     from sparkforge.errors import VerifyError
+    from sparkforge.imagebuild.stage import link_pushed_digest
 
     verified = "sha256:" + "1" * 64
     metadata = tmp_path / "metadata.json"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.render import TEMPLATES_DIR
+from sparkforge.imagebuild.render import TEMPLATES_DIR
 
 SCRIPT = TEMPLATES_DIR / "files" / "fetch-source.py"
 COMMIT = "db9527a46873454610df6dbedf79a36d6bf1a7f6"

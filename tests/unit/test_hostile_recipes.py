@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkforge.build.render import render_context
 from sparkforge.commands import Runner
 from sparkforge.errors import PreflightError, RecipeError
+from sparkforge.imagebuild.render import render_context
 from sparkforge.preflight.lock import lock_recipe
 from sparkforge.preflight.patches import check_patches
 from sparkforge.recipe import plan

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from sparkforge import cli, console
-from sparkforge.build import pipeline, stage
-from sparkforge.build.lint import run_lint
-from sparkforge.build.probe import run_probe
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
+from sparkforge.imagebuild import pipeline, stage
+from sparkforge.imagebuild.lint import run_lint
+from sparkforge.imagebuild.probe import run_probe
 from sparkforge.registry import publish, pull
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Check, Report, load_report, print_report

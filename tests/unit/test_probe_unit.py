@@ -191,8 +191,8 @@ def test_omitting_externals_keeps_every_vllm_target(sdist_0310, tmp_path):
 
 
 def test_build_runs_the_probe_only_before_compiling_a_source_recipe():
-    from sparkforge.build.pipeline import wants_probe
-    from sparkforge.build.stage import BuildOptions
+    from sparkforge.imagebuild.pipeline import wants_probe
+    from sparkforge.imagebuild.stage import BuildOptions
 
     source, wheels = load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")
     assert wants_probe(source, BuildOptions())

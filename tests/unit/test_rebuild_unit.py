@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build import epoch, layerdiff
-from sparkforge.build.buildkit import BuildRequest, build_command, load_command
-from sparkforge.build.rebuild import RebuildRefused, find_recipe
 from sparkforge.engine import Engine
 from sparkforge.errors import SparkforgeError
+from sparkforge.imagebuild import epoch, layerdiff
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command
+from sparkforge.imagebuild.rebuild import RebuildRefused, find_recipe
 from sparkforge.recipe.loader import load_recipe
 
 ARGS = {"SOURCE_DATE_EPOCH": "1767225600"}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.lint import hadolint_argv
-from sparkforge.build.render import double_quote, render_context, render_dockerfile, shell_quote
 from sparkforge.errors import RecipeError, RenderError
+from sparkforge.imagebuild.lint import hadolint_argv
+from sparkforge.imagebuild.render import double_quote, render_context, render_dockerfile, shell_quote
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, list_recipe_names, load_recipe
 from tests.recipe_files import write_recipe_file
@@ -223,8 +223,8 @@ def test_build_script_is_the_engine_argv(tmp_path: Path) -> None:
     # One build command: build.sh is rendered from buildkit.build_command, not written beside it by hand.
     import shlex
 
-    from sparkforge.build.buildkit import BuildRequest, build_command
     from sparkforge.engine import Engine
+    from sparkforge.imagebuild.buildkit import BuildRequest, build_command
 
     recipe = load_recipe("vllm-qwen35-wheels")
     script = (render_context(recipe, tmp_path).path / "build.sh").read_text()

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkforge"
 # Lowest first: a package may import its own modules, the ground floor (root modules) and lower packages.
-FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "build", "run", "cli"]
+FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "imagebuild", "run", "cli"]
 MAX_ROOT_MODULES = 10
 MAX_LINES = 400
 

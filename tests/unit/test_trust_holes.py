@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sparkforge.build.stage import BuildOptions, check_options, moving_requests
 from sparkforge.errors import PublishError, VerifyError
+from sparkforge.imagebuild.stage import BuildOptions, check_options, moving_requests
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry.cosign import Statement
 from sparkforge.registry.publish import require_gpu_verified

@@ -86,9 +86,9 @@ class Context:
 def _build_script(recipe: Recipe, bases: plan.Bases) -> str:
     """build.sh: the same argv `invoke build` runs (buildkit.build_command), for buildx and for built-in BuildKit,
     with the same SOURCE_DATE_EPOCH (epoch.py: the newest `created` of the pinned base images, or the caller's)."""
-    from sparkforge.build.buildkit import SOURCE_DATE_EPOCH, BuildRequest, build_command
-    from sparkforge.build.epoch import epoch_bases
     from sparkforge.engine import Engine
+    from sparkforge.imagebuild.buildkit import SOURCE_DATE_EPOCH, BuildRequest, build_command
+    from sparkforge.imagebuild.epoch import epoch_bases
 
     platform = recipe.model.platforms[0]
     request = BuildRequest(
@@ -120,7 +120,7 @@ def _build_script(recipe: Recipe, bases: plan.Bases) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# The replayable build of recipe {recipe.name} ({recipe.hash[:12]}) from this directory: the argv",
-        "# `invoke build` runs (sparkforge.build.buildkit.build_command). Extra options (e.g. --secret",
+        "# `invoke build` runs (sparkforge.imagebuild.buildkit.build_command). Extra options (e.g. --secret",
         "# id=ca,src=/etc/ssl/certs/ca-certificates.crt) go after it. SOURCE_DATE_EPOCH (set it to replay one",
         "# image's `dev.sparkforge.source-date-epoch` label) defaults to the newest `created` of the pinned bases.",
         "set -euo pipefail",

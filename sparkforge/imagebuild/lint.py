@@ -8,10 +8,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkforge.build.render import render_context
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
+from sparkforge.imagebuild.render import render_context
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
 
 # Every ignored hadolint rule, with the reason; passed as --ignore.

@@ -14,10 +14,10 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
-from sparkforge.build.stage import BuildOptions, build_stage
 from sparkforge.commands import Runner
 from sparkforge.console import say
 from sparkforge.errors import EngineError, PreflightError
+from sparkforge.imagebuild.stage import BuildOptions, build_stage
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details, require_cmake
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.patches import check_patches

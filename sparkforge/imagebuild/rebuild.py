@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
-from sparkforge.build import epoch, layerdiff
-from sparkforge.build.stage import BuildOptions, build_stage
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import CommandError, EngineError, RecipeError, SparkforgeError
+from sparkforge.imagebuild import epoch, layerdiff
+from sparkforge.imagebuild.stage import BuildOptions, build_stage
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.report import Check, Report

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkforge import engine
-from sparkforge.build import epoch
-from sparkforge.build.buildkit import BuildRequest, build_command, load_command
-from sparkforge.build.render import Context, render_context
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.engine import Engine
 from sparkforge.errors import CommandError, EngineError, SparkforgeError, VerifyError
+from sparkforge.imagebuild import epoch
+from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command
+from sparkforge.imagebuild.render import Context, render_context
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.registry.pushed import read_build_metadata

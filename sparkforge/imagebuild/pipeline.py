@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkforge.build.probe import ProbeOptions, run_probe
-from sparkforge.build.stage import BuildOptions, BuildResult, build_stage, check_options
 from sparkforge.console import say
 from sparkforge.errors import PreflightError
+from sparkforge.imagebuild.probe import ProbeOptions, run_probe
+from sparkforge.imagebuild.stage import BuildOptions, BuildResult, build_stage, check_options
 from sparkforge.preflight.checks import run_preflight
 from sparkforge.probe.units import ProbeError
 from sparkforge.recipe.loader import Recipe
