@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
@@ -19,6 +21,32 @@ from sparkforge.cli.run import (
 )
 
 
+def _gid_index(text: str) -> int | None:
+    """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
+    if not text:
+        return None
+    if not text.isdigit() or int(text) > 255:
+        raise Exit(f"sparkforge: --gid-index {text!r} is not a GID table index 0..255; fix: leave it out (NCCL "
+                   "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists", code=2)  # fmt: skip
+    return int(text)
+
+
+def _floor(text: str) -> float | None:
+    """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 10_000:
+        raise Exit(
+            f"sparkforge: --min-busbw {text!r} is not a bandwidth in GB/s; fix: e.g. 18, or 0 to disable",
+            code=2,
+        )
+    return value
+
+
 def _pick(*keys: str, **extra: str) -> dict[str, str]:
     return {**{k: COMMON_HELP[k] for k in keys}, **extra}
 
@@ -34,7 +62,9 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         json="write the JSON report here",
         master_port="the rendezvous port the launch uses (checked for reachability)",
         gpus="all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
-        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (one CX-7 port: ~19-24)",
+        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 %% of "
+        "the port rate sysfs reports; 0 disables)",
+        gid_index="pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself; checked against the table)",
         model_dir="a model directory to look for on every node (config.json)",
         hf_token_file="a token file to look for on every node",
         cache_dir="a cache directory to look for on every node",
@@ -52,10 +82,11 @@ def doctor(
     master_port: int = 29501,
     gpus: str = "none",
     no_preflight: bool = False,
-    min_busbw: float = 0.0,
+    min_busbw: str = "",
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "",
+    gid_index: str = "",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.run.doctor import run_doctor
@@ -68,11 +99,11 @@ def doctor(
         interface,
         master_port,
         gpus,
-        min_busbw=min_busbw,
         model_dir=model_dir,
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
     )
+    options = replace(options, min_busbw=_floor(min_busbw), gid_index=_gid_index(gid_index))
     if profile and recipe:
         _preflight(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
@@ -89,6 +120,7 @@ def doctor(
         "master_port": "rendezvous port (--master-port)",
         "distribute": "stream the local image to nodes whose image ID differs",
         "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
+        "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself)",
     },
 )
 @user_errors
@@ -113,6 +145,7 @@ def up(
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
     weights: str = "each",
+    gid_index: str = "",
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -136,6 +169,7 @@ def up(
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
     )
+    doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index))
     check_positive("--health-timeout", health_timeout)
     _preflight(recipe, profile, no_preflight)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
@@ -167,11 +201,20 @@ def up(
         "image": "image to read each node's sysfs with (default: the recipe's candidate tag)",
         "interface": IFACE_HELP + " (checked: exists, up, an IPv4 RoCE v2 GID)",
         "json": "write the JSON report here",
+        "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks; checked against every chosen device's table)",
+        "test": "run perftest's ib_write_bw across every cabled twin pair at once (needs --nodes and perftest)",
     }
 )
 @user_errors
 def fabric(
-    c: Context, nodes: str = "", recipe: str = "", image: str = "", interface: str = "", json: str = ""
+    c: Context,
+    nodes: str = "",
+    recipe: str = "",
+    image: str = "",
+    interface: str = "",
+    json: str = "",
+    gid_index: str = "",
+    test: bool = False,
 ) -> None:
     """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
     from sparkforge.console import warn
@@ -185,9 +228,17 @@ def fabric(
         engines = _engines(nodes)
         labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
     else:
-        labels, raws = ["local"], [local_facts()]
-    report, choices = fabric_report(labels, raws, interface or None)
+        engines, labels, raws = [], ["local"], [local_facts()]
+    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index))
     describe_choices(choices, echo, warn)
+    if test:
+        from sparkforge.run.fabric import parse_node
+        from sparkforge.run.linktest import link_check
+
+        with report.timed("link-test") as check:
+            parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
+            link_check(check, engines, parsed, choices, raws, _image(recipe, image) if nodes else "")
+        echo(f"link-test {check.status}: {check.reason}")
     finish_report(report, json, hint="the table above names the device and the fix")
 
 

@@ -20,6 +20,7 @@ from pydantic import (
 
 from sparkforge.recipe.identity import pinned_identity
 from sparkforge.recipe.loaderenv import loader_env_names
+from sparkforge.recipe.verbs import RdmaUserspace
 
 # Every string that can reach a Dockerfile or a shell line is held to one of these patterns.
 _SHA256 = r"sha256:[0-9a-f]{64}"
@@ -248,6 +249,11 @@ class Runtime(StrictModel):
         default_factory=list,
         exclude_if=lambda v: not v,  # left out of the recipe hash when empty: existing recipes hash as before
         description="Debian/Ubuntu libraries the recipe's wheels load that the runtime base lacks (e.g. libnuma1)",
+    )
+    rdma: RdmaUserspace | None = Field(
+        None,
+        exclude_if=lambda v: v is None,  # recipes without it hash as before
+        description="pinned RDMA userspace (libibverbs, mlx5 provider, librdmacm; perftest for the link test)",
     )
 
 

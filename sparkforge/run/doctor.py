@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run import stages
 from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
+from sparkforge.run.fabricstate import drift, state_dir
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import Job, Outcome, first_event, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
@@ -164,11 +166,19 @@ def _addresses(
             host=dict(event.get("host", {})),
         )
         facts.append(fact)
-    choices = choose_all([parse_node(f.label, f.fabric) for f in facts], options.interface)
+    declared = [fact_node_address(engines, f) for f in facts]
+    nodes = [parse_node(f.label, f.fabric) for f in facts]
+    choices = choose_all(nodes, options.interface, declared, options.gid_index)
     for fact, choice in zip(facts, choices, strict=False):
-        problem = _choose_address(fact, fact_node_address(engines, fact), options.interface, choice)
+        problem = _choose_address(fact, choice)
         if problem:
             problems.append(problem)
+    problems += [p for f in facts if (p := _verbs_problem(f))]
+    root = Path(options.state_dir) if options.state_dir else state_dir()
+    keys = [next(e.node.key or e.node.target for e in engines if e.node.rank == f.rank) for f in facts]
+    drifted = drift(keys, nodes, choices, root, save=not problems)
+    if facts and drifted:
+        facts[0].warnings.extend(drifted)
     check.details = {
         f.label: {
             "vllm_would_advertise": f.auto_ip,
@@ -201,31 +211,36 @@ def _addresses(
     return facts
 
 
+def _verbs_problem(fact: NodeFacts) -> str | None:
+    """RDMA devices on the node but no verbs library in the image: NCCL would silently use TCP sockets."""
+    found = fact.fabric.get("verbs")
+    if not fact.rdma or not isinstance(found, dict) or (found.get("libibverbs") and found.get("mlx5")):
+        return None
+    what = (
+        "libibverbs.so.1 does not load"
+        if not found.get("libibverbs")
+        else "the mlx5 verbs provider is missing"
+    )
+    return (
+        f"{fact.label}: the node has RDMA devices ({', '.join(sorted(fact.fabric.get('rdma', {})))}) but in the "
+        f"image {what} ({found.get('error') or 'ibverbs-providers not installed'}): NCCL would log 'Failed to open "
+        "libibverbs' and run over TCP sockets; fix: pin the RDMA userspace in the recipe (runtime.rdma, as "
+        "recipes/_gb10.yaml does) and rebuild the image"
+    )
+
+
 def fact_node_address(engines: Sequence[NodeEngine], fact: NodeFacts) -> str | None:
     return next((e.node.address for e in engines if e.node.rank == fact.rank), None)
 
 
-def _choose_address(
-    fact: NodeFacts, declared: str | None, interface: str | None, choice: FabricChoice
-) -> str | None:
-    """The launch address and env: --interface, else a declared address, else the fabric, else vLLM's own pick."""
-    if not declared or interface:  # the fabric's choice (or its absence) is what the launch will use
-        fact.warnings = list(choice.warnings)
-    if (interface or not declared) and choice.error:
+def _choose_address(fact: NodeFacts, choice: FabricChoice) -> str | None:
+    """The launch address and env: the fabric's choice (--interface, a declared address, the CX-7 port, a shared
+    subnet), else vLLM's own pick. A declared `host=ADDR` goes through the same decision as a discovered node."""
+    fact.warnings = list(choice.warnings)
+    if choice.error:
         return choice.error
-    if interface or (not declared and choice.interface):
-        if declared and declared != choice.address:
-            return f"{fact.label}: --nodes says {declared} but {interface} holds {choice.address}; fix: make them agree"
+    if choice.interface:
         fact.address, fact.interface, fact.env = str(choice.address), choice.interface, dict(choice.env)
-        return None
-    if declared:
-        names = ", ".join(f"{i['name']} {i.get('ipv4') or '-'}" for i in fact.interfaces if i["name"] != "lo")
-        found = fact.interface_of(declared)
-        if found is None:
-            return f"{fact.label}: no interface holds the declared address {declared} (it has: {names}); fix: correct it"
-        fact.address, fact.interface = declared, str(found["name"])
-        hcas = [hca for hca, nets in fact.infiniband.items() if fact.interface in nets]
-        fact.env = network_env(fact.interface, fact.address, hcas)
         return None
     fact.address = fact.auto_ip
     found = fact.interface_of(fact.auto_ip)
@@ -315,7 +330,11 @@ def _rank_summary(outcome: Outcome) -> dict[str, Any]:
         "stages": [e for e in outcome.events if e.get("event") in ("done", "skipped", "failed")],
         "open_stage": outcome.open_stage(),
         "last_lines": outcome.last_lines,
-        "nccl_lines": [line for line in outcome.lines if "NCCL INFO" in line and "NET/" in line][:20],
+        "nccl_lines": [
+            line
+            for line in outcome.lines
+            if "NCCL INFO" in line and any(k in line for k in ("NET/", "Using network", "libibverbs"))
+        ][:20],
     }
 
 

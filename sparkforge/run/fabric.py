@@ -79,11 +79,29 @@ def _error(node: NodeFabric, text: str) -> RunError:
     return RunError(f"{node.label}: {text}")
 
 
-def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeFabric] = ()) -> FabricChoice:
-    """The fabric interface and environment of one node (RunError: one paragraph naming the device and the fix)."""
+def choose(
+    node: NodeFabric,
+    interface: str | None = None,
+    peers: Sequence[NodeFabric] = (),
+    *,
+    address: str | None = None,
+    gid_index: int | None = None,
+) -> FabricChoice:
+    """The fabric interface and environment of one node (RunError: one paragraph naming the device and the fix).
+
+    `address` (a `--nodes host=ADDR`) names the interface that holds it; it then goes through the same decision
+    as `--interface`: both twins of that port, the same GID handling, the same warnings."""
     groups, tie = twins(node)
     choice = FabricChoice(node.label, twins=[[p.device for p in g] for g in groups if len(g) > 1], tie=tie)
     choice.rdma = bool(node.ports)
+    if address and not interface:
+        holder = next((i for i in node.interfaces if i.ipv4 == address), None)
+        if holder is None:
+            names = ", ".join(f"{i.name} {i.ipv4 or '-'}" for i in node.interfaces)
+            raise _error(
+                node, f"no interface holds the declared address {address} (it has: {names}); fix: correct it"
+            )
+        interface = holder.name
     if interface:
         found = node.interface(interface)
         if found is None:
@@ -102,8 +120,8 @@ def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeF
                 raise _no_gid(node, port)
         elif found.ipv4 is None:
             raise _error(node, f"interface {interface} has no IPv4 address; fix: {ADDRESS_FIX}")
-        choice.reason = f"--interface {interface}"
-        return _finish(node, choice, found, group)
+        choice.reason = f"--nodes ...={address} (on {interface})" if address else f"--interface {interface}"
+        return _finish(node, choice, found, group, gid_index)
     active = [[p for p in g if p.active] for g in groups]
     cabled = [g for g in active if g]
     addressed = [g for g in cabled if any(p.ipv4_gid() for p in g)]
@@ -111,7 +129,7 @@ def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeF
         raise _no_gid(node, cabled[0][0])
     if addressed:
         primaries = [next(p for p in g if p.ipv4_gid()) for g in addressed]
-        _one_subnet_per_port(node, primaries)
+        _one_subnet_per_port(node, primaries, choice)
         index = 0
         if len(addressed) > 1:
             shared = [
@@ -130,7 +148,7 @@ def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeF
             f"RDMA port {primary.device} is ACTIVE (RoCE, {primary.link_layer}) and its net device "
             f"{primary.netdev} holds {found.ipv4}"
         )
-        return _finish(node, choice, found, groups[active.index(addressed[index])])
+        return _finish(node, choice, found, groups[active.index(addressed[index])], gid_index)
     # No RDMA port to use: a plain interface every peer shares a subnet with, other than the default route.
     candidates = [
         i
@@ -143,7 +161,7 @@ def choose(node: NodeFabric, interface: str | None = None, peers: Sequence[NodeF
             f"{why} on {node.label}; {candidates[0].name} is the one interface besides the default route on a "
             "subnet every node shares"
         )
-        return _finish(node, choice, candidates[0], None)
+        return _finish(node, choice, candidates[0], None, gid_index)
     choice.reason = f"{why} on {node.label}; vLLM, Gloo and NCCL pick their own address (the default route)"
     if node.default_route and peers:
         choice.warnings.append(
@@ -168,7 +186,23 @@ def _shared(found: Interface | None, peers: Sequence[NodeFabric]) -> bool:
     return all(any(i.subnet == found.subnet and i.up for i in peer.interfaces) for peer in peers)
 
 
-def _one_subnet_per_port(node: NodeFabric, primaries: Sequence[Port]) -> None:
+ARP_FIX = (
+    "set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 (each interface answers ARP only "
+    "for its own address) and net.ipv4.conf.all.rp_filter=2 (loose: a reply may come in on the other one), in "
+    "/etc/sysctl.d/, or give each {what} its own subnet"
+)
+
+
+def _arp_flux(node: NodeFabric, subnet: object, names: Sequence[str], what: str) -> str:
+    return (
+        f"{node.label}: {' and '.join(names)} are on one subnet {subnet}: without ARP settings the kernel may "
+        f"answer for either address on either interface (ARP flux) and route both through one of them; fix: "
+        + ARP_FIX.format(what=what)
+    )
+
+
+def _one_subnet_per_port(node: NodeFabric, primaries: Sequence[Port], choice: FabricChoice) -> None:
+    """Two physical ports on one subnet: NCCL still works (it names devices), the IP layer may flux: a warning."""
     seen: dict[ipaddress.IPv4Network, Port] = {}
     for port in primaries:
         found = node.interface(port.netdev)
@@ -176,18 +210,18 @@ def _one_subnet_per_port(node: NodeFabric, primaries: Sequence[Port]) -> None:
             continue
         if found.subnet in seen:
             other = seen[found.subnet]
-            raise _error(
-                node,
-                f"two CX-7 ports are on one subnet {found.subnet}: {other.netdev} ({other.device}) and "
-                f"{port.netdev} ({port.device}); the kernel then routes both ports' traffic through one of them "
-                "and NCCL's and vLLM's peers answer on the wrong port; fix: give each physical port its own "
-                "subnet, or take one of them down",
+            choice.warnings.append(
+                _arp_flux(node, found.subnet, [str(other.netdev), str(port.netdev)], "physical port")
             )
         seen[found.subnet] = port
 
 
 def _finish(
-    node: NodeFabric, choice: FabricChoice, found: Interface, group: Sequence[Port] | None
+    node: NodeFabric,
+    choice: FabricChoice,
+    found: Interface,
+    group: Sequence[Port] | None,
+    gid_index: int | None = None,
 ) -> FabricChoice:
     choice.interface, choice.address = found.name, found.ipv4
     assert found.ipv4 is not None or group is not None
@@ -206,12 +240,11 @@ def _finish(
                 )
                 continue
             twin_if = node.interface(twin.netdev)
-            if twin_if and twin_if.subnet and found.subnet and twin_if.subnet != found.subnet:
-                raise _error(
-                    node,
-                    f"the twins of one physical port are on different subnets: {primary.netdev} ({primary.device}) "
-                    f"on {found.subnet}, {twin.netdev} ({twin.device}) on {twin_if.subnet}; NCCL pairs them as one "
-                    f"link; fix: put {twin.netdev} on {found.subnet} (or remove its address)",
+            if twin_if and twin_if.subnet and found.subnet and twin_if.subnet == found.subnet:
+                choice.warnings.append(
+                    _arp_flux(
+                        node, found.subnet, [found.name, str(twin.netdev)], "twin (the community layout)"
+                    )
                 )
         hcas = [primary, *(t for t in group if t is not primary and t.active)]
     choice.hcas = tuple(p.device for p in hcas)
@@ -219,19 +252,17 @@ def _finish(
     if hcas:
         choice.env["NCCL_IB_DISABLE"] = "0"
         choice.gid = {p.device: (g.index if (g := p.ipv4_gid()) else None) for p in hcas}
-        indices = set(choice.gid.values())
-        if len(indices) == 1 and None not in indices:
-            choice.env["NCCL_IB_GID_INDEX"] = str(indices.pop())
-        else:
+        if gid_index is not None:
+            _pin_gid(node, hcas, gid_index, choice)
+        else:  # NCCL picks each device's RoCE v2 IPv4 GID itself: the index moves (3 <-> 4) when addresses change
+            choice.env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
             choice.env["NCCL_IB_ROCE_VERSION_NUM"] = "2"
-            if None not in indices:
-                choice.env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
-            else:
-                bare = ", ".join(d for d, i in choice.gid.items() if i is None)
-                choice.warnings.append(
-                    f"{node.label}: {bare} carries no IPv4 GID: NCCL picks its RoCE v2 GID itself; fix: address "
-                    "its net device on the port's subnet to pin one GID index for every device"
-                )
+        bare = ", ".join(d for d, i in choice.gid.items() if i is None)
+        if bare:
+            choice.warnings.append(
+                f"{node.label}: {bare} carries no IPv4 GID: NCCL cannot use it over RoCE v2/IPv4; fix: address "
+                "its net device (its own subnet, or the port's with the ARP settings)"
+            )
         if choice.tie.startswith("by name"):
             choice.warnings.append(
                 f"{node.label}: twins tied by name only (sysfs gave no common GUID and port name or PCI function)"
@@ -246,15 +277,88 @@ def _finish(
     return choice
 
 
-def choose_all(nodes: Sequence[NodeFabric], interface: str | None = None) -> list[FabricChoice]:
-    """Every node's choice, each judged against its peers (shared subnets); a node's bad input lands in its
-    choice's `error`; warns when the chosen subnets differ."""
+def _pin_gid(node: NodeFabric, hcas: Sequence[Port], index: int, choice: FabricChoice) -> None:
+    """--gid-index N: every chosen device must have entry N; a non-RoCE-v2-IPv4 entry is warned about."""
+    for port in hcas:
+        entry = next((g for g in port.gids if g.index == index), None)
+        if entry is None:
+            table = ", ".join(f"{g.index} {g.version} {g.ipv4 or g.gid}" for g in port.gids) or "empty"
+            raise _error(
+                node,
+                f"--gid-index {index} is not in the GID table of {port.device} ({port.netdev}): {table}; fix: "
+                "leave --gid-index out (NCCL then picks the RoCE v2 IPv4 GID itself) or name an index listed",
+            )
+        if entry.version != "RoCE v2" or not entry.ipv4:
+            choice.warnings.append(
+                f"{node.label}: --gid-index {index} on {port.device} is {entry.version} {entry.gid}, not the RoCE "
+                "v2 IPv4 GID: NCCL's queue pairs may not connect; fix: leave --gid-index out"
+            )
+    choice.env["NCCL_IB_GID_INDEX"] = str(index)
+
+
+def _twin_subnets(node: NodeFabric, choice: FabricChoice) -> dict[str, ipaddress.IPv4Network | None]:
+    """Device -> the subnet of its net device (None: no address)."""
+    found: dict[str, ipaddress.IPv4Network | None] = {}
+    for device in choice.hcas:
+        port = next(p for p in node.ports if p.device == device)
+        iface = node.interface(port.netdev)
+        found[device] = iface.subnet if iface else None
+    return found
+
+
+def _match_twins(nodes: Sequence[NodeFabric], choices: list[FabricChoice]) -> None:
+    """Keep the twins whose subnet every RDMA peer has a twin on: a RoCE v2 packet from any other has no route to
+    the peer (NCCL's connection over it fails or hangs). Fewer twins: a warning; none left: that node fails."""
+    live = [(n, c) for n, c in zip(nodes, choices, strict=False) if c.hcas and not c.error]
+    if len(live) < 2:
+        return
+    subnets = [_twin_subnets(n, c) for n, c in live]
+    common = set.intersection(*({s for s in found.values() if s} for found in subnets))
+    for (node, choice), found in zip(live, subnets, strict=False):
+        alone = [d for d, s in found.items() if s and s not in common]
+        if not alone:
+            continue
+        peers = "; ".join(
+            f"{c.label}: {', '.join(sorted(str(s) for s in f.values() if s))}"
+            for (_, c), f in zip(live, subnets, strict=False)
+            if c is not choice
+        )
+        named = ", ".join(f"{d} on {found[d]}" for d in alone)
+        keep = tuple(d for d in choice.hcas if d not in alone)
+        if not keep:
+            choice.error = (
+                f"{node.label}: RDMA devices {named}: no peer has a twin on those subnets ({peers}); RoCE v2 "
+                "packets have no route to the peer, so NCCL's connections fail or hang; fix: put each twin pair "
+                "on one subnet on both nodes (e.g. 192.168.177.0/24 for twin A and 192.168.178.0/24 for twin B)"
+            )
+            continue
+        choice.hcas = keep
+        choice.gid = {d: i for d, i in choice.gid.items() if d in keep}
+        choice.env["NCCL_IB_HCA"] = "=" + ",".join(keep)
+        choice.warnings.append(
+            f"{node.label}: {named} left out of NCCL_IB_HCA: no peer has a twin on that subnet ({peers}), so "
+            "NCCL could not reach the peer through it (half the port); fix: put the peer's twin on that subnet "
+            "and bring it up"
+        )
+
+
+def choose_all(
+    nodes: Sequence[NodeFabric],
+    interface: str | None = None,
+    addresses: Sequence[str | None] = (),
+    gid_index: int | None = None,
+) -> list[FabricChoice]:
+    """Every node's choice, each judged against its peers (shared subnets, twin subnets); a node's bad input
+    lands in its choice's `error`; `addresses` are the `--nodes host=ADDR` ones (None where not given)."""
     choices = []
-    for node in nodes:
+    for i, node in enumerate(nodes):
+        declared = addresses[i] if i < len(addresses) else None
         try:
-            choices.append(choose(node, interface, [p for p in nodes if p is not node]))
+            peers = [p for p in nodes if p is not node]
+            choices.append(choose(node, interface, peers, address=declared, gid_index=gid_index))
         except RunError as exc:
             choices.append(FabricChoice(node.label, rdma=bool(node.ports), error=str(exc)))
+    _match_twins(nodes, choices)
     subnets = {
         str(i.subnet) if (i := n.interface(c.interface)) and i.subnet else None
         for n, c in zip(nodes, choices, strict=False)

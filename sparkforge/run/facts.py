@@ -24,7 +24,13 @@ class DoctorOptions:
     sanity: bool = True
     nccl: Literal["auto", "yes", "no"] = "auto"
     gpus: bool = False
-    min_busbw: float = 0.0  # GB/s; NCCL's all-reduce bus bandwidth below it fails the transport stage
+    min_busbw: float | None = (
+        None  # GB/s floor of NCCL's all-reduce bus bandwidth; None: 80 % of the port rate
+    )
+    gid_index: int | None = (
+        None  # --gid-index N pins NCCL_IB_GID_INDEX; None lets NCCL choose (AF_INET, RoCE v2)
+    )
+    state_dir: str | None = None  # where each node's GID indices and MTU of the last run are kept
     paths: tuple[tuple[str, str], ...] = ()  # (kind, path) to find on every node before a launch
 
 

@@ -77,12 +77,15 @@ def node_details(label: str, raw: Mapping[str, Any], choice: FabricChoice) -> di
 
 
 def fabric_report(
-    labels: Sequence[str], raws: Sequence[Mapping[str, Any]], interface: str | None = None
+    labels: Sequence[str],
+    raws: Sequence[Mapping[str, Any]],
+    interface: str | None = None,
+    gid_index: int | None = None,
 ) -> tuple[Report, list[FabricChoice]]:
     """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details."""
     report = Report(command="cluster.fabric", subject=", ".join(labels))
     nodes = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=False)]
-    choices = choose_all(nodes, interface)
+    choices = choose_all(nodes, interface, gid_index=gid_index)
     for label, raw, choice in zip(labels, raws, choices, strict=False):
         details = node_details(label, raw, choice)
         if choice.error:

@@ -37,6 +37,7 @@ class Port:
     phys_port_name: str | None
     mtu: int | None
     gids: tuple[Gid, ...]
+    rate_gbps: float | None = None  # sysfs `rate`, e.g. "200 Gb/sec (4X HDR)"
 
     @property
     def active(self) -> bool:
@@ -91,6 +92,11 @@ def _gid(raw: Mapping[str, Any]) -> Gid:
     )
 
 
+def _rate(text: object) -> float | None:
+    match = re.match(r"\s*([0-9.]+)\s*Gb/sec", str(text or ""))
+    return float(match.group(1)) if match else None
+
+
 def _subnets(routes: Sequence[Mapping[str, Any]]) -> dict[str, list[ipaddress.IPv4Network]]:
     found: dict[str, list[ipaddress.IPv4Network]] = {}
     for route in routes:
@@ -127,6 +133,7 @@ def parse_node(label: str, raw: Mapping[str, Any]) -> NodeFabric:
                     phys_port_name=facts.get("phys_port_name"),
                     mtu=facts.get("mtu"),
                     gids=gids,
+                    rate_gbps=_rate(port.get("rate")),
                 )
             )
     subnets = _subnets(raw.get("routes", []))

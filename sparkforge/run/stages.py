@@ -168,13 +168,34 @@ def _older(version: str, floor: tuple[int, ...]) -> bool:
     return bool(parts) and parts < floor
 
 
-_USING = re.compile(r"NET/(IB|Socket)\s*:\s*Using\s+(.*)")
+# NCCL's own transports (NET/IB, NET/Socket) and its net plugins (NET/IBext_v11, NET/IBext...); "Using network X".
+_USING = re.compile(r"NET/(IB\w*|Socket|[A-Za-z]\w*)\s*:\s*Using\s+(.*)")
+_NETWORK = re.compile(r"Using network (\S+)")
+_NO_VERBS = re.compile(r"Failed to open libibverbs")
+FLOOR_SHARE = 0.8  # the default --min-busbw: this share of the port rate sysfs reports
+
+
+def port_floor(fact: NodeFacts) -> float | None:
+    """80 % of the sysfs rate of the port the node's link interface sits on, in GB/s (None: not an RDMA port)."""
+    from sparkforge.run.fabric import parse_node
+
+    port = parse_node(fact.label, fact.fabric).port_of(fact.interface or "")
+    return round(port.rate_gbps / 8 * FLOOR_SHARE, 2) if port and port.rate_gbps else None
+
+
+def transport_kind(lines: Sequence[str]) -> tuple[str | None, list[str]]:
+    """'IB' (NCCL's IB verbs transport or an IB net plugin), 'Socket' or None, and the devices NCCL named."""
+    used = [m for line in lines if (m := _USING.search(line))]
+    names = [m.group(1) for m in used] + [m.group(1) for line in lines if (m := _NETWORK.search(line))]
+    kind = "IB" if any(n.startswith("IB") for n in names) else ("Socket" if names else None)
+    return kind, [m.group(2) for m in used]
 
 
 def transport(
     check: Check, facts: Sequence[NodeFacts], sanity: dict[str, Any], options: DoctorOptions
 ) -> None:
-    """From the sanity run's NCCL_DEBUG=INFO lines: NET/IB or NET/Socket, which devices; the bus bandwidth floor."""
+    """From the sanity run's NCCL_DEBUG=INFO lines: NET/IB (or an IB plugin) or NET/Socket, which devices; the
+    bus bandwidth floor (--min-busbw, default 80 % of the port rate; 0 disables)."""
     missing = no_rdma(facts)
     if missing:
         check.status, check.reason = "skipped", missing
@@ -187,22 +208,36 @@ def transport(
         check.status, check.reason = "skipped", "NCCL did not run (no GPUs given: --gpus all runs it)"
         return
     problems = []
+    by_label = {f.label: f for f in facts}
     for label, rank in ranks.items():
-        used = [m for line in rank.get("nccl_lines", []) if (m := _USING.search(line))]
-        kind = "IB" if any(m.group(1) == "IB" for m in used) else ("Socket" if used else None)
+        lines = rank.get("nccl_lines", [])
+        kind, devices = transport_kind(lines)
         busbw = next(
             (s.get("busbw_GBps") for s in rank["stages"] if s.get("stage") == "nccl-allreduce"), None
         )
-        check.details[label] = {"transport": kind, "devices": [m.group(2) for m in used], "busbw_GBps": busbw}
+        fact = by_label.get(label)
+        floor = options.min_busbw if options.min_busbw is not None else (port_floor(fact) if fact else None)
+        check.details[label] = {
+            "transport": kind,
+            "devices": devices,
+            "busbw_GBps": busbw,
+            "floor_GBps": floor,
+        }
         if kind != "IB":
-            problems.append(
-                f"{label}: NCCL used NET/{kind or '?'} (TCP sockets), not RDMA; fix: check that the containers see "
-                "/dev/infiniband and NCCL_IB_HCA names the ACTIVE twins ('invoke cluster.fabric')"
+            why = (
+                "NCCL could not open libibverbs (the image lacks the RDMA userspace); fix: pin runtime.rdma in "
+                "the recipe (recipes/_gb10.yaml) and rebuild"
+                if any(_NO_VERBS.search(line) for line in lines)
+                else "fix: check that the containers see /dev/infiniband and NCCL_IB_HCA names the ACTIVE twins "
+                "('invoke cluster.fabric')"
             )
-        elif options.min_busbw and (busbw or 0) < options.min_busbw:
+            problems.append(f"{label}: NCCL used NET/{kind or '?'} (TCP sockets), not RDMA; {why}")
+        elif floor and (busbw or 0) < floor:
             problems.append(
-                f"{label}: NCCL all-reduce bus bandwidth {busbw} GB/s is below --min-busbw {options.min_busbw:g}; "
-                "fix: both twins in NCCL_IB_HCA, the same MTU on both ends, an approved cable"
+                f"{label}: NCCL all-reduce bus bandwidth {busbw} GB/s is below the floor {floor:g} GB/s "
+                f"({'--min-busbw' if options.min_busbw is not None else '80 % of the port rate sysfs reports'}); "
+                "fix: both twins in NCCL_IB_HCA, the same MTU on both ends, an approved cable "
+                "('invoke cluster.fabric --test' measures each link; --min-busbw 0 disables the floor)"
             )
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)

@@ -63,6 +63,8 @@ def test_real_image_verified_and_tagged(real_image) -> None:
         assert by_name[name].status == "skipped" and "no GPU" in by_name[name].reason
     assert by_name["serve"].status == "skipped" and "no model mounted" in by_name["serve"].reason
     assert by_name["pip-check"].status == "passed", by_name["pip-check"].reason
+    verbs = by_name["fabric.verbs"]  # the RDMA userspace NCCL needs, pinned, opened by the names NCCL uses
+    assert verbs.status == "passed" and "opens libibverbs.so.1" in verbs.reason, verbs.reason
     assert by_name["gpu-verified"].status == "skipped"
     assert (
         report.extra["gpu_verified"]["reason"] == "no GPU was used; recipe targets sm_121: not GPU-verified"

@@ -152,7 +152,33 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
             "phys_switch_id": _read(f"{where}/phys_switch_id"),
             "ipv4": _ipv4_of(name) if addresses else None,
         }
-    return {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route")}
+    found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route")}
+    if addresses:  # the live system: can this image's NCCL use the devices at all?
+        found["verbs"] = verbs()
+    return found
+
+
+def verbs() -> dict[str, object]:
+    """Whether libibverbs.so.1 (the name NCCL dlopens) loads here and the mlx5 provider is registered."""
+    import ctypes
+    import glob
+    import shutil
+
+    try:
+        ctypes.CDLL("libibverbs.so.1")
+        loaded, error = True, None
+    except OSError as exc:
+        loaded, error = False, str(exc)
+    return {
+        "libibverbs": loaded,
+        "error": error,
+        "perftest": shutil.which("ib_write_bw") is not None,
+        "mlx5": os.path.isfile("/etc/libibverbs.d/mlx5.driver")
+        and bool(
+            glob.glob("/usr/lib/*/libibverbs/libmlx5-rdmav*.so")
+            + glob.glob("/usr/lib*/libibverbs/libmlx5-rdmav*.so")
+        ),
+    }
 
 
 HOST_ROOT = "/run/sparkforge-host"  # the node's / mounted read-only by the doctor's probe

@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import checks_fabric
 import checks_fp8
 import checks_jit
 
@@ -257,6 +258,7 @@ SUITE: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]
     ("pip-check", check_pip),
     *checks_fp8.CHECKS,
     *checks_jit.CHECKS,
+    *checks_fabric.CHECKS,
     ("serve", check_serve),
 ]
 

@@ -109,15 +109,37 @@ def build(root: Path, tree: NodeTree) -> Path:
     return sys_
 
 
+LAYOUTS = ("one-subnet", "separate", "link-local")
+
+
 def spark(
-    cabled: tuple[str, ...] = ("p1",), *, twin_down: bool = False, host: int = 10, **tree: object
+    cabled: tuple[str, ...] = ("p1",),
+    *,
+    twin_down: bool = False,
+    host: int = 10,
+    layout: str = "one-subnet",
+    **tree: object,
 ) -> NodeTree:
-    """A Spark: four functions, the cabled physical ports' twins up and addressed (192.168.100.x for p1,
-    192.168.200.x for p0; twin A .host, twin B .host+1)."""
+    """A Spark: four functions, the cabled physical ports' twins up and addressed. Layouts the field uses:
+    one-subnet: both twins on the port's /24 (192.168.100.x for p1, 192.168.200.x for p0; twin A .host, B .host+1);
+    separate: each twin its own /24 (the community guide: 192.168.177.x on twin A, 192.168.178.x on twin B;
+    p0: 192.168.187/188); link-local: 169.254.x.y/16 on every CX-7 interface (NVIDIA's playbook)."""
+    if layout not in LAYOUTS:
+        raise ValueError(layout)
     subnets = {"p0": "192.168.200", "p1": "192.168.100"}
+    separate = {("p1", False): "192.168.177", ("p1", True): "192.168.178"}
+    separate |= {("p0", False): "192.168.187", ("p0", True): "192.168.188"}
     functions = []
     for device, (_, _, port) in SPARK_FUNCTIONS.items():
         up = port in cabled and not (twin_down and device.startswith("roceP2"))
         b = device.startswith("roceP2")
-        functions.append(Function(device, up, f"{subnets[port]}.{host + b}" if up else None))
+        if not up:
+            functions.append(Function(device, False, None))
+        elif layout == "separate":
+            functions.append(Function(device, True, f"{separate[(port, b)]}.{host}"))
+        elif layout == "link-local":
+            third = 100 + (port == "p0") * 100 + b
+            functions.append(Function(device, True, f"169.254.{third}.{host}", prefix=16))
+        else:
+            functions.append(Function(device, True, f"{subnets[port]}.{host + b}"))
     return NodeTree(functions=functions, **tree)  # type: ignore[arg-type]

@@ -57,35 +57,6 @@ def test_an_up_port_without_an_ipv4_gid(tmp_path: Path) -> None:
         choose(_node(tmp_path / "again", tree), "enp1s0f1np1")
 
 
-def test_two_ports_on_one_subnet(tmp_path: Path) -> None:
-    tree = spark(("p0", "p1"))
-    moved = {"rocep1s0f0": "192.168.100.30", "roceP2p1s0f0": "192.168.100.31"}  # port p0 onto p1's subnet
-    for function in tree.functions:
-        function.ipv4 = moved.get(function.device, function.ipv4)
-    with pytest.raises(RunError) as caught:
-        choose(_node(tmp_path, tree))
-    text = str(caught.value)
-    _one_paragraph(text)
-    assert (
-        "two CX-7 ports are on one subnet 192.168.100.0/24: enp1s0f0np0 (rocep1s0f0) and enp1s0f1np1" in text
-    )
-    assert "fix: give each physical port its own subnet" in text
-
-
-def test_twins_on_different_subnets(tmp_path: Path) -> None:
-    tree = spark()
-    next(f for f in tree.functions if f.device == "roceP2p1s0f1").ipv4 = "192.168.101.11"
-    with pytest.raises(RunError) as caught:
-        choose(_node(tmp_path, tree))
-    text = str(caught.value)
-    _one_paragraph(text)
-    assert (
-        "enp1s0f1np1 (rocep1s0f1) on 192.168.100.0/24, enP2p1s0f1np1 (roceP2p1s0f1) on 192.168.101.0/24"
-        in text
-    )
-    assert "fix: put enP2p1s0f1np1 on 192.168.100.0/24" in text
-
-
 def _invoke(*args: str, sysfs: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SPARKFORGE_SYSFS": sysfs}
     return subprocess.run(
@@ -103,7 +74,8 @@ def test_the_task_reports_the_env_and_fails_on_bad_input(tmp_path: Path) -> None
     report_path = tmp_path / "fabric.json"
     proc = _invoke("--json", str(report_path), sysfs=str(good))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "NCCL_IB_HCA==rocep1s0f1,roceP2p1s0f1" in proc.stdout and "NCCL_IB_GID_INDEX=5" in proc.stdout
+    assert "NCCL_IB_HCA==rocep1s0f1,roceP2p1s0f1" in proc.stdout and "NCCL_IB_ADDR_FAMILY=AF_INET" in proc.stdout
+    assert "NCCL_IB_GID_INDEX" not in proc.stdout
     assert "warning: local: the default route is on wlP9s9" in proc.stderr
     report = json.loads(report_path.read_text())
     assert report["command"] == "cluster.fabric" and report["status"] == "passed"
@@ -115,6 +87,13 @@ def test_the_task_reports_the_env_and_fails_on_bad_input(tmp_path: Path) -> None
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in out
     assert "interface enp1s0f0np0 is down; fix:" in out
+
+    proc = _invoke("--gid-index", "5", sysfs=str(good))  # pinned only when asked
+    assert proc.returncode == 0 and "NCCL_IB_GID_INDEX=5" in proc.stdout, proc.stdout + proc.stderr
+    proc = _invoke("--gid-index", "12", sysfs=str(good))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert "local: --gid-index 12 is not in the GID table of rocep1s0f1 (enp1s0f1np1)" in out
 
     proc = _invoke(sysfs=str(tmp_path / "nowhere"))
     out = proc.stdout + proc.stderr

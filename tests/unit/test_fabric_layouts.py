@@ -31,11 +31,14 @@ def test_spark_one_cabled_port_uses_both_twins_and_the_ipv4_gid_after_the_ipv6_o
     # Global IPv6 GIDs come first: the IPv4 RoCE v2 GID is index 5 on both twins, not the folklore's 3.
     assert choice.gid == {"rocep1s0f1": 5, "roceP2p1s0f1": 5}
     env = choice.env
-    assert env["NCCL_IB_HCA"] == "=rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "5"
+    assert env["NCCL_IB_HCA"] == "=rocep1s0f1,roceP2p1s0f1" and "NCCL_IB_GID_INDEX" not in env
     assert env["VLLM_HOST_IP"] == "192.168.100.10" and env["NCCL_IB_DISABLE"] == "0"
     assert all(env[k] == "enp1s0f1np1" for k in SOCKET)
-    assert "NCCL_IB_ADDR_FAMILY" not in env
-    (lan,) = choice.warnings
+    # NCCL picks each device's RoCE v2 IPv4 GID itself (the index moves 3 <-> 4 when addresses change).
+    assert env["NCCL_IB_ADDR_FAMILY"] == "AF_INET" and env["NCCL_IB_ROCE_VERSION_NUM"] == "2"
+    flux, lan = choice.warnings
+    assert "enp1s0f1np1 and enP2p1s0f1np1 are on one subnet 192.168.100.0/24" in flux and "ARP flux" in flux
+    assert all(k in flux for k in ("arp_ignore=1", "arp_announce=2", "rp_filter=2"))
     assert (
         "the default route is on wlP9s9, a LAN or Wi-Fi" in lan
         and "enp1s0f1np1 (192.168.100.10) is used" in lan
@@ -51,13 +54,13 @@ def test_both_ports_cabled_prefer_the_subnet_the_peer_shares(tmp_path: Path) -> 
     head, worker = choose_all([both, peer])
     assert head.interface == "enp1s0f1np1" and head.env["NCCL_IB_HCA"] == "=rocep1s0f1,roceP2p1s0f1"
     assert any("its subnet is shared by every peer" in w and "enp1s0f0np0 not" in w for w in head.warnings)
-    assert worker.env["VLLM_HOST_IP"] == "192.168.100.20" and worker.env["NCCL_IB_GID_INDEX"] == "5"
+    assert worker.env["VLLM_HOST_IP"] == "192.168.100.20" and "NCCL_IB_GID_INDEX" not in worker.env
 
 
 def test_a_twin_down_leaves_one_path_and_says_so(tmp_path: Path) -> None:
     choice = _choice(tmp_path, spark(twin_down=True))
     assert choice.hcas == ("rocep1s0f1",) and choice.env["NCCL_IB_HCA"] == "=rocep1s0f1"
-    assert choice.env["NCCL_IB_GID_INDEX"] == "5"
+    assert choice.gid == {"rocep1s0f1": 5} and "NCCL_IB_GID_INDEX" not in choice.env
     assert any(
         "roceP2p1s0f1 (enP2p1s0f1np1), the twin of rocep1s0f1" in w and "DOWN" in w for w in choice.warnings
     )
@@ -87,7 +90,7 @@ def test_a_twin_without_an_address_is_kept_with_a_warning(tmp_path: Path) -> Non
     choice = _choice(tmp_path, tree)
     assert choice.hcas == ("rocep1s0f1", "roceP2p1s0f1") and choice.gid["roceP2p1s0f1"] is None
     assert choice.env["NCCL_IB_ROCE_VERSION_NUM"] == "2" and "NCCL_IB_GID_INDEX" not in choice.env
-    assert any("roceP2p1s0f1 carries no IPv4 GID" in w for w in choice.warnings)
+    assert any("roceP2p1s0f1 carries no IPv4 GID: NCCL cannot use it" in w for w in choice.warnings)
 
 
 def test_twins_tied_by_pci_function_then_by_name(tmp_path: Path) -> None:
