@@ -28,7 +28,7 @@ def parse_perftest(text: str) -> dict[str, Any]:
     """perftest's result table -> {bytes, iterations, peak_gbps, average_gbps, msg_rate_mpps, device, gid_index};
     MB/sec figures (no --report_gbits) are converted to Gb/s. RunError when the output holds no result row."""
     units = _UNITS.search(text)
-    scale = 1.0 if units and units.group(1).startswith("Gb") else 8 / 1000 * 1.048576  # MB/sec: MiB/s to Gb/s
+    scale = 1.0 if units and units.group(1).startswith("Gb") else 8 / 1000  # MB/sec (without --report_gbits)
     rows = [m for line in text.splitlines() if (m := _ROW.match(line))]
     if not rows:
         tail = " | ".join(text.strip().splitlines()[-4:])

@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash 440322e03a24). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d023e7d277cd). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
 # Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -37,7 +37,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="440322e03a24180612129cc8ced4e5f1b2e11306b9f58ada701161ef7e276505" \
+      dev.sparkforge.recipe-hash="d023e7d277cd0b37f9bb67cf5a2959becc71d34a3ae3a99ec70ce45170759398" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
@@ -75,6 +75,12 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       vllm==0.33.0 \
  && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; } \
  && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
+# RDMA userspace, pinned: NCCL dlopens libibverbs.so.1 and needs the mlx5 provider, else it uses TCP sockets.
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    apt-get update \
+ && apt-get install -y --no-install-recommends libibverbs1=50.0-2build2 ibverbs-providers=50.0-2build2 librdmacm1t64=50.0-2build2 perftest=24.01.0-0.38.gd185c9b-1 \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
+    /var/log/alternatives.log /var/cache/debconf/*-old /var/cache/ldconfig/aux-cache
 # Runtime environment from the recipe (each value is validated against a strict pattern).
 ENV TRITON_PTXAS_PATH="/opt/venv/cuda/bin/ptxas" TRITON_PTXAS_BLACKWELL_PATH="/opt/venv/cuda/bin/ptxas" RAY_memory_usage_threshold="1.0"
 COPY lock.json /opt/sparkforge/lock.json
@@ -92,7 +98,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="440322e03a24180612129cc8ced4e5f1b2e11306b9f58ada701161ef7e276505" \
+      dev.sparkforge.recipe-hash="d023e7d277cd0b37f9bb67cf5a2959becc71d34a3ae3a99ec70ce45170759398" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
