@@ -74,7 +74,9 @@ def test_the_task_reports_the_env_and_fails_on_bad_input(tmp_path: Path) -> None
     report_path = tmp_path / "fabric.json"
     proc = _invoke("--json", str(report_path), sysfs=str(good))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "NCCL_IB_HCA==rocep1s0f1,roceP2p1s0f1" in proc.stdout and "NCCL_IB_ADDR_FAMILY=AF_INET" in proc.stdout
+    assert (
+        "NCCL_IB_HCA==rocep1s0f1,roceP2p1s0f1" in proc.stdout and "NCCL_IB_ADDR_FAMILY=AF_INET" in proc.stdout
+    )
     assert "NCCL_IB_GID_INDEX" not in proc.stdout
     assert "warning: local: the default route is on wlP9s9" in proc.stderr
     report = json.loads(report_path.read_text())

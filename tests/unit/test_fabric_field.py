@@ -108,7 +108,7 @@ def test_a_declared_address_goes_through_the_same_decision(tmp_path: Path, layou
         assert [w for w in given.warnings if "ARP" in w] == [w for w in auto.warnings if "ARP" in w]
     # twin B's own address (separate subnets): that twin leads, both are still used
     if layout == "separate":
-        (b_head, b_worker) = choose_all(nodes, addresses=["192.168.178.10", "192.168.178.20"])
+        (b_head, _) = choose_all(nodes, addresses=["192.168.178.10", "192.168.178.20"])
         assert b_head.interface == "enP2p1s0f1np1" and b_head.hcas == ("roceP2p1s0f1", "rocep1s0f1")
         assert b_head.env["VLLM_HOST_IP"] == "192.168.178.10" and b_head.error is None
 
