@@ -163,7 +163,7 @@ COMMON_HELP = {
     "gpus": "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
     "no_preflight": "skip checking the profile's flags against the pinned vLLM",
     "dry": "print the exact plan (docker argv and env per node), start nothing",
-    "weights": "each (default): download the weights on every node before the health wait; shared: once, on the head (the cache dir is shared storage); skip: leave it to vLLM",
+    "weights": "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM",
     "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
     "trust_remote_code": "let vLLM run Python code from the model's repository (never from a profile; printed)",
 }

@@ -136,7 +136,7 @@ def cluster_up(
         launch,
         [by_rank[e.node.rank].rdma for e in engines],
     )
-    fetch_weights(engines, profile, launch, echo=echo, dry=dry)
+    fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
     launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)
 

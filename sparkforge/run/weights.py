@@ -1,8 +1,9 @@
 """The download phase of `serve` and `cluster.up`: the model's weights on disk before vLLM starts.
 
-Without --model-dir, each node (or, with a cache on shared storage, one node) runs Hugging Face's own
-`snapshot_download` in a container of the serving image, with the same cache mount and token file the launch
-uses, and reports progress (bytes in the cache) while it runs. The health timeout then starts with the weights
+Without --model-dir, each node (with --weights shared: the head alone, which then streams the model folder to
+the peers over the fabric link, sparkforge/run/weightstream.py) runs Hugging Face's own `snapshot_download` in a
+container of the serving image, with the same cache mount and token file the launch uses, and reports progress
+(bytes in the cache) while it runs. The health timeout then starts with the weights
 on disk instead of racing a first download of ~120 GB. A failed download keeps its logs and names the stage.
 """
 
@@ -59,7 +60,7 @@ class Download:
 
 
 def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOptions) -> list[Download]:
-    """A container per node (only the head's for a shared cache); none with --model-dir (the doctor checks it),
+    """A container per node (only the head's with --weights shared); none with --model-dir (the doctor checks it),
     with --weights skip, or with --gpus none (vLLM stops at device detection, before loading any weights)."""
     if options.model_dir is not None or options.weights == "skip" or not options.gpus:
         return []
@@ -96,8 +97,10 @@ def fetch_weights(
     echo: Echo,
     dry: bool = False,
     timeout_s: float | None = None,
+    address: str | None = None,
 ) -> dict[str, float]:
-    """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage."""
+    """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage.
+    With --weights shared and peers, the head's copy is then streamed to them through `address` (its link's)."""
     by_rank = {e.node.rank: e for e in engines}
     downloads = plan_downloads(profile, sorted(by_rank), options)
     if not downloads:
@@ -107,7 +110,9 @@ def fetch_weights(
             )
             echo(f"download: skipped ({why})")
         return {}
-    where = "once, on the head (shared cache)" if options.weights == "shared" else "on every node"
+    where = (
+        "once, on the head, then streamed to the peers" if options.weights == "shared" else "on every node"
+    )
     echo(f"download: {profile.model.model} into {options.cache_dir}/huggingface {where}")
     if dry:
         return {}
@@ -152,6 +157,16 @@ def fetch_weights(
     finally:
         for download in downloads:
             by_rank[download.rank].remove([download.container.name])
+    peers = [e for rank, e in sorted(by_rank.items()) if rank != downloads[0].rank]
+    if options.weights == "shared" and peers:
+        from sparkforge.run.weightstream import share_weights
+
+        folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{profile.model.model.replace('/', '--')}"
+        head = by_rank[downloads[0].rank]
+        start = time.monotonic()
+        share_weights(head, peers, options.image, address or "127.0.0.1", folder, folder, echo=echo)
+        for peer in peers:
+            done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
 
 
