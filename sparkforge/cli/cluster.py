@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
@@ -29,6 +30,12 @@ def _gid_index(text: str) -> int | None:
         raise Exit(f"sparkforge: --gid-index {text!r} is not a GID table index 0..255; fix: leave it out (NCCL "
                    "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists", code=2)  # fmt: skip
     return int(text)
+
+
+def _nccl(text: str) -> Literal["image", "host"]:
+    from sparkforge.run.inputs import check_choice
+
+    return "host" if check_choice("--nccl", text, ("image", "host")) == "host" else "image"
 
 
 def _floor(text: str) -> float | None:
@@ -65,6 +72,7 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 %% of "
         "the port rate sysfs reports; 0 disables)",
         gid_index="pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself; checked against the table)",
+        nccl="image (default): the image's libnccl; host: bind-mount each node's own libnccl over it (ABI checked)",
         model_dir="a model directory to look for on every node (config.json)",
         hf_token_file="a token file to look for on every node",
         cache_dir="a cache directory to look for on every node",
@@ -87,6 +95,7 @@ def doctor(
     hf_token_file: str = "",
     cache_dir: str = "",
     gid_index: str = "",
+    nccl: str = "image",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.run.doctor import run_doctor
@@ -103,7 +112,9 @@ def doctor(
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
     )
-    options = replace(options, min_busbw=_floor(min_busbw), gid_index=_gid_index(gid_index))
+    options = replace(
+        options, min_busbw=_floor(min_busbw), gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl)
+    )
     if profile and recipe:
         _preflight(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
@@ -121,6 +132,7 @@ def doctor(
         "distribute": "stream the local image to nodes whose image ID differs",
         "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
         "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself)",
+        "nccl": "image (default) or host: each node's own libnccl bind-mounted over the image's (ABI checked)",
     },
 )
 @user_errors
@@ -146,6 +158,7 @@ def up(
     trust_remote_code: bool = False,
     weights: str = "each",
     gid_index: str = "",
+    nccl: str = "image",
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -169,7 +182,7 @@ def up(
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
     )
-    doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index))
+    doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     _preflight(recipe, profile, no_preflight)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe

@@ -135,6 +135,7 @@ def cluster_up(
         [by_rank[e.node.rank].env for e in engines],
         launch,
         [by_rank[e.node.rank].rdma for e in engines],
+        [by_rank[e.node.rank].mounts for e in engines],
     )
     fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
     launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)

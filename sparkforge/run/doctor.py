@@ -57,7 +57,7 @@ def run_doctor(
     ]
     if options.sanity:
         steps += [
-            ("nccl-library", lambda c: stages.nccl_library(c, engines, options)),
+            ("nccl-library", lambda c: stages.nccl_library(c, engines, options, facts)),
             ("sanity", lambda c: sanity.update(_sanity(c, engines, facts, options))),
             ("transport", lambda c: stages.transport(c, facts, sanity, options)),
         ]
@@ -298,6 +298,7 @@ def _sanity(
             {**by_rank[engine.node.rank].env, **(stages.NCCL_DEBUG_ENV if options.gpus else {})},
             gpus=options.gpus,
             rdma=by_rank[engine.node.rank].rdma,
+            mounts=tuple(by_rank[engine.node.rank].mounts),
         )
         for engine in engines
     ]

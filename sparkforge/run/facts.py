@@ -31,6 +31,9 @@ class DoctorOptions:
         None  # --gid-index N pins NCCL_IB_GID_INDEX; None lets NCCL choose (AF_INET, RoCE v2)
     )
     state_dir: str | None = None  # where each node's GID indices and MTU of the last run are kept
+    nccl_source: Literal["image", "host"] = (
+        "image"  # host: bind-mount the node's own libnccl over the image's
+    )
     paths: tuple[tuple[str, str], ...] = ()  # (kind, path) to find on every node before a launch
 
 
@@ -49,7 +52,8 @@ class NodeFacts:
     interface: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     fabric: dict[str, Any] = field(default_factory=dict)  # the helper's raw sysfs facts (run/fabric.py)
-    host: dict[str, Any] = field(default_factory=dict)  # host driver versions, RemoveIPC
+    host: dict[str, Any] = field(default_factory=dict)  # host driver versions, RemoveIPC, the host's NCCL
+    mounts: list[str] = field(default_factory=list)  # extra per-node mounts of the sanity run and launch
     warnings: list[str] = field(default_factory=list)
 
     @property

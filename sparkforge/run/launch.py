@@ -104,6 +104,9 @@ def plan_launch(
     node_env: Sequence[Mapping[str, str]],
     options: LaunchOptions,
     node_rdma: Sequence[bool] = (),
+    node_mounts: Sequence[
+        Sequence[str]
+    ] = (),  # per node, e.g. the host's libnccl over the image's (--nccl host)
 ) -> LaunchPlan:
     """One container per node (rank = position in --nodes, the head first), fully spelled out.
 
@@ -170,7 +173,7 @@ def plan_launch(
             gpus=options.gpus,
             ulimits=_ulimits(options.ulimits, rank < len(node_rdma) and node_rdma[rank]),
             cap_add=("IPC_LOCK",),
-            mounts=_mounts(options),
+            mounts=(*_mounts(options), *(node_mounts[rank] if rank < len(node_mounts) else ())),
             devices=RDMA_DEVICES if rank < len(node_rdma) and node_rdma[rank] else (),
         )
         launches.append(NodeLaunch(rank, container, exec_argv))

@@ -117,10 +117,14 @@ def host(check: Check, facts: Sequence[NodeFacts]) -> None:
         check.reason += "; warning: " + "; ".join(notes)
 
 
-def nccl_library(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) -> None:
-    """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps)."""
+def _nccl_probe(
+    engines: Sequence[NodeEngine], options: DoctorOptions, mounts: dict[int, list[str]]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     outcomes = run_jobs(
-        [Job(e, ("nccl-library",)) for e in engines], options.image, "nccl", options.deadlines.sanity
+        [Job(e, ("nccl-library",), mounts=tuple(mounts.get(e.node.rank, ()))) for e in engines],
+        options.image,
+        "nccl",
+        options.deadlines.sanity,
     )
     found: dict[str, dict[str, Any]] = {}
     problems = []
@@ -132,7 +136,58 @@ def nccl_library(check: Check, engines: Sequence[NodeEngine], options: DoctorOpt
             problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
             continue
         found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error")}
-    check.details = found
+    return found, problems
+
+
+def host_mounts(
+    facts: Sequence[NodeFacts], found: dict[str, dict[str, Any]]
+) -> tuple[dict[int, list[str]], list[str]]:
+    """--nccl host: the node's own libnccl over the path the image's torch loads; refused where the node has none
+    or its ABI (soname major) differs."""
+    mounts: dict[int, list[str]] = {}
+    problems = []
+    for fact in facts:
+        host, image = fact.host.get("nccl"), found.get(fact.label, {})
+        if not host:
+            problems.append(
+                f"{fact.label}: --nccl host, but the node has no NCCL library (looked for libnccl.so.2.X.Y in "
+                "/usr/lib/<arch>-linux-gnu, /usr/lib, /usr/local/lib, /usr/local/cuda/lib64); fix: install the "
+                "node's libnccl2 package (DGX OS ships it) or leave --nccl out to use the image's"
+            )
+        elif not image.get("path"):
+            problems.append(f"{fact.label}: --nccl host, but the image's torch loads no libnccl to replace")
+        elif not str(image["path"]).rsplit("/", 1)[-1].startswith(str(host["soname"])):
+            problems.append(
+                f"{fact.label}: --nccl host: the node's {host['path']} ({host['soname']}) is another ABI than the "
+                f"image's {image['path']}; fix: install a libnccl with the image's soname or leave --nccl out"
+            )
+        else:
+            mounts[fact.rank] = [f"{host['path']}:{image['path']}:ro"]
+    return mounts, problems
+
+
+def nccl_library(
+    check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, facts: Sequence[NodeFacts] = ()
+) -> None:
+    """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps),
+    beside the node's own NCCL; with --nccl host, the node's library bind-mounted over it and proven loaded."""
+    found, problems = _nccl_probe(engines, options, {})
+    hosts = {f.label: f.host.get("nccl") for f in facts}
+    check.details = {label: {**v, "host": hosts.get(label)} for label, v in found.items()}
+    if not problems and options.nccl_source == "host":
+        mounts, problems = host_mounts(facts, found)
+        if not problems:
+            found, problems = _nccl_probe(engines, options, mounts)
+            for fact in facts:
+                fact.mounts = mounts.get(fact.rank, [])
+                got, host = found.get(fact.label, {}), hosts.get(fact.label) or {}
+                check.details.setdefault(fact.label, {})["loaded_host"] = got.get("sha256") == host.get(
+                    "sha256"
+                )
+                if got.get("sha256") != host.get("sha256"):
+                    problems.append(
+                        f"{fact.label}: with the node's NCCL mounted, torch still loads {got.get('path')}"
+                    )
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
         return
@@ -156,11 +211,24 @@ def nccl_library(check: Check, engines: Sequence[NodeEngine], options: DoctorOpt
         )
         return
     one = next(iter(found.values()))
+    source = "the nodes' own (--nccl host)" if options.nccl_source == "host" else "the image"
     check.reason = (
-        f"NCCL {one['version']} from {one['path']} (sha256 {str(one['sha256'])[:16]}) on every node"
+        f"NCCL {one['version']} from {one['path']} (sha256 {str(one['sha256'])[:16]}, {source}) on every node"
     )
+    notes = [
+        f"{label}: the host's {h['path']} is NCCL {h['version']} too but other bytes (sha256 {str(h['sha256'])[:16]}): "
+        "the field's fix for a TP=2 hang was the host's library (vllm#42354); 'invoke cluster.up --nccl host' "
+        "bind-mounts it into the containers"
+        for label, h in hosts.items()
+        if h
+        and options.nccl_source != "host"
+        and h.get("version") == one.get("version")
+        and h.get("sha256") != one.get("sha256")
+    ]
     if _older(str(one.get("version")), (2, 29, 3)):
-        check.reason += "; warning: NCCL older than 2.29.3 is reported to hang on aarch64"
+        notes.append("NCCL older than 2.29.3 is reported to hang on aarch64")
+    if notes:
+        check.reason += "; warning: " + "; ".join(notes)
 
 
 def _older(version: str, floor: tuple[int, ...]) -> bool:

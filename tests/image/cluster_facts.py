@@ -204,6 +204,29 @@ def host_paths(specs: list[str], root: str = HOST_ROOT) -> list[dict[str, object
     return out
 
 
+NCCL_DIRS = ("/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+             "/usr/local/cuda/lib64")  # fmt: skip
+
+
+def host_nccl(root: str = HOST_ROOT) -> dict[str, object] | None:
+    """The node's own NCCL (DGX OS ships one), read through the host mount: path on the node, version, sha256."""
+    import hashlib
+    import re
+
+    if not os.path.isdir(root):
+        return None
+    for where in NCCL_DIRS:
+        for name in _names(root + where):
+            match = re.fullmatch(r"libnccl\.so\.(\d+)\.(\d+)\.(\d+)", name)
+            full = f"{root}{where}/{name}"
+            if match and os.path.isfile(full) and not os.path.islink(full):
+                with open(full, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+                return {"path": f"{where}/{name}", "version": ".".join(match.groups()),
+                        "soname": f"libnccl.so.{match.group(1)}", "sha256": digest}  # fmt: skip
+    return None
+
+
 def host_facts(etc: str = HOST_ETC) -> dict[str, object]:
     """Host driver versions (the kernel is shared with the container) and systemd-logind's RemoveIPC."""
     nvidia = (_read("/proc/driver/nvidia/version") or "").splitlines()
@@ -229,6 +252,7 @@ def host_facts(etc: str = HOST_ETC) -> dict[str, object]:
         or ("in-tree" if os.path.isdir("/sys/module/mlx5_core") else None),
         "remove_ipc": remove_ipc,
         "remove_ipc_source": source,
+        "nccl": host_nccl(os.path.dirname(etc)),
     }
 
 
