@@ -189,7 +189,7 @@ def _shared(found: Interface | None, peers: Sequence[NodeFabric]) -> bool:
 ARP_FIX = (
     "set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 (each interface answers ARP only "
     "for its own address) and net.ipv4.conf.all.rp_filter=2 (loose: a reply may come in on the other one), in "
-    "/etc/sysctl.d/, or give each {what} its own subnet"
+    "/etc/sysctl.d/, or give each {what} its own subnet (e.g. 192.168.177.0/24 and 192.168.178.0/24)"
 )
 
 

@@ -228,3 +228,23 @@ def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_pat
     again = share_weights(engines[0], engines[1:], VLLM_REF, a.fabric_ip, str(source), str(dest), echo=say)
     assert next(iter(again.values()))["moved"] == 0  # everything already there: nothing moves
     assert _leftovers(two_nodes) == {"a": [], "b": []}
+
+
+def test_fabric_verbs_fails_in_an_image_without_the_rdma_userspace(base_amd64: str, tmp_path: Path) -> None:
+    """The in-image check against a lock that declares the RDMA packages, in a base that lacks them (the CI
+    images carry them: test_build_verify sees it pass)."""
+    lock = tmp_path / "lock.json"
+    lock.write_text(
+        json.dumps({"runtime": {"rdma": {"packages": ["libibverbs1=44.0-2", "ibverbs-providers=44.0-2"]}}})
+    )
+    suite = REPO_ROOT / "tests" / "image"
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--volume", f"{suite}:/opt/judge:ro", "--volume",
+         f"{lock}:/tmp/lock.json:ro", "--entrypoint", "python3", base_amd64, "/opt/judge/run_checks.py",
+         "--only", "fabric.verbs", "--lock", "/tmp/lock.json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (check,) = json.loads(proc.stdout.split("SPARKFORGE-CHECKS-JSON:", 1)[1])["checks"]
+    assert proc.returncode == 1 and check["status"] == "failed", proc.stdout + proc.stderr
+    assert "libibverbs1 not installed != pinned 44.0-2" in check["reason"]
+    assert "libibverbs.so.1 does not load" in check["reason"] and "fix:" in check["reason"]
