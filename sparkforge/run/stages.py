@@ -280,9 +280,8 @@ def transport(
     for label, rank in ranks.items():
         lines = rank.get("nccl_lines", [])
         kind, devices = transport_kind(lines)
-        busbw = next(
-            (s.get("busbw_GBps") for s in rank["stages"] if s.get("stage") == "nccl-allreduce"), None
-        )
+        done = next((s for s in rank["stages"] if s.get("stage") == "nccl-allreduce"), {})
+        busbw, clocks = done.get("busbw_GBps"), done.get("gpu_clocks")
         fact = by_label.get(label)
         floor = options.min_busbw if options.min_busbw is not None else (port_floor(fact) if fact else None)
         check.details[label] = {
@@ -290,6 +289,7 @@ def transport(
             "devices": devices,
             "busbw_GBps": busbw,
             "floor_GBps": floor,
+            "gpu_clocks": clocks,  # comparable figures need the clocks they ran at
         }
         if kind != "IB":
             why = (

@@ -295,3 +295,25 @@ def versions() -> dict[str, object]:
     found["ray"] = _dist_version("ray")
     found["gpu_devices"] = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)])
     return found
+
+
+def gpu_clocks() -> list[dict[str, object]] | None:
+    """Each visible GPU's current and maximum SM and memory clocks (MHz) as nvidia-smi reports them: published
+    tok/s and bandwidth figures are only comparable with the clocks recorded. None without nvidia-smi."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    keys = ("index", "name", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem")
+    query = [smi, f"--query-gpu={','.join(keys)}", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+        for line in out.splitlines()
+        if line
+    ]

@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 
-from cluster_facts import fabric, host_facts, host_paths, infiniband, interfaces, versions
+from cluster_facts import fabric, gpu_clocks, host_facts, host_paths, infiniband, interfaces, versions
 
 
 def emit(event: str, **fields: object) -> None:
@@ -242,6 +242,7 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
             allreduce_256MiB_s=round(per, 5),
             busbw_GBps=round(busbw, 2),
             nccl=".".join(str(p) for p in torch.cuda.nccl.version()),
+            gpu_clocks=gpu_clocks(),
         )
         if not ok:
             return 1
