@@ -75,7 +75,8 @@ def mtu(check: Check, facts: Sequence[NodeFacts], df: dict[str, Any]) -> None:
         check.status = "failed"
         check.reason = (
             f"MTU differs across the link ({listing}): large transfers stall or fail (IBV_WC_RETRY_EXC_ERR); "
-            "fix: set the same MTU on every node's link interface (e.g. 'ip link set IF mtu 9000')"
+            "fix: set the same MTU on every node's link interface in its netplan file (mtu: 9000, then 'netplan apply'; "
+            "'ip link set IF mtu 9000' and nmcli edits are lost at the next CX-7 firmware reboot)"
         )
         return
     lost = [f"{way} ({r.get('error')})" for way, r in df.items() if not r.get("ok")]
