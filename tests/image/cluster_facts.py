@@ -317,3 +317,33 @@ def gpu_clocks() -> list[dict[str, object]] | None:
         for line in out.splitlines()
         if line
     ]
+
+
+def vllm_get_ip() -> tuple[str, str]:
+    """vLLM's own `vllm.utils.network_utils.get_ip()`, run from its source without importing vLLM (that import
+    loads torch: ~15 s on a busy node, before any check could speak). Returns (address, how it was run)."""
+    import ast
+    import importlib.util
+    import logging
+    import types
+    import warnings
+
+    spec = importlib.util.find_spec("vllm")  # finds the package without executing it
+    path = (
+        os.path.join(os.path.dirname(spec.origin), "utils", "network_utils.py")
+        if spec and spec.origin
+        else ""
+    )
+    try:
+        with open(path) as handle:
+            tree = ast.parse(handle.read())
+        func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_ip")
+        env = types.SimpleNamespace(VLLM_HOST_IP=os.environ.get("VLLM_HOST_IP", ""))
+        scope = {"os": os, "socket": socket, "warnings": warnings, "envs": env,
+                 "logger": logging.getLogger("vllm"), "__builtins__": __builtins__}  # fmt: skip
+        exec(compile(ast.Module(body=[func], type_ignores=[]), path, "exec"), scope)
+        return str(scope["get_ip"]()), "vllm.utils.network_utils.get_ip (from its source)"
+    except (OSError, SyntaxError, StopIteration, KeyError, NameError):
+        from vllm.utils.network_utils import get_ip  # the image's vLLM moved it: import it (slow)
+
+        return str(get_ip()), "vllm.utils.network_utils.get_ip (imported)"

@@ -26,7 +26,16 @@ import socket
 import sys
 import time
 
-from cluster_facts import fabric, gpu_clocks, host_facts, host_paths, infiniband, interfaces, versions
+from cluster_facts import (
+    fabric,
+    gpu_clocks,
+    host_facts,
+    host_paths,
+    infiniband,
+    interfaces,
+    versions,
+    vllm_get_ip,
+)
 
 
 def emit(event: str, **fields: object) -> None:
@@ -35,11 +44,10 @@ def emit(event: str, **fields: object) -> None:
 
 def probe(listen_port: int | None, paths: list[str] | None = None) -> int:
     try:
-        from vllm.utils.network_utils import get_ip  # vLLM's own choice of the address it advertises
+        chosen, _ = vllm_get_ip()  # vLLM's own choice of the address it advertises (its source, not imported)
     except ImportError:
         emit("probe", error="vLLM is not importable in this image: vllm.utils.network_utils.get_ip missing")
         return 2
-    chosen = get_ip()
     source = "VLLM_HOST_IP" if os.environ.get("VLLM_HOST_IP") else "default route (auto-picked)"
     found = interfaces()
     emit(

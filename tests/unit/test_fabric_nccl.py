@@ -60,3 +60,21 @@ def test_nccl_host_mounts_the_nodes_library_over_the_images() -> None:
         "node1: --nccl host: the node's /usr/lib/libnccl.so.3.0.1 (libnccl.so.3) is another ABI"
         in problems[1]
     )
+
+
+def test_the_probe_runs_vllms_own_get_ip_without_importing_vllm(tmp_path: Path, monkeypatch) -> None:
+    """vLLM's get_ip from its source: the package (whose import would load torch) is never executed."""
+    package = tmp_path / "vllm"
+    (package / "utils").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('vllm was imported')\n")
+    (package / "utils" / "network_utils.py").write_text(
+        "import torch  # never reached\nimport vllm.envs as envs\n\n"
+        "def get_ip() -> str:\n    host_ip = envs.VLLM_HOST_IP\n    if host_ip:\n        return host_ip\n"
+        "    return '203.0.113.7'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    helper = _helper()
+    assert helper.vllm_get_ip() == ("203.0.113.7", "vllm.utils.network_utils.get_ip (from its source)")
+    monkeypatch.setenv("VLLM_HOST_IP", "192.168.177.10")
+    assert helper.vllm_get_ip()[0] == "192.168.177.10"
