@@ -248,3 +248,44 @@ def test_fabric_verbs_fails_in_an_image_without_the_rdma_userspace(base_amd64: s
     assert proc.returncode == 1 and check["status"] == "failed", proc.stdout + proc.stderr
     assert "libibverbs1 not installed != pinned 44.0-2" in check["reason"]
     assert "libibverbs.so.1 does not load" in check["reason"] and "fix:" in check["reason"]
+
+
+FAIL_FAST_RUNS = 5
+
+
+@pytest.mark.slow
+def test_misconfigurations_are_named_before_any_sanity_run_in_seconds(two_nodes, tmp_path: Path) -> None:
+    """The field's mistakes the facts already show, each named by the doctor before the sanity run: the LAN
+    advertised (reach) and an MTU reset on one node (mtu); wall time of the whole `invoke cluster.doctor`,
+    median of FAIL_FAST_RUNS, recorded in benchmarks/results/failfast.json."""
+    from cluster import sh
+
+    b = two_nodes.nodes[1]
+    os.environ["SPARKFORGE_STATE"] = str(tmp_path / "state")  # the MTU drift state of these runs stays here
+    walls: dict[str, list[float]] = {"lan-advertised": [], "mtu-reset": []}
+    for case in walls:
+        for _ in range(FAIL_FAST_RUNS):
+            if case == "mtu-reset":
+                sh("ip", "-n", b.netns, "link", "set", "fabric0", "mtu", "1400")
+            try:
+                extra = ("--interface", "lan0") if case == "lan-advertised" else ()
+                report_path = tmp_path / f"{case}.json"
+                proc, seconds = _invoke(
+                    "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--json", str(report_path),
+                    *extra,
+                )  # fmt: skip
+            finally:
+                sh("ip", "-n", b.netns, "link", "set", "fabric0", "mtu", "1500")
+            checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
+            failed = "reach" if case == "lan-advertised" else "mtu"
+            assert proc.returncode == 1 and checks[failed]["status"] == "failed", proc.stdout + proc.stderr
+            assert checks["sanity"]["status"] == "skipped"  # named before any sanity run
+            walls[case].append(round(seconds, 2))
+        print(f"{case}: {checks[failed]['reason'][:300]}")
+    del os.environ["SPARKFORGE_STATE"]
+    medians = {case: sorted(w)[len(w) // 2] for case, w in walls.items()}
+    print(f"fail-fast walls: {walls}; medians {medians}")
+    out = REPO_ROOT / "benchmarks" / "results" / "failfast.json"
+    out.write_text(json.dumps({"runs": walls, "median_s": medians, "limit_s": 10}, indent=1) + "\n")
+    assert all(m < 10 for m in medians.values()), medians
+    assert _leftovers(two_nodes) == {"a": [], "b": []}
