@@ -51,7 +51,14 @@ def _leftovers(cluster) -> dict[str, list[str]]:
 def test_fabric_reads_each_node_and_warns_about_the_lan(two_nodes, tmp_path: Path) -> None:
     report_path = tmp_path / "fabric.json"
     proc, seconds = _invoke(
-        "cluster.fabric", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--json", str(report_path)
+        "cluster.fabric",
+        "--image",
+        VLLM_REF,
+        "--nodes",
+        _nodes(two_nodes),
+        "--json",
+        str(report_path),
+        "--test",
     )
     out = proc.stdout + proc.stderr
     print(out, f"\ncluster.fabric wall: {seconds:.1f} s")
@@ -60,6 +67,12 @@ def test_fabric_reads_each_node_and_warns_about_the_lan(two_nodes, tmp_path: Pat
     assert proc.stdout.count("GLOO_SOCKET_IFNAME=fabric0") == 2 and "NCCL_IB_HCA" not in proc.stdout
     assert "the default route is on lan0 (10.78.1.1), a LAN or Wi-Fi" in proc.stderr
     checks = json.loads(report_path.read_text())["checks"]
+    link = checks.pop()  # --test: no RDMA device on these nodes, so the link test says so instead of running
+    assert link["name"] == "link-test" and link["status"] == "skipped"
+    assert (
+        link["reason"].startswith("no RDMA devices in use on node0 (unix://")
+        and "node1 (unix://" in link["reason"]
+    )
     for check in checks:
         assert check["details"]["rdma_devices"] == [] and check["details"]["default_route"] == "lan0"
         assert (
