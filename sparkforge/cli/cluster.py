@@ -242,7 +242,8 @@ def fabric(
         labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
     else:
         engines, labels, raws = [], ["local"], [local_facts()]
-    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index))
+    declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
+    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index), declared)
     describe_choices(choices, echo, warn)
     if test:
         from sparkforge.run.fabric import parse_node

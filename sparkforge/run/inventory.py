@@ -81,11 +81,12 @@ def fabric_report(
     raws: Sequence[Mapping[str, Any]],
     interface: str | None = None,
     gid_index: int | None = None,
+    addresses: Sequence[str | None] = (),
 ) -> tuple[Report, list[FabricChoice]]:
     """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details."""
     report = Report(command="cluster.fabric", subject=", ".join(labels))
     nodes = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=False)]
-    choices = choose_all(nodes, interface, gid_index=gid_index)
+    choices = choose_all(nodes, interface, addresses, gid_index)
     for label, raw, choice in zip(labels, raws, choices, strict=False):
         details = node_details(label, raw, choice)
         if choice.error:
