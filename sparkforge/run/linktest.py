@@ -174,11 +174,13 @@ def link_check(
         )
         return
     lacking = [
-        c.label for c, raw in zip(choices, raws, strict=False) if not (raw.get("verbs") or {}).get("perftest")
+        f"{c.label} (devices {', '.join(c.hcas)})"
+        for c, raw in zip(choices, raws, strict=False)
+        if not (raw.get("verbs") or {}).get("perftest")
     ]
     if lacking:
         raise RunError(
-            f"{', '.join(lacking)}: {image} has no ib_write_bw (perftest), so --test cannot run there; fix: add "
+            f"{'; '.join(lacking)}: {image} has no ib_write_bw (perftest), so --test cannot run there; fix: add "
             "runtime.rdma.link_test (perftest=VERSION, as recipes/_gb10.yaml does) to the recipe and rebuild"
         )
     plans = plan_links(nodes, choices)

@@ -64,7 +64,9 @@ def test_the_link_test_skips_without_rdma_and_refuses_without_perftest(tmp_path:
     raws[1]["verbs"] = {"libibverbs": True, "mlx5": True, "perftest": True}
     with pytest.raises(RunError) as caught:
         link_check(Check("link-test", "passed"), [], nodes, choose_all(nodes), raws, "img:1")
-    assert "node0: img:1 has no ib_write_bw (perftest)" in str(caught.value)
+    assert "node0 (devices rocep1s0f1, roceP2p1s0f1): img:1 has no ib_write_bw (perftest)" in str(
+        caught.value
+    )
     assert "fix: add runtime.rdma.link_test" in str(caught.value)
 
 
