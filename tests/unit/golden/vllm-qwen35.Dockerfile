@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash e06ee5ae0ea3). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 83b10faa822b). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
 # Stages: toolchain -> source -> build-env -> probe -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -136,7 +136,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="e06ee5ae0ea33f6462cf88cc72de19fd3894bc454dd0a8d12f9456580c5a24e0" \
+      dev.sparkforge.recipe-hash="83b10faa822bab76e5c35d4e581a65a11a7193a6d7b363062936f4b520673ba9" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -179,7 +179,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # RDMA userspace, pinned: NCCL dlopens libibverbs.so.1 and needs the mlx5 provider, else it uses TCP sockets.
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     apt-get update \
- && apt-get install -y --no-install-recommends libibverbs1=50.0-2build2 ibverbs-providers=50.0-2build2 librdmacm1t64=50.0-2build2 perftest=24.01.0-0.38.gd185c9b-1 \
+ && apt-get install -y --no-install-recommends libibverbs1=50.0-2build2 ibverbs-providers=50.0-2build2 librdmacm1t64=50.0-2build2 perftest=24.01.0+0.38-1build1 \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
     /var/log/alternatives.log /var/cache/debconf/*-old /var/cache/ldconfig/aux-cache
 # Runtime environment from the recipe (each value is validated against a strict pattern).
@@ -199,7 +199,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="e06ee5ae0ea33f6462cf88cc72de19fd3894bc454dd0a8d12f9456580c5a24e0" \
+      dev.sparkforge.recipe-hash="83b10faa822bab76e5c35d4e581a65a11a7193a6d7b363062936f4b520673ba9" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
