@@ -78,3 +78,28 @@ def test_the_probe_runs_vllms_own_get_ip_without_importing_vllm(tmp_path: Path, 
     assert helper.vllm_get_ip() == ("203.0.113.7", "vllm.utils.network_utils.get_ip (from its source)")
     monkeypatch.setenv("VLLM_HOST_IP", "192.168.177.10")
     assert helper.vllm_get_ip()[0] == "192.168.177.10"
+
+
+def test_rdma_devices_without_a_verbs_library_in_the_image_fail_the_addresses_stage() -> None:
+    from sparkforge.run.doctor import _verbs_problem
+
+    rdma = {"rdma": {"rocep1s0f1": {}, "roceP2p1s0f1": {}}}
+    missing = {"libibverbs": False, "error": "libibverbs.so.1: cannot open shared object file", "mlx5": False}
+    fact = NodeFacts(0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": missing})
+    text = _verbs_problem(fact) or ""
+    assert (
+        "node0: the node has RDMA devices (roceP2p1s0f1, rocep1s0f1) but in the image libibverbs.so.1 does not load"
+        in text
+    )
+    assert "fix: pin the RDMA userspace in the recipe (runtime.rdma" in text
+    no_mlx5 = NodeFacts(
+        0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": {"libibverbs": True, "mlx5": False}}
+    )
+    assert "the mlx5 verbs provider is missing" in (_verbs_problem(no_mlx5) or "")
+    good = NodeFacts(
+        0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": {"libibverbs": True, "mlx5": True}}
+    )
+    bare = NodeFacts(
+        0, "node0", "", "", [], {}, {}, fabric={"rdma": {}, "verbs": missing}
+    )  # no devices: no need
+    assert _verbs_problem(good) is None and _verbs_problem(bare) is None
