@@ -188,7 +188,9 @@ class Components(StrictModel):
         return self
 
     def items(self) -> list[tuple[str, Component]]:
-        return [(k, v) for k in ("vllm", "torch", "transformers", "flashinfer", "b12x") if (v := getattr(self, k))]
+        return [
+            (k, v) for k in ("vllm", "torch", "transformers", "flashinfer", "b12x") if (v := getattr(self, k))
+        ]
 
 
 # The compile probe's default translation units: what GB10 users run (issue: compile probe).

@@ -50,7 +50,10 @@ def _compiler_verdict(name: str, jit: Mapping[str, Mapping[str, Any]] | None) ->
 
 
 def judge(
-    name: str, detail: str, libraries: Sequence[Mapping[str, Any]], jit: Mapping[str, Mapping[str, Any]] | None
+    name: str,
+    detail: str,
+    libraries: Sequence[Mapping[str, Any]],
+    jit: Mapping[str, Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
     """A kernel's origin, the verdict of each need and its own (the worst)."""
     origin = origin_of(name, detail)
@@ -60,11 +63,18 @@ def judge(
         needs.append({"need": pattern, "verdict": verdict, "paths": paths})
     for check in origin.compilers:
         needs.append({"need": check, "verdict": _compiler_verdict(check, jit), "paths": []})
-    return {"origin": origin.kind, "note": origin.note, "needs": needs, "verdict": worst([n["verdict"] for n in needs])}
+    return {
+        "origin": origin.kind,
+        "note": origin.note,
+        "needs": needs,
+        "verdict": worst([n["verdict"] for n in needs]),
+    }
 
 
 def layer_rows(
-    selection: Mapping[str, Any], libraries: Sequence[Mapping[str, Any]], jit: Mapping[str, Mapping[str, Any]] | None
+    selection: Mapping[str, Any],
+    libraries: Sequence[Mapping[str, Any]],
+    jit: Mapping[str, Mapping[str, Any]] | None,
 ) -> list[dict[str, Any]]:
     """One row per layer type of vLLM's answer: the selected kernel, its verdict, and what it falls back to."""
     rows = []
@@ -152,7 +162,9 @@ def kernel_report(
         report.add(Check(name, status, str(result["reason"])))
     target = audit_data.get("target")
     if selection is None:
-        report.add(Check("selection", "skipped", "vLLM's selection was not run (no model config or runner image)"))
+        report.add(
+            Check("selection", "skipped", "vLLM's selection was not run (no model config or runner image)")
+        )
     else:
         cannot = [r for r in rows if r["checkpoint"] and r["verdict"] in ("none", "missing")]
         broken = [r for r in rows if r.get("error")]
@@ -179,7 +191,9 @@ def kernel_report(
             "jit": jit,
             "layers": rows,
             "backends": backends,
-            "selection": {k: v for k, v in (selection or {}).items() if k not in ("layers", "python_digests")},
+            "selection": {
+                k: v for k, v in (selection or {}).items() if k not in ("layers", "python_digests")
+            },
             "started": dict(started) if started is not None else None,
             "warnings": warnings,
             "rule": RULE,
@@ -195,8 +209,12 @@ def coverage_summary(data: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "target": data.get("target"),
         "by_verdict": dict(summary.get("by_verdict") or {}),
-        "native": sorted(str(lib["path"]) for lib in data.get("libraries") or [] if lib["verdict"] == "native"),
-        "usable_backends": [b["name"] for b in data.get("backends") or [] if b.get("usable") and b.get("selected")],
+        "native": sorted(
+            str(lib["path"]) for lib in data.get("libraries") or [] if lib["verdict"] == "native"
+        ),
+        "usable_backends": [
+            b["name"] for b in data.get("backends") or [] if b.get("usable") and b.get("selected")
+        ],
         "selected": {r["layer"]: r["selected"] for r in data.get("layers") or []},
     }
 

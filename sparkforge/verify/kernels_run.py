@@ -127,7 +127,9 @@ def for_target(
                          facts=facts, selection=answer, started=started)  # fmt: skip
 
 
-CHECKPOINTS = "checkpoints"  # profiles/checkpoints/<profile>.json: the config.json of the profile's checkpoint
+CHECKPOINTS = (
+    "checkpoints"  # profiles/checkpoints/<profile>.json: the config.json of the profile's checkpoint
+)
 
 
 def selection_input(profile: str, model_config: str, runner: str) -> SelectionInput | None:

@@ -99,7 +99,9 @@ def run_selection(
     request = {"capability": capability(gpu), "config": dict(config), "args": dict(args), "digests": digests}
     image_id = str(engine.inspect_image(image)["Id"])
     script = SCRIPT.read_bytes()
-    cached = cache_path("kernels", "selection", _key(image_id, hashlib.sha256(script).hexdigest(), request) + ".json")
+    cached = cache_path(
+        "kernels", "selection", _key(image_id, hashlib.sha256(script).hexdigest(), request) + ".json"
+    )
     if use_cache and cached.is_file():
         return json.loads(cached.read_text())
     with tempfile.TemporaryDirectory(prefix="sparkforge-selection-") as tmp:
@@ -108,7 +110,11 @@ def run_selection(
             image,
             [f"{SUITE_MOUNT}/vllm_selection.py", f"{REQUEST_MOUNT}/request.json"],
             entrypoint=[PYTHON],
-            environment={"HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1", "VLLM_LOGGING_LEVEL": "ERROR"},
+            environment={
+                "HF_HUB_OFFLINE": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "VLLM_LOGGING_LEVEL": "ERROR",
+            },
             timeout_s=600,
             volumes={str(SUITE_DIR.resolve()): SUITE_MOUNT, tmp: REQUEST_MOUNT},
         )
@@ -127,7 +133,11 @@ def run_selection(
 def _refuse(answer: Mapping[str, Any], image: str, config: Mapping[str, Any]) -> None:
     if answer.get("error") == "config":
         quant = (config.get("quantization_config") or {}).get("quant_method")
-        what = f"quantization {quant!r}" if quant and "quantization" in str(answer.get("message")) else "model config"
+        what = (
+            f"quantization {quant!r}"
+            if quant and "quantization" in str(answer.get("message"))
+            else "model config"
+        )
         raise SelectionError(
             f"the {what} of the checkpoint is refused by the vLLM {answer.get('vllm')} in {image}: "
             f"{str(answer.get('message'))[:400]}; fix: use a checkpoint this vLLM knows, or an image whose vLLM "

@@ -19,7 +19,10 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("full_attention", re.compile(r"Using (\w+) attention backend out of potential backends")),
     ("full_attention", re.compile(r"Using AttentionBackendEnum\.(\w+) backend\.")),
     ("vision_encoder", re.compile(r"Using backend AttentionBackendEnum\.(\w+) for vit attention")),
-    ("linear_attention", re.compile(r"Using (FlashInfer|CuteDSL|AITER FlyDSL|Triton/FLA|SYCL) GDN prefill kernel")),
+    (
+        "linear_attention",
+        re.compile(r"Using (FlashInfer|CuteDSL|AITER FlyDSL|Triton/FLA|SYCL) GDN prefill kernel"),
+    ),
     ("moe", re.compile(r"Using '?(\w+)'? (Fp8|NvFp4|Unquantized) MoE backend out of potential backends")),
     ("linear.fp8_block", re.compile(r"Selected (\w+Fp8\w*|\w+FP8\w*) for ")),
     ("linear.nvfp4", re.compile(r"Using (\w+) for NVFP4 GEMM")),

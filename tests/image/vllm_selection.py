@@ -71,8 +71,12 @@ def _attention(platform: Any, head_size: int, dtype: Any, kv_cache_dtype: str | 
     selector = AttentionSelectorConfig(head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                        block_size=None)  # fmt: skip
     valid, invalid = platform.get_valid_backends(platform.get_device_capability(), selector)
-    candidates = [{"name": c.backend.name, "priority": c.priority, "usable": True, "reasons": []} for c in valid]
-    candidates += [{"name": b.name, "priority": p, "usable": False, "reasons": list(r)} for b, (p, r) in invalid.items()]
+    candidates = [
+        {"name": c.backend.name, "priority": c.priority, "usable": True, "reasons": []} for c in valid
+    ]
+    candidates += [
+        {"name": b.name, "priority": p, "usable": False, "reasons": list(r)} for b, (p, r) in invalid.items()
+    ]
     candidates.sort(key=lambda c: c["priority"])
     name = chosen.get_name()
     out = {"selected": name, "class": f"{chosen.__module__}.{chosen.__qualname__}", "candidates": candidates}
@@ -105,8 +109,11 @@ def _vision(platform: Any, head_size: int, dtype: Any) -> dict[str, Any]:
 
 def _moe_config(text: Any, dtype: Any) -> Any:
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (FusedMoEConfig, FusedMoEParallelConfig,
-                                                             RoutingMethodType)  # fmt: skip
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,  # fmt: skip
+    )
 
     experts = int(getattr(text, "num_experts", 0) or getattr(text, "n_routed_experts", 0))
     return FusedMoEConfig(
@@ -187,7 +194,14 @@ def _linear(kind: str, dtype: Any, shape: tuple[int, int]) -> dict[str, Any]:
             ok, reason = lin.is_supported_and_can_implement_kernel(kernel, config, None)
         except Exception as exc:
             ok, reason = False, f"{type(exc).__name__}: {exc}"
-        candidates.append({"name": kernel.__name__, "priority": priority, "usable": ok, "reasons": [reason] if reason else []})
+        candidates.append(
+            {
+                "name": kernel.__name__,
+                "priority": priority,
+                "usable": ok,
+                "reasons": [reason] if reason else [],
+            }
+        )
     return {"selected": type(chosen).__name__, "class": f"{kind} linear", "candidates": candidates}  # fmt: skip
 
 

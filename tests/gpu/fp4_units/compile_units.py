@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fp8_ops"))
 
-from build_ops import find_toolchain, include_flags, nvcc_flags, vllm_identity  # noqa: E402
+from build_ops import find_toolchain, include_flags, nvcc_flags, vllm_identity
 
 FP4 = "csrc/libtorch_stable/quantization/fp4"
 # vLLM 0.31.0 CMakeLists.txt, FP4_SM120_SRCS (less nvfp4_kv_cache_kernels.cu: the KV cache, not a GEMM path).
@@ -64,7 +64,9 @@ def compile_one(nvcc: Path, source: Path, obj: Path, arch: str, includes: list[s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vllm-src", type=Path, required=True)
     parser.add_argument("--cutlass", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -94,7 +96,9 @@ def main() -> int:
     }
     (out / "fp4_compile.json").write_text(json.dumps(report, indent=2) + "\n")
     for unit in report["units"]:
-        print(f"{'ok ' if unit['ok'] else 'FAIL'} {unit['seconds']:>7} s  sm_{unit['arch']}  {unit['source']}")
+        print(
+            f"{'ok ' if unit['ok'] else 'FAIL'} {unit['seconds']:>7} s  sm_{unit['arch']}  {unit['source']}"
+        )
     return 0 if all(u["ok"] for u in report["units"]) else 1
 
 
