@@ -28,6 +28,7 @@ EXPECTED_IMAGE_CHECKS: tuple[str, ...] = (
     "jit.toolchain",
     "jit.triton",
     "jit.flashinfer",
+    "jit.b12x",
     "serve",
 )
 # The vLLM FP8 kernel checks that must all pass, on a GPU of the recipe's capability, for "GPU-verified".

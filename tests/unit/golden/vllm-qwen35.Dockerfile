@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 78b0837e4047). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 55216d955572). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
 # Stages: toolchain -> source -> build-env -> probe -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -90,7 +90,9 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
       --out /opt/sparkforge/probe --nvcc-threads 2 \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_blockwise_sm120_fp8.cu \
+      --unit csrc/libtorch_stable/quantization/fp4/nvfp4_quant_kernels.cu \
       --unit csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_sm120_kernels.cu \
+      --unit csrc/libtorch_stable/quantization/fp4/nvfp4_blockwise_moe_kernel.cu \
       --unit csrc/libtorch_stable/activation_kernels.cu
 
 ########################################################################################################
@@ -136,7 +138,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="78b0837e4047abfe1e67fce5c81baf9a50a823e735de0273d4e81c8d129c974c" \
+      dev.sparkforge.recipe-hash="55216d95557283bebb83d4a9f8e13433f357bd885eda7643bd514680a21b9b44" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -193,7 +195,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="78b0837e4047abfe1e67fce5c81baf9a50a823e735de0273d4e81c8d129c974c" \
+      dev.sparkforge.recipe-hash="55216d95557283bebb83d4a9f8e13433f357bd885eda7643bd514680a21b9b44" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
