@@ -58,8 +58,12 @@ def main() -> int:
         "cold_s": round(cold, 2),
         "warm_s": [round(t, 2) for t in warm],
         "warm_median_s": round(statistics.median(warm), 2),
-        "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_after": os.getloadavg()},  # fmt: skip
+        "machine": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_after": os.getloadavg(),
+        },  # fmt: skip
         "date": time.strftime("%Y-%m-%d"),
     }
     target = ROOT / "benchmarks" / "results" / "kernels_bench.json"

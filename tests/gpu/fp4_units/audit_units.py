@@ -26,7 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def _verdict(path: Path, gpu: str) -> dict[str, Any]:
     lib = audit_target(path, gpu=gpu, require=[]).extra["libraries"]
-    return {"entries": lib[0]["entries"], "verdict": lib[0]["verdict"]} if lib else {"entries": {}, "verdict": "none"}
+    return (
+        {"entries": lib[0]["entries"], "verdict": lib[0]["verdict"]}
+        if lib
+        else {"entries": {}, "verdict": "none"}
+    )
 
 
 def _loads(path: Path, driver: Any) -> list[dict[str, Any]]:
@@ -35,7 +39,9 @@ def _loads(path: Path, driver: Any) -> list[dict[str, Any]]:
         return []
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([cuobjdump, "-xelf", "all", str(path.resolve())], cwd=tmp, capture_output=True, check=False)
+        subprocess.run(
+            [cuobjdump, "-xelf", "all", str(path.resolve())], cwd=tmp, capture_output=True, check=False
+        )
         for cubin in sorted(Path(tmp).glob("*.cubin")):
             module, error = driver.load(cubin.read_bytes())
             if module is not None:
@@ -74,7 +80,9 @@ def main() -> int:
             row["loads"] = _loads(path, driver)
             runs = row[gpu]["verdict"] in ("native", "family", "jit")
             if any(load["loaded"] != runs for load in row["loads"]):
-                bad.append(f"{unit['source']} sm_{unit['arch']}: the driver disagrees with the audit on {gpu}")
+                bad.append(
+                    f"{unit['source']} sm_{unit['arch']}: the driver disagrees with the audit on {gpu}"
+                )
         rows.append(row)
     report = {"gpu": gpu, "compile": {k: v for k, v in compiled.items() if k != "units"}, "units": rows,
               "problems": bad}  # fmt: skip
