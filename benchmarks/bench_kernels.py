@@ -63,7 +63,7 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_after": os.getloadavg(),
-        },  # fmt: skip
+        },
         "date": time.strftime("%Y-%m-%d"),
     }
     target = ROOT / "benchmarks" / "results" / "kernels_bench.json"

@@ -68,6 +68,9 @@ ORIGINS: dict[str, Origin] = {
     "DEEPGEMM": DEEP_GEMM,
     "BATCHED_DEEPGEMM": DEEP_GEMM,
     "EMULATION": Origin((TORCH,), ("jit.triton",), "dequantize to BF16, then the unquantized path"),
+    "HUMMING": Origin(compilers=("jit.toolchain",), note="humming-kernels, compiled at first use"),
+    "FlashInfer CUTLASS": FLASHINFER,  # UnquantizedMoeBackend values
+    "FlashInfer TRTLLM": FLASHINFER,
     # linear kernels (class names from vllm.model_executor.kernels.linear)
     "CutlassFp8BlockScaledMMKernel": Origin((C,)),
     "CutlassFP8ScaledMMLinearKernel": Origin((C,)),
@@ -79,6 +82,10 @@ ORIGINS: dict[str, Origin] = {
     "B12xFp8BlockScaledMMKernel": B12X,
     "B12xTensorFP8ScaledMMLinearKernel": B12X,
     "BlockWiseTorchFP8ScaledMMLinearKernel": Origin((TORCH,)),
+    "HummingFP8ScaledMMLinearKernel": Origin(compilers=("jit.toolchain",), note="humming-kernels JIT"),
+    "HummingNvFp4LinearKernel": Origin(compilers=("jit.toolchain",), note="humming-kernels JIT"),
+    "FlashInferCuteDslNvFp4W4A16LinearKernel": CUTE_DSL,
+    "FbgemmNvFp4LinearKernel": Origin(note="fbgemm_gpu (not installed by vLLM)"),
     "CutlassNvFp4LinearKernel": Origin((C,), note="CUTLASS FP4 GEMM (nvfp4_scaled_mm_sm120) in _C"),
     "MarlinNvFp4LinearKernel": Origin((C,)),
     "FlashInferCutlassNvFp4LinearKernel": FLASHINFER,

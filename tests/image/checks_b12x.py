@@ -58,7 +58,7 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
     )
     start = time.monotonic()
     plan = compile_pool.describe_compilation(job)
-    pid, cute, triton, programs = compile_pool._run_job(pickle.dumps(job, protocol=5), plan.programs)
+    _pid, cute, triton, programs = compile_pool._run_job(pickle.dumps(job, protocol=5), plan.programs)
     out.update(compile_s=round(time.monotonic() - start, 1), cute_compiles=cute, triton_compiles=triton,
                programs=[f"{p.dialect}:{p.name}" for p in programs])  # fmt: skip
     out["ok"] = cute > 0 and out["arch"] == f"sm_{major}{minor}a"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "SPARKFORGE-SELECTION:"
+NVFP4_MOE_ORDER = ("FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED", "FLASHINFER_CUTLASS",
+                   "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION")  # fmt: skip
 
 
 def capability_of(text: str) -> tuple[int, int]:
@@ -46,6 +49,11 @@ def inject(capability: tuple[int, int], sms: int) -> Any:
     cls.get_device_capability = classmethod(lambda _cls, device_id=0: cap)  # the one read
     # The sampler also asks for the SM count (FlashInfer's top-k needs > 16): GB10 has 48.
     cls.num_compute_units = classmethod(lambda _cls, device_id=0: sms)
+    import torch
+
+    torch.accelerator.current_device_index = lambda: 0  # the argument the sampler passes to num_compute_units
+    # FlashInfer finds its JIT target from the GPU, or from this variable (its documented GPU-less setting).
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}{'a' if capability[0] >= 9 else ''}")
     platforms.current_platform = cls()
     return platforms.current_platform
 
@@ -142,8 +150,17 @@ def _walk(backends: list[Any], kernels: Any, config: Any, wkey: Any, akey: Any) 
                 reasons.append(f"{k_cls.__name__}: {reason}")
         except Exception as exc:  # an import of a missing optional package is vLLM's "unavailable"
             reasons.append(f"{type(exc).__name__}: {exc}")
-        out.append({"name": backend.value, "priority": priority, "usable": usable, "reasons": reasons})
+        out.append({"name": backend.value, "priority": priority, "usable": usable, "reasons": [] if usable else reasons})
     return out
+
+
+def _skipped_above(candidates: list[dict[str, Any]], selected: str, why: str) -> list[dict[str, Any]]:
+    """Candidates ahead of vLLM's choice that pass their own check were dropped by the oracle itself."""
+    top = next((c["priority"] for c in candidates if c["name"] == selected), None)
+    for cand in candidates:
+        if top is not None and cand["priority"] < top and cand["usable"]:
+            cand.update(usable=False, reasons=[f"left out by vLLM's selection: {why}"])
+    return candidates
 
 
 def _moe(kind: str, text: Any, dtype: Any) -> dict[str, Any]:
@@ -156,19 +173,25 @@ def _moe(kind: str, text: Any, dtype: Any) -> dict[str, Any]:
         wkey, akey = q.kFp8Static128BlockSym, q.kFp8Dynamic128Sym
         backend, _ = fp8.select_fp8_moe_backend(config, wkey, akey, allow_vllm_cutlass=False)
         order = fp8._get_priority_backends(config, wkey, akey)
-        candidates = _walk(order, fp8.backend_to_kernel_cls, config, wkey, akey)
+        candidates = _skipped_above(_walk(order, fp8.backend_to_kernel_cls, config, wkey, akey), backend.value,
+                                    "Fp8MoEMethod passes allow_vllm_cutlass=False; DeepGEMM off for this model "
+                                    "type (should_auto_disable_deep_gemm)")  # fmt: skip
     elif kind == "nvfp4":
         from vllm.model_executor.layers.fused_moe.oracle import nvfp4
 
         wkey, akey = q.kNvfp4Static, q.kNvfp4Dynamic
         backend, _ = nvfp4.select_nvfp4_moe_backend(config, wkey, akey)
-        order = [b for b in nvfp4.NvFp4MoeBackend if b.name not in ("NONE",)]
-        candidates = _walk(order, nvfp4.backend_to_kernel_cls, config, wkey, akey)
+        # select_nvfp4_moe_backend's own list is a local (oracle/nvfp4.py, "AVAILABLE_BACKENDS = [" after
+        # "intentionally excluded from auto-selection"): mirrored here, pinned by tests/engine/test_kernels_selection.py
+        order = nvfp4.prioritize_humming([getattr(nvfp4.NvFp4MoeBackend, n) for n in NVFP4_MOE_ORDER])
+        candidates = _skipped_above(_walk(order, nvfp4.backend_to_kernel_cls, config, wkey, akey), backend.value,
+                                    "select_nvfp4_moe_backend")  # fmt: skip
     else:
         from vllm.model_executor.layers.fused_moe.oracle import unquantized as uq
 
         backend, _ = uq.select_unquantized_moe_backend(config)
-        candidates = _walk(uq._get_priority_backends(config), uq.backend_to_kernel_cls, config, None, None)
+        candidates = _skipped_above(_walk(uq._get_priority_backends(config), uq.backend_to_kernel_cls, config, None,
+                                          None), backend.value, "select_unquantized_moe_backend")  # fmt: skip
     return {"selected": backend.value, "class": f"{kind} MoE oracle", "candidates": candidates}
 
 
@@ -208,10 +231,16 @@ def _linear(kind: str, dtype: Any, shape: tuple[int, int]) -> dict[str, Any]:
 def _sampler() -> dict[str, Any]:
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
+    from vllm.v1.sample.ops.topk_topp_sampler import _flashinfer_jit_unsupported_reason
+
     sampler = TopKTopPSampler()
     name = getattr(sampler.forward, "__name__", "forward")
+    import vllm.platforms as platforms
+
+    why = [] if name == "forward_cuda" else [str(_flashinfer_jit_unsupported_reason(
+        platforms.current_platform.get_device_capability()) or "flashinfer_sampler_supported() is False")]
     return {"selected": name, "class": "TopKTopPSampler", "candidates": [
-        {"name": "forward_cuda", "priority": 0, "usable": name == "forward_cuda", "reasons": []},
+        {"name": "forward_cuda", "priority": 0, "usable": name == "forward_cuda", "reasons": why},
         {"name": "forward_native", "priority": 1, "usable": True, "reasons": []}]}  # fmt: skip
 
 
