@@ -53,7 +53,9 @@ def inject(capability: tuple[int, int], sms: int) -> Any:
 
     torch.accelerator.current_device_index = lambda: 0  # the argument the sampler passes to num_compute_units
     # FlashInfer finds its JIT target from the GPU, or from this variable (its documented GPU-less setting).
-    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}{'a' if capability[0] >= 9 else ''}")
+    os.environ.setdefault(
+        "FLASHINFER_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}{'a' if capability[0] >= 9 else ''}"
+    )
     platforms.current_platform = cls()
     return platforms.current_platform
 
@@ -110,9 +112,29 @@ def _gdn(vcfg: Any) -> dict[str, Any]:
 
 def _vision(platform: Any, head_size: int, dtype: Any) -> dict[str, Any]:
     chosen = platform.get_vit_attn_backend(head_size=head_size, dtype=dtype)
-    order = [b.name for b in platform.get_supported_vit_attn_backends()]
-    return {"selected": chosen.name, "class": "get_vit_attn_backend",
-            "candidates": [{"name": n, "priority": i, "usable": True, "reasons": []} for i, n in enumerate(order)]}  # fmt: skip
+    candidates = []
+    for priority, backend in enumerate(platform.get_supported_vit_attn_backends()):
+        reasons = []  # the checks get_vit_attn_backend makes per backend (vllm/platforms/cuda.py)
+        if backend.name != "TORCH_SDPA":
+            try:
+                cls = backend.get_class()
+                for ok, why in (
+                    (cls.supports_head_size(head_size), f"head size {head_size}"),
+                    (cls.supports_dtype(dtype), f"dtype {dtype}"),
+                    (cls.supports_compute_capability(platform.get_device_capability()), "capability"),
+                ):
+                    reasons += [] if ok else [f"{why} not supported"]  # fmt: skip
+            except ImportError as exc:
+                reasons.append(f"ImportError: {exc}")
+        candidates.append(
+            {"name": backend.name, "priority": priority, "usable": not reasons, "reasons": reasons}
+        )
+    out = {"selected": chosen.name, "class": "get_vit_attn_backend", "candidates": candidates}
+    if chosen.name == "FLASH_ATTN":
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+
+        out["detail"] = f"FA{get_flash_attn_version(head_size=head_size)}"
+    return out
 
 
 def _moe_config(text: Any, dtype: Any) -> Any:
@@ -150,7 +172,14 @@ def _walk(backends: list[Any], kernels: Any, config: Any, wkey: Any, akey: Any) 
                 reasons.append(f"{k_cls.__name__}: {reason}")
         except Exception as exc:  # an import of a missing optional package is vLLM's "unavailable"
             reasons.append(f"{type(exc).__name__}: {exc}")
-        out.append({"name": backend.value, "priority": priority, "usable": usable, "reasons": [] if usable else reasons})
+        out.append(
+            {
+                "name": backend.value,
+                "priority": priority,
+                "usable": usable,
+                "reasons": [] if usable else reasons,
+            }
+        )
     return out
 
 
@@ -229,16 +258,22 @@ def _linear(kind: str, dtype: Any, shape: tuple[int, int]) -> dict[str, Any]:
 
 
 def _sampler() -> dict[str, Any]:
-    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
-
-    from vllm.v1.sample.ops.topk_topp_sampler import _flashinfer_jit_unsupported_reason
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, _flashinfer_jit_unsupported_reason
 
     sampler = TopKTopPSampler()
     name = getattr(sampler.forward, "__name__", "forward")
     import vllm.platforms as platforms
 
-    why = [] if name == "forward_cuda" else [str(_flashinfer_jit_unsupported_reason(
-        platforms.current_platform.get_device_capability()) or "flashinfer_sampler_supported() is False")]
+    why = (
+        []
+        if name == "forward_cuda"
+        else [
+            str(
+                _flashinfer_jit_unsupported_reason(platforms.current_platform.get_device_capability())
+                or "flashinfer_sampler_supported() is False"
+            )
+        ]
+    )
     return {"selected": name, "class": "TopKTopPSampler", "candidates": [
         {"name": "forward_cuda", "priority": 0, "usable": name == "forward_cuda", "reasons": why},
         {"name": "forward_native", "priority": 1, "usable": True, "reasons": []}]}  # fmt: skip
