@@ -92,3 +92,31 @@ def test_a_quantization_this_vllm_does_not_know_is_one_paragraph(vllm_image: str
         selection.SelectionError, match=r"quantization 'sparkforge_fp3' .*refused by the vLLM 0\.33\.0.*fix:"
     ):
         selection.run_selection(vllm_image, "sm_121", config, {})
+
+
+def test_b12x_compiles_a_kernel_for_sm121a_without_a_gpu(vllm_image: str, tmp_path: Path) -> None:
+    """jit.b12x in the CI image with vLLM's b12x extra added (b12x==1.5.1 from PyPI, --no-deps: its other
+    requirements are vLLM's own), against a lock naming the component."""
+    import subprocess
+    import sys
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "b12x==1.5.1", "-d", str(wheels)],
+                   check=True, capture_output=True)  # fmt: skip
+    lock = json.loads(engine.read_image_file(vllm_image, "/opt/sparkforge/lock.json") or b"{}")
+    lock["components"]["b12x"] = {"package": "b12x", "version": "1.5.1", "source": "wheel"}
+    (wheels / "lock.json").write_text(json.dumps(lock))
+    suite = Path(__file__).resolve().parent.parent / "image"
+    result = engine.run_container(
+        vllm_image,
+        [
+            "-c",
+            "pip install -q --no-deps /w/b12x-1.5.1-py3-none-any.whl && python3 /s/checks_b12x.py --lock /w/lock.json",
+        ],
+        entrypoint=["/bin/bash"],
+        timeout_s=600,
+        volumes={str(wheels): "/w", str(suite): "/s"},
+    )
+    check = json.loads(result.stdout.strip().splitlines()[-1])
+    assert check["status"] == "passed", check
+    assert check["details"]["arch"] == "sm_121a" and check["details"]["cute_compiles"] >= 1

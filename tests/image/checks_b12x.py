@@ -57,11 +57,18 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
         "b12x.sequence.embedding._preparation:compile_lookup", TUNING.encode_query(query), 0
     )
     start = time.monotonic()
-    plan = compile_pool.describe_compilation(job)
+    plan = compile_pool.describe_compilation(job)  # planning, as the pool's parent does
+    from b12x._lib.compile_plan import evict_planning_artifacts
+
+    evict_planning_artifacts(plan.programs)  # a worker starts without the parent's planning artifacts
     _pid, cute, triton, programs = compile_pool._run_job(pickle.dumps(job, protocol=5), plan.programs)
     out.update(compile_s=round(time.monotonic() - start, 1), cute_compiles=cute, triton_compiles=triton,
                programs=[f"{p.dialect}:{p.name}" for p in programs])  # fmt: skip
-    out["ok"] = cute > 0 and out["arch"] == f"sm_{major}{minor}a"
+    cache = Path(os.environ.get("B12X_COMPILE_CACHE_DIR", "/nonexistent"))
+    files = [p for p in cache.rglob("*") if p.is_file()]
+    out["artifacts"] = len(files)
+    out["artifacts_naming_target"] = sum(out["arch"].encode() in p.read_bytes() for p in files)
+    out["ok"] = cute > 0 and out["arch"] == f"sm_{major}{minor}a" and out["artifacts_naming_target"] > 0
     if not out["ok"]:
         out["error"] = f"{cute} CuTe DSL compile(s) for {out['arch']}"
     return out
@@ -100,7 +107,8 @@ def check(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     return (
         "passed",
         f"b12x {result['b12x']} compiled {result['cute_compiles']} CuTe DSL kernel(s) for {result['arch']} in "
-        f"{result['compile_s']} s without a GPU (CuTe DSL {result['cutlass_dsl']})",
+        f"{result['compile_s']} s without a GPU (CuTe DSL {result['cutlass_dsl']}; {result.get('artifacts_naming_target')} "
+        f"of {result.get('artifacts')} cached artifacts name {result['arch']})",
         result,
     )
 
