@@ -10,7 +10,8 @@ torch.cuda); has_device_capability, is_device_capability, is_device_capability_f
 takes `current_platform.get_device_capability()` go through it. This script replaces that classmethod on the
 CUDA platform class and makes that class `vllm.platforms.current_platform` (which would otherwise resolve to no
 CUDA platform on a machine without a GPU). The sampler's FlashInfer gate also reads the SM count
-(`num_compute_units`): it is injected the same way (GB10: 48). Nothing else of vLLM is changed: every choice below is made by
+(`num_compute_units`): it is injected the same way (GB10: 48); b12x, when installed, reads the capability
+through torch in b12x/_lib/gating.py `get_compute_capability`: injected there. Nothing else of vLLM is changed: every choice below is made by
 vLLM's own functions, and each candidate's reason is vLLM's own `is_supported`/`validate_configuration` answer.
 """
 
@@ -52,6 +53,12 @@ def inject(capability: tuple[int, int], sms: int) -> Any:
     import torch
 
     torch.accelerator.current_device_index = lambda: 0  # the argument the sampler passes to num_compute_units
+    try:  # b12x (vLLM's b12x extra) gates its kernels on its own read: b12x/_lib/gating.py get_compute_capability
+        from b12x._lib import gating
+
+        gating.get_compute_capability = lambda device=None: capability
+    except ImportError:
+        pass
     # FlashInfer finds its JIT target from the GPU, or from this variable (its documented GPU-less setting).
     os.environ.setdefault(
         "FLASHINFER_CUDA_ARCH_LIST", f"{capability[0]}.{capability[1]}{'a' if capability[0] >= 9 else ''}"
