@@ -125,14 +125,16 @@ def run_selection(
             f"output: {(result.stderr or result.stdout)[-600:]}; fix: check that the image holds vLLM in /opt/venv"
         )
     answer = json.loads(lines[0][len(MARKER) :])
-    _refuse(answer, image, config)
+    _refuse(answer, image, config, args)
     write_atomic(cached, json.dumps(answer, sort_keys=True).encode())
     return answer
 
 
-def _refuse(answer: Mapping[str, Any], image: str, config: Mapping[str, Any]) -> None:
+def _refuse(
+    answer: Mapping[str, Any], image: str, config: Mapping[str, Any], args: Mapping[str, Any]
+) -> None:
     if answer.get("error") == "config":
-        quant = (config.get("quantization_config") or {}).get("quant_method")
+        quant = args.get("quantization") or (config.get("quantization_config") or {}).get("quant_method")
         what = (
             f"quantization {quant!r}"
             if quant and "quantization" in str(answer.get("message"))
