@@ -142,13 +142,13 @@ def _refuse(
         )
         raise SelectionError(
             f"the {what} of the checkpoint is refused by the vLLM {answer.get('vllm')} in {image}: "
-            f"{str(answer.get('message'))[:400]}; fix: use a checkpoint this vLLM knows, or an image whose vLLM "
-            "knows it"
+            f"{' '.join(str(answer.get('message')).split())[:400]}; fix: use a checkpoint this vLLM knows, or an image "
+            "whose vLLM knows it"
         )
     if answer.get("error"):
         raise SelectionError(
-            f"vLLM's selection failed in {image}: {str(answer.get('message'))[:400]}; fix: report it with "
-            "'invoke kernels --json' output"
+            f"vLLM's selection failed in {image}: {' '.join(str(answer.get('message')).split())[:400]}; fix: report "
+            "it with the 'invoke kernels --json' output"
         )
 
 
