@@ -218,7 +218,7 @@ def _moe(kind: str, text: Any, dtype: Any) -> dict[str, Any]:
         wkey, akey = q.kNvfp4Static, q.kNvfp4Dynamic
         backend, _ = nvfp4.select_nvfp4_moe_backend(config, wkey, akey)
         # select_nvfp4_moe_backend's own list is a local (oracle/nvfp4.py, "AVAILABLE_BACKENDS = [" after
-        # "intentionally excluded from auto-selection"): mirrored here, pinned by tests/engine/test_kernels_selection.py
+        # "intentionally excluded from auto-selection"): mirrored here, pinned by tests/engine/test_kernels_vllm.py
         order = nvfp4.prioritize_humming([getattr(nvfp4.NvFp4MoeBackend, n) for n in NVFP4_MOE_ORDER])
         candidates = _skipped_above(_walk(order, nvfp4.backend_to_kernel_cls, config, wkey, akey), backend.value,
                                     "select_nvfp4_moe_backend")  # fmt: skip
@@ -363,12 +363,8 @@ def select(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def without_driver() -> str:
-    """Let vLLM's extension modules load where no NVIDIA driver is mounted (this script makes no CUDA call).
-
-    They name libcuda.so.1 as a dependency. The image's JIT toolchain carries a link stub with that soname
-    ($CUDA_HOME/lib/stubs/libcuda.so, no symbols); loaded first, it satisfies the dependency, and lazy binding
-    leaves the driver functions unresolved until a call that never comes here. With a driver present, nothing
-    is done."""
+    """Let vLLM's extension modules (they need libcuda.so.1) load without a driver: the image's link stub with that
+    soname ($CUDA_HOME/lib/stubs/libcuda.so) loaded first, lazy binding; no CUDA call is made here."""
     import ctypes
     import os
 
