@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from audit_fixtures import Fixture, build_fixtures, nvcc_available
 
 from sparkforge.verify import kernels_report, selection, started
 from sparkforge.verify.kernels_run import selection_input
@@ -99,3 +100,44 @@ def test_rows_judge_the_selected_code_and_name_the_fallback() -> None:
     assert rows["full_attention"]["selected"] == answer["layers"][0]["selected"]
     flat = kernels_report.backend_verdicts(list(rows.values()))
     assert any(b["name"] == "moe.fp8_block: VLLM_CUTLASS" and not b["usable"] for b in flat)
+
+
+def _wheel(path: Path, library: Path, sources: dict[str, bytes]) -> Path:
+    """A wheel as pip writes one: the files, then a RECORD with each file's urlsafe-base64 sha256."""
+    import base64
+    import hashlib
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        lines = []
+        for name, data in {**sources, "vllm/_C.abi3.so": library.read_bytes()}.items():
+            archive.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            lines.append(f"{name},sha256={digest},{len(data)}")
+        archive.writestr("vllm-0.33.0.dist-info/RECORD", "\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc 13 not found")
+def test_a_wheel_audit_is_cached_by_its_zip_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkforge.verify import kernels_run
+
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    library = build_fixtures([Fixture("wheel-sm_120f", ("compute_120f:sm_120f",), output="so")])[
+        "wheel-sm_120f"
+    ]
+    wheel = _wheel(tmp_path / "vllm-0.33.0-py3-none-any.whl", library, {"vllm/platforms/cuda.py": b"# a\n"})
+    first = kernels_run._audit_path(wheel, "sm_121", ["vllm/_C*.so"]).to_dict()
+    assert len(list((tmp_path / "cache" / "kernels" / "audit").glob("*.json"))) == 1
+    second = kernels_run._audit_path(wheel, "sm_121", ["vllm/_C*.so"]).to_dict()
+    assert second["libraries"] == first["libraries"] and second["libraries"][0]["verdict"] == "family"
+    assert [c["status"] for c in second["checks"]] == [c["status"] for c in first["checks"]]
+    changed = _wheel(tmp_path / "other.whl", library, {"vllm/platforms/cuda.py": b"# b\n"})
+    assert kernels_run.zip_digest(changed) != kernels_run.zip_digest(wheel)
+    # the wheel's Python files against a runner's: one differs, one is the same
+    digests = selection.wheel_python_digests(wheel)
+    assert list(digests) == ["vllm/platforms/cuda.py"]
+    assert selection.wheel_matches_runner(wheel, digests) == []
+    assert selection.wheel_matches_runner(changed, digests) == ["vllm/platforms/cuda.py"]
