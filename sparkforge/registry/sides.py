@@ -157,7 +157,10 @@ def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None
         json.loads(raw_lock) if raw_lock else None,
         dists,
         {_library_key(str(lib["path"])): str(lib["verdict"]) for lib in libraries},
-        {b["name"]: b["verdict"] for b in backends},
+        {
+            b["name"]: f"{b['verdict']}, vLLM {'accepts' if b['vllm_accepts'] else 'refuses'}"
+            for b in backends
+        },
         {k: str(v["status"]) for k, v in jit.items()} if jit is not None else None,
         size,
         _verify_of(record, gpu),
