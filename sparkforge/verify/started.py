@@ -23,7 +23,10 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
         "linear_attention",
         re.compile(r"Using (FlashInfer|CuteDSL|AITER FlyDSL|Triton/FLA|SYCL) GDN prefill kernel"),
     ),
-    ("moe", re.compile(r"Using '?(\w+)'? (Fp8|NvFp4|Unquantized) MoE backend out of potential backends")),
+    (
+        "moe",
+        re.compile(r"Using '?(\w[\w ]*?)'? (Fp8|NvFp4|Unquantized) MoE backend out of potential backends"),
+    ),
     ("linear.fp8_block", re.compile(r"Selected (\w+Fp8\w*|\w+FP8\w*) for ")),
     ("linear.nvfp4", re.compile(r"Using (\w+) for NVFP4 GEMM")),
     ("sampler", re.compile(r"Using FlashInfer for top-p & top-k sampling()")),

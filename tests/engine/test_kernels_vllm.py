@@ -36,6 +36,15 @@ PINNED = (
         '"Using %s GDN prefill kernel (requested',
     ),
     ("vllm/model_executor/layers/fused_moe/oracle/fp8.py", 'f"Using {backend.value} Fp8 MoE backend out "'),
+    (
+        "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py",
+        "f\"Using '{backend.value}' NvFp4 MoE backend out \"",
+    ),
+    (
+        "vllm/model_executor/layers/fused_moe/oracle/unquantized.py",
+        'f"Using {backend.value} Unquantized MoE backend out "',
+    ),
+    ("vllm/model_executor/kernels/linear/__init__.py", '"Using %s for NVFP4 GEMM"'),
     ("vllm/model_executor/kernels/linear/__init__.py", '"Selected %s for %s"'),
     ("vllm/v1/sample/ops/topk_topp_sampler.py", '"Using FlashInfer for top-p & top-k sampling."'),
 )
@@ -82,6 +91,19 @@ def test_the_cited_vllm_lines_are_in_the_image(vllm_image: str) -> None:
     for path, text in PINNED:
         source = engine.read_image_file(vllm_image, f"{SITE}/{path}")
         assert source is not None and text in source.decode(), (path, text)
+    # the one list the selection script mirrors: select_nvfp4_moe_backend's local AVAILABLE_BACKENDS
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "image"))
+    from vllm_selection import NVFP4_MOE_ORDER
+
+    source = (
+        engine.read_image_file(vllm_image, f"{SITE}/vllm/model_executor/layers/fused_moe/oracle/nvfp4.py")
+        or b""
+    ).decode()
+    block = source.split("intentionally excluded from auto-selection", 1)[1].split("]", 1)[0]
+    assert tuple(re.findall(r"NvFp4MoeBackend\.(\w+)", block)) == NVFP4_MOE_ORDER
 
 
 def test_a_quantization_this_vllm_does_not_know_is_one_paragraph(vllm_image: str) -> None:

@@ -24,6 +24,8 @@ LOG = """\
 (EngineCore pid=77) INFO 12-01 13:00:01 [cuda.py:570] Using backend AttentionBackendEnum.FLASH_ATTN for vit attention
 (EngineCore pid=77) INFO 12-01 13:00:02 [qwen_gdn_linear_attn.py:300] Using FlashInfer GDN prefill kernel (requested=auto, head_k_dim=128).
 (EngineCore pid=77) INFO 12-01 13:00:02 [fp8.py:536] Using TRITON Fp8 MoE backend out of potential backends: ['FLASHINFER_TRTLLM', 'TRITON'].
+(EngineCore pid=77) INFO 12-01 13:00:02 [nvfp4.py:270] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS'].
+(EngineCore pid=77) INFO 12-01 13:00:02 [unquantized.py:294] Using FlashInfer CUTLASS Unquantized MoE backend out of potential backends: ['FlashInfer TRTLLM', 'FlashInfer CUTLASS'].
 (EngineCore pid=77) INFO 12-01 13:00:02 [__init__.py:777] Selected CutlassFp8BlockScaledMMKernel for model.layers.0.mlp.shared_expert.gate_up_proj
 (EngineCore pid=77) WARNING 12-01 13:00:03 [topk_topp_sampler.py:156] FlashInfer top-p/top-k sampling unavailable: nvcc not found; falling back. Set VLLM_USE_FLASHINFER_SAMPLER=0 to silence.
 """
@@ -66,6 +68,8 @@ def test_the_serve_log_names_what_vllm_selected_at_start() -> None:
         "vision_encoder": "FLASH_ATTN",
         "linear_attention": "flashinfer",
         "moe.fp8_block": "TRITON",
+        "moe.nvfp4": "FLASHINFER_CUTLASS",
+        "moe.bf16": "FlashInfer CUTLASS",
         "linear.fp8_block": "CutlassFp8BlockScaledMMKernel",
         "sampler": "forward_native",
     }
