@@ -5,7 +5,8 @@ b12x ships its own GPU-less compile path: the workers of its CompilePool call `_
 CUDA, describes the target (capability, SM count, shared memory) to torch, CuTe DSL (`envar.arch`, e.g.
 sm_121a) and Triton, then run a compile factory. This check does exactly that in a child process for one
 factory, the unquantized embedding lookup (b12x.sequence.embedding), with GB10's figures, and reports what
-CuTe DSL compiled for. Skipped when the recipe installs no b12x.
+CuTe DSL compiled for. Runs when b12x is importable: vLLM's b12x extra (components.b12x), or the copy
+flashinfer-python 0.7.2 embeds under a top-level `b12x/` package (which the extra's files then replace).
 
     python3 checks_b12x.py --lock /opt/sparkforge/lock.json      # prints the check as JSON (or run via run_checks)
 """
@@ -34,6 +35,16 @@ def _capability(lock: dict[str, Any]) -> tuple[int, int]:
     return int(gpu[:-1]), int(gpu[-1])
 
 
+def _b12x_version() -> str:
+    """b12x's own distribution, else the copy flashinfer-python embeds (its top-level b12x/ shim)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("b12x")
+    except PackageNotFoundError:
+        return f"embedded in flashinfer-python {version('flashinfer-python')}"
+
+
 def child(lock: dict[str, Any]) -> dict[str, Any]:
     import multiprocessing
     import pickle
@@ -43,7 +54,7 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
     from b12x.sequence.embedding._tuning import TUNING, EmbeddingQuery
 
     major, minor = _capability(lock)
-    out: dict[str, Any] = {"b12x": version("b12x"), "cutlass_dsl": version("nvidia-cutlass-dsl")}
+    out: dict[str, Any] = {"b12x": _b12x_version(), "cutlass_dsl": version("nvidia-cutlass-dsl")}
     activity = multiprocessing.get_context("spawn").Array("q", (0, 0))
     compile_pool._initialize_worker(0, (major, minor), "GPU-sparkforge-offline", GB10["name"], GB10["sm_count"],
                                     GB10["smem_block"], GB10["smem_sm"], activity)  # fmt: skip
@@ -75,8 +86,14 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
 
 
 def check(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
-    if "b12x" not in (lock.get("components") or {}):
-        return "skipped", "the recipe installs no b12x (components.b12x: vLLM's b12x extra)", {}
+    import importlib.util
+
+    if "b12x" not in (lock.get("components") or {}) and importlib.util.find_spec("b12x") is None:
+        return (
+            "skipped",
+            "no b12x in the image (components.b12x: vLLM's b12x extra; flashinfer's embedded copy)",
+            {},
+        )
     if not (lock.get("runtime") or {}).get("jit_toolchain", True):
         return "skipped", "the recipe ships no JIT toolchain (runtime.jit_toolchain: false)", {}
     with tempfile.TemporaryDirectory(prefix="sparkforge-b12x-") as cache:
