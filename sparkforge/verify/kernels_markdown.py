@@ -20,6 +20,22 @@ def _rejected(row: Mapping[str, Any]) -> str:
     return "<br>".join(parts) or "-"
 
 
+def _b12x(layers: list[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for row in layers:
+        for cand in row.get("candidates") or []:
+            if "b12x" not in str(cand["name"]).lower():
+                continue
+            if cand["name"] == row["selected"]:
+                state = "selected"
+            elif cand.get("usable"):
+                state = f"accepted by vLLM, after {row['selected']} (code: {cand['verdict']})"
+            else:
+                state = f"refused: {'; '.join(cand.get('reasons') or [])[:140]}"
+            out.append(f"- {row['layer']}: {cand['name']}: {state}")
+    return out or ["- none of vLLM's candidates here is a B12X kernel"]
+
+
 def render(data: Mapping[str, Any]) -> str:
     target = data.get("target")
     facts = data.get("facts") or {}
@@ -63,6 +79,8 @@ def render(data: Mapping[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         for warning in data.get("warnings") or []:
             lines += ["", f"WARNING: {warning}"]
+        lines += ["", "B12X (vLLM's b12x extra, or FlashInfer's embedded copy), per layer:", ""]
+        lines += _b12x(data["layers"])
     by = (data.get("summary") or {}).get("by_verdict") or {}
     lines += ["", f"## Libraries ({', '.join(f'{k} {v}' for k, v in by.items())})", ""]
     lines += ["| library | verdict | units native/family/jit/none |", "|---|---|---|"]
