@@ -145,3 +145,26 @@ def test_a_wheel_audit_is_cached_by_its_zip_directory(
     assert list(digests) == ["vllm/platforms/cuda.py"]
     assert selection.wheel_matches_runner(wheel, digests) == []
     assert selection.wheel_matches_runner(changed, digests) == ["vllm/platforms/cuda.py"]
+
+
+# What the vLLM 0.33.0 in the CI image answered for quant_method 'sparkforge_fp3' (tests/engine/test_kernels_vllm.py,
+# slow, asks it again): ModelConfig's own refusal, two lines.
+REFUSAL = {
+    "error": "config",
+    "vllm": "0.33.0",
+    "message": "ValidationError: 1 validation error for ModelConfig\n  Value error, Unknown quantization method: "
+    "sparkforge_fp3. Must be one of ['awq', 'auto_awq', 'fp8', 'fbgemm_fp8', 'fp_quant', 'modelopt', 'modelopt_fp4']",
+}
+
+
+def test_vllm_refusing_the_quantization_is_one_paragraph() -> None:
+    config = {"architectures": ["X"], "quantization_config": {"quant_method": "sparkforge_fp3"}}
+    with pytest.raises(selection.SelectionError) as caught:
+        selection._refuse(REFUSAL, "img", config, {})
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith(
+        "the quantization 'sparkforge_fp3' of the checkpoint is refused"
+    )
+    assert "Unknown quantization method: sparkforge_fp3" in text and "fix:" in text
+    with pytest.raises(selection.SelectionError, match=r"^the quantization 'nvfp9' of the checkpoint"):
+        selection._refuse(REFUSAL, "img", config, {"quantization": "nvfp9"})
