@@ -4,15 +4,12 @@
 Input (a JSON file, argv[1]): {"capability": "sm_121", "config": <the checkpoint's config.json>, "args": {...}}.
 Output: one line `SPARKFORGE-SELECTION:<json>` on stdout.
 
-Where the capability is injected: vLLM reads the GPU's compute capability in one place,
-`CudaPlatform.get_device_capability` (vllm/platforms/cuda.py: NvmlCudaPlatform asks NVML, NonNvmlCudaPlatform
-torch.cuda); has_device_capability, is_device_capability, is_device_capability_family and every selector that
-takes `current_platform.get_device_capability()` go through it. This script replaces that classmethod on the
-CUDA platform class and makes that class `vllm.platforms.current_platform` (which would otherwise resolve to no
-CUDA platform on a machine without a GPU). The sampler's FlashInfer gate also reads the SM count
-(`num_compute_units`): it is injected the same way (GB10: 48); b12x, when installed, reads the capability
-through torch in b12x/_lib/gating.py `get_compute_capability`: injected there. Nothing else of vLLM is changed: every choice below is made by
-vLLM's own functions, and each candidate's reason is vLLM's own `is_supported`/`validate_configuration` answer.
+Where the capability is injected: vLLM reads it in one place, `CudaPlatform.get_device_capability`
+(vllm/platforms/cuda.py: NVML or torch.cuda); every capability gate goes through it. The script replaces that
+classmethod and makes the CUDA platform `vllm.platforms.current_platform`. Device reads outside it, set the same
+way: the sampler's SM count (`num_compute_units`, GB10: 48), FlashInfer's JIT target (FLASHINFER_CUDA_ARCH_LIST),
+b12x's `get_compute_capability`. Every choice is made by vLLM's functions; each reason is vLLM's own answer.
+docs/kernels.md says more.
 """
 
 from __future__ import annotations
