@@ -1,6 +1,6 @@
 """`invoke kernels` end to end: audit the target, ask the image's vLLM what it selects, read the serve log.
 
-A wheel's audit is cached by the digest of its zip directory (every member's name, CRC-32 and size: the same
+An image's audit is cached by its ID; a wheel's by the digest of its zip directory (every member's name, CRC-32 and size: the same
 bytes give the same digest, and reading it takes milliseconds), so a second report on a 333 MB wheel skips
 the 8 s of inflating; vLLM's answer is cached by selection.run_selection.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,16 +43,21 @@ def _audit_path(path: Path, gpu: str, require: Sequence[str]) -> Report:
 
     if not zipfile.is_zipfile(path):
         return audit_target(path, gpu=gpu, require=require)
-    key = hashlib.sha256(json.dumps([zip_digest(path), gpu, sorted(require)]).encode()).hexdigest()[:32]
-    cached = cache_path("kernels", "audit", key + ".json")
+    return _cached_audit(json.dumps([zip_digest(path), gpu, sorted(require)]), str(path),
+                         lambda: audit_target(path, gpu=gpu, require=require))  # fmt: skip
+
+
+def _cached_audit(identity: str, subject: str, audit: Callable[[], Report]) -> Report:
+    """The audit of an immutable subject (a wheel's content, an image ID), from the cache when it was done."""
+    cached = cache_path("kernels", "audit", hashlib.sha256(identity.encode()).hexdigest()[:32] + ".json")
     if cached.is_file():
         data = json.loads(cached.read_text())
-        report = Report(command=data["command"], subject=str(path), recipe=data.get("recipe"))
+        report = Report(command=data["command"], subject=subject, recipe=data.get("recipe"))
         for check in data.get("checks") or []:
             report.add(Check.from_dict(check))
         report.extra.update({k: data[k] for k in ("target", "libraries", "summary") if k in data})
         return report
-    report = audit_target(path, gpu=gpu, require=require)
+    report = audit()
     write_atomic(cached, json.dumps(report.to_dict(), sort_keys=True).encode())
     return report
 
@@ -122,7 +127,8 @@ def for_target(
     answer = None
     if ask is not None:
         answer = {**sel.run_selection(target, gpu, ask.config, ask.args), "ran_in": target}
-    audit = audit_subject(target, gpu, require)
+    audit = _cached_audit(json.dumps([str(attrs["Id"]), gpu, sorted(require)]), target,
+                          lambda: audit_subject(target, gpu, require))  # fmt: skip
     return kernel_report(audit, recipe=recipe or labels.get("dev.sparkforge.recipe"), verify_checks=verify_checks,
                          facts=facts, selection=answer, started=started)  # fmt: skip
 
