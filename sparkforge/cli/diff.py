@@ -105,6 +105,11 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     help={
         "recipe": RECIPE_HELP,
         "image": "image, wheel or directory to report on (default: the recipe's candidate for its first platform)",
+        "profile": "serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
+        "profiles/checkpoints/<profile>.json unless --model-config)",
+        "model_config": "the checkpoint's config.json (overrides the profile's)",
+        "runner_image": "for a wheel or directory: an image holding the same vLLM to run its selection in",
+        "serve_log": "vLLM's log of a start of this profile: what it selected, set beside the prediction",
         "verify_report": "a verify report of this image ('invoke verify --report'): its JIT checks (default: "
         "this machine's latest verify record of the image)",
         "gpu": "GPU target (default: the recipe's)",
@@ -119,6 +124,10 @@ def kernels(
     c: Context,
     recipe: str,
     image: str = "",
+    profile: str = "",
+    model_config: str = "",
+    runner_image: str = "",
+    serve_log: str = "",
     verify_report: str = "",
     json: str = "",
     markdown: str = "",
@@ -126,11 +135,12 @@ def kernels(
     key: str = "",
     gpu: str = "",
 ) -> None:
-    """The kernel report of an image: audit verdicts, JIT toolchain checks, usable vLLM backends."""
+    """Per layer type, what vLLM selects on the recipe's GPU, where that code comes from and if it can run."""
     from sparkforge.errors import SparkforgeError
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.verify.kernels_report import for_target, to_markdown
+    from sparkforge.verify.kernels_report import to_markdown
+    from sparkforge.verify.kernels_run import for_target, selection_input
 
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
@@ -143,9 +153,18 @@ def kernels(
                 f"--verify-report {verify_report}: cannot read it ({exc}); fix: pass the file 'invoke verify "
                 "--report' wrote"
             ) from None
-    report = for_target(
-        ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name, verify_checks=checks
-    )
+    log = None
+    if serve_log:
+        try:
+            log = Path(serve_log).read_text(errors="replace")
+        except OSError as exc:
+            raise SparkforgeError(
+                f"--serve-log {serve_log}: cannot read it ({exc.strerror}); fix: pass the saved output of the "
+                "profile's start ('invoke serve' logs, or docker logs of its container)"
+            ) from None
+    ask = selection_input(profile, model_config, runner_image)
+    report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name,
+                        verify_checks=checks, ask=ask, serve_log=log)  # fmt: skip
     data = report.to_dict()
     text = to_markdown(data)
     echo(text)

@@ -176,6 +176,8 @@ class Components(StrictModel):
     torch: Component
     transformers: Component
     flashinfer: Component | None = None
+    # vLLM's `b12x` extra (0.33.0: b12x==1.5.1): CuTe DSL kernels JIT-compiled for sm_121a at serve time.
+    b12x: Component | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _vllm_commit(self) -> Components:
@@ -187,7 +189,9 @@ class Components(StrictModel):
         return self
 
     def items(self) -> list[tuple[str, Component]]:
-        return [(k, v) for k in ("vllm", "torch", "transformers", "flashinfer") if (v := getattr(self, k))]
+        return [
+            (k, v) for k in ("vllm", "torch", "transformers", "flashinfer", "b12x") if (v := getattr(self, k))
+        ]
 
 
 # The compile probe's default translation units: what GB10 users run (issue: compile probe).

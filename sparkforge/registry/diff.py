@@ -23,6 +23,7 @@ SECTIONS = (
     "cuda",
     "packages",
     "kernels",
+    "selection",
     "backends",
     "jit",
     "labels",
@@ -138,6 +139,10 @@ def compare(a: Side, b: Side) -> Report:
         "cuda": _changes("cuda", cuda_a, cuda_b),
         "packages": _changes("packages", other_a, other_b),
         "kernels": _kernel_rows(a, b),
+        "selection": [
+            {**r, "change": f"{r['item']}: {r['a'] or '-'} -> {r['b'] or '-'}"}
+            for r in _changes("selection", a.selection, b.selection)
+        ],
         "backends": _changes("backends", a.backends, b.backends),
         "jit": _changes("jit", a.jit, b.jit),
         "labels": _changes(
@@ -153,6 +158,7 @@ def compare(a: Side, b: Side) -> Report:
     missing = {
         "packages": a.packages is None or b.packages is None,
         "kernels": a.kernels is None or b.kernels is None,
+        "selection": a.selection is None or b.selection is None,
         "size": a.size is None or b.size is None,
         "jit": a.jit is None or b.jit is None,
         "bench": a.bench is None or b.bench is None,
@@ -163,6 +169,8 @@ def compare(a: Side, b: Side) -> Report:
         found = rows[section]
         if missing.get(section) and not found:
             why = "only images have it" if section != "bench" else "pass --bench for both sides"
+            if section == "selection":
+                why = "vLLM's selection did not run on both sides (see the notes)"
             if section == "jit":
                 why = "no verify record of both images on this machine"
             report.add(Check(section, "skipped", why))

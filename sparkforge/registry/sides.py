@@ -19,6 +19,7 @@ from sparkforge.errors import EngineError, PublishError
 from sparkforge.verify import kernels_report, verified
 
 RECIPE_LABEL = "dev.sparkforge.recipe"
+DIFF_PROFILE = "qwen35-35b-a3b-fp8"  # the checkpoint whose kernel selection diff compares
 _DIST = re.compile(r"python:(?P<name>.+?)-(?P<version>\d[^-]*)$")
 
 
@@ -41,6 +42,7 @@ class Side:
     verify: dict[str, Any] | None = None
     bench: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    selection: dict[str, str] | None = None  # layer -> what vLLM selects ('KERNEL (verdict)')
 
 
 def _library_key(path: str) -> str:
@@ -126,7 +128,11 @@ def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None
     libraries = list(audit.extra.get("libraries") or [])
     record = verified.read_record(image_id, verified.VERIFIED_DIR)
     jit = kernels_report.jit_results((record or {}).get("checks"))
-    backends = kernels_report.backend_verdicts(libraries, jit)
+    chosen, why = _selection(image_id, gpu)
+    if why:
+        notes.append(f"{ref}: vLLM's selection not compared ({why})")
+    rows = kernels_report.layer_rows(chosen or {}, libraries, jit)
+    backends = kernels_report.backend_verdicts(rows)
     tree = image_tree(image_id)
     size = None
     dists: dict[str, str] | None = None
@@ -151,13 +157,32 @@ def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None
         json.loads(raw_lock) if raw_lock else None,
         dists,
         {_library_key(str(lib["path"])): str(lib["verdict"]) for lib in libraries},
-        {b["name"]: b["verdict"] for b in backends},
+        {
+            b["name"]: f"{b['verdict']}, vLLM {'accepts' if b['vllm_accepts'] else 'refuses'}"
+            for b in backends
+        },
         {k: str(v["status"]) for k, v in jit.items()} if jit is not None else None,
         size,
         _verify_of(record, gpu),
         bench_numbers(bench) if bench else None,
         tuple(notes),
+        kernels_report.selected_by_layer({"layers": rows}) if chosen else None,
     )
+
+
+def _selection(image_id: str, gpu: str) -> tuple[dict[str, Any] | None, str]:
+    """vLLM's selection in the image for the mission profile's checkpoint (cached), or why there is none."""
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.verify.kernels_run import selection_input
+    from sparkforge.verify.selection import run_selection
+
+    try:
+        ask = selection_input(DIFF_PROFILE, "", "")
+        if ask is None:
+            return None, "no checkpoint config"
+        return run_selection(image_id, gpu, ask.config, ask.args), ""
+    except SparkforgeError as exc:
+        return None, str(exc)[:200]
 
 
 def _verify_of(record: Mapping[str, Any] | None, gpu: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ EXPECTED_IMAGE_CHECKS: tuple[str, ...] = (
     "jit.toolchain",
     "jit.triton",
     "jit.flashinfer",
+    "jit.b12x",
     "fabric.verbs",
     "serve",
 )

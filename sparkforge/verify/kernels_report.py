@@ -1,65 +1,37 @@
-"""The kernel report of one image: audit verdicts per library, the JIT toolchain checks, and the vLLM backends
-that can run on the recipe's GPU, as JSON (a sparkforge report) and Markdown (a release page).
+"""The kernel report of one image: per layer type, what vLLM itself selects on the recipe's GPU, where that
+kernel's code comes from and whether it can run there, what vLLM falls back to; as JSON and Markdown.
 
-The backend rule is deliberately simple and stated in every report (`RULE`): a backend needs some compiled
-libraries (matched by path) and/or a serve-time compiler (one of the in-image JIT checks). A library counts
-by its audit verdict (its best way to run on the target); a compiler counts as "jit" when its check passed.
-A backend's verdict is the worst of its needs; it is usable when that is native, family or jit.
+vLLM decides (tests/image/vllm_selection.py runs its own selection functions in the image, the capability
+injected); sparkforge only judges the chosen code: a compiled library by the audit's verdict for the target,
+a serve-time compiler by the in-image JIT check (kernel_origin.py says which is which).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sparkforge.audit.coverage import glob_matches
 from sparkforge.report import Check, Report
+from sparkforge.verify import started as started_log
+from sparkforge.verify.kernel_origin import origin_of
 
-ORDER = ("native", "family", "jit", "none", "missing", "unchecked")  # best first
+ORDER = ("native", "family", "jit", "none", "missing", "unchecked", "unknown")  # best first
 USABLE = ("native", "family", "jit")
-JIT_CHECKS = ("jit.toolchain", "jit.triton", "jit.flashinfer")
+JIT_CHECKS = ("jit.toolchain", "jit.triton", "jit.flashinfer", "jit.b12x")
 RULE = (
-    "A backend needs the listed libraries (glob over the image's paths) and serve-time compilers (in-image JIT "
-    "checks). A library counts by its audit verdict for the target (native: a cubin for it or an older minor "
-    "of its major; family: an 'f' cubin; jit: PTX only; none; missing: not in the image). A compiler counts as "
-    "'jit' when its check passed, 'none' when it failed or was skipped, 'unchecked' when no verify report was "
-    "given. A backend's verdict is the worst of its needs; native, family and jit are usable. Library verdicts "
-    "are per library: a library with native units may still hold other kernels built only for other GPUs."
-)
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One vLLM backend and what it needs in the image."""
-
-    name: str
-    kind: str  # attention, moe, fp8
-    libraries: tuple[str, ...] = ()  # globs, each must match a library with device code
-    compilers: tuple[str, ...] = ()  # in-image JIT checks that must pass
-
-    def needs(self) -> tuple[str, ...]:
-        return (*self.libraries, *self.compilers)
-
-
-# vLLM's names (VLLM_ATTENTION_BACKEND, the MoE and FP8 kernel paths) and where their kernels live.
-BACKENDS: tuple[Backend, ...] = (
-    Backend("FLASH_ATTN (FA2)", "attention", ("vllm/vllm_flash_attn/_vllm_fa2_C*.so",)),
-    Backend("FLASH_ATTN (FA3)", "attention", ("vllm/vllm_flash_attn/_vllm_fa3_C*.so",)),
-    Backend("FLASHINFER", "attention", (), ("jit.toolchain", "jit.flashinfer")),
-    Backend("TRITON_ATTN", "attention", (), ("jit.triton",)),
-    Backend("FLASHMLA", "attention", ("vllm/_flashmla_C*.so",)),
-    Backend("fused_moe (Triton)", "moe", ("vllm/_moe_C*.so",), ("jit.triton",)),
-    Backend("marlin / CUTLASS MoE (vLLM _moe_C, _C)", "moe", ("vllm/_moe_C*.so", "vllm/_C*.so")),
-    Backend("FlashInfer CUTLASS MoE", "moe", (), ("jit.toolchain", "jit.flashinfer")),
-    Backend("CUTLASS scaled_mm (vLLM _C)", "fp8", ("vllm/_C*.so",)),
-    Backend("Triton block FP8", "fp8", (), ("jit.triton",)),
-    Backend("torch._scaled_mm (cuBLASLt)", "fp8", ("torch/lib/libtorch_cuda.so",)),
+    "vLLM selects: its own selection functions run inside the image for the target's capability (injected at "
+    "CudaPlatform.get_device_capability) and the checkpoint's config. sparkforge judges the selected kernel's "
+    "code: a compiled library by its audit verdict for the target (native, family, jit = PTX only, none; "
+    "missing: not in the image), a serve-time compiler by its in-image JIT check ('jit' when it passed, 'none' "
+    "when it failed or was skipped, 'unchecked' without a verify report). A kernel's verdict is the worst of its "
+    "needs; native, family and jit are usable. 'falls back to' is the next candidate vLLM accepts whose code is "
+    "usable."
 )
 
 
 def worst(verdicts: Sequence[str]) -> str:
-    return max(verdicts, key=ORDER.index) if verdicts else "missing"
+    return max(verdicts, key=ORDER.index) if verdicts else "unknown"
 
 
 def _library_verdict(pattern: str, libraries: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
@@ -77,28 +49,82 @@ def _compiler_verdict(name: str, jit: Mapping[str, Mapping[str, Any]] | None) ->
     return "jit" if check and check.get("status") == "passed" else "none"
 
 
-def backend_verdicts(
-    libraries: Sequence[Mapping[str, Any]], jit: Mapping[str, Mapping[str, Any]] | None
+def judge(
+    name: str,
+    detail: str,
+    libraries: Sequence[Mapping[str, Any]],
+    jit: Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """A kernel's origin, the verdict of each need and its own (the worst)."""
+    origin = origin_of(name, detail)
+    needs = []
+    for pattern in origin.libraries:
+        verdict, paths = _library_verdict(pattern, libraries)
+        needs.append({"need": pattern, "verdict": verdict, "paths": paths})
+    for check in origin.compilers:
+        needs.append({"need": check, "verdict": _compiler_verdict(check, jit), "paths": []})
+    return {
+        "origin": origin.kind,
+        "note": origin.note,
+        "needs": needs,
+        "verdict": worst([n["verdict"] for n in needs]),
+    }
+
+
+def layer_rows(
+    selection: Mapping[str, Any],
+    libraries: Sequence[Mapping[str, Any]],
+    jit: Mapping[str, Mapping[str, Any]] | None,
 ) -> list[dict[str, Any]]:
-    """Each backend of BACKENDS with the verdict of each need and its own (the worst)."""
-    out = []
-    for backend in BACKENDS:
-        needs = []
-        for pattern in backend.libraries:
-            verdict, paths = _library_verdict(pattern, libraries)
-            needs.append({"need": pattern, "verdict": verdict, "paths": paths})
-        for name in backend.compilers:
-            needs.append({"need": name, "verdict": _compiler_verdict(name, jit), "paths": []})
-        verdict = worst([n["verdict"] for n in needs])
-        out.append(
+    """One row per layer type of vLLM's answer: the selected kernel, its verdict, and what it falls back to."""
+    rows = []
+    for layer in selection.get("layers") or []:
+        selected, detail = layer.get("selected"), str(layer.get("detail") or "")
+        candidates = []
+        for cand in layer.get("candidates") or []:
+            judged = judge(str(cand["name"]), detail if cand["name"] == selected else "", libraries, jit)
+            runs = bool(cand.get("usable")) and judged["verdict"] in USABLE
+            candidates.append({**cand, **judged, "runs": runs})
+        mine = next((c for c in candidates if c["name"] == selected), None)
+        own = judge(str(selected), detail, libraries, jit) if selected else None
+        after = [c for c in candidates if mine is None or c["priority"] > mine["priority"]]
+        fallback = next((c["name"] for c in after if c["runs"] and c["name"] != selected), None)
+        rows.append(
             {
-                "name": backend.name,
-                "kind": backend.kind,
-                "verdict": verdict,
-                "usable": verdict in USABLE,
-                "needs": needs,
+                "layer": layer["layer"],
+                "checkpoint": bool(layer.get("checkpoint", True)),
+                "selected": selected,
+                "detail": detail,
+                "origin": own["origin"] if own else None,
+                "needs": own["needs"] if own else [],
+                "verdict": own["verdict"] if own else "unknown",
+                "usable": bool(own and own["verdict"] in USABLE),
+                "fallback": fallback,
+                "rejected": [c for c in candidates if mine is not None and c["priority"] < mine["priority"]],
+                "candidates": candidates,
+                "error": layer.get("error"),
             }
         )
+    return rows
+
+
+def backend_verdicts(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The flat list kept under the report's `backends` key: every candidate of every layer type."""
+    out = []
+    for row in rows:
+        for cand in row["candidates"]:
+            out.append(
+                {
+                    "name": f"{row['layer']}: {cand['name']}",
+                    "kind": row["layer"],
+                    "verdict": cand["verdict"],
+                    "usable": cand["runs"],
+                    "selected": cand["name"] == row["selected"],
+                    "vllm_accepts": bool(cand.get("usable")),
+                    "reasons": list(cand.get("reasons") or []),
+                    "needs": cand["needs"],
+                }
+            )
     return out
 
 
@@ -119,37 +145,57 @@ def kernel_report(
     recipe: str | None = None,
     verify_checks: Sequence[Mapping[str, Any]] | None = None,
     facts: Mapping[str, Any] | None = None,
+    selection: Mapping[str, Any] | None = None,
+    started: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Report:
-    """The kernel report of one image from its audit and (optionally) its verify report's checks.
-
-    `facts` (versions from labels and lock, the image digest) is copied into the report as it is.
-    """
+    """The kernel report from the audit, vLLM's selection (None: not run) and optionally the verify checks
+    and what vLLM logged at start. `facts` (versions, digests) is copied into the report as it is."""
     audit_data = audit.to_dict()
     libraries = list(audit_data.get("libraries") or [])
     jit = jit_results(verify_checks)
-    backends = backend_verdicts(libraries, jit)
+    rows = layer_rows(selection or {}, libraries, jit)
     report = Report(command="kernels", subject=audit.subject, recipe=recipe)
     for check in audit_data.get("checks") or []:
         report.add(Check.from_dict({**check, "name": f"audit.{check['name']}"}))
     for name, result in (jit or {}).items():
         status = str(result["status"]) if result["status"] in ("passed", "failed") else "skipped"
         report.add(Check(name, status, str(result["reason"])))
-    usable = [b["name"] for b in backends if b["usable"]]
-    report.add(
-        Check(
-            "backends",
-            "passed",
-            f"{len(usable)} of {len(backends)} vLLM backends usable on {audit_data.get('target')}",
-            {"usable": usable},
+    target = audit_data.get("target")
+    if selection is None:
+        report.add(
+            Check("selection", "skipped", "vLLM's selection was not run (no model config or runner image)")
         )
-    )
+    else:
+        cannot = [r for r in rows if r["checkpoint"] and r["verdict"] in ("none", "missing")]
+        broken = [r for r in rows if r.get("error")]
+        report.add(
+            Check(
+                "selection",
+                "failed" if cannot else "passed",
+                f"vLLM {selection.get('vllm')} on {target}: "
+                + "; ".join(f"{r['layer']} {r['selected']} ({r['verdict']})" for r in rows if r["checkpoint"])
+                + (f"; cannot run on {target}: {', '.join(r['layer'] for r in cannot)}" if cannot else ""),
+                {"errors": {r["layer"]: r["error"] for r in broken}},
+            )
+        )
+    warnings = started_log.compare(rows, started) if started is not None else []
+    if started is not None:
+        report.add(Check("started", "passed", f"{len(started)} selection(s) read from the serve log; "
+                         f"{len(warnings)} differ from the prediction", {"warnings": warnings}))  # fmt: skip
+    backends = backend_verdicts(rows)
     report.extra.update(
         {
-            "target": audit_data.get("target"),
+            "target": target,
             "libraries": libraries,
             "summary": audit_data.get("summary"),
             "jit": jit,
+            "layers": rows,
             "backends": backends,
+            "selection": {
+                k: v for k, v in (selection or {}).items() if k not in ("layers", "python_digests")
+            },
+            "started": dict(started) if started is not None else None,
+            "warnings": warnings,
             "rule": RULE,
             "facts": dict(facts or {}),
         }
@@ -158,7 +204,7 @@ def kernel_report(
 
 
 def coverage_summary(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The short form kept in history entries and shown by pull: verdict counts and usable backends."""
+    """The short form kept in history entries and shown by pull: verdict counts, usable backends, selection."""
     summary = data.get("summary") or {}
     return {
         "target": data.get("target"),
@@ -166,86 +212,26 @@ def coverage_summary(data: Mapping[str, Any]) -> dict[str, Any]:
         "native": sorted(
             str(lib["path"]) for lib in data.get("libraries") or [] if lib["verdict"] == "native"
         ),
-        "usable_backends": [b["name"] for b in data.get("backends") or [] if b.get("usable")],
+        "usable_backends": [
+            b["name"] for b in data.get("backends") or [] if b.get("usable") and b.get("selected")
+        ],
+        "selected": {r["layer"]: r["selected"] for r in data.get("layers") or []},
     }
+
+
+def selected_by_layer(data: Mapping[str, Any]) -> dict[str, str]:
+    """layer -> 'KERNEL (verdict)' of a report's JSON form: what `invoke diff` compares."""
+    return {str(r["layer"]): f"{r['selected']} ({r['verdict']})" for r in data.get("layers") or []}
 
 
 def to_markdown(data: Mapping[str, Any]) -> str:
     """The report (its JSON form) as Markdown for a release page."""
-    target = data.get("target")
-    facts = data.get("facts") or {}
-    lines = [f"# Kernel report: {data.get('subject')}", ""]
-    lines.append(f"Recipe `{data.get('recipe')}`, GPU `{target}`, status **{data.get('status')}**.")
-    if facts:
-        lines += ["", "| fact | value |", "|---|---|"]
-        lines += [f"| {k} | `{v}` |" for k, v in sorted(facts.items())]
-    by = (data.get("summary") or {}).get("by_verdict") or {}
-    lines += ["", f"## Libraries ({', '.join(f'{k} {v}' for k, v in by.items())})", ""]
-    lines += ["| library | verdict | units native/family/jit/none |", "|---|---|---|"]
-    for lib in data.get("libraries") or []:
-        units = lib.get("units") or {}
-        counts = "/".join(str(units.get(v, 0)) for v in ("native", "family", "jit", "none"))
-        lines.append(f"| `{lib['path']}` | {lib['verdict']} | {counts} |")
-    lines += ["", "## JIT toolchain", ""]
-    jit = data.get("jit")
-    if jit is None:
-        lines.append("Not checked (no verify report given).")
-    else:
-        lines += ["| check | status | reason |", "|---|---|---|"]
-        lines += [f"| {k} | {v['status']} | {v['reason']} |" for k, v in sorted(jit.items())]
-    lines += ["", f"## vLLM backends on {target}", ""]
-    lines += ["| backend | kind | verdict | usable | needs |", "|---|---|---|---|---|"]
-    for b in data.get("backends") or []:
-        needs = ", ".join(f"`{n['need']}`: {n['verdict']}" for n in b["needs"])
-        lines.append(
-            f"| {b['name']} | {b['kind']} | {b['verdict']} | {'yes' if b['usable'] else 'no'} | {needs} |"
-        )
-    lines += ["", f"Rule: {data.get('rule')}", ""]
-    return "\n".join(lines)
+    from sparkforge.verify.kernels_markdown import render
+
+    return render(data)
 
 
 def versions(labels: Mapping[str, str]) -> dict[str, str]:
     """component -> pin from the image's `dev.sparkforge.pin.<component>` labels (vLLM commit, torch, CUDA...)."""
     prefix = "dev.sparkforge.pin."
     return {k.removeprefix(prefix): v for k, v in sorted(labels.items()) if k.startswith(prefix)}
-
-
-def for_target(
-    target: str,
-    gpu: str,
-    require: Sequence[str],
-    *,
-    recipe: str | None = None,
-    verify_checks: Sequence[Mapping[str, Any]] | None = None,
-) -> Report:
-    """The kernel report of an image (audited, never run) or of a wheel or directory (`invoke audit`'s inputs).
-
-    For an image without `verify_checks`, this machine's latest verify record of the same image ID supplies
-    the JIT checks when there is one; a wheel or directory has none (its compilers are 'unchecked').
-    """
-    from pathlib import Path
-
-    from sparkforge import engine
-    from sparkforge.verify import verified
-    from sparkforge.verify.suite import audit_subject
-
-    if Path(target).expanduser().exists():
-        audit = audit_subject(target, gpu, require)
-        return kernel_report(
-            audit, recipe=recipe, verify_checks=verify_checks, facts={"file": Path(target).name}
-        )
-    attrs = engine.inspect_image(target)
-    labels = dict((attrs.get("Config") or {}).get("Labels") or {})
-    if verify_checks is None:
-        record = verified.read_record(str(attrs["Id"]), verified.VERIFIED_DIR)
-        verify_checks = (record or {}).get("checks")
-    facts = {
-        "image_id": str(attrs["Id"]),
-        "repo_digests": ", ".join(attrs.get("RepoDigests") or []),
-        "recipe_hash": labels.get("dev.sparkforge.recipe-hash", ""),
-        **{f"pin.{k}": v for k, v in versions(labels).items()},
-    }
-    audit = audit_subject(target, gpu, require)
-    return kernel_report(
-        audit, recipe=recipe or labels.get("dev.sparkforge.recipe"), verify_checks=verify_checks, facts=facts
-    )

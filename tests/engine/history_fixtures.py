@@ -33,7 +33,7 @@ from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.releases import attest_kernels
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
-from sparkforge.verify.kernels_report import for_target
+from sparkforge.verify.kernels_run import for_target
 from sparkforge.verify.suite import SUITE_DIR
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE, write_recipe_file

@@ -290,10 +290,19 @@ def check_flashinfer(lock: dict[str, Any]) -> Result:
     )
 
 
+def check_b12x(lock: dict[str, Any]) -> Result:
+    """jit.b12x: checks_b12x.py (b12x's own GPU-less compile path, one CuTe DSL kernel for the target)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import checks_b12x
+
+    return checks_b12x.check(lock)
+
+
 CHECKS = [
     ("jit.toolchain", check_toolchain),
     ("jit.triton", check_triton),
     ("jit.flashinfer", check_flashinfer),
+    ("jit.b12x", check_b12x),
 ]
 CHILDREN = {"triton": child_triton, "flashinfer": child_flashinfer}
 

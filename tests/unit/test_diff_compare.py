@@ -14,11 +14,20 @@ from sparkforge.registry.sides import Side
 from sparkforge.verify import kernels_report
 from tests.recipe_files import SMOKE, write_recipe_file
 
+# What vLLM answered for the MoE layer, in two releases (the shape tests/image/vllm_selection.py prints).
+SELECTION = {
+    release: {"layers": [{"layer": "moe.fp8_block", "selected": chosen, "candidates": [
+        {"name": "VLLM_CUTLASS", "priority": 0, "usable": False, "reasons": ["capability >= 11.0"]},
+        {"name": "TRITON", "priority": 1, "usable": True, "reasons": []},
+        {"name": "MARLIN", "priority": 2, "usable": True, "reasons": []}]}]}
+    for release, chosen in (("native", "TRITON"), ("family", "MARLIN"))
+}  # fmt: skip
+
 
 def _side(release: str, tmp_path: Path, vllm: str, recipe: str = "r", gpu: str = "sm_121") -> Side:
     audit = audit_target(release_tree(release, tmp_path / release), gpu="sm_121", require=[])
     libraries = audit.to_dict()["libraries"]
-    backends = kernels_report.backend_verdicts(libraries, None)
+    rows = kernels_report.layer_rows(SELECTION[release], libraries, None)
     return Side(
         subject=f"img-{release}",
         kind="image",
@@ -31,7 +40,8 @@ def _side(release: str, tmp_path: Path, vllm: str, recipe: str = "r", gpu: str =
             "dev.sparkforge.recipe": recipe,
         },
         kernels={lib["path"].split("site-packages/")[1]: lib["verdict"] for lib in libraries},
-        backends={b["name"]: b["verdict"] for b in backends},
+        backends={b["name"]: b["verdict"] for b in kernels_report.backend_verdicts(rows)},
+        selection=kernels_report.selected_by_layer({"layers": rows}),
     )
 
 
@@ -44,6 +54,8 @@ def test_diff_names_the_changed_vllm_and_the_library_that_lost_native(tmp_path: 
     assert rows[("kernels", "vllm/_moe_C.abi3.so")]["change"] == "lost native sm_121"
     assert ("kernels", "vllm/_C.abi3.so") not in rows  # unchanged: native in both
     assert ("versions", "torch") not in rows
+    moe = rows[("selection", "moe.fp8_block")]
+    assert moe["change"] == "moe.fp8_block: TRITON (unchecked) -> MARLIN (family)"
     assert data["warnings"] == [] and data["status"] == "passed"
     table = format_table(report)
     assert (

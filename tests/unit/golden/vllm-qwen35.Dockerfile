@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 83b10faa822b). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 9f8fde55136a). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
 # Stages: toolchain -> source -> build-env -> probe -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -90,7 +90,9 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
       --out /opt/sparkforge/probe --nvcc-threads 2 \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu \
       --unit csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_blockwise_sm120_fp8.cu \
+      --unit csrc/libtorch_stable/quantization/fp4/nvfp4_quant_kernels.cu \
       --unit csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_sm120_kernels.cu \
+      --unit csrc/libtorch_stable/quantization/fp4/nvfp4_blockwise_moe_kernel.cu \
       --unit csrc/libtorch_stable/activation_kernels.cu
 
 ########################################################################################################
@@ -136,7 +138,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="83b10faa822bab76e5c35d4e581a65a11a7193a6d7b363062936f4b520673ba9" \
+      dev.sparkforge.recipe-hash="9f8fde55136ae10b57c35575fbef8b2f6841c3a4ba339ed5a37ba5bde2cf2e6c" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -199,7 +201,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="83b10faa822bab76e5c35d4e581a65a11a7193a6d7b363062936f4b520673ba9" \
+      dev.sparkforge.recipe-hash="9f8fde55136ae10b57c35575fbef8b2f6841c3a4ba339ed5a37ba5bde2cf2e6c" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
