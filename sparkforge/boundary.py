@@ -226,19 +226,30 @@ def _output_parent(path: Path, option: str) -> Path:
     return real
 
 
-def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:
-    """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
-    component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
-    path = Path(path)
+def check_output(path: Path | str, option: str) -> None:
+    """What `write_output` would refuse, checked before any work (empty: no output asked for)."""
+    if path:
+        _final(Path(path), option)
+
+
+def _final(path: Path, option: str) -> Path:
     parent = _output_parent(path, option)
     final = parent / path.name
     if not path.name or path.name in (".", ".."):
         raise InputError(f"{option} {path}: names no file; fix: name a file, e.g. build/report.json")
-    if final.is_symlink() is False and final.exists() and not final.is_file():
+    if not final.is_symlink() and final.exists() and not final.is_file():
         raise InputError(f"{option} {path}: a folder, device or pipe is there; fix: name a file")
+    return final
+
+
+def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:
+    """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
+    component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
+    final = _final(Path(path), option)
+    parent = final.parent
     parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, temp = tempfile.mkstemp(dir=parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    fd, temp = tempfile.mkstemp(dir=parent, prefix=f".{final.name[:40]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(raw)

@@ -27,10 +27,16 @@ def _gb(size: int) -> str:
 @user_errors
 def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = 15) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
+    from sparkforge.boundary import check_number, check_output
+    from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.size import size_report
 
+    if image:
+        check_reference("--image", image)  # the boundary: before any engine call
+    check_number("--top", top, low=1, high=10_000, integer=True)
+    check_output(json, "--json")
     if not image:
         if not recipe:
             raise Exit("sparkforge: size needs --image REF or --recipe R", code=2)

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import write_output
 from sparkforge.verify.evidence import GpuVerdict, capability_of, gpu_verdict, sm_of
 
 VERIFIED_DIR = Path(__file__).resolve().parents[2] / "build" / "verified"
@@ -29,8 +30,10 @@ def _hex(value: str) -> str:
 def write_record(image_id: str, data: dict[str, Any], directory: Path = VERIFIED_DIR) -> Path:
     """Store the verify result of `image_id` (replacing any earlier one: a failure revokes a pass)."""
     path = directory / f"{_hex(image_id)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**data, "image_id": f"sha256:{_hex(image_id)}"}, indent=2) + "\n")
+    # The boundary's writer: atomic, and a link planted in build/ is replaced, never written through.
+    write_output(
+        path, json.dumps({**data, "image_id": f"sha256:{_hex(image_id)}"}, indent=2) + "\n", "record"
+    )
     return path
 
 
@@ -68,13 +71,8 @@ def is_gpu_verified(record: dict[str, Any] | None, target: str) -> bool:
 def link_digest(digest: str, image_id: str, repository: str, directory: Path = VERIFIED_DIR) -> Path:
     """Remember that `repository@digest` is the local image `image_id` (written by push)."""
     path = directory / "digests" / f"{_hex(digest)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {"digest": f"sha256:{_hex(digest)}", "image_id": image_id, "repository": repository}, indent=2
-        )
-        + "\n"
-    )
+    data = {"digest": f"sha256:{_hex(digest)}", "image_id": image_id, "repository": repository}
+    write_output(path, json.dumps(data, indent=2) + "\n", "record")
     return path
 
 
