@@ -140,12 +140,12 @@ def parse_json(
         )
     except RecursionError:
         raise InputError(
-            f"{where}: nested deeper than {max_depth} levels; fix: name the file sparkforge wrote"
+            f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: name the file sparkforge wrote"
         ) from None
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:200]
         raise InputError(
-            f"{where}: not valid JSON for sparkforge ({reason}); fix: name the file sparkforge wrote"
+            f"{where}: cannot read it as JSON ({reason}); fix: name the file sparkforge wrote"
         ) from None
     stack, items = [(data, 1)], 0
     while stack:
@@ -157,10 +157,13 @@ def parse_json(
                 if depth > max_depth
                 else f"more than {max_items} values"
             )
-            raise InputError(f"{where}: {why}; fix: name the file sparkforge wrote")
+            raise InputError(f"{where}: cannot read it: {why}; fix: name the file sparkforge wrote")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children)
     return data
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES, named: bool = True,
@@ -170,8 +173,8 @@ def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES,
     data = parse_json(read_text(path, option, max_bytes, named=named, within=within), where)
     if expect is not None and not isinstance(data, expect):
         raise InputError(
-            f"{where}: a JSON {expect.__name__} is expected, found {type(data).__name__}; fix: name the file "
-            "sparkforge wrote"
+            f"{where}: a JSON {_JSON_NAMES.get(expect, expect.__name__)} is expected, found a JSON "
+            f"{_JSON_NAMES.get(type(data), type(data).__name__)}; fix: name the file sparkforge wrote"
         )
     return data
 

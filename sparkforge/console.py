@@ -43,6 +43,12 @@ def md_cell(text: object) -> str:
     return _MARKDOWN.sub(r"\\\1", printable(text))
 
 
+def md_code(text: object) -> str:
+    """A Markdown code span (paths, versions) in a table: controls escaped, no backtick to close it early, '|'
+    escaped so the table keeps its columns."""
+    return "`" + printable(text).replace("`", "'").replace("|", "\\|") + "`"
+
+
 def terminal(line: str) -> str:
     """What a terminal may be given: line breaks and tabs kept, every other control (escape sequences,
     carriage returns that overwrite a line) escaped."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkforge.audit.coverage import glob_matches
+from sparkforge.console import md_cell, md_code
 from sparkforge.report import Check, Report
 
 ORDER = ("native", "family", "jit", "none", "missing", "unchecked")  # best first
@@ -174,25 +175,30 @@ def to_markdown(data: Mapping[str, Any]) -> str:
     """The report (its JSON form) as Markdown for a release page."""
     target = data.get("target")
     facts = data.get("facts") or {}
-    lines = [f"# Kernel report: {data.get('subject')}", ""]
-    lines.append(f"Recipe `{data.get('recipe')}`, GPU `{target}`, status **{data.get('status')}**.")
+    lines = [f"# Kernel report: {md_cell(data.get('subject'))}", ""]  # untrusted text: md_cell escapes it
+    lines.append(
+        f"Recipe {md_code(data.get('recipe'))}, GPU {md_code(target)}, status **{data.get('status')}**."
+    )
     if facts:
         lines += ["", "| fact | value |", "|---|---|"]
-        lines += [f"| {k} | `{v}` |" for k, v in sorted(facts.items())]
+        lines += [f"| {md_cell(k)} | {md_code(v)} |" for k, v in sorted(facts.items())]
     by = (data.get("summary") or {}).get("by_verdict") or {}
     lines += ["", f"## Libraries ({', '.join(f'{k} {v}' for k, v in by.items())})", ""]
     lines += ["| library | verdict | units native/family/jit/none |", "|---|---|---|"]
     for lib in data.get("libraries") or []:
         units = lib.get("units") or {}
         counts = "/".join(str(units.get(v, 0)) for v in ("native", "family", "jit", "none"))
-        lines.append(f"| `{lib['path']}` | {lib['verdict']} | {counts} |")
+        lines.append(f"| {md_code(lib['path'])} | {lib['verdict']} | {counts} |")
     lines += ["", "## JIT toolchain", ""]
     jit = data.get("jit")
     if jit is None:
         lines.append("Not checked (no verify report given).")
     else:
         lines += ["| check | status | reason |", "|---|---|---|"]
-        lines += [f"| {k} | {v['status']} | {v['reason']} |" for k, v in sorted(jit.items())]
+        lines += [
+            f"| {md_cell(k)} | {md_cell(v['status'])} | {md_cell(v['reason'])} |"
+            for k, v in sorted(jit.items())
+        ]
     lines += ["", f"## vLLM backends on {target}", ""]
     lines += ["| backend | kind | verdict | usable | needs |", "|---|---|---|---|---|"]
     for b in data.get("backends") or []:
