@@ -193,7 +193,7 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
         parsed = int(parsed)
     kind = "a whole number" if integer else "a number"
     good = not isinstance(parsed, bool) and isinstance(parsed, int if integer else int | float)
-    good = good and math.isfinite(parsed)  # type: ignore[arg-type]
+    good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
     good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
     if not good:
         bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"

@@ -82,9 +82,10 @@ def is_local_registry(repository: str) -> bool:
 OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # OCI distribution reference: [registry[:port]/]name(/name)*[:tag]; the registry part may hold '.', ':' and capitals.
-_REF_NAME = re.compile(
-    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-)
+# Registry: dot-separated DNS labels (or a bracketed IPv6 address) with an optional port, as Docker's grammar has it.
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF_NAME = re.compile(rf"(?:{_DOMAIN}(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*")
 
 
 def is_digest(text: object) -> bool:
