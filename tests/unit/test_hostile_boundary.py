@@ -4,6 +4,7 @@ rule says, in well under a second per case and without touching anything outside
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -58,10 +59,10 @@ def test_special_files_are_refused_at_once(tmp_path: Path, kind: str) -> None:
     worker = threading.Thread(target=read, daemon=True)
     worker.start()
     worker.join(2)
-    if kind == "fifo" and worker.is_alive():
-        with open(path, "wb"):  # let the hung reader go before failing
-            pass
-    assert not worker.is_alive() and time.monotonic() - start < 2
+    hung = worker.is_alive()
+    if kind == "fifo" and hung:  # let the hung reader go before failing (non-blocking: it is reading)
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert not hung and time.monotonic() - start < 2
     assert isinstance(outcome[0], InputError) and "fix:" in str(outcome[0])
 
 
@@ -295,3 +296,32 @@ def test_random_patterns_compile_or_are_refused(pattern: str) -> None:
     start = time.monotonic()
     compiled.search("ab" * 20_000)
     assert time.monotonic() - start < 0.5
+
+
+def test_the_sysfs_reader_never_blocks_on_a_planted_fifo(tmp_path: Path) -> None:
+    from sparkforge.run.inventory import SYSFS_ENV, local_facts
+
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    os.mkfifo(port / "state")  # nobody writes: a plain open() of it blocks forever
+    net = tmp_path / "sys" / "class" / "net" / "enp1s0f0np0"
+    net.mkdir(parents=True)
+    os.mkfifo(net / "operstate")
+    (net / "mtu").symlink_to("/dev/null")  # a device (not /dev/zero: a failing reader must not fill memory)
+    found: list[dict] = []
+    worker = threading.Thread(
+        target=lambda: found.append(local_facts({SYSFS_ENV: str(tmp_path / "sys")})), daemon=True
+    )
+    worker.start()
+    worker.join(2)
+    hung = worker.is_alive()
+    for _ in range(50):  # release a hung reader before failing (non-blocking: a FIFO nobody reads is skipped)
+        for fifo in (port / "state", net / "operstate"):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(0.02)
+    assert not hung and found
+    assert found[0]["rdma"]["mlx5_0"]["ports"]["1"]["state"] is None
+    assert (
+        found[0]["net"]["enp1s0f0np0"]["operstate"] is None and found[0]["net"]["enp1s0f0np0"]["mtu"] is None
+    )
