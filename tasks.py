@@ -144,10 +144,13 @@ def build(
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
     from sparkforge.imagebuild.pipeline import build as run_build
     from sparkforge.imagebuild.stage import BuildOptions, parse_sources
+    from sparkforge.oci import check_platform
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.plan import check_reference
     from sparkforge.verify.suite import gpu_mode
 
+    if platform:
+        check_platform("--platform", platform)  # the boundary: before the engine
     loaded = load_recipe(recipe)
     for ref in tag or ():
         check_reference("--tag", ref)  # before the hour-long build, not at tagging time
