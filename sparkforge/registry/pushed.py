@@ -69,9 +69,8 @@ def read_build_metadata(path: Path) -> BuildMetadata:
     from sparkforge.errors import InputError
 
     try:
-        meta = read_json(
-            path, "--metadata-file"
-        )  # the boundary: a FIFO or /dev/zero never hangs or fills memory
+        # The boundary: a FIFO or /dev/zero never hangs or fills memory.
+        meta = read_json(path, "--metadata-file")
         return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
     except (OSError, ValueError, KeyError, TypeError, InputError):
         raise EngineError(
