@@ -50,6 +50,11 @@ def push(
     from sparkforge.registry import publish as pub
     from sparkforge.registry.pushed import DIGESTS_DIR
 
+    _check_platform(platform)  # the boundary: before the engine or the registry
+    if image:
+        from sparkforge.oci import check_reference
+
+        check_reference("--image", image)
     pub.push(
         load_recipe(recipe),
         platform or None,

@@ -45,7 +45,7 @@ def test_zip_scanning_is_linear_in_members(tmp_path: Path) -> None:
     large = _scan_seconds(_many_members(tmp_path / "large.zip", 20_000))
     # x10 members: linear is ~x10; the old per-batch index re-read was quadratic (x100: 10k members took 6 s).
     assert large / max(small, 1e-3) < 30, f"2k members {small:.3f}s, 20k members {large:.3f}s"
-    assert large < 6, f"20k members took {large:.1f}s"
+    assert large < 10, f"20k members took {large:.1f}s"  # ~0.4 s idle
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from sparkforge.boundary import PROJECT_ROOT
 GOOD = "sha256:" + "a" * 64
 # TEST-NET: an engine contact would hang or fail with the engine's words, never with the boundary's.
 OFFLINE = {"DOCKER_HOST": "tcp://192.0.2.1:9", "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
-CLI_SECONDS = 10  # generous: python + invoke start in ~0.5 s; a refusal itself is measured in-process < 2 s
+CLI_SECONDS = 20  # generous: python + invoke start in ~0.5 s idle, ~3 s on a loaded 2-core machine; refusals are timed in-process
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
