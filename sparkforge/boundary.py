@@ -215,6 +215,10 @@ def _output_parent(path: Path, option: str) -> Path:
     existing = lexical
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(
+            f"{option} {path}: {existing} is a file, not a folder; fix: name a path under a folder"
+        )
     real = existing.resolve() / lexical.relative_to(existing)
     if _in_system(real) or _in_system(lexical):
         raise InputError(
@@ -249,18 +253,22 @@ def write_output(path: Path | str, data: bytes | str, option: str = "output") ->
     """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
     component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
     final = _final(Path(path), option)
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, temp = tempfile.mkstemp(dir=parent, prefix=f".{final.name[:40]}.", suffix=".tmp")
+    temp = ""
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name[:40]}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as out:
             out.write(raw)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(temp, 0o666 & ~mask)
         os.replace(temp, final)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        raise InputError(
+            f"{option} {path}: cannot write it ({exc.strerror or exc}); fix: name a file in a folder you can write"
+        ) from None
+    finally:
+        if temp and os.path.exists(temp):
+            os.unlink(temp)
     return final
