@@ -172,6 +172,9 @@ def test_a_symlinked_folder_out_of_the_project_is_refused(tmp_path: Path) -> Non
             write_output(bad, "{}", "--json")
     with pytest.raises(InputError, match="folder, device or pipe"):
         write_output(tmp_path, "{}", "--json")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        write_output(tmp_path / "file" / "r.json", "{}", "--json")
 
 
 # ---- 3. references, tags, digests, platforms; exclusive flags ----------------------------------------------
