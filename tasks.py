@@ -78,10 +78,12 @@ def preflight(
     profile: list[str] | None = None,
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
+    from sparkforge.boundary import check_output
     from sparkforge.preflight.checks import run_preflight
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
 
+    check_output(json, "--json")  # the boundary: before the network
     report = run_preflight(
         load_recipe(recipe),
         source=source or None,
