@@ -96,7 +96,7 @@ def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
         raise AuditError(
             f"{target}: no such file or directory; fix: check the path (or give an image reference)"
         )
-    check_reference("TARGET", target)  # the boundary: an image reference by the one grammar, before the engine
+    check_reference("TARGET", target)  # the boundary: the one grammar, before the engine
     return imagefs.audit_image(target, gpu, require)  # the layer store when readable, else the export stream
 
 
