@@ -31,8 +31,13 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def _in_system(path: Path) -> bool:
-    return any(str(path) == d or str(path).startswith(d + "/") for d in SYSTEM_DIRS)
+def _in_system(path: Path, dirs: Sequence[str] = SYSTEM_DIRS) -> bool:
+    return any(str(path) == d or str(path).startswith(d + "/") for d in dirs)
+
+
+def is_system_path(path: Path) -> bool:
+    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too)."""
+    return _in_system(path.resolve(), (*SYSTEM_DIRS, "/root"))
 
 
 def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
@@ -47,7 +52,7 @@ def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = T
     where = f"{option} {path}" if option else str(path)
     if not named:
         real = path.resolve()
-        if _in_system(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)]):
+        if is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)]):
             raise InputError(
                 f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
                 "file into the project (or name it yourself on the command line)"
@@ -220,7 +225,7 @@ def _output_parent(path: Path, option: str) -> Path:
             f"{option} {path}: {existing} is a file, not a folder; fix: name a path under a folder"
         )
     real = existing.resolve() / lexical.relative_to(existing)
-    if _in_system(real) or _in_system(lexical):
+    if (_in_system(real) or _in_system(lexical)) and not _inside(real, [PROJECT_ROOT]):
         raise InputError(
             f"{option} {path}: writes under {real}, a system folder; fix: write the output under the project "
             "or a folder of your own (e.g. build/ or /tmp)"
