@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import write_output
+from sparkforge.boundary import read_json, write_output
 from sparkforge.verify.evidence import GpuVerdict, capability_of, gpu_verdict, sm_of
 
 VERIFIED_DIR = Path(__file__).resolve().parents[2] / "build" / "verified"
@@ -39,7 +39,9 @@ def write_record(image_id: str, data: dict[str, Any], directory: Path = VERIFIED
 
 def read_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
     path = directory / f"{_hex(image_id)}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return (
+        read_json(path, "verify record") if path.is_file() else None
+    )  # bounded; a corrupt one is one paragraph
 
 
 def passed_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
@@ -79,7 +81,7 @@ def link_digest(digest: str, image_id: str, repository: str, directory: Path = V
 def digest_link(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
     """What push (or pull) linked to `digest`: its image ID and repository (None when never linked here)."""
     link = directory / "digests" / f"{_hex(digest)}.json"
-    return dict(json.loads(link.read_text())) if link.is_file() else None
+    return dict(read_json(link, "digest link")) if link.is_file() else None
 
 
 def record_for_digest(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
