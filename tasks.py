@@ -78,10 +78,12 @@ def preflight(
     profile: list[str] | None = None,
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
+    from sparkforge.boundary import check_output
     from sparkforge.preflight.checks import run_preflight
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
 
+    check_output(json, "--json")  # the boundary: before the network
     report = run_preflight(
         load_recipe(recipe),
         source=source or None,
@@ -144,10 +146,13 @@ def build(
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags."""
     from sparkforge.imagebuild.pipeline import build as run_build
     from sparkforge.imagebuild.stage import BuildOptions, parse_sources
+    from sparkforge.oci import check_platform
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.plan import check_reference
     from sparkforge.verify.suite import gpu_mode
 
+    if platform:
+        check_platform("--platform", platform)  # the boundary: before the engine
     loaded = load_recipe(recipe)
     for ref in tag or ():
         check_reference("--tag", ref)  # before the hour-long build, not at tagging time
@@ -200,11 +205,17 @@ def verify(
     model_dir: str = "",
 ) -> None:
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
+    from sparkforge.boundary import check_output
+    from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.releases import carried_with_kernels
     from sparkforge.verify.suite import gpu_mode, verify_and_record
 
+    if image:
+        check_reference("--image", image)  # the boundary: before any engine call
+    check_output(report, "--report")
+    check_output(junit, "--junit")
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
@@ -236,9 +247,11 @@ def audit(
 ) -> None:
     """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
     from sparkforge.audit.coverage import format_audit_table
+    from sparkforge.boundary import check_output
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.suite import audit_subject
 
+    check_output(json, "--json")
     requires = list(require or [])
     if recipe:
         loaded = load_recipe(recipe)
@@ -266,9 +279,14 @@ def audit(
 @user_errors
 def lock(c: Context, recipe: str, check: bool = False, strict: bool = False, write: bool = False) -> None:
     """Resolve refs/tags to SHAs and digests (online), or check that nothing floats."""
+    from sparkforge.boundary import check_exclusive
+    from sparkforge.errors import InputError
     from sparkforge.preflight.lock import lock_recipe
     from sparkforge.recipe.loader import load_recipe
 
+    check_exclusive(check=check, write=write)  # --check reads only; never one of them silently ignored
+    if strict and not check:
+        raise InputError("--strict applies to --check only; fix: run 'invoke lock --check --strict'")
     result = lock_recipe(load_recipe(recipe), check=check, strict=strict, write=write)
     echo(str(result))
 

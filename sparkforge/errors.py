@@ -47,3 +47,7 @@ class RunError(SparkforgeError):
 
 class ProfileError(RunError):
     """A serve profile file is missing, malformed or asks for something the pinned vLLM lacks."""
+
+
+class InputError(SparkforgeError):
+    """A file or option handed to sparkforge is refused at the input boundary (sparkforge/boundary.py)."""

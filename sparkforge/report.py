@@ -13,7 +13,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sparkforge import __version__
-from sparkforge.console import say
+from sparkforge.boundary import read_json, write_output
+from sparkforge.console import cell, say
+from sparkforge.errors import InputError
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -130,12 +132,12 @@ class Report(_Sealable):
         data.update(self.extra)
         return data
 
-    def write_json(self, path: Path) -> None:
+    def write_json(self, path: Path, option: str = "--json") -> None:
+        """Seal, then write through the boundary: atomic, never through a symlink out of the project."""
         self.seal()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        write_output(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n", option)
 
-    def write_junit(self, path: Path) -> None:
+    def write_junit(self, path: Path, option: str = "--junit") -> None:
         self.seal()
         suite = ET.Element(
             "testsuite",
@@ -157,11 +159,11 @@ class Report(_Sealable):
                 ET.SubElement(case, "failure", message=check.reason).text = json.dumps(dict(check.details))
             elif check.status == "skipped":
                 ET.SubElement(case, "skipped", message=check.reason)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+        write_output(path, ET.tostring(suite, encoding="utf-8", xml_declaration=True), option)
 
     def table_rows(self) -> list[tuple[str, str, str, str]]:
-        return [(c.name, c.status.upper(), f"{c.duration_s:.1f}s", c.reason) for c in self.checks]
+        """Each check as a table row; names and reasons escaped (a line break would forge a row)."""
+        return [(cell(c.name), c.status.upper(), f"{c.duration_s:.1f}s", cell(c.reason)) for c in self.checks]
 
 
 def print_report(report: Report, echo: Callable[[str], None] = say) -> None:
@@ -173,27 +175,42 @@ def print_report(report: Report, echo: Callable[[str], None] = say) -> None:
         return
     rows = report.table_rows()
     width = max([len(r[0]) for r in rows] + [5])
-    echo(f"{report.command} {report.subject}: {report.status.upper()}")
+    echo(f"{cell(report.command)} {cell(report.subject)}: {report.status.upper()}")
     for name, status, duration, reason in rows:
         echo(f"  {name:<{width}}  {status:<7}  {duration:>7}  {reason}")
 
 
 def _print_rich(report: Report) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     colours = {"PASSED": "green", "FAILED": "bold red", "SKIPPED": "yellow"}
-    table = Table(title=f"{report.command} {report.subject}: {report.status.upper()}", title_justify="left")
+    title = escape(f"{cell(report.command)} {cell(report.subject)}: {report.status.upper()}")
+    table = Table(title=title, title_justify="left")
     for column in ("check", "status", "time", "reason"):
         table.add_column(column, overflow="fold")
-    for name, status, duration, reason in report.table_rows():
-        table.add_row(name, f"[{colours[status]}]{status}[/]", duration, reason)
+    for name, status, duration, reason in report.table_rows():  # '[...]' in a name is text, not markup
+        table.add_row(escape(name), f"[{colours[status]}]{status}[/]", duration, escape(reason))
     Console().print(table)
 
 
 def load_report(path: Path) -> Report:
-    """Read a report written by `Report.write_json`."""
-    data = json.loads(path.read_text())
+    """Read a report written by `Report.write_json` (through the boundary: a regular file of bounded JSON)."""
+    data = read_json(path, "report")
+    checks = data.get("checks", [])
+    good = isinstance(data.get("command"), str) and isinstance(data.get("subject"), str)
+    good = good and isinstance(data.get("recipe"), str | None) and isinstance(checks, list)
+    for c in checks if good else ():
+        good = good and isinstance(c, dict) and isinstance(c.get("name"), str)
+        good = good and c.get("status") in ("passed", "failed", "skipped")
+        good = good and isinstance(c.get("reason", ""), str) and isinstance(c.get("details", {}), dict)
+        good = good and isinstance(c.get("duration_s", 0.0), int | float)
+    if not good:
+        raise InputError(
+            f"report {path}: not a sparkforge report (string 'command' and 'subject', 'checks' of objects with a "
+            "'name' and a status of passed, failed or skipped); fix: name the file a task's --json wrote"
+        )
     known = {"tool", "version", "command", "recipe", "subject", "status", "checks"}
     return Report(
         command=data["command"],

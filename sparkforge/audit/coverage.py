@@ -24,6 +24,7 @@ from sparkforge.audit.compat import (
     verdict_of,
 )
 from sparkforge.audit.fatbin import Entry, FatbinFile
+from sparkforge.console import cell
 from sparkforge.report import Check, Report
 
 _KIND_ORDER = {"sass": 0, "ptx": 1, "lto": 2}
@@ -253,7 +254,7 @@ def format_audit_table(report: Report) -> str:
         units = lib.get("units", {})
         rows.append(
             (
-                lib["path"] + (" *" if lib.get("required") else ""),
+                cell(lib["path"]) + (" *" if lib.get("required") else ""),  # a member name: escaped
                 compact_entries(lib["entries"]),
                 lib["verdict"],
                 "/".join(str(units.get(v, 0)) for v in VERDICTS),

@@ -3,7 +3,10 @@
 Only files whose first four bytes say ELF or fatbin are read further. Directory and zip members are
 read by a thread pool (the work is I/O and C-level searches; the Python part is a few headers a file).
 Archive members small enough are parsed in memory; larger ones are spooled to a temporary file and
-mapped, so memory stays bounded whatever the archive holds.
+mapped, so memory stays bounded whatever the archive holds. An archive's index is read once per worker (linear
+in its members); a member's real decompressed bytes are counted while read and bounded (a zip bomb stops at the
+bound, whatever size the member claims); member names are checked (no '..', absolute path or control character)
+and only ever reported, never used as host paths.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from typing import IO
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import ScannedFile, build_report
 from sparkforge.audit.fatbin import FatbinFile, is_candidate, parse_buffer, read_fatbin_file
+from sparkforge.audit.members import (
+    MAX_MEMBER_BYTES,
+    BoundedStream,
+    candidates,
+    check_member_name,
+    member_limit,
+)
 from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
@@ -118,7 +128,9 @@ def scan_files(files: Sequence[tuple[str, Path]], workers: int) -> ScanResult:
 def parse_stream(
     head: bytes, stream: IO[bytes], size: int, where: str, memory_limit: int = IN_MEMORY_LIMIT
 ) -> FatbinFile | None:
-    """Parse a member whose first bytes were `head`: in memory when small, through a spooled file when large."""
+    """Parse a member whose first bytes were `head`: in memory when small, through a spooled file when large.
+
+    `stream` is a BoundedStream: what bounds memory and disk is the bytes really read, not the claimed `size`."""
     if size <= memory_limit:
         return parse_buffer(head + stream.read(max(0, size - len(head))), where)
     with tempfile.TemporaryFile(prefix="sparkforge-audit-") as spool:
@@ -132,34 +144,44 @@ def parse_stream(
 
 
 def scan_zip(path: Path, workers: int) -> ScanResult:
-    """Every member of a wheel or zip that carries device code, paths as member names."""
+    """Every member of a wheel or zip that carries device code, paths as member names.
+
+    Linear in the members: the index is read once, one pass peeks at each member's first bytes, and only the
+    candidates are read, by a pool sharing one handle (zipfile reads under its lock, inflates outside it)."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            infos = [info for info in archive.infolist() if not info.is_dir()]
+        archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise AuditError(f"{path}: not a readable zip or wheel ({exc}). Re-download it.") from exc
+    with archive:
+        infos = [info for info in archive.infolist() if not info.is_dir()]
+        found = candidates(path, infos)
 
-    def scan(batch: Sequence[object]) -> list[ScannedFile]:
-        found = []
-        # One ZipFile per task: members of one handle are read under a shared lock.
-        with zipfile.ZipFile(path) as archive:
+        def scan(batch: Sequence[object]) -> list[ScannedFile]:
+            out = []
             for info in batch:
                 assert isinstance(info, zipfile.ZipInfo)
                 item = _scanned(info.filename, lambda i=info: _read_member(archive, i))
                 if item is not None:
-                    found.append(item)
-        return found
+                    out.append(item)
+            return out
 
-    return ScanResult(tuple(_run_batched(scan, size_batches(infos), workers)), len(infos))
+        return ScanResult(tuple(_run_batched(scan, size_batches(found), workers)), len(infos))
 
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile | None:
+    limit = member_limit(info.compress_size)
+    if info.file_size > limit:
+        raise AuditError(
+            f"{info.filename}: claims {info.file_size} bytes from {info.compress_size} compressed, past the bound of "
+            f"{limit} (a zip bomb, or no CUDA library); fix: audit the library from its real package"
+        )
     try:
-        with archive.open(info) as member:
+        with archive.open(info) as opened:
+            member = BoundedStream(opened, limit, info.filename)
             head = member.read(4)
             if len(head) < 4 or not is_candidate(head):
                 return None
-            return parse_stream(head, member, info.file_size, info.filename)
+            return parse_stream(head, member, info.file_size, info.filename)  # type: ignore[arg-type]
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise AuditError(
             f"{info.filename}: cannot read the archive member ({exc}). Re-download the archive."
@@ -182,15 +204,22 @@ def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
                 if not member.isreg():
                     continue  # links and devices carry no bytes of their own
                 count += 1
-                stream = archive.extractfile(member)
-                if stream is None:
+                path = _member_path(check_member_name(member.name, subject))
+                if member.size > MAX_MEMBER_BYTES:
+                    found.append(
+                        ScannedFile(path, None, f"{path}: {member.size} bytes, past {MAX_MEMBER_BYTES}")
+                    )
                     continue
+                opened = archive.extractfile(member)
+                if opened is None:
+                    continue
+                stream = BoundedStream(opened, MAX_MEMBER_BYTES, path)
                 head = stream.read(4)
                 if len(head) < 4 or not is_candidate(head):
                     continue
-                path = _member_path(member.name)
                 item = _scanned(
-                    path, lambda s=stream, h=head, m=member, p=path: parse_stream(h, s, m.size, p)
+                    path,
+                    lambda s=stream, h=head, m=member, p=path: parse_stream(h, s, m.size, p),  # type: ignore[misc]
                 )
                 if item is not None:
                     found.append(item)

@@ -230,8 +230,16 @@ def fabric(
     test: bool = False,
 ) -> None:
     """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
+    from sparkforge.boundary import check_output
     from sparkforge.console import warn
+    from sparkforge.oci import check_reference
+    from sparkforge.run.inputs import check_interface
     from sparkforge.run.inventory import describe_choices, fabric_report, local_facts, remote_facts
+
+    check_interface(interface)  # the boundary: before any engine or sysfs is read
+    if image:
+        check_reference("--image", image)
+    check_output(json, "--json")
 
     if nodes:
         if not (recipe or image):

@@ -8,15 +8,16 @@ from pathlib import Path
 
 from invoke import Context, task
 
+from sparkforge.boundary import write_output
 from sparkforge.cli import echo, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
 
 
-def _write(path: str, text: str) -> None:
+def _write(path: str, text: str, option: str = "--json") -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        write_output(path, text, option)  # the boundary: atomic, never through a symlink out of the project
         echo(f"wrote {path}")
 
 
@@ -32,14 +33,28 @@ def _write(path: str, text: str) -> None:
 @user_errors
 def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = None) -> None:
     """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
+    from sparkforge.boundary import check_output, read_json
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.oci import check_reference
+    from sparkforge.recipe.loader import list_recipe_names
     from sparkforge.registry.diff import diff as run_diff
     from sparkforge.registry.diff import format_table
 
+    check_output(json, "--json")
+    for option, side in (("A", a), ("B", b)):  # the boundary, before any engine or registry is contacted
+        if not (side.endswith((".yaml", ".yml")) or side in list_recipe_names()):
+            check_reference(option, side)
+    for path in bench or []:
+        read_json(path, "--bench")
     report = run_diff(a, b, echo=echo, bench=[Path(p) for p in bench or []])
     echo(format_table(report))
     if json:
         report.write_json(Path(json))
         echo(f"report: {json}")
+    if report.status != "passed":  # exit status follows the report
+        raise SparkforgeError(
+            f"diff failed ({', '.join(c.name for c in report.failed)}); see the table above"
+        )
 
 
 @task(
@@ -55,11 +70,17 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     """The digests a moving tag has named, newest first, with dates, verify verdicts and kernel coverage."""
     import datetime as dt
 
+    from sparkforge.boundary import check_output
     from sparkforge.errors import PublishError
+    from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.publish import tools_for
     from sparkforge.registry.releases import history_view, verdict_counts
+
+    if tag:
+        check_tag("--tag", tag)  # before the registry is contacted
+    check_output(json, "--json")
 
     loaded = load_recipe(recipe)
     tools = tools_for(loaded, None, None, echo, "history")
@@ -136,32 +157,31 @@ def kernels(
     gpu: str = "",
 ) -> None:
     """Per layer type, what vLLM selects on the recipe's GPU, where that code comes from and if it can run."""
+    from sparkforge.boundary import check_output, read_json, read_text
     from sparkforge.errors import SparkforgeError
+    from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.kernels_report import to_markdown
     from sparkforge.verify.kernels_run import for_target, selection_input
 
+    if image and not Path(image).exists():
+        check_reference("--image", image)
+    check_output(json, "--json")
+    check_output(markdown, "--markdown")
     loaded = load_recipe(recipe)
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     checks = None
     if verify_report:
-        try:
-            checks = list(_json.loads(Path(verify_report).read_text()).get("checks") or [])
-        except (OSError, ValueError) as exc:
-            raise SparkforgeError(
-                f"--verify-report {verify_report}: cannot read it ({exc}); fix: pass the file 'invoke verify "
-                "--report' wrote"
-            ) from None
+        from sparkforge.registry.signinputs import parse_verify_report
+
+        data = parse_verify_report(
+            read_json(verify_report, "--verify-report"), f"--verify-report {verify_report}"
+        )
+        checks = list(data["checks"])
     log = None
     if serve_log:
-        try:
-            log = Path(serve_log).read_text(errors="replace")
-        except OSError as exc:
-            raise SparkforgeError(
-                f"--serve-log {serve_log}: cannot read it ({exc.strerror}); fix: pass the saved output of the "
-                "profile's start ('invoke serve' logs, or docker logs of its container)"
-            ) from None
+        log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
     ask = selection_input(profile, model_config, runner_image)
     report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name,
                         verify_checks=checks, ask=ask, serve_log=log)  # fmt: skip
@@ -169,7 +189,7 @@ def kernels(
     text = to_markdown(data)
     echo(text)
     _write(json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
-    _write(markdown, text)
+    _write(markdown, text, "--markdown")
     if attest:
         from sparkforge.commands import Runner
         from sparkforge.registry.cosign import Cosign, Signer
@@ -178,3 +198,7 @@ def kernels(
         signer = Signer.from_env(key)
         signed = attest_kernels(loaded, ref, data, Cosign(Runner(echo=echo)), signer)
         echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+    if report.status != "passed":  # exit status follows the report (attested or not)
+        raise SparkforgeError(
+            f"kernels failed ({', '.join(c.name for c in report.failed)}); see the report above"
+        )

@@ -37,10 +37,15 @@ def probe(
     no_cache: bool = False,
 ) -> None:
     """Compile probe: vLLM's own configure on the patched source, the recipe's probe units compiled, audited."""
+    from sparkforge.boundary import check_output
     from sparkforge.imagebuild.probe import ProbeOptions, run_probe
     from sparkforge.imagebuild.stage import parse_sources
+    from sparkforge.oci import check_platform
     from sparkforge.recipe.loader import load_recipe
 
+    if platform:
+        check_platform("--platform", platform)  # the boundary: before the engine
+    check_output(json, "--json")
     options = ProbeOptions(
         platform=platform or None,
         base_image=base_image or None,

@@ -17,8 +17,9 @@ DIGESTS_HELP = "directory of digest records written by 'invoke push' (default: b
 
 def _write_json(path: str, data: object) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(_json.dumps(data, indent=2, sort_keys=True) + "\n")
+        from sparkforge.boundary import write_output  # atomic, never through a symlink out of the project
+
+        write_output(path, _json.dumps(data, indent=2, sort_keys=True) + "\n", "--json")
         echo(f"wrote {path}")
 
 
@@ -49,6 +50,11 @@ def push(
     from sparkforge.registry import publish as pub
     from sparkforge.registry.pushed import DIGESTS_DIR
 
+    _check_platform(platform)  # the boundary: before the engine or the registry
+    if image:
+        from sparkforge.oci import check_reference
+
+        check_reference("--image", image)
     pub.push(
         load_recipe(recipe),
         platform or None,
@@ -93,12 +99,23 @@ def publish(
     allow_base_override: bool = False,
 ) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
+    from sparkforge.boundary import check_exclusive, check_output
     from sparkforge.commands import Runner
+    from sparkforge.oci import check_digest, check_tag
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
     from sparkforge.registry.cosign import plan_digest
     from sparkforge.registry.pushed import DIGESTS_DIR, load_digests
 
+    check_exclusive(
+        rollback=rollback, promote=promote, digest=digest, moving=moving and (rollback or promote)
+    )
+    if rollback:
+        check_tag("--rollback", rollback)  # the boundary: before the registry is contacted
+        check_exclusive(rollback=rollback, date=date, digests=digests, unverified=unverified)
+    if promote:
+        check_digest("--promote", promote)
+    check_output(json, "--json")
     loaded = load_recipe(recipe)
     when = None
     if date:
@@ -186,6 +203,9 @@ def pull(
 
     _check_platform(platform)  # before the engine or the registry is contacted
     _check_pull_tag(tag)
+    from sparkforge.boundary import check_output
+
+    check_output(json, "--json")
     if digest and (tag or not digest.startswith("sha256:") or len(digest) != 71):
         raise PublishError(
             f"--digest {digest!r}: pass one sha256:<64 hex> digest and no --tag; fix: copy it from 'invoke history "

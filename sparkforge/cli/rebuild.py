@@ -35,6 +35,11 @@ def rebuild(
 
     if not check:
         raise Exit("sparkforge: rebuild needs --check IMAGE (a local image or a registry reference)", code=2)
+    from sparkforge.boundary import check_output
+    from sparkforge.oci import check_reference
+
+    check_reference("--check", check)  # the boundary: before any engine or registry call
+    check_output(json, "--json")
     report = rebuild_check(
         RebuildOptions(
             image=check,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json as _json
 from pathlib import Path
 
 from invoke import Collection, Context, task
 
 from sparkforge.cli import echo, user_errors
-from sparkforge.errors import SparkforgeError
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 KEY_HELP = (
@@ -21,23 +19,10 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
 def _read_json(path: str, what: str) -> dict:
-    """A JSON object from a regular file of bounded size (never a pipe or a device), or a clear error."""
-    import stat
+    """A JSON object through the boundary (a regular file of bounded size, finite numbers), or a clear error."""
+    from sparkforge.boundary import read_json
 
-    fix = f"fix: pass the file {what} wrote"
-    try:
-        info = Path(path).stat()
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
-            raise SparkforgeError(
-                f"{path}: not a regular file of at most {MAX_JSON_BYTES} bytes, so not the {what}; {fix}"
-            )
-        data = _json.loads(Path(path).read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200]
-        raise SparkforgeError(f"{path}: cannot read the {what} ({reason}); {fix}") from None
-    if not isinstance(data, dict):
-        raise SparkforgeError(f"{path}: the {what} is a JSON object, this is a {type(data).__name__}; {fix}")
-    return data
+    return read_json(path, f"the {what} file", max_bytes=MAX_JSON_BYTES)
 
 
 def _tools(key: str):
@@ -80,10 +65,12 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
 @user_errors
 def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
+    from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import attest_report
     from sparkforge.registry.signinputs import parse_verify_report
 
+    check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
     data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)
     signed = attest_report(load_recipe(recipe), image, data, cosign, signer)

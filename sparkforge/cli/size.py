@@ -8,6 +8,7 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, user_errors
+from sparkforge.console import cell
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -27,10 +28,16 @@ def _gb(size: int) -> str:
 @user_errors
 def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = 15) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
+    from sparkforge.boundary import check_number, check_output
+    from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.size import size_report
 
+    if image:
+        check_reference("--image", image)  # the boundary: before any engine call
+    check_number("--top", top, low=1, high=10_000, integer=True)
+    check_output(json, "--json")
     if not image:
         if not recipe:
             raise Exit("sparkforge: size needs --image REF or --recipe R", code=2)
@@ -45,10 +52,10 @@ def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int
         echo(f"  layer {layer['index']:2} {_gb(layer['bytes'])}  {(layer['created_by'] or '?')[:90]}")
     echo("largest packages:")
     for item in data["packages"][:top]:
-        echo(f"  {_gb(item['bytes'])}  {item['name']}")
+        echo(f"  {_gb(item['bytes'])}  {cell(item['name'])}")
     echo("largest files:")
     for item in data["largest_files"][:top]:
-        echo(f"  {_gb(item['bytes'])}  {item['path']}")
+        echo(f"  {_gb(item['bytes'])}  {cell(item['path'])}")  # an image's file name: escaped
     for dup in data["duplicates"][:top]:
         echo(
             f"  twice{' (CUDA)' if dup['cuda'] else ''}: {dup['name']} {dup['wasted_bytes'] / 1e6:.1f} MB at {len(dup['paths'])} paths"

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from sparkforge.boundary import is_system_path
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.schema import RecipeModel
 from sparkforge.recipe.yamlfile import YamlDoc, read_yaml
@@ -119,8 +120,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 MAX_EXTENDS = 8
-# Never a recipe part, whatever the user names: system configuration, kernel and device trees, secrets.
-_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run", "/var/lib")
 
 
 def _check_extends_target(parent: Path, top: Path, where: str) -> None:
@@ -128,7 +127,9 @@ def _check_extends_target(parent: Path, top: Path, where: str) -> None:
     system folder."""
     real = parent.resolve()
     roots = (REPO_ROOT.resolve(), top.resolve().parent)
-    system = any(real == Path(d) or real.is_relative_to(d) for d in _SYSTEM_DIRS)
+    system = is_system_path(
+        real
+    )  # the boundary's one list: system configuration, kernel and device trees, secrets
     if system or not any(real.is_relative_to(root) for root in roots):
         raise RecipeError(
             f"{where}: extends reaches {real}, outside this project and the folder of the recipe you named "

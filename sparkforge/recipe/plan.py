@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkforge import __version__
+from sparkforge import __version__, oci
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
@@ -164,9 +164,9 @@ class Tags:
         return (*self.immutable, *self.moving)
 
 
-# The OCI distribution spec's tag grammar: checked after the placeholders are filled, at plan time, so a
-# version with '+' or '!' fails here and not after the hour-long build.
-OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# The OCI tag grammar (oci.py): checked after the placeholders are filled, at plan time, so a version with '+'
+# or '!' fails here and not after the hour-long build.
+OCI_TAG = oci.OCI_TAG
 
 
 def expand_tag(recipe: Recipe, template: str, when: _dt.date) -> str:
@@ -194,27 +194,9 @@ def expand_tag(recipe: Recipe, template: str, when: _dt.date) -> str:
     return tag
 
 
-# OCI distribution reference: [registry[:port]/]name(/name)*[:tag]; the registry part may hold '.', ':' and capitals.
-_REF_NAME = re.compile(
-    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-)
-
-
 def check_reference(option: str, ref: str) -> str:
-    """An image reference from the command line (NAME[:TAG] or NAME@sha256:...), or RecipeError before any work."""
-    name, at, digest = ref.partition("@")
-    tag = ""
-    if ":" in name.rsplit("/", 1)[-1]:
-        name, _, tag = name.rpartition(":")
-    good = bool(_REF_NAME.fullmatch(name)) and len(name) <= 255
-    good = good and (not at or bool(re.fullmatch(r"sha256:[0-9a-f]{64}", digest)))
-    good = good and (not tag or bool(OCI_TAG.fullmatch(tag)))
-    if not good:
-        raise RecipeError(
-            f"{option} {ref[:120]!r} is not an image reference; fix: use NAME[:TAG] or NAME@sha256:<64 hex> with a "
-            "lowercase name (e.g. ghcr.io/org/vllm-qwen35:0.31.0) and a tag of letters, digits, _ . - (at most 128)"
-        )
-    return ref
+    """An image reference from the command line (NAME[:TAG] or NAME@sha256:...): the one grammar in oci.py."""
+    return oci.check_reference(option, ref)
 
 
 def check_tags(recipe: Recipe, when: _dt.date) -> Tags:

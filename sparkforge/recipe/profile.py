@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -60,13 +60,30 @@ class AnswerCheck(BaseModel):
     @field_validator("expect")
     @classmethod
     def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(
-                f"{value!r} is not a regular expression ({exc}); fix: e.g. '\\b391\\b'"
-            ) from None
+        expect_pattern(value)  # refused at load, not when the model has answered
         return value
+
+
+# re2's budget for one compiled pattern: a pattern needing more (nested counted repeats) is refused at load.
+MAX_EXPECT_MEM = 1 << 20
+
+
+def expect_pattern(pattern: str) -> Any:
+    """`check.expect` compiled by re2: linear time in the answer whatever the pattern (`(a+)+$` included), so it
+    needs no time limit; what re2 cannot promise that for (back-references, look-arounds) is refused."""
+    import re2
+
+    options = re2.Options()
+    options.max_mem = MAX_EXPECT_MEM
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ValueError(
+            f"{pattern!r} is not a regular expression sparkforge runs ({reason}; patterns run in linear time, "
+            "without back-references or look-arounds); fix: e.g. '\\b391\\b'"
+        ) from None
 
 
 class ProfileModel(BaseModel):

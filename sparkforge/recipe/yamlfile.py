@@ -7,14 +7,14 @@ MAX_YAML_NODES values, no recursive alias.
 
 from __future__ import annotations
 
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sparkforge.errors import RecipeError
+from sparkforge.boundary import read_text
+from sparkforge.errors import InputError, RecipeError
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -64,30 +64,12 @@ MAX_YAML_NODES = 50_000  # after alias expansion: what validation and hashing wi
 
 
 def _read_bounded(path: Path) -> str:
-    """A regular file's text, at most MAX_YAML_BYTES (a FIFO or /dev/zero would otherwise hang or fill memory)."""
+    """A regular file's UTF-8 text, at most MAX_YAML_BYTES: the boundary's one reader (a FIFO or /dev/zero would
+    otherwise hang or fill memory)."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise RecipeError(f"{path}: not a regular file (a device, pipe or folder); fix: name a YAML file")
-        if info.st_size > MAX_YAML_BYTES:
-            raise RecipeError(
-                f"{path}: {info.st_size} bytes, more than a recipe or profile needs ({MAX_YAML_BYTES}); "
-                "fix: name the right file or split it with 'extends'"
-            )
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror}); fix: check the path") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise RecipeError(
-            f"{path}: grew past {MAX_YAML_BYTES} bytes while read; fix: name a stable YAML file"
-        )
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecipeError(
-            f"{path}: byte {exc.start} is not UTF-8; fix: save the file as UTF-8 text"
-        ) from None
+        return read_text(path, "", MAX_YAML_BYTES)
+    except InputError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def _check_events(text: str, path: Path) -> None:

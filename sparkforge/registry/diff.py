@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.commands import Runner
-from sparkforge.console import Echo, say
+from sparkforge.console import Echo, cell, say
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.registry.sides import Side, flatten, side_of
 from sparkforge.report import Check, Report
@@ -227,7 +227,7 @@ def format_table(report: Report) -> str:
     lines += [f"note: {n}" for n in data.get("notes") or []]
     rows = [("section", "item", "A", "B", "change")]
     for r in data.get("changes") or []:
-        rows.append((r["section"], str(r["item"])[:60], _cell(r["a"]), _cell(r["b"]), str(r["change"])))
+        rows.append((r["section"], cell(r["item"])[:60], _cell(r["a"]), _cell(r["b"]), cell(r["change"])))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines += [
         f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}".rstrip()
@@ -242,5 +242,5 @@ def format_table(report: Report) -> str:
 
 
 def _cell(value: Any) -> str:
-    text = "-" if value is None else str(value)
+    text = "-" if value is None else cell(value)  # registry and image strings: escaped
     return text if len(text) <= 48 else text[:45] + "..."

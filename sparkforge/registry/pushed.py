@@ -65,10 +65,14 @@ class BuildMetadata:
 
 def read_build_metadata(path: Path) -> BuildMetadata:
     """Read BuildKit's metadata file (`containerimage.digest`, `containerimage.config.digest`)."""
+    from sparkforge.boundary import read_json
+    from sparkforge.errors import InputError
+
     try:
-        meta = json.loads(path.read_text())
+        # The boundary: a FIFO or /dev/zero never hangs or fills memory.
+        meta = read_json(path, "--metadata-file")
         return BuildMetadata(str(meta["containerimage.digest"]), str(meta["containerimage.config.digest"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, InputError):
         raise EngineError(
             f"{path}: no 'containerimage.digest' / 'containerimage.config.digest', so the pushed image cannot be "
             "matched to the verified one; fix: pass the --metadata-file written by 'invoke build --push-by-digest' "

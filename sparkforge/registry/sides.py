@@ -6,6 +6,7 @@ package, this machine's verify record, and benchmark results when given.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,18 +69,17 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
 
 def bench_numbers(path: Path) -> dict[str, float]:
     """Every numeric leaf of a benchmark results JSON (`invoke bench --json`), by dotted key."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PublishError(
-            f"--bench {path}: cannot read it ({exc}); fix: pass the JSON 'invoke bench' wrote"
-        ) from None
+    from sparkforge.boundary import read_json
+
+    data = read_json(path, "--bench")  # the boundary: regular file, bounded, finite numbers only
     out = {}
     for key, value in flatten(data).items():
         try:
-            out[key] = float(value)
+            number = float(value)
         except ValueError:
             continue
+        if math.isfinite(number):  # a "nan" or "inf" string is no measurement
+            out[key] = number
     return out
 
 

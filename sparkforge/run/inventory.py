@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sparkforge.console import cell
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
@@ -104,8 +105,9 @@ def describe_choices(
     for choice in choices:
         if choice.error:
             continue
-        say(f"{choice.label}: {choice.interface or '-'} ({choice.reason})")
+        # Names come from sysfs or a node's probe: escaped, a line break in one would forge lines.
+        say(f"{cell(choice.label)}: {cell(choice.interface or '-')} ({cell(choice.reason)})")
         for key, value in sorted(choice.env.items()):
-            say(f"  {key}={value}")
+            say(f"  {cell(key)}={cell(value)}")
         for line in choice.warnings:
-            warn(f"warning: {line}")
+            warn(f"warning: {cell(line)}")

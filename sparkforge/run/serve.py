@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
-from sparkforge.recipe.profile import Profile
+from sparkforge.recipe.profile import Profile, expect_pattern
 from sparkforge.run.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
 from sparkforge.run.nodes import NodeEngine
@@ -156,7 +156,7 @@ def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo
             f"{reply.finish_reason or 'unknown'}); fix: read 'invoke cluster.logs' (a broken or stale model can "
             "pass the health check)"
         )
-    if check and not re.search(check.expect, reply.answer):
+    if check and not expect_pattern(check.expect).search(reply.answer):
         raise RunError(
             f"profile {profile.name}: the answer to {check.prompt!r} does not match {check.expect!r}: "
             f"{reply.answer.strip()[:200]!r}; fix: check the model and its weights (health was green)"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sparkforge.console import md_cell, md_code
+
 
 def _needs(needs: list[Mapping[str, Any]]) -> str:
     return ", ".join(f"`{n['need']}`: {n['verdict']}" for n in needs) or "unknown origin"
@@ -16,7 +18,7 @@ def _rejected(row: Mapping[str, Any]) -> str:
         why = "; ".join(str(r) for r in cand.get("reasons") or []) or (
             f"code {cand['verdict']}" if not cand.get("runs") else "accepted"
         )
-        parts.append(f"{cand['name']} ({why[:120]})")
+        parts.append(f"{cand['name']} ({md_cell(why[:120])})")
     return "<br>".join(parts) or "-"
 
 
@@ -41,11 +43,13 @@ def render(data: Mapping[str, Any]) -> str:
     facts = data.get("facts") or {}
     selection = data.get("selection") or {}
     started = data.get("started")
-    lines = [f"# Kernel report: {data.get('subject')}", ""]
-    lines.append(f"Recipe `{data.get('recipe')}`, GPU `{target}`, status **{data.get('status')}**.")
+    lines = [f"# Kernel report: {md_cell(data.get('subject'))}", ""]  # untrusted text: escaped
+    lines.append(
+        f"Recipe {md_code(data.get('recipe'))}, GPU {md_code(target)}, status **{data.get('status')}**."
+    )
     if facts:
         lines += ["", "| fact | value |", "|---|---|"]
-        lines += [f"| {k} | `{v}` |" for k, v in sorted(facts.items())]
+        lines += [f"| {md_cell(k)} | {md_code(v)} |" for k, v in sorted(facts.items())]
     lines += ["", f"## What vLLM selects on {target}", ""]
     if not data.get("layers"):
         lines.append("Not run (no model config or no image to run vLLM's selection in).")
@@ -68,7 +72,7 @@ def render(data: Mapping[str, Any]) -> str:
             name = f"{row['selected']}{' ' + row['detail'] if row.get('detail') else ''}"
             cells = [
                 f"{row['layer']}{' *' if row.get('checkpoint') else ''}",
-                name if not row.get("error") else f"error: {str(row['error'])[:120]}",
+                name if not row.get("error") else f"error: {md_cell(str(row['error'])[:120])}",
                 _needs(row["needs"]),
                 row["verdict"],
                 row.get("fallback") or "-",
@@ -87,13 +91,16 @@ def render(data: Mapping[str, Any]) -> str:
     for lib in data.get("libraries") or []:
         units = lib.get("units") or {}
         counts = "/".join(str(units.get(v, 0)) for v in ("native", "family", "jit", "none"))
-        lines.append(f"| `{lib['path']}` | {lib['verdict']} | {counts} |")
+        lines.append(f"| {md_code(lib['path'])} | {lib['verdict']} | {counts} |")
     lines += ["", "## JIT toolchain", ""]
     jit = data.get("jit")
     if jit is None:
         lines.append("Not checked (no verify report given).")
     else:
         lines += ["| check | status | reason |", "|---|---|---|"]
-        lines += [f"| {k} | {v['status']} | {v['reason']} |" for k, v in sorted(jit.items())]
+        lines += [
+            f"| {md_cell(k)} | {md_cell(v['status'])} | {md_cell(v['reason'])} |"
+            for k, v in sorted(jit.items())
+        ]
     lines += ["", f"Rule: {data.get('rule')}", ""]
     return "\n".join(lines)

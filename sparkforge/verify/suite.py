@@ -86,6 +86,7 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
 def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
     """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
     from sparkforge.audit.scan import audit_target
+    from sparkforge.oci import check_reference
     from sparkforge.verify import imagefs
 
     path = Path(target).expanduser()
@@ -95,6 +96,7 @@ def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
         raise AuditError(
             f"{target}: no such file or directory; fix: check the path (or give an image reference)"
         )
+    check_reference("TARGET", target)  # the boundary: the one grammar, before the engine
     return imagefs.audit_image(target, gpu, require)  # the layer store when readable, else the export stream
 
 

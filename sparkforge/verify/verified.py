@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import read_json, write_output
 from sparkforge.verify.evidence import GpuVerdict, capability_of, gpu_verdict, sm_of
 
 VERIFIED_DIR = Path(__file__).resolve().parents[2] / "build" / "verified"
@@ -29,14 +30,18 @@ def _hex(value: str) -> str:
 def write_record(image_id: str, data: dict[str, Any], directory: Path = VERIFIED_DIR) -> Path:
     """Store the verify result of `image_id` (replacing any earlier one: a failure revokes a pass)."""
     path = directory / f"{_hex(image_id)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**data, "image_id": f"sha256:{_hex(image_id)}"}, indent=2) + "\n")
+    # The boundary's writer: atomic, and a link planted in build/ is replaced, never written through.
+    write_output(
+        path, json.dumps({**data, "image_id": f"sha256:{_hex(image_id)}"}, indent=2) + "\n", "record"
+    )
     return path
 
 
 def read_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
     path = directory / f"{_hex(image_id)}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return (
+        read_json(path, "verify record") if path.is_file() else None
+    )  # bounded; a corrupt one is one paragraph
 
 
 def passed_record(image_id: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
@@ -68,20 +73,15 @@ def is_gpu_verified(record: dict[str, Any] | None, target: str) -> bool:
 def link_digest(digest: str, image_id: str, repository: str, directory: Path = VERIFIED_DIR) -> Path:
     """Remember that `repository@digest` is the local image `image_id` (written by push)."""
     path = directory / "digests" / f"{_hex(digest)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {"digest": f"sha256:{_hex(digest)}", "image_id": image_id, "repository": repository}, indent=2
-        )
-        + "\n"
-    )
+    data = {"digest": f"sha256:{_hex(digest)}", "image_id": image_id, "repository": repository}
+    write_output(path, json.dumps(data, indent=2) + "\n", "record")
     return path
 
 
 def digest_link(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:
     """What push (or pull) linked to `digest`: its image ID and repository (None when never linked here)."""
     link = directory / "digests" / f"{_hex(digest)}.json"
-    return dict(json.loads(link.read_text())) if link.is_file() else None
+    return dict(read_json(link, "digest link")) if link.is_file() else None
 
 
 def record_for_digest(digest: str, directory: Path = VERIFIED_DIR) -> dict[str, Any] | None:

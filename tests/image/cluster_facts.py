@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 import struct
 import sys
 
@@ -59,12 +60,23 @@ def interfaces() -> list[dict[str, object]]:
     return out
 
 
+SYSFS_MAX = 65536  # a sysfs attribute is at most a page; more is no attribute
+
+
 def _read(path: str) -> str | None:
+    """One attribute: a regular file only (O_NONBLOCK: a FIFO in a fake tree never hangs), bounded."""
     try:
-        with open(path) as handle:
-            return handle.read().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a FIFO, device (/dev/zero) or folder planted in the tree
+        return os.read(fd, SYSFS_MAX).decode("utf-8", "replace").strip()
     except (OSError, ValueError):  # sysfs answers EINVAL/EOPNOTSUPP for attributes a driver lacks
         return None
+    finally:
+        os.close(fd)
 
 
 def _names(path: str) -> list[str]:

@@ -48,7 +48,7 @@ def test_yaml_bounds(tmp_path: Path, text: str, needle: str) -> None:
 def test_large_and_binary_files(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_text("a: " + "x" * MAX_YAML_BYTES + "\n")
-    with pytest.raises(RecipeError, match="more than a recipe or profile needs"):
+    with pytest.raises(RecipeError, match="more than this input may hold"):
         read_yaml(big)
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"a: \xff\xfe\n")

@@ -1,0 +1,279 @@
+"""The one input boundary: user files read, outputs written, numbers checked, before any engine or network.
+
+Every task reads the files a user hands it through `read_bytes` / `read_text` / `read_json` and writes every
+output through `write_output`; docs/inputs.md lists the rules once, with the tasks they cover.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sparkforge.errors import InputError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Never read through a path that was not named, never written: a received file cannot point sparkforge there.
+SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib", "/usr", "/bin", "/sbin",
+               "/lib", "/lib64")  # fmt: skip
+MAX_JSON_BYTES = 16 << 20
+MAX_JSON_DEPTH = 64
+MAX_JSON_ITEMS = 1_000_000
+MAX_INT_DIGITS = 40  # a count or size never needs more; Python would parse 4,300 digits
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def _in_system(path: Path, dirs: Sequence[str] = SYSTEM_DIRS) -> bool:
+    return any(str(path) == d or str(path).startswith(d + "/") for d in dirs)
+
+
+def is_system_path(path: Path) -> bool:
+    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too)."""
+    return _in_system(path.resolve(), (*SYSTEM_DIRS, "/root"))
+
+
+def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
+               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
+    """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
+
+    `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
+    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
+    system directory.
+    """
+    path = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    if not named:
+        real = path.resolve()
+        if is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)]):
+            raise InputError(
+                f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
+                "file into the project (or name it yourself on the command line)"
+            )
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once (fstat then refuses it) instead of hanging.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{where}: cannot open it ({exc.strerror}); fix: check the path") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
+            raise InputError(f"{where}: {kind}, not a regular file; fix: name a regular file")
+        if info.st_size > max_bytes:
+            raise InputError(
+                f"{where}: {info.st_size} bytes, more than this input may hold ({max_bytes}); fix: name the file "
+                "sparkforge wrote, not another one"
+            )
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read it ({exc.strerror}); fix: check the file") from None
+    finally:
+        os.close(fd)
+    if total > max_bytes:
+        raise InputError(
+            f"{where}: grew past {max_bytes} bytes while read; fix: name a file that is not written now"
+        )
+    return b"".join(chunks)
+
+
+def read_text(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
+              within: Sequence[Path] = ()) -> str:  # fmt: skip
+    """`read_bytes` decoded as UTF-8 (a NUL byte is refused: no text sparkforge reads holds one)."""
+    raw = read_bytes(path, option, max_bytes, named=named, within=within)
+    where = f"{option} {path}" if option else str(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: byte {exc.start} is not UTF-8; fix: name a UTF-8 text file") from None
+    if "\x00" in text:
+        raise InputError(f"{where}: holds a NUL byte, so it is not text; fix: name a text file")
+    return text
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} overflows to infinity")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:80]!r} appears twice")
+        out[key] = value
+    return out
+
+
+def parse_json(
+    text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH, max_items: int = MAX_JSON_ITEMS
+) -> Any:
+    """JSON as the boundary takes it: finite numbers only (no NaN, Infinity, 1e309), no key twice, bounded
+    nesting and size."""
+    try:
+        data = json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_unique_keys,
+        )
+    except RecursionError:
+        raise InputError(
+            f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: name the file sparkforge wrote"
+        ) from None
+    except ValueError as exc:
+        reason = str(exc).splitlines()[0][:200]
+        raise InputError(
+            f"{where}: cannot read it as JSON ({reason}); fix: name the file sparkforge wrote"
+        ) from None
+    stack, items = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        items += 1
+        if depth > max_depth or items > max_items:
+            why = (
+                f"nested deeper than {max_depth} levels"
+                if depth > max_depth
+                else f"more than {max_items} values"
+            )
+            raise InputError(f"{where}: cannot read it: {why}; fix: name the file sparkforge wrote")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return data
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES, named: bool = True,
+              within: Sequence[Path] = (), expect: type | None = dict) -> Any:  # fmt: skip
+    """A JSON file through the boundary: `read_text` then `parse_json`; `expect`: the top-level type."""
+    where = f"{option} {path}" if option else str(path)
+    data = parse_json(read_text(path, option, max_bytes, named=named, within=within), where)
+    if expect is not None and not isinstance(data, expect):
+        raise InputError(
+            f"{where}: a JSON {_JSON_NAMES.get(expect, expect.__name__)} is expected, found a JSON "
+            f"{_JSON_NAMES.get(type(data), type(data).__name__)}; fix: name the file sparkforge wrote"
+        )
+    return data
+
+
+def check_number(option: str, value: object, *, low: float, high: float, integer: bool = False,
+                 low_open: bool = False) -> float | int:  # fmt: skip
+    """A number from the command line or a file: finite, in [low, high] ((low, high] with `low_open`), whole
+    when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
+    parsed: object = value
+    if isinstance(value, str):
+        try:
+            parsed = int(value) if integer else float(value)
+        except ValueError:
+            parsed = None
+    if isinstance(parsed, float) and integer and parsed.is_integer():
+        parsed = int(parsed)
+    kind = "a whole number" if integer else "a number"
+    good = not isinstance(parsed, bool) and isinstance(parsed, int if integer else int | float)
+    good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
+    good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
+    if not good:
+        bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
+        raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
+    return parsed  # type: ignore[return-value]
+
+
+def check_exclusive(**flags: object) -> None:
+    """Flags that exclude each other: two given at once are refused, never one silently ignored."""
+    given = [name for name, value in flags.items() if value]
+    if len(given) > 1:
+        names = " and ".join("--" + n.replace("_", "-") for n in given)
+        raise InputError(f"{names} exclude each other; fix: give one of them")
+
+
+def _output_parent(path: Path, option: str) -> Path:
+    """The real folder an output goes into, refused when a symlink leads it out of the project unasked."""
+    lexical = Path(os.path.abspath(path)).parent
+    existing = lexical
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(
+            f"{option} {path}: {existing} is a file, not a folder; fix: name a path under a folder"
+        )
+    real = existing.resolve() / lexical.relative_to(existing)
+    if (_in_system(real) or _in_system(lexical)) and not _inside(real, [PROJECT_ROOT]):
+        raise InputError(
+            f"{option} {path}: writes under {real}, a system folder; fix: write the output under the project "
+            "or a folder of your own (e.g. build/ or /tmp)"
+        )
+    if real != lexical and not _inside(real, [PROJECT_ROOT]) and _inside(lexical, [PROJECT_ROOT]):
+        raise InputError(
+            f"{option} {path}: a symlink in {lexical} leads out of the project to {real}; fix: remove the link, "
+            "or name the real path yourself"
+        )
+    return real
+
+
+def check_output(path: Path | str, option: str) -> None:
+    """What `write_output` would refuse, checked before any work (empty: no output asked for)."""
+    if path:
+        _final(Path(path), option)
+
+
+def _final(path: Path, option: str) -> Path:
+    parent = _output_parent(path, option)
+    final = parent / path.name
+    if not path.name or path.name in (".", ".."):
+        raise InputError(f"{option} {path}: names no file; fix: name a file, e.g. build/report.json")
+    if not final.is_symlink() and final.exists() and not final.is_file():
+        raise InputError(f"{option} {path}: a folder, device or pipe is there; fix: name a file")
+    return final
+
+
+def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:
+    """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
+    component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
+    final = _final(Path(path), option)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    temp = ""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name[:40]}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(raw)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temp, 0o666 & ~mask)
+        os.replace(temp, final)
+    except OSError as exc:
+        raise InputError(
+            f"{option} {path}: cannot write it ({exc.strerror or exc}); fix: name a file in a folder you can write"
+        ) from None
+    finally:
+        if temp and os.path.exists(temp):
+            os.unlink(temp)
+    return final
