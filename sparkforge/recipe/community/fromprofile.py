@@ -103,7 +103,7 @@ def export_document(
             doc["cluster_only"] = True
         doc.update({"defaults": defaults, **({"env": env} if env else {}), "command": shell_line(words)})
         return doc
-    doc = {"recipe_version": "2", "model": model.model}
+    doc = {"recipe_version": 2, "model": model.model}
     if pins.model_revision:
         doc["model_revision"] = pins.model_revision
     doc["runtime"] = "vllm"
@@ -137,3 +137,31 @@ def export_text(document: dict[str, object], header: list[str]) -> str:
     body = {k: _Literal(v) if k == "command" and isinstance(v, str) else v for k, v in document.items()}
     text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + text
+
+
+def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
+    """Read the exported text back as `fmt` and import it: it must be valid and give the same profile."""
+    import tempfile
+    from pathlib import Path
+
+    from sparkforge.errors import RecipeError
+    from sparkforge.recipe.community.formats import read_community
+    from sparkforge.recipe.community.toprofile import import_recipe
+    from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES
+    from sparkforge.recipe.yamlfile import read_yaml
+
+    with tempfile.TemporaryDirectory(prefix="sparkforge-export-") as tmp:
+        path = Path(tmp) / f"{profile.name}.yaml"
+        path.write_text(text)
+        back = import_recipe(read_community(read_yaml(path), str(path), fmt), aliases=FALLBACK_ALIASES)
+    want = profile.model.model_dump(
+        include={"model", "nodes", "args", "env", "served_model_name"}, exclude_defaults=True
+    )
+    if pins.model_revision:
+        want["args"] = {**want.get("args", {}), "revision": pins.model_revision}
+    got = {k: v for k, v in back.document.items() if k in want}
+    if got != want:
+        raise RecipeError(
+            f"profile {profile.name}: the {fmt} export does not import back to the same profile ({got} != {want}); "
+            "nothing was written; fix: report this as a sparkforge bug"
+        )
