@@ -28,8 +28,6 @@ from sparkforge.recipe.loader import Recipe
 from sparkforge.recipe.yamlfile import MAX_YAML_BYTES, YamlDoc, read_yaml
 from sparkforge.report import Check
 
-HUB = "https://huggingface.co"
-
 
 def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
     """A community recipe file or https URL -> its YAML document and the name messages use."""
@@ -167,7 +165,10 @@ def model_class(
                 return str(archs[0]), f"the HF cache ({config.parent.name[:12]})"
     if fetcher is None:
         return None, f"config.json is not in the HF cache ({no_hub})"
-    url = f"{HUB}/{model}/resolve/{revision or 'main'}/config.json"
+    hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip(
+        "/"
+    )  # huggingface_hub's mirror variable
+    url = f"{hub}/{model}/resolve/{revision or 'main'}/config.json"
     try:
         archs = fetcher.get_json(url, what=f"{model}'s config.json").get("architectures") or []
     except (PreflightError, AttributeError) as exc:

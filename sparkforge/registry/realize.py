@@ -4,6 +4,7 @@ local engine's record of a push or pull) and the model's hub commit (looked up o
 
 from __future__ import annotations
 
+import os
 import re
 
 from sparkforge import engine
@@ -12,7 +13,12 @@ from sparkforge.preflight.fetch import Fetcher
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 COMMIT = re.compile(r"[0-9a-f]{40}")
-HUB_API = "https://huggingface.co/api/models"
+DEFAULT_HUB = "https://huggingface.co"
+
+
+def hub_url() -> str:
+    """The hub (or a mirror), as huggingface_hub reads it: $HF_ENDPOINT."""
+    return os.environ.get("HF_ENDPOINT", DEFAULT_HUB).rstrip("/")
 
 
 def _repository(ref: str) -> str:
@@ -70,7 +76,7 @@ def model_revision(model: str, given: str, fetcher: Fetcher | None) -> str:
             f"--realize pins the model by its hub commit, and this run is offline; fix: pass --model-revision "
             f"COMMIT for {model} (40 hex)"
         )
-    url = f"{HUB_API}/{model}/revision/main"
+    url = f"{hub_url()}/api/models/{model}/revision/main"
     try:
         sha = str(fetcher.get_json(url, what=f"{model}'s hub revision").get("sha") or "")
     except Exception as exc:  # any failure to reach the hub gets the same fix

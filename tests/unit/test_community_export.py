@@ -69,7 +69,8 @@ def test_import_export_import_is_stable(pinned, tmp_path: Path, name: str, fmt: 
     assert load_profile(write_profile(again, tmp_path / "b" / f"{first.name}.yaml")).model == profile.model
 
 
-def test_realize_refuses_what_it_cannot_pin() -> None:
+def test_realize_refuses_what_it_cannot_pin(monkeypatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1:9")  # a hub that does not answer (nothing listens)
     with pytest.raises(PublishError, match=r"not a commit .*a branch or tag moves"):
         model_revision("Qwen/Qwen3.5-35B-A3B-FP8", "main", None)
     with pytest.raises(PublishError, match="this run is offline; fix: pass --model-revision"):
