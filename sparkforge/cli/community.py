@@ -139,13 +139,13 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
     """`recipes --catalog DIR|URL`: per community recipe, imports cleanly / needs attention / model class."""
     import json
 
-    from sparkforge.preflight.catalog import catalog_files, run_catalog
+    from sparkforge.preflight.catalog import catalog_refs, run_catalog
     from sparkforge.preflight.fetch import make_fetcher
 
     pinned = _pinned(recipe, offline)
-    refs = [source] if "://" in source else [str(p) for p in catalog_files(Path(source))]
+    fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
     hub = None if offline else make_fetcher(timeout=5, retries=0)
-    rows, seconds = run_catalog(refs, pinned, make_fetcher(offline=offline, timeout=15, retries=1), hub, echo)
+    rows, seconds = run_catalog(catalog_refs(source, fetcher), pinned, fetcher, hub, echo)
     counts = {
         s: sum(r.status == s for r in rows) for s in ("imports cleanly", "needs attention", "does not import")
     }

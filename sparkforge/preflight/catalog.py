@@ -20,13 +20,15 @@ from sparkforge.errors import PreflightError, RecipeError, SparkforgeError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.registry import registered_architectures
 from sparkforge.preflight.serveflags import ServeSurface, check_profile, recipe_surface
-from sparkforge.preflight.sources import REGISTRY_PY, from_pypi_wheel, resolve_upstream
+from sparkforge.preflight.sources import REGISTRY_PY, extract_archive, from_pypi_wheel, resolve_upstream
 from sparkforge.recipe.community.formats import Format, read_community
 from sparkforge.recipe.community.toprofile import Attention, Imported, import_recipe
 from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES
 from sparkforge.recipe.loader import Recipe
 from sparkforge.recipe.yamlfile import MAX_YAML_BYTES, YamlDoc, read_yaml
 from sparkforge.report import Check
+
+ARCHIVES = (".tar.gz", ".tgz", ".zip")
 
 
 def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
@@ -41,7 +43,11 @@ def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
     try:
         body = fetcher.get(ref, what="the community recipe").content
     except PreflightError as exc:
-        raise RecipeError(f"{ref}: {exc}") from None
+        reason = str(exc).split("; fix:", 1)[0]
+        raise RecipeError(
+            f"{ref}: the URL does not answer with a recipe ({reason}); nothing was written; fix: check the address "
+            "(the raw file, e.g. https://raw.githubusercontent.com/OWNER/REPO/COMMIT/recipes/NAME.yaml) and the network"
+        ) from None
     if len(body) > MAX_YAML_BYTES:
         raise RecipeError(
             f"{ref}: {len(body)} bytes, more than a recipe holds ({MAX_YAML_BYTES}); fix: name the recipe file"
@@ -191,10 +197,32 @@ class CatalogRow:
 
 
 def catalog_files(root: Path) -> list[Path]:
-    """The YAML files of a catalog folder (recursively), sorted."""
+    """The YAML files of a catalog folder (recursively; a repository's `recipes/` folder when it has one)."""
     if not root.is_dir():
-        raise RecipeError(f"{root}: not a folder of recipes; fix: pass a folder (or one https:// recipe URL)")
+        raise RecipeError(
+            f"{root}: not a folder of recipes; fix: pass a folder (or an https:// recipe or archive URL)"
+        )
+    if (root / "recipes").is_dir():
+        root = root / "recipes"
     return sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def catalog_refs(source: str, fetcher: Fetcher) -> list[tuple[str, str]]:
+    """(what to read, what to call it) per recipe of a folder, an https:// recipe, or an https:// archive of a
+    repository (.tar.gz/.tgz/.zip, e.g. GitHub's archive of a commit; downloaded once into the cache)."""
+    if "://" not in source:
+        return [(str(p), str(p)) for p in catalog_files(Path(source))]
+    if not source.startswith("https://"):
+        read_source(source, fetcher)  # the one refusal of clear-text URLs
+    if not source.endswith(ARCHIVES):
+        return [(source, source)]
+    try:
+        blob = fetcher.download(source, what="the recipe archive")
+        root = extract_archive(blob, blob.name)
+    except PreflightError as exc:
+        raise RecipeError(f"{source}: {exc}") from None
+    base = root / "recipes" if (root / "recipes").is_dir() else root
+    return [(str(p), f"{source}!/{p.relative_to(base)}") for p in catalog_files(root)]
 
 
 def check_one(
@@ -227,8 +255,9 @@ def run_catalog(
     start = time.monotonic()
     rows: list[CatalogRow] = []
     no_hub = "offline: the hub was not asked"
-    for ref in refs:
+    for ref, shown in refs:
         rows.append(check_one(ref, pinned, fetcher, hub, no_hub))
+        rows[-1].file = shown
         if hub is not None and "the hub did not answer" in rows[-1].model_class_from:
             hub, no_hub = None, "the hub did not answer earlier in this run"
         if echo:

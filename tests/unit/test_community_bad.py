@@ -86,7 +86,7 @@ def test_urls_files_and_sizes(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"http://example\.org/r\.yaml: only https:// URLs are read.*fix:"):
         read_source("http://example.org/r.yaml", fetcher)
     with pytest.raises(
-        RecipeError, match=r"https://127\.0\.0\.1:9/r\.yaml: cannot fetch the community recipe"
+        RecipeError, match=r"https://127\.0\.0\.1:9/r\.yaml: the URL does not answer with a recipe"
     ):
         read_source("https://127.0.0.1:9/r.yaml", fetcher)  # nothing listens on the discard port
     big = tmp_path / "big.yaml"

@@ -96,7 +96,7 @@ def test_catalog_reports_each_recipe_and_its_model_class(pinned, tmp_path: Path,
     )
     bad = tmp_path / "shell.yaml"
     bad.write_text('recipe_version: "1"\nname: x\ncontainer: c\ncommand: bash run.sh\n')
-    refs = [*sorted(str(p) for p in FIXTURES.glob("*.yaml")), str(bad)]
+    refs = [(r, r) for r in [*sorted(str(p) for p in FIXTURES.glob("*.yaml")), str(bad)]]
     start = time.monotonic()
     rows, _ = run_catalog(refs, pinned, pinned.fetcher, None)
     assert time.monotonic() - start < 30  # seconds for the catalog (the pinned vLLM is read once, cached)
