@@ -49,7 +49,7 @@ def import_(
     offline: bool = False,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
-    from sparkforge.preflight.catalog import import_with, preflight_notes, read_source
+    from sparkforge.preflight.catalog import import_with, preflight_notes, read_source, with_architecture
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.recipe.community.formats import FORMATS
     from sparkforge.recipe.community.toprofile import write_profile
@@ -61,11 +61,20 @@ def import_(
     pinned = None if no_preflight else _pinned(recipe, offline)
     name = Path(out).stem if out else None
     imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name)  # type: ignore[arg-type]
-    notes = preflight_notes(imported, pinned) if pinned else imported.attention
-    imported = replace(imported, attention=notes)
-    path = write_profile(imported, Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml", force=force)
+    found = ""
+    if pinned:
+        imported = replace(imported, attention=preflight_notes(imported, pinned))
+        imported, found = with_architecture(
+            imported, pinned, None if offline else make_fetcher(timeout=5, retries=0)
+        )
+    notes = imported.attention
+    serving = pinned.recipe.name if pinned else "R"
+    target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
+    path = write_profile(imported, target, force=force, recipe=serving)
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
-    echo("serve: " + imported.text().splitlines()[1].removeprefix("# Serve: "))
+    echo("serve: " + imported.text(serving).splitlines()[1].removeprefix("# Serve: "))
+    if found:
+        echo(found)
     echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
     for note in notes:
         warn(f"needs attention: {note}")

@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sparkforge.errors import PreflightError, RecipeError, SparkforgeError
@@ -146,6 +146,28 @@ def preflight_notes(imported: Imported, pinned: PinnedVllm) -> tuple[Attention, 
             Attention(where, f"--load-format fastsafetensors: recipe {pinned.recipe.name} installs it")
         )
     return tuple(notes)
+
+
+def with_architecture(imported: Imported, pinned: PinnedVllm, hub: Fetcher | None) -> tuple[Imported, str]:
+    """The profile with its model class (`architecture`, which serve checks in the image before any download)
+    when config.json is at hand and the pinned vLLM registers it; and a line saying what was found."""
+    model = str(imported.document["model"])
+    arch, origin = model_class(model, imported.recipe.model_revision, hub)
+    if arch is None:
+        return imported, f"model class unknown: {origin}"
+    if arch not in pinned.registry():
+        note = Attention(
+            imported.recipe.at("command"),
+            f"{pinned.subject} does not register {arch} (from {origin}); fix: use a recipe whose vLLM does",
+        )
+        return replace(imported, attention=(*imported.attention, note)), f"model class {arch}: NOT registered"
+    document = dict(imported.document)
+    items = list(document.items())
+    at = [k for k, _ in items].index("model") + 1
+    document = dict([*items[:at], ("architecture", arch), *items[at:]])
+    return replace(
+        imported, document=document
+    ), f"model class {arch} (from {origin}): registered in {pinned.subject}"
 
 
 def hf_cache_dirs() -> list[Path]:

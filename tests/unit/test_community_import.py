@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.preflight.catalog import PinnedVllm, import_with, preflight_notes, read_source
+from sparkforge.preflight.catalog import (
+    PinnedVllm,
+    import_with,
+    preflight_notes,
+    read_source,
+    with_architecture,
+)
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
@@ -121,3 +127,23 @@ def test_import_task_writes_a_profile_that_serve_dry_runs(tmp_path: Path) -> Non
     assert dry.returncode == 0, dry.stderr
     docker_line = next(line for line in dry.stdout.splitlines() if line.startswith("docker run"))
     assert shlex.split(docker_line)[-len(shlex.split(source)) :] == shlex.split(source)
+
+
+def test_runner_extras_and_the_model_class(pinned, tmp_path: Path, monkeypatch) -> None:
+    # The runner appends the words after `--` to the command; vLLM's parser lets the last one win.
+    doc, where = read_source(str(FIXTURES / "eugr-qwen35-35b-solo.yaml"), pinned.fetcher)
+    imported = import_with(pinned, doc, where, None, ["--max-model-len", "32768", "--seed", "7"], None)
+    assert imported.document["args"]["max-model-len"] == 32768 and imported.document["args"]["seed"] == 7  # type: ignore[index]
+    assert imported.source_argv[-10:] == (
+        "--tool-call-parser", "qwen3_coder", "--max-model-len", "32768", "--seed", "7", "--host", "0.0.0.0", "--port", "8000",
+    )  # fmt: skip
+    assert "131072" not in imported.source_argv  # the recipe's own value lost to the extra, as in vLLM
+    # The model class from the HF cache's config.json, registered in the pinned vLLM: serve checks it in the image.
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3.5-35B-A3B-FP8" / "snapshots" / ("f" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"architectures": ["Qwen3_5MoeForConditionalGeneration"]}')
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with_class, line = with_architecture(imported, pinned, None)
+    assert "registered in vLLM 0.33.0" in line
+    profile = load_profile(write_profile(with_class, tmp_path / "solo.yaml"))
+    assert profile.model.architecture == "Qwen3_5MoeForConditionalGeneration"

@@ -39,7 +39,12 @@ FORMATS: tuple[Format, ...] = ("eugr", "sparkarena")
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-VLLM_RUNTIMES = ("vllm", "vllm-ray", "vllm-distributed")
+VLLM_RUNTIMES = (
+    "vllm",
+    "vllm-ray",
+    "vllm-distributed",
+    "eugr-vllm",
+)  # the last: sparkrun running the runner's image
 
 
 class _Strict(BaseModel):

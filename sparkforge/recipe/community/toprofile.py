@@ -57,11 +57,11 @@ class Imported:
     attention: tuple[Attention, ...]
     recipe: CommunityRecipe
 
-    def text(self) -> str:
+    def text(self, recipe: str = "R") -> str:
         """The profile file: a header naming the source, how to serve it and what needs attention, then YAML."""
         head = [
             f"# Imported by sparkforge from {self.recipe.where} ({self.recipe.format} format).",
-            f"# Serve: invoke serve --recipe R --profile {self.name} --port {self.port}"
+            f"# Serve: invoke serve --recipe {recipe} --profile {self.name} --port {self.port}"
             + (" --trust-remote-code" if self.trust_remote_code else "")
             + (
                 f"  (cluster.up --backend {self.backend} for the source's own launch)"
@@ -299,13 +299,13 @@ def _flag_notes(option: Option, where: str) -> list[Attention]:
     return []
 
 
-def write_profile(imported: Imported, out: Path, *, force: bool = False) -> Path:
+def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe: str = "R") -> Path:
     """Validate the profile exactly as a hand-written one (load_profile), then write it; nothing on failure."""
     if out.exists() and not force:
         raise RecipeError(
             f"{out}: already exists; nothing was written; fix: choose another --out or pass --force"
         )
-    text = imported.text()
+    text = imported.text(recipe)
     with tempfile.TemporaryDirectory(prefix="sparkforge-import-") as tmp:
         trial = Path(tmp) / f"{out.stem}.yaml"
         trial.write_text(text)
