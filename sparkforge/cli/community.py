@@ -49,7 +49,13 @@ def import_(
     offline: bool = False,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
-    from sparkforge.preflight.catalog import import_with, preflight_notes, read_source, with_architecture
+    from sparkforge.preflight.catalog import (
+        image_facts,
+        import_with,
+        preflight_notes,
+        read_source,
+        with_architecture,
+    )
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.recipe.community.formats import FORMATS
     from sparkforge.recipe.community.toprofile import write_profile
@@ -61,20 +67,20 @@ def import_(
     pinned = None if no_preflight else _pinned(recipe, offline)
     name = Path(out).stem if out else None
     imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name)  # type: ignore[arg-type]
-    found = ""
+    facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))
-        imported, found = with_architecture(
-            imported, pinned, None if offline else make_fetcher(timeout=5, retries=0)
-        )
+        hub = None if offline else make_fetcher(timeout=5, retries=0)
+        imported, found = with_architecture(imported, pinned, hub)
+        facts = [found, *image_facts(imported, pinned)]
     notes = imported.attention
     serving = pinned.recipe.name if pinned else "R"
     target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
     path = write_profile(imported, target, force=force, recipe=serving)
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
     echo("serve: " + imported.text(serving).splitlines()[1].removeprefix("# Serve: "))
-    if found:
-        echo(found)
+    for fact in facts:
+        echo(fact)
     echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
     for note in notes:
         warn(f"needs attention: {note}")

@@ -16,11 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from sparkforge.errors import PreflightError, RecipeError, SparkforgeError
 from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.preflight.registry import registered_architectures
+from sparkforge.preflight.requirements import marker_environment, source_requirements, wheel_requirements
 from sparkforge.preflight.serveflags import ServeSurface, check_profile, recipe_surface
-from sparkforge.preflight.sources import REGISTRY_PY, extract_archive, from_pypi_wheel, resolve_upstream
+from sparkforge.preflight.sources import (
+    GITHUB,
+    REGISTRY_PY,
+    UpstreamTree,
+    extract_archive,
+    from_pypi_wheel,
+    resolve_upstream,
+)
 from sparkforge.recipe.community.formats import Format, read_community
 from sparkforge.recipe.community.toprofile import Attention, Imported, import_recipe
 from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES
@@ -69,6 +80,7 @@ class PinnedVllm:
     fetcher: Fetcher
     _surface: ServeSurface | None = None
     _registry: dict[str, object] | None = None
+    _tree: UpstreamTree | None = None
 
     @property
     def subject(self) -> str:
@@ -79,30 +91,45 @@ class PinnedVllm:
             self._surface = recipe_surface(self.recipe, self.fetcher)
         return self._surface
 
-    def registry(self) -> dict[str, object]:
-        if self._registry is None:
+    def tree(self) -> UpstreamTree:
+        """The pinned vLLM as preflight resolves it: the wheel's members (range requests) or the source tree."""
+        if self._tree is None:
             component = self.recipe.model.components.vllm
             if component.source == "wheel":
-                from sparkforge.preflight.pypi import WheelTarget
-
                 target = WheelTarget.of(self.recipe.model.platforms[0], self.recipe.model.python)
-                tree = from_pypi_wheel(self.fetcher, component.package or "vllm", component.version, target)
+                self._tree = from_pypi_wheel(
+                    self.fetcher, component.package or "vllm", component.version, target
+                )
             else:
                 from sparkforge.commands import Runner
 
-                tree = resolve_upstream(
+                self._tree = resolve_upstream(
                     self.recipe,
                     source=None,
-                    github_base="https://github.com",
+                    github_base=GITHUB,
                     fetcher=self.fetcher,
                     runner=Runner(stream=False),
                 )
-            self._registry = dict(registered_architectures(tree.read_text(REGISTRY_PY) or ""))
+        return self._tree
+
+    def registry(self) -> dict[str, object]:
+        if self._registry is None:
+            self._registry = dict(registered_architectures(self.tree().read_text(REGISTRY_PY) or ""))
         return self._registry
 
-    def has_package(self, name: str) -> bool:
-        """Whether the recipe installs `name` (a component or a requirement it names)."""
-        return name in json.dumps(self.recipe.resolved())
+    def installs(self, package: str) -> str:
+        """Why the recipe's image has `package` (a component, or a requirement of its vLLM), or ''."""
+        if any(canonicalize_name(c.package or n) == package for n, c in self.recipe.model.components.items()):
+            return f"recipe {self.recipe.name} pins it as a component"
+        tree = self.tree()
+        metadata = tree.wheel_metadata() if tree.kind == "wheel" else None
+        declared = wheel_requirements(metadata) if metadata else source_requirements(tree.read_text)
+        env = marker_environment(self.recipe.model.platforms[0], self.recipe.model.python)
+        for item in declared:
+            req = item.requirement
+            if canonicalize_name(req.name) == package and (req.marker is None or req.marker.evaluate(env)):
+                return f"{self.subject} requires {req} ({item.origin}), and the image installs vLLM's requirements"
+        return ""
 
 
 def import_with(
@@ -132,20 +159,28 @@ def preflight_notes(imported: Imported, pinned: PinnedVllm) -> tuple[Attention, 
     notes += [Attention(where, p) for p in check.reason.split("; ")] if check.status == "failed" else []
     if args.get("load-format") == "fastsafetensors":
         notes = [n for n in notes if not n.message.startswith("--load-format fastsafetensors needs")]
-    if args.get("load-format") == "fastsafetensors" and not pinned.has_package("fastsafetensors"):
-        notes.append(
-            Attention(
-                where,
-                f"--load-format fastsafetensors: recipe {pinned.recipe.name}'s image does not install fastsafetensors "
-                "(vLLM lists it only as its optional 'fastsafetensors' extra); fix: add it to the recipe or use "
-                "--load-format safetensors (the same weights, read without GPU direct storage)",
-            )
-        )
-    elif args.get("load-format") == "fastsafetensors":
-        notes.append(
-            Attention(where, f"--load-format fastsafetensors: recipe {pinned.recipe.name} installs it")
+        why = pinned.installs("fastsafetensors")
+        notes += (
+            []
+            if why
+            else [
+                Attention(
+                    where,
+                    f"--load-format fastsafetensors: recipe {pinned.recipe.name}'s image does not install fastsafetensors "
+                    f"(neither a component nor a requirement of {pinned.subject} on {pinned.recipe.model.platforms[0]}); "
+                    "fix: use a recipe that installs it, or --load-format safetensors (the same weights, read without "
+                    "GPU direct storage)",
+                )
+            ]
         )
     return tuple(notes)
+
+
+def image_facts(imported: Imported, pinned: PinnedVllm) -> list[str]:
+    """What the recipe's image has that the imported profile needs (said, not only what it lacks)."""
+    args = dict(imported.document.get("args") or {})  # type: ignore[call-overload]
+    why = pinned.installs("fastsafetensors") if args.get("load-format") == "fastsafetensors" else ""
+    return [f"--load-format fastsafetensors: the image has fastsafetensors: {why}"] if why else []
 
 
 def with_architecture(imported: Imported, pinned: PinnedVllm, hub: Fetcher | None) -> tuple[Imported, str]:

@@ -13,6 +13,7 @@ import pytest
 
 from sparkforge.preflight.catalog import (
     PinnedVllm,
+    image_facts,
     import_with,
     preflight_notes,
     read_source,
@@ -23,6 +24,7 @@ from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import LaunchOptions, plan_launch
+from tests.recipe_files import write_recipe_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "community"
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -101,7 +103,12 @@ def test_what_cannot_be_carried_is_named(pinned, tmp_path: Path) -> None:
     for mod in ("fix-nemotron-tool-parser", "install-extra-kernels"):
         assert f"patches/vllm/NNNN-{mod}.patch" in notes and "components.vllm.patches" in notes
     assert "eugr-nemotron-mods.yaml:8: build_args.0: build option '--tf5'" in notes
-    assert "does not install fastsafetensors" in notes and "needs the fastsafetensors package" not in notes
+    # vLLM 0.33.0 requires fastsafetensors (its wheel's METADATA): the CI recipe's image has it, nothing to attend.
+    assert "fastsafetensors" not in notes
+    assert (
+        "vLLM 0.33.0 (recipe ci-wheels-amd64) requires fastsafetensors>=0.3.3"
+        in image_facts(imported, pinned)[0]
+    )
     assert "chat_template.jinja: a file that must exist inside the container" in notes
     tp2, _ = imported_profile(pinned, "eugr-qwen35-122b-tp2.yaml", tmp_path)
     assert tp2.backend == "ray" and "cluster.up --backend ray" in str(tp2.attention)
@@ -147,3 +154,19 @@ def test_runner_extras_and_the_model_class(pinned, tmp_path: Path, monkeypatch) 
     assert "registered in vLLM 0.33.0" in line
     profile = load_profile(write_profile(with_class, tmp_path / "solo.yaml"))
     assert profile.model.architecture == "Qwen3_5MoeForConditionalGeneration"
+
+
+def test_fastsafetensors_named_when_the_image_lacks_it(tmp_path: Path) -> None:
+    # vLLM 0.19.1 lists fastsafetensors only under its optional extra: an image of it lacks the package.
+    older = write_recipe_file(
+        tmp_path / "older.yaml",
+        {"components": {"vllm": {"version": "0.19.1", "commit": "b1388b1fbf5aaef47937fabe98931211684666a6"}}},
+        extends=CI_RECIPE,
+    )
+    pinned = PinnedVllm(load_recipe(str(older)), make_fetcher())
+    imported, _ = imported_profile(pinned, "eugr-nemotron-mods.yaml", tmp_path)
+    notes = [str(n) for n in preflight_notes(imported, pinned)]
+    lacking = [n for n in notes if "fastsafetensors" in n]
+    assert len(lacking) == 1 and "image does not install fastsafetensors" in lacking[0]
+    assert "fix: use a recipe that installs it, or --load-format safetensors" in lacking[0]
+    assert image_facts(imported, pinned) == []
