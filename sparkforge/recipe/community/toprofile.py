@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,12 +137,72 @@ def _build_args(recipe: CommunityRecipe) -> list[Attention]:
     return out
 
 
+@dataclass
+class _Launch:
+    """What the flags sparkforge sets itself said in the source."""
+
+    port: int = 8000
+    host: str = SPARKFORGE_HOST
+    served: str | None = None
+    trust: bool = False
+    backend: str = "mp"
+
+
+def _take_launch_flag(
+    option: Option, nodes: int, launch: _Launch, attention: list[Attention], where: str
+) -> bool:
+    """Record a flag sparkforge places itself (port, host, served name, trust, backend, cluster plan): True if taken."""
+    flag, value = option.flag.split(".", 1)[0], " ".join(option.values)
+    note = ""
+    if flag == "port":
+        launch.port = int(value) if re.fullmatch(r"\d{1,5}", value) else -1
+        if not 1 <= launch.port <= 65535:
+            raise RecipeError(f"{where}: --port {value!r} is not a port; fix: a whole number from 1 to 65535")
+    elif flag == "host":
+        launch.host = value
+        note = (
+            "" if value == SPARKFORGE_HOST else f"--host {value}: sparkforge binds the head's API to 0.0.0.0"
+        )
+    elif flag == "served-model-name":
+        launch.served = option.values[0] if option.values else None
+        note = "" if len(option.values) == 1 else "--served-model-name with several names: a profile has one"
+    elif flag == "trust-remote-code":
+        launch.trust = True
+        note = (
+            "--trust-remote-code runs the model repository's Python code; a profile never grants it: pass "
+            "--trust-remote-code to 'invoke serve' / 'invoke cluster.up' when you trust the repository"
+        )
+    elif flag == "distributed-executor-backend":
+        if nodes == 1:
+            note = (
+                f"--distributed-executor-backend {value}: dropped on one node, as the runner's solo mode does"
+            )
+        elif value == "ray":
+            launch.backend = "ray"
+            note = (
+                "--distributed-executor-backend ray: sparkforge's cluster.up runs vLLM's own multi-node backend (mp: "
+                "--nnodes/--node-rank/--master-addr, no Ray cluster to start and keep alive) by default; "
+                "'invoke cluster.up --backend ray' reproduces the recipe's Ray launch exactly"
+            )
+        elif value != "mp":
+            note = f"--distributed-executor-backend {value}: sparkforge launches mp or ray only; dropped"
+    elif flag in _CLUSTER_FLAGS or flag == "config":
+        note = (
+            f"--{option.flag}: set by sparkforge's cluster plan (or a config file it does not read); dropped"
+        )
+    else:
+        return False
+    if note:
+        attention.append(Attention(where, note))
+    return True
+
+
 def import_recipe(
     recipe: CommunityRecipe,
     *,
     aliases: Mapping[str, str],
     negatable: frozenset[str] | None = None,
-    extra: list[str] = (),  # type: ignore[assignment]
+    extra: Sequence[str] = (),
     name: str | None = None,
 ) -> Imported:
     """The profile a community recipe becomes; RecipeError when the command cannot be vLLM's argv."""
@@ -162,77 +222,20 @@ def import_recipe(
         attention.append(
             Attention(where, "--data-parallel-size > 1: profiles place TP x PP GPUs; check the node count")
         )
-    port, host, served, trust, backend = 8000, SPARKFORGE_HOST, None, False, "mp"
+    launch = _Launch()
     args: dict[str, object] = {}
     kept: list[Option] = []
     for option in argv.options:
-        flag = option.flag.split(".", 1)[0]
-        if flag == "port":
-            port = _int(option, where, 8000) if re.fullmatch(r"\d{1,5}", "".join(option.values)) else -1
-            if not 1 <= port <= 65535:
-                raise RecipeError(f"{where}: --port {' '.join(option.values)!r} is not a port; fix: 1-65535")
-        elif flag == "host":
-            host = " ".join(option.values)
-            if host != SPARKFORGE_HOST:
-                attention.append(
-                    Attention(where, f"--host {host}: sparkforge binds the head's API to 0.0.0.0")
-                )
-        elif flag == "served-model-name":
-            served = option.values[0] if option.values else None
-            if len(option.values) != 1:
-                attention.append(
-                    Attention(where, "--served-model-name with several names: a profile has one")
-                )
-        elif flag == "trust-remote-code":
-            trust = True
-            attention.append(
-                Attention(
-                    where,
-                    "--trust-remote-code runs the model repository's Python code; a profile never grants it: pass "
-                    "--trust-remote-code to 'invoke serve' / 'invoke cluster.up' when you trust the repository",
-                )
-            )
-        elif flag == "distributed-executor-backend":
-            value = " ".join(option.values)
-            if nodes == 1:
-                attention.append(
-                    Attention(
-                        where,
-                        f"--distributed-executor-backend {value}: dropped on one node, as the runner's solo mode does",
-                    )
-                )
-            elif value == "ray":
-                backend = "ray"
-                attention.append(
-                    Attention(
-                        where,
-                        "--distributed-executor-backend ray: sparkforge's cluster.up runs vLLM's own multi-node "
-                        "backend (mp: --nnodes/--node-rank/--master-addr, no Ray cluster to start and keep alive) "
-                        "by default; 'invoke cluster.up --backend ray' reproduces the recipe's Ray launch exactly",
-                    )
-                )
-            elif value != "mp":
-                attention.append(
-                    Attention(
-                        where, f"--distributed-executor-backend {value}: sparkforge launches mp or ray only"
-                    )
-                )
-        elif flag in _CLUSTER_FLAGS or flag == "config":
-            attention.append(
-                Attention(
-                    where,
-                    f"--{option.flag}: set by sparkforge's cluster plan (or a config file it does not read); dropped",
-                )
-            )
-        else:
-            key, value = option_value(option, negatable)
-            problem = check_flag(key) or check_value(key, value)
-            if problem:
-                attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
-                continue
-            args[key] = value
-            kept.append(option)
-            attention += _flag_notes(option, where)
+        if _take_launch_flag(option, nodes, launch, attention, where):
+            continue
+        key, value = option_value(option, negatable)
+        problem = check_flag(key) or check_value(key, value)
+        if problem:
+            attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
+            continue
+        args[key] = value
+        kept.append(option)
+        attention += _flag_notes(option, where)
     env: dict[str, str] = {}
     for key, raw in recipe.env.items():
         value = str(raw)
@@ -271,15 +274,22 @@ def import_recipe(
     document["args"] = args
     if env:
         document["env"] = env
-    if served:
-        document["served_model_name"] = served
+    if launch.served:
+        document["served_model_name"] = launch.served
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
-    source += ["--served-model-name", served] if served else []
-    source += ["--trust-remote-code"] if trust else []
-    source += ["--distributed-executor-backend", "ray"] if backend == "ray" else []
-    source += ["--host", host, "--port", str(port)]
+    source += ["--served-model-name", launch.served] if launch.served else []
+    source += ["--trust-remote-code"] if launch.trust else []
+    source += ["--distributed-executor-backend", "ray"] if launch.backend == "ray" else []
+    source += ["--host", launch.host, "--port", str(launch.port)]
     return Imported(
-        profile_name(recipe, name), document, port, trust, backend, tuple(source), tuple(attention), recipe
+        profile_name(recipe, name),
+        document,
+        launch.port,
+        launch.trust,
+        launch.backend,
+        tuple(source),
+        tuple(attention),
+        recipe,
     )
 
 
