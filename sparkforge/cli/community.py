@@ -25,7 +25,9 @@ def _pinned(recipe: str, offline: bool):
 
 @task(
     name="import",
+    iterable=["set"],
     help={
+        "set": "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
         "source": "community recipe: a file or an https:// URL",
         "format": 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
         "out": "profile file to write (default: profiles/<file name>.yaml)",
@@ -47,6 +49,7 @@ def import_(
     force: bool = False,
     no_preflight: bool = False,
     offline: bool = False,
+    set: list[str] | None = None,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
     from sparkforge.preflight.catalog import (
@@ -66,7 +69,10 @@ def import_(
     doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
     pinned = None if no_preflight else _pinned(recipe, offline)
     name = Path(out).stem if out else None
-    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name)  # type: ignore[arg-type]
+    overrides = dict(item.split("=", 1) for item in set or [] if "=" in item)
+    if len(overrides) != len(set or []):
+        raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
+    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides)  # type: ignore[arg-type]
     facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))
@@ -85,7 +91,8 @@ def import_(
     for note in notes:
         warn(f"needs attention: {note}")
     if not notes:
-        echo("imports cleanly: nothing needs attention")
+        checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
+        echo(f"imports cleanly: nothing needs attention{checked}")
 
 
 @task(

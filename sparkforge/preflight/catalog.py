@@ -139,9 +139,10 @@ def import_with(
     fmt: Format | None,
     extra: list[str],
     name: str | None,
+    overrides: dict[str, str] | None = None,
 ) -> Imported:
     """Import with the pinned vLLM's own aliases (the documented fallback without a recipe)."""
-    community = read_community(doc, where, fmt)
+    community = read_community(doc, where, fmt, overrides)
     surface = pinned.surface() if pinned else None
     aliases = {**FALLBACK_ALIASES, **(surface.aliases if surface else {})}
     return import_recipe(

@@ -134,3 +134,22 @@ def test_vllm_argv_is_read_as_vllms_parser_reads_it() -> None:
     with pytest.raises(RecipeError, match="a variable"):
         split_command('vllm serve m --served-model-name "$NAME"', "x")
     assert split_command("vllm serve m --chat-template-content-format 'a;b|c>$d'", "x")[-1] == "a;b|c>$d"
+
+
+def test_secrets_are_dropped_named_and_never_printed_and_defaults_can_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "keyed.yaml"
+    key = "sk-" + "a1b2c3d4" * 4
+    path.write_text(
+        GOOD.replace("  port: 8000\n", f"  port: 8000\n  key: {key}\n").replace(
+            "--max-model-len 4096", "--max-model-len 4096 --api-key {key}"
+        )
+    )
+    doc, where = read_source(str(path), make_fetcher())
+    imported = import_with(None, doc, where, None, [], None, {"port": "9001"})
+    assert "api-key" not in imported.document["args"]  # type: ignore[operator]
+    assert any("--api-key dropped" in str(a) and "mounted files only" in str(a) for a in imported.attention)
+    assert key not in " ".join(imported.source_argv) + imported.text()
+    assert imported.source_argv[-4:-2] == ("--api-key", "***") or "***" in imported.source_argv
+    assert (
+        imported.port == 9001 and imported.source_argv[-1] == "9001"
+    )  # the override, as the runner's --port

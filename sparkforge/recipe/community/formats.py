@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,8 +204,14 @@ def _text(value: object) -> str:
     return str(value)  # what both tools print: str() of the YAML scalar (True, 0.8, 8000)
 
 
-def read_community(doc: YamlDoc, where: str, fmt: Format | None = None) -> CommunityRecipe:
-    """A community recipe document -> CommunityRecipe (validated, command filled); RecipeError names file and key."""
+def read_community(
+    doc: YamlDoc, where: str, fmt: Format | None = None, overrides: Mapping[str, str] | None = None
+) -> CommunityRecipe:
+    """A community recipe document -> CommunityRecipe (validated, command filled); RecipeError names file and key.
+
+    `overrides` replace `defaults` values before the command is filled, as both tools' command lines do
+    (the runner's --port/--tp/..., sparkrun's -o KEY=VALUE).
+    """
     data = dict(doc.data)
     found = detect_format(data, where)
     fmt = fmt or found
@@ -226,7 +233,7 @@ def read_community(doc: YamlDoc, where: str, fmt: Format | None = None) -> Commu
     if isinstance(model, EugrRecipe):
         base = CommunityRecipe(
             "eugr", where, model.name, model.description or model.name, model.model, model.container,
-            model.command, dict(model.defaults), dict(model.env), doc.lines, tuple(model.mods),
+            model.command, {**model.defaults, **(overrides or {})}, dict(model.env), doc.lines, tuple(model.mods),
             tuple(model.build_args), model.cluster_only, model.solo_only, 2 if model.cluster_only else 1,
         )  # fmt: skip
         return _replace_command(base, _fill_eugr(model.command, base.defaults, base))
@@ -247,7 +254,7 @@ def read_community(doc: YamlDoc, where: str, fmt: Format | None = None) -> Commu
     base = CommunityRecipe(
         "sparkarena", where, model.name or Path(where).stem, model.description
         or str(model.metadata.get("description") or model.model), model.model, model.container, model.command,
-        dict(model.defaults), dict(model.env), doc.lines, mods, build_args, model.cluster_only,
+        {**model.defaults, **(overrides or {})}, dict(model.env), doc.lines, mods, build_args, model.cluster_only,
         model.solo_only or model.mode == "solo" or model.max_nodes == 1, nodes, model.model_revision,
         model.runtime, uncarried,
     )  # fmt: skip

@@ -32,6 +32,8 @@ _BUILD_ARG_HINTS = {
     "--vllm-ref": "a vLLM branch or commit: pin components.vllm.commit (and version) in the recipe",
     "--apply-vllm-pr": "an upstream PR: save its diff as patches/vllm/NNNN-prNNNN.patch in components.vllm.patches",
 }
+# Flags sparkforge writes itself at the end of the argv (the launch plan's order).
+_PLACED = ("port", "host", "served-model-name", "trust-remote-code", "distributed-executor-backend")
 _CLUSTER_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-address")
 
 
@@ -224,17 +226,20 @@ def import_recipe(
         )
     launch = _Launch()
     args: dict[str, object] = {}
-    kept: list[Option] = []
+    kept: list[Option] = []  # the source's options in its order, the ones sparkforge places itself apart
     for option in argv.options:
         if _take_launch_flag(option, nodes, launch, attention, where):
+            kept += [] if option.flag.split(".", 1)[0] in _PLACED else [option]
             continue
         key, value = option_value(option, negatable)
         problem = check_flag(key) or check_value(key, value)
+        kept.append(option)
         if problem:
             attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
+            if "secret" in problem:  # the source's argv is printed: never its secret
+                kept[-1] = Option(option.flag, tuple("***" for _ in option.values), option.spelled)
             continue
         args[key] = value
-        kept.append(option)
         attention += _flag_notes(option, where)
     env: dict[str, str] = {}
     for key, raw in recipe.env.items():
