@@ -151,7 +151,13 @@ def export(
     text = export_text(document, header)
     check_export(text, format, prof, pins)  # type: ignore[arg-type]
     if out:
-        Path(out).write_text(text)
+        try:
+            Path(out).write_text(text)
+        except OSError as exc:
+            raise Exit(
+                f"sparkforge: {out}: cannot write the recipe ({exc.strerror}); fix: choose a writable --out",
+                code=1,
+            ) from None
         echo(f"wrote {out} ({format}; validated by importing it back)")
     else:
         echo(text.rstrip())

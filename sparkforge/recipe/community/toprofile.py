@@ -316,6 +316,10 @@ def _flag_notes(option: Option, where: str) -> list[Attention]:
 
 def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe: str = "R") -> Path:
     """Validate the profile exactly as a hand-written one (load_profile), then write it; nothing on failure."""
+    if out.suffix != ".yaml" or out.is_dir():
+        raise RecipeError(
+            f"{out}: a profile is a NAME.yaml file; nothing was written; fix: --out profiles/NAME.yaml"
+        )
     if out.exists() and not force:
         raise RecipeError(
             f"{out}: already exists; nothing was written; fix: choose another --out or pass --force"
@@ -331,6 +335,11 @@ def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe:
                 f"{imported.recipe.where}: the imported profile does not validate ({str(exc).replace(str(trial), str(out))}); "
                 "nothing was written; fix: correct the recipe's command or env"
             ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise RecipeError(
+            f"{out}: cannot write the profile ({exc.strerror}); fix: choose a writable --out"
+        ) from None
     return out
