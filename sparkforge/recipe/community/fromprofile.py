@@ -9,15 +9,18 @@ realized export pins (image digest, model revision, sparkforge's recipe hash) is
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
 import yaml
 
+from sparkforge.errors import RecipeError
 from sparkforge.recipe.community.formats import Format
-from sparkforge.recipe.community.vllmargv import shell_line
+from sparkforge.recipe.community.vllmargv import comment_line, shell_line
 from sparkforge.recipe.profile import Profile
 
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")  # what sparkrun's template fills
 # Profile flag -> the defaults key sparkrun reads (sparkrun/core/validation.py: SPARKRUN_READ_CONFIG_KEYS).
 DEFAULT_KEYS = {
     "tensor-parallel-size": "tensor_parallel",
@@ -43,6 +46,16 @@ def _word(value: object, fmt: Format) -> str:
     return text.replace("{", "{{").replace("}", "}}") if fmt == "eugr" else text
 
 
+def _slot(key: str, taken: dict[str, object]) -> str:
+    """A fresh `defaults` key (an identifier) for a profile flag's value."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", key)
+    base = base if re.match(r"[A-Za-z_]", base) else f"v_{base}"
+    slot, n = base, 2
+    while slot in taken or slot == "model":
+        slot, n = f"{base}_{n}", n + 1
+    return slot
+
+
 def _command(
     profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool
 ) -> tuple[list[str], dict[str, object]]:
@@ -61,7 +74,8 @@ def _command(
             words.append(f"--no-{key}")
             continue
         words.append(f"--{key}")
-        slot = DEFAULT_KEYS.get(key)
+        slot = DEFAULT_KEYS.get(key) if shlex.quote(str(value)) == str(value) else None
+        slot = None if slot in defaults else slot
         if (
             slot is None
             and fmt == "sparkarena"
@@ -69,7 +83,9 @@ def _command(
             and "{" in value
             and "'" not in value
         ):
-            slot = key.replace("-", "_").replace(".", "_")
+            slot = _slot(
+                key, defaults
+            )  # JSON: a placeholder in quotes, so no template engine reads its braces
         if slot and not isinstance(value, list):
             defaults[slot] = value
             words.append(f"'{{{slot}}}'" if isinstance(value, str) and "{" in value else f"{{{slot}}}")
@@ -87,10 +103,39 @@ def _command(
     return words, defaults
 
 
+def _refuse_unrepresentable(profile: Profile, fmt: Format) -> None:
+    """What the format's own tool would change on the way: refused, not exported wrong."""
+    tool = "the community runner" if fmt == "eugr" else "sparkrun"
+    problems = []
+    if profile.model.gpus_per_node != 1:
+        problems.append(
+            f"gpus_per_node {profile.model.gpus_per_node}: {tool} places one GPU per node (a Spark)"
+        )
+    for key, value in profile.model.args.items():
+        if "." in key and isinstance(value, bool | list):
+            problems.append(
+                f"args.{key}: vLLM reads the word after a dotted option as its value; give it one value"
+            )
+        texts = [str(v) for v in (value if isinstance(value, list) else [value])]
+        if fmt == "sparkarena" and any(_PLACEHOLDER.search(t) for t in texts):
+            problems.append(f"args.{key}: {{name}} in the value would be filled from defaults by {tool}")
+    expands = "$" if fmt == "sparkarena" else '$`"\\'  # sparkrun: ${VAR}; the runner: export K="..." in bash
+    for key, value in profile.model.env.items():
+        found = sorted(set(expands) & set(value))
+        if found:
+            problems.append(f"env.{key}: {tool} would expand {' '.join(found)} in the value")
+    if problems:
+        raise RecipeError(
+            f"profile {profile.name} cannot be written as a {fmt} recipe: {'; '.join(problems)}; nothing was "
+            "written; fix: change those values in the profile (or export the other format)"
+        )
+
+
 def export_document(
     profile: Profile, fmt: Format, pins: Pins, *, trust_remote_code: bool = False
 ) -> dict[str, object]:
     """The recipe document of `fmt` that serves `profile` with the image (and pins) given."""
+    _refuse_unrepresentable(profile, fmt)
     model = profile.model
     words, defaults = _command(profile, fmt, pins, trust_remote_code)
     env = dict(model.env)
@@ -135,8 +180,21 @@ _Dumper.add_representer(_Literal, _literal)
 
 def export_text(document: dict[str, object], header: list[str]) -> str:
     body = {k: _Literal(v) if k == "command" and isinstance(v, str) else v for k, v in document.items()}
-    text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=4096)
-    return "".join(f"# {line}\n" for line in header) + text
+    text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=False, width=4096)
+    return "".join(f"# {comment_line(line)}\n" for line in header) + text
+
+
+def arg_tokens(args: dict[str, object]) -> list[str]:
+    """The argv words of profile args as vLLM reads them (a flag's name before its first dot: `_` is `-`)."""
+    words: list[str] = []
+    for key, value in args.items():
+        head, dot, tail = key.partition(".")
+        flag = head.replace("_", "-") + dot + tail
+        if isinstance(value, bool):
+            words.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            words += [f"--{flag}", *(str(v) for v in (value if isinstance(value, list) else [value]))]
+    return words
 
 
 def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
@@ -144,7 +202,6 @@ def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
     import tempfile
     from pathlib import Path
 
-    from sparkforge.errors import RecipeError
     from sparkforge.recipe.community.formats import read_community
     from sparkforge.recipe.community.toprofile import import_recipe
     from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES
@@ -154,12 +211,19 @@ def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
         path = Path(tmp) / f"{profile.name}.yaml"
         path.write_text(text)
         back = import_recipe(read_community(read_yaml(path), str(path), fmt), aliases=FALLBACK_ALIASES)
-    want = profile.model.model_dump(
-        include={"model", "nodes", "args", "env", "served_model_name"}, exclude_defaults=True
-    )
+    args = dict(profile.model.args)
     if pins.model_revision:
-        want["args"] = {**want.get("args", {}), "revision": pins.model_revision}
-    got = {k: v for k, v in back.document.items() if k in want}
+        args["revision"] = pins.model_revision
+    model = profile.model
+    want = (model.model, model.nodes, arg_tokens(args), dict(model.env), model.served_model_name)
+    doc = back.document
+    got = (
+        doc["model"],
+        doc["nodes"],
+        arg_tokens(doc["args"]),
+        doc.get("env", {}),
+        doc.get("served_model_name"),
+    )  # type: ignore[arg-type]
     if got != want:
         raise RecipeError(
             f"profile {profile.name}: the {fmt} export does not import back to the same profile ({got} != {want}); "

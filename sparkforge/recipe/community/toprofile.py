@@ -19,7 +19,13 @@ import yaml
 
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.community.formats import CommunityRecipe
-from sparkforge.recipe.community.vllmargv import Option, option_value, parse_serve, split_command
+from sparkforge.recipe.community.vllmargv import (
+    Option,
+    comment_line,
+    option_value,
+    parse_serve,
+    split_command,
+)
 from sparkforge.recipe.profile import PROFILE_NAME, load_profile
 from sparkforge.recipe.serveargs import check_env, check_flag, check_value
 
@@ -72,8 +78,8 @@ class Imported:
             ),
         ]
         head += [f"# needs attention: {a}"[:400] for a in self.attention]
-        body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=True, width=4096)
-        return "\n".join(head) + "\n" + body
+        body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=False, width=4096)
+        return "\n".join(comment_line(line) for line in head) + "\n" + body
 
 
 def _int(option: Option | None, where: str, default: int = 1) -> int:
@@ -244,8 +250,11 @@ def import_recipe(
     env: dict[str, str] = {}
     for key, raw in recipe.env.items():
         value = str(raw)
+        shell = '$`"\\' if recipe.format == "eugr" else "$"  # the runner's export K="..."; sparkrun's ${VAR}
         problem = check_env(str(key), value) or (
-            "a $VARIABLE the source tool expands on its own machine" if "$" in value else ""
+            f"{' '.join(sorted(set(shell) & set(value)))} in the value: the source tool expands it on its own machine"
+            if set(shell) & set(value)
+            else ""
         )
         if problem:
             attention.append(Attention(recipe.at("env", str(key)), f"dropped: {problem}"))

@@ -92,7 +92,7 @@ def _shell_problem(line: str) -> str:
 def split_command(text: str, where: str) -> list[str]:
     """The words of a one-line shell command (continuations joined); RecipeError on anything else."""
     joined = _CONTINUATION.sub(" ", text)
-    lines = [line for line in joined.splitlines() if line.strip()]
+    lines = [line for line in joined.split("\n") if line.strip()]  # bash ends a command at \n only
     if len(lines) != 1:
         raise RecipeError(
             f"{where}: the command is {len(lines) or 'no'} shell line(s), not one `vllm serve ...` line (a line "
@@ -121,12 +121,18 @@ def _values(tokens: list[str], start: int) -> list[str]:
     return out
 
 
-def _name(raw: str, aliases: Mapping[str, str], where: str) -> str:
-    """A written option name (without dashes) -> vLLM's canonical long name (dotted tail kept)."""
+def _name(written: str, aliases: Mapping[str, str], where: str) -> str:
+    """A written option (`--max_model_len`, `-tp`, `-cc.mode`) -> vLLM's long name (dotted tail kept).
+
+    As vLLM's parser: underscores become dashes only in a `--` name before its first dot; a single-dash name is
+    a short alias of the pinned vLLM (`--tp` is not `-tp`).
+    """
+    raw = written.lstrip("-")
     head, dot, tail = raw.partition(".")
-    if not _NAME.fullmatch(raw):
-        raise RecipeError(f"{where}: {raw!r} is not a vLLM option name; fix: e.g. --max-model-len 32768")
-    head = head.replace("_", "-")
+    if not _NAME.fullmatch(raw) or len(written) - len(raw) > 2:
+        raise RecipeError(f"{where}: {written!r} is not a vLLM option; fix: e.g. --max-model-len 32768")
+    if written.startswith("--"):
+        return head.replace("_", "-") + dot + tail
     return aliases.get(head, head) + dot + tail
 
 
@@ -156,7 +162,7 @@ def parse_serve(tokens: list[str], aliases: Mapping[str, str], where: str) -> Se
             name, values = "optimization-level", rest[index + 1 : index + 2]
             index += len(values)
         else:
-            name = _name(written.lstrip("-"), aliases, where)
+            name = _name(written, aliases, where)
             if eq:
                 values = [value]
             elif "." in name:  # vLLM takes the next word as a dotted option's value, whatever it is
@@ -214,3 +220,10 @@ def shell_line(words: list[str]) -> str:
             lines.append([])
         lines[-1].append(word)
     return " \\\n    ".join(" ".join(line) for line in lines) + "\n"
+
+
+def comment_line(text: str) -> str:
+    """Text safe inside one YAML `# comment` line: printable ASCII, anything else escaped (a NEL or U+2028
+    would end the comment and start YAML)."""
+    escaped = text.encode("ascii", "backslashreplace").decode("ascii")
+    return "".join(c if 32 <= ord(c) < 127 else f"\\x{ord(c):02x}" for c in escaped)
