@@ -134,6 +134,21 @@ def test_vllm_argv_is_read_as_vllms_parser_reads_it() -> None:
     with pytest.raises(RecipeError, match="a variable"):
         split_command('vllm serve m --served-model-name "$NAME"', "x")
     assert split_command("vllm serve m --chat-template-content-format 'a;b|c>$d'", "x")[-1] == "a;b|c>$d"
+    # bash's escapes: an escaped quote opens nothing, so the `;` after it is a real command separator.
+    with pytest.raises(RecipeError, match="';' outside quotes"):
+        split_command("vllm serve m --x \\' ; rm -rf / \\'", "x")
+    assert split_command('vllm serve m --x "a\\"b\\\\" --y a\\;b', "x")[-3:] == ['a"b\\', "--y", "a;b"]
+    with pytest.raises(RecipeError, match="escapes"):
+        split_command('vllm serve m --x "a\\$b"', "x")
+    for word in (
+        "{a,b}",
+        "*.jinja",
+        "~/t.jinja",
+        "--x=~/t",
+    ):  # bash would expand these; quoted they are words
+        with pytest.raises(RecipeError, match="a shell would expand it"):
+            split_command(f"vllm serve m --x {word}", "x")
+        assert split_command(f"vllm serve m --x '{word}'", "x")[-1] == word
 
 
 def test_secrets_are_dropped_named_and_never_printed_and_defaults_can_be_overridden(tmp_path: Path) -> None:

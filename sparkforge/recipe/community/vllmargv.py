@@ -62,28 +62,37 @@ class ServeArgv:
 
 
 def _shell_problem(line: str) -> str:
-    """What in `line` a shell would do besides passing words to vllm, or ''."""
-    quote = ""
-    for index, char in enumerate(line):
+    """What in `line` a shell would do besides passing words to vllm, or '' (bash's quoting and escapes)."""
+    quote, index = "", 0
+    while index < len(line):
+        char = line[index]
+        index += 1
         if quote == "'":
             quote = "" if char == "'" else quote
             continue
-        if char == "\\" and quote != "'":
+        if char == "\\":
+            # Outside quotes a backslash makes the next character literal; inside "..." only $ ` " \ are escaped
+            # (and Python's shlex keeps the backslash before $ and `: refused rather than read differently).
+            if quote and line[index : index + 1] in ("$", "`"):
+                return "escapes $ or ` inside double quotes (write the value in single quotes)"
+            index += 1 if not quote or line[index : index + 1] in ('"', "\\") else 0
             continue
         if char in "$`":
+            start = index - 1
             what = (
-                "a command substitution" if line[index : index + 2] == "$(" or char == "`" else "a variable"
+                "a command substitution" if line[start : start + 2] == "$(" or char == "`" else "a variable"
             )
-            return f"has {what} ({line[index : index + 12]!r}), which a shell would run or expand"
+            return f"has {what} ({line[start : start + 12]!r}), which a shell would run or expand"
         if quote == '"':
             quote = "" if char == '"' else quote
-            continue
-        if char in "'\"":
+        elif char in "'\"":
             quote = char
         elif char in ";&|<>()":
             return f"has {char!r} outside quotes (a shell would chain, pipe, background or redirect)"
-        elif char == "#" and (index == 0 or line[index - 1] in " \t"):
+        elif char == "#" and (index == 1 or line[index - 2] in " \t"):
             return "has a '#' comment inside the command"
+        elif char in "*?[{}" or (char == "~" and (index == 1 or line[index - 2] in " \t=")):
+            return f"has {char!r} outside quotes (a shell would expand it: glob, braces or home); quote the value"
     if quote:
         return f"has an unclosed {quote} quote"
     return ""
@@ -98,7 +107,7 @@ def split_command(text: str, where: str) -> list[str]:
             f"{where}: the command is {len(lines) or 'no'} shell line(s), not one `vllm serve ...` line (a line "
             "without a trailing backslash starts another command); fix: join the lines with ' \\' at each end"
         )
-    problem = _shell_problem(lines[0].replace("\\\\", ""))
+    problem = _shell_problem(lines[0])
     if problem:
         raise RecipeError(
             f"{where}: the command {problem}; sparkforge runs vLLM's argv, never a shell; fix: write plain "
