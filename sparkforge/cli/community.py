@@ -120,36 +120,28 @@ def export(
     out: str = "",
 ) -> None:
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
-    from sparkforge.cli.run import _image
-    from sparkforge.preflight.fetch import make_fetcher
-    from sparkforge.recipe.community.fromprofile import Pins, check_export, export_document, export_text
+    from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.registry import realize as pins_of
+    from sparkforge.registry.realize import export_community
 
     if format not in ("sparkarena", "eugr"):
         raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
     loaded, prof = load_recipe(recipe), load_profile(profile)
-    ref = _image(recipe, image)
-    pins = Pins(ref, model_revision or None)
-    if realize:
-        hub = None if model_revision else make_fetcher(timeout=10, retries=0)
-        pins = Pins(
-            pins_of.pin_image(ref),
-            pins_of.model_revision(prof.model.model, model_revision, hub),
-            loaded.name,
-            loaded.hash,
-        )
-    elif model_revision:
-        pins_of.model_revision(prof.model.model, model_revision, None)
-    document = export_document(prof, format, pins, trust_remote_code=trust_remote_code)  # type: ignore[arg-type]
-    header = [
-        f"Exported by sparkforge from profile {prof.name} and recipe {loaded.name} (recipe hash {loaded.hash})."
-    ]
-    if realize:
-        header.append(f"Realized: image {pins.image}, model {prof.model.model} at {pins.model_revision}.")
-    text = export_text(document, header)
-    check_export(text, format, prof, pins)  # type: ignore[arg-type]
+    ref = (
+        plan.check_reference("--image", image)
+        if image
+        else plan.candidate_tag(loaded, loaded.model.platforms[0])
+    )
+    text = export_community(
+        prof,
+        loaded,
+        format,
+        ref,
+        realize=realize,
+        model_revision=model_revision,
+        trust_remote_code=trust_remote_code,
+    )  # type: ignore[arg-type]
     if out:
         try:
             Path(out).write_text(text)

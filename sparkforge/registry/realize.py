@@ -9,7 +9,11 @@ import re
 
 from sparkforge import engine
 from sparkforge.errors import EngineError, PublishError
-from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.fetch import Fetcher, make_fetcher
+from sparkforge.recipe.community.formats import Format
+from sparkforge.recipe.community.fromprofile import Pins, check_export, export_document, export_text
+from sparkforge.recipe.loader import Recipe
+from sparkforge.recipe.profile import Profile
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -62,7 +66,7 @@ def pin_image(ref: str) -> str:
     )
 
 
-def model_revision(model: str, given: str, fetcher: Fetcher | None) -> str:
+def model_revision_of(model: str, given: str, fetcher: Fetcher | None) -> str:
     """The model's hub commit: `given` (checked), else looked up on the hub (online)."""
     if given:
         if not COMMIT.fullmatch(given):
@@ -89,3 +93,34 @@ def model_revision(model: str, given: str, fetcher: Fetcher | None) -> str:
             f"--realize: the hub answered no commit for {model}; fix: pass --model-revision COMMIT"
         )
     return sha
+
+
+def export_community(
+    profile: Profile,
+    recipe: Recipe,
+    fmt: Format,
+    image: str,
+    *,
+    realize: bool = False,
+    model_revision: str = "",
+    trust_remote_code: bool = False,
+) -> str:
+    """The recipe text of `fmt` serving `profile` on `image`; realized: pinned by digest, commit and recipe hash.
+
+    The text is read back as its format and imported again before it is returned (same profile, or an error).
+    """
+    pins = Pins(image, model_revision or None)
+    if realize:
+        hub = None if model_revision else make_fetcher(timeout=10, retries=0)
+        revision = model_revision_of(profile.model.model, model_revision, hub)
+        pins = Pins(pin_image(image), revision, recipe.name, recipe.hash)
+    elif model_revision:
+        model_revision_of(profile.model.model, model_revision, None)
+    header = [
+        f"Exported by sparkforge from profile {profile.name} and recipe {recipe.name} (recipe hash {recipe.hash})."
+    ]
+    if realize:
+        header.append(f"Realized: image {pins.image}, model {profile.model.model} at {pins.model_revision}.")
+    text = export_text(export_document(profile, fmt, pins, trust_remote_code=trust_remote_code), header)
+    check_export(text, fmt, profile, pins)
+    return text

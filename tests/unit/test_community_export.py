@@ -19,7 +19,7 @@ from sparkforge.recipe.community.fromprofile import Pins, check_export, export_d
 from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import list_profile_names, load_profile
-from sparkforge.registry.realize import model_revision, pin_image
+from sparkforge.registry.realize import model_revision_of, pin_image
 
 FIXTURES = Path(__file__).parent / "fixtures" / "community"
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -72,11 +72,11 @@ def test_import_export_import_is_stable(pinned, tmp_path: Path, name: str, fmt: 
 def test_realize_refuses_what_it_cannot_pin(monkeypatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1:9")  # a hub that does not answer (nothing listens)
     with pytest.raises(PublishError, match=r"not a commit .*a branch or tag moves"):
-        model_revision("Qwen/Qwen3.5-35B-A3B-FP8", "main", None)
+        model_revision_of("Qwen/Qwen3.5-35B-A3B-FP8", "main", None)
     with pytest.raises(PublishError, match="this run is offline; fix: pass --model-revision"):
-        model_revision("Qwen/Qwen3.5-35B-A3B-FP8", "", None)
+        model_revision_of("Qwen/Qwen3.5-35B-A3B-FP8", "", None)
     with pytest.raises(PublishError, match=r"hub did not answer .* fix: pass --model-revision COMMIT"):
-        model_revision("Qwen/Qwen3.5-35B-A3B-FP8", "", make_fetcher(timeout=5, retries=0))
+        model_revision_of("Qwen/Qwen3.5-35B-A3B-FP8", "", make_fetcher(timeout=5, retries=0))
     assert pin_image("r/x@sha256:" + "d" * 64) == "r/x@sha256:" + "d" * 64
     with pytest.raises(PublishError, match="is not a sha256 digest"):
         pin_image("r/x@sha256:abc")
