@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -264,6 +264,4 @@ def read_community(
 
 
 def _replace_command(recipe: CommunityRecipe, command: str) -> CommunityRecipe:
-    from dataclasses import replace
-
     return replace(recipe, command=command)

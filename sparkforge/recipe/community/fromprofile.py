@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import re
 import shlex
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
 from sparkforge.errors import RecipeError
-from sparkforge.recipe.community.formats import Format
-from sparkforge.recipe.community.vllmargv import comment_line, shell_line
+from sparkforge.recipe.community.formats import Format, read_community
+from sparkforge.recipe.community.toprofile import import_recipe
+from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES, comment_line, shell_line
 from sparkforge.recipe.profile import Profile
+from sparkforge.recipe.yamlfile import read_yaml
 
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")  # what sparkrun's template fills
 # Profile flag -> the defaults key sparkrun reads (sparkrun/core/validation.py: SPARKRUN_READ_CONFIG_KEYS).
@@ -199,14 +203,6 @@ def arg_tokens(args: dict[str, object]) -> list[str]:
 
 def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
     """Read the exported text back as `fmt` and import it: it must be valid and give the same profile."""
-    import tempfile
-    from pathlib import Path
-
-    from sparkforge.recipe.community.formats import read_community
-    from sparkforge.recipe.community.toprofile import import_recipe
-    from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES
-    from sparkforge.recipe.yamlfile import read_yaml
-
     with tempfile.TemporaryDirectory(prefix="sparkforge-export-") as tmp:
         path = Path(tmp) / f"{profile.name}.yaml"
         path.write_text(text)
