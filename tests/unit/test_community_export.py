@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sparkforge.errors import PublishError
-from sparkforge.preflight.catalog import PinnedVllm, import_with, read_source, run_catalog
+from sparkforge.preflight.catalog import PinnedVllm, format_row, import_with, read_source, run_catalog
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.recipe.community.formats import EugrRecipe, SparkArenaRecipe
 from sparkforge.recipe.community.fromprofile import Pins, check_export, export_document, export_text
@@ -111,3 +111,14 @@ def test_catalog_reports_each_recipe_and_its_model_class(pinned, tmp_path: Path,
     assert by["eugr-qwen35-122b-tp2.yaml"].model_class is None
     assert "not in the HF cache" in by["eugr-qwen35-122b-tp2.yaml"].model_class_from
     assert by["shell.yaml"].status == "does not import" and "not `vllm serve`" in by["shell.yaml"].notes[0]
+    assert (
+        format_row(solo)
+        .splitlines()[0]
+        .endswith(
+            "imports cleanly | Qwen/Qwen3.5-35B-A3B-FP8 | model class Qwen3_5MoeForConditionalGeneration (registered)"
+        )
+    )
+    assert json.loads(json.dumps([r.to_dict() for r in rows]))[0]["status"] in (
+        "imports cleanly",
+        "needs attention",
+    )
