@@ -49,14 +49,14 @@ def pin_image(ref: str) -> str:
             return f"{repository}@{digest}"
         problems.append(f"the registry answered {digest!r}")
     except EngineError as exc:
-        problems.append(f"its registry: {str(exc)[:300]}")
+        problems.append(f"its registry: {str(exc).split('; fix:')[0][:300]}")
     try:
         recorded = [
             d for d in engine.inspect_image(ref).get("RepoDigests") or [] if d.startswith(f"{repository}@")
         ]
     except EngineError as exc:
         recorded = []
-        problems.append(f"the local engine: {str(exc)[:200]}")
+        problems.append(f"the local engine: {str(exc).split('; fix:')[0][:200]}")
     if recorded:
         return sorted(recorded)[0]
     raise PublishError(
