@@ -9,6 +9,7 @@ from invoke import Collection, Context, task
 
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
+from sparkforge.cli import community as cli_community
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
@@ -21,12 +22,21 @@ from sparkforge.cli import size as cli_size
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
-@task
+@task(
+    help={
+        "catalog": "instead: a folder (or https:// file) of community recipes, each checked for import",
+        "recipe": "with --catalog: the sparkforge recipe whose pinned vLLM they are checked against",
+        "offline": "with --catalog: cache only, no hub look-ups",
+        "json": "with --catalog: write the rows as JSON here",
+    }
+)
 @user_errors
-def recipes(c: Context) -> None:
-    """List the recipes with their one-line descriptions."""
+def recipes(c: Context, catalog: str = "", recipe: str = "", offline: bool = False, json: str = "") -> None:
+    """List the recipes with their one-line descriptions (or, with --catalog, a community catalog)."""
     from sparkforge.recipe.loader import list_recipe_names, load_recipe
 
+    if catalog:
+        return cli_community.catalog(catalog, recipe, offline, json)
     for name in list_recipe_names():
         echo(f"{name:28} {load_recipe(name).model.description}")
 
@@ -366,6 +376,8 @@ ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)
 ns.add_task(cli_diff.kernels)
 ns.add_task(cli_rebuild.rebuild)
+ns.add_task(cli_community.import_, "import")
+ns.add_task(cli_community.export)
 ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)

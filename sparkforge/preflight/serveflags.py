@@ -45,6 +45,9 @@ class ServeSurface:
     negatable: frozenset[str]  # flags that also take --no-<flag> (BooleanOptionalAction or config-typed)
     parsers: dict[str, frozenset[str]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+    aliases: dict[str, str] = field(
+        default_factory=dict
+    )  # every option name -> its first long name (tp -> ...)
 
 
 def _option_strings(tree: ast.AST) -> tuple[set[str], set[str]]:
@@ -68,6 +71,27 @@ def _option_strings(tree: ast.AST) -> tuple[set[str], set[str]]:
         if boolean or spread:
             negatable.update(n for n in names if len(n) > 2)
     return flags, negatable
+
+
+def option_aliases(tree: ast.AST) -> dict[str, str]:
+    """Each short option name of `add_argument(...)` calls -> the long one it stands for (tp -> tensor-parallel-size)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
+            written = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            long = next((w[2:] for w in written if w.startswith("--")), None)
+            out.update(
+                {
+                    w.lstrip("-"): long
+                    for w in written
+                    if long and w.startswith("-") and not w.startswith("--")
+                }
+            )
+    return out
 
 
 def _dataclass_fields(tree: ast.AST, classes: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -128,6 +152,7 @@ def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str])
     if text is None:
         raise ValueError(f"{ARG_UTILS} is missing from the vLLM tree")
     tree = ast.parse(text)
+    aliases = option_aliases(tree)
     for found, neg in (_option_strings(tree),):
         flags |= found
         negatable |= neg
@@ -137,6 +162,7 @@ def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str])
         if cli is None:
             continue
         cli_tree = ast.parse(cli)
+        aliases.update(option_aliases(cli_tree))
         for found, neg in (_option_strings(cli_tree), _dataclass_fields(cli_tree, FRONTEND_CLASSES)):
             flags |= found
             negatable |= neg
@@ -152,7 +178,7 @@ def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str])
             if body and ("register" in body):
                 names |= _registered_names(body)
         parsers[kind] = frozenset(names)
-    return ServeSurface(frozenset(flags), frozenset(negatable), parsers, tuple(sources))
+    return ServeSurface(frozenset(flags), frozenset(negatable), parsers, tuple(sources), aliases)
 
 
 def wheel_surface(fetcher: Fetcher, package: str, version: str, target: WheelTarget) -> ServeSurface:

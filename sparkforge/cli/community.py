@@ -1,0 +1,177 @@
+"""Invoke tasks `import` and `export` (community recipes <-> serve profiles) and the catalog behind `recipes --catalog`."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from sparkforge.cli import echo, user_errors, warn
+
+DEFAULT_RECIPE = "vllm-qwen35-wheels"
+RECIPE_HELP = f"sparkforge recipe whose pinned vLLM the profile is checked against (default {DEFAULT_RECIPE})"
+
+
+def _pinned(recipe: str, offline: bool):
+    from sparkforge.preflight.catalog import PinnedVllm
+    from sparkforge.preflight.fetch import make_fetcher
+    from sparkforge.recipe.loader import load_recipe
+
+    return PinnedVllm(load_recipe(recipe or DEFAULT_RECIPE), make_fetcher(offline=offline))
+
+
+@task(
+    name="import",
+    iterable=["set"],
+    help={
+        "set": "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
+        "source": "community recipe: a file or an https:// URL",
+        "format": 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
+        "out": "profile file to write (default: profiles/<file name>.yaml)",
+        "recipe": RECIPE_HELP,
+        "extra": "the words the community runner takes after `--` (appended to the command, the last flag wins)",
+        "force": "overwrite --out",
+        "no_preflight": "do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
+        "offline": "read the pinned vLLM from the cache only",
+    },
+)
+@user_errors
+def import_(
+    c: Context,
+    source: str,
+    format: str = "",
+    out: str = "",
+    recipe: str = "",
+    extra: str = "",
+    force: bool = False,
+    no_preflight: bool = False,
+    offline: bool = False,
+    set: list[str] | None = None,
+) -> None:
+    """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
+    from sparkforge.preflight.catalog import (
+        image_facts,
+        import_with,
+        preflight_notes,
+        read_source,
+        with_architecture,
+    )
+    from sparkforge.preflight.fetch import make_fetcher
+    from sparkforge.recipe.community.formats import FORMATS
+    from sparkforge.recipe.community.toprofile import write_profile
+    from sparkforge.recipe.profile import PROFILES_DIR
+
+    if format and format not in FORMATS:
+        raise Exit(f"sparkforge: --format {format!r}: use eugr or sparkarena", code=2)
+    doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
+    pinned = None if no_preflight else _pinned(recipe, offline)
+    name = Path(out).stem if out else None
+    overrides = dict(item.split("=", 1) for item in set or [] if "=" in item)
+    if len(overrides) != len(set or []):
+        raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
+    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides)  # type: ignore[arg-type]
+    facts: list[str] = []
+    if pinned:
+        imported = replace(imported, attention=preflight_notes(imported, pinned))
+        hub = None if offline else make_fetcher(timeout=5, retries=0)
+        imported, found = with_architecture(imported, pinned, hub)
+        facts = [found, *image_facts(imported, pinned)]
+    notes = imported.attention
+    serving = pinned.recipe.name if pinned else "R"
+    target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
+    path = write_profile(imported, target, force=force, recipe=serving)
+    echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
+    echo("serve: " + imported.text(serving).splitlines()[1].removeprefix("# Serve: "))
+    for fact in facts:
+        echo(fact)
+    echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
+    for note in notes:
+        warn(f"needs attention: {note}")
+    if not notes:
+        checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
+        echo(f"imports cleanly: nothing needs attention{checked}")
+
+
+@task(
+    help={
+        "profile": "serve profile name in profiles/ or a path",
+        "recipe": "sparkforge recipe whose image serves it (its candidate tag unless --image)",
+        "format": 'sparkarena (recipe_version 2) or eugr (recipe_version "1")',
+        "image": "image reference to write (default: the recipe's candidate tag)",
+        "realize": "pin the image by digest (registry, else the engine) and the model by its hub commit",
+        "model_revision": "the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
+        "trust_remote_code": "write --trust-remote-code into the recipe (never from a profile)",
+        "out": "file to write (default: print it)",
+    }
+)
+@user_errors
+def export(
+    c: Context,
+    profile: str,
+    recipe: str,
+    format: str = "sparkarena",
+    image: str = "",
+    realize: bool = False,
+    model_revision: str = "",
+    trust_remote_code: bool = False,
+    out: str = "",
+) -> None:
+    """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
+    from sparkforge.recipe import plan
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.profile import load_profile
+    from sparkforge.registry.realize import export_community
+
+    if format not in ("sparkarena", "eugr"):
+        raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
+    loaded, prof = load_recipe(recipe), load_profile(profile)
+    ref = (
+        plan.check_reference("--image", image)
+        if image
+        else plan.candidate_tag(loaded, loaded.model.platforms[0])
+    )
+    text = export_community(
+        prof,
+        loaded,
+        format,
+        ref,
+        realize=realize,
+        model_revision=model_revision,
+        trust_remote_code=trust_remote_code,
+    )  # type: ignore[arg-type]
+    if out:
+        try:
+            Path(out).write_text(text)
+        except OSError as exc:
+            raise Exit(
+                f"sparkforge: {out}: cannot write the recipe ({exc.strerror}); fix: choose a writable --out",
+                code=1,
+            ) from None
+        echo(f"wrote {out} ({format}; validated by importing it back)")
+    else:
+        echo(text.rstrip())
+
+
+def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
+    """`recipes --catalog DIR|URL`: per community recipe, imports cleanly / needs attention / model class."""
+    import json
+
+    from sparkforge.preflight.catalog import catalog_refs, run_catalog
+    from sparkforge.preflight.fetch import make_fetcher
+
+    pinned = _pinned(recipe, offline)
+    fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
+    hub = None if offline else make_fetcher(timeout=5, retries=0)
+    rows, seconds = run_catalog(catalog_refs(source, fetcher), pinned, fetcher, hub, echo)
+    counts = {
+        s: sum(r.status == s for r in rows) for s in ("imports cleanly", "needs attention", "does not import")
+    }
+    echo(
+        f"{len(rows)} recipe(s) against {pinned.subject} in {seconds:.1f} s: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+    )
+    if json_path:
+        Path(json_path).write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")

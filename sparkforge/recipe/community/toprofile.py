@@ -1,0 +1,354 @@
+"""A community recipe -> a sparkforge serve profile, and a list of everything it could not carry as is.
+
+The serve command becomes vLLM's argv (vllmargv), then the profile's `args` in the same order; the flags
+sparkforge sets itself (--host, --port, --served-model-name, --trust-remote-code, the multi-node ones) are
+taken out and named. The result also holds the argv the source recipe runs, canonical (each flag spelled as
+vLLM's long name, the flags sparkforge places itself at the end in its order), so that a test or a user can
+compare it token by token with what `invoke serve --dry` prints for the profile.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from sparkforge.errors import RecipeError, SparkforgeError
+from sparkforge.recipe.community.formats import CommunityRecipe
+from sparkforge.recipe.community.vllmargv import (
+    Option,
+    comment_line,
+    option_value,
+    parse_serve,
+    split_command,
+)
+from sparkforge.recipe.profile import PROFILE_NAME, load_profile
+from sparkforge.recipe.serveargs import check_env, check_flag, check_value
+
+SPARKFORGE_HOST = "0.0.0.0"
+_BUILD_ARG_HINTS = {
+    "--tf5": "transformers 5: pin components.transformers.version to a 5.x release the recipe's vLLM accepts",
+    "--pre-tf": "transformers 5: pin components.transformers.version to a 5.x release the recipe's vLLM accepts",
+    "--exp-mxfp4": "the runner's MXFP4 Dockerfile: use a recipe whose vLLM has the MXFP4 kernels (audit sm_121)",
+    "--use-wheels": "prebuilt wheels: that is a recipe with components.vllm.source: wheel",
+    "--vllm-ref": "a vLLM branch or commit: pin components.vllm.commit (and version) in the recipe",
+    "--apply-vllm-pr": "an upstream PR: save its diff as patches/vllm/NNNN-prNNNN.patch in components.vllm.patches",
+}
+# Flags sparkforge writes itself at the end of the argv (the launch plan's order).
+_PLACED = ("port", "host", "served-model-name", "trust-remote-code", "distributed-executor-backend")
+_CLUSTER_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-address")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Something the profile does not carry as the source has it: where, and what to do."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Imported:
+    name: str
+    document: dict[str, object]  # the profile file's keys, in order
+    port: int
+    trust_remote_code: bool
+    backend: str  # the multi-node backend that reproduces the source's argv ("mp" or "ray")
+    source_argv: tuple[str, ...]  # canonical: ["serve", MODEL, ...] as the source runs it
+    attention: tuple[Attention, ...]
+    recipe: CommunityRecipe
+
+    def text(self, recipe: str = "R") -> str:
+        """The profile file: a header naming the source, how to serve it and what needs attention, then YAML."""
+        head = [
+            f"# Imported by sparkforge from {self.recipe.where} ({self.recipe.format} format).",
+            f"# Serve: invoke serve --recipe {recipe} --profile {self.name} --port {self.port}"
+            + (" --trust-remote-code" if self.trust_remote_code else "")
+            + (
+                f"  (cluster.up --backend {self.backend} for the source's own launch)"
+                if self.backend == "ray"
+                else ""
+            ),
+        ]
+        head += [f"# needs attention: {a}"[:400] for a in self.attention]
+        body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=False, width=4096)
+        return "\n".join(comment_line(line) for line in head) + "\n" + body
+
+
+def _int(option: Option | None, where: str, default: int = 1) -> int:
+    if option is None:
+        return default
+    if len(option.values) != 1 or not re.fullmatch(r"[1-9][0-9]{0,3}", option.values[0]):
+        raise RecipeError(
+            f"{where}: --{option.flag} {' '.join(option.values)!r} is not a whole number; fix: e.g. 2"
+        )
+    return int(option.values[0])
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    line = "".join(c for c in line if ord(c) >= 32 and ord(c) != 127)
+    return (line[:297] + "...") if len(line) > 300 else line or "imported community recipe"
+
+
+def profile_name(recipe: CommunityRecipe, given: str | None = None) -> str:
+    """A valid profile name from the recipe's file name (or `given`)."""
+    stem = given or Path(recipe.where.rstrip("/").rsplit("/", 1)[-1]).stem
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64]
+    if not PROFILE_NAME.fullmatch(name):
+        raise RecipeError(
+            f"{recipe.where}: no profile name can be made from {stem!r}; fix: pass --out NAME.yaml"
+        )
+    return name
+
+
+def _mods(recipe: CommunityRecipe) -> list[Attention]:
+    out = []
+    for index, mod in enumerate(recipe.mods):
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", mod.rstrip("/").rsplit("/", 1)[-1]) or "mod"
+        out.append(
+            Attention(
+                recipe.at("mods", str(index))
+                if recipe.format == "eugr"
+                else f"{recipe.where}: runtime_config.mods",
+                f"mod {mod!r} patches the running container (the runner copies it in at launch); sparkforge bakes "
+                f"patches into the image instead; fix: put the mod's change as a unified diff against the pinned "
+                f"vLLM in patches/vllm/NNNN-{name}.patch, list it in the recipe's components.vllm.patches (source: "
+                "git) and run 'invoke preflight' (it checks the patch applies); scripts that install packages "
+                "become recipe requirements",
+            )
+        )
+    return out
+
+
+def _build_args(recipe: CommunityRecipe) -> list[Attention]:
+    out = []
+    for index, arg in enumerate(recipe.build_args):
+        hint = _BUILD_ARG_HINTS.get(
+            arg.split("=", 1)[0], "a build-and-copy.sh option: express it in the recipe"
+        )
+        where = (
+            recipe.at("build_args", str(index)) if recipe.format == "eugr" else f"{recipe.where}: build_args"
+        )
+        out.append(
+            Attention(
+                where, f"build option {arg!r} is not a serve setting; the recipe decides the image: {hint}"
+            )
+        )
+    return out
+
+
+@dataclass
+class _Launch:
+    """What the flags sparkforge sets itself said in the source."""
+
+    port: int = 8000
+    host: str = SPARKFORGE_HOST
+    served: str | None = None
+    trust: bool = False
+    backend: str = "mp"
+
+
+def _take_launch_flag(
+    option: Option, nodes: int, launch: _Launch, attention: list[Attention], where: str
+) -> bool:
+    """Record a flag sparkforge places itself (port, host, served name, trust, backend, cluster plan): True if taken."""
+    flag, value = option.flag.split(".", 1)[0], " ".join(option.values)
+    note = ""
+    if flag == "port":
+        launch.port = int(value) if re.fullmatch(r"\d{1,5}", value) else -1
+        if not 1 <= launch.port <= 65535:
+            raise RecipeError(f"{where}: --port {value!r} is not a port; fix: a whole number from 1 to 65535")
+    elif flag == "host":
+        launch.host = value
+        note = (
+            "" if value == SPARKFORGE_HOST else f"--host {value}: sparkforge binds the head's API to 0.0.0.0"
+        )
+    elif flag == "served-model-name":
+        launch.served = option.values[0] if option.values else None
+        note = "" if len(option.values) == 1 else "--served-model-name with several names: a profile has one"
+    elif flag == "trust-remote-code":
+        launch.trust = True
+        note = (
+            "--trust-remote-code runs the model repository's Python code; a profile never grants it: pass "
+            "--trust-remote-code to 'invoke serve' / 'invoke cluster.up' when you trust the repository"
+        )
+    elif flag == "distributed-executor-backend":
+        if nodes == 1:
+            note = (
+                f"--distributed-executor-backend {value}: dropped on one node, as the runner's solo mode does"
+            )
+        elif value == "ray":
+            launch.backend = "ray"
+            note = (
+                "--distributed-executor-backend ray: sparkforge's cluster.up runs vLLM's own multi-node backend (mp: "
+                "--nnodes/--node-rank/--master-addr, no Ray cluster to start and keep alive) by default; "
+                "'invoke cluster.up --backend ray' reproduces the recipe's Ray launch exactly"
+            )
+        elif value != "mp":
+            note = f"--distributed-executor-backend {value}: sparkforge launches mp or ray only; dropped"
+    elif flag in _CLUSTER_FLAGS or flag == "config":
+        note = (
+            f"--{option.flag}: set by sparkforge's cluster plan (or a config file it does not read); dropped"
+        )
+    else:
+        return False
+    if note:
+        attention.append(Attention(where, note))
+    return True
+
+
+def import_recipe(
+    recipe: CommunityRecipe,
+    *,
+    aliases: Mapping[str, str],
+    negatable: frozenset[str] | None = None,
+    extra: Sequence[str] = (),
+    name: str | None = None,
+) -> Imported:
+    """The profile a community recipe becomes; RecipeError when the command cannot be vLLM's argv."""
+    where = recipe.at("command")
+    argv = parse_serve([*split_command(recipe.command, where), *extra], aliases, where)
+    attention: list[Attention] = []
+    tp = _int(argv.get("tensor-parallel-size"), where)
+    pp = _int(argv.get("pipeline-parallel-size"), where)
+    nodes = tp * pp
+    if recipe.cluster_only and nodes < 2:
+        attention.append(
+            Attention(recipe.at("cluster_only"), f"cluster_only, but TP x PP = {nodes}: one node")
+        )
+    if recipe.solo_only and nodes > 1:
+        attention.append(Attention(recipe.at("solo_only"), f"solo_only, but TP x PP = {nodes} nodes"))
+    if _int(argv.get("data-parallel-size"), where) > 1:
+        attention.append(
+            Attention(where, "--data-parallel-size > 1: profiles place TP x PP GPUs; check the node count")
+        )
+    launch = _Launch()
+    args: dict[str, object] = {}
+    kept: list[Option] = []  # the source's options in its order, the ones sparkforge places itself apart
+    for option in argv.options:
+        if _take_launch_flag(option, nodes, launch, attention, where):
+            kept += [] if option.flag.split(".", 1)[0] in _PLACED else [option]
+            continue
+        key, value = option_value(option, negatable)
+        problem = check_flag(key) or check_value(key, value)
+        kept.append(option)
+        if problem:
+            attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
+            if "secret" in problem:  # the source's argv is printed: never its secret
+                kept[-1] = Option(option.flag, tuple("***" for _ in option.values), option.spelled)
+            continue
+        args[key] = value
+        attention += _flag_notes(option, where)
+    env: dict[str, str] = {}
+    for key, raw in recipe.env.items():
+        value = str(raw)
+        shell = '$`"\\' if recipe.format == "eugr" else "$"  # the runner's export K="..."; sparkrun's ${VAR}
+        problem = check_env(str(key), value) or (
+            f"{' '.join(sorted(set(shell) & set(value)))} in the value: the source tool expands it on its own machine"
+            if set(shell) & set(value)
+            else ""
+        )
+        if problem:
+            attention.append(Attention(recipe.at("env", str(key)), f"dropped: {problem}"))
+        else:
+            env[str(key)] = value
+    if recipe.model and recipe.model != argv.model:
+        attention.append(
+            Attention(
+                recipe.at("model"),
+                f"{recipe.model!r} differs from the command's model {argv.model!r}, which is what runs",
+            )
+        )
+    if argv.model.startswith("/"):
+        attention.append(Attention(where, f"the model is a path ({argv.model}): serve it with --model-dir"))
+    if recipe.model_revision and "revision" not in args:
+        args["revision"] = recipe.model_revision
+        kept.append(Option("revision", (recipe.model_revision,), "model_revision"))
+    attention += _mods(recipe) + _build_args(recipe)
+    attention += [
+        Attention(
+            recipe.at(*k.split(".")),
+            "not run by sparkforge (lifecycle hooks, builders and benchmarks are the source tool's); dropped",
+        )
+        for k in recipe.uncarried
+    ]
+    document: dict[str, object] = {
+        "description": _one_line(recipe.description),
+        "model": argv.model,
+        "nodes": nodes,
+    }
+    document["args"] = args
+    if env:
+        document["env"] = env
+    if launch.served:
+        document["served_model_name"] = launch.served
+    source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
+    source += ["--served-model-name", launch.served] if launch.served else []
+    source += ["--trust-remote-code"] if launch.trust else []
+    source += ["--distributed-executor-backend", "ray"] if launch.backend == "ray" else []
+    source += ["--host", launch.host, "--port", str(launch.port)]
+    return Imported(
+        profile_name(recipe, name),
+        document,
+        launch.port,
+        launch.trust,
+        launch.backend,
+        tuple(source),
+        tuple(attention),
+        recipe,
+    )
+
+
+def _flag_notes(option: Option, where: str) -> list[Attention]:
+    value = " ".join(option.values)
+    if option.flag == "load-format" and value == "fastsafetensors":
+        return [
+            Attention(where, "--load-format fastsafetensors needs the fastsafetensors package in the image")
+        ]
+    if option.flag == "chat-template" and ("/" in value or value.endswith((".jinja", ".j2"))):
+        return [
+            Attention(
+                where,
+                f"--chat-template {value}: a file that must exist inside the container (bake it into the image or pass the template inline)",
+            )
+        ]
+    return []
+
+
+def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe: str = "R") -> Path:
+    """Validate the profile exactly as a hand-written one (load_profile), then write it; nothing on failure."""
+    if out.suffix != ".yaml" or out.is_dir():
+        raise RecipeError(
+            f"{out}: a profile is a NAME.yaml file; nothing was written; fix: --out profiles/NAME.yaml"
+        )
+    if out.exists() and not force:
+        raise RecipeError(
+            f"{out}: already exists; nothing was written; fix: choose another --out or pass --force"
+        )
+    text = imported.text(recipe)
+    with tempfile.TemporaryDirectory(prefix="sparkforge-import-") as tmp:
+        trial = Path(tmp) / f"{out.stem}.yaml"
+        trial.write_text(text)
+        try:
+            load_profile(trial)
+        except SparkforgeError as exc:
+            raise RecipeError(
+                f"{imported.recipe.where}: the imported profile does not validate ({str(exc).replace(str(trial), str(out))}); "
+                "nothing was written; fix: correct the recipe's command or env"
+            ) from None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise RecipeError(
+            f"{out}: cannot write the profile ({exc.strerror}); fix: choose a writable --out"
+        ) from None
+    return out
