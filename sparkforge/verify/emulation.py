@@ -13,10 +13,16 @@ from __future__ import annotations
 import platform as host
 
 MACHINES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-# One OpenMP (and MKL/OpenBLAS) thread: what vLLM's own workers set too, and what qemu-user 7.2 survives.
-EMULATED_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # Emulated Python ran ~11x slower than native here; the suite's imports and JIT compiles scale with it.
 TIMEOUT_FACTOR = 4
+# One OpenMP (and MKL/OpenBLAS) thread: what vLLM's own workers set too, and what qemu-user 7.2 survives.
+EMULATED_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    # Each JIT compile's limit in the suite (tests/image/checks_jit.py: 900 s natively).
+    "SPARKFORGE_JIT_TIMEOUT_S": str(900 * TIMEOUT_FACTOR),
+}
 
 
 def host_arch(machine: str | None = None) -> str:
