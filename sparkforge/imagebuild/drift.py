@@ -114,6 +114,12 @@ def history_steps(config: dict[str, Any]) -> list[str]:
     return [str(h.get("created_by") or "") for h in config.get("history") or []]
 
 
+def short_step(step: str) -> str:
+    """A history entry as its Dockerfile line: BuildKit's `RUN |2 A=1 B=2 /bin/sh -c CMD` read as `RUN CMD`."""
+    head, shell, command = step.partition(" /bin/sh -c ")
+    return f"RUN {command}" if shell and head.startswith("RUN") else step
+
+
 def steps_check(original: dict[str, Any], rebuilt: dict[str, Any], revision: str | None) -> Check | None:
     """None when both images record the same steps; else a failed check naming the steps only one has."""
     import difflib
@@ -126,7 +132,7 @@ def steps_check(original: dict[str, Any], rebuilt: dict[str, Any], revision: str
         if tag != "equal":
             only += [{"side": "original", "index": i, "step": a[i]} for i in range(i1, i2)]
             only += [{"side": "rebuild", "index": j, "step": b[j]} for j in range(j1, j2)]
-    named = "; ".join(f"only in the {s['side']}: {s['step'][:90]}" for s in only[:4])
+    named = "; ".join(f"only in the {s['side']}: {short_step(s['step'])[:120]}" for s in only[:4])
     return Check(
         "steps",
         "failed",
