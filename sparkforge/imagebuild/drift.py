@@ -8,6 +8,7 @@ and Dockerfile steps that differ between the two images' histories (a template c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ TEMPLATE_PATHS = (
     "sparkforge/recipe/plan.py",
 )
 ALLOW_FLAG = "--allow-template-drift"
+# BuildKit's history line of a RUN: its build args, the stage's SHELL, the command, a trailing marker.
+SHELL_STEP = re.compile(
+    r"^RUN (?:\|\d+ (?:[A-Za-z_]\w*=\S* )*)?(?:/bin/\w+(?: -o \w+)* -c )?(.*?)(?: # buildkit)?$", re.S
+)
 
 
 class TemplateDrift(SparkforgeError):
@@ -115,9 +120,9 @@ def history_steps(config: dict[str, Any]) -> list[str]:
 
 
 def short_step(step: str) -> str:
-    """A history entry as its Dockerfile line: BuildKit's `RUN |2 A=1 B=2 /bin/sh -c CMD` read as `RUN CMD`."""
-    head, shell, command = step.partition(" /bin/sh -c ")
-    return f"RUN {command}" if shell and head.startswith("RUN") else step
+    """A history entry as its Dockerfile line: BuildKit's `RUN |2 A=1 B=2 /bin/sh -c CMD # buildkit` -> `RUN CMD`."""
+    found = SHELL_STEP.match(step)
+    return f"RUN {found.group(1)}" if found else step
 
 
 def steps_check(original: dict[str, Any], rebuilt: dict[str, Any], revision: str | None) -> Check | None:

@@ -213,3 +213,5 @@ def test_base_override_and_step_drift_are_named():
     assert "only in the original: RUN date > /t" in steps.reason and "0123456789ab" in steps.reason
     shell = "RUN |2 DEBIAN_FRONTEND=noninteractive SOURCE_DATE_EPOCH=1 /bin/sh -c date > /t"
     assert drift.short_step(shell) == "RUN date > /t" and drift.short_step("LABEL a=b") == "LABEL a=b"
+    bash = "RUN |1 A=b /bin/bash -o pipefail -c sh -c 'cp /x /y' # buildkit"
+    assert drift.short_step(bash) == "RUN sh -c 'cp /x /y'"
