@@ -16,7 +16,7 @@ from typing import Any
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import SparkforgeError
 from sparkforge.recipe import plan
-from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Check
 
 # The files that make a build context: templates and in-image scripts, the suite copied into the image, the
@@ -91,27 +91,25 @@ def template_check(
     )
 
 
-def bases_check(labels: dict[str, str], bases: plan.Bases, pinned: plan.Bases) -> Check:
-    """The bases the image records against the recipe's pins: an override (--base-image) is named."""
-    details = {
-        "recorded": {"builder": bases.builder, "runtime": bases.runtime},
-        "pinned": {"builder": pinned.builder, "runtime": pinned.runtime},
-    }
-    overridden = [
-        f"{stage} {getattr(bases, stage)} (the recipe pins {getattr(pinned, stage)})"
-        for stage in ("builder", "runtime")
-        if labels.get(plan.BASE_LABELS[stage]) and getattr(bases, stage) != getattr(pinned, stage)
-    ]
-    if overridden:
+def bases_check(recipe: Recipe, labels: dict[str, str]) -> Check:
+    """The bases the image records against the recipe's pins (plan.base_override): an override is named."""
+    override = plan.base_override(recipe, labels)
+    recorded = {stage: labels.get(label) for stage, label in plan.BASE_LABELS.items()}
+    if override:
+        named = "; ".join(
+            f"{stage} {found or '(no label)'} (the recipe pins {pinned})"
+            for stage, (found, pinned) in override.items()
+        )
         return Check(
             "bases",
             "passed",
-            "base override recorded in the labels: "
-            + "; ".join(overridden)
-            + ". Rebuilt on the same override: a pass says nothing of a build on the recipe's pinned bases",
-            {**details, "override": True},
+            f"base override recorded in the labels: {named}. Rebuilt on the same bases: a pass says nothing of a "
+            "build on the recipe's pinned bases",
+            {"recorded": recorded, "override": True},
         )
-    return Check("bases", "passed", "built on the recipe's pinned bases", {**details, "override": False})
+    return Check(
+        "bases", "passed", "built on the recipe's pinned bases", {"recorded": recorded, "override": False}
+    )
 
 
 def history_steps(config: dict[str, Any]) -> list[str]:

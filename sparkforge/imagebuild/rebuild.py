@@ -334,7 +334,7 @@ def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) ->
         )
     )
     report.add(lock_check(subject))
-    report.add(drift.bases_check(subject.labels, subject.bases, plan.bases(subject.recipe)))
+    report.add(drift.bases_check(subject.recipe, subject.labels))
     report.add(drift.template_check(subject.revision, options.allow_template_drift, runner))
     report.add(prune_cache_mounts(runner, options.keep_cache_mounts, echo))
     began = time.monotonic()

@@ -198,12 +198,13 @@ def test_base_override_and_step_drift_are_named():
 
     recipe = load_recipe("vllm-qwen35-wheels")
     pinned = plan.bases(recipe)
-    local = plan.Bases("sparkforge-base/debian-bookworm:arm64", "sparkforge-base/debian-bookworm:arm64")
-    labels = {plan.BASE_LABELS["builder"]: local.builder, plan.BASE_LABELS["runtime"]: local.runtime}
-    check = drift.bases_check(labels, local, pinned)
+    local = "sparkforge-base/debian-bookworm:arm64"
+    labels = {plan.BASE_LABELS["builder"]: local, plan.BASE_LABELS["runtime"]: local}
+    check = drift.bases_check(recipe, labels)
     assert check.details["override"] and "base override recorded in the labels" in check.reason
-    assert pinned.runtime in check.reason and local.runtime in check.reason
-    assert not drift.bases_check({}, pinned, pinned).details["override"]
+    assert pinned.runtime in check.reason and local in check.reason
+    as_pinned = {plan.BASE_LABELS["builder"]: pinned.builder, plan.BASE_LABELS["runtime"]: pinned.runtime}
+    assert not drift.bases_check(recipe, as_pinned).details["override"]
     a = {"history": [{"created_by": "FROM x"}, {"created_by": "RUN date > /t"}, {"created_by": "LABEL a"}]}
     b = {"history": [{"created_by": "FROM x"}, {"created_by": "LABEL a"}]}
     assert drift.steps_check(a, a, "abc") is None
