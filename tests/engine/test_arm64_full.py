@@ -1,5 +1,6 @@
 """Slow, on demand (`pytest -m slow tests/engine/test_arm64_full.py -s`): the shipping image, `vllm-qwen35-wheels`
-(official aarch64 wheels: vLLM 0.33.0, torch 2.14.0 +cu130), built for linux/arm64 under qemu on an x86 host and
+(official aarch64 wheels: vLLM 0.33.0, torch 2.14.0 +cu130; through tests/recipes/ci-wheels-arm64.yaml, which only
+sets the offline Debian base's Python 3.11), built for linux/arm64 under qemu on an x86 host and
 verified as `invoke verify` does: labels, lock and kernel coverage for sm_121 from the host, then the in-image
 suite in an arm64 container under qemu-user: the registry check (Qwen3_5MoeForConditionalGeneration), versions,
 pip check and the JIT toolchain checks for sm_121a; only the checks that need a GPU are skipped, for that reason.
@@ -16,7 +17,7 @@ import pytest
 from sparkforge import engine
 from sparkforge.imagebuild.pipeline import build
 from sparkforge.imagebuild.stage import BuildOptions
-from sparkforge.recipe.loader import load_recipe
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -36,7 +37,7 @@ MUST_PASS = {
 
 
 def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> None:
-    recipe = load_recipe("vllm-qwen35-wheels")
+    recipe = load_recipe(REPO_ROOT / "tests" / "recipes" / "ci-wheels-arm64.yaml")
     start = time.monotonic()
     result = build(
         recipe,
