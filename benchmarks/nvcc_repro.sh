@@ -8,6 +8,7 @@
 # (`nvcc -shared`) and that library stripped as slim-venv --strip does (`strip --strip-unneeded`); both compared.
 # A unit path that is not under VLLM_SOURCE_DIR is taken as it is (e.g. benchmarks/nvcc/representative.cu).
 # EXTRA_FLAGS adds flags, e.g. EXTRA_FLAGS=-g for the host debug info of vLLM's default RelWithDebInfo build.
+# LINK_FLAGS adds link flags, e.g. LINK_FLAGS="-Xlinker --discard-all" (local symbols, nvcc's temp file name among them).
 set -euo pipefail
 src=$1 out=$2
 nvcc=${NVCC:-/usr/local/cuda-13.0/bin/nvcc}
@@ -15,6 +16,7 @@ flags=(-O3 -std=c++17 -DNDEBUG --expt-relaxed-constexpr --expt-extended-lambda -
   -gencode arch=compute_120f,code=sm_120f -gencode arch=compute_121a,code=sm_121a
   -gencode arch=compute_120,code=compute_120 -I "$src/csrc" -I "$src/csrc/libtorch_stable")
 read -r -a extra <<<"${EXTRA_FLAGS:-}"
+read -r -a link <<<"${LINK_FLAGS:-}"
 flags+=("${extra[@]}")
 shift 2
 units=("${@:-csrc/libtorch_stable/fp32_router_gemm.cu}")
@@ -30,7 +32,7 @@ for run in 1 2; do
       path="$src/$unit"
       [[ -f "$path" ]] || path=$unit
       "$nvcc" "${flags[@]}" --threads "$threads" -c "$path" -o "$obj"
-      "$nvcc" -shared -o "${obj%.o}.so" "$obj"
+      "$nvcc" -shared "${link[@]}" -o "${obj%.o}.so" "$obj"
       cp "${obj%.o}.so" "${obj%.o}.stripped.so" && strip --strip-unneeded "${obj%.o}.stripped.so"
       echo "compiled $unit run $run threads $threads in $(echo "$(date +%s.%N) - $start" | bc) s" >&2
     done
@@ -48,6 +50,6 @@ for threads in "${thread_counts[@]}"; do
       if cmp -s "$x" "$y"; then so+=(true); else so+=(false); fi
       so+=("$(cmp -l "$x" "$y" 2>/dev/null | wc -l || true)")
     done
-    echo "{\"unit\": \"$unit\", \"extra_flags\": \"${EXTRA_FLAGS:-}\", \"threads\": $threads, \"bytes\": $(stat -c %s "$a"), \"sha256_run1\": \"$(sha256sum "$a" | cut -c1-64)\", \"sha256_run2\": \"$(sha256sum "$b" | cut -c1-64)\", \"identical\": $same, \"differing_bytes\": $differing, \"so_identical\": ${so[0]}, \"so_differing_bytes\": ${so[1]}, \"stripped_so_identical\": ${so[2]}, \"stripped_so_differing_bytes\": ${so[3]}}"
+    echo "{\"unit\": \"$unit\", \"extra_flags\": \"${EXTRA_FLAGS:-}\", \"link_flags\": \"${LINK_FLAGS:-}\", \"threads\": $threads, \"bytes\": $(stat -c %s "$a"), \"sha256_run1\": \"$(sha256sum "$a" | cut -c1-64)\", \"sha256_run2\": \"$(sha256sum "$b" | cut -c1-64)\", \"identical\": $same, \"differing_bytes\": $differing, \"so_identical\": ${so[0]}, \"so_differing_bytes\": ${so[1]}, \"stripped_so_identical\": ${so[2]}, \"stripped_so_differing_bytes\": ${so[3]}}"
   done
 done

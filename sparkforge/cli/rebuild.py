@@ -17,6 +17,9 @@ from sparkforge.cli import echo, finish_report, user_errors
         "network": "BuildKit --network for the rebuild's RUN steps (e.g. host on an engine without a bridge)",
         "ca_bundle": "PEM bundle for a TLS-intercepting proxy (default: $SPARKFORGE_CA_BUNDLE)",
         "keep": "keep the rebuilt image (tagged sparkforge-rebuild/<recipe>:check-<id>)",
+        "allow_template_drift": "rebuild even when this checkout's templates differ from the image's revision",
+        "keep_cache_mounts": "do not prune BuildKit's cache mounts (ccache, pip) first: a pass then does not "
+        "prove that a cold build matches",
         "json": "write the JSON report here",
     }
 )
@@ -28,6 +31,8 @@ def rebuild(
     network: str = "",
     ca_bundle: str = "",
     keep: bool = False,
+    allow_template_drift: bool = False,
+    keep_cache_mounts: bool = False,
     json: str = "",
 ) -> None:
     """Rebuild IMAGE (local or a registry reference) from its labels, lock and provenance; name what differs."""
@@ -47,6 +52,8 @@ def rebuild(
             network=network or None,
             ca_bundle=Path(ca_bundle) if ca_bundle else None,
             keep=keep,
+            allow_template_drift=allow_template_drift,
+            keep_cache_mounts=keep_cache_mounts,
         ),
         echo,
     )

@@ -200,11 +200,12 @@ def _text_diff(path: str, a: str | None, b: str | None) -> str:
 
 
 def compare_layer(
-    original: SavedImage, rebuilt: SavedImage, index: int, owners: Mapping[str, str]
+    original: SavedImage, rebuilt: SavedImage, left: int, right: int, owners: Mapping[str, str]
 ) -> tuple[FileDiff, ...]:
-    """Every file that differs between the two images' layer `index`, with its package and a small diff."""
-    a = layer_entries(original.archive, original.layers[index])
-    b = layer_entries(rebuilt.archive, rebuilt.layers[index])
+    """Every file that differs between the original's layer `left` and the rebuild's layer `right`, with its
+    package and a small diff."""
+    a = layer_entries(original.archive, original.layers[left])
+    b = layer_entries(rebuilt.archive, rebuilt.layers[right])
     found: dict[str, tuple[str, ...]] = {}
     for path in sorted(a.keys() | b.keys()):
         if path not in b:
@@ -214,8 +215,8 @@ def compare_layer(
         elif what := a[path].differences(b[path]):
             found[path] = tuple(what)
     texts = {p for p, what in found.items() if "content" in what}
-    old = small_texts(original.archive, original.layers[index], texts) if texts else {}
-    new = small_texts(rebuilt.archive, rebuilt.layers[index], texts) if texts else {}
+    old = small_texts(original.archive, original.layers[left], texts) if texts else {}
+    new = small_texts(rebuilt.archive, rebuilt.layers[right], texts) if texts else {}
     dirs = {p for p, e in (*a.items(), *b.items()) if e.kind == "dir"}  # many packages list a directory
     return tuple(
         FileDiff(
@@ -228,23 +229,50 @@ def compare_layer(
     )
 
 
+def one_sided(image: SavedImage, index: int, side: str) -> tuple[FileDiff, ...]:
+    """Every member of a layer only `image` has (side: "only in original" / "only in rebuild"), by name."""
+    return tuple(
+        FileDiff(path, (side,)) for path in sorted(layer_entries(image.archive, image.layers[index]))
+    )
+
+
+def pair_layers(a: tuple[str, ...], b: tuple[str, ...]) -> list[tuple[int | None, int | None]]:
+    """The differing layers of two diff-ID lists, paired: equal runs are aligned (an extra layer in one image
+    does not make every later layer differ), a replaced run pairs index by index, the rest stands alone."""
+    pairs: list[tuple[int | None, int | None]] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        common = min(i2 - i1, j2 - j1)
+        pairs += [(i1 + k, j1 + k) for k in range(common)]
+        pairs += [(i, None) for i in range(i1 + common, i2)]
+        pairs += [(None, j) for j in range(j1 + common, j2)]
+    return pairs
+
+
+def _step(image: SavedImage, index: int) -> str:
+    steps = image.steps
+    return steps[index] if len(steps) == len(image.diff_ids) else ""
+
+
 def compare_images(original: SavedImage, rebuilt: SavedImage) -> list[LayerDiff]:
-    """One LayerDiff per layer whose diff ID differs (or that only one image has), files named."""
+    """One LayerDiff per layer whose diff ID differs or that only one image has, every such file named."""
     out: list[LayerDiff] = []
     a, b = original.diff_ids, rebuilt.diff_ids
-    steps = rebuilt.steps if len(rebuilt.steps) == len(b) else ("",) * len(b)
     owners: dict[str, str] | None = None
-    for index in range(max(len(a), len(b))):
-        left = a[index] if index < len(a) else None
-        right = b[index] if index < len(b) else None
-        if left == right:
-            continue
-        step = steps[index] if index < len(steps) else ""
-        if left is None or right is None:
-            out.append(LayerDiff(index, step, left, right))
-            continue
-        owners = owners if owners is not None else package_owners(rebuilt)
-        out.append(LayerDiff(index, step, left, right, compare_layer(original, rebuilt, index, owners)))
+    for left, right in pair_layers(a, b):
+        if left is None and right is not None:
+            files = one_sided(rebuilt, right, "only in rebuild")
+            out.append(LayerDiff(right, _step(rebuilt, right), None, b[right], files))
+        elif right is None and left is not None:
+            files = one_sided(original, left, "only in original")
+            out.append(LayerDiff(left, _step(original, left), a[left], None, files))
+        elif left is not None and right is not None:
+            owners = owners if owners is not None else package_owners(rebuilt)
+            files = compare_layer(original, rebuilt, left, right, owners)
+            step = _step(rebuilt, right) or _step(original, left)
+            out.append(LayerDiff(right, step, a[left], b[right], files))
     return out
 
 

@@ -2,14 +2,17 @@
 
 What the image says of itself is the whole input: its recipe hash (found among the checkout's recipes), the
 base images it was built on, its stage, its lock (/opt/sparkforge/lock.json), its sparkforge revision and its
-creation time (the build's SOURCE_DATE_EPOCH). The rebuild runs with no cache; the config digest and every
-layer's diff ID are compared, and on a difference both images are saved and compared file by file
-(build/layerdiff.py).
+creation time (the build's SOURCE_DATE_EPOCH). The rebuild runs with no cache, after BuildKit's cache mounts
+(ccache, pip) are pruned so that nothing compiled or downloaded by an earlier build reaches it (a pass means a
+cold build matches); the config digest and every layer's diff ID are compared, and on a difference both images
+are saved and compared file by file (imagebuild/layerdiff.py). A template changed since the image's revision
+and a base override recorded in its labels are named (imagebuild/drift.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -21,7 +24,7 @@ from sparkforge import engine
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import CommandError, EngineError, RecipeError, SparkforgeError
-from sparkforge.imagebuild import epoch, layerdiff
+from sparkforge.imagebuild import drift, epoch, layerdiff
 from sparkforge.imagebuild.stage import BuildOptions, build_stage
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
@@ -36,6 +39,7 @@ REVISION_LABEL = "org.opencontainers.image.revision"
 # Where the checkout keeps recipes an image may name (test recipes included: CI's images are built from them).
 RECIPE_DIRS = (REPO_ROOT / "recipes", REPO_ROOT / "tests" / "recipes")
 REBUILD_REPO = "sparkforge-rebuild"
+CACHE_MOUNTS = "type=exec.cachemount"  # BuildKit's record type of a RUN --mount=type=cache
 
 
 class RebuildRefused(SparkforgeError):
@@ -49,6 +53,8 @@ class RebuildOptions:
     network: str | None = None  # BuildKit --network for the rebuild's RUN steps (e.g. host)
     ca_bundle: Path | None = None
     keep: bool = False  # keep the rebuilt image (tagged sparkforge-rebuild/<recipe>:<id>)
+    allow_template_drift: bool = False  # rebuild even when the checkout's templates are not the image's
+    keep_cache_mounts: bool = False  # leave BuildKit's cache mounts: then a pass does not prove a cold build
     log_root: Path = plan.LOG_ROOT
 
 
@@ -65,6 +71,7 @@ class Subject:
     epoch: int
     revision: str | None
     lock: dict[str, Any] | None
+    labels: dict[str, str]
 
 
 def find_recipe(recipe_hash: str, name: str, explicit: str | None = None) -> Recipe:
@@ -138,6 +145,7 @@ def read_subject(ref: str, explicit_recipe: str | None = None, runner: Runner | 
         _epoch(labels, attrs),
         labels.get(REVISION_LABEL),
         lock,
+        labels,
     )
 
 
@@ -220,6 +228,34 @@ def rebuild(subject: Subject, options: RebuildOptions, original: str, echo: Call
     return holding
 
 
+def prune_cache_mounts(runner: Runner, keep: bool, echo: Callable[[str], None]) -> Check:
+    """Prune the engine's BuildKit cache mounts (every `RUN --mount=type=cache`: ccache, pip, uv) before a
+    rebuild, naming each; a warm ccache would hand the rebuild objects an earlier build compiled."""
+    if keep:
+        return Check(
+            "cache-mounts",
+            "skipped",
+            "kept (--keep-cache-mounts): the rebuild's --no-cache gave every RUN fresh cache mounts on BuildKit "
+            "0.8 and 0.13 (measured, benchmarks/repro.md); on other BuildKit versions a warm ccache or pip cache "
+            "could reach the rebuild, and a pass would not prove that a cold build gives the same image",
+        )
+    eng = engine.detect_engine(runner)
+    head = ("buildx", "prune", "--verbose") if eng.mode == "buildx" else ("builder", "prune")
+    echo("sparkforge: pruning BuildKit's cache mounts (ccache, pip) so that the rebuild starts cold")
+    out = engine.run_cli(runner, eng, "prune-cache-mounts", *head, "--force", "--filter", CACHE_MOUNTS)
+    mounts = [m.split(" from exec ")[0] for m in re.findall(r"^Description:\s*(.*)$", out, re.M)]
+    total = re.search(r"^Total(?: reclaimed space)?:\s*(\S+)", out, re.M)
+    named = sorted(set(mounts))
+    return Check(
+        "cache-mounts",
+        "passed",
+        f"pruned {len(mounts)} cache mount(s) of the engine ({total.group(1) if total else '0B'}): "
+        + (", ".join(named[:8]) or "none held")
+        + "; the rebuild compiles and downloads everything again",
+        {"pruned": mounts, "reclaimed": total.group(1) if total else "0B", "filter": CACHE_MOUNTS},
+    )
+
+
 def _save(ref: str, path: Path, runner: Runner) -> layerdiff.SavedImage:
     try:
         runner.run(Command.of(engine.docker_cli(), "save", "--output", str(path), ref), "save")
@@ -228,7 +264,9 @@ def _save(ref: str, path: Path, runner: Runner) -> layerdiff.SavedImage:
     return layerdiff.read_saved(path)
 
 
-def compare(original: str, rebuilt: str, report: Report, runner: Runner) -> list[layerdiff.LayerDiff]:
+def compare(
+    original: str, rebuilt: str, report: Report, runner: Runner, revision: str | None = None
+) -> list[layerdiff.LayerDiff]:
     """Config digest and layer diff IDs; on a difference, the files (saved archives compared)."""
     a, b = engine.inspect_image(original), engine.inspect_image(rebuilt)
     same_config = a["Id"] == b["Id"]
@@ -246,6 +284,9 @@ def compare(original: str, rebuilt: str, report: Report, runner: Runner) -> list
         saved_b = _save(rebuilt, Path(tmp) / "rebuild.tar", runner)
         keys = layerdiff.config_differences(saved_a.config, saved_b.config)
         layers = layerdiff.compare_images(saved_a, saved_b)
+    steps = drift.steps_check(saved_a.config, saved_b.config, revision)
+    if steps is not None:
+        report.add(steps)
     report.add(
         Check(
             "config",
@@ -293,6 +334,9 @@ def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) ->
         )
     )
     report.add(lock_check(subject))
+    report.add(drift.bases_check(subject.recipe, subject.labels))
+    report.add(drift.template_check(subject.revision, options.allow_template_drift, runner))
+    report.add(prune_cache_mounts(runner, options.keep_cache_mounts, echo))
     began = time.monotonic()
     original = f"{REBUILD_REPO}/{subject.recipe.name}:original-{subject.image_id.split(':')[-1][:12]}"
     engine.tag_image(subject.image_id, original)  # held by name while the rebuild moves tags
@@ -302,7 +346,7 @@ def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) ->
         report.add(
             Check("rebuild", "passed", f"rebuilt as {rebuilt}", {"image": rebuilt}, time.monotonic() - began)
         )
-        compare(original, rebuilt, report, runner)
+        compare(original, rebuilt, report, runner, subject.revision)
     finally:
         if rebuilt and not options.keep:
             engine.remove_image(rebuilt)

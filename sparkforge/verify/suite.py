@@ -14,7 +14,7 @@ from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyEr
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check, Report
-from sparkforge.verify import evidence, verified
+from sparkforge.verify import emulation, evidence, verified
 from sparkforge.verify.gpuhost import compare_gpu, host_gpu
 from sparkforge.verify.rust import check_rust_extensions
 
@@ -138,6 +138,7 @@ def run_image_suite(
         "PYTHONDONTWRITEBYTECODE": "1",
         NONCE_ENV: nonce,
     }
+    environment.update(emulation.suite_environment(platform))  # thread settings under qemu-user only
     volumes: dict[str, str] = {str(suite.resolve()): SUITE_MOUNT}
     if model_dir is not None:
         if not model_dir.is_dir():
@@ -154,7 +155,7 @@ def run_image_suite(
         entrypoint=[entrypoint],
         gpus=gpus,
         platform=platform,
-        timeout_s=timeout_s,
+        timeout_s=emulation.suite_timeout(platform, timeout_s),
         environment=environment,
         volumes=volumes,
     )

@@ -160,3 +160,68 @@ def test_rebuild_refuses_an_image_without_labels(engine_ready):
     message = done.stderr.strip()
     assert "carries no sparkforge labels" in message and "dev.sparkforge.recipe-hash" in message
     assert "fix:" in message and "Traceback" not in done.stderr and len(message.splitlines()) == 1
+
+
+CCACHE_STEP = (
+    "RUN --mount=type=cache,target=/root/.cache/ccache sh -c 'test -s /root/.cache/ccache/unit.o"
+    " || date +%s%N > /root/.cache/ccache/unit.o; cp /root/.cache/ccache/unit.o /opt/sparkforge/unit.o'"
+)
+
+
+def test_warm_cache_planted_layer_and_template_drift(built, tmp_path):
+    """A step that takes its output from a cache mount when one is warm (what ccache does for a source build)
+    is never reported identical: with the cache mounts kept, the rebuild (--no-cache) still runs it on fresh
+    mounts here and names its file; by default the mounts are pruned first, and the rebuild of a copy with a
+    planted extra layer names the cached file, the planted file and the extra step. Rebuilt from the
+    checkout's template instead, the planted step is named as drift."""
+    templates = tmp_path / "dockerfiles"
+    shutil.copytree(REPO_ROOT / "dockerfiles", templates)
+    template = templates / "vllm.Dockerfile.j2"
+    marker = "# Static labels only:"
+    template.write_text(template.read_text().replace(marker, f"{CCACHE_STEP}\n{marker}", 1))
+    recipe, image = built("repro-ccache", templates)
+    common = ("--recipe", str(recipe))
+    # 1. Cache mounts kept: a pass would take the first build's output from the warm mount; it does not.
+    warm = tmp_path / "warm.json"
+    done = _invoke(
+        "rebuild", "--check", image, *common, "--keep-cache-mounts", "--json", str(warm), templates=templates
+    )
+    assert done.returncode == 1 and warm.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    checks = _report(warm)
+    assert checks["cache-mounts"]["status"] == "skipped"
+    assert "base override recorded in the labels" in checks["bases"]["reason"]
+    (layer,) = checks["layers"]["details"]["layers"]
+    assert [(f["path"], f["differs"]) for f in layer["files"]] == [("opt/sparkforge/unit.o", ["content"])]
+    # 2. A copy with a file planted in a layer of its own, rebuilt cold (the default: cache mounts pruned).
+    context = tmp_path / "plant"
+    context.mkdir()
+    (context / "planted.txt").write_text("not from the recipe\n")
+    (context / "Dockerfile").write_text(f"FROM {image}\nCOPY planted.txt /opt/sparkforge/planted.txt\n")
+    copy = "sparkforge-test/repro-ccache:planted"
+    docker("buildx", "build", "--load", "--tag", copy, str(context))
+    try:
+        cold = tmp_path / "cold.json"
+        done = _invoke("rebuild", "--check", copy, *common, "--json", str(cold), templates=templates)
+    finally:
+        docker("image", "rm", "--force", copy, check=False)
+    assert done.returncode == 1 and cold.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    checks = _report(cold)
+    assert checks["cache-mounts"]["status"] == "passed"
+    assert "/root/.cache/ccache" in checks["cache-mounts"]["reason"]
+    layers = {layer["index"]: layer for layer in checks["layers"]["details"]["layers"]}
+    cached = next(layer for layer in layers.values() if "unit.o" in layer["step"])
+    assert [(f["path"], f["differs"]) for f in cached["files"]] == [("opt/sparkforge/unit.o", ["content"])]
+    extra = next(layer for layer in layers.values() if layer["rebuilt"] is None)
+    assert "planted.txt" in extra["step"]
+    assert ("opt/sparkforge/planted.txt", ["only in original"]) in [
+        (f["path"], f["differs"]) for f in extra["files"]
+    ]
+    assert "/opt/sparkforge/planted.txt" in done.stdout and "/opt/sparkforge/unit.o" in done.stdout
+    assert checks["steps"]["status"] == "failed" and "planted.txt" in checks["steps"]["reason"]
+    # 3. The planted-template image rebuilt from the checkout's own template: the planted step is drift.
+    drifted = tmp_path / "drift.json"
+    done = _invoke("rebuild", "--check", image, *common, "--json", str(drifted))
+    assert done.returncode == 1 and drifted.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    steps = _report(drifted)["steps"]
+    assert steps["status"] == "failed" and "template drift" in steps["reason"]
+    assert [s["side"] for s in steps["details"]["steps"]] == ["original"] and "unit.o" in steps["reason"]

@@ -25,7 +25,8 @@ from typing import Any
 
 Result = tuple[str, str, dict[str, Any]]
 CHILD_MARKER = "SPARKFORGE-JIT-CHILD:"
-TIMEOUT_S = 900
+# Per JIT compile; sparkforge raises it for a run under qemu-user (sparkforge/verify/emulation.py).
+TIMEOUT_S = int(os.environ.get("SPARKFORGE_JIT_TIMEOUT_S") or 900)
 PTXAS_FIX = (
     "point TRITON_PTXAS_BLACKWELL_PATH and TRITON_PTXAS_PATH at CUDA's ptxas >= 12.9 (the image ships one at "
     "$CUDA_HOME/bin/ptxas; recipe env), or rebuild with runtime.jit_toolchain: true"

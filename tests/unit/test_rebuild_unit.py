@@ -120,3 +120,99 @@ def test_layerdiff_names_files_packages_and_content(tmp_path):
     assert files["etc/gone"].differs == ("only in original",)
     assert files["usr/share/zoneinfo/UTC"].package == "debian:tzdata"
     assert layerdiff.config_differences(original.config, rebuilt.config) == []
+
+
+def test_a_layer_only_one_image_has_is_listed_file_by_file(tmp_path):
+    """A file planted in an extra layer of a copy (`FROM image` + `COPY`) is named, and the layers after an
+    extra one in the middle still pair with their twins (only the extra one is reported)."""
+    base = _layer({"etc/os-release": (b"bookworm\n", 1)})
+    app = _layer({"opt/app/run.py": (b"print(1)\n", 5)})
+    planted = _layer({"opt/sparkforge/planted.txt": (b"not from the recipe\n", 7), "opt/x/y": (b"", 7)})
+    steps = ["debootstrap", "RUN install app"]
+    original = layerdiff.read_saved(
+        _saved(tmp_path / "a.tar", [base, planted, app], ["debootstrap", "COPY planted", "RUN install app"])
+    )
+    rebuilt = layerdiff.read_saved(_saved(tmp_path / "b.tar", [base, app], steps))
+    (layer,) = layerdiff.compare_images(original, rebuilt)
+    assert layer.index == 1 and layer.step == "COPY planted" and layer.rebuilt is None
+    assert [(f.path, f.differs) for f in layer.files] == [
+        ("opt/sparkforge/planted.txt", ("only in original",)),
+        ("opt/x/y", ("only in original",)),
+    ]
+    # Appended at the end (the plain copy case): the same listing, from the rebuild's side too.
+    tail = layerdiff.read_saved(_saved(tmp_path / "c.tar", [base, app, planted], [*steps, "COPY planted"]))
+    (extra,) = layerdiff.compare_images(rebuilt, tail)
+    assert extra.index == 2 and extra.original is None and extra.step == "COPY planted"
+    assert {f.path for f in extra.files} == {"opt/sparkforge/planted.txt", "opt/x/y"}
+    assert all(f.differs == ("only in rebuild",) for f in extra.files)
+
+
+def _git(root: Path, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_template_drift_is_named_with_both_revisions(tmp_path):
+    """A template committed after the image's revision refuses the rebuild naming REV, HEAD and the file;
+    --allow-template-drift turns the refusal into a note; a change elsewhere is no drift."""
+    from sparkforge.commands import Runner
+    from sparkforge.imagebuild import drift
+
+    root = tmp_path / "repo"
+    (root / "dockerfiles").mkdir(parents=True)
+    (root / "dockerfiles" / "vllm.Dockerfile.j2").write_text("FROM x\n")
+    (root / "README.md").write_text("a\n")
+    _git(root.parent, "init", "-q", str(root))
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        _git(root, "config", key, value)
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "built here")
+    built = _git(root, "rev-parse", "HEAD")
+    runner = Runner(stream=False)
+    (root / "README.md").write_text("b\n")
+    _git(root, "commit", "-qam", "docs only")
+    same = drift.template_check(built, False, runner, root)
+    assert same.status == "passed" and same.details["changed"] == []
+    (root / "dockerfiles" / "vllm.Dockerfile.j2").write_text("FROM x\nRUN date > /t\n")
+    _git(root, "commit", "-qam", "template change")
+    head = _git(root, "rev-parse", "HEAD")
+    with pytest.raises(drift.TemplateDrift) as refused:
+        drift.template_check(built, False, runner, root)
+    message = str(refused.value)
+    assert f"the image was built at {built[:12]}, this checkout is at {head[:12]}" in message
+    assert "dockerfiles/vllm.Dockerfile.j2" in message and "\n" not in message
+    assert f"fix: check out {built[:12]} or pass --allow-template-drift" in message
+    allowed = drift.template_check(built, True, runner, root)
+    assert allowed.status == "skipped" and allowed.details["changed"] == ["dockerfiles/vllm.Dockerfile.j2"]
+    # A revision this checkout does not hold cannot be compared: refused as well, saying so.
+    with pytest.raises(drift.TemplateDrift, match="does not hold that revision"):
+        drift.template_check("f" * 40, False, runner, root)
+    assert drift.template_check(None, False, runner, root).status == "skipped"
+
+
+def test_base_override_and_step_drift_are_named():
+    from sparkforge.imagebuild import drift
+    from sparkforge.recipe import plan
+
+    recipe = load_recipe("vllm-qwen35-wheels")
+    pinned = plan.bases(recipe)
+    local = "sparkforge-base/debian-bookworm:arm64"
+    labels = {plan.BASE_LABELS["builder"]: local, plan.BASE_LABELS["runtime"]: local}
+    check = drift.bases_check(recipe, labels)
+    assert check.details["override"] and "base override recorded in the labels" in check.reason
+    assert pinned.runtime in check.reason and local in check.reason
+    as_pinned = {plan.BASE_LABELS["builder"]: pinned.builder, plan.BASE_LABELS["runtime"]: pinned.runtime}
+    assert not drift.bases_check(recipe, as_pinned).details["override"]
+    a = {"history": [{"created_by": "FROM x"}, {"created_by": "RUN date > /t"}, {"created_by": "LABEL a"}]}
+    b = {"history": [{"created_by": "FROM x"}, {"created_by": "LABEL a"}]}
+    assert drift.steps_check(a, a, "abc") is None
+    steps = drift.steps_check(a, b, "0123456789abcdef")
+    assert steps is not None and steps.status == "failed" and "template drift" in steps.reason
+    assert steps.details["steps"] == [{"side": "original", "index": 1, "step": "RUN date > /t"}]
+    assert "only in the original: RUN date > /t" in steps.reason and "0123456789ab" in steps.reason
+    shell = "RUN |2 DEBIAN_FRONTEND=noninteractive SOURCE_DATE_EPOCH=1 /bin/sh -c date > /t"
+    assert drift.short_step(shell) == "RUN date > /t" and drift.short_step("LABEL a=b") == "LABEL a=b"
+    bash = "RUN |1 A=b /bin/bash -o pipefail -c sh -c 'cp /x /y' # buildkit"
+    assert drift.short_step(bash) == "RUN sh -c 'cp /x /y'"

@@ -70,6 +70,9 @@ ENV TORCH_CUDA_ARCH_LIST="12.1a"
 ENV VLLM_TARGET_DEVICE=cuda CCACHE_DIR=/root/.cache/ccache SETUPTOOLS_SCM_PRETEND_VERSION="0.31.0"
 # ccache keys independent of the build directory, so the build reuses what the probe compiled.
 ENV CCACHE_BASEDIR=/workspace/vllm CCACHE_NOHASHDIR=1
+# Reproducible libraries (benchmarks/repro.md): Release, not vLLM's default RelWithDebInfo, whose -g debug info
+# names nvcc's per-process temp files and so changes each library's GNU build ID; the runtime strips it anyway.
+ENV CMAKE_BUILD_TYPE=Release
 # Rust extensions (vllm-rs, _rust_tool_parser) per the recipe's build.rust: required (1) or left out (0, no cargo).
 ENV VLLM_REQUIRE_RUST_FRONTEND=0
 # Upstream's own step: drop torch pins from vLLM's requirements so the installed torch is kept.
@@ -102,6 +105,9 @@ FROM build-env AS build
 # Peak memory (GB) of one heavy unit as the probe measured it on this host; 0 = not probed (a safe default).
 ARG SPARKFORGE_UNIT_PEAK_GB=0
 COPY files/cap-jobs.py /opt/sparkforge/bin/
+# Local symbols left out of the libraries (the host objects' STT_FILE names nvcc's per-process temp file);
+# exported symbols and the build ID stay for backtraces.
+ENV CMAKE_ARGS="${CMAKE_ARGS} -DCMAKE_MODULE_LINKER_FLAGS=-Wl,--discard-all -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--discard-all"
 # MAX_JOBS/NVCC_THREADS: the recipe's 6 x 2 is the ceiling, capped by the memory this build has.
 RUN --mount=type=cache,target=/root/.cache/ccache \
     --mount=type=cache,target=/root/.cache/pip \
