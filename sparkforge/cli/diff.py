@@ -34,8 +34,11 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
     """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
     from sparkforge.registry.diff import diff as run_diff
     from sparkforge.registry.diff import format_table
+    from sparkforge.run.bench.store import stored_pair
 
-    report = run_diff(a, b, echo=echo, bench=[Path(p) for p in bench or []])
+    # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
+    paths = [Path(p) for p in bench or []] or stored_pair(a, b)
+    report = run_diff(a, b, echo=echo, bench=paths)
     echo(format_table(report))
     if json:
         report.write_json(Path(json))
