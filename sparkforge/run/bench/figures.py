@@ -1,7 +1,9 @@
 """The clients' own result files, read by their documented keys, into one repeat's figures (noise.METRICS).
 
-vLLM's `--save-result --save-detailed` file: `completed`, `failed`, `output_throughput`, `p50_ttft_ms`,
-`p50_itl_ms` (with `--metric-percentiles 50,...`), and per request `output_lens`, `ttfts`, `itls`.
+vLLM's `--save-result --save-detailed` file: `completed`, `failed`, `output_throughput`, `median_ttft_ms`,
+`median_itl_ms`, per request `output_lens`, `ttfts`, `itls`, and under speculative decoding the acceptance it
+read from the server's counters around the run (`spec_decode_acceptance_rate` in percent,
+`spec_decode_acceptance_length`).
 llama-benchy's `--format json` file: `benchmarks[]` with `concurrency`, `context_size`, `prompt_size`,
 `response_size`, `is_context_prefill_phase` and metrics `{mean, std, values}`: `tg_throughput` (one value per
 run above concurrency 1, per request at 1), `tg_req_throughput`, `pp_throughput`, `e2e_ttft` (ms, per request).
@@ -48,9 +50,14 @@ def vllm_repeat(where: str, result: dict[str, Any]) -> tuple[dict[str, float], i
     ]
     figures = {
         "output_tok_s": _number(where, result, "output_throughput"),
-        "ttft_ms": _number(where, result, "p50_ttft_ms"),
-        "itl_ms": _number(where, result, "p50_itl_ms"),
+        "ttft_ms": _number(where, result, "median_ttft_ms"),
+        "itl_ms": _number(where, result, "median_itl_ms"),
     }
+    if result.get("spec_decode_acceptance_length") is not None:
+        length = _number(where, result, "spec_decode_acceptance_length")
+        if length >= 1:  # tokens per decode step: the verified token plus the accepted drafts
+            figures["decode_steps_s"] = figures["output_tok_s"] / length
+            figures["acceptance_rate_pct"] = _number(where, result, "spec_decode_acceptance_rate")
     if per_request:
         figures["request_output_tok_s"] = statistics.median(per_request)
     return figures, completed, failed

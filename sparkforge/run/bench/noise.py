@@ -24,6 +24,7 @@ METRICS: dict[str, bool] = {
     "itl_ms": False,  # median inter-token latency (vLLM's client)
     "prefill_tok_s": True,  # prompt tokens per second (llama-benchy's pp)
     "decode_steps_s": True,  # output_tok_s / vLLM's mean acceptance length (speculative decoding only)
+    "acceptance_rate_pct": True,  # vLLM's draft acceptance rate (speculative decoding only)
 }
 
 

@@ -54,11 +54,13 @@ _NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
 MARK = "SPARKFORGE-RUN "
 # One process, every run: vLLM's own benchmark entry point, its own argument parser; one JSON line per run.
 VLLM_DRIVER = f"""
-import argparse, json, sys
+import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
-keys = ("completed", "failed", "output_throughput", "p50_ttft_ms", "p50_itl_ms", "output_lens", "ttfts", "itls")
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms", "output_lens", "ttfts", "itls",
+        "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
 for run in json.loads(sys.argv[1]):
-    parser = argparse.ArgumentParser()
+    parser = FlexibleArgumentParser()
     add_cli_args(parser)
     try:
         main(parser.parse_args(run["argv"]))
