@@ -104,7 +104,7 @@ def main() -> None:
         base, results["bench_s"] = bench(PROFILE, work / "base.json", store, "--num-prompts", "4")
         for i in range(args.reruns):
             doc, seconds = bench(PROFILE, work / f"rerun-{i}.json", store, "--num-prompts", "4")
-            code, text, _ = invoke("bench.compare", str(work / "base.json"), str(work / f"rerun-{i}.json"),
+            code, _out, _ = invoke("bench.compare", str(work / "base.json"), str(work / f"rerun-{i}.json"),
                                    "--threshold", args.threshold, "--json", str(work / f"compare-{i}.json"))  # fmt: skip
             report = json.loads((work / f"compare-{i}.json").read_text())
             results["reruns"].append({
