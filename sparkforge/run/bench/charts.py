@@ -58,6 +58,7 @@ def _figure(docs: Sequence[tuple[Path, dict[str, Any]]], by: str, fixed: str) ->
                 line = ax.plot(xs, [p[1]["median"] for p in points], marker="o", label=_label(doc, path))[0]
                 ax.fill_between(xs, [p[1]["min"] for p in points], [p[1]["max"] for p in points],
                                 color=line.get_color(), alpha=0.2, linewidth=0)  # fmt: skip
+            ax.set_xticks(sorted({c["details"][by] for _, d in docs for c in d["checks"]}))
             ax.set_title(f"{fixed} {value}", fontsize=9)
             ax.set_xlabel(by)
             ax.set_ylabel(label)

@@ -84,8 +84,22 @@ def _matched_hardware(hardware: dict[str, Any]) -> dict[str, Any]:
     return {**hardware, "gpus": gpus}
 
 
-def _serve_without_image(serve: dict[str, Any]) -> dict[str, Any]:
-    return {"argv": serve.get("argv"), "env": serve.get("env")}
+_ADDRESS_FLAGS = ("--port", "--host")  # where the server listens does not change what it measures
+
+
+def _serve_matched(serve: dict[str, Any]) -> dict[str, Any]:
+    argv, kept = list(serve.get("argv") or []), []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in _ADDRESS_FLAGS and i + 1 < len(argv):
+            skip = True
+            continue
+        if not arg.startswith(tuple(f"{f}=" for f in _ADDRESS_FLAGS)):
+            kept.append(arg)
+    return {"argv": kept, "env": serve.get("env")}
 
 
 def refusing_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -96,8 +110,8 @@ def refusing_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, 
         "model revision": ((a.get("model") or {}).get("revision"), (b.get("model") or {}).get("revision")),
         "hardware": (_matched_hardware(a.get("hardware") or {}), _matched_hardware(b.get("hardware") or {})),
         "serve argv": (
-            _serve_without_image(a.get("serve") or {}),
-            _serve_without_image(b.get("serve") or {}),
+            _serve_matched(a.get("serve") or {}),
+            _serve_matched(b.get("serve") or {}),
         ),
         "corpus": ((old.get("suite") or {}).get("corpus"), (new.get("suite") or {}).get("corpus")),
     }
