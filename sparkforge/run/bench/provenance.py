@@ -102,6 +102,10 @@ def _serve_matched(serve: dict[str, Any]) -> dict[str, Any]:
     return {"argv": kept, "env": serve.get("env")}
 
 
+def _corpus(doc: dict[str, Any]) -> str | None:
+    return ((doc.get("suite") or {}).get("corpus") or {}).get("sha256")
+
+
 def refusing_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Differences that make two results incomparable unless --allow-different: settings, hardware, serve."""
     a, b = old.get("identity") or {}, new.get("identity") or {}
@@ -113,7 +117,7 @@ def refusing_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, 
             _serve_matched(a.get("serve") or {}),
             _serve_matched(b.get("serve") or {}),
         ),
-        "corpus": ((old.get("suite") or {}).get("corpus"), (new.get("suite") or {}).get("corpus")),
+        "corpus": (_corpus(old), _corpus(new)),
     }
     return {k: {"old": x, "new": y} for k, (x, y) in pairs.items() if x != y}
 
