@@ -3,8 +3,8 @@
 The client runs in the head's serve container (the same image, the model's tokenizer mounted there) against
 127.0.0.1. vLLM's client (`default`, `quick`) runs in ONE Python process per bench (vLLM's own
 `vllm.benchmarks.serve` entry, called once per run: importing vLLM per run cost ~40 s on the CPU twin); per
-level a warm-up run (discarded) then `repeats` runs. llama-benchy (`spark-arena-v2`) is the pinned PyPI wheel
-(sha256 checked), copied into the container and run from the wheel (pure Python; what it imports is vLLM's own
+level a warm-up run (discarded) then `repeats` runs. llama-benchy (`spark-arena-v2`) runs from pinned PyPI wheels
+(sha256 checked: llama-benchy and tabulate), copied into the container (pure Python; the rest it imports is vLLM's own
 requirements), with its own warm-up and `--runs repeats`. vLLM's /metrics before and after give the
 speculative-decoding acceptance. The result is a report (one check per level) whose `identity` says what was
 measured on what (provenance.py).
@@ -31,8 +31,8 @@ from sparkforge.run.bench.noise import summarize_repeats
 from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, identity, model_identity
 from sparkforge.run.bench.results import SCHEMA
 from sparkforge.run.bench.suites import (
+    CLIENT_WHEELS,
     LLAMA_BENCHY_BOOK,
-    LLAMA_BENCHY_SHA256,
     LLAMA_BENCHY_VERSION,
     RESULT_DIR,
     Suite,
@@ -184,45 +184,54 @@ def _vllm_levels(
     return out
 
 
-def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str:
-    """The pinned wheel in the container (downloaded once to the wheel cache, sha256 checked); its path there."""
-    cache = options.wheel_cache or Path.home() / ".cache" / "sparkforge" / "wheels"
-    wheel = cache / f"llama_benchy-{LLAMA_BENCHY_VERSION}-py3-none-any.whl"
+def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str) -> Path:
+    """A pinned PyPI wheel in the local wheel cache (downloaded once), its sha256 checked."""
+    wheel = cache / f"{name}-{version}-py3-none-any.whl"
     if not wheel.is_file():
         argv = (sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--dest",
-                str(cache), f"llama-benchy=={LLAMA_BENCHY_VERSION}")  # fmt: skip
-        done = engine.runner.capture(Command(argv), "llama-benchy-download", check=False, timeout=300)
+                str(cache), f"{name.replace('_', '-')}=={version}")  # fmt: skip
+        done = engine.runner.capture(Command(argv), f"download-{name}", check=False, timeout=300)
         if done.returncode != 0 or not wheel.is_file():
             raise RunError(
-                f"llama-benchy {LLAMA_BENCHY_VERSION}: cannot download it from PyPI ({done.output.strip()[-300:]}); "
-                f"fix: put {wheel.name} (from PyPI) into {cache}, or use --suite default"
+                f"{name} {version}: cannot download its wheel from PyPI ({done.output.strip()[-300:]}); fix: put "
+                f"{wheel.name} (from PyPI) into {cache}, or use --suite default"
             )
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != LLAMA_BENCHY_SHA256:
+    if digest != sha256:
         raise RunError(
-            f"{wheel}: sha256 {digest} is not PyPI's {LLAMA_BENCHY_SHA256} for llama-benchy {LLAMA_BENCHY_VERSION}; "
-            "fix: delete it and run again (it is downloaded again from PyPI)"
+            f"{wheel}: sha256 {digest} is not PyPI's {sha256} for {name} {version}; fix: delete it and run again "
+            "(it is downloaded again from PyPI)"
         )
+    return wheel
+
+
+def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str:
+    """The pinned wheels copied into the container; the PYTHONPATH that runs llama-benchy from them."""
+    cache = options.wheel_cache or Path.home() / ".cache" / "sparkforge" / "wheels"
     home = f"{RESULT_DIR}/home/.cache/llama-benchy"
     engine.call("bench-mkdir", "exec", name, "mkdir", "-p", home)
-    engine.call("bench-cp-wheel", "cp", str(wheel), f"{name}:{RESULT_DIR}/{wheel.name}")
+    paths = []
+    for wheel_name, version, sha256 in CLIENT_WHEELS:
+        wheel = _wheel(engine, cache, wheel_name, version, sha256)
+        engine.call(f"bench-cp-{wheel_name}", "cp", str(wheel), f"{name}:{RESULT_DIR}/{wheel.name}")
+        paths.append(f"{RESULT_DIR}/{wheel.name}")
     if options.corpus:
         book = (
             f"{home}/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"  # llama-benchy's cache name
         )
         engine.call("bench-cp-corpus", "cp", str(options.corpus), f"{name}:{book}")
-    return f"{RESULT_DIR}/{wheel.name}"
+    return ":".join(paths)
 
 
 def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
     suite = options.suite
-    wheel = _install_benchy(engine, name, options)
+    pythonpath = _install_benchy(engine, name, options)
     out_file = f"{RESULT_DIR}/llama-benchy.json"
     echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x (1 warm-up + {options.repeats} "
          f"runs), pp {suite.input_len} / tg {suite.output_len}, depths {list(suite.depths)} ...")  # fmt: skip
     engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
     argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.repeats, out_file)
-    env = {"PYTHONPATH": wheel, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
+    env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
     result = _exec(
         engine,
         name,
@@ -236,7 +245,7 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
     )
     raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
     if result.returncode != 0 or raw.returncode != 0:
-        why = f"llama-benchy exited {result.returncode}: {result.output.strip()[-600:]}"
+        why = f"llama-benchy exited {result.returncode}: {result.output.strip()[-300:]}"
         return {level: ([], [why]) for level in suite.levels()}, None
     try:
         doc = json.loads(raw.output, parse_constant=float)

@@ -19,8 +19,16 @@ from sparkforge.errors import RunError
 
 LLAMA_BENCHY = "llama-benchy"
 LLAMA_BENCHY_VERSION = "0.4.0"
-# sha256 of llama_benchy-0.4.0-py3-none-any.whl on PyPI (pure Python; its requirements are vLLM's own)
-LLAMA_BENCHY_SHA256 = "9d380f97bd5ef39b03ed2f319f1ee3bdf5c983463f6ce1479f432e90db079410"
+# The PyPI wheels llama-benchy runs from (pure Python), by their sha256 on PyPI. Its other requirements (aiohttp,
+# numpy, openai, pydantic, requests, tokenizers, transformers) are vLLM's own; tabulate is not.
+CLIENT_WHEELS = (
+    (
+        "llama_benchy",
+        LLAMA_BENCHY_VERSION,
+        "9d380f97bd5ef39b03ed2f319f1ee3bdf5c983463f6ce1479f432e90db079410",
+    ),
+    ("tabulate", "0.9.0", "024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f"),
+)
 LLAMA_BENCHY_BOOK = "https://www.gutenberg.org/files/1661/1661-0.txt"  # its default corpus (Sherlock Holmes)
 RESULT_DIR = "/tmp/sparkforge-bench"
 
