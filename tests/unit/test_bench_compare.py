@@ -56,7 +56,7 @@ def test_a_change_within_the_repeats_noise_passes_even_beyond_the_threshold() ->
     assert verdict.beyond_threshold and not verdict.beyond_noise and not verdict.regressed
     assert judge(Spread.of([100.0, 98.0]), Spread.of([80.0, 79.0]), True, 10).regressed
     assert judge(Spread.of([10.0, 11.0]), Spread.of([13.0, 14.0]), False, 10).regressed  # latency rose
-    assert not judge(Spread.of([10.0, 11.0]), Spread.of([11.5, 11.6]), False, 10).regressed  # +9.5 %: within
+    assert not judge(Spread.of([10.0, 11.0]), Spread.of([11.4, 11.5]), False, 10).regressed  # +9.0 %: within
 
 
 def test_a_failed_or_missing_level_in_either_file_fails(tmp_path: Path) -> None:

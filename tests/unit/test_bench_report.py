@@ -102,16 +102,26 @@ def test_the_store_keeps_results_by_image_and_lists_a_recipes_history(tmp_path: 
     assert [s.doc["identity"]["date"] for s in found] == sorted(d["identity"]["date"] for _, d in docs)
     assert len(unreadable) == 1 and "broken.json" in unreadable[0]
     latest = latest_for_image({docs[0][1]["identity"]["image"]["id"]}, tmp_path)
-    assert latest is not None and latest.doc["identity"]["date"] == max(d["identity"]["date"] for _, d in docs)
+    assert latest is not None and latest.doc["identity"]["date"] == max(
+        d["identity"]["date"] for _, d in docs
+    )
     assert latest_for_image({"sha256:" + "0" * 64}, tmp_path) is None
 
 
 def test_history_and_report_tasks_answer_in_one_paragraph(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True
+        )
 
-    out = run("bench.history", "--recipe", "tests/recipes/ci-cpu-twin.yaml", "--store", str(tmp_path / "empty"))
-    assert out.returncode == 1 and "no stored result of recipe ci-cpu-twin" in out.stderr and "fix:" in out.stderr
+    out = run(
+        "bench.history", "--recipe", "tests/recipes/ci-cpu-twin.yaml", "--store", str(tmp_path / "empty")
+    )
+    assert (
+        out.returncode == 1
+        and "no stored result of recipe ci-cpu-twin" in out.stderr
+        and "fix:" in out.stderr
+    )
     out = run("bench.report", str(BASE))
     assert out.returncode == 1 and "nothing to write; fix: pass --html" in out.stderr
     out = run("bench.compare", str(BASE), str(BASE), "--threshold", "nan")

@@ -31,17 +31,15 @@ def read_json_file(path: Path, what: str = "bench result") -> Any:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise RunError(f"{path}: cannot read this {what} ({exc.strerror}); {FIX}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise RunError(f"{path}: a directory, not a {what}; {FIX}")
         if not stat.S_ISREG(info.st_mode):
-            kind = (
-                "a directory"
-                if stat.S_ISDIR(info.st_mode)
-                else "not a regular file (a FIFO, socket or device)"
-            )
-            raise RunError(f"{path}: {kind}, not a {what}; {FIX}")
-        if info.st_size > MAX_BYTES:
-            raise RunError(f"{path}: {info.st_size} bytes, more than a {what} holds ({MAX_BYTES}); {FIX}")
+            raise RunError(f"{path}: not a regular file (a FIFO, socket or device), not a {what}; {FIX}")
+        raise RunError(f"{path}: {info.st_size} bytes, more than a {what} holds ({MAX_BYTES}); {FIX}")
+    with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read(MAX_BYTES + 1)
         except OSError as exc:
