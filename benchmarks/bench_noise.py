@@ -96,13 +96,21 @@ def main() -> None:
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--reruns", type=int, default=10)
     parser.add_argument("--threshold", default="10")
+    parser.add_argument(
+        "--stop-reruns-at", default="", help="UTC HH:MM: start no rerun after it (the planted run follows)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-noise-"))
     store, results = work / "store", {"reruns": [], "threshold_pct": float(args.threshold)}
     results["serve_s"] = serve(PROFILE, args.image, args.model_dir, work / "cache")
     try:
         base, results["bench_s"] = bench(PROFILE, work / "base.json", store, "--num-prompts", "4")
+        _, results["arena_bench_s"] = bench(PROFILE, work / "arena.json", store, "--suite", "spark-arena-v2",
+                                                "--corpus", str(REPO / "README.md"))  # fmt: skip
         for i in range(args.reruns):
+            if args.stop_reruns_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_reruns_at:
+                results["stopped_early"] = f"after {i} reruns: --stop-reruns-at {args.stop_reruns_at}"
+                break
             doc, seconds = bench(PROFILE, work / f"rerun-{i}.json", store, "--num-prompts", "4")
             code, _out, _ = invoke("bench.compare", str(work / "base.json"), str(work / f"rerun-{i}.json"),
                                    "--threshold", args.threshold, "--json", str(work / f"compare-{i}.json"))  # fmt: skip
@@ -111,8 +119,7 @@ def main() -> None:
                 "flagged": code != 0, "failed_checks": [c["name"] for c in report["checks"] if c["status"] == "failed"],
                 "threshold_only_flags": threshold_only_flags(base, doc, float(args.threshold)), "bench_s": round(seconds, 1),
             })  # fmt: skip
-        _arena, results["arena_bench_s"] = bench(PROFILE, work / "arena.json", store, "--suite", "spark-arena-v2",
-                                                "--corpus", str(REPO / "README.md"))  # fmt: skip
+            print(json.dumps(results), file=sys.stderr, flush=True)  # progress, in case the run is cut short
         subprocess.run(["/usr/bin/docker", "cp", "sparkforge-serve-cpu-tiny-qwen35moe-bench-0:/tmp/sparkforge-bench/c2-d512-r1.json",
                         str(OUT / "real" / "bench-raw-vllm-c2-d512.json")], check=True)  # fmt: skip
         subprocess.run(["/usr/bin/docker", "cp", "sparkforge-serve-cpu-tiny-qwen35moe-bench-0:/tmp/sparkforge-bench/llama-benchy.json",
