@@ -93,13 +93,18 @@ def benchy_levels(where: str, doc: Any, runs: int) -> dict[tuple[int, int], list
         if not isinstance(row, dict) or row.get("is_context_prefill_phase"):
             continue
         level = (int(_number(where, row, "concurrency")), int(_number(where, row, "context_size")))
-        series = {
-            "output_tok_s": _values(where, row, "tg_throughput"),
-            "request_output_tok_s": _values(where, row, "tg_req_throughput"),
-            "prefill_tok_s": _values(where, row, "pp_throughput"),
-            "ttft_ms": _values(where, row, "e2e_ttft"),
+        per_run = {
+            "output_tok_s": _per_run(_values(where, row, "tg_throughput"), runs),
+            "ttft_ms": _per_run(_values(where, row, "e2e_ttft"), runs),
         }
-        per_run = {k: _per_run(v, runs) for k, v in series.items()}
+        for metric, key in (
+            ("request_output_tok_s", "tg_req_throughput"),
+            ("prefill_tok_s", "pp_throughput"),
+        ):
+            try:  # llama-benchy leaves a value out when it could not estimate it (e.g. pp with no latency left)
+                per_run[metric] = _per_run(_values(where, row, key), runs)
+            except RunError:
+                continue
         out[level] = [{k: per_run[k][i] for k in per_run} for i in range(runs)]
     return out
 
