@@ -23,7 +23,9 @@ from real_fixtures import TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = pytest.mark.engine
+# slow (not in CI) until it has run green here: the session that wrote it spent its time in the shared heavy-lock
+# queue; the default suite's path ran by hand (benchmarks/bench-noise.md), the llama-benchy path has not yet.
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-bench.yaml")
 PORT = "18481"
 SIZES = (

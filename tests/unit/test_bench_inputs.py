@@ -118,11 +118,6 @@ def test_the_clients_real_files_by_their_documented_keys() -> None:
     broken["output_throughput"] = float("nan")
     with pytest.raises(RunError, match="output_throughput"):
         figures.vllm_repeat("raw", broken)
-    benchy = json.loads((RESULTS / "bench-raw-llama-benchy.json").read_text())
-    levels = figures.benchy_levels("raw", benchy, 2)
-    assert sorted(levels) == [(1, 0), (1, 512), (2, 0), (2, 512)]
-    row = next(r for r in benchy["benchmarks"] if (r["concurrency"], r["context_size"]) == (2, 512))
-    assert [r["output_tok_s"] for r in levels[(2, 512)]] == row["tg_throughput"]["values"]
 
 
 def test_speculative_acceptance_from_vllms_counters() -> None:
