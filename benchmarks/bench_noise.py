@@ -125,14 +125,14 @@ def main() -> None:
         subprocess.run(["/usr/bin/docker", "cp", "sparkforge-serve-cpu-tiny-qwen35moe-bench-0:/tmp/sparkforge-bench/llama-benchy.json",
                         str(OUT / "real" / "bench-raw-llama-benchy.json")], check=True)  # fmt: skip
     finally:
-        invoke("serve.down", "--profile", str(PROFILE))
+        invoke("serve.down", "--profile", PROFILE.stem)
     planted = work / "cpu-tiny-qwen35moe-bench.yaml"  # same profile name: the same container and store key
     planted.write_text(PROFILE.read_text().replace("max-num-seqs: 8", "max-num-seqs: 1"))
     serve(planted, args.image, args.model_dir, work / "cache")
     try:
         bench(planted, work / "planted.json", store, "--num-prompts", "4")
     finally:
-        invoke("serve.down", "--profile", str(planted))
+        invoke("serve.down", "--profile", planted.stem)
     code, _text, _ = invoke("bench.compare", str(work / "base.json"), str(work / "planted.json"), "--threshold",
                            args.threshold, "--allow-different", "--json", str(work / "compare-planted.json"))  # fmt: skip
     planted_report = json.loads((work / "compare-planted.json").read_text())

@@ -77,7 +77,7 @@ def served(cpu_twin: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFac
         assert code == 0, out[-3000:]
         yield cpu_twin
     finally:
-        invoke("serve.down", "--profile", PROFILE)
+        invoke("serve.down", "--profile", Path(PROFILE).stem)
         print(f"bench test timings (s): {TIMINGS}")
 
 

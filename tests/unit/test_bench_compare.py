@@ -1,4 +1,4 @@
-"""bench.compare on a real result (benchmarks/results/real: vLLM's client against the CPU twin): the noise rule,
+"""bench.compare on real results (benchmarks/results/real: both suites against the CPU twin): the noise rule,
 failed and missing levels, identities that differ, and the committed results staying readable."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sparkforge.run.bench.results import load_result
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "real"
 DEFAULT = RESULTS / "bench-cpu-twin-default.json"
+ARENA = RESULTS / "bench-cpu-twin-spark-arena-v2.json"
 
 
 def _write(tmp_path: Path, name: str, doc: dict) -> Path:
@@ -32,8 +33,8 @@ def _scaled(doc: dict, level: str, metric: str, factor: float) -> dict:
     return out
 
 
-def test_committed_results_are_readable_by_this_code_and_equal_runs_pass() -> None:
-    path = DEFAULT
+@pytest.mark.parametrize("path", [DEFAULT, ARENA], ids=["default", "spark-arena-v2"])
+def test_committed_results_are_readable_by_this_code_and_equal_runs_pass(path: Path) -> None:
     doc = load_result(path)
     assert doc["schema"] == 2 and doc["status"] == "passed" and len(doc["checks"]) == 4
     report = compare(path, path, 10)

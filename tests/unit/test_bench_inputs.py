@@ -120,6 +120,17 @@ def test_the_clients_real_files_by_their_documented_keys() -> None:
         figures.vllm_repeat("raw", broken)
 
 
+def test_llama_benchys_real_file_by_its_documented_keys() -> None:
+    benchy = json.loads((RESULTS / "bench-raw-llama-benchy.json").read_text())
+    levels = figures.benchy_levels("raw", benchy, 2)
+    assert sorted(levels) == [(1, 0), (1, 512), (2, 0), (2, 512)]
+    row = next(r for r in benchy["benchmarks"] if (r["concurrency"], r["context_size"]) == (2, 512))
+    assert [r["output_tok_s"] for r in levels[(2, 512)]] == row["tg_throughput"]["values"]
+    assert all(r["ttft_ms"] > 0 and r["prefill_tok_s"] > 0 for r in levels[(2, 512)])
+    with pytest.raises(RunError, match="do not split into 3 runs"):
+        figures.benchy_levels("raw", benchy, 3)  # 2 runs were written: 3 cannot be read out of them
+
+
 def test_speculative_acceptance_from_vllms_counters() -> None:
     before = figures.spec_counters(
         "# TYPE vllm:spec_decode_num_drafts_total counter\n"

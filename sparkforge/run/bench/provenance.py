@@ -102,6 +102,10 @@ def _serve_matched(serve: dict[str, Any]) -> dict[str, Any]:
     return {"argv": kept, "env": serve.get("env")}
 
 
+def _backend_names(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return {kind: list(entry.get("names") or []) for kind, entry in (doc.get("backends") or {}).items()}
+
+
 def _corpus(doc: dict[str, Any]) -> str | None:
     return ((doc.get("suite") or {}).get("corpus") or {}).get("sha256")
 
@@ -129,7 +133,7 @@ def shown_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dic
         "image": ((a.get("image") or {}).get("id"), (b.get("image") or {}).get("id")),
         "recipe_hash": (a.get("recipe_hash"), b.get("recipe_hash")),
         "vllm": (a.get("vllm"), b.get("vllm")),
-        "backends": (old.get("backends"), new.get("backends")),
+        "backends": (_backend_names(old), _backend_names(new)),  # names: the log lines carry times and pids
         "gpu readings": (
             [{k: g.get(k) for k in GPU_READINGS} for g in (a.get("hardware") or {}).get("gpus") or []],
             [{k: g.get(k) for k in GPU_READINGS} for g in (b.get("hardware") or {}).get("gpus") or []],
