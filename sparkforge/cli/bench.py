@@ -1,11 +1,12 @@
-"""Invoke tasks `bench` and `bench.compare` (thin: the work is in sparkforge.run.bench and run.benchcompare)."""
+"""Invoke tasks `bench`, `bench.compare`, `bench.history`, `bench.report` (thin: the work is in
+sparkforge.run.bench)."""
 
 from __future__ import annotations
 
+import json as _json
 from pathlib import Path
 
 from invoke import Collection, Context, task
-from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, finish_report, user_errors
 
@@ -15,13 +16,18 @@ from sparkforge.cli import echo, finish_report, user_errors
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
         "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
-        "json": "write the results here (a report: one check per concurrency, provenance at the top level)",
+        "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "concurrency": "comma-separated concurrencies, one vllm bench serve run each (default 1,4)",
-        "num_prompts": "prompts per concurrency (at least the concurrency)",
-        "input_len": "random dataset: input tokens per prompt",
-        "output_len": "random dataset: output tokens per prompt (exact: --ignore-eos)",
-        "seed": "random dataset seed",
+        "suite": "default (vLLM's vllm bench serve), quick, or spark-arena-v2 (llama-benchy, the field's profile)",
+        "repeats": "measured runs per level after a warm-up (default 3); the noise is their min..max",
+        "concurrency": "comma-separated concurrencies (default: the suite's)",
+        "depth": "comma-separated context depths in tokens (default: the suite's)",
+        "input_len": "prompt tokens (default: the suite's)",
+        "output_len": "generated tokens, exact (default: the suite's)",
+        "num_prompts": "vLLM's client: prompts per run (at least the concurrency)",
+        "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
+        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
+        "no_warmup": "skip the warm-up run of each level",
     }
 )
 @user_errors
@@ -32,55 +38,178 @@ def bench(
     image: str = "",
     json: str = "",
     node: str = "",
-    concurrency: str = "1,4",
-    num_prompts: int = 16,
-    input_len: int = 128,
-    output_len: int = 64,
-    seed: int = 0,
+    suite: str = "default",
+    repeats: int = 3,
+    concurrency: str = "",
+    depth: str = "",
+    input_len: int = 0,
+    output_len: int = 0,
+    num_prompts: int = 0,
+    corpus: str = "",
+    store: str = "",
+    no_warmup: bool = False,
 ) -> None:
-    """vLLM's own benchmark client against a served profile: TTFT, ITL, tok/s per concurrency, with provenance."""
+    """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.bench import BenchOptions, run_bench, table
+    from sparkforge.run.bench.runner import BenchOptions, run_bench, table
+    from sparkforge.run.bench.store import save
+    from sparkforge.run.bench.suites import check_repeats, choose_suite, parse_levels
     from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
 
-    try:
-        levels = tuple(int(x) for x in concurrency.split(",") if x.strip())
-    except ValueError:
-        raise Exit(f"sparkforge: --concurrency {concurrency!r}: use numbers, e.g. 1,4,8", code=2) from None
-    if not levels or min(levels) < 1:
-        raise Exit(f"sparkforge: --concurrency {concurrency!r}: use numbers >= 1, e.g. 1,4,8", code=2)
-    options = BenchOptions(levels, num_prompts, input_len, output_len, seed)
-    engine = NodeEngine(parse_node(node) if node else LOCAL)
-    report = run_bench(
-        engine, load_profile(profile), options, echo=echo, recipe_hash=load_recipe(recipe).hash
+    chosen = choose_suite(
+        suite,
+        concurrencies=parse_levels("--concurrency", concurrency, 1) if concurrency else None,
+        depths=parse_levels("--depth", depth, 0) if depth else None,
+        input_len=input_len or None,
+        output_len=output_len or None,
+        num_prompts=num_prompts or None,
     )
+    if corpus:
+        _regular(Path(corpus))
+    options = BenchOptions(chosen, check_repeats(repeats), not no_warmup, Path(corpus) if corpus else None)
+    engine = NodeEngine(parse_node(node) if node else LOCAL)
+    loaded = load_recipe(recipe)
+    report = run_bench(engine, load_profile(profile), options, echo=echo, recipe_hash=loaded.hash)
     for line in table(report):
         echo(line)
-    extra = report.extra
-    chosen = {kind: entry["names"] for kind, entry in extra["backends"].items()}
-    echo(f"vLLM {extra['vllm']}, image {extra['image']['id'][:19]}, backends {chosen or 'none logged'}")
-    finish_report(report, json, hint="a concurrency run failed; see its reason above")
+    ident = report.extra["identity"]
+    chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
+    echo(
+        f"vLLM {ident['vllm']}, image {ident['image']['id'][:19]}, backends {chosen_backends or 'none logged'}"
+    )
+    if report.extra["speculative"]:
+        spec = report.extra["speculative"]
+        echo(f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
+             f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)")  # fmt: skip
+    stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
+    echo(f"stored: {stored}")
+    finish_report(report, json, hint="a level failed; see its reason above")
+
+
+def _regular(path: Path) -> None:
+    from sparkforge.errors import RunError
+
+    if not path.is_file():
+        raise RunError(f"--corpus {path}: not a regular file; fix: pass a plain text file (e.g. a book)")
 
 
 @task(
     name="compare",
-    help={"threshold": "percent a metric may get worse before the comparison fails (default 10)"},
+    help={
+        "threshold": "percent a metric's median may get worse before it counts (default 10); it must also be "
+        "outside the repeats' range",
+        "allow_different": "compare results measured with different settings, hardware or serve command "
+        "(the differences are printed first)",
+        "json": "write the comparison report here",
+    },
 )
 @user_errors
-def bench_compare(c: Context, old: str, new: str, threshold: float = 10.0, json: str = "") -> None:
-    """Compare two bench results; non-zero exit on a regression beyond the threshold, naming what differs."""
-    from sparkforge.run.benchcompare import compare
+def bench_compare(
+    c: Context, old: str, new: str, threshold: str = "10", json: str = "", allow_different: bool = False
+) -> None:
+    """Compare two bench results: non-zero exit on a regression beyond the threshold and the noise."""
+    from sparkforge.run.bench.compare import compare
 
-    report = compare(Path(old), Path(new), threshold)
-    differ = report.extra["differences"]
-    for key, sides in differ.items():
+    report = compare(Path(old), Path(new), threshold, allow_different=allow_different)
+    for key, sides in report.extra["allowed_differences"].items():
+        echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
+    for key, sides in report.extra["differences"].items():
         echo(f"differs: {key}: {sides['old']} -> {sides['new']}")
     finish_report(
-        report, json, hint="a metric regressed beyond the threshold; 'differs' above says what changed"
+        report, json, hint="a level regressed beyond the threshold and the noise, or failed, or is missing"
     )
+
+
+@task(
+    name="history",
+    help={
+        "recipe": "recipe name or path: its stored results (matched by recipe name or by this file's hash)",
+        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
+        "json": "write the list (JSON) here",
+    },
+)
+@user_errors
+def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> None:
+    """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
+    from sparkforge.errors import RunError
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.run.bench.store import history, store_root
+
+    loaded = load_recipe(recipe)
+    found, unreadable = history(loaded.name, loaded.hash, store or None)
+    for line in unreadable:
+        echo(f"skipped: {line}")
+    if not found:
+        raise RunError(
+            f"bench.history: no stored result of recipe {loaded.name} in {store_root(store or None)}; fix: run "
+            f"'invoke bench --recipe {recipe} --profile P' first (it stores every result)"
+        )
+    rows = []
+    for s in found:
+        ident = s.doc["identity"]
+        levels = {
+            c["name"]: (c["details"].get("summary") or {}).get("output_tok_s", {}).get("median")
+            for c in s.doc["checks"]
+        }
+        figs = ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} failed" for k, v in levels.items())
+        echo(
+            f"{ident['date']}  {ident['image']['id'][:19]}  {s.doc['suite']['name']:15}  {figs} tok/s  {s.path}"
+        )
+        rows.append({"path": str(s.path), "date": ident["date"], "image": ident["image"], "suite": s.doc["suite"]["name"],
+                     "status": s.doc["status"], "output_tok_s": levels})  # fmt: skip
+    if json:
+        Path(json).write_text(_json.dumps(rows, indent=2) + "\n")
+        echo(f"wrote {json}")
+
+
+@task(
+    name="report",
+    help={
+        "results": "comma-separated result files (one line per image in every chart)",
+        "html": "write the static HTML page here",
+        "png": "also write each chart as PNG into this directory",
+        "threshold": "with two results: the comparison's threshold in percent (default 10)",
+        "allow_different": "with two results: compare even when measured differently (differences listed)",
+    },
+)
+@user_errors
+def bench_report(
+    c: Context,
+    results: str,
+    html: str = "",
+    png: str = "",
+    threshold: str = "10",
+    allow_different: bool = False,
+) -> None:
+    """Charts of bench results (tok/s and TTFT vs concurrency and depth, noise bands) as HTML and PNG."""
+    from sparkforge.errors import RunError
+    from sparkforge.run.bench.charts import charts, page
+    from sparkforge.run.bench.compare import compare_docs
+    from sparkforge.run.bench.results import load_result
+
+    paths = [Path(p.strip()) for p in results.split(",") if p.strip()]
+    if not html and not png:
+        raise RunError("bench.report: nothing to write; fix: pass --html OUT.html and/or --png DIR")
+    docs = [(p, load_result(p)) for p in paths]
+    pngs = charts(docs)
+    comparison = None
+    if len(docs) == 2:
+        comparison = compare_docs(docs[0][1], docs[1][1], (str(paths[0]), str(paths[1])), threshold,
+                                  allow_different=allow_different)  # fmt: skip
+    if png:
+        Path(png).mkdir(parents=True, exist_ok=True)
+        for name, data in pngs.items():
+            (Path(png) / f"{name}.png").write_bytes(data)
+            echo(f"wrote {Path(png) / f'{name}.png'}")
+    if html:
+        Path(html).parent.mkdir(parents=True, exist_ok=True)
+        Path(html).write_text(page(docs, pngs, comparison))
+        echo(f"wrote {html}")
 
 
 ns = Collection("bench")
 ns.add_task(bench, "bench", default=True)
 ns.add_task(bench_compare, "compare")
+ns.add_task(bench_history, "history")
+ns.add_task(bench_report, "report")

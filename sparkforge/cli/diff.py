@@ -39,6 +39,7 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
     from sparkforge.recipe.loader import list_recipe_names
     from sparkforge.registry.diff import diff as run_diff
     from sparkforge.registry.diff import format_table
+    from sparkforge.run.bench.store import stored_pair
 
     check_output(json, "--json")
     for option, side in (("A", a), ("B", b)):  # the boundary, before any engine or registry is contacted
@@ -46,7 +47,9 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
             check_reference(option, side)
     for path in bench or []:
         read_json(path, "--bench")
-    report = run_diff(a, b, echo=echo, bench=[Path(p) for p in bench or []])
+    # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
+    paths = [Path(p) for p in bench or []] or stored_pair(a, b)
+    report = run_diff(a, b, echo=echo, bench=paths)
     echo(format_table(report))
     if json:
         report.write_json(Path(json))

@@ -1,0 +1,123 @@
+"""`bench.compare OLD NEW`: per level and metric, a regression only beyond both the threshold and the noise.
+
+Refused outright: results of different models or suites (their figures measure different things). Refused
+unless `--allow-different`: different suite settings, model revision, hardware, serve command or corpus (then
+listed first in the report). Always shown: what the comparison is for (image, recipe hash, vLLM, backends,
+GPU readings). Every level of either file is judged: a level failed or missing in either file fails the
+comparison; in a level both passed, each metric both measured follows noise.judge.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from sparkforge.errors import RunError
+from sparkforge.report import Check, Report
+from sparkforge.run.bench.noise import METRICS, Spread, judge
+from sparkforge.run.bench.provenance import describe, refusing_differences, shown_differences
+from sparkforge.run.bench.results import levels, load_result
+
+
+def check_threshold(threshold_pct: Any) -> float:
+    """A threshold in percent: a finite number > 0."""
+    try:
+        value = float(threshold_pct)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise RunError(
+            f"bench.compare: --threshold {threshold_pct!r} is not a finite percent > 0; fix: pass e.g. "
+            "--threshold 10 (a metric may get 10% worse, beyond the noise, before the comparison fails)"
+        )
+    return value
+
+
+def _spreads(check: dict[str, Any]) -> dict[str, Spread]:
+    repeats = check["details"]["repeats"]
+    return {
+        m: Spread.of([r[m] for r in repeats]) for m in METRICS if repeats and all(m in r for r in repeats)
+    }
+
+
+def compare_docs(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    names: tuple[str, str],
+    threshold_pct: float,
+    *,
+    allow_different: bool,
+) -> Report:
+    """The comparison of two loaded results (results.load_result)."""
+    threshold_pct = check_threshold(threshold_pct)
+    a, b = names
+    for key, what in (("model", "models"), ("suite", "suites")):
+        x = old.get(key) if key == "model" else old["suite"]["name"]
+        y = new.get(key) if key == "model" else new["suite"]["name"]
+        if x != y:
+            raise RunError(
+                f"{a} measured {what[:-1]} {x!r} but {b} measured {y!r}: different {what} measure different "
+                f"things; fix: compare results of the same {what[:-1]} (invoke bench --suite {x} on both)"
+            )
+    refusing = refusing_differences(old, new)
+    if refusing and not allow_different:
+        listed = "; ".join(f"{k}: {describe(v['old'])} -> {describe(v['new'])}" for k, v in refusing.items())
+        raise RunError(
+            f"{a} and {b} were not measured alike ({listed}); their figures are not comparable; fix: measure "
+            "both with the same settings on the same machine, or pass --allow-different to compare anyway "
+            "(the differences are then printed first)"
+        )
+    report = Report(
+        command="bench.compare", subject=f"{a} -> {b}", recipe=(new.get("identity") or {}).get("recipe")
+    )
+    report.extra.update(
+        {
+            "threshold_pct": threshold_pct,
+            "rule": "regressed = median worse than the threshold AND every new repeat worse than every old one",
+            "model": new.get("model"),
+            "suite": new["suite"]["name"],
+            "allowed_differences": refusing,
+            "differences": shown_differences(old, new),
+        }
+    )
+    before, after = levels(old), levels(new)
+    for name in sorted(set(before) | set(after), key=lambda n: (len(n), n)):
+        if name not in before or name not in after:
+            side = a if name not in before else b
+            report.add(Check(name, "failed", f"level {name} is missing in {side}: no figure to compare"))
+            continue
+        failed = [s for s, c in ((a, before[name]), (b, after[name])) if c["status"] != "passed"]
+        if failed:
+            why = "; ".join(
+                f"{s}: {c['reason']}" for s, c in ((a, before[name]), (b, after[name])) if s in failed
+            )
+            report.add(Check(name, "failed", f"level {name} failed in {' and '.join(failed)} ({why})"))
+            continue
+        old_s, new_s = _spreads(before[name]), _spreads(after[name])
+        for metric in (m for m in METRICS if m in old_s and m in new_s):
+            verdict = judge(old_s[metric], new_s[metric], METRICS[metric], threshold_pct)
+            report.add(
+                Check(
+                    f"{name}:{metric}",
+                    "failed" if verdict.regressed else "passed",
+                    verdict.reason(old_s[metric], new_s[metric], threshold_pct),
+                    {
+                        "old": vars(old_s[metric]),
+                        "new": vars(new_s[metric]),
+                        "change_pct": verdict.change_pct,
+                        "beyond_threshold": verdict.beyond_threshold,
+                        "beyond_noise": verdict.beyond_noise,
+                    },
+                )
+            )
+    return report
+
+
+def compare(old_path: Path, new_path: Path, threshold_pct: float, *, allow_different: bool = False) -> Report:
+    """Load both files (refusing bad ones) and compare them."""
+    threshold_pct = check_threshold(threshold_pct)
+    old, new = load_result(Path(old_path)), load_result(Path(new_path))
+    return compare_docs(
+        old, new, (str(old_path), str(new_path)), threshold_pct, allow_different=allow_different
+    )

@@ -1,0 +1,120 @@
+"""Reading a bench result file safely: a regular file of bounded size, strict JSON (no NaN/Infinity), the
+current shape (schema 2), finite non-negative figures, levels with concurrency >= 1. Anything else is a
+one-paragraph RunError naming the file, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sparkforge.errors import RunError
+
+SCHEMA = 2
+MAX_BYTES = 64 * 1024 * 1024
+FIX = (
+    "fix: pass a file written by 'invoke bench --json' (or one from the result store, 'invoke bench.history')"
+)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_json_file(path: Path, what: str = "bench result") -> Any:
+    """A regular file's JSON: FIFOs, devices, directories, huge files and NaN/Infinity are refused."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then says what was opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise RunError(f"{path}: cannot read this {what} ({exc.strerror}); {FIX}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise RunError(f"{path}: a directory, not a {what}; {FIX}")
+        if not stat.S_ISREG(info.st_mode):
+            raise RunError(f"{path}: not a regular file (a FIFO, socket or device), not a {what}; {FIX}")
+        raise RunError(f"{path}: {info.st_size} bytes, more than a {what} holds ({MAX_BYTES}); {FIX}")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise RunError(f"{path}: cannot read this {what} ({exc.strerror}); {FIX}") from None
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: not valid JSON, or truncated ({str(exc)[:200]}); {FIX}") from None
+
+
+def _bad(path: Path, where: str, why: str) -> RunError:
+    return RunError(f"{path}: {where}: {why}; {FIX}")
+
+
+def _figure(path: Path, where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise _bad(path, where, f"{value!r} is not a finite number >= 0 (NaN, negative or text)")
+    return float(value)
+
+
+def _check_level(path: Path, check: Any) -> None:
+    if not isinstance(check, dict) or not isinstance(check.get("name"), str):
+        raise _bad(path, "checks", "a check is not an object with a name")
+    name = check["name"]
+    if check.get("status") not in ("passed", "failed", "skipped"):
+        raise _bad(path, name, f"status {check.get('status')!r} is not passed, failed or skipped")
+    details = check.get("details")
+    if not isinstance(details, dict):
+        raise _bad(path, name, "no details")
+    for key in ("concurrency", "depth"):
+        value = details.get(key)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < (1 if key == "concurrency" else 0)
+        ):
+            raise _bad(
+                path, name, f"{key} {value!r} is not a whole number >= {1 if key == 'concurrency' else 0}"
+            )
+    repeats = details.get("repeats")
+    if not isinstance(repeats, list) or (check["status"] == "passed" and not repeats):
+        raise _bad(path, name, "no repeats (a passed level holds one figure set per repeat)")
+    for i, repeat in enumerate(repeats):
+        if not isinstance(repeat, dict) or (check["status"] == "passed" and not repeat):
+            raise _bad(path, f"{name} repeat {i}", "not an object of figures")
+        for metric, value in repeat.items():
+            _figure(path, f"{name} repeat {i} {metric}", value)
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """A bench result (schema 2), validated; a RunError naming the file and the fault otherwise."""
+    doc = read_json_file(path)
+    if not isinstance(doc, dict) or doc.get("command") != "bench" or not isinstance(doc.get("checks"), list):
+        raise RunError(f"{path}: not a bench result (no 'command': 'bench' with a list of checks); {FIX}")
+    if doc.get("schema") != SCHEMA:
+        raise RunError(
+            f"{path}: a bench result of schema {doc.get('schema')!r}, this sparkforge reads schema {SCHEMA} "
+            "(older results have no repeats or identity); fix: re-run 'invoke bench' with this version"
+        )
+    suite = doc.get("suite")
+    if (
+        not isinstance(suite, dict)
+        or not isinstance(suite.get("name"), str)
+        or not isinstance(suite.get("params"), dict)
+    ):
+        raise _bad(path, "suite", "missing its name and params")
+    if not isinstance(doc.get("identity"), dict) or not isinstance(doc.get("model"), str):
+        raise _bad(path, "identity", "missing (the image, hardware and serve command the figures belong to)")
+    if not doc["checks"]:
+        raise _bad(path, "checks", "no levels measured (an empty list of concurrencies)")
+    for check in doc["checks"]:
+        _check_level(path, check)
+    return doc
+
+
+def levels(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{level name: check} of a loaded result."""
+    return {c["name"]: c for c in doc["checks"]}

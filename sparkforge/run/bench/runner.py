@@ -1,0 +1,359 @@
+"""`bench`: a load suite against a served profile, inside its own head container, with repeats and identity.
+
+The client runs in the head's serve container (the same image, the model's tokenizer mounted there) against
+127.0.0.1. vLLM's client (`default`, `quick`) runs in ONE Python process per bench (vLLM's own
+`vllm.benchmarks.serve` entry, called once per run: importing vLLM per run cost ~40 s on the CPU twin); per
+level a warm-up run (discarded) then `repeats` runs. llama-benchy (`spark-arena-v2`) runs from pinned PyPI wheels
+(sha256 checked: llama-benchy and tabulate), copied into the container (pure Python; the rest it imports is vLLM's own
+requirements), with its own warm-up and `--runs repeats`. vLLM's /metrics before and after give the
+speculative-decoding acceptance. The result is a report (one check per level) whose `identity` says what was
+measured on what (provenance.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkforge.commands import Command
+from sparkforge.console import Echo
+from sparkforge.errors import CommandError, RunError
+from sparkforge.recipe.profile import Profile
+from sparkforge.report import Check, Report
+from sparkforge.run.bench import figures
+from sparkforge.run.bench.noise import summarize_repeats
+from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, identity, model_identity
+from sparkforge.run.bench.results import SCHEMA
+from sparkforge.run.bench.suites import (
+    CLIENT_WHEELS,
+    LLAMA_BENCHY_BOOK,
+    LLAMA_BENCHY_VERSION,
+    RESULT_DIR,
+    Suite,
+    benchy_argv,
+    level_name,
+    vllm_argv,
+)
+from sparkforge.run.nodes import NodeEngine
+
+# What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
+BACKEND_PATTERNS = {
+    "attention": r"\bUsing (?:default backend )?(?:AttentionBackendEnum\.)?([A-Za-z0-9_]+)(?: attention)? backend",
+    "vision_attention": r"(?:AttentionBackendEnum\.)([A-Za-z0-9_]+) for (?:vit attention|MMEncoderAttention)",
+    "linear_attention": r"\bUsing (.+? GDN .*?kernel)",
+    "moe": r"\bUsing ([A-Za-z0-9_ ]+?) MoE backend",
+    "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
+}
+_NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
+MARK = "SPARKFORGE-RUN "
+# One process, every run: vLLM's own benchmark entry point, its own argument parser; one JSON line per run.
+VLLM_DRIVER = f"""
+import json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms", "output_lens", "ttfts", "itls",
+        "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+for run in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    try:
+        main(parser.parse_args(run["argv"]))
+        with open("{RESULT_DIR}/" + run["name"] + ".json") as f:
+            result = json.load(f)
+        line = {{"run": run["name"], "ok": True, "result": {{k: result.get(k) for k in keys}}}}
+    except (Exception, SystemExit) as exc:
+        line = {{"run": run["name"], "ok": False, "error": repr(exc)[-400:]}}
+    print("{MARK}" + json.dumps(line), flush=True)
+"""
+METRICS_SCRIPT = """
+import sys, urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode())
+"""
+SHA256_SCRIPT = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    suite: Suite
+    repeats: int = 3
+    warmup: bool = True
+    corpus: Path | None = None  # llama-benchy: a local text seeded as its book (offline machines)
+    wheel_cache: Path | None = None  # default ~/.cache/sparkforge/wheels
+    timeout_s: float = 3600
+
+
+def head_container(profile: str) -> str:
+    return f"sparkforge-serve-{profile}-0"
+
+
+def backends(log: str) -> dict[str, dict[str, list[str]]]:
+    """The kernel families vLLM logged choosing: {kind: {"names": [...], "lines": [...]}} (absent: not logged)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for line in log.splitlines():
+        for kind, pattern in BACKEND_PATTERNS.items():
+            if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
+                continue
+            match = re.search(pattern, line)
+            if match:
+                entry = found.setdefault(kind, {"names": [], "lines": []})
+                if match.group(1) not in entry["names"]:
+                    entry["names"].append(match.group(1))
+                    entry["lines"].append(line.strip()[-240:])
+    return found
+
+
+def _inspect(engine: NodeEngine, kind: str, name: str) -> dict[str, Any]:
+    try:
+        return json.loads(engine.call(f"inspect-{kind}", "inspect", "--type", kind, name))[0]
+    except (ValueError, IndexError) as exc:
+        raise RunError(f"{engine.node.label}: cannot read {kind} {name}: {exc}") from None
+
+
+def _served(engine: NodeEngine, profile: Profile) -> tuple[str, dict[str, Any]]:
+    name = head_container(profile.name)
+    state = engine.state(name)
+    if state.status != "running":
+        raise RunError(
+            f"profile {profile.name} is not running on {engine.node.label} (container {name}: {state.status}); "
+            f"fix: start it with 'invoke serve --recipe R --profile {profile.name}' (or cluster.up), then bench"
+        )
+    return name, _inspect(engine, "container", name)
+
+
+def _flag(args: list[str], flag: str, default: str) -> str:
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else default
+
+
+def _exec(
+    engine: NodeEngine, name: str, step: str, *argv: str, timeout: float, env: dict[str, str] | None = None
+):
+    flags = [f for k, v in (env or {}).items() for f in ("-e", f"{k}={v}")]
+    try:
+        return engine.runner.capture(
+            engine.command("exec", *flags, name, *argv), step, check=False, timeout=timeout
+        )
+    except CommandError as exc:
+        raise RunError(f"{engine.node.label}: {exc}; fix: a smaller suite, or a longer --timeout") from None
+
+
+def _vllm_levels(
+    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
+) -> dict:
+    suite, runs = options.suite, []
+    for level in suite.levels():
+        tags = (["warmup"] if options.warmup else []) + [f"r{i + 1}" for i in range(options.repeats)]
+        for tag in tags:
+            run = f"{level_name(*level)}-{tag}"
+            runs.append(
+                {
+                    "name": run,
+                    "argv": vllm_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], level, run),
+                }
+            )
+    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
+         f"{options.repeats} repeats), {suite.input_len} in / {suite.output_len} out tokens, seed {suite.seed} ...")  # fmt: skip
+    result = _exec(
+        engine, name, "bench-vllm", "python3", "-c", VLLM_DRIVER, json.dumps(runs), timeout=options.timeout_s
+    )
+    lines = {}
+    for line in result.output.splitlines():
+        if line.startswith(MARK):
+            entry = json.loads(line[len(MARK) :])
+            lines[entry["run"]] = entry
+    out: dict[tuple[int, int], Any] = {}
+    for level in suite.levels():
+        repeats, problems = [], []
+        for i in range(options.repeats):
+            run = f"{level_name(*level)}-r{i + 1}"
+            entry = lines.get(run)
+            if entry is None or not entry["ok"]:
+                tail = entry["error"] if entry else result.output.strip()[-400:]
+                problems.append(f"{run}: the client failed ({tail})")
+                continue
+            figs, completed, failed = figures.vllm_repeat(run, entry["result"])
+            if failed or not completed:
+                problems.append(f"{run}: {failed} of {completed + failed} requests failed")
+            repeats.append(figs)
+        out[level] = (repeats, problems)
+    return out
+
+
+def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str) -> Path:
+    """A pinned PyPI wheel in the local wheel cache (downloaded once), its sha256 checked."""
+    wheel = cache / f"{name}-{version}-py3-none-any.whl"
+    if not wheel.is_file():
+        argv = (sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--dest",
+                str(cache), f"{name.replace('_', '-')}=={version}")  # fmt: skip
+        done = engine.runner.capture(Command(argv), f"download-{name}", check=False, timeout=300)
+        if done.returncode != 0 or not wheel.is_file():
+            raise RunError(
+                f"{name} {version}: cannot download its wheel from PyPI ({done.output.strip()[-300:]}); fix: put "
+                f"{wheel.name} (from PyPI) into {cache}, or use --suite default"
+            )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != sha256:
+        raise RunError(
+            f"{wheel}: sha256 {digest} is not PyPI's {sha256} for {name} {version}; fix: delete it and run again "
+            "(it is downloaded again from PyPI)"
+        )
+    return wheel
+
+
+def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str:
+    """The pinned wheels copied into the container; the PYTHONPATH that runs llama-benchy from them."""
+    cache = options.wheel_cache or Path.home() / ".cache" / "sparkforge" / "wheels"
+    home = f"{RESULT_DIR}/home/.cache/llama-benchy"
+    engine.call("bench-mkdir", "exec", name, "mkdir", "-p", home)
+    paths = []
+    for wheel_name, version, sha256 in CLIENT_WHEELS:
+        wheel = _wheel(engine, cache, wheel_name, version, sha256)
+        engine.call(f"bench-cp-{wheel_name}", "cp", str(wheel), f"{name}:{RESULT_DIR}/{wheel.name}")
+        paths.append(f"{RESULT_DIR}/{wheel.name}")
+    if options.corpus:
+        book = (
+            f"{home}/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"  # llama-benchy's cache name
+        )
+        engine.call("bench-cp-corpus", "cp", str(options.corpus), f"{name}:{book}")
+    return ":".join(paths)
+
+
+def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
+    suite = options.suite
+    pythonpath = _install_benchy(engine, name, options)
+    out_file = f"{RESULT_DIR}/llama-benchy.json"
+    echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x (1 warm-up + {options.repeats} "
+         f"runs), pp {suite.input_len} / tg {suite.output_len}, depths {list(suite.depths)} ...")  # fmt: skip
+    engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
+    argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.repeats, out_file)
+    env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
+    result = _exec(
+        engine,
+        name,
+        "bench-llama-benchy",
+        "python3",
+        "-m",
+        "llama_benchy",
+        *argv,
+        env=env,
+        timeout=options.timeout_s,
+    )
+    raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
+    if result.returncode != 0 or raw.returncode != 0:
+        why = f"llama-benchy exited {result.returncode}: {result.output.strip()[-300:]}"
+        return {level: ([], [why]) for level in suite.levels()}, None
+    try:
+        doc = json.loads(raw.output, parse_constant=float)
+    except ValueError as exc:
+        raise RunError(
+            f"llama-benchy wrote no JSON result ({exc}); fix: see its output: {result.output[-400:]}"
+        ) from None
+    found = figures.benchy_levels("llama-benchy result", doc, options.repeats)
+    book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
+    sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
+    corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
+              "seeded_from": options.corpus.name if options.corpus else None}  # fmt: skip
+    out = {
+        level: (found.get(level, []), [] if level in found else ["llama-benchy reported no figures"])
+        for level in suite.levels()
+    }
+    return out, corpus
+
+
+def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
+    got = _exec(engine, name, "bench-metrics", "python3", "-c", METRICS_SCRIPT, port, timeout=60)
+    return figures.spec_counters(got.output) if got.returncode == 0 else {}
+
+
+def run_bench(
+    engine: NodeEngine, profile: Profile, options: BenchOptions, *, echo: Echo, recipe_hash: str | None = None
+) -> Report:
+    """Benchmark the running profile on this node; one check per level, identity in the report."""
+    name, info = _served(engine, profile)
+    args = [str(a) for a in info.get("Args") or []]
+    ctx = {
+        "port": _flag(args, "--port", "8000"),
+        "tokenizer": args[1] if len(args) > 1 and args[0] == "serve" else profile.model.model,
+        "model": _flag(args, "--served-model-name", profile.model.served_model_name or profile.model.model),
+    }
+    reading = json.loads(
+        engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, ctx["tokenizer"])
+        .strip()
+        .splitlines()[-1]
+    )
+    model = model_identity(ctx["tokenizer"], ctx["model"], reading)
+    hardware = {k: v for k, v in reading.items() if k != "model_config_sha256"}
+    image = _inspect(engine, "image", str(info.get("Image")))
+    engine.call("bench-dir", "exec", name, "mkdir", "-p", RESULT_DIR)
+    before = _metrics(engine, name, ctx["port"])
+    start = time.monotonic()
+    corpus = None
+    if options.suite.client == "llama-benchy":
+        measured, corpus = _benchy_levels(engine, name, ctx, options, echo)
+    else:
+        measured = _vllm_levels(engine, name, ctx, options, echo)
+    spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
+    report = Report(
+        command="bench",
+        subject=profile.name,
+        recipe=(info.get("Config") or {}).get("Labels", {}).get("dev.sparkforge.recipe"),
+    )
+    for level, (repeats, problems) in measured.items():
+        if spec:
+            repeats = [
+                {**r, "decode_steps_s": r["output_tok_s"] / spec["mean_acceptance_length"]} for r in repeats
+            ]
+        summary = summarize_repeats(repeats) if repeats else {}
+        check = Check(level_name(*level), "failed" if problems or not repeats else "passed")
+        check.details = {"concurrency": level[0], "depth": level[1], "repeats": repeats, "summary": summary}
+        if check.status == "failed":
+            check.reason = "; ".join(problems) or "no repeat measured"
+        else:
+            tok, ttft = summary["output_tok_s"], summary["ttft_ms"]
+            check.reason = (f"{tok['median']:.1f} out tok/s [{tok['min']:.1f}..{tok['max']:.1f}], "
+                            f"TTFT {ttft['median']:.1f} ms [{ttft['min']:.1f}..{ttft['max']:.1f}]")  # fmt: skip
+        echo(f"  {check.name}: {check.status}: {check.reason}")
+        report.add(check)
+    ident = identity(info, image, hardware, model)
+    report.extra.update(
+        {
+            "schema": SCHEMA,
+            "model": ctx["model"],
+            "suite": {
+                "name": options.suite.name,
+                "client": options.suite.client,
+                "params": {**options.suite.params(), "repeats": options.repeats, "warmup": options.warmup},
+                "corpus": corpus,
+            },
+            "identity": ident,
+            "backends": backends(engine.logs(name)),
+            "speculative": spec,
+            "wall_s": round(time.monotonic() - start, 1),
+        }
+    )
+    if recipe_hash and ident["recipe_hash"] not in (None, recipe_hash):
+        report.extra["note"] = "the served image was built from another recipe hash than --recipe's"
+    return report
+
+
+def table(report: Report | dict[str, Any]) -> list[str]:
+    """Human lines: one row per level, the median and [min..max] of the repeats."""
+    checks = report["checks"] if isinstance(report, dict) else [c.to_dict() for c in report.checks]
+    rows = [f"{'level':>12} {'out tok/s median [min..max]':>30} {'TTFT ms median [min..max]':>30} {'n':>3}"]
+    for check in checks:
+        s = check["details"].get("summary") or {}
+        if check["status"] != "passed" or not s:
+            rows.append(f"{check['name']:>12} {check['status']}: {check['reason']}")
+            continue
+        tok, ttft = s["output_tok_s"], s["ttft_ms"]
+        rows.append(
+            f"{check['name']:>12} {tok['median']:>12.1f} [{tok['min']:.1f}..{tok['max']:.1f}]".ljust(44)
+            + f" {ttft['median']:>12.1f} [{ttft['min']:.1f}..{ttft['max']:.1f}]".ljust(31)
+            + f" {len(check['details']['repeats']):>3}"
+        )
+    return rows

@@ -1,0 +1,124 @@
+"""The result store: every `invoke bench` result kept under a local directory by image digest.
+
+Layout: `<store>/<algo>-<hex>/<UTC date-time>-<suite>.json`, where the key is the image's registry digest
+when it has one (what a release is known by) and its local image ID otherwise. The store is
+`$SPARKFORGE_BENCH_STORE`, else `~/.cache/sparkforge/bench`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkforge.errors import RunError
+from sparkforge.run.bench.results import load_result
+
+_DIGEST = re.compile(r"(sha256):([0-9a-f]{64})")
+
+
+def store_root(root: str | Path | None = None) -> Path:
+    if root:
+        return Path(root)
+    env = os.environ.get("SPARKFORGE_BENCH_STORE")
+    return Path(env) if env else Path.home() / ".cache" / "sparkforge" / "bench"
+
+
+def image_key(image: dict[str, Any]) -> str:
+    """The store's folder for an image: its first registry digest, else its image ID."""
+    for candidate in [*(image.get("digests") or []), image.get("id") or ""]:
+        match = _DIGEST.search(str(candidate))
+        if match:
+            return f"{match.group(1)}-{match.group(2)}"
+    raise RunError(
+        f"bench: the served image has no digest or image ID ({image}); fix: serve an image the engine knows"
+    )
+
+
+def save(doc: dict[str, Any], text: str, root: str | Path | None = None) -> Path:
+    """Write a result's JSON text into the store; the path written."""
+    folder = store_root(root) / image_key(doc["identity"]["image"])
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = doc["identity"]["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    path = folder / f"{stamp}-{doc['suite']['name']}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stamp}-{doc['suite']['name']}-{n}.json"
+    path.write_text(text)
+    return path
+
+
+@dataclass(frozen=True)
+class Stored:
+    path: Path
+    doc: dict[str, Any]
+
+    @property
+    def date(self) -> str:
+        return str(self.doc["identity"].get("date"))
+
+
+def entries(root: str | Path | None = None) -> tuple[list[Stored], list[str]]:
+    """Every result in the store, oldest first, and one line per file that is not a readable result."""
+    base = store_root(root)
+    found, unreadable = [], []
+    if not base.is_dir():
+        return [], []
+    for path in sorted(base.glob("*/*.json")):
+        try:
+            found.append(Stored(path, load_result(path)))
+        except RunError as exc:
+            unreadable.append(str(exc).split("; fix:")[0])
+    return sorted(found, key=lambda s: (s.date, str(s.path))), unreadable
+
+
+def history(
+    recipe: str, recipe_hash: str | None, root: str | Path | None = None
+) -> tuple[list[Stored], list[str]]:
+    """The stored results of one recipe (by name, or by the hash of the recipe file given), oldest first."""
+    found, unreadable = entries(root)
+    mine = [
+        s
+        for s in found
+        if s.doc["identity"].get("recipe") == recipe
+        or (recipe_hash and s.doc["identity"].get("recipe_hash") == recipe_hash)
+    ]
+    return mine, unreadable
+
+
+def latest_for_image(image_ids: set[str], root: str | Path | None = None) -> Stored | None:
+    """The newest stored result of an image known by any of these IDs/digests."""
+    wanted = {m.group(2) for i in image_ids for m in [_DIGEST.search(i)] if m}
+    found, _ = entries(root)
+    for stored in reversed(found):
+        image = stored.doc["identity"]["image"]
+        keys = {
+            m.group(2)
+            for i in [image.get("id") or "", *(image.get("digests") or [])]
+            for m in [_DIGEST.search(i)]
+            if m
+        }
+        if keys & wanted:
+            return stored
+    return None
+
+
+def stored_pair(a: str, b: str, root: str | Path | None = None) -> list[Path]:
+    """For `invoke diff A B` without --bench: the newest stored result of each local image, or [] if either lacks."""
+    from sparkforge import engine
+    from sparkforge.errors import EngineError
+
+    paths = []
+    for ref in (a, b):
+        try:
+            attrs = engine.inspect_image(ref)
+        except EngineError:  # not a local image (a recipe, a registry reference): no stored result
+            return []
+        found = latest_for_image({str(attrs.get("Id") or ""), *(attrs.get("RepoDigests") or [])}, root)
+        if found is None:
+            return []
+        paths.append(found.path)
+    return paths

@@ -1,0 +1,151 @@
+"""Load suites: what each one runs (client, sizes, levels) and the exact client command lines.
+
+- `default`: vLLM's own client (`vllm bench serve`), random dataset with a fixed seed, exact output lengths
+  (`--ignore-eos`); a context depth is a shared random prefix (`--random-prefix-len`).
+- `quick`: the same client, one level, a few prompts: a smoke figure in a minute.
+- `spark-arena-v2`: the field's profile (Spark Arena's benchmark v2): llama-benchy, pinned, prompt 2048 /
+  generate 128, context depth 0 to 100k, concurrency 1/2/5/10, so figures line up with the leaderboard.
+  The depth list is our reading of "0 to 100k" (powers of two from 4k, then 100k): it is recorded with the result.
+Every size can be overridden (tests run prompt 128 / generate 32); what ran is recorded in the result's `suite`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from sparkforge.errors import RunError
+
+LLAMA_BENCHY = "llama-benchy"
+LLAMA_BENCHY_VERSION = "0.4.0"
+# The PyPI wheels llama-benchy runs from (pure Python), by their sha256 on PyPI. Its other requirements (aiohttp,
+# numpy, openai, pydantic, requests, tokenizers, transformers) are vLLM's own; tabulate is not.
+CLIENT_WHEELS = (
+    (
+        "llama_benchy",
+        LLAMA_BENCHY_VERSION,
+        "9d380f97bd5ef39b03ed2f319f1ee3bdf5c983463f6ce1479f432e90db079410",
+    ),
+    ("tabulate", "0.9.0", "024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f"),
+)
+LLAMA_BENCHY_BOOK = "https://www.gutenberg.org/files/1661/1661-0.txt"  # its default corpus (Sherlock Holmes)
+RESULT_DIR = "/tmp/sparkforge-bench"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A load profile: the client and the sizes/levels it runs at."""
+
+    name: str
+    client: str  # "vllm bench serve" | "llama-benchy"
+    input_len: int
+    output_len: int
+    depths: tuple[int, ...]
+    concurrencies: tuple[int, ...]
+    num_prompts: int = (
+        0  # vLLM's client: prompts per run (at least the concurrency); llama-benchy: one per slot
+    )
+    seed: int = 0
+
+    def params(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["depths"], data["concurrencies"] = list(self.depths), list(self.concurrencies)
+        if self.client == LLAMA_BENCHY:
+            data["client_version"] = LLAMA_BENCHY_VERSION
+        return data
+
+    def levels(self) -> list[tuple[int, int]]:
+        """(concurrency, depth) pairs, depth-major as the clients run them."""
+        return [(c, d) for d in self.depths for c in self.concurrencies]
+
+
+SUITES: dict[str, Suite] = {
+    "default": Suite("default", "vllm bench serve", 512, 128, (0,), (1, 4), num_prompts=16),
+    "quick": Suite("quick", "vllm bench serve", 128, 32, (0,), (1,), num_prompts=4),
+    "spark-arena-v2": Suite(
+        "spark-arena-v2", LLAMA_BENCHY, 2048, 128, (0, 4096, 8192, 16384, 32768, 65536, 100000), (1, 2, 5, 10)
+    ),
+}
+
+
+def level_name(concurrency: int, depth: int) -> str:
+    return f"c{concurrency}-d{depth}"
+
+
+def _positive(what: str, value: int, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RunError(
+            f"bench: {what} {value!r} is not a whole number >= {minimum}; fix: pass e.g. {what} {max(minimum, 1)}"
+        )
+    return value
+
+
+def parse_levels(what: str, text: str, minimum: int) -> tuple[int, ...]:
+    """A comma-separated list of whole numbers (>= minimum), e.g. '1,2,5'; a one-paragraph error otherwise."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = tuple(int(p) for p in parts if p)
+    except ValueError:
+        values = ()
+    if not values or any(v < minimum for v in values) or any(not p for p in parts):
+        raise RunError(
+            f"bench: {what} {text!r} is not a comma-separated list of whole numbers >= {minimum}; "
+            f"fix: pass e.g. {what} {minimum},{minimum + 1}"
+        )
+    if len(set(values)) != len(values):
+        raise RunError(f"bench: {what} {text!r} lists a value twice; fix: list each value once")
+    return values
+
+
+def choose_suite(name: str, **overrides: Any) -> Suite:
+    """The named suite with the given sizes overriding its own (None: keep the suite's)."""
+    if name not in SUITES:
+        raise RunError(f"bench: no suite {name!r}; fix: pass --suite one of {', '.join(SUITES)}")
+    chosen = {k: v for k, v in overrides.items() if v not in (None, "", 0, ())}
+    suite = replace(SUITES[name], **chosen)
+    _positive("--input-len", suite.input_len)
+    _positive("--output-len", suite.output_len)
+    if suite.client != LLAMA_BENCHY:
+        _positive("--num-prompts", suite.num_prompts)
+    if not suite.concurrencies or not suite.depths:
+        raise RunError("bench: an empty list of concurrencies or depths; fix: pass e.g. --concurrency 1,2")
+    return suite
+
+
+def check_repeats(repeats: int) -> int:
+    if isinstance(repeats, float) and not math.isfinite(repeats):
+        raise RunError(f"bench: --repeats {repeats!r}; fix: pass a whole number >= 1 (default 3)")
+    return _positive("--repeats", repeats)
+
+
+def vllm_argv(
+    suite: Suite, model: str, tokenizer: str, port: str, level: tuple[int, int], run: str
+) -> list[str]:
+    """`vllm bench serve` arguments (after `vllm bench serve`) for one run of one level."""
+    concurrency, depth = level
+    prompts = concurrency if run.endswith("warmup") else max(suite.num_prompts, concurrency)
+    return [
+        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
+        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+        "--random-input-len", str(suite.input_len), "--random-output-len", str(suite.output_len),
+        "--random-prefix-len", str(depth), "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+        "--seed", str(suite.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir", RESULT_DIR,
+        "--result-filename", f"{run}.json", "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def benchy_argv(suite: Suite, model: str, tokenizer: str, port: str, repeats: int, out: str) -> list[str]:
+    """llama-benchy's arguments for the whole suite (it runs every level, a warm-up and `repeats` runs each).
+
+    `--exact-tg` (min_tokens + ignore_eos) keeps output lengths fixed; `--skip-coherence` because answers are
+    checked by `invoke conform`, and a random-weight test model cannot pass a coherence question.
+    """
+    return [
+        "--base-url", f"http://127.0.0.1:{port}/v1", "--model", model, "--served-model-name", model,
+        "--tokenizer", tokenizer, "--pp", str(suite.input_len), "--tg", str(suite.output_len),
+        "--depth", *map(str, suite.depths), "--concurrency", *map(str, suite.concurrencies),
+        "--runs", str(repeats), "--exact-tg", "--skip-coherence", "--latency-mode", "api",
+        "--book-url", LLAMA_BENCHY_BOOK, "--format", "json", "--save-result", out,
+    ]  # fmt: skip

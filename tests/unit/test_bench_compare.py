@@ -1,0 +1,115 @@
+"""bench.compare on real results (benchmarks/results/real: both suites against the CPU twin): the noise rule,
+failed and missing levels, identities that differ, and the committed results staying readable."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkforge.errors import RunError
+from sparkforge.run.bench.compare import compare
+from sparkforge.run.bench.noise import Spread, judge
+from sparkforge.run.bench.results import load_result
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "real"
+DEFAULT = RESULTS / "bench-cpu-twin-default.json"
+ARENA = RESULTS / "bench-cpu-twin-spark-arena-v2.json"
+
+
+def _write(tmp_path: Path, name: str, doc: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _scaled(doc: dict, level: str, metric: str, factor: float) -> dict:
+    out = copy.deepcopy(doc)
+    check = next(c for c in out["checks"] if c["name"] == level)
+    for repeat in check["details"]["repeats"]:
+        repeat[metric] *= factor
+    return out
+
+
+@pytest.mark.parametrize("path", [DEFAULT, ARENA], ids=["default", "spark-arena-v2"])
+def test_committed_results_are_readable_by_this_code_and_equal_runs_pass(path: Path) -> None:
+    doc = load_result(path)
+    assert doc["schema"] == 2 and doc["status"] == "passed" and len(doc["checks"]) == 4
+    report = compare(path, path, 10)
+    assert report.status == "passed" and report.extra["differences"] == {}
+    assert {c.name.split(":")[0] for c in report.checks} == {"c1-d0", "c2-d0", "c1-d512", "c2-d512"}
+
+
+def test_a_slowdown_beyond_threshold_and_noise_fails_naming_the_level_and_metric(tmp_path: Path) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    slower = _write(tmp_path, "slower.json", _scaled(doc, "c2-d0", "output_tok_s", 0.5))
+    report = compare(DEFAULT, slower, 10)
+    assert [c.name for c in report.failed] == ["c2-d0:output_tok_s"]
+    assert "-50.0%" in report.failed[0].reason and "outside the old repeats' range" in report.failed[0].reason
+
+
+def test_a_change_within_the_repeats_noise_passes_even_beyond_the_threshold() -> None:
+    old, new = Spread.of([100.0, 70.0]), Spread.of([80.0, 72.0])  # median -11.8 %, but 80 is inside 70..100
+    verdict = judge(old, new, True, 10)
+    assert verdict.beyond_threshold and not verdict.beyond_noise and not verdict.regressed
+    assert judge(Spread.of([100.0, 98.0]), Spread.of([80.0, 79.0]), True, 10).regressed
+    assert judge(Spread.of([10.0, 11.0]), Spread.of([13.0, 14.0]), False, 10).regressed  # latency rose
+    assert not judge(Spread.of([10.0, 11.0]), Spread.of([11.4, 11.5]), False, 10).regressed  # +9.0 %: within
+
+
+def test_a_failed_or_missing_level_in_either_file_fails(tmp_path: Path) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    failed = copy.deepcopy(doc)
+    failed["checks"][1].update(status="failed", reason="2 of 4 requests failed")
+    failed["status"] = "failed"
+    missing = copy.deepcopy(doc)
+    del missing["checks"][3]
+    path_failed = _write(tmp_path, "failed.json", failed)
+    path_missing = _write(tmp_path, "missing.json", missing)
+    report = compare(path_failed, DEFAULT, 10)
+    assert [c.name for c in report.failed] == ["c2-d0"] and "2 of 4 requests failed" in report.failed[
+        0
+    ].reason
+    report = compare(DEFAULT, path_missing, 10)
+    assert [c.name for c in report.failed] == ["c2-d512"] and "missing in" in report.failed[0].reason
+
+
+def test_different_hardware_or_serve_command_is_refused_unless_allowed_and_then_listed(
+    tmp_path: Path,
+) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    other = copy.deepcopy(doc)
+    other["identity"]["hardware"]["cpus"] = 64
+    argv = other["identity"]["serve"]["argv"]
+    argv[argv.index("--max-num-seqs") + 1] = "1"
+    path = _write(tmp_path, "other.json", other)
+    with pytest.raises(RunError, match=r"not measured alike \(hardware: .*serve argv: .*--allow-different"):
+        compare(DEFAULT, path, 10)
+    report = compare(DEFAULT, path, 10, allow_different=True)
+    assert (
+        set(report.extra["allowed_differences"]) == {"hardware", "serve argv"} and report.status == "passed"
+    )
+
+
+def test_image_and_vllm_differences_are_what_compare_is_for_and_are_shown(tmp_path: Path) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    newer = copy.deepcopy(doc)
+    newer["identity"]["vllm"], newer["identity"]["image"]["id"] = "0.33.0", "sha256:" + "b" * 64
+    report = compare(DEFAULT, _write(tmp_path, "newer.json", newer), 10)
+    assert set(report.extra["differences"]) == {"vllm", "image"} and report.status == "passed"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d.update(model="another"), "different models measure different things"),
+        (lambda d: d["suite"].update(name="quick"), "different suites measure different things"),
+    ],
+)
+def test_other_models_and_suites_are_refused_even_when_allowed(tmp_path: Path, change, needle: str) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    change(doc)
+    with pytest.raises(RunError, match=needle):
+        compare(DEFAULT, _write(tmp_path, "other.json", doc), 10, allow_different=True)
