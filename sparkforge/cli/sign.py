@@ -126,7 +126,7 @@ def install(c: Context, workdir: str = "") -> None:
     from sparkforge.commands import Runner
     from sparkforge.imagebuild.hostsetup import debian_mirror
     from sparkforge.recipe.loader import REPO_ROOT
-    from sparkforge.registry.cosign import install_cosign
+    from sparkforge.registry.cosigninstall import install_cosign
 
     if shutil.which("cosign"):
         echo(f"sparkforge: cosign already installed ({shutil.which('cosign')})")

@@ -396,38 +396,3 @@ def attest_report(
 
 def plan_digest(text: str) -> bool:
     return len(text) == 71 and text.startswith("sha256:") and all(c in "0123456789abcdef" for c in text[7:])
-
-
-# ---- installing cosign ----------------------------------------------------------------------------
-
-
-def install_cosign(runner: Runner, mirror: str, workdir: Path) -> str:
-    """cosign from Debian trixie's archive (the .deb only: its one dependency is libc6 >= 2.34), via dpkg.
-
-    The trixie suite is read through a private apt state under `workdir`; the system is not upgraded.
-    """
-    state = workdir / "apt"
-    sources = state / "sources.list.d"
-    for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
-        sub.mkdir(parents=True, exist_ok=True)
-    (sources / "trixie.sources").write_text(
-        f"Types: deb\nURIs: {mirror}\nSuites: trixie\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
-    )
-    opts = (
-        "-o",
-        "Dir::Etc::SourceList=/dev/null",
-        "-o",
-        f"Dir::Etc::SourceParts={sources}",
-        "-o",
-        f"Dir::State::Lists={state / 'lists'}",
-        "-o",
-        f"Dir::Cache={state / 'cache'}",
-    )
-    runner.run(Command(("apt-get", "-q", *opts, "update")), "apt-trixie-update")
-    runner.run(Command(("apt-get", "-q", *opts, "download", "cosign"), cwd=workdir), "apt-download-cosign")
-    debs = sorted(workdir.glob("cosign_*.deb"))
-    if not debs:
-        raise SigningError(f"apt-get download cosign wrote no .deb into {workdir}; see the log above")
-    runner.run(Command.of("dpkg", "-i", str(debs[-1])), "dpkg-install-cosign")
-    return runner.capture(Command.of("cosign", "version"), "cosign-version").output

@@ -8,7 +8,7 @@ image's own file is a copy for readers without sparkforge.
 
 What holds offline: an entry cannot be forged or removed from a signed version; a tag moved outside sparkforge
 (its log's last move names another index) and a missing or unsigned log of a moving tag are refused; a client
-that has read sequence n refuses any shorter version later (`SEEN_DIR`). What does not: a client that never read
+that has read sequence n refuses any shorter version later (`seen_dir`). What does not: a client that never read
 the log can be shown an older, validly signed version (a freeze); keyless signatures are in Rekor, whose search
 by digest (rekor-cli) shows every attestation ever made, including an erased revocation (docs/trust.md).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,13 @@ from sparkforge.registry.history import Entry, TagHistory
 from sparkforge.registry.manifests import Manifests
 from sparkforge.verify import verified
 
-SEEN_DIR = verified.VERIFIED_DIR / "tag-logs"
+STATE_ENV = "SPARKFORGE_TAG_LOG_STATE"  # where this machine keeps the longest log it has read (default below)
+
+
+def seen_dir() -> Path:
+    return Path(os.environ.get(STATE_ENV) or verified.VERIFIED_DIR / "tag-logs")
+
+
 ATTEMPTS = 5  # compare-and-swap retries when another move lands between read and write
 
 
@@ -39,9 +46,7 @@ def predicate(log: TagHistory) -> dict[str, Any]:
     return {**data, "sequence": len(log.entries), "attestedAt": dt.datetime.now(dt.UTC).isoformat()}
 
 
-def read_signed(
-    tools: Manifests, tag: str, policy: Policy, seen_dir: Path | None = SEEN_DIR
-) -> tuple[TagHistory, str] | None:
+def read_signed(tools: Manifests, tag: str, policy: Policy) -> tuple[TagHistory, str] | None:
     """The tag's log as its newest signed version says (and that version's digest); None when there is none.
 
     Refuses, before pulling anything, a record over history.MAX_BYTES; refuses a record without a valid
@@ -76,7 +81,7 @@ def read_signed(
         )
     newest = max(mine, key=lambda p: int(p.get("sequence") or 0))
     log = TagHistory(tools.repository, tag, tuple(Entry.from_dict(e) for e in newest["entries"]))
-    _check_seen(log, digest, seen_dir)
+    _check_seen(log, digest)
     return log, digest
 
 
@@ -84,11 +89,10 @@ def _seen_file(seen_dir: Path, repository: str, tag: str) -> Path:
     return seen_dir / (hashlib.sha256(f"{repository}:{tag}".encode()).hexdigest()[:32] + ".json")
 
 
-def _check_seen(log: TagHistory, digest: str, seen_dir: Path | None) -> None:
+def _check_seen(log: TagHistory, digest: str) -> None:
     """A version shorter than one read before on this machine is a rolled-back log: refused."""
-    if seen_dir is None:
-        return
-    path = _seen_file(seen_dir, log.repository, log.tag)
+    folder = seen_dir()
+    path = _seen_file(folder, log.repository, log.tag)
     try:
         seen = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -100,13 +104,11 @@ def _check_seen(log: TagHistory, digest: str, seen_dir: Path | None) -> None:
             "registry writer may be hiding a later move or revocation). fix: restore the newest record, or ask "
             f"the maintainers; remove {path} only if the log was reset on purpose"
         )
-    seen_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"sequence": len(log.entries), "digest": digest}) + "\n")
 
 
-def append_signed(
-    tools: Manifests, tag: str, entry: Entry, signer: Signer, policy: Policy, seen_dir: Path | None = SEEN_DIR
-) -> TagHistory:
+def append_signed(tools: Manifests, tag: str, entry: Entry, signer: Signer, policy: Policy) -> TagHistory:
     """Append `entry` and sign the new version; compare-and-swap with retry so concurrent moves lose nothing.
 
     A registry has no conditional tag write: the record's digest is compared just before the push and read
@@ -115,7 +117,7 @@ def append_signed(
     tag = history.tag_of(tools.repository, tag)
     ref = history.record_ref(tools.repository, tag)
     for _ in range(ATTEMPTS):
-        found = read_signed(tools, tag, policy, seen_dir)
+        found = read_signed(tools, tag, policy)
         before = found[1] if found else None
         updated = TagHistory(tools.repository, tag, (*(found[0].entries if found else ()), entry))
         now = tools.digest_of(ref) if tools.fetch(ref) is not None else None
@@ -124,8 +126,7 @@ def append_signed(
         digest = history.push_record(tools, updated)
         Cosign(tools.runner).attest(f"{tools.repository}@{digest}", TAG_LOG, predicate(updated), signer)
         if tools.digest_of(ref) == digest:
-            if seen_dir is not None:
-                _check_seen(updated, digest, seen_dir)
+            _check_seen(updated, digest)
             return updated
     raise PublishError(
         f"could not append to the history of {tools.repository}:{tag}: it changed under every one of {ATTEMPTS} "

@@ -132,7 +132,6 @@ def verify_remote(
     found = cosign.attestations(f"{repo}@{digest}", verifier, VERIFY_CLAIM)
     config = tools.config_digest(f"{repo}@{digest}")
     judged = judge_claims(recipe, platform, digest, config, found.statements)
-    _signed_log(recipe, ref, tag, platform, tools, verifier, moving, top, digest)
     if judged.revoked or (moving and not judged.verdict.verified):
         raise _refuse(
             ref,
@@ -144,6 +143,7 @@ def verify_remote(
             if not judged.revoked
             else "pull another image: this one failed its verify",
         )
+    _signed_log(recipe, ref, tag, platform, tools, verifier, moving, top, digest)  # revocations kept there
     if require_verified and not judged.verdict.verified:
         what = f"{repo}@{digest} ({platform}): {judged.reason} (verify attestations signed by {verifier.describe()})"
         if not allow_unverified:
