@@ -13,7 +13,7 @@ from sparkforge.console import Echo, say
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import history, taglog
+from sparkforge.registry import earlier, history, taglog
 from sparkforge.registry import publish as pub
 from sparkforge.registry.cosign import Cosign, Policy
 from sparkforge.registry.manifests import Manifests, index_platforms
@@ -70,9 +70,19 @@ def rollback(
         images = dict(index_platforms(manifest)) if "manifests" in manifest else {}
         try:
             pub._require_platforms(recipe, list(images), f"index {entry.digest[:19]}", "roll back to")
-            pub.require_gpu_verified(recipe, images, evidence_dir)
+            if policy is None:  # unsigned recipes: this machine's verify records (promote's gate)
+                pub.require_gpu_verified(recipe, images, evidence_dir)
         except PublishError as exc:
             refused.append(f"{entry.digest[:19]} ({entry.date}): {str(exc).split('Not: ')[-1][:300]}")
+            continue
+        # Signing recipes: the signed GPU claims, judged by the recipe the signed provenance names (any clone).
+        problems = [
+            f"{p} {d[:19]}: {why}"
+            for p, d in sorted(images.items())
+            if policy is not None and (why := earlier.signed_gpu_problem(recipe, tools, p, d))
+        ]
+        if problems:
+            refused.append(f"{entry.digest[:19]} ({entry.date}): {' | '.join(problems)[:400]}")
             continue
         return _move(recipe, tools, tag, entry, images, current, evidence_dir, echo)
     raise PublishError(

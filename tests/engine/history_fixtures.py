@@ -95,6 +95,28 @@ def gpu_record(release: Release, gpu: dict[str, str] | None, evidence_dir: Path)
     verified.link_digest(release.digest, image_id, release.recipe.model.publish.repository, evidence_dir)
 
 
+def attest_gpu(release: Release, gpu: dict[str, str] | None, runner: Runner, keys: Path) -> None:
+    """The GPU job's signed verify claim for `release` (what a GB10 run reports, or a run with no GPU: None)."""
+    recipe = release.recipe
+    image = f"{recipe.model.publish.repository}@{release.digest}"
+    tools = Manifests(detect_engine(), runner, recipe.model.publish.repository)
+    report = Report(command="verify", subject=image, recipe=recipe.name)  # what the GB10 job writes (mocked)
+    for check in passing_checks():
+        report.add(Check.from_dict(check))
+    report.extra.update(
+        {
+            "image_id": tools.config_digest(image),
+            "recipe_hash": recipe.hash,
+            "gpus": {"mode": "all" if gpu else "none", "used": gpu is not None},
+            "gpu": gpu,
+            "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
+            "platform": PLATFORM,
+        }
+    )
+    os.environ.setdefault("COSIGN_PASSWORD", PASSWORD)
+    attest_report(recipe, image, report.to_dict(), Cosign(runner), Signer(str(keys / "cosign.key")), tools)
+
+
 def _recipe(folder: Path, registry: LocalRegistry, key: Path, vllm: str) -> Recipe:
     body = (
         f"platforms: [{PLATFORM}]\n"
@@ -145,21 +167,7 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     from sparkforge.registry.cosign import sign_published
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
-    tools = Manifests(eng, runner, recipe.model.publish.repository)
-    report = Report(command="verify", subject=image, recipe=recipe.name)  # what the GB10 job writes (mocked)
-    for check in passing_checks():
-        report.add(Check.from_dict(check))
-    report.extra.update(
-        {
-            "image_id": tools.config_digest(image),
-            "recipe_hash": recipe.hash,
-            "gpus": {"mode": "all", "used": True},
-            "gpu": GB10,
-            "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
-            "platform": PLATFORM,
-        }
-    )
-    attest_report(recipe, image, report.to_dict(), cosign, signer, tools)
+    attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
     kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
     pub.promote(
