@@ -104,6 +104,10 @@ def attest(
         raise SparkforgeError(
             "pass --report (the verify report) or --crashed ERROR (verify wrote none), not both"
         )
+    from sparkforge.oci import PLATFORMS
+
+    if platform not in PLATFORMS:
+        raise SparkforgeError(f"--platform {platform[:80]!r}: use one of {', '.join(PLATFORMS)}")
     loaded = load_recipe(recipe)
     if report:
         data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
