@@ -181,7 +181,7 @@ def _signed_log(
             revoked = taglog.revocations(taglog.check_moving_tag(tools, tag, top, verifier))
             why = "its signed history records a failed verify of it" if {top, digest} & revoked else ""
         else:
-            why = taglog.revoked_in_logs(recipe, tools, verifier, {"index": top, "image": digest})
+            why = taglog.revoked_in_logs(recipe, tools, verifier, {"image": digest, "index": top})
     except PublishError as exc:
         what, _, fix = str(exc).rpartition("fix: ")
         raise _refuse(ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers") from None

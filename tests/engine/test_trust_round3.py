@@ -52,7 +52,7 @@ def _erase_failed_claims(signed: Signed, image: str) -> int:
     response = requests.put(
         f"{signed.registry.url}/v2/{name}/manifests/{tag}",
         data=json.dumps(manifest),
-        headers={"Content-Type": manifest["mediaType"]},
+        headers={"Content-Type": manifest.get("mediaType", "application/vnd.oci.image.manifest.v1+json")},
         timeout=10,
     )
     response.raise_for_status()
