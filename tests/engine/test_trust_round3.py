@@ -21,6 +21,7 @@ from test_trust_signed_claims import _attest, _signed_image
 
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.registry import history, releases, taglog
+from sparkforge.registry import pull as pulling
 from sparkforge.registry.cosign import VERIFY_CLAIM, Policy, Signer, SigningError
 from sparkforge.registry.trust import judge_claims
 from tests.recipe_files import write_recipe_file
@@ -165,7 +166,10 @@ def test_pull_by_digest_needs_a_gpu_verified_claim(signed: Signed, tmp_path: Pat
     with pytest.raises(SigningError, match=r"a digest is pulled only when GPU-verified.*--allow-unverified"):
         pull_signed(signed, digest, require_verified=True)
     warned: list[str] = []
-    pulled = pull_signed(signed, digest, require_verified=True, allow_unverified=True, warn=warned.append)
+    pulled = pulling.pull(
+        signed.recipe, digest, platform="linux/amd64", runner=signed.runner, eng=signed.eng,
+        echo=lambda _: None, warn=warned.append, require_verified=True, allow_unverified=True,
+    )  # fmt: skip
     assert pulled.image == image and "NOT GPU-VERIFIED" in warned[0]
     cli = subprocess.run(
         [sys.executable, "-m", "invoke", "pull", "--recipe", str(signed.recipe.path), "--digest", digest],
