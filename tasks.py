@@ -186,8 +186,8 @@ def build(
         preflight=not no_preflight,
         probe=not no_probe,
         metadata_file=Path(metadata_file) if metadata_file else None,
-        cache_from=tuple(cache_from or ()),
-        cache_to=tuple(cache_to or ()),
+        cache_from=tuple(c for c in cache_from or () if c),  # empty: none (a release tag's build)
+        cache_to=tuple(c for c in cache_to or () if c),
     )
     run_build(loaded, options, echo=echo)
 

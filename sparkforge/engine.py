@@ -229,8 +229,10 @@ def run_container(
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
     with sdk_errors(f"run {image}"):
-        container = client.containers.run(image, **kwargs)
+        container = client.containers.create(image, **{k: v for k, v in kwargs.items() if k != "detach"})
     try:
+        with sdk_errors(f"run {image}"):  # a start that fails (no GPU driver) still removes it below
+            container.start()
         try:
             result = container.wait(timeout=timeout_s)
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out

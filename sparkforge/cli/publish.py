@@ -183,6 +183,7 @@ def _check_pull_tag(tag: str) -> None:
         "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
         "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
         "allow_unsigned": "accept an image without a valid signature, LOUDLY (never for moving tags)",
+        "allow_unverified": "with --digest: take a digest without a signed GPU-verified claim, LOUDLY",
         "json": "write what was pulled (local image reference, drift) here",
     }
 )
@@ -196,6 +197,7 @@ def pull(
     allow_drift: bool = False,
     allow_unsigned: bool = False,  # signing hook
     json: str = "",
+    allow_unverified: bool = False,
 ) -> None:
     """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
     from sparkforge.recipe.loader import load_recipe
@@ -220,6 +222,8 @@ def pull(
         echo=echo,
         warn=warn,
         allow_unsigned=allow_unsigned,  # signing hook
+        require_verified=bool(digest),  # an earlier release: only GPU-verified, unless said loudly
+        allow_unverified=allow_unverified,
     )
     echo(f"image: {result.image}")
     from sparkforge.registry import releases
@@ -240,12 +244,15 @@ def pull(
 @user_errors
 def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = "") -> None:
     """The GitHub Actions build matrix (recipe x platform, runner, qemu, cache) as JSON."""
+    import os
+
     from sparkforge.recipe.loader import list_recipe_names, load_recipe
     from sparkforge.registry.matrix import ci_matrix as matrix
 
     names = list(recipe or []) or list_recipe_names()
     recipes = [load_recipe(name) for name in names]
-    entries = {"include": matrix(recipes)}
+    ref = os.environ.get("GITHUB_REF") or "refs/heads/main"  # the run's ref decides which cache it may write
+    entries = {"include": matrix(recipes, ref)}
     echo(_json.dumps(entries, sort_keys=True))
     if github_output:
         with Path(github_output).open("a") as out:

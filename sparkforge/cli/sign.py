@@ -60,21 +60,53 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
         "image": "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
         "report": "the verify report ('invoke verify --report')",
         "key": KEY_HELP,
+        "crashed": "verify crashed and wrote no report: attest a failed report carrying this error instead",
+        "platform": "with --crashed: the platform of --image (default: linux/arm64, the GPU job's)",
     }
 )
 @user_errors
-def attest(c: Context, recipe: str, image: str, report: str, key: str = "") -> None:
-    """Attach a signed in-toto attestation of a verify report to the platform image it verified."""
+def attest(
+    c: Context,
+    recipe: str,
+    image: str,
+    report: str = "",
+    key: str = "",
+    crashed: str = "",
+    platform: str = "linux/arm64",
+) -> None:
+    """Attach a signed in-toto attestation of a verify report to the platform image it verified.
+
+    A failed report also appends a signed revocation to every moving tag's history (a registry writer cannot
+    erase it); with --crashed, a minimal failed report with the error is attested (a crash revokes too).
+    """
+    from sparkforge.errors import SparkforgeError
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import taglog
     from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.publish import tools_for
     from sparkforge.registry.signinputs import parse_verify_report
 
     check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
-    data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
+    if bool(report) == bool(crashed):
+        raise SparkforgeError(
+            "pass --report (the verify report) or --crashed ERROR (verify wrote none), not both"
+        )
+    from sparkforge.oci import PLATFORMS
+
+    if platform not in PLATFORMS:
+        raise SparkforgeError(f"--platform {platform[:80]!r}: use one of {', '.join(PLATFORMS)}")
+    loaded = load_recipe(recipe)
+    if report:
+        data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)
-    signed = attest_report(load_recipe(recipe), image, data, cosign, signer)
+    tools = tools_for(loaded, cosign.runner, None, echo, "attest")
+    if crashed:
+        data = taglog.crashed_report(loaded, image, platform, crashed, tools)
+    signed = attest_report(loaded, image, data, cosign, signer, tools)
     echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+    for tag in taglog.revoke_failed(loaded, image, data, signer, tools):
+        echo(f"sparkforge: revoked {image} in the signed history of {tag}")
 
 
 @task(help={"workdir": "where the .deb and a private apt state go (default: build/cosign)"})
@@ -86,7 +118,7 @@ def install(c: Context, workdir: str = "") -> None:
     from sparkforge.commands import Runner
     from sparkforge.imagebuild.hostsetup import debian_mirror
     from sparkforge.recipe.loader import REPO_ROOT
-    from sparkforge.registry.cosign import install_cosign
+    from sparkforge.registry.cosigninstall import install_cosign
 
     if shutil.which("cosign"):
         echo(f"sparkforge: cosign already installed ({shutil.which('cosign')})")

@@ -1,4 +1,5 @@
-"""Project lint: ruff on the code, hadolint on every recipe's rendered Dockerfile, workflow linters."""
+"""Project lint: ruff on the code, hadolint on every recipe's rendered Dockerfile, workflow linters (actionlint,
+zizmor, and our check of what may reach the GPU runner: sparkforge/registry/workflowcheck.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild.render import render_context
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
+from sparkforge.recipe.plan import PROJECT_SOURCE
+from sparkforge.registry.workflowcheck import check_files
 
 # Every ignored hadolint rule, with the reason; passed as --ignore.
 HADOLINT_IGNORED: dict[str, str] = {
@@ -55,6 +58,11 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
         workflows = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
         step(Command(("actionlint", *workflows), cwd=REPO_ROOT), "actionlint")
         step(Command.of("zizmor", "--offline", str(WORKFLOWS)), "zizmor")
+        problems = check_files(WORKFLOWS, PROJECT_SOURCE.removeprefix("https://github.com/"))
+        for problem in problems:
+            echo(f"workflow-trust: {problem}")
+        if problems:
+            failures.append("workflow-trust")
     if failures:
         raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")
     echo("lint: all checks passed")

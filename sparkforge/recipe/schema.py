@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from sparkforge.recipe.identity import pinned_identity
+from sparkforge.recipe.identity import parse_identity, pinned_identity, pinned_verify_identity
 from sparkforge.recipe.loaderenv import loader_env_names
 from sparkforge.recipe.verbs import RdmaUserspace
 
@@ -274,12 +274,12 @@ class Keyless(StrictModel):
     """The CI identities that sign: the publishing workflow, and (separately) the GPU verify attestation's."""
 
     identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)]
-    verify_identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)]
+    verify_identity: Annotated[_pattern("identity"), AfterValidator(pinned_verify_identity)]
     issuer: _pattern("url") = "https://token.actions.githubusercontent.com"
 
     @model_validator(mode="after")
     def _separate(self) -> Keyless:
-        if self.identity.split("@refs/")[0] == self.verify_identity.split("@refs/")[0]:
+        if parse_identity(self.identity).workflow == parse_identity(self.verify_identity).workflow:
             raise ValueError(
                 "verify_identity names the same workflow as identity, so the publishing job could attest a GPU "
                 "pass; fix: name the GPU verify workflow (.github/workflows/gpu-attest.yml) in verify_identity"

@@ -23,12 +23,14 @@ from sparkforge import engine
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
 from sparkforge.recipe import plan
+from sparkforge.recipe.identity import MAIN, TRIGGERS, Identity, parse_identity
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.registry.manifests import Manifests
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
 KERNELS_CLAIM = "https://sparkforge.dev/attestations/kernels/v1"  # sparkforge.registry.releases
+TAG_LOG = "https://sparkforge.dev/attestations/tag-history/v1"  # sparkforge.registry.taglog
 BUILD_TYPE = "https://sparkforge.dev/build/v1"
 KEY_ENV = "SPARKFORGE_SIGNING_KEY"  # path (or cosign key URI) of the private key; unset means keyless
 
@@ -42,11 +44,12 @@ class SigningError(PublishError):
 
 @dataclass(frozen=True)
 class Policy:
-    """Whose signatures `pull` accepts for a recipe: one public key, or one keyless certificate identity."""
+    """Whose signatures `pull` accepts for a recipe: one public key, or one keyless allow-list (identity.py)."""
 
     key: Path | None = None
-    identity: str | None = None  # a regexp over the certificate's subject (the CI workflow's URL)
+    identity: str | None = None  # the recipe's text; cosign gets the parsed allow-list (`allowed`)
     issuer: str | None = None
+    allowed: Identity | None = None
 
     @classmethod
     def of(cls, recipe: Recipe) -> Policy | None:
@@ -57,7 +60,8 @@ class Policy:
             key = Path(signing.key)
             return cls(key=key if key.is_absolute() else REPO_ROOT / key)
         assert signing.keyless is not None
-        return cls(identity=signing.keyless.identity, issuer=signing.keyless.issuer)
+        identity = signing.keyless.identity
+        return cls(identity=identity, issuer=signing.keyless.issuer, allowed=parse_identity(identity))
 
     @classmethod
     def for_verify(cls, recipe: Recipe) -> Policy | None:
@@ -66,23 +70,44 @@ class Policy:
         if signing is None:
             return None
         if signing.keyless is not None:
-            return cls(identity=signing.keyless.verify_identity, issuer=signing.keyless.issuer)
+            identity = signing.keyless.verify_identity
+            allowed = parse_identity(identity, verify=True)
+            return cls(identity=identity, issuer=signing.keyless.issuer, allowed=allowed)
         key = Path(signing.verify_key or str(signing.key))
         return cls(key=key if key.is_absolute() else REPO_ROOT / key)
 
     def describe(self) -> str:
-        return f"key {self.key}" if self.key else f"keyless identity {self.identity} (issuer {self.issuer})"
+        if self.key:
+            return f"key {self.key}"
+        assert self.allowed is not None
+        return (
+            f"keyless identity {self.allowed.regexp()} of repository {self.allowed.repository} (issuer "
+            f"{self.issuer})"
+        )
 
-    def verify_args(self) -> tuple[str, ...]:
+    def verify_argsets(self) -> list[tuple[str, ...]]:
+        """cosign's flags, one set per allowed (ref, trigger): a signature passes when any set accepts it.
+
+        Keyless pins the certificate's workflow repository (a caller in another repository gets certificates
+        naming our reusable workflow, never our repository), the trigger, and for main the exact ref.
+        """
         if self.key is not None:
             if not self.key.is_file():
                 raise SigningError(
                     f"the recipe's publish.signing.key {self.key} does not exist; fix: commit the cosign public "
                     "key there (cosign generate-key-pair writes cosign.pub)"
                 )
-            return ("--key", str(self.key), "--insecure-ignore-tlog=true")
-        assert self.identity and self.issuer
-        return ("--certificate-identity-regexp", self.identity, "--certificate-oidc-issuer", self.issuer)
+            return [("--key", str(self.key), "--insecure-ignore-tlog=true")]
+        assert self.allowed is not None and self.issuer
+        out = []
+        for ref in self.allowed.refs:
+            for trigger in TRIGGERS[ref]:
+                flags = ("--certificate-identity-regexp", self.allowed.regexp(ref))
+                flags += ("--certificate-oidc-issuer", self.issuer)
+                flags += ("--certificate-github-workflow-repository", self.allowed.repository)
+                flags += ("--certificate-github-workflow-trigger", trigger)
+                out.append(flags + (("--certificate-github-workflow-ref", ref) if ref == MAIN else ()))
+        return out
 
 
 @dataclass(frozen=True)
@@ -248,16 +273,27 @@ class Cosign:
             ) from None
 
     def verify(self, ref: str, policy: Policy, extra: Sequence[str] = ()) -> Verdict:
-        argv = (self.binary, "verify", *policy.verify_args(), *extra, "--output", "json", ref)
-        result = self._capture(argv, "cosign-verify")
-        return Verdict(True) if result.returncode == 0 else Verdict(False, _cosign_error(result.output))
+        reason = ""
+        for flags in policy.verify_argsets():
+            argv = (self.binary, "verify", *flags, *extra, "--output", "json", ref)
+            result = self._capture(argv, "cosign-verify")
+            if result.returncode == 0:
+                return Verdict(True)
+            reason = _cosign_error(result.output)
+        return Verdict(False, reason)
 
     def attestations(self, ref: str, policy: Policy, predicate_type: str) -> Verdict:
-        argv = (self.binary, "verify-attestation", *policy.verify_args(), "--type", predicate_type, ref)
-        result = self._capture(argv, "cosign-verify-attestation")
-        if result.returncode != 0:
-            return Verdict(False, _cosign_error(result.output))
-        return Verdict(True, statements=tuple(_statements(result.output, predicate_type)))
+        """The statements of `predicate_type` on `ref` that `policy` accepts (a union over its flag sets)."""
+        found: list[Statement] = []
+        reason = ""
+        for flags in policy.verify_argsets():
+            argv = (self.binary, "verify-attestation", *flags, "--type", predicate_type, ref)
+            result = self._capture(argv, "cosign-verify-attestation")
+            if result.returncode != 0:
+                reason = _cosign_error(result.output)
+                continue
+            found += [s for s in _statements(result.output, predicate_type) if s not in found]
+        return Verdict(True, statements=tuple(found)) if found else Verdict(False, reason)
 
 
 def _slug(text: str) -> str:
@@ -360,38 +396,3 @@ def attest_report(
 
 def plan_digest(text: str) -> bool:
     return len(text) == 71 and text.startswith("sha256:") and all(c in "0123456789abcdef" for c in text[7:])
-
-
-# ---- installing cosign ----------------------------------------------------------------------------
-
-
-def install_cosign(runner: Runner, mirror: str, workdir: Path) -> str:
-    """cosign from Debian trixie's archive (the .deb only: its one dependency is libc6 >= 2.34), via dpkg.
-
-    The trixie suite is read through a private apt state under `workdir`; the system is not upgraded.
-    """
-    state = workdir / "apt"
-    sources = state / "sources.list.d"
-    for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
-        sub.mkdir(parents=True, exist_ok=True)
-    (sources / "trixie.sources").write_text(
-        f"Types: deb\nURIs: {mirror}\nSuites: trixie\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
-    )
-    opts = (
-        "-o",
-        "Dir::Etc::SourceList=/dev/null",
-        "-o",
-        f"Dir::Etc::SourceParts={sources}",
-        "-o",
-        f"Dir::State::Lists={state / 'lists'}",
-        "-o",
-        f"Dir::Cache={state / 'cache'}",
-    )
-    runner.run(Command(("apt-get", "-q", *opts, "update")), "apt-trixie-update")
-    runner.run(Command(("apt-get", "-q", *opts, "download", "cosign"), cwd=workdir), "apt-download-cosign")
-    debs = sorted(workdir.glob("cosign_*.deb"))
-    if not debs:
-        raise SigningError(f"apt-get download cosign wrote no .deb into {workdir}; see the log above")
-    runner.run(Command.of("dpkg", "-i", str(debs[-1])), "dpkg-install-cosign")
-    return runner.capture(Command.of("cosign", "version"), "cosign-version").output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import re
 import tarfile
 import tempfile
 from collections.abc import Mapping
@@ -27,6 +28,15 @@ from sparkforge.verify import verified
 FILE = "sparkforge-history.json"
 SUFFIX = ".history"
 KIND = "sparkforge/tag-history/v1"
+MAX_BYTES = 1 << 20  # a record of thousands of moves; more is refused before it is pulled
+
+
+def too_large(ref: str, size: int) -> PublishError:
+    return PublishError(
+        f"{ref} says it holds {size} bytes, more than a tag history may ({MAX_BYTES}); nothing of it was pulled. "
+        "fix: check who writes that tag (a registry writer may be flooding it), and delete it if it is not "
+        "sparkforge's"
+    )
 
 
 @dataclass(frozen=True)
@@ -101,8 +111,11 @@ def read(tools: Manifests, tag: str) -> TagHistory:
     """The tag's history from the registry (no entries when it has none)."""
     tag = tag_of(tools.repository, tag)
     ref = record_ref(tools.repository, tag)
-    if tools.fetch(ref) is None:
+    manifest = tools.fetch(ref)
+    if manifest is None:
         return TagHistory(tools.repository, tag, ())
+    if record_size(manifest) > MAX_BYTES:
+        raise too_large(ref, record_size(manifest))
     try:
         pulled = tools.runner.capture(
             Command((tools.engine.docker, "pull", "-q", ref), tools.engine.env), "history-pull", check=False
@@ -133,10 +146,16 @@ def append(
     entry: Entry,
     now: dt.datetime | None = None,
 ) -> TagHistory:
-    """Add `entry` to the tag's history in the registry (an image of one file, pushed under `<tag>.history`)."""
+    """Add `entry` to the tag's unsigned history (recipes without publish.signing; taglog signs the others)."""
     tag = tag_of(tools.repository, tag)
     current = read(tools, tag)
     updated = TagHistory(tools.repository, tag, (*current.entries, entry))
+    push_record(tools, updated, now)
+    return updated
+
+
+def push_record(tools: Manifests, updated: TagHistory, now: dt.datetime | None = None) -> str:
+    """Push the history image `REPOSITORY:<tag>.history` holding `updated`; its digest in the registry."""
     ref = updated.reference
     payload = (json.dumps(updated.to_json(), indent=2, sort_keys=True) + "\n").encode()
     stamp = (now or dt.datetime.now(dt.UTC)).timestamp()
@@ -146,20 +165,27 @@ def append(
             info = tarfile.TarInfo(FILE)
             info.size, info.mtime, info.mode = len(payload), int(stamp), 0o644
             tar.addfile(info, io.BytesIO(payload))
-        change = f"LABEL dev.sparkforge.history={tools.repository}:{tag}"
+        change = f"LABEL dev.sparkforge.history={tools.repository}:{updated.tag}"
         try:
             engine.run_cli(
                 tools.runner, tools.engine, "history-import", "import", "-c", change, str(archive), ref
             )
-            engine.run_cli(tools.runner, tools.engine, "history-push", "push", ref)
+            output = engine.run_cli(tools.runner, tools.engine, "history-push", "push", ref)
         except EngineError as exc:
             raise PublishError(
-                f"{tools.repository}:{tag} moved, but its history record {ref} could not be written ({exc}); "
-                "fix: log in to the registry with push rights and re-run the same command"
+                f"{tools.repository}:{updated.tag} moved, but its history record {ref} could not be written "
+                f"({exc}); fix: log in to the registry with push rights and re-run the same command"
             ) from None
         finally:
             engine.remove_image(ref)
-    return updated
+    found = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
+    return found[-1] if found else tools.digest_of(ref)
+
+
+def record_size(manifest: Mapping[str, Any]) -> int:
+    """The bytes a history record's manifest says it holds (checked before anything of it is pulled)."""
+    parts = [manifest.get("config") or {}, *(manifest.get("layers") or [])]
+    return sum(int(p.get("size") or 0) for p in parts if isinstance(p, Mapping))
 
 
 def new_entry(

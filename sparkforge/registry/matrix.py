@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from sparkforge import oci
+from sparkforge.recipe.identity import MAIN, RELEASE_TAGS
 from sparkforge.recipe.loader import Recipe, recipe_ref
 
+EXPORT = "mode=max,image-manifest=true,oci-mediatypes=true"
 
-def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:
-    """One GitHub Actions matrix entry per recipe and platform.
+
+def cache_refs(repo: str, name: str, arch: str, ref: str) -> tuple[str, str]:
+    """(cache_from, cache_to) for a build of `ref`: only main writes the shared cache main reads; another ref
+    reads it and writes a cache of its own; a release tag uses none (built from scratch: any workflow with
+    `packages: write` could have written a poisoned cache, so a release never reads one)."""
+    shared = f"{repo}:buildcache-{name}-{arch}"
+    if re.fullmatch(RELEASE_TAGS, ref):
+        return "", ""
+    if ref == MAIN:
+        return f"type=registry,ref={shared}", f"type=registry,ref={shared},{EXPORT}"
+    own = f"{shared}-{re.sub(r'[^A-Za-z0-9_.-]', '-', ref.removeprefix('refs/'))[:80]}"
+    return f"type=registry,ref={shared}", f"type=registry,ref={own},{EXPORT}"
+
+
+def ci_matrix(recipes: Sequence[Recipe], ref: str = MAIN) -> list[dict[str, Any]]:
+    """One GitHub Actions matrix entry per recipe and platform, for a run of `ref` (GITHUB_REF).
 
     arm64 builds on a native arm64 runner, amd64 on x86; a recipe with `publish.qemu: true` builds arm64 on
     the x86 runner under QEMU instead (for repositories without arm64 runners).
@@ -21,7 +38,7 @@ def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:
         for platform in recipe.model.platforms:
             arch = oci.arch(platform)
             qemu = recipe.model.publish.qemu and platform != "linux/amd64"
-            cache = f"{repo}:buildcache-{recipe.name}-{arch}"
+            cache_from, cache_to = cache_refs(repo, recipe.name, arch, ref)
             entries.append(
                 {
                     "recipe": recipe.name,
@@ -31,8 +48,8 @@ def ci_matrix(recipes: Sequence[Recipe]) -> list[dict[str, Any]]:
                     "runner": oci.get("linux/amd64").runner if qemu else oci.get(platform).runner,
                     "qemu": qemu,
                     "repository": repo,
-                    "cache_from": f"type=registry,ref={cache}",
-                    "cache_to": f"type=registry,ref={cache},mode=max,image-manifest=true,oci-mediatypes=true",
+                    "cache_from": cache_from,
+                    "cache_to": cache_to,
                 }
             )
     return entries

@@ -21,7 +21,7 @@ from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import history
+from sparkforge.registry import history, taglog
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.registry.pushed import DIGESTS_DIR, PushedImage, read_build_metadata
 from sparkforge.verify import verified
@@ -370,6 +370,7 @@ def promote(
     if tools.buildx:  # the same label-drift rule as publish and pull, read from the registry
         _require_labels(recipe, tools, [f"{repo}@{index}"])
     before = {} if tools.runner.dry else history.current_digests(tools, moving)
+    taglog.before_move(recipe, tools, index, dict(images), before)  # signature, signed logs, revocations
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -381,16 +382,6 @@ def promote(
             "'invoke publish --promote' with the new digest after verifying it"
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
-    history.record_move(
-        tools,
-        moving,
-        "promote",
-        recipe.name,
-        recipe.hash,
-        index,
-        dict(images),
-        before,
-        evidence_dir,
-        recipe.model.gpu,
-    )
+    names = (recipe.name, recipe.hash)
+    taglog.record_move(recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir)
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

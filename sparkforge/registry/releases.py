@@ -4,14 +4,16 @@ enriched with each index's signed verify verdicts and kernel coverage (for `hist
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from sparkforge import engine
 from sparkforge.audit.compat import VERDICTS
 from sparkforge.commands import Runner
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
-from sparkforge.registry import history
+from sparkforge.registry import history, taglog
 from sparkforge.registry.cosign import (
     KERNELS_CLAIM,
     VERIFY_CLAIM,
@@ -28,19 +30,34 @@ from sparkforge.verify.kernels_report import coverage_summary
 
 
 def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernel-report predicate: the report itself, with the recipe hash it was made for."""
+    """The kernel-report predicate: the report itself, the recipe hash it was made for, the image it read, and
+    the time it is signed (readers take the newest)."""
     if report.get("command") != "kernels":
         raise SigningError(
             f"the report is a {report.get('command')!r} report, not a kernel report; fix: pass the --json that "
             f"'invoke kernels --recipe {recipe.name} --image IMAGE' wrote"
         )
-    return {"recipe": recipe.name, "recipeHash": recipe.hash, "report": dict(report)}
+    return {
+        "recipe": recipe.name,
+        "recipeHash": recipe.hash,
+        "imageId": (report.get("facts") or {}).get("image_id"),
+        "attestedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "report": dict(report),
+    }
 
 
 def attest_kernels(
-    recipe: Recipe, image: str, report: Mapping[str, Any], cosign: Cosign, signer: Signer
+    recipe: Recipe,
+    image: str,
+    report: Mapping[str, Any],
+    cosign: Cosign,
+    signer: Signer,
+    tools: Manifests | None = None,
 ) -> Signed:
-    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation."""
+    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation.
+
+    Like `attest_report`: the report must be of that very image (its image ID is the digest's config).
+    """
     repo = recipe.model.publish.repository
     name, _, digest = image.partition("@")
     if name != repo or not DIGEST.fullmatch(digest):
@@ -48,13 +65,30 @@ def attest_kernels(
             f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
             "'image' that 'invoke pull --json' wrote"
         )
-    cosign.attest(image, KERNELS_CLAIM, kernels_claim(recipe, report), signer)
+    claim = kernels_claim(recipe, report)
+    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
+    config = tools.config_digest(image)
+    if claim["imageId"] != config:
+        raise SigningError(
+            f"refusing to attest {image}: the kernel report read image {claim['imageId']}, but that digest's "
+            f"image is {config}; fix: 'invoke kernels --image {image}' of the pulled image, then attest that"
+        )
+    cosign.attest(image, KERNELS_CLAIM, claim, signer)
     return Signed(image, KERNELS_CLAIM)
 
 
+def _newest(predicates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The claim with the latest signed time (attestedAt, inside the signed predicate), not the last listed."""
+    return max(predicates, key=lambda p: str(p.get("attestedAt") or ""))
+
+
 def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
-    """The newest signed kernel report and verify claim of one platform image (empty when unsigned or none)."""
-    policy = Policy.of(recipe)
+    """The newest signed kernel report and verify claim of one platform image (empty when unsigned or none).
+
+    Both are read with the verify signer's identity only (the GPU job attests them): a claim signed by the
+    publishing identity is never shown as a verify result.
+    """
+    policy = Policy.for_verify(recipe)
     if policy is None:
         return {"signed": False, "why": "the recipe declares no publish.signing"}
     cosign = Cosign(runner)
@@ -66,11 +100,11 @@ def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
     digest = ref.rsplit("@", 1)[-1]
     kernel = [s.predicate for s in kernels if digest in s.subjects]
     verify = [s.predicate for s in claims if digest in s.subjects]
-    out: dict[str, Any] = {"signed": True}
+    out: dict[str, Any] = {"signed": True, "signer": policy.describe()}
     if kernel:
-        out["kernels"] = coverage_summary(kernel[-1].get("report") or {})
+        out["kernels"] = coverage_summary(_newest(kernel).get("report") or {})
     if verify:
-        last = verify[-1]
+        last = _newest(verify)
         out["verify"] = {
             "status": last.get("status"),
             "gpu_used": bool((last.get("gpu") or {}).get("used")),
@@ -81,7 +115,7 @@ def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
 
 def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool = True) -> dict[str, Any]:
     """The tag's history, newest first, each index with its platforms' signed verify and kernel claims."""
-    past = history.read(tools, tag)
+    past = taglog.read_log(recipe, tools, tag)  # the signed log when the recipe signs
     if not past.entries:
         raise history.no_history(tools.repository, tag, recipe.name)
     current = (
@@ -116,11 +150,12 @@ def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool 
     }
 
 
-def find_release(tools: Manifests, tags: list[str], digest: str) -> dict[str, Any] | None:
-    """The history entry (of any of `tags`) naming `digest` as an index or a platform image, if any."""
+def find_release(recipe: Recipe, tools: Manifests, tags: list[str], digest: str) -> dict[str, Any] | None:
+    """The history entry (of any of `tags`) naming `digest` as an index or a platform image, if any (the
+    signed log when the recipe signs)."""
     for tag in tags:
-        for entry in history.read(tools, tag).entries:
-            if digest == entry.digest or digest in entry.platforms.values():
+        for entry in taglog.read_log(recipe, tools, tag).entries:
+            if entry.action != "revoke" and (digest == entry.digest or digest in entry.platforms.values()):
                 return {"tag": tag, "date": entry.date, "action": entry.action, "index": entry.digest}
     return None
 
@@ -153,8 +188,6 @@ def _coverage_text(kernels: Mapping[str, Any]) -> str:
 def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None = None) -> dict[str, Any]:
     """What `pull` shows after verifying: the pulled image's signed kernel report, and for `--digest`, where
     that digest stands in the moving tags' history."""
-    import datetime as dt
-
     from sparkforge.recipe import plan
     from sparkforge.registry.publish import tools_for
 
@@ -169,14 +202,16 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
     if digest:
         tools = tools_for(recipe, runner, None, lambda _: None, "pull-history")
         found = find_release(
+            recipe,
             tools,
             [t.rsplit(":", 1)[1] for t in plan.final_tags(recipe, dt.date.today()).moving],
             digest.rsplit("@", 1)[-1],
         )
+        says = "the signed log says" if Policy.for_verify(recipe) else "the unsigned history record says"
         lines.append(
-            f"release: {found['tag']} named it from {found['date']} ({found['action']})"
+            f"release: {says}: {found['tag']} named it from {found['date']} ({found['action']})"
             if found
-            else "release: not in any moving tag's history (an immutable-tag release, or published elsewhere)"
+            else f"release: {says}: no moving tag named it (an immutable-tag release, or published elsewhere)"
         )
     return {"lines": lines, "kernels": kernels or {}, "history": found}
 

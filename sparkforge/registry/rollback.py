@@ -13,8 +13,9 @@ from sparkforge.console import Echo, say
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import history
+from sparkforge.registry import earlier, history, taglog
 from sparkforge.registry import publish as pub
+from sparkforge.registry.cosign import Cosign, Policy
 from sparkforge.registry.manifests import Manifests, index_platforms
 from sparkforge.registry.trust import is_moving
 from sparkforge.verify import verified
@@ -38,19 +39,30 @@ def rollback(
             "never move; fix: pass a moving tag, e.g. --rollback latest"
         )
     tools = pub.tools_for(recipe, runner, eng, echo, "rollback")
-    past = history.read(tools, tag)
+    past = taglog.read_log(recipe, tools, tag)  # the signed log when the recipe signs
     if not past.entries:
         raise history.no_history(repo, tag, recipe_ref(recipe))
     current = tools.digest_of(f"{repo}:{tag}") if tools.fetch(f"{repo}:{tag}") else None
+    revoked = taglog.revocations(past)
+    policy = Policy.of(recipe)
     # The entries before the one that made the tag name what it names now, newest first.
     last = max((i for i, e in enumerate(past.entries) if e.digest == current), default=len(past.entries))
     # A release the tag was rolled back from is never a rollback target again.
     seen: set[str] = {current or ""} | {e.previous or "" for e in past.entries if e.action == "rollback"}
     refused: list[str] = []
     for entry in reversed(past.entries[:last]):
-        if entry.digest in seen:
+        if entry.digest in seen or entry.action == "revoke":
             continue
         seen.add(entry.digest)
+        if {entry.digest, *entry.platforms.values()} & revoked:
+            refused.append(f"{entry.digest[:19]} ({entry.date}): revoked by a signed failed verify")
+            continue
+        if (
+            policy is not None
+            and not (found := Cosign(tools.runner).verify(f"{repo}@{entry.digest}", policy)).ok
+        ):
+            refused.append(f"{entry.digest[:19]} ({entry.date}): no valid index signature ({found.reason})")
+            continue
         manifest = tools.fetch(f"{repo}@{entry.digest}")
         if manifest is None:
             refused.append(f"{entry.digest[:19]} ({entry.date}): no longer in the registry")
@@ -58,9 +70,19 @@ def rollback(
         images = dict(index_platforms(manifest)) if "manifests" in manifest else {}
         try:
             pub._require_platforms(recipe, list(images), f"index {entry.digest[:19]}", "roll back to")
-            pub.require_gpu_verified(recipe, images, evidence_dir)
+            if policy is None:  # unsigned recipes: this machine's verify records (promote's gate)
+                pub.require_gpu_verified(recipe, images, evidence_dir)
         except PublishError as exc:
             refused.append(f"{entry.digest[:19]} ({entry.date}): {str(exc).split('Not: ')[-1][:300]}")
+            continue
+        # Signing recipes: the signed GPU claims, judged by the recipe the signed provenance names (any clone).
+        problems = [
+            f"{p} {d[:19]}: {why}"
+            for p, d in sorted(images.items())
+            if policy is not None and (why := earlier.signed_gpu_problem(recipe, tools, p, d))
+        ]
+        if problems:
+            refused.append(f"{entry.digest[:19]} ({entry.date}): {' | '.join(problems)[:400]}")
             continue
         return _move(recipe, tools, tag, entry, images, current, evidence_dir, echo)
     raise PublishError(
@@ -83,6 +105,8 @@ def _move(
     echo: Echo,
 ) -> pub.Published:
     repo, index = recipe.model.publish.repository, entry.digest
+    if not tools.runner.dry:  # the index signature, the tag's signed log, no revocation
+        taglog.before_move(recipe, tools, index, images, {tag: current})
     if tools.buildx:
         tools.create(
             [f"{repo}:{tag}"], [f"{repo}@{index}"]
@@ -96,16 +120,6 @@ def _move(
             "('invoke publish --promote')"
         )
     echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
-    history.record_move(
-        tools,
-        [tag],
-        "rollback",
-        entry.recipe,
-        entry.recipe_hash,
-        index,
-        images,
-        {tag: current},
-        evidence_dir,
-        recipe.model.gpu,
-    )
+    names = (entry.recipe, entry.recipe_hash)
+    taglog.record_move(recipe, tools, [tag], "rollback", names, index, images, {tag: current}, evidence_dir)
     return pub.Published(recipe.name, repo, index, images, (tag,), (), "")

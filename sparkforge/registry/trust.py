@@ -16,8 +16,10 @@ from typing import Any
 from sparkforge import console, engine
 from sparkforge.commands import Runner
 from sparkforge.console import Echo
+from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
+from sparkforge.registry import taglog
 from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
 from sparkforge.report import Check
@@ -80,6 +82,8 @@ def verify_remote(
     *,
     allow_unsigned: bool = False,
     warn: Echo = console.warn,
+    require_verified: bool = False,
+    allow_unverified: bool = False,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
 
@@ -139,10 +143,50 @@ def verify_remote(
             if not judged.revoked
             else "pull another image: this one failed its verify",
         )
+    _signed_log(recipe, ref, tag, platform, tools, verifier, moving, top, digest)  # revocations kept there
+    if require_verified and not judged.verdict.verified:
+        what = f"{repo}@{digest} ({platform}): {judged.reason} (verify attestations signed by {verifier.describe()})"
+        if not allow_unverified:
+            raise _refuse(
+                ref,
+                platform,
+                f"a digest is pulled only when GPU-verified, and {what}",
+                "pull a digest whose GPU verify passed ('invoke history' shows them), or pass --allow-unverified "
+                "to take it anyway, loudly",
+            )
+        warn(
+            f"sparkforge: WARNING (--allow-unverified): {ref} ({platform}) is NOT GPU-VERIFIED: {what}. Its "
+            "signature and provenance were checked; nobody vouches that its kernels run on the recipe's GPU."
+        )
     claim = judged.claim if judged.verdict.verified else {}
     return Trusted(
         ref, platform, digest, top, policy.describe(), source["repository"], source["revision"], claim
     )
+
+
+def _signed_log(
+    recipe: Recipe,
+    ref: str,
+    tag: str,
+    platform: str,
+    tools: Manifests,
+    verifier: Policy,
+    moving: bool,
+    top: str,
+    digest: str,
+) -> None:
+    """A moving tag's signed log says it names `top`; no signed log of a moving tag revokes what is pulled."""
+    try:
+        if moving:
+            revoked = taglog.revocations(taglog.check_moving_tag(tools, tag, top, verifier))
+            why = "its signed history records a failed verify of it" if {top, digest} & revoked else ""
+        else:
+            why = taglog.revoked_in_logs(recipe, tools, verifier, {"image": digest, "index": top})
+    except PublishError as exc:
+        what, _, fix = str(exc).rpartition("fix: ")
+        raise _refuse(ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers") from None
+    if why:
+        raise _refuse(ref, platform, why, "pull another image: this one failed its verify")
 
 
 def _same_content(recipe: Recipe, ref: str, top: str, digest: str, platform: str, tools: Manifests) -> None:

@@ -5,7 +5,8 @@ as the family-only sm_120f build (real nvcc 13 fatbinaries, tests/unit/release_f
 offline Debian base with that site-packages tree, the lock and every label of the recipe (amd64 only, no
 RUN step: seconds to build), pushed,
 GPU-verified on a GB10 (the one thing mocked: the record exactly as tests/engine/test_publish_moving.py
-writes it), published with --moving (latest), signed, and attested (GPU verify claim, kernel report).
+writes it), published, signed, attested (GPU verify claim, kernel report), then promoted to latest (the move
+appended to latest's signed log), in the images workflow's order.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sparkforge.engine import Engine, detect_engine
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.registry import publish as pub
+from sparkforge.registry import taglog
 from sparkforge.registry.cosign import Cosign, Signer, attest_report
 from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.releases import attest_kernels
@@ -93,6 +95,28 @@ def gpu_record(release: Release, gpu: dict[str, str] | None, evidence_dir: Path)
     verified.link_digest(release.digest, image_id, release.recipe.model.publish.repository, evidence_dir)
 
 
+def attest_gpu(release: Release, gpu: dict[str, str] | None, runner: Runner, keys: Path) -> None:
+    """The GPU job's signed verify claim for `release` (what a GB10 run reports, or a run with no GPU: None)."""
+    recipe = release.recipe
+    image = f"{recipe.model.publish.repository}@{release.digest}"
+    tools = Manifests(detect_engine(), runner, recipe.model.publish.repository)
+    report = Report(command="verify", subject=image, recipe=recipe.name)  # what the GB10 job writes (mocked)
+    for check in passing_checks():
+        report.add(Check.from_dict(check))
+    report.extra.update(
+        {
+            "image_id": tools.config_digest(image),
+            "recipe_hash": recipe.hash,
+            "gpus": {"mode": "all" if gpu else "none", "used": gpu is not None},
+            "gpu": gpu,
+            "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
+            "platform": PLATFORM,
+        }
+    )
+    os.environ.setdefault("COSIGN_PASSWORD", PASSWORD)
+    attest_report(recipe, image, report.to_dict(), Cosign(runner), Signer(str(keys / "cosign.key")), tools)
+
+
 def _recipe(folder: Path, registry: LocalRegistry, key: Path, vllm: str) -> Recipe:
     body = (
         f"platforms: [{PLATFORM}]\n"
@@ -129,31 +153,32 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     release = Release(recipe, tag, pushed.digest, "")
     gpu_record(release, GB10, evidence_dir)
     published = pub.publish(
-        recipe, {PLATFORM: pushed.digest}, when=state["day"], moving=True, runner=runner, eng=eng,
-        allow_base_override=True, evidence_dir=evidence_dir, **QUIET,
-    )  # fmt: skip
+        recipe,
+        {PLATFORM: pushed.digest},
+        when=state["day"],
+        runner=runner,
+        eng=eng,
+        allow_base_override=True,
+        evidence_dir=evidence_dir,
+        **QUIET,
+    )  # fmt: skip  (the merge job: immutable tags; the GPU job promotes after signing and attesting)
     cosign, signer = Cosign(runner), Signer(str(state["keys"] / "cosign.key"))
     image = f"{recipe.model.publish.repository}@{pushed.digest}"
     from sparkforge.registry.cosign import sign_published
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
-    tools = Manifests(eng, runner, recipe.model.publish.repository)
-    report = Report(command="verify", subject=image, recipe=recipe.name)  # what the GB10 job writes (mocked)
-    for check in passing_checks():
-        report.add(Check.from_dict(check))
-    report.extra.update(
-        {
-            "image_id": tools.config_digest(image),
-            "recipe_hash": recipe.hash,
-            "gpus": {"mode": "all", "used": True},
-            "gpu": GB10,
-            "suite": {"sha256": evidence.suite_digest(SUITE_DIR)},
-            "platform": PLATFORM,
-        }
-    )
-    attest_report(recipe, image, report.to_dict(), cosign, signer, tools)
+    attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
     kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
+    pub.promote(
+        recipe,
+        published.index,
+        when=state["day"],
+        runner=runner,
+        eng=eng,
+        evidence_dir=evidence_dir,
+        **QUIET,
+    )  # fmt: skip  (appends the move to latest's signed log: SPARKFORGE_SIGNING_KEY is the verify signer)
     return Release(recipe, tag, pushed.digest, published.index)
 
 
@@ -175,6 +200,8 @@ def releases(base_amd64: str, tmp_path_factory: pytest.TempPathFactory):
     subprocess.run(["cosign", "generate-key-pair"], cwd=keys, env=env, check=True, capture_output=True)
     with local_registry(tmp / "registry") as registry, pytest.MonkeyPatch.context() as patch:
         patch.setenv("COSIGN_PASSWORD", PASSWORD)
+        patch.setenv("SPARKFORGE_SIGNING_KEY", str(keys / "cosign.key"))  # signs the tag log at promote
+        patch.setenv(taglog.STATE_ENV, str(tmp / "tag-logs"))  # this session's registry: a state of its own
         state = {
             "registry": registry, "eng": detect_engine(), "runner": Runner(log_dir=tmp / "logs", stream=False),
             "evidence": tmp / "verified", "keys": keys, "images": [], "day": dt.date(2026, 12, 1),

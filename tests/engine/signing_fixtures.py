@@ -27,9 +27,10 @@ from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.registry import history, taglog
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pull as pulling
-from sparkforge.registry.cosign import Cosign
+from sparkforge.registry.cosign import TAG_LOG, Cosign, Policy, Signer
 from sparkforge.registry.manifests import Manifests
 from sparkforge.report import Check, Report
 from sparkforge.verify.evidence import suite_digest
@@ -124,6 +125,8 @@ def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
         if reason:
             skip_or_fail(reason)
     tmp = tmp_path_factory.mktemp("signing")
+    # The longest tag log this machine read (taglog): per session, so a registry reused on the same port is new.
+    os.environ.setdefault(taglog.STATE_ENV, str(tmp / "tag-logs"))
     keys, other = _keypair(tmp / "keys"), _keypair(tmp / "other-keys")
     name = f"signing-test-{os.getpid()}"
     published_json = REPO_ROOT / "build" / "published" / f"{name}.json"
@@ -231,3 +234,29 @@ def verify_report(
     path.parent.mkdir(parents=True, exist_ok=True)
     report.write_json(path)
     return path
+
+
+def log_move(
+    signed: Signed, tag: str, index: str, platforms: dict[str, str], key: Path | None = None
+) -> None:
+    """What promote appends: a move of `tag` to `index` in its signed log (by the verify signer's key)."""
+    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    recipe = signed.recipe
+    entry = history.new_entry(
+        "promote", recipe.name, recipe.hash, index, platforms, None, signed.keys, recipe.model.gpu
+    )
+    policy = Policy.for_verify(recipe)
+    assert policy is not None
+    signer = Signer(str(key or signed.keys / "cosign.key"))
+    taglog.append_signed(signed.manifests(), tag, entry, signer, policy)
+
+
+def countersign_log(signed: Signed, tag: str, key: Path) -> None:
+    """The tag's current signed log, signed again by `key` (a recipe whose verify_key is that key reads it)."""
+    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    policy = Policy.for_verify(signed.recipe)
+    assert policy is not None
+    found = taglog.read_signed(signed.manifests(), tag, policy)
+    assert found is not None
+    repo = signed.recipe.model.publish.repository
+    signed.cosign().attest(f"{repo}@{found[1]}", TAG_LOG, taglog.predicate(found[0]), Signer(str(key)))

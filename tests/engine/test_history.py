@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from history_fixtures import GB10, Releases, gpu_record
+from history_fixtures import GB10, Releases, attest_gpu
 
 from sparkforge import engine
 from sparkforge.errors import PublishError
@@ -72,13 +72,14 @@ def test_diff_names_the_changed_vllm_and_the_library_that_lost_native(releases: 
 
 def test_rollback_needs_a_gpu_verified_predecessor_then_moves_latest_back(releases: Releases) -> None:
     assert _latest(releases) == releases.new.index
-    gpu_record(releases.old, None, releases.evidence)  # release 1 verified, but on no GPU
+    # Release 1's newest signed claim: a run on no GPU (rollback reads the signed claims, from any clone)
+    attest_gpu(releases.old, None, releases.runner, releases.keys)
     with pytest.raises(
         PublishError, match=r"refusing to roll back .*:latest: no earlier index .*no GPU was used"
     ):
         _rollback(releases)
     assert _latest(releases) == releases.new.index  # nothing moved
-    gpu_record(releases.old, GB10, releases.evidence)
+    attest_gpu(releases.old, GB10, releases.runner, releases.keys)  # newest: GPU-verified on a GB10
     moved = _rollback(releases)
     assert moved.index == releases.old.index and moved.tags == ("latest",)
     assert _latest(releases) == releases.old.index

@@ -20,6 +20,7 @@ from signing_fixtures import (
     PLATFORMS,
     Signed,
     docker_build,
+    log_move,
     pull_signed,
     signed_recipe_file,
     verify_report,
@@ -125,6 +126,9 @@ def test_moving_tag_needs_a_gpu_verified_attestation_for_the_platform(signed: Si
     tools = Manifests(signed.eng, signed.runner, signed.recipe.model.publish.repository)
     repo = signed.recipe.model.publish.repository
     tools.create([f"{repo}:latest"], [f"{repo}@{d}" for d in signed.published.platforms.values()])
+    log_move(
+        signed, "latest", signed.published.index, dict(signed.published.platforms)
+    )  # promote's signed log
     with pytest.raises(SigningError, match=r"latest is a moving tag.*no signed GPU verify attestation"):
         pull_signed(signed, "latest", allow_unsigned=True)  # --allow-unsigned does not apply to moving tags
     amd64 = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,20 @@ def test_a_verify_that_raises_records_a_failure(base_amd64: str, tmp_path: Path)
     earlier = {"status": "passed", "checks": passing_checks(), "gpu": GB10, "gpus": {"used": True}}
     verified.write_record(image_id, earlier, tmp_path)
     assert verified.is_gpu_verified(verified.read_record(image_id, tmp_path), recipe.model.gpu)
+    before = _suite_containers(base_amd64)
     with pytest.raises(
         SparkforgeError
     ):  # the base image has no /opt/venv: the suite's container cannot start
         verify_and_record(recipe, base_amd64, gpus="none", kernels=False, directory=tmp_path)
+    # A container that could not start was left behind in state Created (a fresh CI run kept one).
+    assert _suite_containers(base_amd64) - before == set()
     record = verified.read_record(image_id, tmp_path)
     assert record["status"] == "failed" and "verify did not finish" in record["checks"][0]["reason"]
     assert not verified.is_gpu_verified(record, recipe.model.gpu)
+
+
+def _suite_containers(image: str) -> set[str]:
+    """Containers of `image` that ran (or were made to run) the in-image suite, in any state."""
+    argv = ["/usr/bin/docker", "ps", "-a", "--no-trunc", "--filter", f"ancestor={image}"]
+    listed = subprocess.run([*argv, "--format", "{{.ID}} {{.Command}}"], capture_output=True, text=True)
+    return {line.split()[0] for line in listed.stdout.splitlines() if "run_checks.py" in line}

@@ -16,7 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
-from signing_fixtures import PASSWORD, Signed, docker_build, pull_signed, signed_recipe_file, verify_report
+from signing_fixtures import (
+    PASSWORD,
+    Signed,
+    countersign_log,
+    docker_build,
+    log_move,
+    pull_signed,
+    signed_recipe_file,
+    verify_report,
+)
 
 from sparkforge import engine
 from sparkforge.recipe.loader import load_recipe
@@ -45,6 +54,8 @@ def _signed_image(signed: Signed, tmp_path: Path, tag: str, unique: str) -> str:
     signed.cosign().sign(ref, signer)
     source = Source.detect(signed.runner)
     signed.cosign().attest(ref, PROVENANCE, provenance(signed.recipe, "linux/amd64", source), signer)
+    if tag == "latest":  # a moving tag: promote's signed log says it names this image
+        log_move(signed, tag, digest, {"linux/amd64": digest})
     return ref
 
 
@@ -127,6 +138,7 @@ def test_only_the_verify_signers_claims_count(signed: Signed, tmp_path: Path) ->
     ):
         pulling.pull(separate, "latest", **kw, **quiet)
     _attest(signed, image, tmp_path, GB10, key=signed.other_keys / "cosign.key")  # the verify signer
+    countersign_log(signed, "latest", signed.other_keys / "cosign.key")  # it signs the tag's log too
     assert pulling.pull(separate, "latest", **kw, **quiet).trust["verified"]["status"] == "passed"
 
 

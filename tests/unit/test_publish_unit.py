@@ -284,3 +284,16 @@ def test_json_in_tolerates_warnings_around_the_manifest() -> None:
     assert manifests._json_in(text, "x") == {"schemaVersion": 2, "manifests": []}
     with pytest.raises(PublishError, match="expected a manifest"):
         manifests._json_in("no such thing", "x")
+
+
+def test_only_main_writes_the_build_cache_main_reads() -> None:
+    # Cache poisoning: every ref's build job wrote the shared registry cache that main's builds read.
+    recipe = load_recipe("vllm-qwen35")
+    main = {e["arch"]: e for e in ci.ci_matrix([recipe], "refs/heads/main")}
+    branch = {e["arch"]: e for e in ci.ci_matrix([recipe], "refs/heads/feature/x")}
+    release = {e["arch"]: e for e in ci.ci_matrix([recipe], "refs/tags/v1.2.3")}
+    for arch, entry in main.items():
+        shared = entry["cache_to"].split(",")[1]
+        assert branch[arch]["cache_from"] == entry["cache_from"]  # a branch may read main's cache
+        assert shared + "," not in branch[arch]["cache_to"] and "heads-feature-x" in branch[arch]["cache_to"]
+        assert release[arch]["cache_from"] == release[arch]["cache_to"] == ""  # a release reads no cache

@@ -1,0 +1,40 @@
+"""Installing cosign on a machine without it (`invoke sign.install`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparkforge.commands import Command, Runner
+from sparkforge.registry.cosign import SigningError
+
+
+def install_cosign(runner: Runner, mirror: str, workdir: Path) -> str:
+    """cosign from Debian trixie's archive (the .deb only: its one dependency is libc6 >= 2.34), via dpkg.
+
+    The trixie suite is read through a private apt state under `workdir`; the system is not upgraded.
+    """
+    state = workdir / "apt"
+    sources = state / "sources.list.d"
+    for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
+        sub.mkdir(parents=True, exist_ok=True)
+    (sources / "trixie.sources").write_text(
+        f"Types: deb\nURIs: {mirror}\nSuites: trixie\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    opts = (
+        "-o",
+        "Dir::Etc::SourceList=/dev/null",
+        "-o",
+        f"Dir::Etc::SourceParts={sources}",
+        "-o",
+        f"Dir::State::Lists={state / 'lists'}",
+        "-o",
+        f"Dir::Cache={state / 'cache'}",
+    )
+    runner.run(Command(("apt-get", "-q", *opts, "update")), "apt-trixie-update")
+    runner.run(Command(("apt-get", "-q", *opts, "download", "cosign"), cwd=workdir), "apt-download-cosign")
+    debs = sorted(workdir.glob("cosign_*.deb"))
+    if not debs:
+        raise SigningError(f"apt-get download cosign wrote no .deb into {workdir}; see the log above")
+    runner.run(Command.of("dpkg", "-i", str(debs[-1])), "dpkg-install-cosign")
+    return runner.capture(Command.of("cosign", "version"), "cosign-version").output
