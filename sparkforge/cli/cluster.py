@@ -16,6 +16,7 @@ from sparkforge.cli.run import (
     _image,
     _launch_options,
     _preflight,
+    known_bad_guard,
 )
 
 
@@ -89,6 +90,7 @@ def doctor(
         "master_port": "rendezvous port (--master-port)",
         "distribute": "stream the local image to nodes whose image ID differs",
         "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
+        "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
     },
 )
 @user_errors
@@ -113,6 +115,7 @@ def up(
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
     weights: str = "each",
+    down_on_fail: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -138,6 +141,7 @@ def up(
     )
     check_positive("--health-timeout", health_timeout)
     _preflight(recipe, profile, no_preflight)
+    known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
     up_result = cluster_up(
@@ -150,13 +154,16 @@ def up(
         dry=dry,
     )
     if not dry:
-        from sparkforge.run.serve import ask
+        from sparkforge.errors import RunError
+        from sparkforge.run.serve import ask, keep_or_remove
 
         try:
             ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+        except RunError:
+            keep_or_remove(engines, loaded.name, down_on_fail, echo=echo)
+            raise
         except BaseException:
-            removed = cluster_down(engines, loaded.name)
-            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
+            cluster_down(engines, loaded.name)
             raise
 
 
