@@ -1,13 +1,17 @@
 """Session fixtures for the real-vLLM tests: the CPU twin image (built by sparkforge, cached) and a tiny model.
 
 The twin (tests/recipes/ci-cpu-twin.yaml) is built through the same pipeline as every recipe; BuildKit's cache
-makes a rebuild on a reused machine seconds. The tiny Qwen3.5-MoE checkpoint is made INSIDE the twin image (it
-has torch and transformers) into a host directory, so this host needs neither; nothing is downloaded.
+makes a rebuild on a reused machine seconds. The tiny Qwen3.5-MoE checkpoint is TRAINED (to count: every answer
+is right or wrong) INSIDE the twin image (it has torch and transformers) into sparkforge's cache, keyed by the
+content of what makes it, so this host needs neither; nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -39,22 +43,42 @@ def cpu_twin(
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
+TRAIN_STEPS = 700
+
+
+def tiny_model_key() -> str:
+    """The trained model's content key: the maker (task, config, seed, steps) and the twin recipe (torch)."""
+    digest = hashlib.sha256(MAKER.read_bytes() + Path(TWIN_RECIPE).read_bytes() + str(TRAIN_STEPS).encode())
+    return digest.hexdigest()[:24]
+
+
 @pytest.fixture(scope="session")
-def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3.5-MoE (fixed seed) and a local tokenizer, written by the twin image into a host dir."""
-    out = tmp_path_factory.mktemp("tiny-qwen35moe")
+def tiny_model(cpu_twin: str) -> Path:
+    """The tiny Qwen3.5-MoE TRAINED to count (fixed seed) with a local tokenizer, made by the twin image and cached
+    by content hash (sparkforge's cache: a second session reuses it; CI's fresh machine trains it, ~3-4 min)."""
+    from sparkforge.cache import cache_path
+
+    out = cache_path("tiny-models", tiny_model_key())
     start = time.monotonic()
-    proc = sh(
-        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
-        "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{out}:/out",
-        cpu_twin, "/opt/tiny_qwen35moe.py", "/out", timeout=900,
-    )  # fmt: skip
+    if not (out / "accuracy.json").is_file():
+        work = out.with_name(f".{out.name}.{os.getpid()}.part")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        sh(
+            DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
+            "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{work}:/out",
+            cpu_twin, "/opt/tiny_qwen35moe.py", "/out", str(TRAIN_STEPS), timeout=1800,
+        )  # fmt: skip
+        sh("chmod", "-R", "a+rX", str(work))
+        if not out.exists():
+            work.rename(out)  # atomic: a concurrent session sees the whole model or none
+        shutil.rmtree(work, ignore_errors=True)
     REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
-    made = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
-        made["files"]
-    )
+    facts = json.loads((out / "accuracy.json").read_text())
+    REAL_TIMINGS["tiny_model_train_s"] = facts["train_s"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
-    sh("chmod", "-R", "a+rX", str(out))
     return out

@@ -1,0 +1,107 @@
+"""`invoke conform` for real: vLLM's CPU platform in the twin image serving the tiny Qwen3.5-MoE trained to count.
+
+Every answer has a known value (an arithmetic progression modulo 100), so the rows judge right or wrong: the
+prompt set twice (and seeded sampling twice), streaming, 4 concurrent, prefix caching off, chunked prefill off
+(three server starts), a 4,096-token decode exact to the last token, prefix-cache hits in vLLM's /metrics, the
+API surface, a golden recorded. Then a deployment whose answer check fails stays up (no --down-on-fail),
+conform attaches to it and matches the golden, and conform refuses to start over a running profile.
+"""
+
+# ruff: noqa: F811 - fixtures are imported by name and requested as arguments
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster import DOCKER
+from conform_fixtures import PORT, clean_conform, conform, launch_args  # noqa: F401
+from real_fixtures import REAL_TIMINGS, TINY_PROFILE, TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
+from test_serve_real import invoke
+
+pytestmark = pytest.mark.engine
+PROFILE = "cpu-tiny-qwen35moe"
+
+
+def _rows(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict, Path]) -> None:
+    doc, golden = clean_conform
+    rows = _rows(doc)
+    print(
+        json.dumps(
+            {n: (r["status"], round(r["duration_s"], 1), r["reason"][:160]) for n, r in rows.items()},
+            indent=1,
+        )
+    )
+    assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
+    ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden"}  # fmt: skip
+    assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
+    # The one skip is named: the twin profile does not use speculative decoding.
+    assert rows["equivalence:speculative"]["status"] == "skipped"
+    assert "does not use speculative decoding" in rows["equivalence:speculative"]["reason"]
+    assert "seeded sampling" in rows["determinism"]["reason"]
+    long = rows["long-decode"]["details"]
+    assert long["tokens"] == long["asked"] == 4096 and long["right"] == long["answer_tokens"] == 4096
+    REAL_TIMINGS["greedy_accuracy_vllm"] = long["right"] / long["answer_tokens"]
+    assert rows["prefix-cache"]["details"]["hit_tokens"] > 0
+    assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
+    api = rows["api"]["details"]
+    assert "3 asked, 3 returned" in api["max_tokens"] and "finish stop" in api["stop"]
+    assert api["image"].startswith("skipped: the profile disables image input")
+    assert [s["config"] for s in doc["servers"]] == [
+        "as profiled",
+        "prefix caching off",
+        "chunked prefill off",
+    ]
+    recorded = json.loads(golden.read_text())
+    assert recorded["vllm"] == "0.32.0" and recorded["image"]["id"].startswith("sha256:")
+    assert len(recorded["model"]["revision"]) == 64 and len(recorded["token_ids"]) == 7
+    REAL_TIMINGS.update({f"conform_{n}_s": round(r["duration_s"], 1) for n, r in rows.items()})
+    REAL_TIMINGS["conform_server_starts_s"] = [s["start_s"] for s in doc["servers"]]
+    print(f"conform timings: {REAL_TIMINGS}")
+
+
+def _running() -> list[str]:
+    return subprocess.run(
+        [DOCKER, "ps", "-q", "--filter", f"label=dev.sparkforge.run.profile={PROFILE}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+
+
+def test_a_failed_answer_keeps_the_deployment_and_conform_attaches_to_it(
+    cpu_twin: str, tiny_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
+) -> None:
+    _, golden = clean_conform
+    wrong = tmp_path / f"{PROFILE}.yaml"
+    wrong.write_text(
+        Path(TINY_PROFILE).read_text().replace('expect: "^\\\\s*8 9 10 11\\\\b"', 'expect: "^\\\\s*9 9"')
+    )
+    args = launch_args(cpu_twin, tiny_model, tmp_path / "cache")
+    code, out, _ = invoke("serve", "--recipe", TWIN_RECIPE, "--profile", str(wrong), *args[:-2])
+    try:
+        assert code == 1 and "does not match" in out and "answer: 8 9 10 11" in out, out[-3000:]
+        assert "the deployment stays up" in out and len(_running()) == 1
+        # conform will not start over a running profile: nothing is stopped.
+        code, out, _ = conform(TINY_PROFILE, *args)
+        assert code == 1 and "already running" in out and "--attach" in out and len(_running()) == 1
+        code, out, seconds = conform(
+            TINY_PROFILE, "--attach", f"http://127.0.0.1:{PORT}", "--checks", "determinism,equivalence,api,golden",
+            "--golden", str(golden), "--json", str(tmp_path / "attach.json"),
+        )  # fmt: skip
+        REAL_TIMINGS["conform_attach_s"] = round(seconds, 1)
+        assert code == 0, out[-4000:]
+        rows = _rows(json.loads((tmp_path / "attach.json").read_text()))
+        assert rows["golden"]["status"] == "passed" and "identical to" in rows["golden"]["reason"]
+        assert (
+            rows["equivalence:prefix-caching"]["status"] == "skipped"
+            and "--attach" in rows["equivalence:prefix-caching"]["reason"]
+        )
+        assert rows["determinism"]["status"] == rows["equivalence:streaming"]["status"] == "passed"
+    finally:
+        invoke("serve.down", "--profile", PROFILE)
+    assert _running() == []
