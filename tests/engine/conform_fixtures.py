@@ -1,5 +1,5 @@
 """The session's clean `invoke conform` run on the CPU twin with the trained tiny model (its report and golden are
-shared by test_conform_real.py and test_conform_faults.py: one run, three server starts)."""
+used by test_conform_real.py: one run, three server starts)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Faults planted INSIDE the real vLLM through its own `--logits-processors` (run in the twin's engine core).
 
-Copied into a derived twin image (site-packages/sparkforge_faults.py) by tests/engine/test_conform_faults.py;
+Copied into a derived twin image (site-packages/sparkforge_faults.py) by tests/engine/test_conform_real.py;
 it imports vLLM, so it is never imported on the host.
 - `CorruptAfter`: greedy decodes go wrong after CORRUPT_AFTER tokens (the field's silent garble, deterministic).
 - `UnseededSampling`: sampled requests ignore their seed (noise from a generator seeded anew each run).
