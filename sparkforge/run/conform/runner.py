@@ -22,10 +22,11 @@ from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import CHECKS, ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
+from sparkforge.run.cluster import launch_plan
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as rows
 from sparkforge.run.conform.client import Completion, OpenAIClient, check_url
-from sparkforge.run.launch import LaunchOptions
+from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.serve import serve_down, serve_up
 
@@ -138,14 +139,18 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
 def _start(
     engine: NodeEngine, profile: Profile, options: ConformOptions, servers: Servers, echo: Echo, what: str
 ) -> None:
+    """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
     assert options.launch is not None
-    if servers.started:
-        serve_down(engine, profile.name)
     echo(f"conform: starting {profile.name} ({what}) ...")
     start = time.monotonic()
-    serve_up(
-        engine, profile, options.launch, echo=echo, health_timeout_s=options.health_timeout_s, chat=False
-    )
+    if not servers.started:
+        serve_up(
+            engine, profile, options.launch, echo=echo, health_timeout_s=options.health_timeout_s, chat=False
+        )
+    else:
+        serve_down(engine, profile.name)
+        plan = plan_launch(profile, ["127.0.0.1"], [{}], options.launch)
+        launch_plan([engine], plan, echo=echo, health_timeout_s=options.health_timeout_s, dry=False)
     servers.started.append(
         {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
     )
