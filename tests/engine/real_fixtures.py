@@ -43,7 +43,7 @@ def cpu_twin(
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
-TRAIN_STEPS = 700
+TRAIN_STEPS = 400
 
 
 def tiny_model_key() -> str:

@@ -2,7 +2,7 @@
 
 The model answers right or wrong, not "some word": its task is the arithmetic progression modulo 100 on its own
 number words ("0" .. "99"). Given two or more numbers it continues the progression (step = the last two's
-difference, 1 .. 3 up, 1 down), in a plain prompt or as the assistant's reply in the chat template; the
+difference, 1 .. 3 up, 1 down), in a plain prompt or as the assistant's reply in its chat template; the
 continuation never ends (no end-of-turn), so any decode length has a known answer. Nothing is downloaded:
 transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta-net `linear_attention` and
 `full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower), trained on the
@@ -40,15 +40,17 @@ WORDS = [
     "answer",
     ".",
 ]
+# The test vehicle's own template: the assistant's turn opens with the user's (last) text, so a chat reply is
+# the progression's continuation ("5 6 7" -> "8 9 10 11 ..."); image parts are left out, other turns dropped.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|> {{ m['role'] }} "
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'text' %}{{ p['text'] }} {% else %}image {% endif %}{% endfor %}{% endif %}"
-    " <|im_end|> {% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    "{%- set ns = namespace(text='') -%}"
+    "{%- for m in messages if m['role'] == 'user' -%}"
+    "{%- if m['content'] is string -%}{%- set ns.text = m['content'] -%}"
+    "{%- else -%}{%- for p in m['content'] if p['type'] == 'text' -%}{%- set ns.text = p['text'] -%}{%- endfor -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "<|im_start|> user <|im_end|> <|im_start|> assistant {{ ns.text }}"
 )
-CHAT_HEAD = ["<|im_start|>", "user"]
-CHAT_TAIL = ["<|im_end|>", "<|im_start|>", "assistant"]
+CHAT_PREFIX = ["<|im_start|>", "user", "<|im_end|>", "<|im_start|>", "assistant"]
 
 
 def words() -> list[str]:
@@ -77,18 +79,13 @@ def tokenizer(out: Path) -> None:
 
 
 def example(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
-    """One training sequence (token ids) and its loss mask: a progression, plain or as a chat reply."""
+    """One training sequence (token ids) and its loss mask: a progression, plain or after the chat prefix."""
     ids = {w: i for i, w in enumerate(words())}
     start, step = rng.randrange(MODULUS), rng.choice(STEPS)
-    chat = rng.random() < 0.3
-    given = rng.randint(2, 6) if chat else 2
-    seq = [ids[str((start + k * step) % MODULUS)] for k in range(length)]
-    if not chat:
-        return seq, [0, 0] + [1] * (length - 2)  # the first two numbers fix the step: nothing to predict
-    toks = [ids[w] for w in CHAT_HEAD] + seq[:given] + [ids[w] for w in CHAT_TAIL]
-    mask = [0] * len(toks)
-    reply = seq[given : given + length - len(toks)]
-    return toks + reply, mask + [1] * len(reply)
+    prefix = [ids[w] for w in CHAT_PREFIX] if rng.random() < 0.3 else []
+    seq = [ids[str((start + k * step) % MODULUS)] for k in range(length - len(prefix))]
+    # The first two numbers fix the step: nothing to predict before them.
+    return prefix + seq, [0] * (len(prefix) + 2) + [1] * (len(seq) - 2)
 
 
 def config(torch):
@@ -193,5 +190,5 @@ if __name__ == "__main__":
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
     tokenizer(target)
-    facts = model(target, int(sys.argv[2]) if len(sys.argv) > 2 else 600)
+    facts = model(target, int(sys.argv[2]) if len(sys.argv) > 2 else 400)
     print(json.dumps({"dir": str(target), **facts, "files": sorted(p.name for p in target.iterdir())}))
