@@ -75,6 +75,10 @@ def tokenizer(out: Path) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    # Beside config.json, transformers 5 loads the model type's own tokenizer class (Qwen3_5Tokenizer: byte-level
+    # BPE, digits split) instead of this word-level one; alone in a folder it loads as written. Profiles pass it
+    # to vLLM with `tokenizer: /models/tokenizer`.
+    fast.save_pretrained(out / "tokenizer")
     assert len(fast) == VOCAB, len(fast)
 
 
@@ -162,7 +166,7 @@ def model(out: Path, steps: int) -> dict:
     from transformers import Qwen3_5MoeForConditionalGeneration
 
     torch.manual_seed(SEED)
-    torch.set_num_threads(int(os.environ.get("TINY_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("TINY_THREADS", "1")))
     rng = random.Random(SEED)
     net = Qwen3_5MoeForConditionalGeneration(config(torch))
     start = time.monotonic()
