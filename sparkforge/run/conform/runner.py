@@ -156,9 +156,12 @@ def _start(
     )
 
 
-def _timed(report: Report, echo: Echo, make: Callable[[], Check]) -> Check:
+def _timed(report: Report, echo: Echo, name: str, make: Callable[[], Check]) -> Check:
     start = time.monotonic()
-    check = make()
+    try:
+        check = make()
+    except RunError as exc:  # the server failed a request: that is this row's finding, the others still run
+        check = Check(name, "failed", f"a request failed: {str(exc)[:500]}")
     check.duration_s = time.monotonic() - start
     report.add(check)
     echo(f"  {check.name}: {check.status} ({check.duration_s:.1f} s) {check.reason[:300]}")
@@ -174,16 +177,16 @@ def _base_rows(
     report.extra["reference_s"] = round(time.monotonic() - start, 1)
     report.extra["vllm"] = client.version()
     if "determinism" in selected:
-        _timed(report, echo, lambda: rows.determinism(client, settings, reference))
+        _timed(report, echo, "determinism", lambda: rows.determinism(client, settings, reference))
     if "equivalence" in selected:
-        _timed(report, echo, lambda: rows.streaming(client, settings, reference))
-        _timed(report, echo, lambda: rows.concurrency(client, settings, reference))
+        _timed(report, echo, "equivalence:streaming", lambda: rows.streaming(client, settings, reference))
+        _timed(report, echo, "equivalence:concurrency", lambda: rows.concurrency(client, settings, reference))
     if "prefix-cache" in selected:
-        _timed(report, echo, lambda: _prefix_row(client, profile, settings))
+        _timed(report, echo, "prefix-cache", lambda: _prefix_row(client, profile, settings))
     if "long-decode" in selected:
-        _timed(report, echo, lambda: rows.long_decode(client, settings))
+        _timed(report, echo, "long-decode", lambda: rows.long_decode(client, settings))
     if "api" in selected:
-        _timed(report, echo, lambda: rows.api(client, profile, settings, reference))
+        _timed(report, echo, "api", lambda: rows.api(client, profile, settings, reference))
     if "golden" in selected:
         image = options.launch.image if options.launch else options.image_ref
         provenance = {
@@ -194,9 +197,16 @@ def _base_rows(
             "tokenizer_ids": goldens.tokenizer_fingerprint(client),
         }
         if options.record:
-            _timed(report, echo, lambda: goldens.record(golden_path, prompts, reference, provenance))
+            _timed(
+                report, echo, "golden", lambda: goldens.record(golden_path, prompts, reference, provenance)
+            )
         elif golden is not None:
-            _timed(report, echo, lambda: goldens.compare(golden, prompts, reference, provenance, client))
+            _timed(
+                report,
+                echo,
+                "golden",
+                lambda: goldens.compare(golden, prompts, reference, provenance, client),
+            )
         else:
             report.add(
                 Check("golden", "skipped", f"no golden at {golden_path}; fix: record one with --record")
@@ -281,14 +291,19 @@ def _run_variant(
         _start(engine, profile, options, servers, echo, what)
     except RunError as exc:
         return f"vLLM refused {what}: {str(exc).splitlines()[0][:400]}"
-    return rows.greedy(client, prompts, settings)
+    try:
+        return rows.greedy(client, prompts, settings)
+    except RunError as exc:
+        return f"FAILED: with {what} a request failed: {str(exc)[:400]}"
 
 
 def _compare_variant(report, echo, name, reference, outputs, sides, client, note: str = "") -> None:
     if isinstance(outputs, str) or isinstance(reference, str):
         reason = outputs if isinstance(outputs, str) else reference
-        report.add(Check(name, "skipped", f"skipped: {reason}"))
-        echo(f"  {name}: skipped: {reason}")
+        status = "failed" if reason.startswith("FAILED: ") else "skipped"
+        reason = reason.removeprefix("FAILED: ") if status == "failed" else f"skipped: {reason}"
+        report.add(Check(name, status, reason))
+        echo(f"  {name}: {status}: {reason}")
         return
     start = time.monotonic()
     row = rows.compare_row(name, reference, outputs, sides, client)
