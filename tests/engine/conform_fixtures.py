@@ -7,8 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from real_fixtures import REAL_TIMINGS, TINY_PROFILE, TWIN_RECIPE
+from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
 from test_serve_real import invoke
+
+from sparkforge.recipe.loader import REPO_ROOT
+
+CONFORM_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
 
 PORT = "18481"
 
@@ -24,13 +28,13 @@ def conform(profile: str, *args: str) -> tuple[int, str, float]:
 
 @pytest.fixture(scope="session")
 def clean_conform(
-    cpu_twin: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    cpu_twin: str, trained_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[dict, Path]:
     """Every check on the trained model, the golden recorded: (the JSON report, the golden file)."""
     root = tmp_path_factory.mktemp("conform")
     golden, report = root / "golden.json", root / "conform.json"
     code, out, seconds = conform(
-        TINY_PROFILE, *launch_args(cpu_twin, tiny_model, root / "cache"), "--record", "--golden", str(golden),
+        CONFORM_PROFILE, *launch_args(cpu_twin, trained_model, root / "cache"), "--record", "--golden", str(golden),
         "--json", str(report), "--junit", str(root / "conform.xml"),
     )  # fmt: skip
     REAL_TIMINGS["conform_all_s"] = round(seconds, 1)

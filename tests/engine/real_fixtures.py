@@ -26,6 +26,7 @@ TINY_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml")
 # Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
 TWIN_REF = "sparkforge-run-test/cpu-twin:vllm"
 MAKER = Path(__file__).with_name("tiny_qwen35moe.py")
+TRAINER = Path(__file__).with_name("tiny_trained_qwen35moe.py")
 REAL_TIMINGS: dict[str, float] = {}  # printed by the tests, recorded in benchmarks/serve-real.md
 
 
@@ -43,22 +44,43 @@ def cpu_twin(
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
+@pytest.fixture(scope="session")
+def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3.5-MoE (fixed seed) and a local tokenizer, written by the twin image into a host dir."""
+    out = tmp_path_factory.mktemp("tiny-qwen35moe")
+    start = time.monotonic()
+    proc = sh(
+        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
+        "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{out}:/out",
+        cpu_twin, "/opt/tiny_qwen35moe.py", "/out", timeout=900,
+    )  # fmt: skip
+    REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
+    made = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
+        made["files"]
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    sh("chmod", "-R", "a+rX", str(out))
+    return out
+
+
 TRAIN_STEPS = 400
 
 
-def tiny_model_key() -> str:
+def trained_model_key() -> str:
     """The trained model's content key: the maker (task, config, seed, steps) and the twin recipe (torch)."""
-    digest = hashlib.sha256(MAKER.read_bytes() + Path(TWIN_RECIPE).read_bytes() + str(TRAIN_STEPS).encode())
+    digest = hashlib.sha256(TRAINER.read_bytes() + Path(TWIN_RECIPE).read_bytes() + str(TRAIN_STEPS).encode())
     return digest.hexdigest()[:24]
 
 
 @pytest.fixture(scope="session")
-def tiny_model(cpu_twin: str) -> Path:
-    """The tiny Qwen3.5-MoE TRAINED to count (fixed seed) with a local tokenizer, made by the twin image and cached
+def trained_model(cpu_twin: str) -> Path:
+    """The tiny Qwen3.5-MoE TRAINED (for conform) to count (fixed seed) with a local tokenizer, made by the twin image and cached
     by content hash (sparkforge's cache: a second session reuses it; CI's fresh machine trains it, ~3-4 min)."""
     from sparkforge.cache import cache_path
 
-    out = cache_path("tiny-models", tiny_model_key())
+    out = cache_path("tiny-models", trained_model_key())
     start = time.monotonic()
     if not (out / "accuracy.json").is_file():
         work = out.with_name(f".{out.name}.{os.getpid()}.part")
@@ -66,8 +88,8 @@ def tiny_model(cpu_twin: str) -> Path:
         work.mkdir(parents=True)
         sh(
             DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
-            "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{work}:/out",
-            cpu_twin, "/opt/tiny_qwen35moe.py", "/out", str(TRAIN_STEPS), timeout=1800,
+            "--volume", f"{TRAINER}:/opt/tiny_trained_qwen35moe.py:ro", "--volume", f"{work}:/out",
+            cpu_twin, "/opt/tiny_trained_qwen35moe.py", "/out", str(TRAIN_STEPS), timeout=1800,
         )  # fmt: skip
         sh("chmod", "-R", "a+rX", str(work))
         if not out.exists():
