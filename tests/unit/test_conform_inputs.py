@@ -19,7 +19,7 @@ from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 
 TWIN = str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
-TINY = REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml"
+TINY = REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml"
 
 
 @pytest.fixture(autouse=True)
