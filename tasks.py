@@ -10,6 +10,7 @@ from invoke import Collection, Context, task
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
+from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
 from sparkforge.cli import probe as cli_probe
@@ -383,3 +384,4 @@ ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)
 ns.add_collection(cli_cluster.cluster_ns)
 ns.add_collection(cli_bench.ns)
+ns.add_task(cli_conform.conform)

@@ -19,6 +19,7 @@ from sparkforge.cli.run import (
     _image,
     _launch_options,
     _preflight,
+    known_bad_guard,
 )
 
 
@@ -133,6 +134,7 @@ def doctor(
         "health_timeout": "seconds to wait for /health, counted from when the weights are on disk",
         "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself)",
         "nccl": "image (default) or host: each node's own libnccl bind-mounted over the image's (ABI checked)",
+        "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
     },
 )
 @user_errors
@@ -159,6 +161,7 @@ def up(
     weights: str = "each",
     gid_index: str = "",
     nccl: str = "image",
+    down_on_fail: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -185,6 +188,7 @@ def up(
     doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     _preflight(recipe, profile, no_preflight)
+    known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
     up_result = cluster_up(
@@ -197,13 +201,16 @@ def up(
         dry=dry,
     )
     if not dry:
-        from sparkforge.run.serve import ask
+        from sparkforge.errors import RunError
+        from sparkforge.run.serve import ask, keep_or_remove
 
         try:
             ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+        except RunError:
+            keep_or_remove(engines, loaded.name, down_on_fail, echo=echo)
+            raise
         except BaseException:
-            removed = cluster_down(engines, loaded.name)
-            echo(f"removed {sum(removed.values())} container(s) after the failed answer")
+            cluster_down(engines, loaded.name)
             raise
 
 

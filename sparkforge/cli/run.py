@@ -48,6 +48,14 @@ def _preflight(recipe: str, profile_ref: str, skip: bool) -> None:
         raise Exit(f"sparkforge: serve flags failed preflight: {report.failed[0].reason}", code=1)
 
 
+def known_bad_guard(recipe: str, profile) -> None:
+    """A profile on a vLLM with a public report of silent wrong output: refused (or warned) before anything starts."""
+    from sparkforge.preflight.knownbad import guard
+    from sparkforge.recipe.loader import load_recipe
+
+    guard(profile, load_recipe(recipe).model.components.vllm.version, warn)
+
+
 def _engines(nodes: str) -> list:
     """Every node checked (and plain tcp:// warned) before any engine is contacted."""
     import os
@@ -175,6 +183,7 @@ COMMON_HELP = {
         **COMMON_HELP,
         "node": "the engine to run on (default: the local one)",
         "no_chat": "skip the chat completion",
+        "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
     },
 )
 @user_errors
@@ -195,6 +204,7 @@ def serve(
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
     weights: str = "each",
+    down_on_fail: bool = False,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -207,7 +217,8 @@ def serve(
         trust_remote_code, weights,
     )  # fmt: skip
     _preflight(recipe, profile, no_preflight)
-    serve_up(engine, loaded, options, echo=echo, chat=not no_chat, dry=dry)
+    known_bad_guard(recipe, loaded)
+    serve_up(engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail)
 
 
 @task(

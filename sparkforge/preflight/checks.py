@@ -12,6 +12,7 @@ from sparkforge.errors import PreflightError
 from sparkforge.preflight.archplan import ArchInputs, judge_plan, plan_arches, require_cmake
 from sparkforge.preflight.fetch import Fetcher, make_fetcher
 from sparkforge.preflight.images import check_images
+from sparkforge.preflight.knownbad import known_bad_check
 from sparkforge.preflight.patches import check_patches
 from sparkforge.preflight.registry import check_models
 from sparkforge.preflight.requirements import check_requirements, source_requirements, wheel_requirements
@@ -104,6 +105,10 @@ def run_preflight(
         check_images(check, model, fetcher)
     if profiles:  # serve profiles: every flag and parser name against this vLLM (DESIGN.md: serve)
         check_serve_profiles(report, recipe, profiles, lambda: recipe_surface(recipe, fetcher, tree))
+        for (
+            profile
+        ) in profiles:  # silent wrong output reported upstream (sparkforge/preflight/known_bad.yaml)
+            report.add(known_bad_check(profile, recipe.model.components.vllm.version))
     return report
 
 

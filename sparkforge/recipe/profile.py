@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from sparkforge.errors import ProfileError, RecipeError
+from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
     MODEL,
@@ -101,6 +102,8 @@ class ProfileModel(BaseModel):
     # The model class the checkpoint's config.json names: checked against the image's vLLM before any download.
     architecture: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     check: AnswerCheck | None = None
+    # What `invoke conform` asks and how it judges (prompt set, long-decode length, a known answer).
+    conform: ConformSettings | None = None
 
     @field_validator("description")
     @classmethod

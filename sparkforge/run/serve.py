@@ -173,8 +173,10 @@ def serve_up(
     health_timeout_s: float = 1800,
     chat: bool = True,
     dry: bool = False,
+    down_on_fail: bool = False,
 ) -> tuple[LaunchPlan, ChatReply | None]:
-    """Start the profile on this node, wait for health, ask once; on failure everything is removed."""
+    """Start the profile on this node, wait for health, ask once; a failed start is removed, a failed answer
+    leaves the healthy deployment running (to inspect it) unless `down_on_fail`."""
     if profile.model.nodes != 1:
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
@@ -189,10 +191,20 @@ def serve_up(
     try:
         reply = ask(engine, plan.head.container.name, options.port, profile, echo=echo)
     except RunError:
-        removed = cluster_down([engine], plan.profile)
-        echo(f"removed {removed[engine.node.label]} container(s) after the failed answer")
+        keep_or_remove([engine], plan.profile, down_on_fail, echo=echo)
         raise
     return plan, reply
+
+
+def keep_or_remove(engines: list[NodeEngine], profile: str, down_on_fail: bool, *, echo: Echo) -> None:
+    """After a failed answer check: the deployment is healthy, so it stays unless --down-on-fail."""
+    if down_on_fail:
+        removed = cluster_down(engines, profile)
+        echo(f"removed {sum(removed.values())} container(s) after the failed answer (--down-on-fail)")
+    else:
+        echo(
+            f"the deployment stays up (healthy, answering wrong): inspect it, then 'invoke serve.down --profile {profile}' (or cluster.down); --down-on-fail removes it"
+        )
 
 
 def serve_down(engine: NodeEngine, profile: str | None = None) -> int:

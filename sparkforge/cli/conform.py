@@ -1,0 +1,82 @@
+"""Invoke task `conform` (thin: the work is in sparkforge.run.conform)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+
+from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.run import COMMON_HELP, _engine, _image, _launch_options
+
+
+@task(
+    iterable=["ulimit"],
+    help={
+        **{
+            k: v
+            for k, v in COMMON_HELP.items()
+            if k not in ("no_preflight", "dry", "weights", "trust_remote_code")
+        },
+        "attach": "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+        "checks": "comma-separated checks to run (default: the profile's conform.checks, else all): determinism, equivalence, long-decode, prefix-cache, api, golden",
+        "record": "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+        "golden": "the golden file (default: golden/<profile>.json)",
+        "json": "write the JSON report here",
+        "junit": "write JUnit XML here",
+        "node": "the engine to run on (default: the local one)",
+        "health_timeout": "seconds to wait for /health per server start",
+    },
+)
+@user_errors
+def conform(
+    c: Context,
+    recipe: str,
+    profile: str,
+    image: str = "",
+    attach: str = "",
+    checks: str = "",
+    record: bool = False,
+    golden: str = "",
+    json: str = "",
+    junit: str = "",
+    port: int = 8000,
+    model_dir: str = "",
+    hf_token_file: str = "",
+    cache_dir: str = "/var/cache/sparkforge",
+    gpus: str = "all",
+    node: str = "",
+    ulimit: list[str] | None = None,
+    health_timeout: int = 1800,
+) -> None:
+    """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.conform.client import check_url
+    from sparkforge.run.conform.session import ConformOptions, parse_checks, run_conform
+    from sparkforge.run.inputs import check_positive
+
+    selected = parse_checks(checks)  # every input checked before an engine or a server is contacted
+    if attach:
+        check_url(attach)
+    check_positive("--health-timeout", health_timeout)
+    loaded = load_profile(profile)
+    recipe_name = load_recipe(recipe).name
+    launch = None
+    if not attach:
+        launch = _launch_options(
+            _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+        )  # fmt: skip
+    options = ConformOptions(
+        checks=selected,
+        attach=attach or None,
+        record=record,
+        golden=Path(golden) if golden else None,
+        explicit_golden=bool(golden),
+        launch=launch,
+        health_timeout_s=health_timeout,
+        image_ref=image or None,
+    )
+    report = run_conform(_engine(node), loaded, options, echo=echo)
+    report.recipe = recipe_name
+    finish_report(report, json, junit, hint="each failed row names the first divergence or the garble found")

@@ -1,0 +1,62 @@
+"""A serve profile's `conform` settings: what `invoke conform` asks the served model and how it judges.
+
+Every key has a default that a Spark owner can run as is; a profile states only what differs (its prompt set,
+the long-decode length, a known answer). Unknown keys are errors, like everywhere in a profile.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden")
+DEFAULT_PROMPTS = (
+    "The capital of France is",
+    "List the first ten prime numbers:",
+    "def fibonacci(n):",
+    "Explain in one paragraph why the sky is blue.",
+)
+
+
+class KnownAnswer(BaseModel):
+    """A model trained to a checkable task: `progression` continues the prompt's last two numbers mod M."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["progression"]
+    modulus: Annotated[int, Field(ge=2, le=100000)]
+
+
+class LongDecode(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: Annotated[StrictStr, Field(min_length=1, max_length=20000)] = (
+        "Write a long, detailed history of computing, chapter by chapter."
+    )
+    # The field sees corruption past ~12k tokens on GB10; 4096 is the floor a CI can afford.
+    tokens: Annotated[int, Field(ge=16, le=262144)] = 4096
+    # vLLM's extension: decode all `tokens` even past an end-of-sequence (a real model may stop early).
+    ignore_eos: bool = True
+    max_period: Annotated[int, Field(ge=1, le=512)] = 16
+    loop_tail: Annotated[int, Field(ge=16, le=100000)] = 128
+    window: Annotated[int, Field(ge=16, le=100000)] = 256
+    collapse_ratio: Annotated[float, Field(gt=0, lt=1)] = 0.25
+
+
+class ConformSettings(BaseModel):
+    """What `invoke conform` runs against this profile (and what `serve --conform` would ask)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts: Annotated[list[StrictStr], Field(min_length=1, max_length=64)] = Field(
+        default_factory=lambda: list(DEFAULT_PROMPTS)
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
+    concurrency: Annotated[int, Field(ge=2, le=256)] = 4
+    seed: int = 1234
+    # A prompt longer than max-num-batched-tokens, so that chunked prefill really splits it (words repeated).
+    long_prompt_words: Annotated[int, Field(ge=0, le=100000)] = 600
+    long_decode: LongDecode = Field(default_factory=LongDecode)
+    known_answer: KnownAnswer | None = None
+    checks: list[Literal[CHECKS]] = Field(default_factory=lambda: list(CHECKS))  # type: ignore[valid-type]

@@ -1,0 +1,1 @@
+"""`invoke conform`: correct answers, proven against a served profile (checks, garble detector, golden files)."""

@@ -1,0 +1,45 @@
+"""The session's clean `invoke conform` run on the CPU twin with the trained tiny model (its report and golden are
+used by test_conform_real.py: one run, three server starts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
+from test_serve_real import invoke
+
+from sparkforge.recipe.loader import REPO_ROOT
+
+CONFORM_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
+
+PORT = "18481"
+
+
+def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:
+    return ["--image", image, "--gpus", "none", "--model-dir", str(model_dir), "--cache-dir", str(cache),
+            "--port", PORT, "--ulimit", "nofile=16384", "--health-timeout", "900"]  # fmt: skip
+
+
+def conform(profile: str, *args: str) -> tuple[int, str, float]:
+    return invoke("conform", "--recipe", TWIN_RECIPE, "--profile", profile, *args, timeout=2400)
+
+
+@pytest.fixture(scope="session")
+def clean_conform(
+    cpu_twin: str, trained_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict, Path]:
+    """Every check on the trained model, the golden recorded: (the JSON report, the golden file)."""
+    root = tmp_path_factory.mktemp("conform")
+    golden, report = root / "golden.json", root / "conform.json"
+    code, out, seconds = conform(
+        CONFORM_PROFILE, *launch_args(cpu_twin, trained_model, root / "cache"), "--record", "--golden", str(golden),
+        "--json", str(report), "--junit", str(root / "conform.xml"),
+    )  # fmt: skip
+    REAL_TIMINGS["conform_all_s"] = round(seconds, 1)
+    assert code == 0, out[-5000:]
+    assert (root / "conform.xml").read_text().count("<testcase") == len(
+        json.loads(report.read_text())["checks"]
+    )
+    return json.loads(report.read_text()), golden

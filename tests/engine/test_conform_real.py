@@ -1,0 +1,168 @@
+"""`invoke conform` for real: vLLM's CPU platform in the twin image serving the tiny Qwen3.5-MoE trained to count.
+
+Every answer has a known value (an arithmetic progression modulo 100), so the rows judge right or wrong: the
+prompt set twice (and seeded sampling twice), streaming, 4 concurrent, prefix caching off, chunked prefill off
+(three server starts), a 4,096-token decode exact to the last token, prefix-cache hits in vLLM's /metrics, the
+API surface, a golden recorded. Then a deployment whose answer check fails stays up (no --down-on-fail),
+conform attaches to it and matches the golden, and conform refuses to start over a running profile. Last,
+faults planted INSIDE the real vLLM, each caught by the right row (never a mock of vLLM): the twin plus one layer
+holding tests/engine/planted_faults.py (a derived image, built in seconds), vLLM's own `--logits-processors`
+loading it (greedy decodes corrupted from token 40 on; sampled requests ignoring their seed), and prefix caching
+switched off by its flag: determinism catches the seed, long-decode and golden the corruption (naming token 40
+and both continuations), prefix-cache the silent 0 %.
+"""
+
+# ruff: noqa: F811 - fixtures are imported by name and requested as arguments
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster import DOCKER, sh
+from conform_fixtures import CONFORM_PROFILE, PORT, clean_conform, conform, launch_args  # noqa: F401
+from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
+from test_serve_real import invoke
+
+# slow (not in CI's default run) until the module has passed here end to end; `invoke conform` itself passed
+# every row on the twin once (benchmarks/conform.md), the attach and planted-fault tests have not run yet.
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+PROFILE = "cpu-tiny-qwen35moe-conform"
+
+
+def _rows(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict, Path]) -> None:
+    doc, golden = clean_conform
+    rows = _rows(doc)
+    print(
+        json.dumps(
+            {n: (r["status"], round(r["duration_s"], 1), r["reason"][:160]) for n, r in rows.items()},
+            indent=1,
+        )
+    )
+    assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
+    ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden"}  # fmt: skip
+    assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
+    # The one skip is named: the twin profile does not use speculative decoding.
+    assert rows["equivalence:speculative"]["status"] == "skipped"
+    assert "does not use speculative decoding" in rows["equivalence:speculative"]["reason"]
+    assert "seeded sampling" in rows["determinism"]["reason"]
+    long = rows["long-decode"]["details"]
+    assert long["tokens"] == long["asked"] == 4096 and long["right"] == long["answer_tokens"] == 4096
+    REAL_TIMINGS["greedy_accuracy_vllm"] = long["right"] / long["answer_tokens"]
+    assert rows["prefix-cache"]["details"]["hit_tokens"] > 0
+    assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
+    api = rows["api"]["details"]
+    assert "3 asked, 3 returned" in api["max_tokens"] and "finish stop" in api["stop"]
+    assert api["image"].startswith("skipped: the profile disables image input")
+    assert [s["config"] for s in doc["servers"]] == [
+        "as profiled",
+        "prefix caching off",
+        "chunked prefill off",
+    ]
+    recorded = json.loads(golden.read_text())
+    assert recorded["vllm"] == "0.32.0" and recorded["image"]["id"].startswith("sha256:")
+    assert len(recorded["model"]["revision"]) == 64 and len(recorded["token_ids"]) == 7
+    REAL_TIMINGS.update({f"conform_{n}_s": round(r["duration_s"], 1) for n, r in rows.items()})
+    REAL_TIMINGS["conform_server_starts_s"] = [s["start_s"] for s in doc["servers"]]
+    print(f"conform timings: {REAL_TIMINGS}")
+
+
+def _running() -> list[str]:
+    return subprocess.run(
+        [DOCKER, "ps", "-q", "--filter", f"label=dev.sparkforge.run.profile={PROFILE}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+
+
+def test_a_failed_answer_keeps_the_deployment_and_conform_attaches_to_it(
+    cpu_twin: str, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
+) -> None:
+    _, golden = clean_conform
+    wrong = tmp_path / f"{PROFILE}.yaml"
+    wrong.write_text(
+        Path(CONFORM_PROFILE).read_text().replace('expect: "^\\\\s*8 9 10 11\\\\b"', 'expect: "^\\\\s*9 9"')
+    )
+    args = launch_args(cpu_twin, trained_model, tmp_path / "cache")
+    code, out, _ = invoke("serve", "--recipe", TWIN_RECIPE, "--profile", str(wrong), *args[:-2])
+    try:
+        assert code == 1 and "does not match" in out and "answer: 8 9 10 11" in out, out[-3000:]
+        assert "the deployment stays up" in out and len(_running()) == 1
+        # conform will not start over a running profile: nothing is stopped.
+        code, out, _ = conform(CONFORM_PROFILE, *args)
+        assert code == 1 and "already running" in out and "--attach" in out and len(_running()) == 1
+        code, out, seconds = conform(
+            CONFORM_PROFILE, "--attach", f"http://127.0.0.1:{PORT}", "--checks", "determinism,equivalence,api,golden",
+            "--golden", str(golden), "--json", str(tmp_path / "attach.json"),
+        )  # fmt: skip
+        REAL_TIMINGS["conform_attach_s"] = round(seconds, 1)
+        assert code == 0, out[-4000:]
+        rows = _rows(json.loads((tmp_path / "attach.json").read_text()))
+        assert rows["golden"]["status"] == "passed" and "identical to" in rows["golden"]["reason"]
+        assert (
+            rows["equivalence:prefix-caching"]["status"] == "skipped"
+            and "--attach" in rows["equivalence:prefix-caching"]["reason"]
+        )
+        assert rows["determinism"]["status"] == rows["equivalence:streaming"]["status"] == "passed"
+    finally:
+        invoke("serve.down", "--profile", PROFILE)
+    assert _running() == []
+
+
+FAULTS = Path(__file__).with_name("planted_faults.py")
+FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def test_planted_faults_are_each_caught_by_their_check(
+    cpu_twin: str, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
+) -> None:
+    _, golden = clean_conform
+    context = tmp_path / "faulty-image"
+    context.mkdir()
+    shutil.copy(FAULTS, context / "sparkforge_faults.py")
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
+    )
+    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
+    try:
+        _faults_caught(trained_model, golden, tmp_path)
+    finally:
+        sh(DOCKER, "rmi", FAULTY, check=False)
+
+
+def _faults_caught(trained_model: Path, golden: Path, tmp_path: Path) -> None:
+    doc = yaml.safe_load(Path(CONFORM_PROFILE).read_text())
+    doc["args"]["logits-processors"] = [
+        "sparkforge_faults:CorruptAfter",
+        "sparkforge_faults:UnseededSampling",
+    ]
+    doc["args"]["enable-prefix-caching"] = False
+    profile = tmp_path / "cpu-tiny-faulty.yaml"
+    profile.write_text(yaml.safe_dump(doc, sort_keys=False))
+    report = tmp_path / "faults.json"
+    code, out, seconds = conform(
+        str(profile), *launch_args(FAULTY, trained_model, tmp_path / "cache"),
+        "--checks", "determinism,prefix-cache,long-decode,golden", "--golden", str(golden), "--json", str(report),
+    )  # fmt: skip
+    REAL_TIMINGS["conform_faults_s"] = round(seconds, 1)
+    assert code == 1 and "conform failed (determinism, prefix-cache, long-decode, golden)" in out, out[-5000:]
+    rows = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    # The seed fault: greedy runs agree, seeded sampling does not.
+    assert rows["determinism"]["status"] == "failed" and "seed 1234 run 1" in rows["determinism"]["reason"]
+    # The corruption from token 40: the long decode's first wrong token, and the golden's first divergence.
+    assert "not-the-answer at token 40" in rows["long-decode"]["reason"], rows["long-decode"]["reason"]
+    assert rows["long-decode"]["details"]["right"] == 40
+    assert rows["golden"]["details"]["position"] == 40 and "diverges at token 40" in rows["golden"]["reason"]
+    assert "'user" in rows["golden"]["reason"]  # this run's continuation, detokenized by vLLM
+    # The flag: the repeated prefix hits nothing (vLLM counts no query, or queries without a hit).
+    reason = rows["prefix-cache"]["reason"]
+    assert rows["prefix-cache"]["status"] == "failed" and rows["prefix-cache"]["details"]["hit_tokens"] == 0
+    assert "no prefix-cache queries" in reason or "0 hits of" in reason, reason
