@@ -50,6 +50,9 @@ def bench(
     no_warmup: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
+    from sparkforge.boundary import check_output
+
+    check_output(json, "--json")  # the boundary: before any engine or server is contacted
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.bench.runner import BenchOptions, run_bench, table
@@ -109,8 +112,10 @@ def bench_compare(
     c: Context, old: str, new: str, threshold: str = "10", json: str = "", allow_different: bool = False
 ) -> None:
     """Compare two bench results: non-zero exit on a regression beyond the threshold and the noise."""
+    from sparkforge.boundary import check_output
     from sparkforge.run.bench.compare import compare
 
+    check_output(json, "--json")
     report = compare(Path(old), Path(new), threshold, allow_different=allow_different)
     for key, sides in report.extra["allowed_differences"].items():
         echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
@@ -132,10 +137,12 @@ def bench_compare(
 @user_errors
 def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> None:
     """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.errors import RunError
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.run.bench.store import history, store_root
 
+    check_output(json, "--json")
     loaded = load_recipe(recipe)
     found, unreadable = history(loaded.name, loaded.hash, store or None)
     for line in unreadable:
@@ -159,7 +166,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
         rows.append({"path": str(s.path), "date": ident["date"], "image": ident["image"], "suite": s.doc["suite"]["name"],
                      "status": s.doc["status"], "output_tok_s": levels})  # fmt: skip
     if json:
-        Path(json).write_text(_json.dumps(rows, indent=2) + "\n")
+        write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
         echo(f"wrote {json}")
 
 

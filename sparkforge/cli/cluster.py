@@ -103,6 +103,9 @@ def doctor(
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
+    from sparkforge.boundary import check_output
+
+    check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     engines = _engines(nodes)  # every input checked before the network or an engine is contacted
     options = _doctor_options(
         _image(recipe, image),
