@@ -173,8 +173,16 @@ REFUSALS = [
     ("size", {"image": "x", "top": 10**9}, "--top"),
     ("probe", {"recipe": "vllm-qwen35", "platform": "linux/riscv64"}, "--platform 'linux/riscv64'"),
     # outputs: checked before any node, engine or server is contacted, not after the work
-    ("cluster.doctor", {"nodes": "local", "recipe": "vllm-qwen35", "json": "/etc/doctor.json"}, "system folder"),
-    ("bench", {"recipe": "vllm-qwen35", "profile": "qwen35-35b-a3b-fp8", "json": "/etc/b.json"}, "system folder"),
+    (
+        "cluster.doctor",
+        {"nodes": "local", "recipe": "vllm-qwen35", "json": "/etc/doctor.json"},
+        "system folder",
+    ),
+    (
+        "bench",
+        {"recipe": "vllm-qwen35", "profile": "qwen35-35b-a3b-fp8", "json": "/etc/b.json"},
+        "system folder",
+    ),
     ("bench.compare", {"old": "a.json", "new": "b.json", "json": "/proc/x.json"}, "system folder"),
     ("bench.history", {"recipe": "vllm-qwen35", "json": "/sys/x.json"}, "system folder"),
 ]
