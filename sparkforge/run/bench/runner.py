@@ -41,6 +41,7 @@ from sparkforge.run.bench.suites import (
     vllm_argv,
 )
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.verify.started import started_backends
 
 # What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
 BACKEND_PATTERNS = {
@@ -320,6 +321,7 @@ def run_bench(
         echo(f"  {check.name}: {check.status}: {check.reason}")
         report.add(check)
     ident = identity(info, image, hardware, model)
+    log = engine.logs(name)
     report.extra.update(
         {
             "schema": SCHEMA,
@@ -331,7 +333,9 @@ def run_bench(
                 "corpus": corpus,
             },
             "identity": ident,
-            "backends": backends(engine.logs(name)),
+            "backends": backends(log),
+            # per layer, in the kernel report's names: `invoke kernels` predicts, this is what vLLM chose at start
+            "selected_at_start": started_backends(log),
             "speculative": spec,
             "wall_s": round(time.monotonic() - start, 1),
         }
