@@ -50,8 +50,9 @@ def test_probed_fp8_objects_carry_native_sm121a_sass(patched: ProbeResult) -> No
         assert units[source]["verdict"] == "native"
         assert units[source]["entries"].get("sass_121a", 0) >= 1
         assert not [k for k in units[source]["entries"] if k.startswith("sass_120")]
-    # A real CUTLASS GEMM object (15 MB), compiled for real (CCACHE_RECACHE: never a cache hit) and measured.
-    assert (patched.out_dir / "objects" / (FP8.replace("/", "__") + ".o")).stat().st_size > 5_000_000
+    # A real CUTLASS GEMM object (0.66 MB built Release; 15 MB with RelWithDebInfo's debug info), compiled for
+    # real (CCACHE_RECACHE: never a cache hit) and measured.
+    assert (patched.out_dir / "objects" / (FP8.replace("/", "__") + ".o")).stat().st_size > 300_000
     assert units[FP8]["peak_tree_mb"] > 1000 and units[FP8]["seconds"] > 10
     assert "kernel-group decisions" in _check(report, "plan-vs-configure").reason
     assert (patched.out_dir / "probe.json").is_file() and patched.unit_peak_gb >= 1
