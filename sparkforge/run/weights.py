@@ -9,7 +9,6 @@ on disk instead of racing a first download of ~120 GB. A failed download keeps i
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
+from sparkforge.run.weightstream import json_events
 
 # Runs in the serving image: huggingface_hub ships with vLLM. One JSON line per event on stdout.
 _DOWNLOAD = """
@@ -128,7 +128,7 @@ def fetch_weights(
         while pending:
             for download in list(pending):
                 engine = by_rank[download.rank]
-                events = _events(engine.logs(download.container.name))
+                events = json_events(engine.logs(download.container.name))
                 for event in events[seen.get(download.rank, 0) :]:
                     if event.get("event") == "progress":
                         echo(
@@ -168,17 +168,6 @@ def fetch_weights(
         for peer in peers:
             done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
-
-
-def _events(text: str) -> list[dict[str, object]]:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 def _failed(engine: NodeEngine, download: Download, last: dict[str, object], options: LaunchOptions) -> str:

@@ -117,7 +117,8 @@ def _spec(name: str, image: str, script: str, args: Sequence[str], mount: str, r
     )
 
 
-def _events(text: str) -> list[dict[str, Any]]:
+def json_events(text: str) -> list[dict[str, Any]]:
+    """The JSON lines of a container's log (progress events), other lines skipped."""
     out = []
     for line in text.splitlines():
         if line.startswith("{"):
@@ -164,7 +165,7 @@ def share_weights(
         head.start(server)
         started.append((head, server.name))
         end = time.monotonic() + 60
-        while not any(e.get("event") == "serving" for e in _events(head.logs(server.name))):
+        while not any(e.get("event") == "serving" for e in json_events(head.logs(server.name))):
             if head.state(server.name).status != "running" or time.monotonic() > end:
                 tail = head.logs(server.name, tail=5).strip()[-400:]
                 raise RunError(
@@ -197,7 +198,7 @@ def _watch(
             if label in done:
                 continue
             engine = by_label[label]
-            events = _events(engine.logs(spec.name))
+            events = json_events(engine.logs(spec.name))
             for event in events[seen.get(label, 0) :]:
                 if event.get("event") == "progress":
                     echo(f"  weights -> {label}: {event['bytes'] / 1e9:.2f} of {event['total'] / 1e9:.2f} GB")
