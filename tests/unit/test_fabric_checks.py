@@ -144,7 +144,7 @@ def test_the_recipe_pins_the_rdma_userspace(tmp_path: Path) -> None:
     gb10 = load_recipe("vllm-qwen35-wheels").model.runtime.rdma
     assert (
         gb10 is not None
-        and gb10.pinned()["ibverbs-providers"] == "50.0-2build2"
+        and gb10.pinned()["ibverbs-providers"] == "50.0-2ubuntu0.2"
         and "perftest" in gb10.pinned()
     )
     ci = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")).model.runtime.rdma

@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash 4a21910801ac). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d317c79797c9). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
 # Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -37,7 +37,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="4a21910801ac6e3d31e1bd3278dc601471aca3b8b4e987092062c28aeaa98708" \
+      dev.sparkforge.recipe-hash="d317c79797c9190b1ef34f0bea81d4248ae21163a8d4534d83d41a92c394dbf7" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
@@ -78,7 +78,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # RDMA userspace, pinned: NCCL dlopens libibverbs.so.1 and needs the mlx5 provider, else it uses TCP sockets.
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     apt-get update \
- && apt-get install -y --no-install-recommends libibverbs1=50.0-2build2 ibverbs-providers=50.0-2build2 librdmacm1t64=50.0-2build2 perftest=24.01.0+0.38-1build1 \
+ && apt-get install -y --no-install-recommends libibverbs1=50.0-2ubuntu0.2 ibverbs-providers=50.0-2ubuntu0.2 librdmacm1t64=50.0-2ubuntu0.2 perftest=24.01.0+0.38-1build2 \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
     /var/log/alternatives.log /var/cache/debconf/*-old /var/cache/ldconfig/aux-cache
 # Runtime environment from the recipe (each value is validated against a strict pattern).
@@ -98,7 +98,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="4a21910801ac6e3d31e1bd3278dc601471aca3b8b4e987092062c28aeaa98708" \
+      dev.sparkforge.recipe-hash="d317c79797c9190b1ef34f0bea81d4248ae21163a8d4534d83d41a92c394dbf7" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \

@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash 9f8fde55136a). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35 (recipe hash dd49953b0490). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35`.
 # vLLM 0.31.0 compiled from source for GB10 (native sm_121a kernels), torch 2.13.0 cu130
 # Stages: toolchain -> source -> build-env -> probe -> build -> runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -144,7 +144,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="9f8fde55136ae10b57c35575fbef8b2f6841c3a4ba339ed5a37ba5bde2cf2e6c" \
+      dev.sparkforge.recipe-hash="dd49953b049052b28822ef1ec15341eb7f18424a4643608cc1e07708dac3ba80" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
@@ -187,7 +187,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # RDMA userspace, pinned: NCCL dlopens libibverbs.so.1 and needs the mlx5 provider, else it uses TCP sockets.
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     apt-get update \
- && apt-get install -y --no-install-recommends libibverbs1=50.0-2build2 ibverbs-providers=50.0-2build2 librdmacm1t64=50.0-2build2 perftest=24.01.0+0.38-1build1 \
+ && apt-get install -y --no-install-recommends libibverbs1=50.0-2ubuntu0.2 ibverbs-providers=50.0-2ubuntu0.2 librdmacm1t64=50.0-2ubuntu0.2 perftest=24.01.0+0.38-1build2 \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
     /var/log/alternatives.log /var/cache/debconf/*-old /var/cache/ldconfig/aux-cache
 # Runtime environment from the recipe (each value is validated against a strict pattern).
@@ -207,7 +207,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.31.0" \
       dev.sparkforge.recipe="vllm-qwen35" \
-      dev.sparkforge.recipe-hash="9f8fde55136ae10b57c35575fbef8b2f6841c3a4ba339ed5a37ba5bde2cf2e6c" \
+      dev.sparkforge.recipe-hash="dd49953b049052b28822ef1ec15341eb7f18424a4643608cc1e07708dac3ba80" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.31.0@db9527a46873454610df6dbedf79a36d6bf1a7f6" \
       dev.sparkforge.pin.torch="2.13.0" \
