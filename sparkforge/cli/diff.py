@@ -195,8 +195,8 @@ def kernels(
     _write(markdown, text, "--markdown")
     if attest:
         from sparkforge.commands import Runner
+        from sparkforge.registry.attest import attest_kernels
         from sparkforge.registry.cosign import Cosign, Signer
-        from sparkforge.registry.releases import attest_kernels
 
         signer = Signer.from_env(key)
         signed = attest_kernels(loaded, ref, data, Cosign(Runner(echo=echo)), signer)

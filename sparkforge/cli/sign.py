@@ -83,7 +83,7 @@ def attest(
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import taglog
-    from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.attest import attest_report
     from sparkforge.registry.publish import tools_for
     from sparkforge.registry.signinputs import parse_verify_report
 

@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge import engine
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.identity import MAIN, TRIGGERS, Identity, parse_identity
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
-from sparkforge.registry.manifests import Manifests
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
@@ -361,37 +359,6 @@ def sign_published(
     cosign.sign(f"{repo}@{index}", signer)
     done.append(Signed(f"{repo}@{index}", "index"))
     return done
-
-
-def attest_report(
-    recipe: Recipe,
-    image: str,
-    report: Mapping[str, Any],
-    cosign: Cosign,
-    signer: Signer,
-    tools: Manifests | None = None,
-) -> Signed:
-    """Attest a verify report for one platform image (repository@sha256:...) of the recipe.
-
-    The report must be of that very image: its image ID is the config digest of the attested manifest.
-    """
-    repo = recipe.model.publish.repository
-    name, _, digest = image.partition("@")
-    if name != repo or not plan_digest(digest):
-        raise SigningError(
-            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
-            "'image' that 'invoke pull --json' wrote"
-        )
-    claim = verify_claim(recipe, report)
-    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
-    config = tools.config_digest(image)
-    if claim["imageId"] != config:
-        raise SigningError(
-            f"refusing to attest {image}: the report verified image {claim['imageId']}, but that digest's image "
-            f"is {config}; fix: verify the pulled image ('invoke verify --image {image}') and attest that report"
-        )
-    cosign.attest(image, VERIFY_CLAIM, claim, signer)
-    return Signed(image, VERIFY_CLAIM)
 
 
 def plan_digest(text: str) -> bool:

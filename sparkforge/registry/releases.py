@@ -8,7 +8,6 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from sparkforge import engine
 from sparkforge.audit.compat import VERDICTS
 from sparkforge.commands import Runner
 from sparkforge.errors import PublishError
@@ -19,62 +18,12 @@ from sparkforge.registry.cosign import (
     VERIFY_CLAIM,
     Cosign,
     Policy,
-    Signed,
-    Signer,
     SigningError,
 )
-from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
+from sparkforge.registry.manifests import Manifests, index_platforms
 from sparkforge.registry.trust import attestation_check
 from sparkforge.report import Check
 from sparkforge.verify.kernels_report import coverage_summary
-
-
-def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernel-report predicate: the report itself, the recipe hash it was made for, the image it read, and
-    the time it is signed (readers take the newest)."""
-    if report.get("command") != "kernels":
-        raise SigningError(
-            f"the report is a {report.get('command')!r} report, not a kernel report; fix: pass the --json that "
-            f"'invoke kernels --recipe {recipe.name} --image IMAGE' wrote"
-        )
-    return {
-        "recipe": recipe.name,
-        "recipeHash": recipe.hash,
-        "imageId": (report.get("facts") or {}).get("image_id"),
-        "attestedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "report": dict(report),
-    }
-
-
-def attest_kernels(
-    recipe: Recipe,
-    image: str,
-    report: Mapping[str, Any],
-    cosign: Cosign,
-    signer: Signer,
-    tools: Manifests | None = None,
-) -> Signed:
-    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation.
-
-    Like `attest_report`: the report must be of that very image (its image ID is the digest's config).
-    """
-    repo = recipe.model.publish.repository
-    name, _, digest = image.partition("@")
-    if name != repo or not DIGEST.fullmatch(digest):
-        raise SigningError(
-            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
-            "'image' that 'invoke pull --json' wrote"
-        )
-    claim = kernels_claim(recipe, report)
-    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
-    config = tools.config_digest(image)
-    if claim["imageId"] != config:
-        raise SigningError(
-            f"refusing to attest {image}: the kernel report read image {claim['imageId']}, but that digest's "
-            f"image is {config}; fix: 'invoke kernels --image {image}' of the pulled image, then attest that"
-        )
-    cosign.attest(image, KERNELS_CLAIM, claim, signer)
-    return Signed(image, KERNELS_CLAIM)
 
 
 def _newest(predicates: list[dict[str, Any]]) -> dict[str, Any]:

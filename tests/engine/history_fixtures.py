@@ -30,9 +30,9 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.registry import taglog
-from sparkforge.registry.cosign import Cosign, Signer, attest_report
+from sparkforge.registry.attest import attest_kernels, attest_report
+from sparkforge.registry.cosign import Cosign, Signer
 from sparkforge.registry.manifests import Manifests
-from sparkforge.registry.releases import attest_kernels
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
 from sparkforge.verify.kernels_run import for_target

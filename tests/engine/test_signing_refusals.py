@@ -134,7 +134,7 @@ def test_moving_tag_needs_a_gpu_verified_attestation_for_the_platform(signed: Si
     amd64 = f"{signed.recipe.model.publish.repository}@{signed.published.platforms['linux/amd64']}"
     cpu_only = verify_report(signed, amd64, "linux/amd64", None, tmp_path / "cpu.json")
     os.environ["COSIGN_PASSWORD"] = PASSWORD
-    from sparkforge.registry.cosign import attest_report
+    from sparkforge.registry.attest import attest_report
 
     signer = Signer(str(signed.keys / "cosign.key"))
     attest_report(signed.recipe, amd64, json.loads(cpu_only.read_text()), signed.cosign(), signer)

@@ -22,6 +22,7 @@ from test_trust_signed_claims import _attest, _signed_image
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.registry import history, releases, taglog
 from sparkforge.registry import pull as pulling
+from sparkforge.registry.attest import attest_kernels
 from sparkforge.registry.cosign import VERIFY_CLAIM, Policy, Signer, SigningError
 from sparkforge.registry.trust import judge_claims
 from tests.recipe_files import write_recipe_file
@@ -204,7 +205,7 @@ def test_claims_are_read_and_shown_from_the_verify_signer_only(signed: Signed, t
     assert "verify" not in releases.signed_claims(separate, image, signed.runner)
     kernels = {"command": "kernels", "facts": {"image_id": "sha256:" + "0" * 64}, "libraries": []}
     with pytest.raises(SigningError, match=r"the kernel report read image sha256:0{64}, but that digest"):
-        releases.attest_kernels(
+        attest_kernels(
             signed.recipe, image, kernels, signed.cosign(), Signer(str(signed.keys / "cosign.key")),
             signed.manifests(),
         )  # fmt: skip

@@ -29,7 +29,8 @@ from signing_fixtures import (
 
 from sparkforge import engine
 from sparkforge.recipe.loader import load_recipe
-from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, attest_report, provenance
+from sparkforge.registry.attest import attest_report
+from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, provenance
 from tests.recipe_files import write_recipe_file
 from tests.unit.test_evidence import GB10, H200
 

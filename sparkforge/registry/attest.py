@@ -1,0 +1,109 @@
+"""Signed claims bound to one published platform image: the verify report and the kernel report.
+
+Both go through one binding step: the image is named by digest in the recipe's repository, and the report must be
+of that very image (the image ID it read is the config digest of the manifest being attested), else nothing is
+signed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from sparkforge import engine
+from sparkforge.recipe.loader import Recipe
+from sparkforge.registry.cosign import (
+    KERNELS_CLAIM,
+    VERIFY_CLAIM,
+    Cosign,
+    Signed,
+    Signer,
+    SigningError,
+    plan_digest,
+    verify_claim,
+)
+from sparkforge.registry.manifests import Manifests
+
+
+def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The kernel-report predicate: the report itself, the recipe hash it was made for, the image it read, and
+    the time it is signed (readers take the newest)."""
+    if report.get("command") != "kernels":
+        raise SigningError(
+            f"the report is a {report.get('command')!r} report, not a kernel report; fix: pass the --json that "
+            f"'invoke kernels --recipe {recipe.name} --image IMAGE' wrote"
+        )
+    return {
+        "recipe": recipe.name,
+        "recipeHash": recipe.hash,
+        "imageId": (report.get("facts") or {}).get("image_id"),
+        "attestedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "report": dict(report),
+    }
+
+
+def _attest_bound(
+    recipe: Recipe,
+    image: str,
+    predicate_type: str,
+    claim: Mapping[str, Any],
+    mismatch: str,
+    cosign: Cosign,
+    signer: Signer,
+    tools: Manifests | None,
+) -> Signed:
+    """Attest `claim` on `image` (repository@sha256:...) only if the claim's image ID is that digest's config.
+
+    `mismatch` words the refusal: "{report} ... {config} ...; fix: ..." with the two IDs filled in.
+    """
+    repo = recipe.model.publish.repository
+    name, _, digest = image.partition("@")
+    if name != repo or not plan_digest(digest):
+        raise SigningError(
+            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
+            "'image' that 'invoke pull --json' wrote"
+        )
+    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
+    config = tools.config_digest(image)
+    if claim["imageId"] != config:
+        raise SigningError(
+            f"refusing to attest {image}: " + mismatch.format(report=claim["imageId"], config=config)
+        )
+    cosign.attest(image, predicate_type, dict(claim), signer)
+    return Signed(image, predicate_type)
+
+
+def attest_report(
+    recipe: Recipe,
+    image: str,
+    report: Mapping[str, Any],
+    cosign: Cosign,
+    signer: Signer,
+    tools: Manifests | None = None,
+) -> Signed:
+    """Attest a verify report for one platform image (repository@sha256:...) of the recipe."""
+    mismatch = (
+        "the report verified image {report}, but that digest's image is {config}; fix: verify the pulled image "
+        f"('invoke verify --image {image}') and attest that report"
+    )
+    return _attest_bound(
+        recipe, image, VERIFY_CLAIM, verify_claim(recipe, report), mismatch, cosign, signer, tools
+    )
+
+
+def attest_kernels(
+    recipe: Recipe,
+    image: str,
+    report: Mapping[str, Any],
+    cosign: Cosign,
+    signer: Signer,
+    tools: Manifests | None = None,
+) -> Signed:
+    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation."""
+    mismatch = (
+        "the kernel report read image {report}, but that digest's image is {config}; fix: "
+        f"'invoke kernels --image {image}' of the pulled image, then attest that"
+    )
+    claim = kernels_claim(recipe, report)
+    return _attest_bound(recipe, image, KERNELS_CLAIM, claim, mismatch, cosign, signer, tools)
