@@ -86,16 +86,22 @@ def bench(profile: Path, out: Path, store: Path, *extra: str) -> tuple[dict, flo
     return json.loads(out.read_text()), seconds
 
 
-def threshold_only_flags(old: dict, new: dict, threshold: float) -> list[str]:
-    """The old rule, for contrast: the median alone beyond the threshold."""
+def threshold_only_flags(old: dict, new: dict, threshold: float, ranges_apart: bool = False) -> list[str]:
+    """Earlier rules, for contrast: the median alone beyond the threshold; with ranges_apart, also every new repeat
+    worse than every old one (the rule before the best repeat was read)."""
     flags = []
     for a, b in zip(old["checks"], new["checks"], strict=True):
         for metric, higher in METRICS.items():
             if metric in a["details"]["summary"] and metric in b["details"]["summary"]:
-                x = Spread.of([r[metric] for r in a["details"]["repeats"]]).median
-                y = Spread.of([r[metric] for r in b["details"]["repeats"]]).median
-                worse = (x - y) / x * 100 if higher else (y - x) / x * 100
-                if worse > threshold:
+                x = Spread.of([r[metric] for r in a["details"]["repeats"]])
+                y = Spread.of([r[metric] for r in b["details"]["repeats"]])
+                worse = (
+                    (x.median - y.median) / x.median * 100
+                    if higher
+                    else (y.median - x.median) / x.median * 100
+                )
+                apart = y.high < x.low if higher else y.low > x.high
+                if worse > threshold and (apart or not ranges_apart):
                     flags.append(f"{a['name']}:{metric}")
     return flags
 
@@ -153,7 +159,8 @@ def main() -> None:
                 report = json.loads((work / f"compare-{i}.json").read_text())
                 results["reruns"].append({
                     "flagged": code != 0, "failed_checks": [c["name"] for c in report["checks"] if c["status"] == "failed"],
-                    "threshold_only_flags": threshold_only_flags(base, doc, threshold), "bench_s": round(seconds, 1),
+                    "threshold_only_flags": threshold_only_flags(base, doc, threshold),
+                    "median_rule_flags": threshold_only_flags(base, doc, threshold, ranges_apart=True), "bench_s": round(seconds, 1),
                     "outside_cpu_pct": outside(doc), "output_tok_s": medians(doc),
                 })  # fmt: skip
                 print(json.dumps(results["reruns"][-1]), file=sys.stderr, flush=True)
@@ -196,6 +203,13 @@ def main() -> None:
     results["threshold_only_flap_rate"] = (
         f"{sum(bool(r['threshold_only_flags']) for r in results['reruns'])} of {len(results['reruns'])}"
     )
+    results["median_rule_flap_rate"] = (
+        f"{sum(bool(r['median_rule_flags']) for r in results['reruns'])} of {len(results['reruns'])}"
+    )
+    median_pairs = [
+        (i, j) for i, j in pairs if threshold_only_flags(unchanged[i], unchanged[j], threshold, True)
+    ]
+    results["all_ordered_pairs_median_rule"] = f"{len(median_pairs)} of {len(pairs)}"
     results["all_ordered_pairs"] = {"flagged": f"{len(flagged_pairs)} of {len(pairs)}",
                                     "which": [f"{i}->{j}: {f}" for i, j, f in flagged_pairs]}  # fmt: skip
     results["unchanged_output_tok_s"] = [medians(d) for d in unchanged]

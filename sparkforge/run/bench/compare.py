@@ -41,6 +41,12 @@ def _spreads(check: dict[str, Any]) -> dict[str, Spread]:
     }
 
 
+def _outside(check: dict[str, Any]) -> float | None:
+    """The mean CPU load from outside the bench's container over a level's repeats (None: not read)."""
+    loads = [r["outside_cpu_pct"] for r in check["details"]["repeats"] if "outside_cpu_pct" in r]
+    return round(sum(loads) / len(loads), 1) if loads else None
+
+
 def compare_docs(
     old: dict[str, Any],
     new: dict[str, Any],
@@ -74,7 +80,8 @@ def compare_docs(
     report.extra.update(
         {
             "threshold_pct": threshold_pct,
-            "rule": "regressed = median worse than the threshold AND every new repeat worse than every old one",
+            "rule": "regressed = the best repeat worse than the old best by more than the threshold AND every new "
+            "repeat worse than every old one (noise.py)",
             "model": new.get("model"),
             "suite": new["suite"]["name"],
             "allowed_differences": refusing,
@@ -95,6 +102,7 @@ def compare_docs(
             report.add(Check(name, "failed", f"level {name} failed in {' and '.join(failed)} ({why})"))
             continue
         old_s, new_s = _spreads(before[name]), _spreads(after[name])
+        load = {"old": _outside(before[name]), "new": _outside(after[name])}
         for metric in (m for m in METRICS if m in old_s and m in new_s):
             verdict = judge(old_s[metric], new_s[metric], METRICS[metric], threshold_pct)
             report.add(
@@ -106,6 +114,8 @@ def compare_docs(
                         "old": vars(old_s[metric]),
                         "new": vars(new_s[metric]),
                         "change_pct": verdict.change_pct,
+                        "best_change_pct": verdict.best_change_pct,
+                        "outside_cpu_pct": load,  # what each side's repeats ran beside (not judged)
                         "beyond_threshold": verdict.beyond_threshold,
                         "beyond_noise": verdict.beyond_noise,
                     },
