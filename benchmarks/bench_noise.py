@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -180,7 +181,9 @@ def main() -> None:
                 try:
                     doc, _ = bench(PROFILE, work / f"cpus-{cpus}.json", store)
                 finally:
-                    docker("update", "--cpus", "0", CONTAINER)  # 0: no quota again
+                    docker(
+                        "update", "--cpus", str(os.cpu_count()), CONTAINER
+                    )  # every CPU again (0 does not reset)
                 planted[f"--cpus {cpus}"] = doc
         finally:
             invoke("serve.down", "--profile", PROFILE.stem)
