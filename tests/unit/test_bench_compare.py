@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge.errors import RunError
-from sparkforge.run.bench.compare import compare
+from sparkforge.run.bench import figures
+from sparkforge.run.bench.compare import RULE, compare
 from sparkforge.run.bench.noise import Spread, judge
 from sparkforge.run.bench.results import load_result
 
@@ -40,6 +41,19 @@ def test_committed_results_are_readable_by_this_code_and_equal_runs_pass(path: P
     report = compare(path, path, 10)
     assert report.status == "passed" and report.extra["differences"] == {}
     assert {c.name.split(":")[0] for c in report.checks} == {"c1-d0", "c2-d0", "c1-d512", "c2-d512"}
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("bench-*.json")), ids=lambda p: p.name)
+def test_every_committed_bench_file_is_read_by_this_code_and_was_written_by_it(path: Path) -> None:
+    doc = json.loads(path.read_text())
+    if path.name.startswith("bench-raw-vllm"):  # vLLM's client's own file, as it wrote it
+        assert figures.vllm_repeat(path.name, doc)[1] > 0
+    elif path.name.startswith("bench-raw-llama-benchy"):  # llama-benchy's own file: one round (--runs 1)
+        assert len(figures.benchy_levels(path.name, doc, 1)) == 4
+    elif doc.get("command") == "bench.compare":
+        assert doc["rule"] == RULE and doc["checks"]  # the current rule wrote it
+    else:  # a result of the current runner: interleaved rounds, read by the current reader
+        assert load_result(path)["suite"]["params"]["order"] == "interleaved rounds"
 
 
 def test_a_slowdown_beyond_threshold_and_noise_fails_naming_the_level_and_metric(tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ from sparkforge.run.bench.noise import METRICS, Spread, judge
 from sparkforge.run.bench.provenance import describe, refusing_differences, shown_differences
 from sparkforge.run.bench.results import levels, load_result
 
+RULE = (
+    "regressed = the best repeat worse than the old best by more than the threshold AND every new repeat worse "
+    "than every old one (noise.py)"
+)
+
 
 def check_threshold(threshold_pct: Any) -> float:
     """A threshold in percent: a finite number > 0."""
@@ -80,8 +85,7 @@ def compare_docs(
     report.extra.update(
         {
             "threshold_pct": threshold_pct,
-            "rule": "regressed = the best repeat worse than the old best by more than the threshold AND every new "
-            "repeat worse than every old one (noise.py)",
+            "rule": RULE,
             "model": new.get("model"),
             "suite": new["suite"]["name"],
             "allowed_differences": refusing,
