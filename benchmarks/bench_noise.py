@@ -137,6 +137,9 @@ def main() -> None:
     parser.add_argument(
         "--cpus", default="1.8,1.6,1.4", help="planted CPU quotas (docker update --cpus), in order"
     )
+    parser.add_argument(
+        "--keep-tag", action="store_true", help=f"keep {PINNED} (e.g. for invoke diff on the store)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-noise-"))
     threshold = float(args.threshold)
@@ -195,7 +198,8 @@ def main() -> None:
         finally:
             invoke("serve.down", "--profile", seqs.stem)
     finally:
-        subprocess.run([DOCKER, "rmi", PINNED], check=False, capture_output=True)  # the tag only
+        if not args.keep_tag:
+            subprocess.run([DOCKER, "rmi", PINNED], check=False, capture_output=True)  # the tag only
     for doc in [*unchanged, *planted.values()]:
         assert doc["identity"]["image"]["id"] == image_id, "the image changed under the study"
     code, _text, _ = invoke("bench.compare", str(work / "base.json"), str(work / "planted.json"), "--threshold",
