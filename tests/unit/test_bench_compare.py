@@ -11,7 +11,7 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.run.bench import figures
-from sparkforge.run.bench.compare import RULE, compare
+from sparkforge.run.bench.compare import RULE, compare, pool
 from sparkforge.run.bench.noise import Spread, judge
 from sparkforge.run.bench.results import load_result
 
@@ -87,6 +87,25 @@ def test_the_rule_reads_the_best_repeat_so_a_majority_of_disturbed_repeats_is_no
     assert judge(Spread.of([100.0, 99.0, 98.0]), Spread.of([85.0, 60.0, 55.0]), True, 10).regressed
     # latency: the best is the lowest; +14 % of the lowest with the ranges apart is a regression
     assert judge(Spread.of([10.0, 11.0]), Spread.of([11.4, 11.5]), False, 10).regressed
+
+
+def test_several_old_results_of_one_image_are_pooled_as_one_baseline(tmp_path: Path) -> None:
+    doc = json.loads(DEFAULT.read_text())
+    slower = _scaled(doc, "c2-d0", "output_tok_s", 0.5)  # another bench of the same image, slower at c2-d0
+    a, b = _write(tmp_path, "a.json", doc), _write(tmp_path, "b.json", slower)
+    report = compare([a, b], b, 10)  # the union of both ranges holds b's repeats: nothing regressed
+    assert report.status == "passed" and report.subject == f"{a}+{b} -> {b}"
+    assert compare([a], b, 10).status == "failed"  # against a alone, c2-d0 regressed
+    pooled = pool([("a", doc), ("b", slower)])
+    check = next(c for c in pooled["checks"] if c["name"] == "c2-d0")
+    assert len(check["details"]["repeats"]) == 2 * len(doc["checks"][0]["details"]["repeats"])
+    other = copy.deepcopy(doc)
+    other["identity"]["image"]["id"] = "sha256:" + "0" * 64
+    with pytest.raises(RunError, match="pooled as one baseline but were not measured alike \\(image\\)"):
+        pool([("a", doc), ("other", other)])
+    failed = copy.deepcopy(doc)
+    failed["checks"][0].update(status="failed", reason="2 of 4 requests failed")
+    assert pool([("a", doc), ("f", failed)])["checks"][0]["status"] == "failed"
 
 
 def test_a_failed_or_missing_level_in_either_file_fails(tmp_path: Path) -> None:
