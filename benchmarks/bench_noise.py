@@ -5,13 +5,14 @@ Usage (heavy: serves vLLM; run under the shared lock):
       --model-dir DIR --reruns 10 > benchmarks/results/bench_noise.json
 The image is pinned first: its ID gets a tag only this script writes (removed at the end), and every result's
 identity must name that ID (another session rebuilding the twin's tag cannot change what is measured).
-1. serve the twin (tests/profiles/cpu-tiny-qwen35moe-bench.yaml) and bench it once (the baseline, default
-   `--repeats 3`), then `--reruns` more times unchanged; each rerun is compared with the baseline by
-   `invoke bench.compare` (the documented rule) and, for contrast, by the threshold alone; every pair of the
-   unchanged results is compared too (a larger sample of the false-alarm rate);
+1. serve the twin (tests/profiles/cpu-tiny-qwen35moe-bench.yaml) and bench it `--baselines` times (default 3,
+   each at the default `--repeats 3`): the baseline, pooled; then `--reruns` more times unchanged; each rerun is
+   compared with the pooled baseline by `invoke bench.compare B0,B1,B2 RERUN` (the documented rule) and, for
+   contrast, with the first baseline alone by the same rule, by the median rule and by the threshold alone;
+   every ordered pair of unchanged results is compared too (a larger sample of the one-baseline false alarms);
 2. once with the field's suite (llama-benchy) for the committed result;
 3. planted slowdowns on the same served container: its CPU quota cut live (`docker update --cpus`), then
-   restored; each planted result is compared with every unchanged result (how reliably it is caught);
+   restored; each planted result is compared with the pooled baseline and with every unchanged result;
 4. serve again with `--max-num-seqs 1` (concurrency 2 is served one request at a time), compared likewise
    (`--allow-different`: the serve command differs, and is listed).
 The results, the raw client files and a chart are copied to benchmarks/results/ (see bench-noise.md).
@@ -128,11 +129,67 @@ def docker(*argv: str) -> None:
     subprocess.run([DOCKER, *argv], check=True, capture_output=True)
 
 
+def pooled_flags(olds: list[Path], new: Path, threshold: str, *extra: str) -> tuple[bool, list[str]]:
+    """`invoke bench.compare OLD1,OLD2,... NEW` (the documented rule, the baseline pooled): (flagged, failed checks)."""
+    out = new.with_name(f"compare-{new.stem}.json")
+    code, _out, _ = invoke("bench.compare", ",".join(map(str, olds)), str(new), "--threshold", threshold,
+                           "--json", str(out), *extra)  # fmt: skip
+    report = json.loads(out.read_text())
+    return code != 0, [c["name"] for c in report["checks"] if c["status"] == "failed"]
+
+
+def analyze(
+    work: Path, baselines: list[Path], reruns: list[Path], planted: dict[str, Path], threshold: str
+) -> dict:
+    """Every verdict of the study from its files: the documented rule (pooled baseline), and for contrast the
+    same rule against one baseline, the median rule and the threshold alone; planted slowdowns likewise."""
+    t = float(threshold)
+    load = {p: json.loads(p.read_text()) for p in [*baselines, *reruns, *planted.values()]}
+    base = load[baselines[0]]
+    out: dict = {"baselines": [p.name for p in baselines], "reruns": []}
+    for path in reruns:
+        doc = load[path]
+        flagged, failed = pooled_flags(baselines, path, threshold)
+        out["reruns"].append({
+            "file": path.name, "flagged": flagged, "failed_checks": failed,
+            "one_baseline_flags": flags(base, doc, t), "median_rule_flags": threshold_only_flags(base, doc, t, True),
+            "threshold_only_flags": threshold_only_flags(base, doc, t),
+            "outside_cpu_pct": outside(doc), "output_tok_s": medians(doc), "itl_ms": medians(doc, "itl_ms"),
+        })  # fmt: skip
+    n = len(reruns)
+    for key, name in (("flagged", "flap_rate"), ("one_baseline_flags", "one_baseline_flap_rate"),
+                      ("median_rule_flags", "median_rule_flap_rate"), ("threshold_only_flags", "threshold_only_flap_rate")):  # fmt: skip
+        out[name] = f"{sum(bool(r[key]) for r in out['reruns'])} of {n}"
+    unchanged = [load[p] for p in [*baselines, *reruns]]
+    pairs = [(i, j) for i in range(len(unchanged)) for j in range(len(unchanged)) if i != j]
+    out["all_ordered_pairs_one_baseline"] = (
+        f"{sum(bool(flags(unchanged[i], unchanged[j], t)) for i, j in pairs)} of {len(pairs)}"
+    )
+    out["planted"] = {}
+    for name, path in planted.items():
+        extra = ("--allow-different",) if name.startswith("--max-num-seqs") else ()
+        flagged, failed = pooled_flags(baselines, path, threshold, *extra)
+        doc = load[path]
+        one = [bool(flags(u, doc, t, bool(extra))) for u in unchanged]
+        out["planted"][name] = {
+            "flagged_vs_pooled_baseline": flagged, "failed_checks": failed,
+            "caught_vs_each_unchanged_result": f"{sum(one)} of {len(one)}",
+            "output_tok_s": medians(doc), "itl_ms": medians(doc, "itl_ms"), "ttft_ms": medians(doc, "ttft_ms"),
+            "outside_cpu_pct": outside(doc),
+        }  # fmt: skip
+    out["baseline"] = {"output_tok_s": medians(base), "itl_ms": medians(base, "itl_ms"), "ttft_ms": medians(base, "ttft_ms"),
+                       "outside_cpu_pct": [outside(load[p]) for p in baselines]}  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--image", required=True)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--reruns", type=int, default=10)
+    parser.add_argument(
+        "--baselines", type=int, default=3, help="benches pooled as the baseline (bench.compare A,B,C)"
+    )
     parser.add_argument("--threshold", default="10")
     parser.add_argument(
         "--cpus", default="1.8,1.6,1.4", help="planted CPU quotas (docker update --cpus), in order"
@@ -142,104 +199,68 @@ def main() -> None:
     )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-noise-"))
-    threshold = float(args.threshold)
     image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", args.image], check=True,
                               capture_output=True, text=True).stdout.strip()  # fmt: skip
     docker("tag", image_id, PINNED)
-    store, results = work / "store", {"image": image_id, "threshold_pct": threshold, "reruns": []}
-    unchanged: list[dict] = []
+    store, times = work / "store", {}
+    baselines = [work / f"base-{i}.json" for i in range(args.baselines)]
+    reruns = [work / f"rerun-{i}.json" for i in range(args.reruns)]
+    planted: dict[str, Path] = {}
     try:
-        results["serve_s"] = serve(PROFILE, PINNED, args.model_dir, work / "cache")
+        times["serve_s"] = serve(PROFILE, PINNED, args.model_dir, work / "cache")
         try:
-            base, results["bench_s"] = bench(PROFILE, work / "base.json", store)
-            unchanged.append(base)
-            _, results["arena_bench_s"] = bench(PROFILE, work / "arena.json", store, "--suite", "spark-arena-v2",
-                                                "--corpus", str(REPO / "README.md"))  # fmt: skip
-            for i in range(args.reruns):
-                doc, seconds = bench(PROFILE, work / f"rerun-{i}.json", store)
-                unchanged.append(doc)
-                code, _out, _ = invoke("bench.compare", str(work / "base.json"), str(work / f"rerun-{i}.json"),
-                                       "--threshold", args.threshold, "--json", str(work / f"compare-{i}.json"))  # fmt: skip
-                report = json.loads((work / f"compare-{i}.json").read_text())
-                results["reruns"].append({
-                    "flagged": code != 0, "failed_checks": [c["name"] for c in report["checks"] if c["status"] == "failed"],
-                    "threshold_only_flags": threshold_only_flags(base, doc, threshold),
-                    "median_rule_flags": threshold_only_flags(base, doc, threshold, ranges_apart=True), "bench_s": round(seconds, 1),
-                    "outside_cpu_pct": outside(doc), "output_tok_s": medians(doc),
-                })  # fmt: skip
-                print(json.dumps(results["reruns"][-1]), file=sys.stderr, flush=True)
-            docker(
-                "cp",
-                f"{CONTAINER}:/tmp/sparkforge-bench/c2-d512-r1.json",
-                str(OUT / "real" / "bench-raw-vllm-c2-d512.json"),
-            )
-            docker(
-                "cp",
-                f"{CONTAINER}:/tmp/sparkforge-bench/llama-benchy-r1.json",
-                str(OUT / "real" / "bench-raw-llama-benchy.json"),
-            )
-            planted = {}
+            for path in [*baselines, *reruns, work / "arena.json"]:  # the unchanged series uninterrupted
+                extra = (
+                    ("--suite", "spark-arena-v2", "--corpus", str(REPO / "README.md"))
+                    if path.stem == "arena"
+                    else ()
+                )
+                times[path.stem] = round(bench(PROFILE, path, store, *extra)[1], 1)
+                print(
+                    f"{path.stem}: {json.dumps(medians(json.loads(path.read_text())))}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for raw, target in (("c2-d512-r1.json", "bench-raw-vllm-c2-d512.json"),
+                                ("llama-benchy-r1.json", "bench-raw-llama-benchy.json")):  # fmt: skip
+                docker("cp", f"{CONTAINER}:/tmp/sparkforge-bench/{raw}", str(OUT / "real" / target))
             for cpus in [c for c in args.cpus.split(",") if c]:
                 docker("update", "--cpus", cpus, CONTAINER)
                 try:
-                    doc, _ = bench(PROFILE, work / f"cpus-{cpus}.json", store)
+                    planted[f"--cpus {cpus}"] = work / f"cpus-{cpus}.json"
+                    bench(PROFILE, planted[f"--cpus {cpus}"], store)
                 finally:
                     docker(
                         "update", "--cpus", str(os.cpu_count()), CONTAINER
                     )  # every CPU again (0 does not reset)
-                planted[f"--cpus {cpus}"] = doc
         finally:
             invoke("serve.down", "--profile", PROFILE.stem)
         seqs = work / "cpu-tiny-qwen35moe-bench.yaml"  # same profile name: the same container and store key
         seqs.write_text(PROFILE.read_text().replace("max-num-seqs: 8", "max-num-seqs: 1"))
         serve(seqs, PINNED, args.model_dir, work / "cache")
         try:
-            planted["--max-num-seqs 1"], _ = bench(seqs, work / "planted.json", store)
+            planted["--max-num-seqs 1"] = work / "planted.json"
+            bench(seqs, planted["--max-num-seqs 1"], store)
         finally:
             invoke("serve.down", "--profile", seqs.stem)
     finally:
         if not args.keep_tag:
             subprocess.run([DOCKER, "rmi", PINNED], check=False, capture_output=True)  # the tag only
-    for doc in [*unchanged, *planted.values()]:
-        assert doc["identity"]["image"]["id"] == image_id, "the image changed under the study"
-    code, _text, _ = invoke("bench.compare", str(work / "base.json"), str(work / "planted.json"), "--threshold",
-                           args.threshold, "--allow-different", "--json", str(work / "compare-planted.json"))  # fmt: skip
-    pairs = [(i, j) for i in range(len(unchanged)) for j in range(len(unchanged)) if i != j]
-    flagged_pairs = [(i, j, f) for i, j in pairs if (f := flags(unchanged[i], unchanged[j], threshold))]
-    results["flap_rate"] = f"{sum(r['flagged'] for r in results['reruns'])} of {len(results['reruns'])}"
-    results["threshold_only_flap_rate"] = (
-        f"{sum(bool(r['threshold_only_flags']) for r in results['reruns'])} of {len(results['reruns'])}"
-    )
-    results["median_rule_flap_rate"] = (
-        f"{sum(bool(r['median_rule_flags']) for r in results['reruns'])} of {len(results['reruns'])}"
-    )
-    median_pairs = [
-        (i, j) for i, j in pairs if threshold_only_flags(unchanged[i], unchanged[j], threshold, True)
-    ]
-    results["all_ordered_pairs_median_rule"] = f"{len(median_pairs)} of {len(pairs)}"
-    results["all_ordered_pairs"] = {"flagged": f"{len(flagged_pairs)} of {len(pairs)}",
-                                    "which": [f"{i}->{j}: {f}" for i, j, f in flagged_pairs]}  # fmt: skip
-    results["unchanged_output_tok_s"] = [medians(d) for d in unchanged]
-    results["unchanged_outside_cpu_pct"] = [outside(d) for d in unchanged]
-    results["planted"] = {}
-    for name, doc in planted.items():
-        allow = name.startswith("--max-num-seqs")
-        caught = [flags(old, doc, threshold, allow) for old in unchanged]
-        results["planted"][name] = {
-            "caught": f"{sum(bool(f) for f in caught)} of {len(unchanged)} unchanged results",
-            "vs_baseline": caught[0], "output_tok_s": medians(doc), "outside_cpu_pct": outside(doc),
-            "itl_ms": medians(doc, "itl_ms"), "ttft_ms": medians(doc, "ttft_ms"),
-        }  # fmt: skip
-    results["baseline"] = {"output_tok_s": medians(base), "itl_ms": medians(base, "itl_ms"),
-                           "ttft_ms": medians(base, "ttft_ms")}  # fmt: skip
-    for name, target in (("base", "bench-cpu-twin-default"), ("arena", "bench-cpu-twin-spark-arena-v2"),
-                         ("planted", "bench-cpu-twin-planted-maxseqs1"), ("compare-planted", "bench-compare-planted")):  # fmt: skip
-        shutil.copy(work / f"{name}.json", OUT / "real" / f"{target}.json")
-    invoke("bench.report", f"{work / 'base.json'},{work / 'planted.json'}", "--allow-different",
+    for path in [*baselines, *reruns, *planted.values()]:
+        assert json.loads(path.read_text())["identity"]["image"]["id"] == image_id, (
+            "the image changed under the study"
+        )
+    results = {"image": image_id, "threshold_pct": float(args.threshold), "seconds": times, "work": str(work),
+               **analyze(work, baselines, reruns, planted, args.threshold)}  # fmt: skip
+    pooled_flags(baselines, planted["--max-num-seqs 1"], args.threshold, "--allow-different")
+    for path, target in ((baselines[0], "bench-cpu-twin-default"), (work / "arena.json", "bench-cpu-twin-spark-arena-v2"),
+                         (planted["--max-num-seqs 1"], "bench-cpu-twin-planted-maxseqs1"),
+                         (work / "compare-planted.json", "bench-compare-planted")):  # fmt: skip
+        shutil.copy(path, OUT / "real" / f"{target}.json")
+    invoke("bench.report", f"{baselines[0]},{planted['--max-num-seqs 1']}", "--allow-different",
            "--html", str(work / "report.html"), "--png", str(work / "png"))  # fmt: skip
     for png in (work / "png").glob("*.png"):
         shutil.copy(png, OUT / "real" / f"bench-twin-{png.name}")
-    results["work"] = str(work)
     print(json.dumps(results, indent=2))
 
 
