@@ -14,7 +14,8 @@ identity must name that ID (another session rebuilding the twin's tag cannot cha
 3. planted slowdowns on the same served container: its CPU quota cut live (`docker update --cpus`), then
    restored; each planted result is compared with the pooled baseline and with every unchanged result;
 4. serve again with `--max-num-seqs 1` (concurrency 2 is served one request at a time), compared likewise
-   (`--allow-different`: the serve command differs, and is listed).
+   (`--allow-different`: the serve command differs, and is listed);
+5. a control: the unchanged profile served afresh and benched once more, compared with the pooled baseline.
 The results, the raw client files and a chart are copied to benchmarks/results/ (see bench-noise.md).
 """
 
@@ -243,6 +244,13 @@ def main() -> None:
             bench(seqs, planted["--max-num-seqs 1"], store)
         finally:
             invoke("serve.down", "--profile", seqs.stem)
+        serve(
+            PROFILE, PINNED, args.model_dir, work / "cache"
+        )  # a control: unchanged again, on a fresh server
+        try:
+            bench(PROFILE, work / "restarted.json", store)
+        finally:
+            invoke("serve.down", "--profile", PROFILE.stem)
     finally:
         if not args.keep_tag:
             subprocess.run([DOCKER, "rmi", PINNED], check=False, capture_output=True)  # the tag only
@@ -252,6 +260,10 @@ def main() -> None:
         )
     results = {"image": image_id, "threshold_pct": float(args.threshold), "seconds": times, "work": str(work),
                **analyze(work, baselines, reruns, planted, args.threshold)}  # fmt: skip
+    restarted = json.loads((work / "restarted.json").read_text())
+    flagged, failed = pooled_flags(baselines, work / "restarted.json", args.threshold)
+    results["restarted_server"] = {"flagged": flagged, "failed_checks": failed, "output_tok_s": medians(restarted),
+                                   "itl_ms": medians(restarted, "itl_ms"), "outside_cpu_pct": outside(restarted)}  # fmt: skip
     pooled_flags(baselines, planted["--max-num-seqs 1"], args.threshold, "--allow-different")
     for path, target in ((baselines[0], "bench-cpu-twin-default"), (work / "arena.json", "bench-cpu-twin-spark-arena-v2"),
                          (planted["--max-num-seqs 1"], "bench-cpu-twin-planted-maxseqs1"),
