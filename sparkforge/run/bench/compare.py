@@ -27,8 +27,8 @@ from sparkforge.run.bench.provenance import describe, refusing_differences, show
 from sparkforge.run.bench.results import levels, load_result
 
 RULE = (
-    "regressed = the best repeat worse than the old best by more than the threshold AND every new repeat worse "
-    "than every old one (noise.py)"
+    "regressed = even the best new repeat is worse than the worst old repeat by more than the threshold: the "
+    "change exceeds the measured noise and, beyond it, the threshold (noise.py)"
 )
 
 
@@ -126,6 +126,7 @@ def compare_docs(
                         "new": vars(new_s[metric]),
                         "change_pct": verdict.change_pct,
                         "best_change_pct": verdict.best_change_pct,
+                        "gap_pct": verdict.gap_pct,
                         "outside_cpu_pct": load,  # what each side's repeats ran beside (not judged)
                         "beyond_threshold": verdict.beyond_threshold,
                         "beyond_noise": verdict.beyond_noise,
