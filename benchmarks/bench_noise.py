@@ -22,6 +22,7 @@ The results, the raw client files and a chart are copied to benchmarks/results/ 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from sparkforge.run.bench.compare import compare_docs  # noqa: E402
+from sparkforge.run.bench.compare import compare_docs, pool  # noqa: E402
 from sparkforge.run.bench.noise import METRICS, Spread  # noqa: E402
 
 RECIPE = "tests/recipes/ci-cpu-twin.yaml"
@@ -166,6 +167,13 @@ def analyze(
     out["all_ordered_pairs_one_baseline"] = (
         f"{sum(bool(flags(unchanged[i], unchanged[j], t)) for i, j in pairs)} of {len(pairs)}"
     )
+    # the false-alarm rate over every baseline of len(baselines) unchanged results against every other one
+    k, trials, flagged = len(baselines), 0, 0
+    for trio in itertools.combinations(range(len(unchanged)), k):
+        pooled = pool([(str(i), unchanged[i]) for i in trio])
+        for j in (j for j in range(len(unchanged)) if j not in trio):
+            trials, flagged = trials + 1, flagged + bool(flags(pooled, unchanged[j], t))
+    out[f"every_pooled_baseline_of_{k}_vs_every_other_unchanged"] = f"{flagged} of {trials}"
     out["planted"] = {}
     for name, path in planted.items():
         extra = ("--allow-different",) if name.startswith("--max-num-seqs") else ()

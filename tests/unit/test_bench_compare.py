@@ -43,7 +43,11 @@ def test_committed_results_are_readable_by_this_code_and_equal_runs_pass(path: P
     assert {c.name.split(":")[0] for c in report.checks} == {"c1-d0", "c2-d0", "c1-d512", "c2-d512"}
 
 
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("bench-*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [*sorted(RESULTS.glob("bench-*.json")), *sorted((RESULTS.parent / "bench_noise").glob("*/*.json"))],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
 def test_every_committed_bench_file_is_read_by_this_code_and_was_written_by_it(path: Path) -> None:
     doc = json.loads(path.read_text())
     if path.name.startswith("bench-raw-vllm"):  # vLLM's client's own file, as it wrote it

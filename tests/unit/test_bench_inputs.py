@@ -130,7 +130,9 @@ def test_the_clients_real_files_by_their_documented_keys() -> None:
 
 def test_llama_benchys_real_file_by_its_documented_keys() -> None:
     benchy = json.loads((RESULTS / "bench-raw-llama-benchy.json").read_text())
-    levels = figures.benchy_levels("raw", benchy, 1)  # one round: the runner starts llama-benchy once per repeat
+    levels = figures.benchy_levels(
+        "raw", benchy, 1
+    )  # one round: the runner starts llama-benchy once per repeat
     assert sorted(levels) == [(1, 0), (1, 512), (2, 0), (2, 512)]
     row = next(r for r in benchy["benchmarks"] if (r["concurrency"], r["context_size"]) == (2, 512))
     assert [r["output_tok_s"] for r in levels[(2, 512)]] == row["tg_throughput"]["values"]
