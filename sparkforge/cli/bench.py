@@ -100,8 +100,9 @@ def _regular(path: Path) -> None:
 @task(
     name="compare",
     help={
-        "threshold": "percent a metric's median may get worse before it counts (default 10); it must also be "
-        "outside the repeats' range",
+        "threshold": "percent a metric's best repeat may get worse before it counts (default 10); every new "
+        "repeat must also be worse than every old one",
+        "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline",
         "allow_different": "compare results measured with different settings, hardware or serve command "
         "(the differences are printed first)",
         "json": "write the comparison report here",
@@ -116,7 +117,8 @@ def bench_compare(
     from sparkforge.run.bench.compare import compare
 
     check_output(json, "--json")
-    report = compare(Path(old), Path(new), threshold, allow_different=allow_different)
+    olds = [Path(p.strip()) for p in old.split(",") if p.strip()]
+    report = compare(olds, Path(new), threshold, allow_different=allow_different)
     for key, sides in report.extra["allowed_differences"].items():
         echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():

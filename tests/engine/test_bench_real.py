@@ -23,9 +23,7 @@ from real_fixtures import TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-# slow (not in CI) until it has run green here: the session that wrote it spent its time in the shared heavy-lock
-# queue; the default suite's path ran by hand (benchmarks/bench-noise.md), the llama-benchy path has not yet.
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = pytest.mark.engine
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-bench.yaml")
 PORT = "18481"
 SIZES = (
@@ -137,6 +135,10 @@ def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path
     )
     assert ident["hardware"]["machine"] == "x86_64" and ident["hardware"]["gpus"] == []
     assert default["speculative"] is None  # the twin runs no speculative decoding: no acceptance counted
+    # interleaved rounds with fresh prompts: every run its own seed; each repeat says the outside load it ran beside
+    seeds = [s for c in default["checks"] for s in c["details"]["seeds"]]
+    assert len(seeds) == len(set(seeds)) == 8 and default["suite"]["params"]["order"] == "interleaved rounds"
+    assert all(0 <= r["outside_cpu_pct"] <= 100 for c in default["checks"] for r in c["details"]["repeats"])
 
     arena = _bench(
         "spark-arena-v2", store, tmp_path / "arena.json", "--corpus", str(corpus(tmp_path / "book.txt"))

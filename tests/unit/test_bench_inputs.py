@@ -14,7 +14,15 @@ from sparkforge.errors import RunError
 from sparkforge.run.bench import figures
 from sparkforge.run.bench.compare import check_threshold
 from sparkforge.run.bench.results import load_result
-from sparkforge.run.bench.suites import check_repeats, choose_suite, parse_levels
+from sparkforge.run.bench.suites import (
+    benchy_argv,
+    check_repeats,
+    choose_suite,
+    level_name,
+    parse_levels,
+    run_order,
+    vllm_argv,
+)
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "real"
 DEFAULT = RESULTS / "bench-cpu-twin-default.json"
@@ -122,13 +130,15 @@ def test_the_clients_real_files_by_their_documented_keys() -> None:
 
 def test_llama_benchys_real_file_by_its_documented_keys() -> None:
     benchy = json.loads((RESULTS / "bench-raw-llama-benchy.json").read_text())
-    levels = figures.benchy_levels("raw", benchy, 2)
+    levels = figures.benchy_levels(
+        "raw", benchy, 1
+    )  # one round: the runner starts llama-benchy once per repeat
     assert sorted(levels) == [(1, 0), (1, 512), (2, 0), (2, 512)]
     row = next(r for r in benchy["benchmarks"] if (r["concurrency"], r["context_size"]) == (2, 512))
     assert [r["output_tok_s"] for r in levels[(2, 512)]] == row["tg_throughput"]["values"]
     assert all(r["ttft_ms"] > 0 and r["prefill_tok_s"] > 0 for r in levels[(2, 512)])
-    with pytest.raises(RunError, match="do not split into 3 runs"):
-        figures.benchy_levels("raw", benchy, 3)  # 2 runs were written: 3 cannot be read out of them
+    with pytest.raises(RunError, match="do not split into 2 runs"):
+        figures.benchy_levels("raw", benchy, 2)  # 1 run was written: 2 cannot be read out of it
 
 
 def test_speculative_acceptance_from_vllms_counters() -> None:
@@ -143,3 +153,19 @@ def test_speculative_acceptance_from_vllms_counters() -> None:
     assert spec is not None and spec["acceptance_rate"] == pytest.approx(0.75)
     assert spec["mean_acceptance_length"] == pytest.approx(2.5)  # 1 verified + 1.5 accepted per step
     assert figures.acceptance({}, figures.spec_counters("vllm:num_requests_running 0.0\n")) is None
+
+
+def test_rounds_interleave_the_levels_and_every_run_sends_its_own_full_set_of_prompts() -> None:
+    suite = choose_suite("default", concurrencies=(1, 2), depths=(0, 512), num_prompts=4)
+    order = [f"{level_name(*level)}-{tag}" for level, tag in run_order(suite, 2, True)]
+    rounds = [
+        [f"{n}-{tag}" for n in ("c1-d0", "c2-d0", "c1-d512", "c2-d512")] for tag in ("warmup", "r1", "r2")
+    ]
+    assert order == [run for r in rounds for run in r]  # round by round, not level by level
+    assert [t for _, t in run_order(suite, 1, False)] == ["r1"] * 4
+    warm = vllm_argv(suite, "m", "tok", "8000", (2, 512), "c2-d512-warmup", 41)
+    assert warm[warm.index("--num-prompts") + 1] == "4" and warm[warm.index("--seed") + 1] == "41"
+    assert warm[warm.index("--random-prefix-len") + 1] == "512"
+    benchy = benchy_argv(choose_suite("spark-arena-v2"), "m", "tok", "8000", False, "/tmp/r1.json")
+    assert benchy[benchy.index("--runs") + 1] == "1" and "--no-warmup" in benchy
+    assert "--no-warmup" not in benchy_argv(suite, "m", "tok", "8000", True, "/tmp/r1.json")

@@ -18,10 +18,11 @@ from sparkforge.errors import RunError
 from sparkforge.run.bench.charts import charts, page
 from sparkforge.run.bench.compare import compare_docs
 from sparkforge.run.bench.results import load_result
-from sparkforge.run.bench.store import history, image_key, latest_for_image, save
+from sparkforge.run.bench.store import history, image_key, latest_for_image, latest_pair, save
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "real"
 BASE = RESULTS / "bench-cpu-twin-default.json"
+ARENA = RESULTS / "bench-cpu-twin-spark-arena-v2.json"
 REPO = Path(__file__).parents[2]
 
 
@@ -124,6 +125,30 @@ def test_the_store_keeps_results_by_image_and_lists_a_recipes_history(tmp_path: 
         d["identity"]["date"] for _, d in docs
     )
     assert latest_for_image({"sha256:" + "0" * 64}, tmp_path) is None
+
+
+def test_diff_without_bench_files_pairs_the_newest_results_of_one_suite_by_image_digest(
+    tmp_path: Path,
+) -> None:
+    default, arena = (json.loads(p.read_text()) for p in (BASE, ARENA))
+    x, y = "sha256:" + "1" * 64, "sha256:" + "2" * 64  # image X known by its registry digest, Y by its ID
+    written = {}
+    for name, doc, image, date in (("x-default", default, {"id": "sha256:" + "9" * 64, "digests": [f"r/x@{x}"]},
+                                    "2026-12-01T10:00:00+00:00"), ("x-arena", arena, {"id": x}, "2026-12-01T12:00:00+00:00"),
+                                   ("y-arena", arena, {"id": y}, "2026-12-01T09:00:00+00:00"),
+                                   ("y-default", default, {"id": y}, "2026-12-01T11:00:00+00:00")):  # fmt: skip
+        doc = json.loads(json.dumps(doc))
+        doc["identity"].update(image=image, date=date)
+        written[name] = save(doc, json.dumps(doc), tmp_path)
+    pair = latest_pair({f"r/x@{x}"}, {y}, tmp_path)  # Y's newest is a default result: X's default one
+    assert pair is not None and [s.path for s in pair] == [written["x-default"], written["y-default"]]
+    pair = latest_pair({y}, {x}, tmp_path)  # X's newest is llama-benchy's: Y's llama-benchy result
+    assert pair is not None and [s.path for s in pair] == [written["y-arena"], written["x-arena"]]
+    pair = latest_pair(
+        {y}, {y}, tmp_path
+    )  # one image against itself: its two newest of one suite? none twice
+    assert pair is None
+    assert latest_pair({x}, {"sha256:" + "0" * 64}, tmp_path) is None
 
 
 def test_history_and_report_tasks_answer_in_one_paragraph(tmp_path: Path) -> None:

@@ -1,5 +1,11 @@
 """`bench.compare OLD NEW`: per level and metric, a regression only beyond both the threshold and the noise.
 
+OLD may be several results of one image measured alike (`A1.json,A2.json,A3.json`): pooled into one baseline,
+each level's repeats side by side (the union of their ranges). The repeats of one bench sample the noise within
+a bench; several benches also sample the noise between benches (the machine's state from one to the next),
+which is what an unchanged rerun differs by (Kalibera & Jones, "Rigorous benchmarking in reasonable time", 2013:
+repeat at the level where the variation is).
+
 Refused outright: results of different models or suites (their figures measure different things). Refused
 unless `--allow-different`: different suite settings, model revision, hardware, serve command or corpus (then
 listed first in the report). Always shown: what the comparison is for (image, recipe hash, vLLM, backends,
@@ -9,6 +15,7 @@ comparison; in a level both passed, each metric both measured follows noise.judg
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,11 @@ from sparkforge.report import Check, Report
 from sparkforge.run.bench.noise import METRICS, Spread, judge
 from sparkforge.run.bench.provenance import describe, refusing_differences, shown_differences
 from sparkforge.run.bench.results import levels, load_result
+
+RULE = (
+    "regressed = even the best new repeat is worse than the worst old repeat by more than the threshold: the "
+    "change exceeds the measured noise and, beyond it, the threshold (noise.py)"
+)
 
 
 def check_threshold(threshold_pct: Any) -> float:
@@ -39,6 +51,12 @@ def _spreads(check: dict[str, Any]) -> dict[str, Spread]:
     return {
         m: Spread.of([r[m] for r in repeats]) for m in METRICS if repeats and all(m in r for r in repeats)
     }
+
+
+def _outside(check: dict[str, Any]) -> float | None:
+    """The mean CPU load from outside the bench's container over a level's repeats (None: not read)."""
+    loads = [r["outside_cpu_pct"] for r in check["details"]["repeats"] if "outside_cpu_pct" in r]
+    return round(sum(loads) / len(loads), 1) if loads else None
 
 
 def compare_docs(
@@ -74,7 +92,7 @@ def compare_docs(
     report.extra.update(
         {
             "threshold_pct": threshold_pct,
-            "rule": "regressed = median worse than the threshold AND every new repeat worse than every old one",
+            "rule": RULE,
             "model": new.get("model"),
             "suite": new["suite"]["name"],
             "allowed_differences": refusing,
@@ -95,6 +113,7 @@ def compare_docs(
             report.add(Check(name, "failed", f"level {name} failed in {' and '.join(failed)} ({why})"))
             continue
         old_s, new_s = _spreads(before[name]), _spreads(after[name])
+        load = {"old": _outside(before[name]), "new": _outside(after[name])}
         for metric in (m for m in METRICS if m in old_s and m in new_s):
             verdict = judge(old_s[metric], new_s[metric], METRICS[metric], threshold_pct)
             report.add(
@@ -106,6 +125,9 @@ def compare_docs(
                         "old": vars(old_s[metric]),
                         "new": vars(new_s[metric]),
                         "change_pct": verdict.change_pct,
+                        "best_change_pct": verdict.best_change_pct,
+                        "gap_pct": verdict.gap_pct,
+                        "outside_cpu_pct": load,  # what each side's repeats ran beside (not judged)
                         "beyond_threshold": verdict.beyond_threshold,
                         "beyond_noise": verdict.beyond_noise,
                     },
@@ -114,10 +136,55 @@ def compare_docs(
     return report
 
 
-def compare(old_path: Path, new_path: Path, threshold_pct: float, *, allow_different: bool = False) -> Report:
-    """Load both files (refusing bad ones) and compare them."""
+def pool(docs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Several results of one image measured alike, as one baseline: each level's repeats side by side; a level
+    failed or missing in any of them fails."""
+    first_name, first = docs[0]
+    for name, doc in docs[1:]:
+        image = ((first.get("identity") or {}).get("image") or {}).get("id")
+        other = ((doc.get("identity") or {}).get("image") or {}).get("id")
+        differs = refusing_differences(first, doc)
+        if doc.get("model") != first.get("model") or doc["suite"]["name"] != first["suite"]["name"]:
+            differs["model or suite"] = {"old": first.get("model"), "new": doc.get("model")}
+        if image != other:
+            differs["image"] = {"old": image, "new": other}
+        if differs:
+            raise RunError(
+                f"{first_name} and {name} are pooled as one baseline but were not measured alike "
+                f"({', '.join(differs)}); fix: pool results of one image measured with the same settings "
+                "('invoke bench.history --recipe R' lists them), or compare them one at a time"
+            )
+    merged = copy.deepcopy(first)
+    by_doc = [levels(d) for _, d in docs]
+    names = sorted(set().union(*by_doc), key=lambda n: (len(n), n))
+    merged["checks"] = []
+    for name in names:
+        found = [(n, lv[name]) for (n, _), lv in zip(docs, by_doc, strict=True) if name in lv]
+        check = copy.deepcopy(found[0][1])
+        if len(found) < len(docs):
+            check.update(status="failed", reason="missing in " + ", ".join(n for (n, _), lv in zip(docs, by_doc,
+                         strict=True) if name not in lv))  # fmt: skip
+        elif any(c["status"] != "passed" for _, c in found):
+            check.update(
+                status="failed",
+                reason="; ".join(f"{n}: {c['reason']}" for n, c in found if c["status"] != "passed"),
+            )
+        else:
+            check["details"]["repeats"] = [r for _, c in found for r in c["details"]["repeats"]]
+        merged["checks"].append(check)
+    merged["pooled"] = [n for n, _ in docs]
+    return merged
+
+
+def compare(
+    old_paths: Path | list[Path], new_path: Path, threshold_pct: float, *, allow_different: bool = False
+) -> Report:
+    """Load the files (refusing bad ones) and compare them; several OLD results are pooled (pool)."""
     threshold_pct = check_threshold(threshold_pct)
-    old, new = load_result(Path(old_path)), load_result(Path(new_path))
-    return compare_docs(
-        old, new, (str(old_path), str(new_path)), threshold_pct, allow_different=allow_different
-    )
+    olds = [Path(p) for p in (old_paths if isinstance(old_paths, list) else [old_paths])]
+    if not olds:
+        raise RunError("bench.compare: no OLD result; fix: pass OLD.json (or A1.json,A2.json) and NEW.json")
+    old = pool([(str(p), load_result(p)) for p in olds]) if len(olds) > 1 else load_result(olds[0])
+    new = load_result(Path(new_path))
+    names = ("+".join(str(p) for p in olds), str(new_path))
+    return compare_docs(old, new, names, threshold_pct, allow_different=allow_different)

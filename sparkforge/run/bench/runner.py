@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -34,10 +35,13 @@ from sparkforge.run.bench.suites import (
     CLIENT_WHEELS,
     LLAMA_BENCHY_BOOK,
     LLAMA_BENCHY_VERSION,
+    MARK,
     RESULT_DIR,
+    VLLM_DRIVER,
     Suite,
     benchy_argv,
     level_name,
+    run_order,
     vllm_argv,
 )
 from sparkforge.run.nodes import NodeEngine
@@ -52,26 +56,6 @@ BACKEND_PATTERNS = {
     "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
 }
 _NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
-MARK = "SPARKFORGE-RUN "
-# One process, every run: vLLM's own benchmark entry point, its own argument parser; one JSON line per run.
-VLLM_DRIVER = f"""
-import json, sys
-from vllm.benchmarks.serve import add_cli_args, main
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms", "output_lens", "ttfts", "itls",
-        "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
-for run in json.loads(sys.argv[1]):
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    try:
-        main(parser.parse_args(run["argv"]))
-        with open("{RESULT_DIR}/" + run["name"] + ".json") as f:
-            result = json.load(f)
-        line = {{"run": run["name"], "ok": True, "result": {{k: result.get(k) for k in keys}}}}
-    except (Exception, SystemExit) as exc:
-        line = {{"run": run["name"], "ok": False, "error": repr(exc)[-400:]}}
-    print("{MARK}" + json.dumps(line), flush=True)
-"""
 METRICS_SCRIPT = """
 import sys, urllib.request
 print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode())
@@ -147,18 +131,20 @@ def _vllm_levels(
     engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
 ) -> dict:
     suite, runs = options.suite, []
-    for level in suite.levels():
-        tags = (["warmup"] if options.warmup else []) + [f"r{i + 1}" for i in range(options.repeats)]
-        for tag in tags:
-            run = f"{level_name(*level)}-{tag}"
-            runs.append(
-                {
-                    "name": run,
-                    "argv": vllm_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], level, run),
-                }
-            )
+    nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
+    seeds: dict[str, int] = {}
+    for i, (level, tag) in enumerate(run_order(suite, options.repeats, options.warmup)):
+        run = f"{level_name(*level)}-{tag}"
+        seeds[run] = suite.seed + nonce + i
+        runs.append(
+            {
+                "name": run,
+                "argv": vllm_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], level, run, seeds[run]),
+            }
+        )
     echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
-         f"{options.repeats} repeats), {suite.input_len} in / {suite.output_len} out tokens, seed {suite.seed} ...")  # fmt: skip
+         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
+         f"seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
     result = _exec(
         engine, name, "bench-vllm", "python3", "-c", VLLM_DRIVER, json.dumps(runs), timeout=options.timeout_s
     )
@@ -178,10 +164,18 @@ def _vllm_levels(
                 problems.append(f"{run}: the client failed ({tail})")
                 continue
             figs, completed, failed = figures.vllm_repeat(run, entry["result"])
+            if isinstance(entry.get("outside_cpu_pct"), float):
+                figs["outside_cpu_pct"] = round(
+                    entry["outside_cpu_pct"], 1
+                )  # not compared: what it ran beside
             if failed or not completed:
                 problems.append(f"{run}: {failed} of {completed + failed} requests failed")
             repeats.append(figs)
-        out[level] = (repeats, problems)
+        out[level] = (
+            repeats,
+            problems,
+            [seeds[f"{level_name(*level)}-r{i + 1}"] for i in range(options.repeats)],
+        )
     return out
 
 
@@ -227,40 +221,39 @@ def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str
 def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
     suite = options.suite
     pythonpath = _install_benchy(engine, name, options)
-    out_file = f"{RESULT_DIR}/llama-benchy.json"
-    echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x (1 warm-up + {options.repeats} "
-         f"runs), pp {suite.input_len} / tg {suite.output_len}, depths {list(suite.depths)} ...")  # fmt: skip
-    engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
-    argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.repeats, out_file)
+    echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
+         f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
+         f"{list(suite.depths)} ...")  # fmt: skip
     env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
-    result = _exec(
-        engine,
-        name,
-        "bench-llama-benchy",
-        "python3",
-        "-m",
-        "llama_benchy",
-        *argv,
-        env=env,
-        timeout=options.timeout_s,
-    )
-    raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
-    if result.returncode != 0 or raw.returncode != 0:
-        why = f"llama-benchy exited {result.returncode}: {result.output.strip()[-300:]}"
-        return {level: ([], [why]) for level in suite.levels()}, None
-    try:
-        doc = json.loads(raw.output, parse_constant=float)
-    except ValueError as exc:
-        raise RunError(
-            f"llama-benchy wrote no JSON result ({exc}); fix: see its output: {result.output[-400:]}"
-        ) from None
-    found = figures.benchy_levels("llama-benchy result", doc, options.repeats)
+    found: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for i in range(options.repeats):
+        out_file = f"{RESULT_DIR}/llama-benchy-r{i + 1}.json"
+        engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
+        argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.warmup, out_file)
+        result = _exec(engine, name, "bench-llama-benchy", "python3", "-m", "llama_benchy", *argv, env=env,
+                       timeout=options.timeout_s)  # fmt: skip
+        raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
+        if result.returncode != 0 or raw.returncode != 0:
+            why = f"llama-benchy (round {i + 1}) exited {result.returncode}: {result.output.strip()[-300:]}"
+            return {level: ([], [why], None) for level in suite.levels()}, None
+        try:
+            doc = json.loads(raw.output, parse_constant=float)
+        except ValueError as exc:
+            raise RunError(
+                f"llama-benchy wrote no JSON result ({exc}); fix: see its output: {result.output[-400:]}"
+            ) from None
+        for level, figs in figures.benchy_levels("llama-benchy result", doc, 1).items():
+            found.setdefault(level, []).extend(figs)
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
     sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
     corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
               "seeded_from": options.corpus.name if options.corpus else None}  # fmt: skip
     out = {
-        level: (found.get(level, []), [] if level in found else ["llama-benchy reported no figures"])
+        level: (
+            found.get(level, []),
+            [] if len(found.get(level, [])) == options.repeats else ["llama-benchy reported no figures"],
+            None,
+        )
         for level in suite.levels()
     }
     return out, corpus
@@ -304,7 +297,7 @@ def run_bench(
         subject=profile.name,
         recipe=(info.get("Config") or {}).get("Labels", {}).get("dev.sparkforge.recipe"),
     )
-    for level, (repeats, problems) in measured.items():
+    for level, (repeats, problems, seeds) in measured.items():
         if spec:
             repeats = [
                 {**r, "decode_steps_s": r["output_tok_s"] / spec["mean_acceptance_length"]} for r in repeats
@@ -312,6 +305,8 @@ def run_bench(
         summary = summarize_repeats(repeats) if repeats else {}
         check = Check(level_name(*level), "failed" if problems or not repeats else "passed")
         check.details = {"concurrency": level[0], "depth": level[1], "repeats": repeats, "summary": summary}
+        if seeds:
+            check.details["seeds"] = seeds  # the prompts' seed of each repeat (vLLM's random dataset)
         if check.status == "failed":
             check.reason = "; ".join(problems) or "no repeat measured"
         else:
@@ -329,7 +324,13 @@ def run_bench(
             "suite": {
                 "name": options.suite.name,
                 "client": options.suite.client,
-                "params": {**options.suite.params(), "repeats": options.repeats, "warmup": options.warmup},
+                "params": {
+                    **options.suite.params(),
+                    "repeats": options.repeats,
+                    "warmup": options.warmup,
+                    "order": "interleaved rounds",  # suites.run_order
+                    "prompts": "fresh per run",  # seeds: suite seed + a per-bench nonce + the run's index
+                },
                 "corpus": corpus,
             },
             "identity": ident,

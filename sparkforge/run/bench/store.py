@@ -89,36 +89,54 @@ def history(
     return mine, unreadable
 
 
-def latest_for_image(image_ids: set[str], root: str | Path | None = None) -> Stored | None:
-    """The newest stored result of an image known by any of these IDs/digests."""
+def _keys(image: dict[str, Any]) -> set[str]:
+    return {
+        m.group(2)
+        for i in [image.get("id") or "", *(image.get("digests") or [])]
+        for m in [_DIGEST.search(str(i))]
+        if m
+    }
+
+
+def of_image(image_ids: set[str], root: str | Path | None = None) -> list[Stored]:
+    """The stored results of an image known by any of these IDs/digests, oldest first."""
     wanted = {m.group(2) for i in image_ids for m in [_DIGEST.search(i)] if m}
     found, _ = entries(root)
-    for stored in reversed(found):
-        image = stored.doc["identity"]["image"]
-        keys = {
-            m.group(2)
-            for i in [image.get("id") or "", *(image.get("digests") or [])]
-            for m in [_DIGEST.search(i)]
-            if m
-        }
-        if keys & wanted:
-            return stored
+    return [s for s in found if _keys(s.doc["identity"]["image"]) & wanted]
+
+
+def latest_for_image(image_ids: set[str], root: str | Path | None = None) -> Stored | None:
+    """The newest stored result of an image known by any of these IDs/digests."""
+    found = of_image(image_ids, root)
+    return found[-1] if found else None
+
+
+def latest_pair(
+    ids_a: set[str], ids_b: set[str], root: str | Path | None = None
+) -> tuple[Stored, Stored] | None:
+    """The newest results of image A and of image B that measured the same model with the same suite (the
+    suite of B's newest such result); None when the two images share no such result."""
+    a, b = of_image(ids_a, root), of_image(ids_b, root)
+    for newer in reversed(b):
+        kind = (newer.doc["model"], newer.doc["suite"]["name"])
+        older = [s for s in a if (s.doc["model"], s.doc["suite"]["name"]) == kind and s.path != newer.path]
+        if older:
+            return older[-1], newer
     return None
 
 
 def stored_pair(a: str, b: str, root: str | Path | None = None) -> list[Path]:
-    """For `invoke diff A B` without --bench: the newest stored result of each local image, or [] if either lacks."""
+    """For `invoke diff A B` without --bench: the newest stored results of the two local images that measured
+    the same model with the same suite (latest_pair), or [] when there are none."""
     from sparkforge import engine
     from sparkforge.errors import EngineError
 
-    paths = []
+    ids = []
     for ref in (a, b):
         try:
             attrs = engine.inspect_image(ref)
         except EngineError:  # not a local image (a recipe, a registry reference): no stored result
             return []
-        found = latest_for_image({str(attrs.get("Id") or ""), *(attrs.get("RepoDigests") or [])}, root)
-        if found is None:
-            return []
-        paths.append(found.path)
-    return paths
+        ids.append({str(attrs.get("Id") or ""), *(attrs.get("RepoDigests") or [])})
+    pair = latest_pair(ids[0], ids[1], root)
+    return [pair[0].path, pair[1].path] if pair else []

@@ -31,6 +31,47 @@ CLIENT_WHEELS = (
 )
 LLAMA_BENCHY_BOOK = "https://www.gutenberg.org/files/1661/1661-0.txt"  # its default corpus (Sherlock Holmes)
 RESULT_DIR = "/tmp/sparkforge-bench"
+MARK = "SPARKFORGE-RUN "
+# One process, every run: vLLM's own benchmark entry point, its own argument parser; one JSON line per run.
+# Around each run it also reads how much CPU the rest of the machine used (the host's /proc/stat busy time minus this
+# container's cgroup usage, as a percent of all CPUs): the outside load the run was measured under.
+VLLM_DRIVER = f"""
+import json, os, sys, time
+def cpu():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    own = None
+    try:  # cgroup v2, else v1's cpuacct (nanoseconds)
+        with open("/sys/fs/cgroup/cpu.stat") as f:
+            own = int(dict(line.split() for line in f)["usage_usec"]) / 1e6
+    except (OSError, KeyError, ValueError):
+        try:
+            with open("/sys/fs/cgroup/cpuacct/cpuacct.usage") as f:
+                own = int(f.read()) / 1e9
+        except (OSError, ValueError):
+            pass
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), own, time.monotonic()
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms", "output_lens", "ttfts", "itls",
+        "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+for run in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    try:
+        before = cpu()
+        main(parser.parse_args(run["argv"]))
+        after = cpu()
+        with open("{RESULT_DIR}/" + run["name"] + ".json") as f:
+            result = json.load(f)
+        line = {{"run": run["name"], "ok": True, "result": {{k: result.get(k) for k in keys}}}}
+        if before[1] is not None and after[1] is not None and after[2] > before[2]:
+            outside = (after[0] - before[0]) - (after[1] - before[1])
+            line["outside_cpu_pct"] = max(0.0, 100 * outside / ((after[2] - before[2]) * os.cpu_count()))
+    except (Exception, SystemExit) as exc:
+        line = {{"run": run["name"], "ok": False, "error": repr(exc)[-400:]}}
+    print("{MARK}" + json.dumps(line), flush=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -119,25 +160,45 @@ def check_repeats(repeats: int) -> int:
     return _positive("--repeats", repeats)
 
 
+def run_order(suite: Suite, repeats: int, warmup: bool) -> list[tuple[tuple[int, int], str]]:
+    """(level, tag) in the order they run: interleaved rounds, not level by level.
+
+    A warm-up round over every level (discarded), then round r1 over every level, then r2, ... Each level's
+    repeats are thereby spread over the whole bench: a burst of load from outside slows one repeat of several
+    levels (the ranges widen) instead of every repeat of one level (which the noise rule must read as that
+    level regressing). The first level after a server start is warmed at full size like every other.
+    """
+    tags = (["warmup"] if warmup else []) + [f"r{i + 1}" for i in range(repeats)]
+    return [(level, tag) for tag in tags for level in suite.levels()]
+
+
 def vllm_argv(
-    suite: Suite, model: str, tokenizer: str, port: str, level: tuple[int, int], run: str
+    suite: Suite, model: str, tokenizer: str, port: str, level: tuple[int, int], run: str, seed: int
 ) -> list[str]:
-    """`vllm bench serve` arguments (after `vllm bench serve`) for one run of one level."""
+    """`vllm bench serve` arguments (after `vllm bench serve`) for one run of one level.
+
+    Every run (warm-up included) sends the level's full prompt count; `seed` is the run's own (runner.py): no run
+    re-sends an earlier run's prompts, so none is served from a prefix cache another run filled (the depth's
+    shared prefix is still shared by the requests of one run, as it should be).
+    """
     concurrency, depth = level
-    prompts = concurrency if run.endswith("warmup") else max(suite.num_prompts, concurrency)
+    prompts = max(suite.num_prompts, concurrency)
     return [
         "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(suite.input_len), "--random-output-len", str(suite.output_len),
         "--random-prefix-len", str(depth), "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-        "--seed", str(suite.seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--seed", str(seed), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir", RESULT_DIR,
         "--result-filename", f"{run}.json", "--disable-tqdm",
     ]  # fmt: skip
 
 
-def benchy_argv(suite: Suite, model: str, tokenizer: str, port: str, repeats: int, out: str) -> list[str]:
-    """llama-benchy's arguments for the whole suite (it runs every level, a warm-up and `repeats` runs each).
+def benchy_argv(suite: Suite, model: str, tokenizer: str, port: str, warmup: bool, out: str) -> list[str]:
+    """llama-benchy's arguments for one round of the suite: every level, its own warm-up and one run each.
+
+    The runner starts it once per repeat (round), so that, as with vLLM's client, each level's repeats are
+    spread over the whole bench (run_order); llama-benchy itself would run a level's runs back to back.
 
     `--exact-tg` (min_tokens + ignore_eos) keeps output lengths fixed; `--skip-coherence` because answers are
     checked by `invoke conform`, and a random-weight test model cannot pass a coherence question.
@@ -146,6 +207,6 @@ def benchy_argv(suite: Suite, model: str, tokenizer: str, port: str, repeats: in
         "--base-url", f"http://127.0.0.1:{port}/v1", "--model", model, "--served-model-name", model,
         "--tokenizer", tokenizer, "--pp", str(suite.input_len), "--tg", str(suite.output_len),
         "--depth", *map(str, suite.depths), "--concurrency", *map(str, suite.concurrencies),
-        "--runs", str(repeats), "--exact-tg", "--skip-coherence", "--latency-mode", "api",
+        "--runs", "1", *([] if warmup else ["--no-warmup"]), "--exact-tg", "--skip-coherence", "--latency-mode", "api",
         "--book-url", LLAMA_BENCHY_BOOK, "--format", "json", "--save-result", out,
     ]  # fmt: skip
