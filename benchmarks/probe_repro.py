@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -44,6 +45,14 @@ UNITS = (
     "csrc/libtorch_stable/quantization/w8a8/cutlass/scaled_mm_c3x_sm120.cu",
 )
 LINK_TARGET = "_C_stable_libtorch.abi3.so"
+TOOLS = (
+    "bin/nvcc",
+    "bin/cudafe++",
+    "bin/ptxas",
+    "bin/fatbinary",
+    "nvvm/bin/cicc",
+    "nvvm/libdevice/libdevice.10.bc",
+)
 CARRIED = Path("/opt/probe-repro")  # ccache and libhiredis from the image (probe_repro_pack.sh)
 
 
@@ -130,20 +139,11 @@ def setup_toolkit(tools_txt: str) -> dict[str, object]:
     if not Path("/opt/cuda").exists():
         Path("/opt/cuda").symlink_to(CU13)
     ours = {}
-    for rel in (
-        "bin/nvcc",
-        "bin/cudafe++",
-        "bin/ptxas",
-        "bin/fatbinary",
-        "nvvm/bin/cicc",
-        "nvvm/libdevice/libdevice.10.bc",
-    ):
+    for rel in TOOLS:
         path = top / rel
         ours[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
     theirs = dict(reversed(ln.split()) for ln in tools_txt.splitlines() if re.match(r"^[0-9a-f]{64}  ", ln))
     # Torch's libraries for the link: this machine's (the image's torch is not carried; sonames are the same).
-    import importlib.util
-
     spec = importlib.util.find_spec("torch")
     torch_lib = Path(next(iter(spec.submodule_search_locations))) / "lib" if spec else None
     if torch_lib and not (SITE / "torch" / "lib").exists():
