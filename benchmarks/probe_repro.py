@@ -384,20 +384,20 @@ def main() -> int:
     report["needed"] = sh(f"readelf -d {root / 'run1' / 'probe_units.abi3.so'} | grep NEEDED | head -n 12")
     report["total_s"] = round(time.monotonic() - start, 1)
     (args.out / "repro_probe_units.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(
-        json.dumps(
-            {k: v for k, v in report.items() if k not in ("units", "example_command", "link_command")},
-            indent=1,
-        )[:6000]
-    )
     for u in units:
         print(
             u["unit"],
             u["compiles"],
-            "object identical:",
+            "objects identical:",
             u["object"].get("identical"),
             u["object"].get("differing_sections"),
         )
+    print(
+        "library identical:",
+        report["library"].get("identical"),
+        "stripped:",
+        report["stripped_library"].get("identical"),
+    )
     return 0
 
 
