@@ -374,9 +374,7 @@ def main() -> int:
         lib = root / run / "probe_units.abi3.so"
         if lib.is_file():
             shutil.copy2(lib, root / run / "probe_units.stripped.so")
-            subprocess.run(
-                ["strip", "--strip-unneeded", str(root / run / "probe_units.stripped.so")], check=False
-            )
+            subprocess.run(["strip", "--strip-unneeded", str(root / run / "probe_units.stripped.so")])
     report["library"] = compare(root / "run1" / "probe_units.abi3.so", root / "run2" / "probe_units.abi3.so")
     report["stripped_library"] = compare(
         root / "run1" / "probe_units.stripped.so", root / "run2" / "probe_units.stripped.so"
@@ -385,18 +383,9 @@ def main() -> int:
     report["total_s"] = round(time.monotonic() - start, 1)
     (args.out / "repro_probe_units.json").write_text(json.dumps(report, indent=2) + "\n")
     for u in units:
-        print(
-            u["unit"],
-            u["compiles"],
-            "objects identical:",
-            u["object"].get("identical"),
-            u["object"].get("differing_sections"),
-        )
+        print(u["unit"], u["compiles"], "objects differ in:", u["object"].get("differing_sections"))
     print(
-        "library identical:",
-        report["library"].get("identical"),
-        "stripped:",
-        report["stripped_library"].get("identical"),
+        f"libraries identical: {report['library'].get('identical')}, stripped: {report['stripped_library'].get('identical')}"
     )
     return 0
 
