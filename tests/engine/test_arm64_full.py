@@ -5,7 +5,9 @@ verified as `invoke verify` does: labels, lock and kernel coverage for sm_121 fr
 suite in an arm64 container under qemu-user: the registry check (Qwen3_5MoeForConditionalGeneration), versions,
 pip check and the JIT toolchain checks for sm_121a; only the checks that need a GPU are skipped, for that reason.
 Under emulation the suite's container gets one OpenMP thread (sparkforge/verify/emulation.py: qemu-user 7.2
-crashes or stalls in torch's import otherwise); natively nothing is added. Timing: benchmarks/build.md."""
+crashes or stalls in torch's import otherwise); natively nothing is added. Measured 2026-12-01 on 2 shared cores (benchmarks/build.md): cold build 2052 s
+(every layer from the base's g++ step, all wheels downloaded) + verify ~222 s; cached build 6 s + verify 256 s.
+Too long for CI's budget, so slow (on demand)."""
 
 from __future__ import annotations
 
