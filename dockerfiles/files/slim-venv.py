@@ -191,6 +191,21 @@ def loadable(path: Path) -> bool:
     return True
 
 
+def load_layout(path: Path) -> list[tuple[int, ...]]:
+    """Type, flags, address, memory size and alignment of every program header: what the loader maps.
+
+    `strip --strip-unneeded` only drops sections no segment holds, so it never changes these; where it does, it
+    broke the library: BOLT-rewritten ones (NVIDIA's aarch64 libcudnn.so.9, `.bolt.org.*` sections) came out with
+    overlapping segments and `.bss` in an executable one, which the loader refuses ("cannot change memory
+    protections", measured under qemu-user, benchmarks/build.md).
+    """
+    data = path.read_bytes()
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    headers = [struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize) for i in range(phnum)]
+    return [(kind, flags, vaddr, memsz, align) for kind, flags, _, vaddr, _, _, memsz, align in headers]
+
+
 def strip(root: Path, since: float, log: dict[str, int]) -> list[Path]:
     """Strips the step's shared libraries; returns those it rewrote."""
     stripped: list[Path] = []
@@ -207,11 +222,11 @@ def strip(root: Path, since: float, log: dict[str, int]) -> list[Path]:
             or not loadable(path)
         ):
             continue  # auditwheel's vendored libraries (*.libs) were rewritten by patchelf: left as shipped
-        before = path.stat().st_size
+        before, layout = path.stat().st_size, load_layout(path)
         backup = path.with_name(path.name + ".slim-venv-orig")
         shutil.copy2(path, backup)
         done = subprocess.run([tool, "--strip-unneeded", str(path)], capture_output=True, text=True)
-        if done.returncode != 0 or not loadable(path):
+        if done.returncode != 0 or not loadable(path) or load_layout(path) != layout:
             os.replace(backup, path)  # strip failed or broke the layout: keep the library exactly as shipped
             log["libraries left unstripped (strip would break them)"] += before
             continue

@@ -5,7 +5,9 @@ verified as `invoke verify` does: labels, lock and kernel coverage for sm_121 fr
 suite in an arm64 container under qemu-user: the registry check (Qwen3_5MoeForConditionalGeneration), versions,
 pip check and the JIT toolchain checks for sm_121a; only the checks that need a GPU are skipped, for that reason.
 Under emulation the suite's container gets one OpenMP thread (sparkforge/verify/emulation.py: qemu-user 7.2
-crashes or stalls in torch's import otherwise); natively nothing is added. Timing: benchmarks/build.md."""
+crashes or stalls in torch's import otherwise); natively nothing is added. Measured 2026-12-01 on 2 shared cores (benchmarks/build.md): cold build 2052 s
+(every layer from the base's g++ step, all wheels downloaded) + verify ~222 s; cached build 6 s + verify 256 s.
+Too long for CI's budget, so slow (on demand)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ MUST_PASS = {
 }
 
 
+# Checks a wheel recipe has nothing to check for: the official wheel's Rust artifacts are what it carries.
+NOT_FOR_WHEELS = {"rust-extensions"}
+
+
 def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> None:
     recipe = load_recipe(REPO_ROOT / "tests" / "recipes" / "ci-wheels-arm64.yaml")
     start = time.monotonic()
@@ -56,6 +62,9 @@ def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> 
     report = suite.verify_image(recipe, result.candidate, gpus="none", log_dir=tmp_path / "logs")
     verified = time.monotonic() - start
     checks = {c.name: c for c in report.checks}
+    print(f"arm64 under qemu: build {built:.0f} s, verify {verified:.0f} s")
+    for check in report.checks:
+        print(f"  {check.name:<20} {check.status:<8} {check.duration_s:6.1f}s  {check.reason[:150]}")
     failed = {c.name: c.reason for c in report.checks if c.status == "failed"}
     assert not failed, failed
     assert {name for name in MUST_PASS if checks[name].status != "passed"} == set(), {
@@ -63,7 +72,11 @@ def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> 
     }
     assert "Qwen3_5MoeForConditionalGeneration" in checks["registry"].details["required"]
     skipped = {c.name: c.reason for c in report.checks if c.status == "skipped"}
-    # Only what needs a GPU (or a registry's signed attestation, or a mounted model) is skipped.
+    # Only what needs a GPU (or a registry's signed attestation, or a mounted model) is skipped, and what a wheel
+    # recipe has nothing to check for (it skips on a Spark alike).
     for name, reason in skipped.items():
-        assert any(word in reason for word in ("GPU", "gpu", "attestation", "model")), (name, reason)
-    print(f"arm64 under qemu: build {built:.0f} s, verify {verified:.0f} s; skipped: {sorted(skipped)}")
+        wheel_only = name in NOT_FOR_WHEELS and "wheel recipe" in reason
+        assert wheel_only or any(word in reason for word in ("GPU", "gpu", "attestation", "model")), (
+            name,
+            reason,
+        )

@@ -167,3 +167,51 @@ def test_strip_refreshes_record_and_makes_two_compiles_identical(tmp_path: Path)
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     assert lines[1] == f"pkg/libanswer.so,sha256={digest},{len(data)}"  # the stripped bytes, pip's form
     assert lines[0].startswith("pkg/kept.py,sha256=") and lines[2] == "pkg-1.0.dist-info/RECORD,,"
+
+
+def test_strip_keeps_a_library_whose_mapped_layout_strip_changed(tmp_path: Path) -> None:
+    """GNU strip rewrote NVIDIA's BOLT-processed aarch64 libcudnn.so.9 into overlapping segments (the loader:
+    "cannot change memory protections"), offsets still congruent. A real strip keeps every program header; a strip
+    that moves one (here: the real strip, then one PT_LOAD's address moved by a page) leaves the library as shipped."""
+    import shutil
+
+    import pytest
+
+    compiler, real_strip = shutil.which("gcc") or shutil.which("cc"), shutil.which("strip")
+    if compiler is None or real_strip is None:
+        pytest.skip("gcc and binutils' strip are needed to make and strip a real library")
+    slim = _load_slim()
+    site, bin_dir = tmp_path / "site", tmp_path / "bin"
+    (site / "pkg").mkdir(parents=True)
+    bin_dir.mkdir()
+    stamp = tmp_path / "step-began"
+    stamp.touch()
+    time.sleep(0.05)
+    source = tmp_path / "answer.c"
+    source.write_text("int answer(void) { return 42; }\n")
+    library = site / "pkg" / "libanswer.so"
+    subprocess.run([compiler, "-g", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    shipped = library.read_bytes()
+    copy = tmp_path / "copy.so"
+    copy.write_bytes(shipped)
+    subprocess.run([real_strip, "--strip-unneeded", str(copy)], check=True)
+    assert slim.load_layout(copy) == slim.load_layout(library)  # what a working strip does
+    mover = bin_dir / "strip"
+    mover.write_text(
+        f"#!{sys.executable}\nimport struct, subprocess, sys\n"
+        f"subprocess.run([{real_strip!r}, *sys.argv[1:]], check=True)\n"
+        "data = bytearray(open(sys.argv[-1], 'rb').read())\n"
+        "phoff = struct.unpack_from('<Q', data, 0x20)[0]\n"
+        "size, count = struct.unpack_from('<HH', data, 0x36)\n"
+        "at = [phoff + i * size for i in range(count) if struct.unpack_from('<I', data, phoff + i * size)[0] == 1][-1]\n"
+        "struct.pack_into('<Q', data, at + 16, struct.unpack_from('<Q', data, at + 16)[0] - 0x1000)\n"
+        "open(sys.argv[-1], 'wb').write(data)\n"
+    )
+    mover.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--site", str(site), "--since", str(stamp), "--cuda", "13.0", "--strip"],
+        check=True, capture_output=True, text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert library.read_bytes() == shipped  # restored exactly
+    assert "left unstripped" in done.stdout
+    assert not list(site.rglob("*.slim-venv-orig"))
