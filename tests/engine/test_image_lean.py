@@ -25,7 +25,10 @@ from sparkforge.verify.size import size_report
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
-SIZE_LIMIT = 9_000_000_000
+# 9.05 GB measured (was 8.87 GB): slim-venv keeps a library as shipped when strip would change what the loader
+# maps, and GNU strip trims the last writable segment's memory size of most torch libraries by a few bytes
+# (dockerfiles/files/slim-venv.py load_layout). Correct before lean: the bound follows the measurement.
+SIZE_LIMIT = 9_100_000_000
 OLD_NVCC = "nvidia-cuda-nvcc-cu12==12.8.93"  # CUDA 12.8: knows sm_120, not sm_121 (added in 12.9)
 
 
@@ -63,7 +66,7 @@ def test_size_report_under_limit_and_cuda_once(lean_image) -> None:
     image, _ = lean_image
     report = size_report(image)
     data = report.extra["size"]
-    assert data["image_bytes"] <= SIZE_LIMIT, f"{data['image_bytes'] / 1e9:.2f} GB > 9 GB"
+    assert data["image_bytes"] <= SIZE_LIMIT, f"{data['image_bytes'] / 1e9:.2f} GB > 9.1 GB"
     check = report.checks[0]
     assert check.name == "cuda-once" and check.status == "passed", check.reason
     assert not [d for d in data["duplicates"] if d["cuda"]]
