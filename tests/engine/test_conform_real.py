@@ -61,7 +61,10 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
     api = rows["api"]["details"]
     assert "3 asked, 3 returned" in api["max_tokens"] and "finish stop" in api["stop"]
-    assert api["image"].startswith("skipped: the profile disables image input")
+    # The base64 PNG (64x64: 2x2 merged 16-pixel patches on the tiny model's Qwen3-VL processor) is answered by
+    # the vision-language class, its 4 image tokens and the vision start/end markers counted in the prompt usage.
+    assert "answered by Qwen3_5MoeForConditionalGeneration" in api["image"], api["image"]
+    assert "the image counted 6 prompt tokens" in api["image"], api["image"]
     assert [s["config"] for s in doc["servers"]] == [
         "as profiled",
         "prefix caching off",

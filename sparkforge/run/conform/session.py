@@ -6,13 +6,15 @@ the golden file, the attach URL answering. Server configurations: the profile as
 caching toggled, then chunked prefill off (vLLM requires chunked prefill for the hybrid models' prefix-cache
 mode, so that one runs with prefix caching off too and is compared with the previous), then speculative
 decoding off where the profile uses it. A configuration vLLM refuses to start is a `skipped` row with vLLM's
-own words; the others still run. What conform started, it stops.
+own words; the others still run. What conform started, it stops. With `--nodes A,B` conform brings the profile
+up across the nodes as `cluster.up` does (doctor, plan, workers then the head) and asks from inside the head
+container (its link address may be out of this machine's reach); the variants need one node.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,12 @@ from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import CHECKS, ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
-from sparkforge.run.cluster import launch_plan
+from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as rows
-from sparkforge.run.conform.client import Completion, OpenAIClient, check_url
+from sparkforge.run.conform.apisurface import api
+from sparkforge.run.conform.client import Completion, HeadExecClient, OpenAIClient, check_url
+from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.serve import serve_down, serve_up
@@ -43,6 +47,7 @@ class ConformOptions:
     launch: LaunchOptions | None = None
     health_timeout_s: float = 1800
     image_ref: str | None = None
+    doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
 
 
 @dataclass
@@ -84,8 +89,11 @@ def prefix_caching_on(profile: Profile) -> bool:
     return _norm(profile.model.args).get("enable-prefix-caching", True) is not False
 
 
-def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *, echo: Echo) -> Report:
+def run_conform(
+    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, *, echo: Echo
+) -> Report:
     """Every selected check; the report says which ran, which failed (with the first divergence) and why skips."""
+    engine = engines[0]
     settings = settings_of(profile)
     selected = options.checks or tuple(settings.checks)
     served = profile.model.served_model_name or profile.model.model
@@ -106,6 +114,7 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
     else:
         if options.launch is None:
             raise RunError("conform needs --attach URL or a launch (recipe, image, model)")
+        _check_nodes(profile, engines)
         if engine.state(f"sparkforge-serve-{profile.name}-0").status == "running":
             raise RunError(
                 f"profile {profile.name} is already running on {engine.node.label}; nothing was started or stopped; "
@@ -114,15 +123,19 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
             )
         client = OpenAIClient(f"http://127.0.0.1:{options.launch.port}", served)
     try:
-        if not options.attach:
+        if len(engines) > 1:
+            client = _cluster_start(engines, profile, options, servers, echo)
+        elif not options.attach:
             _start(engine, profile, options, servers, echo, "as profiled")
         reference = _base_rows(
             report, client, profile, settings, selected, options, golden, revision, golden_path, engine, echo
         )
         if "equivalence" in selected:
-            _variant_rows(report, client, engine, profile, settings, options, servers, echo, reference)
+            _variant_rows(report, client, engines, profile, settings, options, servers, echo, reference)
     finally:
-        if servers.started:
+        if servers.started and len(engines) > 1:
+            cluster_down(engines, profile.name)
+        elif servers.started:
             serve_down(engine, profile.name)
     report.extra.update(
         {
@@ -134,6 +147,36 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
         }
     )
     return report
+
+
+def _check_nodes(profile: Profile, engines: Sequence[NodeEngine]) -> None:
+    if profile.model.nodes != len(engines):
+        given = "one node" if len(engines) == 1 else f"{len(engines)} nodes (--nodes)"
+        raise RunError(
+            f"profile {profile.name} runs on {profile.model.nodes} node(s), conform was given {given}; nothing was "
+            f"started or stopped; fix: pass --nodes with {profile.model.nodes} engines (A,B,...) for it, or a "
+            "one-node profile without --nodes"
+        )
+
+
+def _cluster_start(
+    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, servers: Servers, echo: Echo
+) -> OpenAIClient:
+    """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the head."""
+    assert options.launch is not None and options.doctor is not None
+    echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
+    up = cluster_up(
+        engines, profile, options.launch, options.doctor, echo=echo, health_timeout_s=options.health_timeout_s
+    )
+    servers.started.append(
+        {
+            "config": f"as profiled, {len(engines)} nodes",
+            "start_s": round(up.seconds, 1),
+            "args": profile.serve_args(),
+        }
+    )
+    served = profile.model.served_model_name or profile.model.model
+    return HeadExecClient(engines[0], up.plan.head.container.name, options.launch.port, served)
 
 
 def _start(
@@ -186,7 +229,7 @@ def _base_rows(
     if "long-decode" in selected:
         _timed(report, echo, "long-decode", lambda: rows.long_decode(client, settings))
     if "api" in selected:
-        _timed(report, echo, "api", lambda: rows.api(client, profile, settings, reference))
+        _timed(report, echo, "api", lambda: api(client, profile, settings, reference))
     if "golden" in selected:
         image = options.launch.image if options.launch else options.image_ref
         provenance = {
@@ -222,18 +265,19 @@ def _prefix_row(client: OpenAIClient, profile: Profile, settings: ConformSetting
 
 
 def _variant_rows(
-    report, client, engine, profile, settings, options, servers, echo, reference: list[Completion]
+    report, client, engines, profile, settings, options, servers, echo, reference: list[Completion]
 ) -> None:
     names = [f"equivalence:{n}" for n in EQUIVALENCE_ROWS[2:]]
+    engine = engines[0]
+    why = ""
     if options.attach:
+        why = "--attach serves one configuration; fix: run conform without --attach to start the others"
+    elif len(engines) > 1:
+        why = (f"--nodes: conform checks the one configuration cluster.up serves across {len(engines)} nodes; "
+               "fix: run the server variants with a one-node profile")  # fmt: skip
+    if why:
         for name in names:
-            report.add(
-                Check(
-                    name,
-                    "skipped",
-                    "--attach serves one configuration; fix: run conform without --attach to start the others",
-                )
-            )
+            report.add(Check(name, "skipped", why))
         return
     prompts = rows.prompt_set(settings)
     on = prefix_caching_on(profile)
