@@ -9,7 +9,8 @@ transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta
 processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as bf16
 safetensors; greedy accuracy is measured on held-out prompts and written to `accuracy.json`. Head sizes are
 the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
-No MTP layer: transformers' Qwen3_5Moe has no MTP module to train (it drops `mtp.*` weights on load).
+An MTP layer (`mtp.*`, what vLLM's Qwen3_5MoeMTP drafter loads) is added after training, UNTRAINED:
+transformers' Qwen3_5Moe has no MTP module to train; greedy output must not depend on what a drafter proposes.
 Usage (in the image): python3 tiny_trained_qwen35moe.py OUT_DIR [STEPS]
 """
 
@@ -146,6 +147,7 @@ def config(torch):
         "pad_token_id": 1,
         "bos_token_id": 1,
         "tie_word_embeddings": False,
+        "mtp_num_hidden_layers": 1,
     }
     vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64, "intermediate_size": 64,
               "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
@@ -192,6 +194,23 @@ def accuracy(net, torch, rng: random.Random, prompts: int = 8, tokens: int = 125
     return {"right": right, "tokens": total, "accuracy": right / total}
 
 
+def mtp_layer(out: Path, torch) -> None:
+    """Qwen3.5's multi-token-prediction layer beside the weights, untrained: fc joins the normed embedding of the
+    next token and the normed hidden state (identity on the hidden half), one full-attention MoE decoder layer
+    (a copy of layer 1, the same kind), the final norm; vLLM's main model skips `mtp.*`, its drafter loads it."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(out / "model.safetensors")
+    source = "model.language_model.layers.1."
+    mtp = {f"mtp.layers.0.{k[len(source) :]}": v.clone() for k, v in weights.items() if k.startswith(source)}
+    hidden = weights["model.language_model.norm.weight"]
+    size = hidden.shape[0]
+    mtp["mtp.fc.weight"] = torch.cat([torch.zeros(size, size), torch.eye(size)], dim=1).to(hidden.dtype)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{norm}.weight"] = hidden.clone()
+    save_file({**weights, **mtp}, out / "model.safetensors", metadata={"format": "pt"})
+
+
 def model(out: Path, steps: int) -> dict:
     import torch
     from transformers import Qwen3_5MoeForConditionalGeneration
@@ -207,6 +226,7 @@ def model(out: Path, steps: int) -> dict:
     measured = accuracy(net, torch, random.Random(SEED + 1))
     net.config.dtype = torch.bfloat16
     net.save_pretrained(out, safe_serialization=True)
+    mtp_layer(out, torch)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 3, "pad_token_id": 1}) + "\n")
     facts = {
         "task": f"arithmetic progression mod {MODULUS}, steps {list(STEPS)}",

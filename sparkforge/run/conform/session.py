@@ -32,6 +32,7 @@ from sparkforge.run.conform.client import Completion, HeadExecClient, OpenAIClie
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.serve import serve_down, serve_up
 
 EQUIVALENCE_ROWS = ("streaming", "concurrency", "prefix-caching", "chunked-prefill", "speculative")
@@ -55,6 +56,7 @@ class Servers:
     """What conform started (to stop it) and how long each start took."""
 
     started: list[dict[str, Any]] = field(default_factory=list)
+    logs_kept_for: int = 0  # failed rows whose server log is kept
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -133,6 +135,7 @@ def run_conform(
         if "equivalence" in selected:
             _variant_rows(report, client, engines, profile, settings, options, servers, echo, reference)
     finally:
+        _keep_failed_logs(engines, profile, servers, report, echo)
         if servers.started and len(engines) > 1:
             cluster_down(engines, profile.name)
         elif servers.started:
@@ -197,6 +200,24 @@ def _start(
     servers.started.append(
         {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
     )
+
+
+def _keep_failed_logs(
+    engines: Sequence[NodeEngine], profile: Profile, servers: Servers, report: Report, echo: Echo
+) -> None:
+    """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback is there)."""
+    failed = [c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")]
+    if not servers.started or len(failed) <= servers.logs_kept_for:
+        return
+    servers.logs_kept_for = len(failed)
+    names = [f"sparkforge-serve-{profile.name}-{rank}" for rank in range(len(engines))]
+    try:
+        where = keep_logs(engines, names)
+    except (OSError, RunError) as exc:  # never masks the report being made
+        echo(f"  (the server's log could not be kept: {exc})")
+        return
+    report.extra.setdefault("logs", []).append(str(where))
+    echo(f"  a request failed: the server's log is kept in {where}")
 
 
 def _timed(report: Report, echo: Echo, name: str, make: Callable[[], Check]) -> Check:
@@ -338,7 +359,9 @@ def _run_variant(
     try:
         return rows.greedy(client, prompts, settings)
     except RunError as exc:
-        return f"FAILED: with {what} a request failed: {str(exc)[:400]}"
+        kept = keep_logs([engine], [f"sparkforge-serve-{profile.name}-0"])
+        echo(f"  with {what} a request failed: the server's log is kept in {kept}")
+        return f"FAILED: with {what} a request failed: {str(exc)[:400]} (the server's log: {kept})"
 
 
 def _compare_variant(report, echo, name, reference, outputs, sides, client, note: str = "") -> None:
