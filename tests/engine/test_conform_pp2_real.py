@@ -2,7 +2,9 @@
 namespaced nodes of tests/engine/cluster.py (one vLLM rank each, over the `fabric0` link), as cluster.up brings
 it up (doctor, workers then the head). Determinism (the prompt set twice greedy, twice with a seed) and a
 4,096-token decode exact to the last token, asked from inside the head container (the head listens on its link
-address, which this machine does not reach); the server variants are skipped, named; nothing is left running.
+address, which this machine does not reach), and the golden recorded by the one-node run compared exactly: the
+pipeline-parallel deployment gives the same token ids as one node. The server variants are skipped, named;
+nothing is left running.
 """
 
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster_real_fixtures import twin_nodes  # noqa: F401
-from conform_fixtures import conform
+from conform_fixtures import clean_conform, conform  # noqa: F401
 from real_fixtures import REAL_TIMINGS, TWIN_REF, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
@@ -24,8 +26,9 @@ PROFILE_PATH = str(REPO_ROOT / "tests" / "profiles" / f"{PROFILE}.yaml")
 
 
 def test_determinism_and_the_long_decode_hold_on_pipeline_parallel_2(
-    twin_nodes, trained_model: Path, tmp_path: Path
+    twin_nodes, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
 ) -> None:
+    _, golden = clean_conform
     a, b = twin_nodes.nodes
     report = tmp_path / "pp2.json"
     code, out, seconds = conform(
@@ -33,6 +36,7 @@ def test_determinism_and_the_long_decode_hold_on_pipeline_parallel_2(
         "--interface", "fabric0", "--gpus", "none", "--model-dir", str(trained_model),
         "--cache-dir", str(tmp_path / "cache"), "--port", "18473", "--master-port", "29513",
         "--ulimit", "nofile=16384", "--health-timeout", "900", "--json", str(report),
+        "--checks", "determinism,long-decode,golden", "--golden", str(golden),
     )  # fmt: skip
     REAL_TIMINGS["conform_pp2_s"] = round(seconds, 1)
     assert code == 0, out[-5000:]
@@ -53,7 +57,9 @@ def test_determinism_and_the_long_decode_hold_on_pipeline_parallel_2(
     long = rows["long-decode"]["details"]
     assert rows["long-decode"]["status"] == "passed"
     assert long["tokens"] == long["asked"] == 4096 and long["right"] == long["answer_tokens"] == 4096
-    assert set(rows) == {"determinism", "long-decode"}
+    # The one-node golden, compared exactly: the same 336 token ids through two pipeline stages.
+    assert rows["golden"]["status"] == "passed" and "identical to" in rows["golden"]["reason"], rows["golden"]
+    assert set(rows) == {"determinism", "long-decode", "golden"}
     assert [s["config"] for s in doc["servers"]] == ["as profiled, 2 nodes"]
     REAL_TIMINGS.update(
         {"conform_pp2_start_s": doc["servers"][0]["start_s"], "conform_pp2_long_tok_s": long["tok_s"]}

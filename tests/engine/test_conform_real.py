@@ -116,6 +116,8 @@ def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_cau
         assert code == 1 and "already running" in out and "--attach" in out and len(_running()) == 1
         _faults_caught(golden, tmp_path)
     finally:
+        log = sh(DOCKER, "logs", "--tail", "60", f"sparkforge-serve-{PROFILE}-0", check=False)
+        print(f"---- the kept deployment's last lines ----\n{log.stdout[-6000:]}{log.stderr[-6000:]}")
         invoke("serve.down", "--profile", PROFILE)
         sh(DOCKER, "rmi", FAULTY, check=False)
     assert _running() == []
