@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster_real_fixtures import twin_nodes  # noqa: F401
-from conform_fixtures import clean_conform, conform  # noqa: F401
+from conform_fixtures import conform
 from real_fixtures import REAL_TIMINGS, TWIN_REF, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT

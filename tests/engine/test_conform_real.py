@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, PORT, clean_conform, conform, launch_args  # noqa: F401
+from conform_fixtures import CONFORM_PROFILE, PORT, conform, launch_args
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
