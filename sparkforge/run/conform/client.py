@@ -43,7 +43,7 @@ def check_url(url: str) -> str:
 
 
 class OpenAIClient:
-    def __init__(self, base_url: str, model: str = "", timeout_s: float = 900) -> None:
+    def __init__(self, base_url: str, model: str = "", timeout_s: float = 1800) -> None:
         self.base = check_url(base_url)
         self.model = model
         self.timeout_s = timeout_s
@@ -143,7 +143,7 @@ class HeadExecClient(OpenAIClient):
     seam): a multi-node head listens on its cluster-link address, which this machine may not reach."""
 
     def __init__(
-        self, engine: NodeEngine, container: str, port: int, model: str = "", timeout_s: float = 900
+        self, engine: NodeEngine, container: str, port: int, model: str = "", timeout_s: float = 1800
     ):
         super().__init__(f"http://127.0.0.1:{port}", model, timeout_s)
         self.engine, self.container = engine, container
