@@ -21,6 +21,7 @@ from typing import Any
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
+from sparkforge.preflight.knownbad import refusals
 from sparkforge.recipe.conformspec import CHECKS, ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
@@ -303,7 +304,8 @@ def _variant_rows(
     prompts = rows.prompt_set(settings)
     on = prefix_caching_on(profile)
     no_prefix = variant(profile, **{"enable-prefix-caching": not on})
-    outputs = _run_variant(
+    refused = _known_bad(no_prefix, str(report.extra.get("vllm") or ""))
+    outputs = refused or _run_variant(
         engine,
         no_prefix,
         options,
@@ -347,6 +349,15 @@ def _variant_rows(
         engine, no_spec, options, servers, echo, prompts, settings, client, "speculative decoding off"
     )
     _compare_variant(report, echo, names[2], reference, outputs3, ("speculative on", "off"), client)
+
+
+def _known_bad(profile: Profile, vllm: str) -> str:
+    """A variant that is a known-bad combination (serve refuses it) is not started: the reason, else ''."""
+    try:
+        found = refusals(profile, vllm) if vllm else []
+    except (ValueError, RunError):  # an unreadable version: the variant runs as before
+        return ""
+    return f"not started: {found[0].message()} (serve refuses it)" if found else ""
 
 
 def _run_variant(
