@@ -7,7 +7,16 @@ from pathlib import Path
 from invoke import Context, task
 
 from sparkforge.cli import echo, finish_report, user_errors
-from sparkforge.cli.run import COMMON_HELP, _engine, _image, _launch_options
+from sparkforge.cli.run import (
+    COMMON_HELP,
+    IFACE_HELP,
+    NODES_HELP,
+    _doctor_options,
+    _engine,
+    _engines,
+    _image,
+    _launch_options,
+)
 
 
 @task(
@@ -25,6 +34,10 @@ from sparkforge.cli.run import COMMON_HELP, _engine, _image, _launch_options
         "json": "write the JSON report here",
         "junit": "write JUnit XML here",
         "node": "the engine to run on (default: the local one)",
+        "nodes": NODES_HELP
+        + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
+        "interface": IFACE_HELP,
+        "master_port": "rendezvous port of a multi-node launch (--master-port)",
         "health_timeout": "seconds to wait for /health per server start",
     },
 )
@@ -46,10 +59,14 @@ def conform(
     cache_dir: str = "/var/cache/sparkforge",
     gpus: str = "all",
     node: str = "",
+    nodes: str = "",
+    interface: str = "",
+    master_port: int = 29501,
     ulimit: list[str] | None = None,
     health_timeout: int = 1800,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
+    from sparkforge.errors import RunError
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.conform.client import check_url
@@ -57,6 +74,11 @@ def conform(
     from sparkforge.run.inputs import check_positive
 
     selected = parse_checks(checks)  # every input checked before an engine or a server is contacted
+    if node and nodes:
+        raise RunError(
+            "conform: --node and --nodes both given; fix: --node E for one engine, --nodes A,B for several"
+        )
+    engines = _engines(nodes) if nodes else [_engine(node)]
     if attach:
         check_url(attach)
     check_positive("--health-timeout", health_timeout)
@@ -65,7 +87,13 @@ def conform(
     launch = None
     if not attach:
         launch = _launch_options(
-            _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+            _image(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+        )  # fmt: skip
+    doctor = None
+    if nodes and not attach:
+        doctor = _doctor_options(
+            _image(recipe, image), interface, master_port, gpus, sanity=True, model_dir=model_dir,
+            hf_token_file=hf_token_file, cache_dir=cache_dir,
         )  # fmt: skip
     options = ConformOptions(
         checks=selected,
@@ -76,7 +104,8 @@ def conform(
         launch=launch,
         health_timeout_s=health_timeout,
         image_ref=image or None,
+        doctor=doctor,
     )
-    report = run_conform(_engine(node), loaded, options, echo=echo)
+    report = run_conform(engines, loaded, options, echo=echo)
     report.recipe = recipe_name
     finish_report(report, json, junit, hint="each failed row names the first divergence or the garble found")

@@ -58,5 +58,9 @@ class ConformSettings(BaseModel):
     # A prompt longer than max-num-batched-tokens, so that chunked prefill really splits it (words repeated).
     long_prompt_words: Annotated[int, Field(ge=0, le=100000)] = 600
     long_decode: LongDecode = Field(default_factory=LongDecode)
+    # The text beside the api row's image (where the profile enables image input).
+    image_prompt: Annotated[StrictStr, Field(min_length=1, max_length=2000)] = (
+        "What is in this image? Answer in one word."
+    )
     known_answer: KnownAnswer | None = None
     checks: list[Literal[CHECKS]] = Field(default_factory=lambda: list(CHECKS))  # type: ignore[valid-type]

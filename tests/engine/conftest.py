@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from buildx_fixtures import buildx_published  # noqa: F401 - fixtures, registered for every engine test
 from cluster_fixtures import two_nodes, vllm_image  # noqa: F401 - one cluster per session, shared by its modules
+from cluster_real_fixtures import twin_nodes  # noqa: F401 - one twin cluster per session (cluster, conform PP=2)
+from conform_fixtures import clean_conform  # noqa: F401 - one clean conform run per session, shared by its modules
 from history_fixtures import releases  # noqa: F401
 from publish_fixtures import published, smoke, smoke_registry  # noqa: F401
 from signing_fixtures import signed  # noqa: F401

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_real_fixtures import twin_nodes  # noqa: F401
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
 from test_serve_real import invoke
 

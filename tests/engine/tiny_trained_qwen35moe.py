@@ -5,10 +5,12 @@ number words ("0" .. "99"). Given two or more numbers it continues the progressi
 difference, 1 .. 3 up, 1 down), in a plain prompt or as the assistant's reply in its chat template; the
 continuation never ends (no end-of-turn), so any decode length has a known answer. Nothing is downloaded:
 transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta-net `linear_attention` and
-`full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower), trained on the
-CPU from a fixed seed, saved as bf16 safetensors; greedy accuracy is measured on held-out prompts and written to
-`accuracy.json`. Head sizes are the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
-No MTP layer: transformers' Qwen3_5Moe has no MTP module to train (it drops `mtp.*` weights on load).
+`full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower with Qwen3-VL's
+processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as bf16
+safetensors; greedy accuracy is measured on held-out prompts and written to `accuracy.json`. Head sizes are
+the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
+An MTP layer (`mtp.*`, what vLLM's Qwen3_5MoeMTP drafter loads) is added after training, UNTRAINED:
+transformers' Qwen3_5Moe has no MTP module to train; greedy output must not depend on what a drafter proposes.
 Usage (in the image): python3 tiny_trained_qwen35moe.py OUT_DIR [STEPS]
 """
 
@@ -40,21 +42,31 @@ WORDS = [
     "answer",
     ".",
 ]
+# Qwen3-VL's image/video markers (Qwen3VLProcessor reads them by name), ids 117 .. 120 of the vocabulary: vLLM
+# expands <|image_pad|> to the image's tokens between <|vision_start|> and <|vision_end|>.
+VISION = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# The vision block's input size: Qwen3.5's patch 16 merged 2x2 (32 pixels a token side); a few tokens per image
+# here (Qwen3.5 itself asks 256x256 pixels at least), so vLLM's start-up profile of the largest image is cheap.
+PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 128 * 128}
 # The test vehicle's own template: the assistant's turn opens with the user's (last) text, so a chat reply is
-# the progression's continuation ("5 6 7" -> "8 9 10 11 ..."); image parts are left out, other turns dropped.
+# the progression's continuation ("5 6 7" -> "8 9 10 11 ..."); an image part becomes Qwen3-VL's marker (vLLM
+# passes it as {"type": "image"}) before the text; other turns are dropped.
 CHAT_TEMPLATE = (
-    "{%- set ns = namespace(text='') -%}"
+    "{%- set ns = namespace(text='', images='') -%}"
     "{%- for m in messages if m['role'] == 'user' -%}"
     "{%- if m['content'] is string -%}{%- set ns.text = m['content'] -%}"
-    "{%- else -%}{%- for p in m['content'] if p['type'] == 'text' -%}{%- set ns.text = p['text'] -%}{%- endfor -%}"
-    "{%- endif -%}{%- endfor -%}"
-    "<|im_start|> user <|im_end|> <|im_start|> assistant {{ ns.text }}"
+    "{%- else -%}{%- for p in m['content'] -%}"
+    "{%- if p['type'] == 'text' -%}{%- set ns.text = p['text'] -%}"
+    "{%- elif p['type'] in ('image', 'image_url') -%}"
+    "{%- set ns.images = ns.images + '<|vision_start|><|image_pad|><|vision_end|> ' -%}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{%- endfor -%}"
+    "<|im_start|> user <|im_end|> <|im_start|> assistant {{ ns.images }}{{ ns.text }}"
 )
 CHAT_PREFIX = ["<|im_start|>", "user", "<|im_end|>", "<|im_start|>", "assistant"]
 
 
 def words() -> list[str]:
-    listed = [*SPECIALS, *NUMBERS, *WORDS]
+    listed = [*SPECIALS, *NUMBERS, *WORDS, *VISION]
     return listed + [f"w{i}" for i in range(VOCAB - len(listed))]
 
 
@@ -65,7 +77,7 @@ def tokenizer(out: Path) -> None:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words())}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.add_special_tokens(SPECIALS)
+    tok.add_special_tokens(SPECIALS + VISION)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
@@ -80,6 +92,23 @@ def tokenizer(out: Path) -> None:
     # to vLLM with `tokenizer: /models/tokenizer`.
     fast.save_pretrained(out / "tokenizer")
     assert len(fast) == VOCAB, len(fast)
+    processor(out, fast)
+
+
+def processor(out: Path, fast) -> None:
+    """Qwen3-VL's processor files (what vLLM's Qwen3_5Moe class loads to accept an image), sized to the block."""
+    from transformers import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl import Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "size": PIXELS}
+    made = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**vision),
+        video_processor=Qwen3VLVideoProcessor(**vision),
+        tokenizer=fast,
+        chat_template=CHAT_TEMPLATE,
+    )
+    made.save_pretrained(out)
+    assert made.image_token_id == words().index("<|image_pad|>"), made.image_token_id
 
 
 def example(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
@@ -118,9 +147,13 @@ def config(torch):
         "pad_token_id": 1,
         "bos_token_id": 1,
         "tie_word_embeddings": False,
+        "mtp_num_hidden_layers": 1,
     }
-    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64, "intermediate_size": 64}
-    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64, "intermediate_size": 64,
+              "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+    marks = {f"{k}_token_id": words().index(f"<|{v}|>") for k, v in
+             (("image", "image_pad"), ("video", "video_pad"), ("vision_start", "vision_start"), ("vision_end", "vision_end"))}  # fmt: skip
+    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **marks)
 
 
 def train(net, torch, steps: int, rng: random.Random) -> list[float]:
@@ -161,6 +194,23 @@ def accuracy(net, torch, rng: random.Random, prompts: int = 8, tokens: int = 125
     return {"right": right, "tokens": total, "accuracy": right / total}
 
 
+def mtp_layer(out: Path, torch) -> None:
+    """Qwen3.5's multi-token-prediction layer beside the weights, untrained: fc joins the normed embedding of the
+    next token and the normed hidden state (identity on the hidden half), one full-attention MoE decoder layer
+    (a copy of layer 1, the same kind), the final norm; vLLM's main model skips `mtp.*`, its drafter loads it."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(out / "model.safetensors")
+    source = "model.language_model.layers.1."
+    mtp = {f"mtp.layers.0.{k[len(source) :]}": v.clone() for k, v in weights.items() if k.startswith(source)}
+    hidden = weights["model.language_model.norm.weight"]
+    size = hidden.shape[0]
+    mtp["mtp.fc.weight"] = torch.cat([torch.zeros(size, size), torch.eye(size)], dim=1).to(hidden.dtype)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{norm}.weight"] = hidden.clone()
+    save_file({**weights, **mtp}, out / "model.safetensors", metadata={"format": "pt"})
+
+
 def model(out: Path, steps: int) -> dict:
     import torch
     from transformers import Qwen3_5MoeForConditionalGeneration
@@ -176,6 +226,7 @@ def model(out: Path, steps: int) -> dict:
     measured = accuracy(net, torch, random.Random(SEED + 1))
     net.config.dtype = torch.bfloat16
     net.save_pretrained(out, safe_serialization=True)
+    mtp_layer(out, torch)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 3, "pad_token_id": 1}) + "\n")
     facts = {
         "task": f"arithmetic progression mod {MODULUS}, steps {list(STEPS)}",

@@ -110,3 +110,24 @@ def test_a_missing_or_broken_golden_is_refused(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text("{")
     message = _refused(recipe=TWIN, profile=str(TINY), attach=url, golden=str(tmp_path / "broken.json"))
     assert "is not JSON" in message
+
+
+PP2 = REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform-pp2.yaml"
+
+
+def test_a_profile_and_a_node_count_that_disagree_are_refused(tmp_path: Path) -> None:
+    launch = {
+        "recipe": TWIN,
+        "image": "x:y",
+        "gpus": "none",
+        "model_dir": str(tmp_path),
+        "cache_dir": str(tmp_path),
+    }
+    message = _refused(profile=str(PP2), **launch)
+    assert "runs on 2 node(s), conform was given one node" in message and "--nodes" in message
+    assert "nothing was started or stopped" in message
+    nodes = "tcp://192.0.2.1:2376,tcp://192.0.2.2:2376"
+    message = _refused(profile=str(TINY), nodes=nodes, **launch)
+    assert "runs on 1 node(s), conform was given 2 nodes (--nodes)" in message
+    message = _refused(profile=str(PP2), nodes=nodes, node="tcp://192.0.2.1:2376", **launch)
+    assert "--node and --nodes both given" in message

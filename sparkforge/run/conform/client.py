@@ -1,4 +1,5 @@
-"""A small client of vLLM's OpenAI server (HTTP from this machine): completions with token ids, streaming,
+"""A small client of vLLM's OpenAI server (HTTP from this machine, or from inside the head container of a
+multi-node deployment, whose address only its cluster link may reach): completions with token ids, streaming,
 /v1/models, /version, /tokenize and the Prometheus counters of /metrics.
 
 The server is vLLM's own; nothing here interprets answers (the checks do). Every request has a timeout; a
@@ -7,6 +8,7 @@ refused or failed request is a RunError naming the URL and vLLM's own message.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import urllib.error
@@ -18,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sparkforge.errors import RunError
+from sparkforge.run.nodes import NodeEngine
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ def check_url(url: str) -> str:
 
 
 class OpenAIClient:
-    def __init__(self, base_url: str, model: str = "", timeout_s: float = 900) -> None:
+    def __init__(self, base_url: str, model: str = "", timeout_s: float = 1800) -> None:
         self.base = check_url(base_url)
         self.model = model
         self.timeout_s = timeout_s
@@ -117,6 +120,55 @@ class OpenAIClient:
         """The prompts sent at once, `workers` in flight (vLLM batches them)."""
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(lambda p: self.complete(p, max_tokens, **extra), prompts))
+
+
+# One request from inside the head container (its python3, the stdlib only): one marked line of JSON back.
+_REQUEST = """
+import json, sys, urllib.error, urllib.request
+url, body, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+request = urllib.request.Request(url, body.encode() if body else None, {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        status, data = reply.status, reply.read()
+except urllib.error.HTTPError as exc:
+    status, data = exc.code, exc.read()
+except OSError as exc:
+    status, data = 0, str(exc).encode()
+print("SPARKFORGE-HTTP " + json.dumps({"status": status, "body": data.decode(errors="replace")}))
+"""
+
+
+class HeadExecClient(OpenAIClient):
+    """The same client, each request made by the head container's python3 (`docker exec` through the engine
+    seam): a multi-node head listens on its cluster-link address, which this machine may not reach."""
+
+    def __init__(
+        self, engine: NodeEngine, container: str, port: int, model: str = "", timeout_s: float = 1800
+    ):
+        super().__init__(f"http://127.0.0.1:{port}", model, timeout_s)
+        self.engine, self.container = engine, container
+
+    def _open(self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None):
+        wait = timeout or self.timeout_s
+        url = f"{self.base}{path}"
+        output = self.engine.call(
+            "conform-request", "exec", self.container, "python3", "-c", _REQUEST, url,
+            json.dumps(body) if body is not None else "", str(wait), timeout=wait + 30,
+        )  # fmt: skip
+        line = next((x for x in output.splitlines() if x.startswith("SPARKFORGE-HTTP ")), "")
+        if not line:
+            raise RunError(
+                f"{url} in {self.container} on {self.engine.node.label}: no answer ({output[-400:]})"
+            )
+        reply = json.loads(line.removeprefix("SPARKFORGE-HTTP "))
+        where = f"{url} (from inside {self.container} on {self.engine.node.label})"
+        if reply["status"] == 0:
+            raise RunError(
+                f"{where} does not answer ({reply['body'][:300]}); fix: check that the server is up"
+            )
+        if reply["status"] >= 400:
+            raise RunError(f"{where} answered HTTP {reply['status']}: {reply['body'][:600]}")
+        return io.BytesIO(reply["body"].encode())
 
 
 def counter(metrics: str, name: str) -> float:

@@ -6,28 +6,34 @@ the golden file, the attach URL answering. Server configurations: the profile as
 caching toggled, then chunked prefill off (vLLM requires chunked prefill for the hybrid models' prefix-cache
 mode, so that one runs with prefix caching off too and is compared with the previous), then speculative
 decoding off where the profile uses it. A configuration vLLM refuses to start is a `skipped` row with vLLM's
-own words; the others still run. What conform started, it stops.
+own words; the others still run. What conform started, it stops. With `--nodes A,B` conform brings the profile
+up across the nodes as `cluster.up` does (doctor, plan, workers then the head) and asks from inside the head
+container (its link address may be out of this machine's reach); the variants need one node.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
+from sparkforge.preflight.knownbad import refusals
 from sparkforge.recipe.conformspec import CHECKS, ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
-from sparkforge.run.cluster import launch_plan
+from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as rows
-from sparkforge.run.conform.client import Completion, OpenAIClient, check_url
+from sparkforge.run.conform.apisurface import api
+from sparkforge.run.conform.client import Completion, HeadExecClient, OpenAIClient, check_url
+from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.serve import serve_down, serve_up
 
 EQUIVALENCE_ROWS = ("streaming", "concurrency", "prefix-caching", "chunked-prefill", "speculative")
@@ -43,6 +49,7 @@ class ConformOptions:
     launch: LaunchOptions | None = None
     health_timeout_s: float = 1800
     image_ref: str | None = None
+    doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Servers:
     """What conform started (to stop it) and how long each start took."""
 
     started: list[dict[str, Any]] = field(default_factory=list)
+    logs_kept_for: int = 0  # failed rows whose server log is kept
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -84,8 +92,11 @@ def prefix_caching_on(profile: Profile) -> bool:
     return _norm(profile.model.args).get("enable-prefix-caching", True) is not False
 
 
-def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *, echo: Echo) -> Report:
+def run_conform(
+    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, *, echo: Echo
+) -> Report:
     """Every selected check; the report says which ran, which failed (with the first divergence) and why skips."""
+    engine = engines[0]
     settings = settings_of(profile)
     selected = options.checks or tuple(settings.checks)
     served = profile.model.served_model_name or profile.model.model
@@ -106,6 +117,7 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
     else:
         if options.launch is None:
             raise RunError("conform needs --attach URL or a launch (recipe, image, model)")
+        _check_nodes(profile, engines)
         if engine.state(f"sparkforge-serve-{profile.name}-0").status == "running":
             raise RunError(
                 f"profile {profile.name} is already running on {engine.node.label}; nothing was started or stopped; "
@@ -114,15 +126,20 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
             )
         client = OpenAIClient(f"http://127.0.0.1:{options.launch.port}", served)
     try:
-        if not options.attach:
+        if len(engines) > 1:
+            client = _cluster_start(engines, profile, options, servers, echo)
+        elif not options.attach:
             _start(engine, profile, options, servers, echo, "as profiled")
         reference = _base_rows(
             report, client, profile, settings, selected, options, golden, revision, golden_path, engine, echo
         )
         if "equivalence" in selected:
-            _variant_rows(report, client, engine, profile, settings, options, servers, echo, reference)
+            _variant_rows(report, client, engines, profile, settings, options, servers, echo, reference)
     finally:
-        if servers.started:
+        _keep_failed_logs(engines, profile, servers, report, echo)
+        if servers.started and len(engines) > 1:
+            cluster_down(engines, profile.name)
+        elif servers.started:
             serve_down(engine, profile.name)
     report.extra.update(
         {
@@ -134,6 +151,36 @@ def run_conform(engine: NodeEngine, profile: Profile, options: ConformOptions, *
         }
     )
     return report
+
+
+def _check_nodes(profile: Profile, engines: Sequence[NodeEngine]) -> None:
+    if profile.model.nodes != len(engines):
+        given = "one node" if len(engines) == 1 else f"{len(engines)} nodes (--nodes)"
+        raise RunError(
+            f"profile {profile.name} runs on {profile.model.nodes} node(s), conform was given {given}; nothing was "
+            f"started or stopped; fix: pass --nodes with {profile.model.nodes} engines (A,B,...) for it, or a "
+            "one-node profile without --nodes"
+        )
+
+
+def _cluster_start(
+    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, servers: Servers, echo: Echo
+) -> OpenAIClient:
+    """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the head."""
+    assert options.launch is not None and options.doctor is not None
+    echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
+    up = cluster_up(
+        engines, profile, options.launch, options.doctor, echo=echo, health_timeout_s=options.health_timeout_s
+    )
+    servers.started.append(
+        {
+            "config": f"as profiled, {len(engines)} nodes",
+            "start_s": round(up.seconds, 1),
+            "args": profile.serve_args(),
+        }
+    )
+    served = profile.model.served_model_name or profile.model.model
+    return HeadExecClient(engines[0], up.plan.head.container.name, options.launch.port, served)
 
 
 def _start(
@@ -154,6 +201,24 @@ def _start(
     servers.started.append(
         {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
     )
+
+
+def _keep_failed_logs(
+    engines: Sequence[NodeEngine], profile: Profile, servers: Servers, report: Report, echo: Echo
+) -> None:
+    """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback is there)."""
+    failed = [c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")]
+    if not servers.started or len(failed) <= servers.logs_kept_for:
+        return
+    servers.logs_kept_for = len(failed)
+    names = [f"sparkforge-serve-{profile.name}-{rank}" for rank in range(len(engines))]
+    try:
+        where = keep_logs(engines, names)
+    except (OSError, RunError) as exc:  # never masks the report being made
+        echo(f"  (the server's log could not be kept: {exc})")
+        return
+    report.extra.setdefault("logs", []).append(str(where))
+    echo(f"  a request failed: the server's log is kept in {where}")
 
 
 def _timed(report: Report, echo: Echo, name: str, make: Callable[[], Check]) -> Check:
@@ -186,7 +251,7 @@ def _base_rows(
     if "long-decode" in selected:
         _timed(report, echo, "long-decode", lambda: rows.long_decode(client, settings))
     if "api" in selected:
-        _timed(report, echo, "api", lambda: rows.api(client, profile, settings, reference))
+        _timed(report, echo, "api", lambda: api(client, profile, settings, reference))
     if "golden" in selected:
         image = options.launch.image if options.launch else options.image_ref
         provenance = {
@@ -222,23 +287,25 @@ def _prefix_row(client: OpenAIClient, profile: Profile, settings: ConformSetting
 
 
 def _variant_rows(
-    report, client, engine, profile, settings, options, servers, echo, reference: list[Completion]
+    report, client, engines, profile, settings, options, servers, echo, reference: list[Completion]
 ) -> None:
     names = [f"equivalence:{n}" for n in EQUIVALENCE_ROWS[2:]]
+    engine = engines[0]
+    why = ""
     if options.attach:
+        why = "--attach serves one configuration; fix: run conform without --attach to start the others"
+    elif len(engines) > 1:
+        why = (f"--nodes: conform checks the one configuration cluster.up serves across {len(engines)} nodes; "
+               "fix: run the server variants with a one-node profile")  # fmt: skip
+    if why:
         for name in names:
-            report.add(
-                Check(
-                    name,
-                    "skipped",
-                    "--attach serves one configuration; fix: run conform without --attach to start the others",
-                )
-            )
+            report.add(Check(name, "skipped", why))
         return
     prompts = rows.prompt_set(settings)
     on = prefix_caching_on(profile)
     no_prefix = variant(profile, **{"enable-prefix-caching": not on})
-    outputs = _run_variant(
+    refused = _known_bad(no_prefix, str(report.extra.get("vllm") or ""))
+    outputs = refused or _run_variant(
         engine,
         no_prefix,
         options,
@@ -284,6 +351,15 @@ def _variant_rows(
     _compare_variant(report, echo, names[2], reference, outputs3, ("speculative on", "off"), client)
 
 
+def _known_bad(profile: Profile, vllm: str) -> str:
+    """A variant that is a known-bad combination (serve refuses it) is not started: the reason, else ''."""
+    try:
+        found = refusals(profile, vllm) if vllm else []
+    except (ValueError, RunError):  # an unreadable version: the variant runs as before
+        return ""
+    return f"not started: {found[0].message()} (serve refuses it)" if found else ""
+
+
 def _run_variant(
     engine, profile, options, servers, echo, prompts, settings, client, what
 ) -> list[Completion] | str:
@@ -294,7 +370,9 @@ def _run_variant(
     try:
         return rows.greedy(client, prompts, settings)
     except RunError as exc:
-        return f"FAILED: with {what} a request failed: {str(exc)[:400]}"
+        kept = keep_logs([engine], [f"sparkforge-serve-{profile.name}-0"])
+        echo(f"  with {what} a request failed: the server's log is kept in {kept}")
+        return f"FAILED: with {what} a request failed: {str(exc)[:400]} (the server's log: {kept})"
 
 
 def _compare_variant(report, echo, name, reference, outputs, sides, client, note: str = "") -> None:
