@@ -78,6 +78,11 @@ def conform(
         raise RunError(
             "conform: --node and --nodes both given; fix: --node E for one engine, --nodes A,B for several"
         )
+    if attach and nodes:
+        raise RunError(
+            "conform: --attach and --nodes both given; --attach asks a deployment that is already running (by its "
+            "URL), --nodes starts one across the nodes; fix: give one of them"
+        )
     engines = _engines(nodes) if nodes else [_engine(node)]
     if attach:
         check_url(attach)

@@ -131,3 +131,5 @@ def test_a_profile_and_a_node_count_that_disagree_are_refused(tmp_path: Path) ->
     assert "runs on 1 node(s), conform was given 2 nodes (--nodes)" in message
     message = _refused(profile=str(PP2), nodes=nodes, node="tcp://192.0.2.1:2376", **launch)
     assert "--node and --nodes both given" in message
+    message = _refused(profile=str(PP2), nodes=nodes, attach="http://127.0.0.1:9", **launch)
+    assert "--attach and --nodes both given" in message

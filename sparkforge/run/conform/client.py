@@ -158,7 +158,8 @@ class HeadExecClient(OpenAIClient):
         line = next((x for x in output.splitlines() if x.startswith("SPARKFORGE-HTTP ")), "")
         if not line:
             raise RunError(
-                f"{url} in {self.container} on {self.engine.node.label}: no answer ({output[-400:]})"
+                f"{url} in {self.container} on {self.engine.node.label}: no answer ({output[-400:]}); fix: check "
+                f"that the container runs ('invoke cluster.logs') and has python3"
             )
         reply = json.loads(line.removeprefix("SPARKFORGE-HTTP "))
         where = f"{url} (from inside {self.container} on {self.engine.node.label})"
