@@ -199,10 +199,13 @@ def load_layout(path: Path) -> list[tuple[int, ...]]:
     overlapping segments and `.bss` in an executable one, which the loader refuses ("cannot change memory
     protections", measured under qemu-user, benchmarks/build.md).
     """
-    data = path.read_bytes()
-    (phoff,) = struct.unpack_from("<Q", data, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    headers = [struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize) for i in range(phnum)]
+    with path.open("rb") as f:  # the ELF header and the program headers only (libraries run to 500 MB)
+        head = f.read(64)
+        (phoff,) = struct.unpack_from("<Q", head, 0x20)
+        phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    headers = [struct.unpack_from("<IIQQQQQQ", table, i * phentsize) for i in range(phnum)]
     return [(kind, flags, vaddr, memsz, align) for kind, flags, _, vaddr, _, _, memsz, align in headers]
 
 
