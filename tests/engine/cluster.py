@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import cluster_cpus
 
 DOCKER = "/usr/bin/docker"
 DOCKERD = "/usr/sbin/dockerd"
@@ -77,17 +78,18 @@ class TestCluster:
 
     __test__ = False
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, own_cpus: bool = False) -> None:
         self.tag = tag
+        self.own_cpus = own_cpus  # each node its share of this machine's CPUs (cluster_cpus.py)
         self.nodes: list[TestNode] = []
         self.namespaces: list[str] = []
         self.log_dir = STATE_ROOT / tag / "logs"
 
     # ---- set-up --------------------------------------------------------------------------------
     @classmethod
-    def create(cls, count: int = 2, tag: str | None = None) -> TestCluster:
+    def create(cls, count: int = 2, tag: str | None = None, own_cpus: bool = False) -> TestCluster:
         tag = tag or f"{PREFIX}{os.getpid()}"
-        cluster = cls(tag)
+        cluster = cls(tag, own_cpus)
         try:
             cluster._network(count)
         except BaseException:
@@ -184,7 +186,12 @@ class TestCluster:
             sh("ip", "-n", node.netns, "link", "set", "fabric0", "up")
 
     def start_engine(self, node: TestNode, timeout: float = 60) -> None:
-        """Start the node's dockerd inside its namespace (network only: cgroups and mounts stay the host's)."""
+        """Start the node's dockerd inside its namespace (network only: cgroups and mounts stay the host's).
+
+        With `own_cpus` its containers run on the node's share of this machine's CPUs only.
+        """
+        if self.own_cpus:
+            cluster_cpus.confine(f"{self.tag}-{node.name}", self.cpus(node))
         log = (self.log_dir / f"dockerd-{node.name}.log").open("ab")
         node.dockerd = subprocess.Popen(
             [
@@ -223,6 +230,11 @@ class TestCluster:
             time.sleep(0.3)
         tail = (self.log_dir / f"dockerd-{node.name}.log").read_text(errors="replace")[-1500:]
         raise RuntimeError(f"node {node.name}'s dockerd did not come up:\n{tail}")
+
+    def cpus(self, node: TestNode) -> list[int]:
+        """The CPUs the node's containers may use (all of this machine's unless `own_cpus`)."""
+        every = cluster_cpus.machine_cpus()
+        return cluster_cpus.shares(every, len(self.nodes))[node.index - 1] if self.own_cpus else every
 
     def stop_engine(self, node: TestNode) -> None:
         """Stop the node's dockerd cleanly (its image store stays on disk)."""
@@ -353,6 +365,7 @@ class TestCluster:
                     os.kill(pid, signal.SIGKILL)
             self._unmount_under(node.run)
             self._unmount_under(node.root)
+            cluster_cpus.release(f"{self.tag}-{node.name}")
         for name in reversed(self.namespaces):
             sh("ip", "netns", "del", name, check=False)
         self.namespaces.clear()
@@ -361,36 +374,3 @@ class TestCluster:
         for root in (STATE_ROOT, RUN_ROOT):
             with contextlib.suppress(OSError):
                 root.rmdir()  # only when no other cluster is in it
-
-
-def _owner_alive(name: str) -> bool:
-    """A cluster's names carry its creator's pid (sfrun<pid>, sfrunx<pid>...): is that process still running?"""
-    match = re.match(rf"{PREFIX}[a-z]*(\d+)", name)
-    if not match:
-        return False
-    try:
-        os.kill(int(match.group(1)), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale() -> None:
-    """Leftovers of a run that was killed before its teardown: namespaces and state dirs whose creating process is
-    gone. Clusters of runs still alive (another checkout's tests on the same machine) are left alone."""
-    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX) and not _owner_alive(name):
-            for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-            sh("ip", "netns", "del", name, check=False)
-    for root in (RUN_ROOT, STATE_ROOT):
-        if not root.is_dir():
-            continue
-        for entry in root.iterdir():
-            if entry.name.startswith(PREFIX) and not _owner_alive(entry.name):
-                TestCluster._unmount_under(entry)
-                sh("rm", "-rf", "--one-file-system", str(entry), check=False, timeout=900)

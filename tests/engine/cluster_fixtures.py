@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, DOCKERD, TestCluster, remove_stale, sh
+from cluster import DOCKER, DOCKERD, TestCluster, sh
+from cluster_stale import remove_stale
 
 from tests.prerequisites import skip_or_fail
 

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import cluster_cpus
 import pytest
 from cluster import DOCKER, PREFIX, TestCluster
 from cluster_fixtures import _missing_tools
@@ -26,7 +27,7 @@ def twin_nodes(cpu_twin: str) -> Iterator[TestCluster]:
     missing = _missing_tools()
     if missing:
         skip_or_fail(f"the namespaced test cluster needs {', '.join(missing)} (apt: iproute2 util-linux)")
-    cluster = TestCluster.create(2, tag=f"{PREFIX}t{os.getpid()}")
+    cluster = TestCluster.create(2, tag=f"{PREFIX}t{os.getpid()}", own_cpus=True)
     try:
         a, b = cluster.nodes
         cluster.start_engine(a)
@@ -42,6 +43,11 @@ def twin_nodes(cpu_twin: str) -> Iterator[TestCluster]:
         REAL_TIMINGS["twin_clone_s"] = round(time.monotonic() - start, 1)
         cluster.start_engine(a)
         cluster.start_engine(b)
+        # Each node its own CPUs, as each Spark has (cluster_cpus.py): the ranks' OpenMP threads never share one.
+        held = {n.name: cluster_cpus.allowed(f"{cluster.tag}-{n.name}") for n in (a, b)}
+        assert held == {n.name: cluster.cpus(n) for n in (a, b)}, held
+        if len(cluster_cpus.machine_cpus()) > 1:
+            assert not set(held["a"]) & set(held["b"]), held
         yield cluster
     finally:
         start = time.monotonic()
