@@ -149,6 +149,8 @@ def parse_json(
         ) from None
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:200]
+        if isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip()):
+            reason = f"empty or truncated: {reason}"  # the text ended where more was expected
         raise InputError(
             f"{where}: cannot read it as JSON ({reason}); fix: name the file sparkforge wrote"
         ) from None
@@ -172,15 +174,22 @@ _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", floa
 
 
 def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES, named: bool = True,
-              within: Sequence[Path] = (), expect: type | None = dict) -> Any:  # fmt: skip
-    """A JSON file through the boundary: `read_text` then `parse_json`; `expect`: the top-level type."""
+              within: Sequence[Path] = (), expect: type | None = dict, fix: str = "") -> Any:  # fmt: skip
+    """A JSON file through the boundary: `read_text` then `parse_json`; `expect`: the top-level type; `fix`: the
+    caller's own fix (which file it wants, e.g. "pass a file written by 'invoke bench --json'") in every refusal,
+    in place of the generic one."""
     where = f"{option} {path}" if option else str(path)
-    data = parse_json(read_text(path, option, max_bytes, named=named, within=within), where)
-    if expect is not None and not isinstance(data, expect):
-        raise InputError(
-            f"{where}: a JSON {_JSON_NAMES.get(expect, expect.__name__)} is expected, found a JSON "
-            f"{_JSON_NAMES.get(type(data), type(data).__name__)}; fix: name the file sparkforge wrote"
-        )
+    try:
+        data = parse_json(read_text(path, option, max_bytes, named=named, within=within), where)
+        if expect is not None and not isinstance(data, expect):
+            raise InputError(
+                f"{where}: a JSON {_JSON_NAMES.get(expect, expect.__name__)} is expected, found a JSON "
+                f"{_JSON_NAMES.get(type(data), type(data).__name__)}; fix: name the file sparkforge wrote"
+            )
+    except InputError as exc:
+        if not fix:
+            raise
+        raise InputError(f"{str(exc).rpartition('; fix:')[0]}; fix: {fix}") from None
     return data
 
 

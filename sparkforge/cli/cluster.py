@@ -226,6 +226,8 @@ def up(
         "json": "write the JSON report here",
         "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks; checked against every chosen device's table)",
         "test": "run perftest's ib_write_bw across every cabled twin pair at once (needs --nodes and perftest)",
+        "nccl": "image (default) or host: report the node's own libnccl a launch bind-mounts over the image's, "
+        "and its ABI check (the image's side needs --nodes)",
     }
 )
 @user_errors
@@ -238,18 +240,28 @@ def fabric(
     json: str = "",
     gid_index: str = "",
     test: bool = False,
+    nccl: str = "image",
 ) -> None:
     """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
     from sparkforge.boundary import check_output
     from sparkforge.console import warn
     from sparkforge.oci import check_reference
     from sparkforge.run.inputs import check_interface
-    from sparkforge.run.inventory import describe_choices, fabric_report, local_facts, remote_facts
+    from sparkforge.run.inventory import (
+        describe_choices,
+        fabric_report,
+        local_facts,
+        local_nccl,
+        nccl_sources,
+        remote_facts,
+        remote_nccl,
+    )
 
     check_interface(interface)  # the boundary: before any engine or sysfs is read
     if image:
         check_reference("--image", image)
     check_output(json, "--json")
+    source = _nccl(nccl)
 
     if nodes:
         if not (recipe or image):
@@ -260,9 +272,13 @@ def fabric(
         labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
     else:
         engines, labels, raws = [], ["local"], [local_facts()]
+    libraries = (
+        (remote_nccl(engines, _image(recipe, image)) if nodes else [local_nccl()]) if source == "host" else []
+    )
+    sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
-    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index), declared)
-    describe_choices(choices, echo, warn)
+    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index), declared, sources)
+    describe_choices(choices, echo, warn, sources)
     if test:
         from sparkforge.run.fabric import parse_node
         from sparkforge.run.linktest import link_check

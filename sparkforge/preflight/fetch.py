@@ -34,6 +34,21 @@ def preflight_cache(*parts: str) -> Path:
     return cache_path("preflight", *parts)
 
 
+class _Session(requests.Session):
+    """A Session whose own `verify` (the chosen CA bundle) wins over REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE.
+
+    requests puts those variables over `session.verify` for every request that passes no `verify` of its own
+    (Session.merge_environment_settings, with trust_env), so a bundle set on the session was silently replaced;
+    trust_env stays on for the proxy variables (builds reach PyPI through a TLS proxy)."""
+
+    def merge_environment_settings(
+        self, url: str, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> dict[str, Any]:
+        if verify is None and self.verify is not True:
+            verify = self.verify
+        return super().merge_environment_settings(url, proxies, stream, verify, cert)
+
+
 def _session(retries: int) -> requests.Session:
     retry = Retry(
         total=retries,
@@ -44,7 +59,7 @@ def _session(retries: int) -> requests.Session:
         allowed_methods=frozenset({"GET", "HEAD"}),
         raise_on_status=False,
     )
-    session = requests.Session()
+    session = _Session()
     adapter = HTTPAdapter(max_retries=retry)
     session.mount("https://", adapter)
     session.mount("http://", adapter)

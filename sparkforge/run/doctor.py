@@ -22,11 +22,10 @@ from sparkforge.run import stages
 from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.fabricstate import drift, state_dir
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.jobs import Job, Outcome, first_event, remove_jobs, run_jobs
+from sparkforge.run.jobs import HOST_ROOT_MOUNT, Job, Outcome, first_event, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
-HOST_ROOT_MOUNT = "/:/run/sparkforge-host:ro"  # the probe reads the node's own paths and /etc (RemoveIPC)
 __all__ = ["DoctorResult", "network_env", "run_doctor"]
 
 

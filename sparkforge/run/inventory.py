@@ -18,8 +18,10 @@ from sparkforge.console import cell
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
+from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.stages import NcclSource, host_source, nccl_probe
 
 SYSFS_ENV = "SPARKFORGE_SYSFS"
 
@@ -64,6 +66,38 @@ def remote_facts(engines: Sequence[NodeEngine], image: str, deadline_s: float = 
     return found
 
 
+def local_nccl(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """--nccl host here: this machine's own libnccl (the tree's, under SPARKFORGE_SYSFS's parent: the node's /);
+    no image is read without --nodes, so `image` is None (its ABI check is skipped)."""
+    root = (environ if environ is not None else os.environ).get(SYSFS_ENV)
+    return {"host": _helper().host_nccl(str(Path(root).parent) if root else "/"), "image": None}
+
+
+def remote_nccl(engines: Sequence[NodeEngine], image: str) -> list[dict[str, Any]]:
+    """--nccl host on each node: the doctor's nccl-library probe, with the node's / mounted to read its own."""
+    found, problems = nccl_probe(engines, DoctorOptions(image=image), {}, host_root=True)
+    if problems:
+        raise RunError(
+            "; ".join(problems) + f"; fix: check that each node's engine answers and holds {image} "
+            "('invoke cluster.doctor --nccl host' names the stage)"
+        )  # fmt: skip
+    return [{"host": found[e.node.label].get("host"), "image": found[e.node.label]} for e in engines]
+
+
+def nccl_sources(
+    labels: Sequence[str], source: str, libraries: Sequence[Mapping[str, Any]] = ()
+) -> list[NcclSource]:
+    """Per node, what a launch with `--nccl source` loads (the doctor's and cluster.up's decision, host_source);
+    `libraries`: local_nccl's or remote_nccl's answer per node (used with "host" only)."""
+    if source != "host":
+        why = "the image's own libnccl (--nccl image): nothing is mounted"
+        return [NcclSource("image", reason=why) for _ in labels]
+    return [
+        host_source(label, found.get("host"), found.get("image"))
+        for label, found in zip(labels, libraries, strict=True)
+    ]
+
+
 def node_details(label: str, raw: Mapping[str, Any], choice: FabricChoice) -> dict[str, Any]:
     node = parse_node(label, raw)
     groups, tie = twins(node)
@@ -83,31 +117,49 @@ def fabric_report(
     interface: str | None = None,
     gid_index: int | None = None,
     addresses: Sequence[str | None] = (),
+    sources: Sequence[NcclSource] = (),
 ) -> tuple[Report, list[FabricChoice]]:
-    """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details."""
+    """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details.
+    `sources` (nccl_sources; default: the image's libnccl) says which libnccl each node loads: a refused
+    --nccl host fails that node's check, as the doctor's nccl-library stage refuses the launch."""
     report = Report(command="cluster.fabric", subject=", ".join(labels))
     nodes = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=False)]
     choices = choose_all(nodes, interface, addresses, gid_index)
-    for label, raw, choice in zip(labels, raws, choices, strict=False):
-        details = node_details(label, raw, choice)
-        if choice.error:
-            report.add(Check(label, "failed", choice.error, details))
+    libraries = list(sources) or nccl_sources(labels, "image")
+    for label, raw, choice, library in zip(labels, raws, choices, libraries, strict=False):
+        details = {**node_details(label, raw, choice), "nccl": library.to_dict()}
+        problems = [p for p in (choice.error, library.reason if library.status == "failed" else None) if p]
+        if problems:
+            report.add(Check(label, "failed", "; ".join(problems), details))
             continue
         chosen = f"{choice.interface} {choice.address}" if choice.interface else "no fabric interface"
-        report.add(Check(label, "passed", f"{chosen}: {choice.reason}", details))
+        loads = f"; NCCL: {library.reason}" if library.source == "host" else ""
+        report.add(Check(label, "passed", f"{chosen}: {choice.reason}{loads}", details))
     return report, choices
 
 
 def describe_choices(
-    choices: Sequence[FabricChoice], say: Callable[[str], None], warn: Callable[[str], None]
+    choices: Sequence[FabricChoice],
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+    sources: Sequence[NcclSource] = (),
 ) -> None:
-    """Human lines: per node the environment it will set, then every warning."""
-    for choice in choices:
+    """Human lines: per node the environment it will set, then every warning; with --nccl host, the libnccl each
+    node loads, its bind mount and the ABI check."""
+    for i, choice in enumerate(choices):
         if choice.error:
             continue
         # Names come from sysfs or a node's probe: escaped, a line break in one would forge lines.
         say(f"{cell(choice.label)}: {cell(choice.interface or '-')} ({cell(choice.reason)})")
         for key, value in sorted(choice.env.items()):
             say(f"  {cell(key)}={cell(value)}")
+        library = sources[i] if i < len(sources) else None
+        if library and library.source == "host":
+            if library.host:
+                found = f"{library.host.get('path')}, NCCL {library.host.get('version')}"
+                say(f"  libnccl: the node's own {cell(found)} (--nccl host)")
+            if library.mount:
+                say(f"  mount {cell(library.mount)}")
+            say(f"  ABI check {library.status}: {cell(library.reason)}")
         for line in choice.warnings:
             warn(f"warning: {cell(line)}")

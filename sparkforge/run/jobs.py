@@ -20,6 +20,7 @@ from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
 FACTS_SCRIPT = SANITY_SCRIPT.with_name("cluster_facts.py")  # the readers, imported by the helper
+HOST_ROOT_MOUNT = "/:/run/sparkforge-host:ro"  # the probe reads the node's own paths and /etc (RemoveIPC)
 RDMA_DEVICES = ("/dev/infiniband",)  # uverbsN and rdma_cm: what ibverbs opens
 # Runs the helper with its readers installed as the module `cluster_facts`, on any image with python3.
 _BOOTSTRAP = """import sys, types

@@ -4,12 +4,13 @@ RemoveIPC, the NCCL library each image really loads, and the transport NCCL chos
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from sparkforge.report import Check
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.jobs import Job, Outcome, first_event, run_jobs
+from sparkforge.run.jobs import HOST_ROOT_MOUNT, Job, Outcome, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 # Published figures (benchmarks/cluster.md): NCCL all_gather bus bandwidth over one CX-7 port ~19-24 GB/s.
@@ -118,11 +119,17 @@ def host(check: Check, facts: Sequence[NodeFacts]) -> None:
         check.reason += "; warning: " + "; ".join(notes)
 
 
-def _nccl_probe(
-    engines: Sequence[NodeEngine], options: DoctorOptions, mounts: dict[int, list[str]]
+def nccl_probe(
+    engines: Sequence[NodeEngine],
+    options: DoctorOptions,
+    mounts: dict[int, list[str]],
+    *,
+    host_root: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per node the libnccl the image's torch loads; with `host_root`, the node's own (`host`) read beside it."""
+    extra = (HOST_ROOT_MOUNT,) if host_root else ()
     outcomes = run_jobs(
-        [Job(e, ("nccl-library",), mounts=tuple(mounts.get(e.node.rank, ()))) for e in engines],
+        [Job(e, ("nccl-library",), mounts=(*mounts.get(e.node.rank, ()), *extra)) for e in engines],
         options.image,
         "nccl",
         options.deadlines.sanity,
@@ -136,34 +143,87 @@ def _nccl_probe(
             tail = outcome.node_lost or outcome.last_lines.replace("\n", " | ")[-400:]
             problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
             continue
-        found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error")}
+        found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error", "host")}
     return found, problems
+
+
+@dataclass(frozen=True)
+class NcclSource:
+    """Which libnccl a launch loads on one node; for --nccl host, the bind mount and its ABI (soname) check:
+    passed, failed (`reason` names the node and the fix) or skipped (nothing to check, or the image not read)."""
+
+    source: Literal["image", "host"]
+    host: Mapping[str, Any] | None = None  # the node's own library: path, version, soname, sha256
+    image: str | None = None  # the path the image's torch loads (None: not read, or none)
+    status: Literal["passed", "failed", "skipped"] = "skipped"
+    reason: str = ""
+
+    @property
+    def mount(self) -> str | None:
+        """The launch's bind mount (host:image:ro) when the check passed."""
+        if self.status != "passed" or not self.host or not self.image:
+            return None
+        return f"{self.host['path']}:{self.image}:ro"
+
+    def to_dict(self) -> dict[str, Any]:
+        loads = self.host if self.source == "host" and self.host else None
+        return {
+            "source": self.source,
+            "library": loads["path"] if loads else self.image,
+            "version": loads.get("version") if loads else None,
+            "soname": loads.get("soname") if loads else None,
+            "sha256": loads.get("sha256") if loads else None,
+            "replaces": self.image if self.source == "host" else None,
+            "mount": self.mount,
+            "abi": {"status": self.status, "reason": self.reason},
+        }
+
+
+def host_source(label: str, host: Mapping[str, Any] | None, image: Mapping[str, Any] | None) -> NcclSource:
+    """--nccl host on one node: the node's own libnccl over the path the image's torch loads (`image`: the
+    nccl-library probe's answer; None: the image was not read); refused where the node has none or its ABI
+    (soname major) differs."""
+    path = str(image.get("path") or "") if image is not None else None
+    if not host:
+        why = (
+            "the node has no NCCL library (looked for libnccl.so.2.X.Y in /usr/lib/<arch>-linux-gnu, /usr/lib, "
+            "/usr/local/lib, /usr/local/cuda/lib64); fix: install the node's libnccl2 package (DGX OS ships it) "
+            "or leave --nccl out to use the image's"
+        )
+        return NcclSource("host", None, path or None, "failed", f"{label}: --nccl host, but {why}")
+    mine = f"the node's {host['path']} ({host['soname']})"
+    if path is None:
+        return NcclSource("host", host, None, "skipped", (
+            f"{label}: the image was not read, so {mine} is not checked against the libnccl its torch loads; "
+            "'invoke cluster.fabric --nodes A,B --recipe R --nccl host' (or cluster.doctor) reads it on each node"
+        ))  # fmt: skip
+    if not path:
+        return NcclSource("host", host, None, "failed", (
+            f"{label}: --nccl host, but the image's torch loads no libnccl to replace; fix: use an image whose "
+            "torch is built with CUDA (it loads libnccl), or leave --nccl out"
+        ))  # fmt: skip
+    if not path.rsplit("/", 1)[-1].startswith(str(host["soname"])):
+        return NcclSource("host", host, path, "failed", (
+            f"{label}: --nccl host: {mine} is another ABI than the image's {path}; fix: install a libnccl with "
+            "the image's soname or leave --nccl out"
+        ))  # fmt: skip
+    return NcclSource("host", host, path, "passed", (
+        f"{label}: {mine}, NCCL {host.get('version')}, bind-mounted read-only over the image's {path}: same ABI"
+    ))  # fmt: skip
 
 
 def host_mounts(
     facts: Sequence[NodeFacts], found: dict[str, dict[str, Any]]
 ) -> tuple[dict[int, list[str]], list[str]]:
-    """--nccl host: the node's own libnccl over the path the image's torch loads; refused where the node has none
-    or its ABI (soname major) differs."""
+    """--nccl host: each node's bind mount (host_source), or the problems where it is refused."""
     mounts: dict[int, list[str]] = {}
     problems = []
     for fact in facts:
-        host, image = fact.host.get("nccl"), found.get(fact.label, {})
-        if not host:
-            problems.append(
-                f"{fact.label}: --nccl host, but the node has no NCCL library (looked for libnccl.so.2.X.Y in "
-                "/usr/lib/<arch>-linux-gnu, /usr/lib, /usr/local/lib, /usr/local/cuda/lib64); fix: install the "
-                "node's libnccl2 package (DGX OS ships it) or leave --nccl out to use the image's"
-            )
-        elif not image.get("path"):
-            problems.append(f"{fact.label}: --nccl host, but the image's torch loads no libnccl to replace")
-        elif not str(image["path"]).rsplit("/", 1)[-1].startswith(str(host["soname"])):
-            problems.append(
-                f"{fact.label}: --nccl host: the node's {host['path']} ({host['soname']}) is another ABI than the "
-                f"image's {image['path']}; fix: install a libnccl with the image's soname or leave --nccl out"
-            )
+        chosen = host_source(fact.label, fact.host.get("nccl"), found.get(fact.label, {}))
+        if chosen.mount:
+            mounts[fact.rank] = [chosen.mount]
         else:
-            mounts[fact.rank] = [f"{host['path']}:{image['path']}:ro"]
+            problems.append(chosen.reason)
     return mounts, problems
 
 
@@ -172,13 +232,13 @@ def nccl_library(
 ) -> None:
     """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps),
     beside the node's own NCCL; with --nccl host, the node's library bind-mounted over it and proven loaded."""
-    found, problems = _nccl_probe(engines, options, {})
+    found, problems = nccl_probe(engines, options, {})
     hosts = {f.label: f.host.get("nccl") for f in facts}
     check.details = {label: {**v, "host": hosts.get(label)} for label, v in found.items()}
     if not problems and options.nccl_source == "host":
         mounts, problems = host_mounts(facts, found)
         if not problems:
-            found, problems = _nccl_probe(engines, options, mounts)
+            found, problems = nccl_probe(engines, options, mounts)
             for fact in facts:
                 fact.mounts = mounts.get(fact.rank, [])
                 got, host = found.get(fact.label, {}), hosts.get(fact.label) or {}

@@ -8,7 +8,7 @@ Modes (one JSON object per line on stdout, each with an "event" key, so the doct
   connect HOST:PORT...   try each address once with a short timeout; --df HOST:PORT:SIZE sends a don't-fragment
                          datagram of SIZE bytes that the peer's listener answers
   fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/fabric.py uses
-  nccl-library           the libnccl torch really loads: path, version, sha256
+  nccl-library           the libnccl torch really loads: path, version, sha256 (the node's own too, / mounted)
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
                          where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
 Standard library + what the image ships. The doctor passes this file's text and cluster_facts.py's with
@@ -30,6 +30,7 @@ from cluster_facts import (
     fabric,
     gpu_clocks,
     host_facts,
+    host_nccl,
     host_paths,
     infiniband,
     interfaces,
@@ -165,7 +166,7 @@ def connect(targets: list[str], timeout: float, df: list[str] | None = None) -> 
 
 def nccl_library() -> int:
     """The NCCL library this image's torch really loads (from /proc/self/maps after importing torch): path,
-    version, sha256."""
+    version, sha256; `host`: the node's own, when its / is mounted (None otherwise)."""
     import hashlib
 
     import torch
@@ -181,13 +182,14 @@ def nccl_library() -> int:
     try:
         version = ".".join(str(p) for p in torch.cuda.nccl.version())
     except Exception as exc:  # a CPU-only torch has no NCCL at all
-        emit("nccl-library", path=path, version=None, sha256=None, error=f"{exc.__class__.__name__}: {exc}")
+        error = f"{exc.__class__.__name__}: {exc}"
+        emit("nccl-library", path=path, version=None, sha256=None, error=error, host=host_nccl())
         return 0
     digest = None
     if path:
         with open(path, "rb") as handle:
             digest = hashlib.sha256(handle.read()).hexdigest()
-    emit("nccl-library", path=path, version=version, sha256=digest, torch=torch.__version__)
+    emit("nccl-library", path=path, version=version, sha256=digest, torch=torch.__version__, host=host_nccl())
     return 0
 
 

@@ -44,7 +44,29 @@ def test_nan_and_infinity_in_a_file_are_refused(tmp_path: Path) -> None:
     text = DEFAULT.read_text()
     value = json.dumps(_doc()["checks"][0]["details"]["repeats"][0]["output_tok_s"])
     for constant in ("NaN", "Infinity", "-Infinity"):
-        _refused(tmp_path, text.replace(value, constant, 1), "not valid JSON.*is not a number JSON allows")
+        _refused(
+            tmp_path, text.replace(value, constant, 1), "cannot read it as JSON.*is not a number JSON allows"
+        )
+
+
+def test_a_result_is_read_by_the_boundarys_one_strict_reader(tmp_path: Path) -> None:
+    """A key twice (the last one won silently) and 1e999 outside the figures (it became inf) are refused, naming
+    the file, the key and bench's own fix (sparkforge.boundary.read_json with its `fix`)."""
+    text = DEFAULT.read_text()
+    value = json.dumps(_doc()["checks"][0]["details"]["repeats"][0]["output_tok_s"])
+    twice = text.replace(f'"output_tok_s": {value}', f'"output_tok_s": 0.0, "output_tok_s": {value}', 1)
+    assert twice != text
+    fix = r"; fix: pass a file written by 'invoke bench --json' \(or one from the result store"
+    _refused(
+        tmp_path,
+        twice,
+        r"bench result \S+bad\.json: cannot read it as JSON \(key 'output_tok_s' appears twice\)" + fix,
+    )
+    doc = _doc()
+    doc["suite"]["params"]["input_len"] = "__HUGE__"
+    _refused(
+        tmp_path, json.dumps(doc).replace('"__HUGE__"', "1e999"), r"\(1e999 overflows to infinity\)" + fix
+    )
 
 
 def test_negative_text_and_boolean_figures_are_refused(tmp_path: Path) -> None:
@@ -56,8 +78,8 @@ def test_negative_text_and_boolean_figures_are_refused(tmp_path: Path) -> None:
 
 def test_truncated_and_non_result_files_are_refused(tmp_path: Path) -> None:
     text = DEFAULT.read_text()
-    _refused(tmp_path, text[: len(text) // 2], "not valid JSON, or truncated")
-    _refused(tmp_path, "", "not valid JSON, or truncated")
+    _refused(tmp_path, text[: len(text) // 2], r"cannot read it as JSON \(empty or truncated")
+    _refused(tmp_path, "", r"cannot read it as JSON \(empty or truncated")
     _refused(tmp_path, '{"command": "verify", "checks": []}', "not a bench result")
     old = {**_doc(), "schema": None}
     _refused(tmp_path, json.dumps(old), "schema None, this sparkforge reads schema 2.*re-run 'invoke bench'")
@@ -78,11 +100,11 @@ def test_fifos_devices_and_directories_are_refused_without_blocking(tmp_path: Pa
     for path, needle in (
         (fifo, "not a regular file"),
         (Path("/dev/zero"), "not a regular file"),
-        (tmp_path, "a directory"),
+        (tmp_path, "a folder, not a regular file"),
     ):
         with pytest.raises(RunError, match=needle):
             load_result(path)
-    with pytest.raises(RunError, match=r"cannot read this bench result \(No such file"):
+    with pytest.raises(RunError, match=r"bench result .*absent\.json: cannot open it \(No such file"):
         load_result(tmp_path / "absent.json")
 
 

@@ -1,13 +1,22 @@
 """NCCL identity per node: the host's own library found through the probe's host mount, and `--nccl host`'s
-bind mount (refused on a node without one, or with another ABI)."""
+bind mount (refused on a node without one, or with another ABI), in the doctor and in cluster.fabric's report."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from sparkforge.errors import RunError
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.facts import NodeFacts
+from sparkforge.run.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
 from sparkforge.run.jobs import FACTS_SCRIPT
 from sparkforge.run.stages import host_mounts
 
@@ -103,3 +112,80 @@ def test_rdma_devices_without_a_verbs_library_in_the_image_fail_the_addresses_st
         0, "node0", "", "", [], {}, {}, fabric={"rdma": {}, "verbs": missing}
     )  # no devices: no need
     assert _verbs_problem(good) is None and _verbs_problem(bare) is None
+
+
+def _tree_with_nccl(tmp_path: Path, name: str, nccl: bool) -> Path:
+    """A fake Spark (SPARKFORGE_SYSFS names root/sys); with `nccl`, the node's own libnccl under root/usr/lib."""
+    from fabric_trees import build, spark
+
+    sysfs = build(tmp_path / name, spark())
+    if nccl:
+        lib = tmp_path / name / "usr" / "lib" / "aarch64-linux-gnu"
+        lib.mkdir(parents=True)
+        (lib / "libnccl.so.2.28.9").write_bytes(b"\x7fELF host nccl")
+    return sysfs
+
+
+def _fabric(sysfs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "cluster.fabric", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPARKFORGE_SYSFS": str(sysfs)},
+        timeout=120,
+    )
+
+
+def test_cluster_fabric_nccl_host_names_the_nodes_library_or_refuses(tmp_path: Path) -> None:
+    """`cluster.fabric --nccl host` through the task: the node's own libnccl in the report (human and JSON); none on
+    the node fails as the doctor does; a bad value gets the doctor's own one-paragraph error."""
+    report_path = tmp_path / "fabric.json"
+    proc = _fabric(_tree_with_nccl(tmp_path, "good", True), "--nccl", "host", "--json", str(report_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours = "/usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9"
+    assert f"libnccl: the node's own {ours}, NCCL 2.28.9 (--nccl host)" in proc.stdout
+    assert "ABI check skipped: local: the image was not read" in proc.stdout
+    nccl = json.loads(report_path.read_text())["checks"][0]["details"]["nccl"]
+    assert nccl["source"] == "host" and nccl["library"] == ours and nccl["soname"] == "libnccl.so.2"
+    assert nccl["sha256"] == hashlib.sha256(b"\x7fELF host nccl").hexdigest() and nccl["mount"] is None
+    assert nccl["abi"]["status"] == "skipped"
+
+    proc = _fabric(_tree_with_nccl(tmp_path, "bare", False), "--nccl", "host")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert "local: --nccl host, but the node has no NCCL library" in out and "fix: install" in out
+
+    proc = _fabric(_tree_with_nccl(tmp_path, "bad", False), "--nccl", "both")
+    with pytest.raises(RunError) as doctors:  # the doctor's and cluster.up's own check of the value
+        from sparkforge.cli.cluster import _nccl
+
+        _nccl("both")
+    assert proc.returncode != 0 and f"sparkforge: {doctors.value}" in proc.stderr.splitlines()
+
+
+def test_the_fabric_report_carries_the_abi_check_of_the_images_library(tmp_path: Path) -> None:
+    """With the image read (--nodes: remote_nccl's answers), the same soname check as the doctor's decides the
+    bind mount a launch would add; another ABI fails that node's check with the fix."""
+    raw = local_facts({SYSFS_ENV: str(_tree_with_nccl(tmp_path, "node", True))})
+    host = {
+        "path": "/usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9",
+        "soname": "libnccl.so.2",
+        "version": "2.28.9",
+    }
+    other = {**host, "path": "/usr/lib/libnccl.so.3.0.1", "soname": "libnccl.so.3"}
+    libraries = [{"host": host, "image": {"path": IMAGE}}, {"host": other, "image": {"path": IMAGE}}]
+    labels = ["node0", "node1"]
+    report, _ = fabric_report(labels, [raw, raw], sources=nccl_sources(labels, "host", libraries))
+    good, bad = (c.to_dict() for c in report.checks)
+    assert good["status"] == "passed" and good["details"]["nccl"]["abi"]["status"] == "passed"
+    assert good["details"]["nccl"]["mount"] == f"{host['path']}:{IMAGE}:ro"
+    assert good["details"]["nccl"]["replaces"] == IMAGE
+    assert bad["status"] == "failed" and bad["details"]["nccl"]["mount"] is None
+    assert bad["reason"] == (
+        f"node1: --nccl host: the node's {other['path']} (libnccl.so.3) is another ABI than the image's {IMAGE}; "
+        "fix: install a libnccl with the image's soname or leave --nccl out"
+    )
+    report, _ = fabric_report(labels, [raw, raw])  # --nccl image (default): nothing mounted
+    assert [c.details["nccl"]["source"] for c in report.checks] == ["image", "image"]
+    assert report.status == "passed" and report.checks[0].details["nccl"]["mount"] is None

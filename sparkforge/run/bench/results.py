@@ -1,53 +1,21 @@
-"""Reading a bench result file safely: a regular file of bounded size, strict JSON (no NaN/Infinity), the
-current shape (schema 2), finite non-negative figures, levels with concurrency >= 1. Anything else is a
-one-paragraph RunError naming the file, what is wrong and the fix."""
+"""Reading a bench result file safely: through the input boundary (a regular file of bounded size, strict JSON:
+no NaN/Infinity, no key twice), the current shape (schema 2), finite non-negative figures, levels with
+concurrency >= 1. Anything else is a one-paragraph RunError naming the file, what is wrong and the fix."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
-from sparkforge.errors import RunError
+from sparkforge.boundary import read_json
+from sparkforge.errors import InputError, RunError
 
 SCHEMA = 2
 MAX_BYTES = 64 * 1024 * 1024
 FIX = (
     "fix: pass a file written by 'invoke bench --json' (or one from the result store, 'invoke bench.history')"
 )
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def read_json_file(path: Path, what: str = "bench result") -> Any:
-    """A regular file's JSON: FIFOs, devices, directories, huge files and NaN/Infinity are refused."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then says what was opened
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise RunError(f"{path}: cannot read this {what} ({exc.strerror}); {FIX}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-        os.close(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise RunError(f"{path}: a directory, not a {what}; {FIX}")
-        if not stat.S_ISREG(info.st_mode):
-            raise RunError(f"{path}: not a regular file (a FIFO, socket or device), not a {what}; {FIX}")
-        raise RunError(f"{path}: {info.st_size} bytes, more than a {what} holds ({MAX_BYTES}); {FIX}")
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(MAX_BYTES + 1)
-        except OSError as exc:
-            raise RunError(f"{path}: cannot read this {what} ({exc.strerror}); {FIX}") from None
-    try:
-        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: not valid JSON, or truncated ({str(exc)[:200]}); {FIX}") from None
 
 
 def _bad(path: Path, where: str, why: str) -> RunError:
@@ -91,7 +59,10 @@ def _check_level(path: Path, check: Any) -> None:
 
 def load_result(path: Path) -> dict[str, Any]:
     """A bench result (schema 2), validated; a RunError naming the file and the fault otherwise."""
-    doc = read_json_file(path)
+    try:  # the boundary's one strict JSON reader: a regular file, no NaN/Infinity/1e309, no key twice
+        doc = read_json(path, "bench result", max_bytes=MAX_BYTES, expect=None, fix=FIX.removeprefix("fix: "))
+    except InputError as exc:  # bench's callers (the store, compare) handle RunError
+        raise RunError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("command") != "bench" or not isinstance(doc.get("checks"), list):
         raise RunError(f"{path}: not a bench result (no 'command': 'bench' with a list of checks); {FIX}")
     if doc.get("schema") != SCHEMA:
