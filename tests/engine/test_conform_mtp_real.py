@@ -2,7 +2,7 @@
 vLLM's drafter on the CPU twin (tests/profiles/cpu-tiny-qwen35moe-conform-mtp.yaml). The equivalence rows:
 speculative on (as profiled) vs off must give identical greedy token ids, whatever the drafter proposes; three
 server starts (as profiled, chunked prefill off, speculative off; prefix caching on is the known-bad MTP
-combination, not started), so it is slow.
+combination, not started). In CI: ~150 s (benchmarks/conform.md, MTP).
 """
 
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
@@ -17,7 +17,7 @@ from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = pytest.mark.engine
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform-mtp.yaml")
 
 
