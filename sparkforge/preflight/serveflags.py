@@ -2,8 +2,9 @@
 
 `vllm serve --help` needs a GPU platform (RuntimeError: Failed to infer device type), so the flags are read
 from the source instead: every option string in the `add_argument(...)` calls of vllm/engine/arg_utils.py and
-of the serve entrypoint (vllm/entrypoints/common/cli_args.py, plus the fields of its FrontendArgs dataclasses,
-which become `--field-name`), and every parser name registered in vllm/reasoning/ and vllm/tool_parsers/.
+of the serve entrypoint (vllm/entrypoints/launchers/cli_args.py from 0.32, common/ before; plus the fields of
+its FrontendArgs dataclasses, which become `--field-name`), and every parser name registered in vllm/reasoning/
+and vllm/tool_parsers/.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 CLI_ARGS = (
-    "vllm/entrypoints/common/cli_args.py",  # 0.2x-0.3x
+    "vllm/entrypoints/launchers/cli_args.py",  # 0.32 on (the OpenAI server's FrontendArgs moved here)
+    "vllm/entrypoints/common/cli_args.py",  # 0.2x-0.31
     "vllm/entrypoints/openai/cli_args.py",  # older releases
 )
 PARSER_DIRS = {

@@ -3,7 +3,8 @@
 Every answer has a known value (an arithmetic progression modulo 100), so the rows judge right or wrong: the
 prompt set twice (and seeded sampling twice), streaming, 4 concurrent, prefix caching off, chunked prefill off
 (three server starts), a 4,096-token decode exact to the last token, prefix-cache hits in vLLM's /metrics, the
-API surface (a base64 image answered by the vision-language class), a golden recorded. Then one more server
+API surface (a base64 image answered by the vision-language class, a tool call through vLLM's qwen3_coder parser,
+a thought taken apart by its qwen3 reasoning parser), a golden recorded. Then one more server
 start for two stories: a deployment whose answer check fails stays up (no --down-on-fail), conform refuses to
 start over it and attaches to it; that deployment carries faults planted INSIDE the real vLLM, each caught by
 the right row (never a mock of vLLM): the twin plus one layer holding tests/engine/planted_faults.py (a derived
@@ -66,6 +67,12 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     # the vision-language class, its 4 image tokens and the vision start/end markers counted in the prompt usage.
     assert "answered by Qwen3_5MoeForConditionalGeneration" in api["image"], api["image"]
     assert "the image counted 6 prompt tokens" in api["image"], api["image"]
+    # The shipped profiles' parsers, for real: vLLM's qwen3_coder parsed the model's XML call into JSON arguments,
+    # its qwen3 parser took the thought apart from the answer.
+    assert api["tool_call"] == "get_weather with JSON arguments", api["tool_call"]
+    assert api["reasoning"].startswith("reasoning ") and api["reasoning"].endswith("answer apart"), api[
+        "reasoning"
+    ]
     assert [s["config"] for s in doc["servers"]] == [
         "as profiled",
         "prefix caching off",

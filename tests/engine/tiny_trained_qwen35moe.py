@@ -3,7 +3,10 @@
 The model answers right or wrong, not "some word": its task is the arithmetic progression modulo 100 on its own
 number words ("0" .. "99"). Given two or more numbers it continues the progression (step = the last two's
 difference, 1 .. 3 up, 1 down), in a plain prompt or as the assistant's reply in its chat template; the
-continuation never ends (no end-of-turn), so any decode length has a known answer. Nothing is downloaded:
+continuation never ends (no end-of-turn), so any decode length has a known answer. Two chat turns end: given
+tools, the assistant calls conform's `get_weather` in Qwen3's XML tool-call format; asked to think
+(`enable_thinking`), it thinks one thought between <think> and </think> and answers (what vLLM's qwen3_coder tool
+parser and qwen3 reasoning parser take apart, as the shipped Qwen3.5 profiles enable them). Nothing is downloaded:
 transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta-net `linear_attention` and
 `full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower with Qwen3-VL's
 processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as bf16
@@ -45,12 +48,21 @@ WORDS = [
 # Qwen3-VL's image/video markers (Qwen3VLProcessor reads them by name), ids 117 .. 120 of the vocabulary: vLLM
 # expands <|image_pad|> to the image's tokens between <|vision_start|> and <|vision_end|>.
 VISION = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# Qwen3's thinking and XML tool-call markup as plain words (not special: vLLM's parsers read them in the text),
+# and the one call the vehicle makes: conform's api row offers a `get_weather(city)` tool.
+MARKUP = ["<think>", "</think>", "<tools>", "<tool_call>", "</tool_call>", "<function=get_weather>", "</function>",
+          "<parameter=city>", "</parameter>", "paris"]  # fmt: skip
+TOOL_CALL = ["<tool_call>", "<function=get_weather>", "<parameter=city>", "paris", "</parameter>", "</function>",
+             "</tool_call>", "<|im_end|>"]  # fmt: skip
+THOUGHT = ["count", ":", "1", "2", "3", "</think>", "answer", ":", "4", "<|im_end|>"]
 # The vision block's input size: Qwen3.5's patch 16 merged 2x2 (32 pixels a token side); a few tokens per image
 # here (Qwen3.5 itself asks 256x256 pixels at least), so vLLM's start-up profile of the largest image is cheap.
 PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 128 * 128}
 # The test vehicle's own template: the assistant's turn opens with the user's (last) text, so a chat reply is
 # the progression's continuation ("5 6 7" -> "8 9 10 11 ..."); an image part becomes Qwen3-VL's marker (vLLM
-# passes it as {"type": "image"}) before the text; other turns are dropped.
+# passes it as {"type": "image"}) before the text; other turns are dropped. Given tools, the turn opens with
+# <tools> alone (the reply is the tool call); with enable_thinking true, with <think> alone (the reply is the
+# thought, </think>, the answer). Unlike Qwen3.5 it thinks only when asked: conform's api row always says.
 CHAT_TEMPLATE = (
     "{%- set ns = namespace(text='', images='') -%}"
     "{%- for m in messages if m['role'] == 'user' -%}"
@@ -60,13 +72,15 @@ CHAT_TEMPLATE = (
     "{%- elif p['type'] in ('image', 'image_url') -%}"
     "{%- set ns.images = ns.images + '<|vision_start|><|image_pad|><|vision_end|> ' -%}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}{%- endfor -%}"
-    "<|im_start|> user <|im_end|> <|im_start|> assistant {{ ns.images }}{{ ns.text }}"
+    "<|im_start|> user <|im_end|> <|im_start|> assistant "
+    "{%- if tools %} <tools>{%- elif enable_thinking is defined and enable_thinking %} <think>"
+    "{%- else %} {{ ns.images }}{{ ns.text }}{%- endif -%}"
 )
 CHAT_PREFIX = ["<|im_start|>", "user", "<|im_end|>", "<|im_start|>", "assistant"]
 
 
 def words() -> list[str]:
-    listed = [*SPECIALS, *NUMBERS, *WORDS, *VISION]
+    listed = [*SPECIALS, *NUMBERS, *WORDS, *VISION, *MARKUP]
     return listed + [f"w{i}" for i in range(VOCAB - len(listed))]
 
 
@@ -121,6 +135,25 @@ def example(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
     return prefix + seq, [0] * (len(prefix) + 2) + [1] * (len(seq) - 2)
 
 
+def turn(opening: str, reply: list[str], length: int) -> tuple[list[int], list[int]]:
+    """A chat turn that ends: the prefix and its opening word, the reply learnt, then padding (not learnt)."""
+    ids = {w: i for i, w in enumerate(words())}
+    prompt = [ids[w] for w in (*CHAT_PREFIX, opening)]
+    answer = [ids[w] for w in reply]
+    pad = length - len(prompt) - len(answer)
+    return prompt + answer + [ids["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
+
+
+def mixed(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
+    """The training mix: mostly progressions, one in ten a tool call or a thought."""
+    draw = rng.random()
+    if draw < 0.05:
+        return turn("<tools>", TOOL_CALL, length)
+    if draw < 0.10:
+        return turn("<think>", THOUGHT, length)
+    return example(rng, length)
+
+
 def config(torch):
     from transformers import Qwen3_5MoeConfig
 
@@ -161,7 +194,7 @@ def train(net, torch, steps: int, rng: random.Random) -> list[float]:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     losses = []
     for _ in range(steps):
-        batch = [example(rng, 64) for _ in range(8)]
+        batch = [mixed(rng, 64) for _ in range(8)]
         ids = torch.tensor([b[0] for b in batch])
         labels = ids.clone()
         labels[torch.tensor([b[1] for b in batch]) == 0] = -100
@@ -194,6 +227,22 @@ def accuracy(net, torch, rng: random.Random, prompts: int = 8, tokens: int = 125
     return {"right": right, "tokens": total, "accuracy": right / total}
 
 
+def turns_exact(net, torch) -> dict:
+    """Greedy replies of the two turns that end (tool call, thought), word for word."""
+    exact = {}
+    with torch.no_grad():
+        for name, opening, reply in (("tool_call", "<tools>", TOOL_CALL), ("thought", "<think>", THOUGHT)):
+            prompt = turn(opening, reply, len(CHAT_PREFIX) + 1 + len(reply))[0][: len(CHAT_PREFIX) + 1]
+            got = net.generate(
+                input_ids=torch.tensor([prompt]),
+                max_new_tokens=len(reply) + 4,
+                do_sample=False,
+                pad_token_id=1,
+            )[0, len(prompt) :].tolist()
+            exact[name] = [words()[i] for i in got] == reply
+    return exact
+
+
 def mtp_layer(out: Path, torch) -> None:
     """Qwen3.5's multi-token-prediction layer beside the weights, untrained: fc joins the normed embedding of the
     next token and the normed hidden state (identity on the hidden half), one full-attention MoE decoder layer
@@ -224,6 +273,7 @@ def model(out: Path, steps: int) -> dict:
     trained_s = time.monotonic() - start
     net = net.to(torch.bfloat16)
     measured = accuracy(net, torch, random.Random(SEED + 1))
+    turns = turns_exact(net, torch)
     net.config.dtype = torch.bfloat16
     net.save_pretrained(out, safe_serialization=True)
     mtp_layer(out, torch)
@@ -235,6 +285,7 @@ def model(out: Path, steps: int) -> dict:
         "train_s": round(trained_s, 1),
         "final_loss": round(sum(losses[-20:]) / 20, 5),
         "greedy_bf16_transformers": measured,
+        "turns_exact_bf16": turns,
         "parameters": sum(p.numel() for p in net.parameters()),
     }
     (out / "accuracy.json").write_text(json.dumps(facts, indent=1) + "\n")

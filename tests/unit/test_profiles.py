@@ -159,3 +159,16 @@ def test_serve_dry_fails_in_seconds_on_an_unknown_flag(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "Traceback" not in out
     assert "--max-modle-len is not a `vllm serve` flag" in out
     assert time.monotonic() - start < 60  # seconds, not a launch
+
+
+def test_the_twins_vllm_0_32_reads_its_frontend_flags_where_0_32_keeps_them() -> None:
+    """vLLM 0.32 moved the OpenAI server's FrontendArgs to vllm/entrypoints/launchers/cli_args.py: without it
+    --enable-auto-tool-choice and --default-chat-template-kwargs were refused although vLLM serves with them."""
+    twin = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml"))
+    found = recipe_surface(twin, make_fetcher())
+    assert "vllm/entrypoints/launchers/cli_args.py" in found.sources
+    assert {"enable-auto-tool-choice", "default-chat-template-kwargs", "tool-call-parser"} <= found.flags
+    report = Report("preflight", "ci-cpu-twin")
+    profile = load_profile(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
+    check_serve_profiles(report, twin, [profile], lambda: found)
+    assert [c.status for c in report.checks] == ["passed"], [c.reason for c in report.checks]

@@ -4,6 +4,9 @@
 PNG) is accepted and answered, its tokens counted in the prompt usage (the same chat with and without the image);
 a tool call through the profile's tool parser carries JSON arguments; the reasoning parser separates reasoning
 from the answer. A part the profile does not enable is `skipped` with the profile setting that disables it.
+With a reasoning parser every chat says whether to think (`chat_template_kwargs.enable_thinking`, what Qwen3.5's
+template and vLLM's qwen3 parser read; both default to thinking): off for the image and the tool call, whose
+answers must not hide in a thought cut short by max_tokens, on for the reasoning part.
 """
 
 from __future__ import annotations
@@ -63,12 +66,18 @@ def api(
     else:
         results["stop"] = "skipped: the first prompt's answer has fewer than 3 words to stop at"
     args = {k.replace("_", "-"): v for k, v in profile.model.args.items()}
-    results["image"] = _image(client, profile, settings, args, failures)
-    results["tool_call"] = _tool_call(client, args, failures)
+    thinking = _thinking(args, False)
+    results["image"] = _image(client, profile, settings, args, failures, thinking)
+    results["tool_call"] = _tool_call(client, args, failures, thinking)
     results["reasoning"] = _reasoning(client, args, failures)
     if failures:
         return Check("api", "failed", "; ".join(failures), results)
     return Check("api", "passed", "; ".join(f"{k}: {v}" for k, v in results.items()), results)
+
+
+def _thinking(args: dict, on: bool) -> dict:
+    """The chat's thinking switch where the profile has a reasoning parser (nothing to say otherwise)."""
+    return {"chat_template_kwargs": {"enable_thinking": on}} if args.get("reasoning-parser") else {}
 
 
 def _chat(client: OpenAIClient, content, **extra) -> dict:
@@ -79,7 +88,12 @@ def _chat(client: OpenAIClient, content, **extra) -> dict:
 
 
 def _image(
-    client: OpenAIClient, profile: Profile, settings: ConformSettings, args: dict, failures: list[str]
+    client: OpenAIClient,
+    profile: Profile,
+    settings: ConformSettings,
+    args: dict,
+    failures: list[str],
+    thinking: dict,
 ) -> str:
     """A base64 PNG answered, and its tokens counted: the prompt usage with it minus the same chat without it."""
     limits = json.loads(str(args.get("limit-mm-per-prompt", "{}")) or "{}")
@@ -88,8 +102,8 @@ def _image(
     text = {"type": "text", "text": settings.image_prompt}
     image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_base64()}"}}
     try:
-        reply = _chat(client, [image, text], max_tokens=16)
-        plain = _chat(client, [text], max_tokens=1)
+        reply = _chat(client, [image, text], max_tokens=16, **thinking)
+        plain = _chat(client, [text], max_tokens=1, **thinking)
     except Exception as exc:  # vLLM's refusal is the finding
         failures.append(f"an image_url (base64 PNG, {PNG_SIDE}x{PNG_SIDE}) was refused: {str(exc)[:300]}")
         return "refused"
@@ -111,7 +125,7 @@ def _image(
     )
 
 
-def _tool_call(client: OpenAIClient, args: dict, failures: list[str]) -> str:
+def _tool_call(client: OpenAIClient, args: dict, failures: list[str], thinking: dict) -> str:
     if not (args.get("enable-auto-tool-choice") and args.get("tool-call-parser")):
         return "skipped: the profile enables no tool-call parser"
     tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -122,6 +136,7 @@ def _tool_call(client: OpenAIClient, args: dict, failures: list[str]) -> str:
         tools=[tool],
         tool_choice="auto",
         max_tokens=512,
+        **thinking,
     )["choices"][0]
     calls = (choice.get("message") or {}).get("tool_calls") or []
     if not calls:
@@ -141,9 +156,9 @@ def _reasoning(client: OpenAIClient, args: dict, failures: list[str]) -> str:
     if not args.get("reasoning-parser"):
         return "skipped: the profile enables no reasoning parser"
     message = (
-        _chat(client, "What is 17 * 23? Answer with the number only.", max_tokens=2048)["choices"][0].get(
-            "message"
-        )
+        _chat(
+            client, "What is 17 * 23? Answer with the number only.", max_tokens=2048, **_thinking(args, True)
+        )["choices"][0].get("message")
         or {}
     )
     reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
