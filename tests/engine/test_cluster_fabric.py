@@ -300,3 +300,34 @@ def test_misconfigurations_are_named_before_any_sanity_run_in_seconds(two_nodes,
     out.write_text(json.dumps({"runs": walls, "median_s": medians, "limit_s": 10}, indent=1) + "\n")
     assert all(m < 10 for m in medians.values()), medians
     assert _leftovers(two_nodes) == {"a": [], "b": []}
+
+
+def test_fabric_nccl_host_reads_each_nodes_own_library_beside_the_images(two_nodes, tmp_path: Path) -> None:
+    """--nccl host with --nodes: the doctor's nccl-library probe reads, on each node, the libnccl the image's torch
+    loads and the node's own (its / mounted). These nodes share this machine's /, which has no libnccl: each
+    node is refused naming the fix; then one named like a DGX OS libnccl2 (only its name and bytes are read
+    here) is found on both and passes the soname check against the image's libnccl.so.2."""
+    report_path = tmp_path / "fabric.json"
+    args = ("cluster.fabric", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--nccl", "host")
+    planted = Path("/usr/local/lib/libnccl.so.2.28.9")
+    assert not planted.exists(), f"{planted} exists on this machine: the test would remove it"
+    proc, seconds = _invoke(*args, "--json", str(report_path))
+    out = proc.stdout + proc.stderr
+    print(out, f"\ncluster.fabric --nccl host wall: {seconds:.1f} s")
+    assert proc.returncode != 0 and "the node has no NCCL library" in out and "fix:" in out, out
+    refused = [c["details"]["nccl"] for c in json.loads(report_path.read_text())["checks"][:2]]
+    assert [n["abi"]["status"] for n in refused] == ["failed", "failed"], refused
+    try:
+        planted.write_bytes(b"\x7fELF stand-in for the node's libnccl2\n")
+        proc, seconds = _invoke(*args, "--json", str(report_path))
+    finally:
+        planted.unlink()
+    out = proc.stdout + proc.stderr
+    print(out, f"\ncluster.fabric --nccl host wall: {seconds:.1f} s")
+    assert proc.returncode == 0, out
+    for check in json.loads(report_path.read_text())["checks"][:2]:
+        nccl = check["details"]["nccl"]
+        assert nccl["source"] == "host" and nccl["library"] == str(planted) and nccl["version"] == "2.28.9"
+        assert nccl["abi"]["status"] == "passed" and nccl["replaces"].endswith("libnccl.so.2"), nccl
+        assert nccl["mount"] == f"{planted}:{nccl['replaces']}:ro"
+    assert _leftovers(two_nodes) == {"a": [], "b": []}
