@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +25,15 @@ from sparkforge.preflight.knownbad import refusals
 from sparkforge.recipe.conformspec import CHECKS, ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
-from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as rows
 from sparkforge.run.conform.apisurface import api
-from sparkforge.run.conform.client import Completion, HeadExecClient, OpenAIClient, check_url
+from sparkforge.run.conform.client import Completion, OpenAIClient, check_url
+from sparkforge.run.conform.servers import Servers
 from sparkforge.run.facts import DoctorOptions
-from sparkforge.run.launch import LaunchOptions, plan_launch
+from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.serve import serve_down, serve_up
 
 EQUIVALENCE_ROWS = ("streaming", "concurrency", "prefix-caching", "chunked-prefill", "speculative")
 
@@ -50,14 +49,6 @@ class ConformOptions:
     health_timeout_s: float = 1800
     image_ref: str | None = None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
-
-
-@dataclass
-class Servers:
-    """What conform started (to stop it) and how long each start took."""
-
-    started: list[dict[str, Any]] = field(default_factory=list)
-    logs_kept_for: int = 0  # failed rows whose server log is kept
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -107,7 +98,7 @@ def run_conform(
     if "golden" in selected and not options.record and (options.explicit_golden or golden_path.exists()):
         golden = goldens.read_golden(golden_path, served, revision)
     report = Report(command="conform", subject=profile.name)
-    servers = Servers()
+    servers = Servers(options.launch, options.doctor, options.health_timeout_s)
     if options.attach:
         client = OpenAIClient(check_url(options.attach), served)
         try:
@@ -127,20 +118,17 @@ def run_conform(
         client = OpenAIClient(f"http://127.0.0.1:{options.launch.port}", served)
     try:
         if len(engines) > 1:
-            client = _cluster_start(engines, profile, options, servers, echo)
+            client = servers.start_cluster(engines, profile, echo)
         elif not options.attach:
-            _start(engine, profile, options, servers, echo, "as profiled")
+            servers.start(engine, profile, echo, "as profiled")
         reference = _base_rows(
             report, client, profile, settings, selected, options, golden, revision, golden_path, engine, echo
         )
         if "equivalence" in selected:
             _variant_rows(report, client, engines, profile, settings, options, servers, echo, reference)
     finally:
-        _keep_failed_logs(engines, profile, servers, report, echo)
-        if servers.started and len(engines) > 1:
-            cluster_down(engines, profile.name)
-        elif servers.started:
-            serve_down(engine, profile.name)
+        servers.keep_failed_logs(engines, profile, report, echo)
+        servers.stop(engines, profile)
     report.extra.update(
         {
             "profile": profile.name,
@@ -161,64 +149,6 @@ def _check_nodes(profile: Profile, engines: Sequence[NodeEngine]) -> None:
             f"started or stopped; fix: pass --nodes with {profile.model.nodes} engines (A,B,...) for it, or a "
             "one-node profile without --nodes"
         )
-
-
-def _cluster_start(
-    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, servers: Servers, echo: Echo
-) -> OpenAIClient:
-    """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the head."""
-    assert options.launch is not None and options.doctor is not None
-    echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
-    up = cluster_up(
-        engines, profile, options.launch, options.doctor, echo=echo, health_timeout_s=options.health_timeout_s
-    )
-    servers.started.append(
-        {
-            "config": f"as profiled, {len(engines)} nodes",
-            "start_s": round(up.seconds, 1),
-            "args": profile.serve_args(),
-        }
-    )
-    served = profile.model.served_model_name or profile.model.model
-    return HeadExecClient(engines[0], up.plan.head.container.name, options.launch.port, served)
-
-
-def _start(
-    engine: NodeEngine, profile: Profile, options: ConformOptions, servers: Servers, echo: Echo, what: str
-) -> None:
-    """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
-    assert options.launch is not None
-    echo(f"conform: starting {profile.name} ({what}) ...")
-    start = time.monotonic()
-    if not servers.started:
-        serve_up(
-            engine, profile, options.launch, echo=echo, health_timeout_s=options.health_timeout_s, chat=False
-        )
-    else:
-        serve_down(engine, profile.name)
-        plan = plan_launch(profile, ["127.0.0.1"], [{}], options.launch)
-        launch_plan([engine], plan, echo=echo, health_timeout_s=options.health_timeout_s, dry=False)
-    servers.started.append(
-        {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
-    )
-
-
-def _keep_failed_logs(
-    engines: Sequence[NodeEngine], profile: Profile, servers: Servers, report: Report, echo: Echo
-) -> None:
-    """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback is there)."""
-    failed = [c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")]
-    if not servers.started or len(failed) <= servers.logs_kept_for:
-        return
-    servers.logs_kept_for = len(failed)
-    names = [f"sparkforge-serve-{profile.name}-{rank}" for rank in range(len(engines))]
-    try:
-        where = keep_logs(engines, names)
-    except (OSError, RunError) as exc:  # never masks the report being made
-        echo(f"  (the server's log could not be kept: {exc})")
-        return
-    report.extra.setdefault("logs", []).append(str(where))
-    echo(f"  a request failed: the server's log is kept in {where}")
 
 
 def _timed(report: Report, echo: Echo, name: str, make: Callable[[], Check]) -> Check:
@@ -364,7 +294,7 @@ def _run_variant(
     engine, profile, options, servers, echo, prompts, settings, client, what
 ) -> list[Completion] | str:
     try:
-        _start(engine, profile, options, servers, echo, what)
+        servers.start(engine, profile, echo, what)
     except RunError as exc:
         return f"vLLM refused {what}: {str(exc).splitlines()[0][:400]}"
     try:

@@ -1,0 +1,94 @@
+"""The servers conform starts: one configuration after the other on one node, or the profile across nodes as
+`cluster.up` brings it up; each start timed, a failed request's server log kept, everything it started stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkforge.console import Echo
+from sparkforge.errors import RunError
+from sparkforge.recipe.profile import Profile
+from sparkforge.report import Report
+from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
+from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
+from sparkforge.run.facts import DoctorOptions
+from sparkforge.run.launch import LaunchOptions, plan_launch
+from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.postmortem import keep_logs
+from sparkforge.run.serve import serve_down, serve_up
+
+
+@dataclass
+class Servers:
+    """What conform started (to stop it) and how long each start took."""
+
+    launch: LaunchOptions | None
+    doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
+    health_timeout_s: float = 1800
+    started: list[dict[str, Any]] = field(default_factory=list)
+    logs_kept_for: int = 0  # failed rows whose server log is kept
+
+    def start(self, engine: NodeEngine, profile: Profile, echo: Echo, what: str) -> None:
+        """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
+        assert self.launch is not None
+        echo(f"conform: starting {profile.name} ({what}) ...")
+        start = time.monotonic()
+        if not self.started:
+            serve_up(
+                engine, profile, self.launch, echo=echo, health_timeout_s=self.health_timeout_s, chat=False
+            )
+        else:
+            serve_down(engine, profile.name)
+            plan = plan_launch(profile, ["127.0.0.1"], [{}], self.launch)
+            launch_plan([engine], plan, echo=echo, health_timeout_s=self.health_timeout_s, dry=False)
+        self.started.append(
+            {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
+        )
+
+    def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile, echo: Echo) -> OpenAIClient:
+        """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the
+        head container."""
+        assert self.launch is not None and self.doctor is not None
+        echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
+        up = cluster_up(
+            engines, profile, self.launch, self.doctor, echo=echo, health_timeout_s=self.health_timeout_s
+        )
+        self.started.append(
+            {
+                "config": f"as profiled, {len(engines)} nodes",
+                "start_s": round(up.seconds, 1),
+                "args": profile.serve_args(),
+            }
+        )
+        served = profile.model.served_model_name or profile.model.model
+        return HeadExecClient(engines[0], up.plan.head.container.name, self.launch.port, served)
+
+    def keep_failed_logs(
+        self, engines: Sequence[NodeEngine], profile: Profile, report: Report, echo: Echo
+    ) -> None:
+        """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback)."""
+        failed = [
+            c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")
+        ]
+        if not self.started or len(failed) <= self.logs_kept_for:
+            return
+        self.logs_kept_for = len(failed)
+        names = [f"sparkforge-serve-{profile.name}-{rank}" for rank in range(len(engines))]
+        try:
+            where = keep_logs(engines, names)
+        except (OSError, RunError) as exc:  # never masks the report being made
+            echo(f"  (the server's log could not be kept: {exc})")
+            return
+        report.extra.setdefault("logs", []).append(str(where))
+        echo(f"  a request failed: the server's log is kept in {where}")
+
+    def stop(self, engines: Sequence[NodeEngine], profile: Profile) -> None:
+        """What conform started, it stops (an attached deployment is left as it was)."""
+        if self.started and len(engines) > 1:
+            cluster_down(engines, profile.name)
+        elif self.started:
+            serve_down(engines[0], profile.name)
