@@ -32,7 +32,8 @@ def shares(cpus: list[int], count: int) -> list[list[int]]:
 
 
 def _cpuset_dir(name: str) -> tuple[Path, Path]:
-    """(the root cpuset directory, the node's) for this machine's cgroup version."""
+    """(the root cpuset directory, the node's) for this machine's cgroup version; on v2 the cpuset controller is
+    enabled for the root's children first."""
     v1 = CGROUP_ROOT / "cpuset"
     if (v1 / "cpuset.cpus").is_file():
         return v1, v1 / name

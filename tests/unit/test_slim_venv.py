@@ -75,6 +75,20 @@ def _load_slim():
     return module
 
 
+def _real_library(tmp_path: Path, compiler: str, code: str) -> tuple[Path, Path, Path]:
+    """A site-packages with one library compiled (with debug info) after its step began: (site, stamp, library)."""
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    stamp = tmp_path / "step-began"
+    stamp.touch()
+    time.sleep(0.05)
+    source = tmp_path / "answer.c"
+    source.write_text(code)
+    library = site / "pkg" / "libanswer.so"
+    subprocess.run([compiler, "-g", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    return site, stamp, library
+
+
 def test_strip_keeps_libraries_loadable_and_refuses_a_broken_layout(tmp_path: Path) -> None:
     import ctypes
     import shutil
@@ -86,15 +100,8 @@ def test_strip_keeps_libraries_loadable_and_refuses_a_broken_layout(tmp_path: Pa
 
         pytest.skip("gcc and binutils' strip are needed to make and strip a real library")
     slim = _load_slim()
-    site = tmp_path / "site"
-    (site / "pkg").mkdir(parents=True)
-    stamp = tmp_path / "step-began"
-    stamp.touch()
-    time.sleep(0.05)
-    source = tmp_path / "answer.c"
-    source.write_text("static int hidden(void) { return 42; }\nint answer(void) { return hidden(); }\n")
-    library = site / "pkg" / "libanswer.so"
-    subprocess.run([compiler, "-g", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    code = "static int hidden(void) { return 42; }\nint answer(void) { return hidden(); }\n"
+    site, stamp, library = _real_library(tmp_path, compiler, code)
     before = library.stat().st_size
     subprocess.run(
         [sys.executable, str(SCRIPT), "--site", str(site), "--since", str(stamp), "--cuda", "13.0", "--strip"],
@@ -181,16 +188,9 @@ def test_strip_keeps_a_library_whose_mapped_layout_strip_changed(tmp_path: Path)
     if compiler is None or real_strip is None:
         pytest.skip("gcc and binutils' strip are needed to make and strip a real library")
     slim = _load_slim()
-    site, bin_dir = tmp_path / "site", tmp_path / "bin"
-    (site / "pkg").mkdir(parents=True)
+    site, stamp, library = _real_library(tmp_path, compiler, "int answer(void) { return 42; }\n")
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stamp = tmp_path / "step-began"
-    stamp.touch()
-    time.sleep(0.05)
-    source = tmp_path / "answer.c"
-    source.write_text("int answer(void) { return 42; }\n")
-    library = site / "pkg" / "libanswer.so"
-    subprocess.run([compiler, "-g", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
     shipped = library.read_bytes()
     copy = tmp_path / "copy.so"
     copy.write_bytes(shipped)
