@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sparkforge.recipe.profile import Profile
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
+ENVS = "vllm/envs.py"  # the `environment_variables` dict: every variable vLLM reads
 CLI_ARGS = (
     "vllm/entrypoints/launchers/cli_args.py",  # 0.32 on (the OpenAI server's FrontendArgs moved here)
     "vllm/entrypoints/common/cli_args.py",  # 0.2x-0.31
@@ -50,6 +51,7 @@ class ServeSurface:
     aliases: dict[str, str] = field(
         default_factory=dict
     )  # every option name -> its first long name (tp -> ...)
+    env: frozenset[str] = frozenset()  # the variables vllm/envs.py reads
 
 
 def _option_strings(tree: ast.AST) -> tuple[set[str], set[str]]:
@@ -145,6 +147,25 @@ def _registered_names(text: str) -> set[str]:
     return names
 
 
+def env_names(text: str) -> set[str]:
+    """The keys of vllm/envs.py's `environment_variables` dict (every variable vLLM reads, by its own list)."""
+    names: set[str] = set()
+    for node in ast.parse(text).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = getattr(node, "value", None)
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "environment_variables"
+            and isinstance(value, ast.Dict)
+        ):
+            names.update(
+                k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            )
+    return names
+
+
 def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str]) -> ServeSurface:
     """The serve surface from a vLLM tree (`read_text(rel)`; `listing`: every file path in the tree)."""
     flags: set[str] = set()
@@ -180,7 +201,9 @@ def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str])
             if body and ("register" in body):
                 names |= _registered_names(body)
         parsers[kind] = frozenset(names)
-    return ServeSurface(frozenset(flags), frozenset(negatable), parsers, tuple(sources), aliases)
+    envs = read_text(ENVS)
+    env = frozenset(env_names(envs)) if envs else frozenset()
+    return ServeSurface(frozenset(flags), frozenset(negatable), parsers, tuple(sources), aliases, env)
 
 
 def wheel_surface(fetcher: Fetcher, package: str, version: str, target: WheelTarget) -> ServeSurface:
@@ -191,7 +214,7 @@ def wheel_surface(fetcher: Fetcher, package: str, version: str, target: WheelTar
     wanted = [
         n
         for n in listing
-        if n == ARG_UTILS
+        if n in (ARG_UTILS, ENVS)
         or n in CLI_ARGS
         or (
             n.endswith(".py")
@@ -302,3 +325,34 @@ def recipe_surface(recipe: Recipe, fetcher: Fetcher, tree: UpstreamTree | None =
             recipe, source=None, github_base=GITHUB, fetcher=fetcher, runner=Runner(stream=False)
         )
     return tree_surface(tree, fetcher, component.package or "vllm", target)
+
+
+def render_names(surface: ServeSurface, version: str) -> str:
+    """sparkforge/recipe/vllmnames.py for `surface`: the pinned vLLM's serve flags, aliases and variables, the
+    names the allow-list (sparkforge/recipe/allowlist.py) starts from."""
+    import textwrap
+
+    def words(names: Iterable[str]) -> str:
+        text = textwrap.fill(" ".join(sorted(names)), 100, break_on_hyphens=False, break_long_words=False)
+        return f'_words(\n    """\n{text}\n"""\n)'
+
+    aliases = {k: v for k, v in sorted(surface.aliases.items()) if k != v}
+    return (
+        '"""The pinned vLLM\'s own names: `vllm serve` flags (argparse) and variables (vllm/envs.py).\n\n'
+        "Generated from the wheel by sparkforge.preflight.serveflags.render_names (preflight's reader); `invoke "
+        "preflight`\nchecks it against the recipe's pinned vLLM. Edit the allow-list, not this file.\n"
+        '"""\n\n\n'
+        "def _words(text: str) -> frozenset[str]:\n    return frozenset(text.split())\n\n\n"
+        f"VERSION = {version!r}\n"
+        f"FLAGS = {words(surface.flags)}\n"
+        f"NEGATABLE = {words(surface.negatable)}\n"
+        f"ALIASES = {aliases!r}\n"
+        f"ENV = {words(surface.env)}\n"
+    )
+
+
+def stale_names(surface: ServeSurface) -> list[str]:
+    """Flags and variables of the pinned vLLM that the allow-list's names (vllmnames) do not hold."""
+    from sparkforge.recipe import vllmnames
+
+    return sorted({f"--{f}" for f in surface.flags - vllmnames.FLAGS} | set(surface.env - vllmnames.ENV))
