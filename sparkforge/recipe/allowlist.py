@@ -12,6 +12,7 @@ Import, export, profile load (and with it serve, conform, bench and cluster) cal
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -193,6 +194,17 @@ REFUSED_ENV_RULES = (
     ),
 )
 _RULES = tuple((re.compile(p), why) for p, why in REFUSED_ENV_RULES)
+# The owner's settings: where the token goes and whom TLS trusts. No recipe or profile opt-in lets them through.
+_OWNER_ONLY = re.compile(
+    r"(HF|HUGGING_?FACE|HUGGINGFACE|TRANSFORMERS|DIFFUSERS)_.*|(?i:(HTTPS?|ALL|NO|FTP|SOCKS)_PROXY)|"
+    r"SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|VLLM_USE_MODELSCOPE|VLLM_API_KEY|"
+    r"(.*_)?(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_KEY|ACCESS_KEY|SECRET_KEY)|S3_.*|AWS_.*|"
+    r"hf-token|api-key|download-dir|ssl-.*|enable-ssl-refresh"
+)
+OWNER_FIX = (
+    "it is the machine owner's setting, never a recipe's or profile's (no opt-in): the hub endpoint comes from "
+    "your environment or --hf-endpoint, the token from --hf-token-file, proxies and CA bundles from your machine"
+)
 ENV_FIX = "remove it from env (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
 FLAG_FIX = (
     "remove it from the command (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
@@ -219,7 +231,9 @@ class Verdict:
 
     def message(self) -> str:
         """'ENTRY: what it would do; fix: ...' for a refused or unknown entry."""
-        fix = (FLAG_FIX if self.kind == "flag" else ENV_FIX).format(entry=self.allow_key)
+        fix = owner_only(self.allow_key) or (FLAG_FIX if self.kind == "flag" else ENV_FIX).format(
+            entry=self.allow_key
+        )
         if self.status == "unknown":
             return f"{self.entry}: needs attention: {self.reason}; fix: {fix}"
         return f"{self.entry}: refused: {self.reason}; fix: {fix}"
@@ -244,9 +258,9 @@ def flag_verdict(name: str) -> Verdict:
         return Verdict("flag", flag, "refused", TRUST_FLAGS[flag])
     if flag in vllmnames.FLAGS:
         return Verdict("flag", flag, "allowed", f"a `vllm serve` flag of vLLM {vllmnames.VERSION}")
-    return Verdict(
-        "flag", flag, "unknown", f"not a `vllm serve` flag of vLLM {vllmnames.VERSION} the list knows"
-    )
+    near = difflib.get_close_matches(flag, sorted(vllmnames.FLAGS), n=2, cutoff=0.75)
+    hint = f" (did you mean {', '.join('--' + n for n in near)}?)" if near else ""
+    return Verdict("flag", flag, "unknown", f"not a `vllm serve` flag of vLLM {vllmnames.VERSION}{hint}")
 
 
 def env_verdict(name: str) -> Verdict:
@@ -266,6 +280,13 @@ def env_verdict(name: str) -> Verdict:
         "unknown",
         "neither a variable of the pinned vLLM (vllm/envs.py) nor a reviewed resource-selecting library variable",
     )
+
+
+def owner_only(name: str) -> str:
+    """Why no opt-in may let `name` (an allow key) through, or '' when one may."""
+    if name in RESOURCE_ENV:
+        return ""
+    return OWNER_FIX if _OWNER_ONLY.fullmatch(name) else ""
 
 
 def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verdict]:

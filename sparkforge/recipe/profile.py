@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from sparkforge.errors import ProfileError, RecipeError
+from sparkforge.recipe.allowlist import Verdict, blocked, flag_verdict, opt_in_warnings, owner_only
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
@@ -98,6 +99,9 @@ class ProfileModel(BaseModel):
     gpus_per_node: Annotated[StrictInt, Field(ge=1, le=8)] = 1
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, StrictStr] = Field(default_factory=dict)
+    # Per-entry opt-ins past the allow-list (a flag without dashes or a variable -> the reviewer's reason);
+    # every task that starts a container prints one warning per entry.
+    allow: dict[str, Annotated[StrictStr, Field(min_length=3, max_length=300)]] = Field(default_factory=dict)
     served_model_name: str | None = None
     # The model class the checkpoint's config.json names: checked against the image's vLLM before any download.
     architecture: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
@@ -154,6 +158,35 @@ class ProfileModel(BaseModel):
                 raise ValueError(problem)
         return env
 
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, allow: dict[str, str]) -> dict[str, str]:
+        for key, why in allow.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[a-z0-9][a-z0-9-]*", key):
+                raise ValueError(
+                    f"{key!r}: name a flag without dashes or a variable; fix: e.g. 'tool-parser-plugin'"
+                )
+            if any(ord(c) < 32 or ord(c) == 127 for c in why) or not why.strip():
+                raise ValueError(
+                    f"{key}: the reason is one line of printable text; fix: say why it was reviewed"
+                )
+            if owner_only(key):
+                raise ValueError(f"{key}: {owner_only(key)}")
+        return allow
+
+    @model_validator(mode="after")
+    def _allow_list(self) -> ProfileModel:
+        refused = blocked(self.args, self.env, self.allow)
+        if refused:
+            raise ValueError("; ".join(v.message() for v in refused))
+        used = {flag_verdict(k).name for k in self.args} | set(self.args) | set(self.env)
+        stale = sorted(k for k in self.allow if k not in used)
+        if stale:
+            raise ValueError(
+                f"allow: {', '.join(stale)} opt(s) in to nothing the profile sets; fix: remove the stale opt-in"
+            )
+        return self
+
     @model_validator(mode="after")
     def _parallelism(self) -> ProfileModel:
         args = {norm_flag(k): v for k, v in self.args.items()}
@@ -177,6 +210,10 @@ class Profile:
 
     def line_of(self, *key: str) -> int:
         return self.lines.get(tuple(key), self.lines.get(tuple(key[:1]), 1))
+
+    def opt_ins(self) -> list[str]:
+        """One warning line per opt-in past the allow-list (printed by every task that starts a container)."""
+        return opt_in_warnings(self.model.allow, f"profile {self.name} ({self.path})")
 
     def serve_args(self) -> list[str]:
         """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false)."""
@@ -213,12 +250,40 @@ def load_profile(ref: str | Path) -> Profile:
     except RecipeError as exc:
         raise ProfileError(str(exc).replace("a recipe", "a profile").replace("recipe", "profile")) from None
     origins = {key: (path, line) for key, line in doc.lines.items()}
+    refused = _off_the_list(doc.data)
+    if refused:
+        lines = [
+            f"{path}:{doc.lines.get((section, key), 1)}: {section}.{key}: {v.message()}"
+            for section, key, v in refused
+        ]
+        raise ProfileError(f"profile {path.stem} is refused:\n  " + "\n  ".join(lines))
     try:
         model = ProfileModel.model_validate(doc.data)
     except ValidationError as exc:
         problems = [explain_errors(e, origins, path, ProfileModel) for e in exc.errors()]
         raise ProfileError(f"profile {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
     return Profile(path.stem, path, model, dict(doc.lines))
+
+
+def _off_the_list(data: object) -> list[tuple[str, str, Verdict]]:
+    """(section, key, verdict) for every arg and variable off the allow-list without an opt-in, in file order
+    (entries the form checks refuse, secrets among them, are left to the schema's own message)."""
+    if not isinstance(data, dict):
+        return []
+    allow = data.get("allow") if isinstance(data.get("allow"), dict) else {}
+    out = []
+    for section in ("args", "env"):
+        entries = data.get(section) if isinstance(data.get(section), dict) else {}
+        for key, value in entries.items():  # type: ignore[union-attr]
+            name = str(key)
+            form = (
+                check_flag(name) or check_value(name, value) if section == "args" else check_env(name, value)
+            )
+            if form:
+                continue
+            flags, env = ({str(key): value}, {}) if section == "args" else ({}, {str(key): value})
+            out += [(section, str(key), v) for v in blocked(flags, env, allow)]  # type: ignore[arg-type]
+    return out
 
 
 def list_profile_names() -> list[str]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 import re
 
-from sparkforge.recipe.loaderenv import loader_env_names
-
 # Flags sparkforge sets itself from --port, --nodes and the cluster plan; a profile setting them would conflict.
 RESERVED_FLAGS = {
     "model": "the profile's 'model' key",
@@ -170,14 +168,10 @@ def _check_text(key: str, text: str) -> str:
 
 
 def check_env(name: str, value: object) -> str:
-    """One profile environment variable -> '' when fine, else the reason and the fix."""
+    """One profile environment variable's form and value -> '' when fine, else the reason and the fix (whether
+    the variable may be set at all is the allow-list's: sparkforge/recipe/allowlist.py)."""
     if not _ENV.fullmatch(name):
         return f"{name!r} is not an environment variable name; fix: use letters, digits and _"
-    if loader_env_names([name]):
-        return (
-            f"{name} would change how vLLM finds and loads code (or where pip and TLS look); fix: remove it "
-            "(the same variables a recipe may not set)"
-        )
     if is_secret_name(name):
         return f"{name} {SECRET_FIX}"
     if not isinstance(value, str):
