@@ -25,8 +25,10 @@ def _pinned(recipe: str, offline: bool):
 
 @task(
     name="import",
-    iterable=["set"],
+    iterable=["set", "allow"],
     help={
+        "allow": "ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed "
+        "what it does; written into the profile with the reason (repeatable)",
         "set": "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
         "source": "community recipe: a file or an https:// URL",
         "format": 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
@@ -50,8 +52,10 @@ def import_(
     no_preflight: bool = False,
     offline: bool = False,
     set: list[str] | None = None,
+    allow: list[str] | None = None,
 ) -> None:
-    """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
+    """A community recipe becomes a serve profile; what it cannot carry as is, it names; code loading and trust
+    settings off the allow-list are refused (nothing written) unless opted in one by one with --allow."""
     from sparkforge.preflight.catalog import (
         image_facts,
         import_with,
@@ -72,7 +76,23 @@ def import_(
     overrides = dict(item.split("=", 1) for item in set or [] if "=" in item)
     if len(overrides) != len(set or []):
         raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
-    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides)  # type: ignore[arg-type]
+    opt_ins = dict(
+        item.split("=", 1) for item in allow or [] if "=" in item and item.split("=", 1)[1].strip()
+    )
+    if len(opt_ins) != len(allow or []):
+        raise Exit(
+            "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')", code=2
+        )
+    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides, opt_ins)  # type: ignore[arg-type]
+    if imported.refused:
+        for note in imported.refused:
+            warn(f"refused: {note}")
+        raise Exit(
+            f"sparkforge: {where}: {len(imported.refused)} entr{'y' if len(imported.refused) == 1 else 'ies'} off the "
+            "allow-list would load code or change trust; nothing was written; fix: remove them from the recipe, or "
+            "review each and pass --allow ENTRY=REASON (docs/community.md)",
+            code=1,
+        )
     facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))
@@ -166,9 +186,8 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
     fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
     hub = None if offline else make_fetcher(timeout=5, retries=0)
     rows, seconds = run_catalog(catalog_refs(source, fetcher), pinned, fetcher, hub, echo)
-    counts = {
-        s: sum(r.status == s for r in rows) for s in ("imports cleanly", "needs attention", "does not import")
-    }
+    statuses = ("imports cleanly", "needs attention", "refused", "does not import")
+    counts = {s: sum(r.status == s for r in rows) for s in statuses}
     echo(
         f"{len(rows)} recipe(s) against {pinned.subject} in {seconds:.1f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())

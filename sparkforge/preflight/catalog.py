@@ -140,13 +140,19 @@ def import_with(
     extra: list[str],
     name: str | None,
     overrides: dict[str, str] | None = None,
+    allow: dict[str, str] | None = None,
 ) -> Imported:
     """Import with the pinned vLLM's own aliases (the documented fallback without a recipe)."""
     community = read_community(doc, where, fmt, overrides)
     surface = pinned.surface() if pinned else None
     aliases = {**FALLBACK_ALIASES, **(surface.aliases if surface else {})}
     return import_recipe(
-        community, aliases=aliases, negatable=surface.negatable if surface else None, extra=extra, name=name
+        community,
+        aliases=aliases,
+        negatable=surface.negatable if surface else None,
+        extra=extra,
+        name=name,
+        allow=allow,
     )
 
 
@@ -292,13 +298,14 @@ def check_one(
         imported = import_with(pinned, doc, where, None, [], None)
     except SparkforgeError as exc:
         return CatalogRow(ref, "does not import", notes=[str(exc)])
-    notes = [str(a) for a in preflight_notes(imported, pinned)]
+    refused = [f"refused: {a}" for a in imported.refused]
+    notes = refused + [str(a) for a in preflight_notes(imported, pinned)]
     model = str(imported.document["model"])
     arch, origin = model_class(model, imported.recipe.model_revision, hub, no_hub)
     registered = None if arch is None else arch in pinned.registry()
     if registered is False:
         notes.append(f"{pinned.subject} does not register {arch}; fix: use a recipe whose vLLM does")
-    status = "imports cleanly" if not notes else "needs attention"
+    status = "refused" if refused else "imports cleanly" if not notes else "needs attention"
     return CatalogRow(ref, status, model, arch, registered, notes, origin)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from sparkforge.errors import RecipeError, SparkforgeError
+from sparkforge.recipe.allowlist import Verdict, env_verdict, flag_verdict, owner_only
 from sparkforge.recipe.community.formats import CommunityRecipe
 from sparkforge.recipe.community.vllmargv import (
     Option,
@@ -64,6 +65,8 @@ class Imported:
     source_argv: tuple[str, ...]  # canonical: ["serve", MODEL, ...] as the source runs it
     attention: tuple[Attention, ...]
     recipe: CommunityRecipe
+    # Entries off the allow-list that load code or change trust, without an opt-in: the import refuses them.
+    refused: tuple[Attention, ...] = ()
 
     def text(self, recipe: str = "R") -> str:
         """The profile file: a header naming the source, how to serve it and what needs attention, then YAML."""
@@ -212,8 +215,28 @@ def import_recipe(
     negatable: frozenset[str] | None = None,
     extra: Sequence[str] = (),
     name: str | None = None,
+    allow: Mapping[str, str] | None = None,
 ) -> Imported:
-    """The profile a community recipe becomes; RecipeError when the command cannot be vLLM's argv."""
+    """The profile a community recipe becomes; RecipeError when the command cannot be vLLM's argv.
+
+    Every flag and variable goes through the allow-list: refused ones (code loading, trust settings) land in
+    `refused` (the import writes nothing while any is left), unknown ones are dropped and named; an entry in
+    `allow` (entry -> the reviewer's reason) is carried and the opt-in written into the profile."""
+    allow = dict(allow or {})
+    refused: list[Attention] = []
+    used: set[str] = set()
+
+    def listed(verdict: Verdict, where: str) -> bool:
+        """True when the entry may be carried; otherwise it is named (refused or needs attention)."""
+        used.add(verdict.allow_key)
+        if verdict.status == "allowed" or (verdict.allow_key in allow and not owner_only(verdict.allow_key)):
+            return True
+        if verdict.status == "refused":
+            refused.append(Attention(where, verdict.message()))
+        else:
+            attention.append(Attention(where, f"dropped: {verdict.message()}"))
+        return False
+
     where = recipe.at("command")
     argv = parse_serve([*split_command(recipe.command, where), *extra], aliases, where)
     attention: list[Attention] = []
@@ -240,6 +263,8 @@ def import_recipe(
         key, value = option_value(option, negatable)
         problem = check_flag(key) or check_value(key, value)
         kept.append(option)
+        if not problem and not listed(flag_verdict(key), where):
+            continue
         if problem:
             attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
             if "secret" in problem:  # the source's argv is printed: never its secret
@@ -258,7 +283,7 @@ def import_recipe(
         )
         if problem:
             attention.append(Attention(recipe.at("env", str(key)), f"dropped: {problem}"))
-        else:
+        elif listed(env_verdict(str(key)), recipe.at("env", str(key))):
             env[str(key)] = value
     if recipe.model and recipe.model != argv.model:
         attention.append(
@@ -290,6 +315,17 @@ def import_recipe(
         document["env"] = env
     if launch.served:
         document["served_model_name"] = launch.served
+    stale = sorted(set(allow) - used)
+    if stale:
+        raise RecipeError(
+            f"{recipe.where}: --allow {', '.join(stale)}: the recipe sets no such flag or variable; nothing was "
+            "written; fix: name entries as the refusal does (a flag without dashes, or the variable)"
+        )
+    bad = {k: owner_only(k) for k in allow if owner_only(k)}
+    if bad:
+        raise RecipeError(f"{recipe.where}: --allow {', '.join(sorted(bad))}: {next(iter(bad.values()))}")
+    if allow:
+        document["allow"] = {k: allow[k] for k in sorted(allow)}
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
     source += ["--served-model-name", launch.served] if launch.served else []
     source += ["--trust-remote-code"] if launch.trust else []
@@ -304,6 +340,7 @@ def import_recipe(
         tuple(source),
         tuple(attention),
         recipe,
+        tuple(refused),
     )
 
 
