@@ -165,6 +165,8 @@ def up(
     gid_index: str = "",
     nccl: str = "image",
     down_on_fail: bool = False,
+    hf_endpoint: str = "",
+    allow_unpinned_model: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -176,7 +178,7 @@ def up(
     ref = _image(recipe, image)
     launch = _launch_options(
         ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code,
-        weights,
+        weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
     )  # fmt: skip
     doctor_options = _doctor_options(
         ref,

@@ -64,6 +64,8 @@ def conform(
     master_port: int = 29501,
     ulimit: list[str] | None = None,
     health_timeout: int = 1800,
+    hf_endpoint: str = "",
+    allow_unpinned_model: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     from sparkforge.errors import RunError
@@ -93,6 +95,7 @@ def conform(
     if not attach:
         launch = _launch_options(
             _image(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+            hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
         )  # fmt: skip
     doctor = None
     if nodes and not attach:

@@ -132,6 +132,9 @@ def _launch_options(
     ulimit: list[str] | None = None,
     trust_remote_code: bool = False,
     weights: str = "each",
+    *,
+    hf_endpoint: str = "",
+    allow_unpinned_model: bool = False,
 ):
     from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
@@ -157,7 +160,43 @@ def _launch_options(
         ulimits=inputs.check_ulimits(ulimit) if ulimit else GB10_ULIMITS,
         trust_remote_code=_trust_remote_code(trust_remote_code),
         weights=inputs.check_choice("--weights", weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
+        hf_endpoint=_hub(hf_endpoint),
+        allow_unpinned_model=_unpinned(allow_unpinned_model),
     )
+
+
+def _hub(given: str) -> str | None:
+    """The hub the token may go to: --hf-endpoint, else the user's own HF_ENDPOINT, else none (the default hub)."""
+    import os
+    from urllib.parse import urlsplit
+
+    value = given or os.environ.get("HF_ENDPOINT", "")
+    if not value:
+        return None
+    where = "--hf-endpoint" if given else "HF_ENDPOINT (your environment)"
+    try:
+        parts = urlsplit(value)
+        ok = (
+            parts.scheme in ("https", "http")
+            and bool(parts.hostname)
+            and (parts.port is None or parts.port > 0)
+        )
+    except ValueError:
+        ok = False
+    if not ok or any(c.isspace() or ord(c) < 32 for c in value) or parts.query or parts.fragment:
+        raise Exit(
+            f"sparkforge: {where} {value[:100]!r} is not a hub URL; fix: e.g. https://huggingface.co", code=2
+        )
+    return value.rstrip("/")
+
+
+def _unpinned(allowed: bool) -> bool:
+    if allowed:
+        warn(
+            "warning: --allow-unpinned-model: the model is served from whatever the hub holds at download time "
+            "(weights, tokenizer and configs not pinned to a commit)"
+        )
+    return allowed
 
 
 COMMON_HELP = {
@@ -174,6 +213,8 @@ COMMON_HELP = {
     "weights": "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM",
     "ulimit": "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
     "trust_remote_code": "let vLLM run Python code from the model's repository (never from a profile; printed)",
+    "hf_endpoint": "the hub the download phase (and its token) talks to (default: your HF_ENDPOINT, else the Hugging Face hub; never a profile's)",
+    "allow_unpinned_model": "serve a profile whose model has no pinned revision (args.revision, 40 hex): the hub's current files",
 }
 
 
@@ -205,6 +246,8 @@ def serve(
     trust_remote_code: bool = False,
     weights: str = "each",
     down_on_fail: bool = False,
+    hf_endpoint: str = "",
+    allow_unpinned_model: bool = False,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -214,7 +257,7 @@ def serve(
     loaded = load_profile(profile)
     options = _launch_options(
         _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-        trust_remote_code, weights,
+        trust_remote_code, weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
     )  # fmt: skip
     _preflight(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)

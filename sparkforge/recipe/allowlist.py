@@ -299,10 +299,13 @@ def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mappin
     return [v for v in verdicts(args, env) if v.status != "allowed" and v.allow_key not in allow]
 
 
-def opt_in_warnings(allow: Mapping[str, str], where: str) -> list[str]:
+def opt_in_warnings(allow: Mapping[str, str], env: Mapping[str, object], where: str) -> list[str]:
     """One line per opt-in: printed by every task that starts a container."""
-    return [
-        f"warning: {where} opts in to {k} off the allow-list ({env_verdict(k).reason if k.isupper() else flag_verdict(k).reason}); "
-        f"reason given: {why}"
-        for k, why in allow.items()
-    ]
+    lines = []
+    for key, why in allow.items():
+        verdict = env_verdict(key) if key in env else flag_verdict(key)
+        lines.append(
+            f"warning: {where} opts in to {verdict.entry} off the allow-list ({verdict.status}: {verdict.reason}); "
+            f"the reason it gives: {why}"
+        )
+    return lines

@@ -213,7 +213,7 @@ class Profile:
 
     def opt_ins(self) -> list[str]:
         """One warning line per opt-in past the allow-list (printed by every task that starts a container)."""
-        return opt_in_warnings(self.model.allow, f"profile {self.name} ({self.path})")
+        return opt_in_warnings(self.model.allow, self.model.env, f"profile {self.name} ({self.path})")
 
     def serve_args(self) -> list[str]:
         """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false)."""

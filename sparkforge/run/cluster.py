@@ -19,7 +19,14 @@ from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.run.doctor import DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, NodeLaunch, describe_plan, plan_launch
+from sparkforge.run.launch import (
+    LaunchOptions,
+    LaunchPlan,
+    NodeLaunch,
+    check_model_pin,
+    describe_plan,
+    plan_launch,
+)
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
 from sparkforge.run.postmortem import keep_logs, stage_of
 from sparkforge.run.weights import fetch_weights
@@ -113,6 +120,7 @@ def cluster_up(
 ) -> UpResult:
     """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
     start = time.monotonic()
+    check_model_pin(profile, launch)
     if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
         envs = [network_env(doctor.interface, a) for a in addresses]

@@ -7,6 +7,7 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,10 @@ class LaunchOptions:
     )
     # The download phase: on every node, once on the head (the cache dir is shared storage), or left to vLLM.
     weights: Literal["each", "shared", "skip"] = "each"
+    # The hub the token may go to: the owner's (their environment's HF_ENDPOINT or --hf-endpoint), never a profile's.
+    hf_endpoint: str | None = None
+    # Serve a model without a pinned revision (the hub's `main` at download time); said on the command line.
+    allow_unpinned_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class LaunchPlan:
     head_address: str
     port: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    listens: tuple[str, ...] = field(
+        default_factory=tuple
+    )  # what listens where (printed by --dry and every run)
+    warnings: tuple[str, ...] = field(default_factory=tuple)  # opt-ins past the allow-list, an open API
 
     @property
     def head(self) -> NodeLaunch:
@@ -89,13 +98,76 @@ def _ulimits(given: tuple[str, ...], rdma: bool) -> tuple[str, ...]:
     return given
 
 
+def serve_sees_token(options: LaunchOptions) -> bool:
+    """Only when vLLM itself downloads (--weights skip): otherwise the download phase fetched the weights and the
+    serving container, which runs what the profile names, gets no token and stays off the hub."""
+    return options.hf_token_file is not None and options.model_dir is None and options.weights == "skip"
+
+
 def _mounts(options: LaunchOptions) -> tuple[str, ...]:
     mounts = [f"{options.cache_dir.rstrip('/')}/{name}:{target}" for name, target in CACHES.items()]
     if options.model_dir is not None:
         mounts.append(f"{options.model_dir}:{MODEL_MOUNT}:ro")
-    if options.hf_token_file is not None:
+    if serve_sees_token(options):
         mounts.append(f"{options.hf_token_file}:{TOKEN_MOUNT}:ro")
     return tuple(mounts)
+
+
+def model_revision(profile: Profile) -> str | None:
+    """The profile's pinned model commit (`args.revision`, 40 hex: what import writes from model_revision)."""
+    value = profile.model.args.get("revision")
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value) else None
+
+
+def check_model_pin(profile: Profile, options: LaunchOptions) -> None:
+    """A model from the hub is served at a pinned commit, or the command line says it may not be."""
+    if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
+        return
+    given = profile.model.args.get("revision")
+    raise RunError(
+        f"profile {profile.name}: the model {profile.model.model} is not pinned to a commit"
+        + (f" (revision {given!r} is a name that can move)" if given else "")
+        + "; whatever the hub serves at download time would run, tokenizer and code included; fix: add "
+        f"'revision: <40-hex commit>' under args in {profile.path} (import writes a recipe's model_revision there), "
+        "pass --model-dir, or --allow-unpinned-model to accept the hub's current files"
+    )
+
+
+def _revision_args(profile: Profile, options: LaunchOptions) -> list[str]:
+    """--revision alone pins the weights, not the tokenizer or code (vLLM GHSA-3ww4-5jv9-j5gm): pin all three."""
+    revision = model_revision(profile)
+    if revision is None or options.model_dir is not None:
+        return []
+    out = []
+    for flag in ("tokenizer-revision", "code-revision"):
+        if flag not in profile.model.args:
+            out += [f"--{flag}", revision]
+    return out
+
+
+def _listens(
+    profile: Profile, addresses: Sequence[str], options: LaunchOptions
+) -> tuple[list[str], list[str]]:
+    """What listens where (host network: every port is the node's), and the warning an open API deserves."""
+    head = addresses[0]
+    listens = [f"OpenAI API: 0.0.0.0:{options.port} on the head (every interface of {head}; host network)"]
+    warnings = [
+        f"warning: the OpenAI API listens on all interfaces of the head on port {options.port} without an API key: "
+        "anyone who reaches the host can use the model; fix: firewall the port or serve on a trusted network"
+    ]
+    if len(addresses) > 1 and options.backend == "mp":
+        listens.append(
+            f"vLLM internode: rendezvous {head}:{options.master_port} (--master-addr), engine and NCCL traffic on "
+            "each node's link address (VLLM_HOST_IP, the fabric plan's interface)"
+        )
+    if len(addresses) > 1 and options.backend == "ray":
+        listens.append(f"Ray: {head}:{RAY_PORT} (GCS) and each node's --node-ip-address (its link address)")
+    if options.weights == "shared" and len(addresses) > 1 and options.model_dir is None:
+        listens.append(
+            f"weights server (download phase only): {head}:29531, a per-launch secret in a header, peers verify "
+            "every file against the head's manifest"
+        )
+    return listens, warnings
 
 
 def plan_launch(
@@ -123,13 +195,19 @@ def plan_launch(
     launches = []
     for rank in range(count):
         env = {**profile.model.env, **node_env[rank]}
-        if options.hf_token_file is not None:
+        if serve_sees_token(options):
             env["HF_TOKEN_PATH"] = TOKEN_MOUNT
+            if options.hf_endpoint:
+                env["HF_ENDPOINT"] = options.hf_endpoint
+        elif options.model_dir is None and options.weights != "skip":
+            env["HF_HUB_OFFLINE"] = (
+                "1"  # the download phase fetched the pinned files: vLLM reads the cache only
+            )
         if options.backend == "ray":
             env.update(
                 {"RAY_NODE_IP_ADDRESS": addresses[rank], "RAY_OVERRIDE_NODE_IP_ADDRESS": addresses[rank]}
             )
-        serve = ["serve", model, *profile.serve_args(), *model_extra]
+        serve = ["serve", model, *profile.serve_args(), *_revision_args(profile, options), *model_extra]
         serve += ["--trust-remote-code"] if options.trust_remote_code else []
         exec_argv: tuple[str, ...] = ()
         if options.backend == "mp":
@@ -180,7 +258,11 @@ def plan_launch(
     notes = (
         () if options.gpus else ("--gpus none: the containers see no GPU; vLLM stops at device detection",)
     )
-    return LaunchPlan(profile.name, tuple(launches), head, options.port, notes)
+    listens, warnings = _listens(profile, addresses, options)
+    warnings = [*profile.opt_ins(), *warnings]
+    return LaunchPlan(
+        profile.name, tuple(launches), head, options.port, notes, tuple(listens), tuple(warnings)
+    )
 
 
 def describe_plan(plan: LaunchPlan, labels: Sequence[str]) -> list[str]:
@@ -194,4 +276,6 @@ def describe_plan(plan: LaunchPlan, labels: Sequence[str]) -> list[str]:
         if launch.exec_argv:
             lines.append(f"docker exec {launch.container.name} " + shlex.join(launch.exec_argv))
     lines += [f"# note: {n}" for n in plan.notes]
+    lines += [f"# listens: {n}" for n in plan.listens]
+    lines += [f"# {w}" for w in plan.warnings]
     return lines

@@ -18,7 +18,7 @@ from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
 from sparkforge.run.cluster import cluster_down, launch_plan
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, plan_launch
+from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.weights import fetch_weights
 
@@ -181,6 +181,7 @@ def serve_up(
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
+    check_model_pin(profile, options)
     plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
     if not dry:
         check_architecture(engine, profile, options, echo=echo)

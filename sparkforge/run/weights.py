@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions
+from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, model_revision
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.weightstream import json_events
@@ -25,12 +25,14 @@ from sparkforge.run.weightstream import json_events
 _DOWNLOAD = """
 import json, os, sys, threading, time
 from huggingface_hub import constants, snapshot_download
-repo = sys.argv[1]
+repo, revision = sys.argv[1], sys.argv[2] or None
+# What serving reads: weights, configs, tokenizer, chat template. Never the repository's code (*.py) or pickles.
+serving = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 folder = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
 result = {}
 def fetch():
     try:
-        result["path"] = snapshot_download(repo_id=repo)
+        result["path"] = snapshot_download(repo_id=repo, revision=revision, allow_patterns=serving)
     except Exception as exc:
         result["error"] = f"{exc.__class__.__name__}: {exc}"
 def size():
@@ -66,9 +68,8 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
         return []
     hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
     mounts: tuple[str, ...] = (hf,)
-    env = {
-        k: v for k, v in profile.model.env.items() if k.startswith("HF_")
-    }  # HF_ENDPOINT, HF_HUB_OFFLINE...
+    # The hub and the token are the owner's alone: nothing of the profile's environment reaches this container.
+    env = {"HF_ENDPOINT": options.hf_endpoint} if options.hf_endpoint else {}
     if options.hf_token_file is not None:
         mounts += (f"{options.hf_token_file}:{TOKEN_MOUNT}:ro",)
         env["HF_TOKEN_PATH"] = TOKEN_MOUNT
@@ -79,7 +80,7 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
                 name=f"sparkforge-weights-{profile.name}-{rank}",
                 image=options.image,
                 entrypoint="python3",
-                args=("-c", _DOWNLOAD, profile.model.model),
+                args=("-c", _DOWNLOAD, profile.model.model, model_revision(profile) or ""),
                 env={"PYTHONUNBUFFERED": "1", **env},
                 labels={LABEL: "weights", f"{LABEL}.profile": profile.name, f"{LABEL}.rank": str(rank)},
                 mounts=mounts,
@@ -113,7 +114,11 @@ def fetch_weights(
     where = (
         "once, on the head, then streamed to the peers" if options.weights == "shared" else "on every node"
     )
-    echo(f"download: {profile.model.model} into {options.cache_dir}/huggingface {where}")
+    revision = model_revision(profile) or "the hub's current files (--allow-unpinned-model)"
+    hub = options.hf_endpoint or "https://huggingface.co"
+    echo(
+        f"download: {profile.model.model} at {revision} from {hub} into {options.cache_dir}/huggingface {where}"
+    )
     if dry:
         return {}
     end = None if timeout_s is None else time.monotonic() + timeout_s

@@ -84,7 +84,8 @@ HAND = {
     "--no-enable-prefix-caching --optimization-level 3 --trust-remote-code --host 0.0.0.0 --port 8000",
     "sparkarena-qwen35-solo.yaml": "serve Qwen/Qwen3.5-35B-A3B-FP8 --tensor-parallel-size 1 "
     "--gpu-memory-utilization 0.8 --max-model-len 131072 --enable-chunked-prefill --async-scheduling "
-    "--revision 0123456789abcdef0123456789abcdef01234567 --served-model-name qwen35-a3b --host 0.0.0.0 --port 8000",
+    "--revision 0123456789abcdef0123456789abcdef01234567 --tokenizer-revision 0123456789abcdef0123456789abcdef01234567 "
+    "--code-revision 0123456789abcdef0123456789abcdef01234567 --served-model-name qwen35-a3b --host 0.0.0.0 --port 8000",
     "sparkarena-qwen35-mtp.yaml": "serve Qwen/Qwen3.5-35B-A3B-FP8 --speculative-config.method qwen3_next_mtp "
     '--speculative-config.num_speculative_tokens 3 --limit-mm-per-prompt \'{"image": 0, "video": 0}\' '
     "--max-model-len 32768 --host 0.0.0.0 --port 8010",
@@ -117,7 +118,9 @@ def test_what_cannot_be_carried_is_named(pinned, tmp_path: Path) -> None:
     assert "env.HF_TOKEN: dropped" in " ".join(map(str, env.attention))
     # Not a variable of the pinned vLLM 0.33.0 (vllm/envs.py) nor a reviewed one: named, never passed silently.
     assert "VLLM_SLEEP_WHEN_IDLE" not in env_profile.model.env
-    assert "env.VLLM_SLEEP_WHEN_IDLE: dropped: VLLM_SLEEP_WHEN_IDLE: needs attention" in " ".join(map(str, env.attention))
+    assert "env.VLLM_SLEEP_WHEN_IDLE: dropped: VLLM_SLEEP_WHEN_IDLE: needs attention" in " ".join(
+        map(str, env.attention)
+    )
     mtp, mtp_profile = imported_profile(pinned, "eugr-qwen35-mtp.yaml", tmp_path)
     assert mtp.trust_remote_code and not any("trust" in k for k in mtp_profile.model.args)
     assert "--trust-remote-code" in mtp.text().splitlines()[1]  # the serve line says how to opt in
@@ -132,7 +135,7 @@ def test_import_task_writes_a_profile_that_serve_dry_runs(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert "imports cleanly" in done.stdout
     source = done.stdout.split("vllm argv the source runs: ", 1)[1].splitlines()[0]
-    dry = subprocess.run([*run, "serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry"],
+    dry = subprocess.run([*run, "serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--allow-unpinned-model"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     docker_line = next(line for line in dry.stdout.splitlines() if line.startswith("docker run"))

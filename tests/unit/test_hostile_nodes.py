@@ -225,7 +225,7 @@ def test_cluster_up_dry_contacts_no_engine() -> None:
     result = _invoke(
         "cluster.up", "--recipe", "vllm-qwen35", "--profile", "qwen35-122b-a10b-fp8-tp2", "--no-preflight",
         "--image", "sparkforge-test/none:1", "--nodes", "tcp://192.0.2.1:2376,tcp://192.0.2.2:2376=192.0.2.12",
-        "--interface", "enp1s0f1np1", "--dry",
+        "--interface", "enp1s0f1np1", "--dry", "--allow-unpinned-model",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - start < 60

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,9 +111,15 @@ def test_two_node_mp_plan_is_exact(tmp_path: Path) -> None:
     )
     assert worker.container.env["NCCL_SOCKET_IFNAME"] == "fabric0"
     assert worker.container.env["NCCL_NET_GDR_LEVEL"] == "0"  # the profile's env
-    # The token only as a read-only mount and its path: never its value on a command line or in the env.
-    assert f"{token}:/run/secrets/hf_token:ro" in head.container.mounts
-    assert head.container.env["HF_TOKEN_PATH"] == "/run/secrets/hf_token"
+    # The download phase fetched the weights: the serving container (which runs what the profile names) gets no
+    # token and stays off the hub; with --weights skip vLLM downloads, so only then the read-only mount and its path.
+    assert (
+        not any("hf_token" in m for m in head.container.mounts) and "HF_TOKEN_PATH" not in head.container.env
+    )
+    assert head.container.env["HF_HUB_OFFLINE"] == "1"
+    skip = plan_launch(profile, ["10.77.0.1", "10.77.0.2"], [{}, {}], replace(options, weights="skip")).head
+    assert f"{token}:/run/secrets/hf_token:ro" in skip.container.mounts
+    assert skip.container.env["HF_TOKEN_PATH"] == "/run/secrets/hf_token"
     printed = "\n".join(describe_plan(plan, ["a", "b"]))
     assert "hf_secret_canary" not in printed and "hf_secret_canary" not in repr(plan)
     assert "/c/huggingface:/root/.cache/huggingface" in printed

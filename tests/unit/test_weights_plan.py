@@ -21,8 +21,8 @@ def test_each_node_downloads_with_the_launch_cache_and_token(tmp_path: Path) -> 
     argv = run_argv(downloads[1].container)
     assert argv[argv.index("--name") + 1] == f"sparkforge-weights-{PROFILE}-1"
     assert "/c/huggingface:/root/.cache/huggingface" in argv and f"{token}:/run/secrets/hf_token:ro" in argv
-    assert "HF_TOKEN_PATH=/run/secrets/hf_token" in argv and argv[-1] == "Qwen/Qwen3.5-122B-A10B-FP8"
-    assert not any(a.startswith("NCCL_") for a in argv)  # only the profile's HF_* variables
+    assert "HF_TOKEN_PATH=/run/secrets/hf_token" in argv and argv[-2:] == ["Qwen/Qwen3.5-122B-A10B-FP8", ""]
+    assert not any(a.startswith(("NCCL_", "HF_ENDPOINT")) for a in argv)  # nothing of the profile's env
     assert "--gpus" not in argv and "--network" in argv
 
 

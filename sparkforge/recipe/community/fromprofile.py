@@ -60,6 +60,18 @@ def _slot(key: str, taken: dict[str, object]) -> str:
     return slot
 
 
+def pinned_args(args: dict[str, object], revision: str | None) -> dict[str, object]:
+    """The args with the model pinned: --revision, and the tokenizer and code at the same commit (what import
+    writes from a recipe's model_revision: --revision alone leaves them at main, GHSA-3ww4-5jv9-j5gm)."""
+    if revision:
+        args["revision"] = revision
+    pin = args.get("revision")
+    for flag in ("tokenizer-revision", "code-revision"):
+        if isinstance(pin, str) and flag not in args:
+            args[flag] = pin
+    return args
+
+
 def _command(
     profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool
 ) -> tuple[list[str], dict[str, object]]:
@@ -67,9 +79,7 @@ def _command(
     model = profile.model
     defaults: dict[str, object] = {"port": 8000, "host": "0.0.0.0"}
     words = ["vllm", "serve", "{model}" if fmt == "sparkarena" else _word(model.model, fmt)]
-    args = dict(model.args)
-    if pins.model_revision:
-        args["revision"] = pins.model_revision
+    args = pinned_args(dict(model.args), pins.model_revision)
     for key, value in args.items():
         if value is True:
             words.append(f"--{key}")
@@ -207,9 +217,7 @@ def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
         path = Path(tmp) / f"{profile.name}.yaml"
         path.write_text(text)
         back = import_recipe(read_community(read_yaml(path), str(path), fmt), aliases=FALLBACK_ALIASES)
-    args = dict(profile.model.args)
-    if pins.model_revision:
-        args["revision"] = pins.model_revision
+    args = pinned_args(dict(profile.model.args), pins.model_revision)
     model = profile.model
     want = (model.model, model.nodes, arg_tokens(args), dict(model.env), model.served_model_name)
     doc = back.document

@@ -297,6 +297,14 @@ def import_recipe(
     if recipe.model_revision and "revision" not in args:
         args["revision"] = recipe.model_revision
         kept.append(Option("revision", (recipe.model_revision,), "model_revision"))
+    pin = args.get("revision")
+    for flag in (
+        "tokenizer-revision",
+        "code-revision",
+    ):  # --revision alone leaves these at main (GHSA-3ww4-5jv9-j5gm)
+        if isinstance(pin, str) and flag not in args:
+            args[flag] = pin
+            kept.append(Option(flag, (pin,), "model_revision"))
     attention += _mods(recipe) + _build_args(recipe)
     attention += [
         Attention(
