@@ -1,9 +1,10 @@
 """`--weights shared`: the head downloads once; its model folder is streamed to every peer over the fabric link.
 
 A throwaway container of the image on the head serves the folder (read-only, bound to the head's link address,
-a per-run token in every request); one on each peer pulls it into that node's cache: files by size with HTTP
-ranges, so an interrupted transfer resumes where it stopped (`NAME.sparkforge-part`), symlinks (the Hugging Face
-cache's snapshots/) recreated, progress as JSON lines. Standard library only, inside the image.
+a per-launch secret in a request header) and prints its manifest (size and sha256 of every file, cached per
+snapshot); sparkforge reads that manifest over the head's control channel (the engine) and hands it to one
+puller per peer, which verifies every byte against it before a file becomes visible (resumable; the Hugging
+Face cache's snapshot links recreated only inside the folder). The programs: sparkforge/run/weightscripts.py.
 """
 
 from __future__ import annotations
@@ -17,95 +18,15 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
+from sparkforge.run.weightscripts import PULL_SCRIPT, SERVE_SCRIPT
 
 PORT = 29531
-_SERVE = r"""
-import http.server, json, os, sys, urllib.parse
-root, host, port, token = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-real = os.path.realpath(root)
-def manifest():
-    out = []
-    for base, dirs, files in os.walk(root):
-        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(base, d))]):
-            full = os.path.join(base, name)
-            rel = os.path.relpath(full, root)
-            if os.path.islink(full):
-                out.append({"path": rel, "link": os.readlink(full)})
-            elif not name.endswith((".incomplete", ".lock", ".sparkforge-part")):
-                out.append({"path": rel, "size": os.path.getsize(full)})
-    return out
-class Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-    def do_GET(self):
-        path, _, query = self.path.partition("?")
-        if urllib.parse.parse_qs(query).get("token") != [token]:
-            return self.send_error(403)
-        if path == "/manifest":
-            body = json.dumps(manifest()).encode()
-            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-            return self.wfile.write(body)
-        full = os.path.realpath(os.path.join(root, urllib.parse.unquote(path.removeprefix("/file/"))))
-        if not full.startswith(real + os.sep) or not os.path.isfile(full):
-            return self.send_error(404)
-        size = os.path.getsize(full)
-        start = int(self.headers.get("Range", "bytes=0-").removeprefix("bytes=").split("-")[0] or 0)
-        self.send_response(206 if start else 200)
-        self.send_header("Content-Length", str(size - start)); self.end_headers()
-        with open(full, "rb") as handle:
-            handle.seek(start)
-            while chunk := handle.read(1 << 22):
-                self.wfile.write(chunk)
-server = http.server.ThreadingHTTPServer((host, port), Handler)
-print(json.dumps({"event": "serving", "address": f"{host}:{port}", "files": len(manifest())}), flush=True)
-server.serve_forever()
-"""
-_PULL = r"""
-import json, os, sys, time, urllib.parse, urllib.request
-base, dest, token = sys.argv[1], sys.argv[2], sys.argv[3]
-every = float(os.environ.get("SPARKFORGE_PROGRESS_S", "2"))
-q = "?token=" + urllib.parse.quote(token)
-fetch = urllib.request.build_opener(urllib.request.ProxyHandler({})).open  # the link is direct: never a proxy
-entries = json.loads(fetch(base + "/manifest" + q, timeout=60).read())
-total = sum(e.get("size", 0) for e in entries)
-start = last = time.monotonic(); moved = done = resumed = 0
-def report(event, **more):
-    print(json.dumps({"event": event, "bytes": done, "total": total, "moved": moved, "resumed": resumed,
-                      "seconds": round(time.monotonic() - start, 2), **more}), flush=True)
-for entry in sorted(entries, key=lambda e: "link" in e):
-    target = os.path.join(dest, entry["path"])
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    if "link" in entry:
-        if os.path.islink(target) and os.readlink(target) == entry["link"]:
-            continue
-        if os.path.lexists(target):
-            os.remove(target)
-        os.symlink(entry["link"], target)
-        continue
-    if os.path.isfile(target) and not os.path.islink(target) and os.path.getsize(target) == entry["size"]:
-        done += entry["size"]
-        continue
-    part = target + ".sparkforge-part"
-    have = os.path.getsize(part) if os.path.isfile(part) else 0
-    have = have if have <= entry["size"] else 0
-    resumed += bool(have)
-    done += have
-    request = urllib.request.Request(base + "/file/" + urllib.parse.quote(entry["path"]) + q,
-                                     headers={"Range": f"bytes={have}-"})
-    with fetch(request, timeout=60) as response, open(part, "ab" if have else "wb") as out:
-        while chunk := response.read(1 << 22):
-            out.write(chunk); moved += len(chunk); done += len(chunk)
-            if time.monotonic() - last >= every:
-                last = time.monotonic(); report("progress", file=entry["path"])
-    if os.path.getsize(part) != entry["size"]:
-        report("failed", error=f"{entry['path']}: {os.path.getsize(part)} of {entry['size']} bytes arrived")
-        sys.exit(1)
-    os.replace(part, target)
-report("done")
-"""
+MANIFESTS = "sparkforge-manifests"  # beside hub/ in the HF cache: one cached manifest per model folder
 
 
-def _spec(name: str, image: str, script: str, args: Sequence[str], mount: str, role: str) -> ContainerSpec:
+def _spec(
+    name: str, image: str, script: str, args: Sequence[str], mounts: tuple[str, ...], role: str
+) -> ContainerSpec:
     return ContainerSpec(
         name=name,
         image=image,
@@ -113,8 +34,16 @@ def _spec(name: str, image: str, script: str, args: Sequence[str], mount: str, r
         args=("-c", script, *args),
         env={"PYTHONUNBUFFERED": "1"},
         labels={LABEL: "weights", f"{LABEL}.weights": role},
-        mounts=(mount,),
+        mounts=mounts,
     )
+
+
+def serving_manifest(logs: str) -> list[dict[str, Any]] | None:
+    """The manifest the head's server printed (its `serving` event), or None while it has not."""
+    for event in json_events(logs):
+        if event.get("event") == "serving" and isinstance(event.get("manifest"), list):
+            return event["manifest"]
+    return None
 
 
 def json_events(text: str) -> list[dict[str, Any]]:
@@ -143,29 +72,19 @@ def share_weights(
 ) -> dict[str, dict[str, Any]]:
     """Stream `source` (a folder on the head) into `dest` on every peer through `address:port`; per peer the
     final event (bytes, moved, resumed, seconds). RunError names the node, what stopped and the fix."""
-    token = secrets.token_hex(16)
+    secret = secrets.token_hex(32)  # per launch; sent in a header, never in a URL
+    manifests = f"{source.rstrip('/').rsplit('/hub/', 1)[0]}/{MANIFESTS}"
     server = _spec(
-        "sparkforge-weights-serve", image, _SERVE, ("/weights", address, str(port), token),
-        f"{source}:/weights:ro", "serve",
+        "sparkforge-weights-serve", image, SERVE_SCRIPT, ("/weights", address, str(port), secret, "/manifests"),
+        (f"{source}:/weights:ro", f"{manifests}:/manifests"), "serve",
     )  # fmt: skip
-    pulls = {
-        peer.node.label: _spec(
-            f"sparkforge-weights-pull-{peer.node.rank}",
-            image,
-            _PULL,
-            (f"http://{address}:{port}", "/weights", token),
-            f"{dest}:/weights",
-            "pull",
-        )
-        for peer in peers
-    }
     started: list[tuple[NodeEngine, str]] = []
     try:
         head.remove([server.name])
         head.start(server)
         started.append((head, server.name))
-        end = time.monotonic() + 60
-        while not any(e.get("event") == "serving" for e in json_events(head.logs(server.name))):
+        end = time.monotonic() + 1800  # hashing a first snapshot of ~120 GB takes minutes; cached after
+        while (manifest := serving_manifest(head.logs(server.name))) is None:
             if head.state(server.name).status != "running" or time.monotonic() > end:
                 tail = head.logs(server.name, tail=5).strip()[-400:]
                 raise RunError(
@@ -173,6 +92,18 @@ def share_weights(
                     "free that port on the head or check that the address is the head's link address"
                 )
             time.sleep(0.5)
+        echo(f"  weights: the head's manifest lists {len(manifest)} entries (size and sha256 per file)")
+        pulls = {
+            peer.node.label: _spec(
+                f"sparkforge-weights-pull-{peer.node.rank}",
+                image,
+                PULL_SCRIPT,
+                (f"http://{address}:{port}", "/weights", secret, json.dumps(manifest)),
+                (f"{dest}:/weights",),
+                "pull",
+            )
+            for peer in peers
+        }
         by_label = {p.node.label: p for p in peers}
         for label, spec in pulls.items():
             by_label[label].remove([spec.name])
