@@ -21,7 +21,7 @@ from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.weightscripts import PULL_SCRIPT, SERVE_SCRIPT
 
 PORT = 29531
-MANIFESTS = "sparkforge-manifests"  # beside hub/ in the HF cache: one cached manifest per model folder
+MANIFESTS = "sparkforge-manifests"  # beside the model folders (hub/): one cached manifest per model folder
 
 
 def _spec(
@@ -73,7 +73,7 @@ def share_weights(
     """Stream `source` (a folder on the head) into `dest` on every peer through `address:port`; per peer the
     final event (bytes, moved, resumed, seconds). RunError names the node, what stopped and the fix."""
     secret = secrets.token_hex(32)  # per launch; sent in a header, never in a URL
-    manifests = f"{source.rstrip('/').rsplit('/hub/', 1)[0]}/{MANIFESTS}"
+    manifests = f"{source.rstrip('/').rsplit('/', 1)[0]}/.{MANIFESTS}"  # beside the model folder, not in it
     server = _spec(
         "sparkforge-weights-serve", image, SERVE_SCRIPT, ("/weights", address, str(port), secret, "/manifests"),
         (f"{source}:/weights:ro", f"{manifests}:/manifests"), "serve",

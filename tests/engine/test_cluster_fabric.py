@@ -10,6 +10,7 @@ say "no RDMA devices on node X".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -216,8 +217,9 @@ def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_pat
     (snapshot / "model.safetensors").symlink_to("../../blobs/w0")
     (snapshot / "config.json").symlink_to("../../blobs/c0")
     dest = tmp_path / "peer" / "models--sparkforge-test--big"
-    (dest / "blobs").mkdir(parents=True)
-    (dest / "blobs" / "w0.sparkforge-part").write_bytes(weights[: 48 << 20])  # an earlier, interrupted run
+    (dest / ".sparkforge-part").mkdir(parents=True)  # an earlier, interrupted run: its part, named by digest
+    part = dest / ".sparkforge-part" / hashlib.sha256(weights).hexdigest()
+    part.write_bytes(weights[: 48 << 20])
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(two_nodes))]
     lines: list[str] = []
     os.environ["SPARKFORGE_PROGRESS_S"] = "0.5"
@@ -233,9 +235,8 @@ def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_pat
     print(f"shared weights over fabric0: {done}, wall {wall:.1f} s")
     assert done["bytes"] == done["total"] == len(weights) + 35 and done["resumed"] == 1
     assert done["moved"] == len(weights) - (48 << 20) + 35  # the resumed file sent only its missing part
-    assert (dest / "blobs" / "w0").read_bytes() == weights and not (
-        dest / "blobs" / "w0.sparkforge-part"
-    ).exists()
+    assert (dest / "blobs" / "w0").read_bytes() == weights and not part.exists()
+    assert (source.parent / ".sparkforge-manifests" / f"{source.name}.json").is_file()  # cached for the next run
     assert os.readlink(dest / "snapshots" / "0123abcd" / "model.safetensors") == "../../blobs/w0"
     assert any(f"weights on {engines[1].node.label}: 0.13 GB" in line for line in lines)
     assert _leftovers(two_nodes) == {"a": [], "b": []}
