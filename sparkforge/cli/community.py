@@ -55,7 +55,7 @@ def import_(
     allow: list[str] | None = None,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names; code loading and trust
-    settings off the allow-list are refused (nothing written) unless opted in one by one with --allow."""
+    settings off the allow-list are left out, named, and the task exits 1 unless each is opted in with --allow."""
     from sparkforge.preflight.catalog import (
         image_facts,
         import_with,
@@ -84,15 +84,6 @@ def import_(
             "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')", code=2
         )
     imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides, opt_ins)  # type: ignore[arg-type]
-    if imported.refused:
-        for note in imported.refused:
-            warn(f"refused: {note}")
-        raise Exit(
-            f"sparkforge: {where}: {len(imported.refused)} entr{'y' if len(imported.refused) == 1 else 'ies'} off the "
-            "allow-list would load code or change trust; nothing was written; fix: remove them from the recipe, or "
-            "review each and pass --allow ENTRY=REASON (docs/community.md)",
-            code=1,
-        )
     facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))
@@ -110,6 +101,16 @@ def import_(
     echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
     for note in notes:
         warn(f"needs attention: {note}")
+    for note in imported.refused:
+        warn(f"refused: {note}")
+    if imported.refused:
+        count = len(imported.refused)
+        raise Exit(
+            f"sparkforge: {where}: {count} entr{'y' if count == 1 else 'ies'} off the allow-list would load code or "
+            f"change trust; {path} was written without them; fix: serve it as written, or review each entry and "
+            "import again with --allow ENTRY=REASON (docs/community.md)",
+            code=1,
+        )
     if not notes:
         checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
         echo(f"imports cleanly: nothing needs attention{checked}")

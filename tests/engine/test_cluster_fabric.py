@@ -236,7 +236,9 @@ def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_pat
     assert done["bytes"] == done["total"] == len(weights) + 35 and done["resumed"] == 1
     assert done["moved"] == len(weights) - (48 << 20) + 35  # the resumed file sent only its missing part
     assert (dest / "blobs" / "w0").read_bytes() == weights and not part.exists()
-    assert (source.parent / ".sparkforge-manifests" / f"{source.name}.json").is_file()  # cached for the next run
+    assert (
+        source.parent / ".sparkforge-manifests" / f"{source.name}.json"
+    ).is_file()  # cached for the next run
     assert os.readlink(dest / "snapshots" / "0123abcd" / "model.safetensors") == "../../blobs/w0"
     assert any(f"weights on {engines[1].node.label}: 0.13 GB" in line for line in lines)
     assert _leftovers(two_nodes) == {"a": [], "b": []}

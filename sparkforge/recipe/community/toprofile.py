@@ -65,7 +65,7 @@ class Imported:
     source_argv: tuple[str, ...]  # canonical: ["serve", MODEL, ...] as the source runs it
     attention: tuple[Attention, ...]
     recipe: CommunityRecipe
-    # Entries off the allow-list that load code or change trust, without an opt-in: the import refuses them.
+    # Entries off the allow-list that load code or change trust, without an opt-in: never carried, each named.
     refused: tuple[Attention, ...] = ()
 
     def text(self, recipe: str = "R") -> str:
@@ -219,8 +219,8 @@ def import_recipe(
 ) -> Imported:
     """The profile a community recipe becomes; RecipeError when the command cannot be vLLM's argv.
 
-    Every flag and variable goes through the allow-list: refused ones (code loading, trust settings) land in
-    `refused` (the import writes nothing while any is left), unknown ones are dropped and named; an entry in
+    Every flag and variable goes through the allow-list: refused ones (code loading, trust settings) are left
+    out and land in `refused` (the import task exits non-zero), unknown ones are dropped and named; an entry in
     `allow` (entry -> the reviewer's reason) is carried and the opt-in written into the profile."""
     allow = dict(allow or {})
     refused: list[Attention] = []
