@@ -296,7 +296,11 @@ def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verd
 
 def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mapping[str, str]) -> list[Verdict]:
     """The entries off the list that no opt-in in `allow` lets through."""
-    return [v for v in verdicts(args, env) if v.status != "allowed" and v.allow_key not in allow]
+    return [
+        v
+        for v in verdicts(args, env)
+        if v.status != "allowed" and (v.allow_key not in allow or owner_only(v.allow_key))
+    ]
 
 
 def opt_in_warnings(allow: Mapping[str, str], env: Mapping[str, object], where: str) -> list[str]:
