@@ -277,6 +277,8 @@ def check_profile(
         "reasoning_parsers": len(surface.parsers.get("reasoning", ())),
         "tool_parsers": len(surface.parsers.get("tool", ())),
         "sources": list(surface.sources),
+        # Names of this vLLM the allow-list's snapshot lacks: refused as unknown (safe) until render_names runs.
+        "not_on_allow_list": stale_names(surface)[:100],
     }
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
