@@ -347,7 +347,6 @@ def render_names(surface: ServeSurface, version: str) -> str:
         "def _words(text: str) -> frozenset[str]:\n    return frozenset(text.split())\n\n\n"
         f"VERSION = {version!r}\n"
         f"FLAGS = {words(surface.flags)}\n"
-        f"NEGATABLE = {words(surface.negatable)}\n"
         f"ALIASES = {aliases!r}\n"
         f"ENV = {words(surface.env)}\n"
     )

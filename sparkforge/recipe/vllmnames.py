@@ -86,68 +86,6 @@ uvicorn-log-level video-pruning-method video-pruning-rate watchdog-config waterm
 weight-transfer-config worker-cls worker-extension-cls
 """
 )
-NEGATABLE = _words(
-    """
-additional-config all2all-backend allow-credentials allow-deprecated-quantization
-allowed-local-media-path allowed-media-domains async-scheduling attention-backend attention-config
-aux-output-config block-size code-revision cohere-is-reasoning-model collect-detailed-traces
-compilation-config config-format convert cp-kv-cache-interleave-size cpu-distributed-timeout-seconds
-cpu-offload-gb cpu-offload-params cudagraph-capture-sizes cudagraph-metrics custom-histogram-buckets
-data-parallel-external-lb data-parallel-hybrid-lb data-parallel-size dbo-decode-token-threshold
-dbo-prefill-token-threshold dcp dcp-comm-backend dcp-kv-cache-interleave-size dcp-q-replicate
-decode-context-parallel-size default-mm-loras device-memory-utilization diffusion-config
-disable-cascade-attn disable-chunked-mm-input disable-custom-all-reduce disable-fastapi-docs
-disable-hybrid-kv-cache-manager disable-nccl-for-dp-synchronization disable-sliding-window
-disable-uvicorn-access-log distributed-executor-backend distributed-timeout-seconds download-dir
-dp-sync-interval dpe dph dtype ec-manager-config ec-transfer-config elastic-ep-max-dp-size
-enable-auto-tool-choice enable-batch-sharded-sampling enable-chunked-prefill enable-cumem-allocator
-enable-dbo enable-elastic-ep enable-ep-weight-filter enable-eplb enable-expert-parallel
-enable-fault-tolerance enable-flash-late-interaction enable-flashinfer-autotune
-enable-force-include-usage enable-hc-sp enable-layerwise-nvtx-tracing enable-log-deltas
-enable-log-outputs enable-log-requests enable-logging-iteration-details enable-lora
-enable-mamba-cache-stochastic-rounding enable-mamba-shared-prefix-checkpoint enable-mfu-metrics
-enable-mixed-moe-lora-format enable-mm-embeds enable-moe-shared-loras enable-nccl-comm-suspend
-enable-offline-docs enable-per-request-metrics enable-prefix-caching enable-prompt-embeds
-enable-prompt-tokens-details enable-request-id-headers enable-return-routed-experts enable-scale-out
-enable-server-load-tracking enable-shm-tensor-arena enable-sleep-mode enable-ssl-refresh
-enable-tokenizer-info-endpoint enable-tower-connector-lora enable-trace-replay enforce-eager
-engram-config eplb-config exclude-tools-when-tool-choice-none expert-placement-strategy
-fail-on-environ-validation fault-tolerance-config fully-sharded-loras generation-config
-gpu-memory-utilization hf-config-path hf-overrides hf-token ignore-patterns interleave-mm-strings
-io-processor-plugin ir-op-priority jit-monitor-mode jit-monitor-verbose kernel-config kv-cache-dtype
-kv-cache-dtype-skip-layers kv-cache-memory-bytes kv-cache-metrics kv-cache-metrics-sample
-kv-events-config kv-offloading-backend kv-offloading-size kv-sharing-fast-prefill kv-transfer-config
-language-model-only limit-mm-per-prompt linear-backend load-format log-error-stack logging-config
-logits-processors logprobs-mode long-prefill-token-threshold long-prefill-token-threshold-adaptive
-lora-dtype lora-target-modules mamba-backend mamba-block-size mamba-cache-dtype mamba-cache-mode
-mamba-cache-philox-rounds mamba-ssm-cache-dtype mamba-ssu-algorithm master-addr master-port
-max-cpu-loras max-cudagraph-capture-size max-logprobs max-lora-cls-labels max-lora-rank max-loras
-max-model-len max-num-active-seqs max-num-batched-tokens max-num-queued-reqs max-num-queued-tokens
-max-num-scheduled-tokens max-num-seqs max-parallel-loading-workers media-io-kwargs
-mm-device-do-normalize mm-encoder-attn-backend mm-encoder-attn-dtype mm-encoder-fp8-scale-path
-mm-encoder-fp8-scale-save-margin mm-encoder-fp8-scale-save-path mm-encoder-only mm-encoder-tp-mode
-mm-hasher-algorithm mm-ipc-gpu-memory-gb mm-processor-cache-gb mm-processor-cache-type
-mm-processor-kwargs mm-shm-cache-max-object-size-mb mm-tensor-ipc model model-class-overrides
-model-impl model-loader-extra-config moe-backend monokernel nnodes node-rank num-gpu-blocks-override
-numa-bind numa-bind-cpus numa-bind-nodes offload-backend offload-group-size offload-num-in-group
-offload-params offload-prefetch-step optimization-level otlp-traces-endpoint
-override-generation-config pcp per-request-spec-decode-metrics performance-mode
-pipeline-parallel-size pooler-config prefill-context-parallel-size prefill-schedule-interval
-prefix-cache-retention-interval prefix-caching-hash-algo prefix-match-unit profiler-config
-pt-load-map-location quantization quantization-config ray-workers-use-nsight reasoning-config
-reasoning-parser reasoning-parser-plugin renderer-num-workers replayssm-buffer-len
-return-sampling-mask return-tokens-as-token-ids revision runner safetensors-load-strategy
-safetensors-prefetch-block-size safetensors-prefetch-num-threads scheduler-cls
-scheduler-reserve-full-isl scheduling-policy seed served-model-name show-hidden-metrics-for-version
-skip-mm-profiling skip-tokenizer-init sleep-mode-backend sleep-mode-offload-cudagraph
-sleep-preserve-parameter-names sparse-indexer-topk-backend spec-method spec-model spec-tokens
-specialize-active-lora speculative-config stream-interval structured-outputs-config
-swa-bounded-replay tensor-parallel-size tokenizer tokenizer-mode tokenizer-revision tokens-only
-trust-remote-code trust-request-chat-template trust-request-mm-kwargs ubatch-size use-fp64-gumbel
-use-replayssm use-tqdm-on-load video-pruning-method video-pruning-rate watchdog-config watermark
-watermark-config weight-transfer-config worker-cls worker-extension-cls
-"""
-)
 ALIASES = {
     "ac": "attention-config",
     "asc": "api-server-count",
