@@ -1,4 +1,9 @@
-"""The environment variables that change how code is found and loaded: refused in recipes and serve profiles."""
+"""The variables a sparkforge build recipe may not bake into an image's ENV (they change how every process in the
+image finds and loads code).
+
+Only the project's own build recipes (reviewed in this repository) use this list. What a serve profile or a
+community recipe may set is decided by the allow-list, sparkforge/recipe/allowlist.py, never by a deny-list.
+"""
 
 from __future__ import annotations
 
