@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
+from sparkforge.recipe.allowlist import RESOURCE_ENV
 from sparkforge.recipe.profile import Profile
 from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, model_revision
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
@@ -68,8 +69,11 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
         return []
     hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
     mounts: tuple[str, ...] = (hf,)
-    # The hub and the token are the owner's alone: nothing of the profile's environment reaches this container.
-    env = {"HF_ENDPOINT": options.hf_endpoint} if options.hf_endpoint else {}
+    # The hub and the token are the owner's alone: of the profile's environment only the hub client's reviewed
+    # switches (offline, timeouts, telemetry off: they can only narrow what it does) reach this container.
+    env = {k: v for k, v in profile.model.env.items() if k in RESOURCE_ENV and k.startswith("HF_")}
+    if options.hf_endpoint:
+        env["HF_ENDPOINT"] = options.hf_endpoint
     if options.hf_token_file is not None:
         mounts += (f"{options.hf_token_file}:{TOKEN_MOUNT}:ro",)
         env["HF_TOKEN_PATH"] = TOKEN_MOUNT
