@@ -40,7 +40,7 @@ def manifest():
         cached = {}
     out = []
     for base, dirs, files in os.walk(root):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if d != ".sparkforge-part")  # a peer's parts, on a shared cache
         for entry in sorted(files + [d for d in dirs if os.path.islink(os.path.join(base, d))]):
             full = os.path.join(base, entry)
             rel = os.path.relpath(full, root)
