@@ -102,6 +102,14 @@ def test_an_opt_in_is_per_entry_written_with_its_reason_and_printed_by_every_lau
     rev = "3f1c0ffee0000000000000000000000000000000"
     for flag in ("--revision", "--tokenizer-revision", "--code-revision"):
         assert docker[docker.index(flag) + 1] == rev
+    # Export carries the opted-in entry (validated by importing it back with the same opt-ins) ...
+    exported = tmp_path / "out.yaml"
+    done = _invoke("export", "--profile", str(out), "--recipe", str(CI_RECIPE), "--out", str(exported))
+    assert done.returncode == 0, done.stderr
+    assert "--tool-parser-plugin" in exported.read_text()
+    # ... and whoever imports that recipe meets the same refusal until they opt in themselves.
+    again = _invoke("import", str(exported), "--out", str(tmp_path / "again.yaml"), "--no-preflight")
+    assert again.returncode == 1 and " --tool-parser-plugin: refused: " in again.stderr
 
 
 def test_a_hand_written_hostile_profile_is_refused_at_load_before_any_docker_run(tmp_path: Path) -> None:

@@ -216,7 +216,11 @@ def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
     with tempfile.TemporaryDirectory(prefix="sparkforge-export-") as tmp:
         path = Path(tmp) / f"{profile.name}.yaml"
         path.write_text(text)
-        back = import_recipe(read_community(read_yaml(path), str(path), fmt), aliases=FALLBACK_ALIASES)
+        back = import_recipe(
+            read_community(read_yaml(path), str(path), fmt),
+            aliases=FALLBACK_ALIASES,
+            allow=profile.model.allow,
+        )
     args = pinned_args(dict(profile.model.args), pins.model_revision)
     model = profile.model
     want = (model.model, model.nodes, arg_tokens(args), dict(model.env), model.served_model_name)
