@@ -120,7 +120,7 @@ def cluster_up(
 ) -> UpResult:
     """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
     start = time.monotonic()
-    check_model_pin(profile, launch)
+    check_model_pin(profile, launch, echo)
     if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
         envs = [network_env(doctor.interface, a) for a in addresses]

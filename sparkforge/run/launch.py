@@ -8,7 +8,7 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -73,7 +73,9 @@ class LaunchPlan:
     listens: tuple[str, ...] = field(
         default_factory=tuple
     )  # what listens where (printed by --dry and every run)
-    warnings: tuple[str, ...] = field(default_factory=tuple)  # opt-ins past the allow-list, an open API
+    warnings: tuple[str, ...] = field(
+        default_factory=tuple
+    )  # e.g. an API open to every interface without a key
 
     @property
     def head(self) -> NodeLaunch:
@@ -119,8 +121,11 @@ def model_revision(profile: Profile) -> str | None:
     return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value) else None
 
 
-def check_model_pin(profile: Profile, options: LaunchOptions) -> None:
-    """A model from the hub is served at a pinned commit, or the command line says it may not be."""
+def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[str], None]) -> None:
+    """A model from the hub is served at a pinned commit, or the command line says it may not be; then, before
+    any container starts, one warning line per opt-in past the allow-list."""
+    for line in profile.opt_ins():
+        echo(line)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
         return
     given = profile.model.args.get("revision")
@@ -259,7 +264,6 @@ def plan_launch(
         () if options.gpus else ("--gpus none: the containers see no GPU; vLLM stops at device detection",)
     )
     listens, warnings = _listens(profile, addresses, options)
-    warnings = [*profile.opt_ins(), *warnings]
     return LaunchPlan(
         profile.name, tuple(launches), head, options.port, notes, tuple(listens), tuple(warnings)
     )

@@ -181,7 +181,7 @@ def serve_up(
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
-    check_model_pin(profile, options)
+    check_model_pin(profile, options, echo)
     plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
     if not dry:
         check_architecture(engine, profile, options, echo=echo)
