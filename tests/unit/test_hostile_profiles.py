@@ -17,6 +17,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sparkforge.errors import ProfileError
+from sparkforge.recipe import vllmnames
+from sparkforge.recipe.allowlist import (
+    CODE_FLAGS,
+    REFUSED_ENV,
+    RESOURCE_ENV,
+    TRUST_FLAGS,
+    env_verdict,
+    flag_verdict,
+)
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.loaderenv import LOADER_ENV
 from sparkforge.recipe.profile import ProfileModel, load_profile
@@ -183,7 +192,18 @@ _values = st.one_of(
 )
 _keys = st.one_of(
     st.sampled_from(
-        [*RESERVED_FLAGS, "max-model-len", "tensor-parallel-size", "api-key", "tp", "x.y", "no-port"]
+        [
+            *RESERVED_FLAGS,
+            "max-model-len",
+            "tensor-parallel-size",
+            "api-key",
+            "tp",
+            "x.y",
+            "no-port",
+            *CODE_FLAGS,
+            *TRUST_FLAGS,
+            *sorted(vllmnames.FLAGS),
+        ]
     ),
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz-_.0123456789A", min_size=1, max_size=20),
 )
@@ -205,6 +225,10 @@ def test_any_profile_is_refused_or_yields_only_its_own_flags(args: dict, model: 
             assert item in named, (item, args)
             flag = item.removeprefix("--").removeprefix("no-").replace("_", "-").split(".")[0]
             assert flag not in RESERVED_FLAGS, (item, args)
+            assert flag_verdict(flag).status == "allowed", (
+                item,
+                args,
+            )  # only what the allow-list lets through
         assert "\n" not in item and "\0" not in item
     assert not loaded.model.startswith("-")
     for value in args.values():
@@ -214,7 +238,18 @@ def test_any_profile_is_refused_or_yields_only_its_own_flags(args: dict, model: 
 
 
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(env=st.dictionaries(st.text(max_size=20), st.one_of(st.text(max_size=40), st.integers()), max_size=4))
+@given(
+    env=st.dictionaries(
+        st.one_of(
+            st.text(max_size=20),
+            st.sampled_from(
+                sorted({*vllmnames.ENV, *RESOURCE_ENV, *REFUSED_ENV, "PYTHONWARNINGS", "BROWSER"})
+            ),
+        ),
+        st.one_of(st.text(max_size=40), st.integers()),
+        max_size=4,
+    )
+)
 def test_any_profile_env_is_refused_or_clean(env: dict) -> None:
     try:
         loaded = ProfileModel.model_validate({**BASE, "env": env})
@@ -222,6 +257,7 @@ def test_any_profile_env_is_refused_or_clean(env: dict) -> None:
         return
     for name, value in loaded.env.items():
         assert name.upper() not in LOADER_ENV and not name.upper().startswith(("LD_", "DYLD_"))
+        assert env_verdict(name).status == "allowed", name  # the allow-list's verdict, no opt-in given
         assert isinstance(value, str) and "\n" not in value
 
 
