@@ -76,9 +76,10 @@ def import_(
     overrides = dict(item.split("=", 1) for item in set or [] if "=" in item)
     if len(overrides) != len(set or []):
         raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
-    opt_ins = dict(
-        item.split("=", 1) for item in allow or [] if "=" in item and item.split("=", 1)[1].strip()
-    )
+    pairs = [item.split("=", 1) for item in allow or [] if "=" in item and item.split("=", 1)[1].strip()]
+    opt_ins = {
+        key.strip().lstrip("-"): why.strip() for key, why in pairs
+    }  # --tool-parser-plugin or tool-parser-plugin
     if len(opt_ins) != len(allow or []):
         raise Exit(
             "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')", code=2
