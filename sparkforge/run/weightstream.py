@@ -72,6 +72,11 @@ def share_weights(
 ) -> dict[str, dict[str, Any]]:
     """Stream `source` (a folder on the head) into `dest` on every peer through `address:port`; per peer the
     final event (bytes, moved, resumed, seconds). RunError names the node, what stopped and the fix."""
+    if address in ("", "0.0.0.0", "::", "[::]"):
+        raise RunError(
+            f"stage weights: the weight server would listen on every interface ({address or 'no address'}); fix: "
+            "give the head's link address (the fabric plan's: cluster.doctor finds it, or --nodes URL=ADDRESS)"
+        )
     secret = secrets.token_hex(32)  # per launch; sent in a header, never in a URL
     manifests = f"{source.rstrip('/').rsplit('/', 1)[0]}/.{MANIFESTS}"  # beside the model folder, not in it
     server = _spec(
