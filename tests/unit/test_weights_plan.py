@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import run_argv
@@ -48,3 +50,17 @@ def test_the_stage_a_start_reached() -> None:
     assert stage_of([*lines, "INFO Model loading took 58.2 GiB", "INFO GPU KV cache size: 1,234 tokens"]) == (
         "allocating the KV cache"
     )
+
+
+def test_the_weight_server_never_listens_on_every_interface() -> None:
+    from sparkforge.errors import RunError
+    from sparkforge.run.nodes import NodeEngine, parse_nodes
+    from sparkforge.run.weightstream import share_weights
+
+    # Unroutable engines (TEST-NET): the refusal comes before either is contacted.
+    head, peer = (NodeEngine(n) for n in parse_nodes("tcp://192.0.2.1:2376,tcp://192.0.2.2:2376"))
+    for address in ("0.0.0.0", "::", ""):
+        with pytest.raises(RunError, match="every interface"):
+            share_weights(
+                head, [peer], "img", address, "/c/hub/models--a--b", "/c/hub/models--a--b", echo=print
+            )
