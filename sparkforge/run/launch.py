@@ -100,10 +100,15 @@ def _ulimits(given: tuple[str, ...], rdma: bool) -> tuple[str, ...]:
     return given
 
 
+def downloads_first(options: LaunchOptions) -> bool:
+    """Whether the download phase puts the weights on disk before vLLM starts (sparkforge/run/weights.py)."""
+    return options.model_dir is None and options.weights != "skip" and options.gpus
+
+
 def serve_sees_token(options: LaunchOptions) -> bool:
-    """Only when vLLM itself downloads (--weights skip): otherwise the download phase fetched the weights and the
+    """Only when no download phase ran (--weights skip; --gpus none): otherwise the weights are on disk and the
     serving container, which runs what the profile names, gets no token and stays off the hub."""
-    return options.hf_token_file is not None and options.model_dir is None and options.weights == "skip"
+    return options.hf_token_file is not None and options.model_dir is None and not downloads_first(options)
 
 
 def _mounts(options: LaunchOptions) -> tuple[str, ...]:
@@ -204,7 +209,7 @@ def plan_launch(
             env["HF_TOKEN_PATH"] = TOKEN_MOUNT
             if options.hf_endpoint:
                 env["HF_ENDPOINT"] = options.hf_endpoint
-        elif options.model_dir is None and options.weights != "skip":
+        elif downloads_first(options):
             env["HF_HUB_OFFLINE"] = (
                 "1"  # the download phase fetched the pinned files: vLLM reads the cache only
             )

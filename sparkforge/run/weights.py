@@ -17,7 +17,7 @@ from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.allowlist import RESOURCE_ENV
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, model_revision
+from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, downloads_first, model_revision
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.weightstream import json_events
@@ -65,7 +65,7 @@ class Download:
 def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOptions) -> list[Download]:
     """A container per node (only the head's with --weights shared); none with --model-dir (the doctor checks it),
     with --weights skip, or with --gpus none (vLLM stops at device detection, before loading any weights)."""
-    if options.model_dir is not None or options.weights == "skip" or not options.gpus:
+    if not downloads_first(options):
         return []
     hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
     mounts: tuple[str, ...] = (hf,)

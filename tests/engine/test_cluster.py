@@ -175,6 +175,7 @@ def test_cluster_up_runs_the_plan_until_vllm_itself_fails_and_leaves_nothing(
         "cluster.up", "--recipe", CI_RECIPE, "--image", VLLM_REF,
         "--profile", "qwen35-122b-a10b-fp8-tp2", "--nodes", _nodes(two_nodes), "--interface", "fabric0",
         "--gpus", "none", "--hf-token-file", str(token), "--cache-dir", str(tmp_path / "cache"),
+        "--allow-unpinned-model",
         # This machine's hard limits are lower than GB10's (memlock=-1, nofile=1048576).
         "--ulimit", "nofile=16384", "--ulimit", "stack=67108864",
     )  # fmt: skip

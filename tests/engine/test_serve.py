@@ -53,6 +53,7 @@ def test_serve_surfaces_vllms_own_failure_and_leaves_nothing(vllm_image: str, tm
             "none",
             "--hf-token-file",
             str(token),
+            "--allow-unpinned-model",
             "--cache-dir",
             str(tmp_path / "cache"),
             "--port",
