@@ -205,10 +205,11 @@ def plan_launch(
     launches = []
     for rank in range(count):
         env = {**profile.model.env, **node_env[rank]}
-        if serve_sees_token(options):
-            env["HF_TOKEN_PATH"] = TOKEN_MOUNT
-            if options.hf_endpoint:
-                env["HF_ENDPOINT"] = options.hf_endpoint
+        if options.model_dir is None and not downloads_first(
+            options
+        ):  # vLLM itself downloads: the owner's hub
+            env.update({"HF_ENDPOINT": options.hf_endpoint} if options.hf_endpoint else {})
+            env.update({"HF_TOKEN_PATH": TOKEN_MOUNT} if serve_sees_token(options) else {})
         elif downloads_first(options):
             env["HF_HUB_OFFLINE"] = (
                 "1"  # the download phase fetched the pinned files: vLLM reads the cache only
