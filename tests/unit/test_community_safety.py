@@ -229,3 +229,33 @@ def test_the_token_goes_only_to_the_owners_hub(tmp_path: Path) -> None:
     finally:
         recipe_server.shutdown()
         owner_server.shutdown()
+
+
+def test_the_hub_is_the_owners_in_every_container_that_talks_to_it(tmp_path: Path, monkeypatch) -> None:
+    token = tmp_path / "token"
+    doc, where = read_source(str(HOSTILE / "sparkarena-v2-hostile.yaml"), make_fetcher(offline=True))
+    profile = load_profile(write_profile(import_with(None, doc, where, None, [], None), tmp_path / "v2.yaml"))
+    owner = "https://hub.owner.example"
+    skip = LaunchOptions(image="img", hf_token_file=token, hf_endpoint=owner, weights="skip")
+    env = plan_launch(profile, ["127.0.0.1"], [{}], skip).head.container.env
+    assert env["HF_ENDPOINT"] == owner and env["HF_TOKEN_PATH"] == TOKEN_MOUNT  # vLLM downloads itself
+    each = LaunchOptions(image="img", hf_token_file=token, hf_endpoint=owner)
+    head = plan_launch(profile, ["127.0.0.1"], [{}], each).head.container
+    assert (
+        "HF_ENDPOINT" not in head.env
+        and "HF_TOKEN_PATH" not in head.env
+        and head.env["HF_HUB_OFFLINE"] == "1"
+    )
+    assert not any("token" in m for m in head.mounts)  # the serving container never sees the token
+    (download,) = plan_downloads(profile, [0], each)
+    assert download.container.env["HF_ENDPOINT"] == owner
+    # The command line: --hf-endpoint, else the user's own HF_ENDPOINT; a non-URL is refused before anything runs.
+    dry = ["serve", "--recipe", str(CI_RECIPE), "--profile", str(tmp_path / "v2.yaml"), "--dry", "--no-preflight",
+           "--image", "sparkforge-test/none:1"]  # fmt: skip
+    done = _invoke(*dry, "--hf-endpoint", "http://127.0.0.1:9/")
+    assert done.returncode == 0 and "from http://127.0.0.1:9 into" in done.stdout, done.stderr
+    bad = _invoke(*dry, "--hf-endpoint", "file:///etc/passwd")
+    assert bad.returncode == 2 and "is not a hub URL" in bad.stderr
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.owner.example/")  # the user's own environment
+    done = _invoke(*dry)
+    assert done.returncode == 0 and "from https://mirror.owner.example into" in done.stdout, done.stderr
