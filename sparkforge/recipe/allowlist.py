@@ -68,6 +68,11 @@ TRUST_FLAGS = {
     "grpc": "opens a second (gRPC) listener beside the OpenAI API",
     "grpc-port": "opens a second (gRPC) listener beside the OpenAI API",
     "mm-encoder-fp8-scale-save-path": "writes a file where the recipe says",
+    "kv-events-config": "publishes KV-cache events on an endpoint the recipe picks",
+    "allowed-origins": "lets web pages of these origins call the API from a visitor's browser (CORS)",
+    "allow-credentials": "lets cross-origin web pages call the API with the visitor's credentials (CORS)",
+    "allowed-methods": "widens what cross-origin web pages may call (CORS)",
+    "allowed-headers": "widens what cross-origin web pages may send (CORS)",
 }
 # Library variables that only select resources (interfaces, devices, threads, transports, log levels): reviewed.
 RESOURCE_ENV = {
