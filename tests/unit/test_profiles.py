@@ -47,9 +47,9 @@ def test_shipped_profiles_load_and_give_exact_serve_args() -> None:
 def test_false_becomes_no_flag_and_lists_repeat(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        "description: d\nmodel: m\nargs:\n  enable-prefix-caching: false\n  allowed-origins: [a, b]\n",
+        "description: d\nmodel: m\nargs:\n  enable-prefix-caching: false\n  cudagraph-capture-sizes: [1, 2]\n",
     )
-    assert load_profile(path).serve_args() == ["--no-enable-prefix-caching", "--allowed-origins", "a", "b"]
+    assert load_profile(path).serve_args() == ["--no-enable-prefix-caching", "--cudagraph-capture-sizes", "1", "2"]
 
 
 @pytest.mark.parametrize(
