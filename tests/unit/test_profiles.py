@@ -49,7 +49,12 @@ def test_false_becomes_no_flag_and_lists_repeat(tmp_path: Path) -> None:
         tmp_path,
         "description: d\nmodel: m\nargs:\n  enable-prefix-caching: false\n  cudagraph-capture-sizes: [1, 2]\n",
     )
-    assert load_profile(path).serve_args() == ["--no-enable-prefix-caching", "--cudagraph-capture-sizes", "1", "2"]
+    assert load_profile(path).serve_args() == [
+        "--no-enable-prefix-caching",
+        "--cudagraph-capture-sizes",
+        "1",
+        "2",
+    ]
 
 
 @pytest.mark.parametrize(
