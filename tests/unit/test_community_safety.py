@@ -63,8 +63,10 @@ def test_hostile_recipes_import_with_every_entry_refused_and_none_reaches_docker
         assert any(
             f"{name}:{line}: " in r and f" {entry}: refused: " in r and "fix: " in r for r in refused
         ), entry
-    text = out.read_text()  # written without them
-    assert not any(p in text for p in PAYLOADS) and "allow:" not in text
+    text = out.read_text()  # written without them; the header names what was left out
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert not any(p in body for p in PAYLOADS) and "allow:" not in body
+    assert sum(line.startswith("# refused, left out: ") for line in text.splitlines()) == len(BAD[name])
     dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
                   "--image", "sparkforge-test/none:1", "--allow-unpinned-model")  # fmt: skip
     assert dry.returncode == 0, dry.stderr

@@ -80,6 +80,7 @@ class Imported:
                 else ""
             ),
         ]
+        head += [f"# refused, left out: {a}"[:400] for a in self.refused]
         head += [f"# needs attention: {a}"[:400] for a in self.attention]
         body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=False, width=4096)
         return "\n".join(comment_line(line) for line in head) + "\n" + body
@@ -329,11 +330,9 @@ def import_recipe(
             f"{recipe.where}: --allow {', '.join(stale)}: the recipe sets no such flag or variable; nothing was "
             "written; fix: name entries as the refusal does (a flag without dashes, or the variable)"
         )
-    bad = {k: owner_only(k) for k in allow if owner_only(k)}
-    if bad:
-        raise RecipeError(f"{recipe.where}: --allow {', '.join(sorted(bad))}: {next(iter(bad.values()))}")
-    if allow:
-        document["allow"] = {k: allow[k] for k in sorted(allow)}
+    if bad := sorted(k for k in allow if owner_only(k)):
+        raise RecipeError(f"{recipe.where}: --allow {', '.join(bad)}: {owner_only(bad[0])}")
+    document.update({"allow": {k: allow[k] for k in sorted(allow)}} if allow else {})
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
     source += ["--served-model-name", launch.served] if launch.served else []
     source += ["--trust-remote-code"] if launch.trust else []
