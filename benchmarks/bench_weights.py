@@ -23,7 +23,16 @@ from sparkforge.run.weightscripts import PULL_SCRIPT, SERVE_SCRIPT
 def _serve(root: Path, cache: Path) -> tuple[subprocess.Popen[str], dict, float]:
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, str(root), "127.0.0.1", "0", "s" * 64, str(cache)],
+        [
+            sys.executable,
+            "-c",
+            SERVE_SCRIPT,
+            str(root),
+            "127.0.0.1",
+            "0",
+            "s" * 64,
+            str(cache / "model.json"),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

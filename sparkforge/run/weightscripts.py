@@ -31,10 +31,9 @@ def sha256(path):
             digest.update(chunk)
     return digest.hexdigest()
 def manifest():
-    name = os.path.basename(os.path.abspath(root)) + ".json"
     cached = {}
     try:
-        with open(os.path.join(cache, name)) as handle:
+        with open(cache) as handle:
             cached = {e["path"]: e for e in json.load(handle) if "sha256" in e}
     except (OSError, ValueError, KeyError, TypeError):
         cached = {}
@@ -53,10 +52,10 @@ def manifest():
                 digest = old["sha256"] if same else sha256(full)
                 out.append({"path": rel, "size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": digest})
     try:
-        os.makedirs(cache, exist_ok=True)
-        with open(os.path.join(cache, name + ".tmp"), "w") as handle:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache + ".tmp", "w") as handle:
             json.dump(out, handle)
-        os.replace(os.path.join(cache, name + ".tmp"), os.path.join(cache, name))
+        os.replace(cache + ".tmp", cache)
     except OSError:
         pass  # a read-only cache: computed again next time
     return out

@@ -78,9 +78,10 @@ def share_weights(
             "give the head's link address (the fabric plan's: cluster.doctor finds it, or --nodes URL=ADDRESS)"
         )
     secret = secrets.token_hex(32)  # per launch; sent in a header, never in a URL
-    manifests = f"{source.rstrip('/').rsplit('/', 1)[0]}/.{MANIFESTS}"  # beside the model folder, not in it
+    parent, folder = source.rstrip("/").rsplit("/", 1)
+    manifests = f"{parent}/.{MANIFESTS}"  # beside the model folder, not in it: one cached manifest per folder
     server = _spec(
-        "sparkforge-weights-serve", image, SERVE_SCRIPT, ("/weights", address, str(port), secret, "/manifests"),
+        "sparkforge-weights-serve", image, SERVE_SCRIPT, ("/weights", address, str(port), secret, f"/manifests/{folder}.json"),
         (f"{source}:/weights:ro", f"{manifests}:/manifests"), "serve",
     )  # fmt: skip
     started: list[tuple[NodeEngine, str]] = []

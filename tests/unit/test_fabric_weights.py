@@ -39,7 +39,16 @@ class Server:
 
     def __init__(self, root: Path, cache: Path, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE_SCRIPT, str(root), "127.0.0.1", "0", SECRET, str(cache)],
+            [
+                sys.executable,
+                "-c",
+                SERVE_SCRIPT,
+                str(root),
+                "127.0.0.1",
+                "0",
+                SECRET,
+                str(cache / "src.json"),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
