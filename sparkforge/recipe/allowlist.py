@@ -263,6 +263,12 @@ def flag_verdict(name: str) -> Verdict:
         return Verdict("flag", flag, "refused", TRUST_FLAGS[flag])
     if flag in vllmnames.FLAGS:
         return Verdict("flag", flag, "allowed", f"a `vllm serve` flag of vLLM {vllmnames.VERSION}")
+    expands = sorted(f for f in (*CODE_FLAGS, *TRUST_FLAGS) if f.startswith(flag))
+    if expands:  # argparse expands an unambiguous prefix: `--tool-parser-plug` is the plugin flag
+        why = {**CODE_FLAGS, **TRUST_FLAGS}[expands[0]]
+        return Verdict(
+            "flag", flag, "refused", f"an abbreviation vLLM's parser expands to --{expands[0]}: {why}"
+        )
     near = difflib.get_close_matches(flag, sorted(vllmnames.FLAGS), n=2, cutoff=0.75)
     hint = f" (did you mean {', '.join('--' + n for n in near)}?)" if near else ""
     return Verdict("flag", flag, "unknown", f"not a `vllm serve` flag of vLLM {vllmnames.VERSION}{hint}")

@@ -261,3 +261,15 @@ def test_the_hub_is_the_owners_in_every_container_that_talks_to_it(tmp_path: Pat
     monkeypatch.setenv("HF_ENDPOINT", "https://mirror.owner.example/")  # the user's own environment
     done = _invoke(*dry)
     assert done.returncode == 0 and "from https://mirror.owner.example into" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("written", "refused_as"),
+    [("tool-parser-plug", "--tool-parser-plugin"), ("--worker-ext", "--worker-extension-cls"),
+     ("logits_processors", "--logits-processors"), ("no-trust-remote-code", "--trust-remote-code")],
+)  # fmt: skip
+def test_a_code_loading_flag_is_refused_under_any_spelling_vllm_accepts(
+    written: str, refused_as: str
+) -> None:
+    verdict = flag_verdict(written)
+    assert verdict.status == "refused" and refused_as in f"--{verdict.name} {verdict.reason}", verdict
