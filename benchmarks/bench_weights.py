@@ -17,22 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkforge.run.weightscripts import PULL_SCRIPT, SERVE_SCRIPT
+from sparkforge.run.weightscripts import pull_args, serve_args
 
 
 def _serve(root: Path, cache: Path) -> tuple[subprocess.Popen[str], dict, float]:
     start = time.monotonic()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            SERVE_SCRIPT,
-            str(root),
-            "127.0.0.1",
-            "0",
-            "s" * 64,
-            str(cache / "model.json"),
-        ],
+        [sys.executable, *serve_args(str(root), "127.0.0.1", 0, "s" * 64, str(cache / "model.json"))],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -43,8 +34,7 @@ def _serve(root: Path, cache: Path) -> tuple[subprocess.Popen[str], dict, float]
 def _pull(event: dict, dest: Path) -> tuple[dict, float]:
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", PULL_SCRIPT, f"http://{event['address']}", str(dest), "s" * 64,
-         json.dumps(event["manifest"])],
+        [sys.executable, *pull_args(f"http://{event['address']}", str(dest), "s" * 64, event["manifest"])],
         capture_output=True, text=True, check=True, env={**os.environ, "SPARKFORGE_PROGRESS_S": "60"},
     )  # fmt: skip
     return json.loads(done.stdout.splitlines()[-1]), time.monotonic() - start

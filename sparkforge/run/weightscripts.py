@@ -16,6 +16,9 @@ then renamed into place (resumable: a part is re-hashed before it is continued).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 SECRET_HEADER = "X-Sparkforge-Secret"
 
 SERVE_SCRIPT = r"""
@@ -251,3 +254,13 @@ for rel, (target, _) in sorted(links.items()):
     os.replace(temporary, path)
 report("done")
 """
+
+
+def serve_args(root: str, host: str, port: int, secret: str, cache: str) -> tuple[str, ...]:
+    """`python3` arguments of the head's server: the folder, where it listens, the secret, the manifest cache file."""
+    return ("-c", SERVE_SCRIPT, root, host, str(port), secret, cache)
+
+
+def pull_args(base: str, dest: str, secret: str, manifest: Sequence[object]) -> tuple[str, ...]:
+    """`python3` arguments of a peer's puller: the server's URL, the folder, the secret, the head's manifest."""
+    return ("-c", PULL_SCRIPT, base, dest, secret, json.dumps(manifest))

@@ -18,20 +18,18 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.weightscripts import PULL_SCRIPT, SERVE_SCRIPT
+from sparkforge.run.weightscripts import pull_args, serve_args
 
 PORT = 29531
 MANIFESTS = "sparkforge-manifests"  # beside the model folders (hub/): one cached manifest per model folder
 
 
-def _spec(
-    name: str, image: str, script: str, args: Sequence[str], mounts: tuple[str, ...], role: str
-) -> ContainerSpec:
+def _spec(name: str, image: str, args: Sequence[str], mounts: tuple[str, ...], role: str) -> ContainerSpec:
     return ContainerSpec(
         name=name,
         image=image,
         entrypoint="python3",
-        args=("-c", script, *args),
+        args=tuple(args),
         env={"PYTHONUNBUFFERED": "1"},
         labels={LABEL: "weights", f"{LABEL}.weights": role},
         mounts=mounts,
@@ -81,7 +79,7 @@ def share_weights(
     parent, folder = source.rstrip("/").rsplit("/", 1)
     manifests = f"{parent}/.{MANIFESTS}"  # beside the model folder, not in it: one cached manifest per folder
     server = _spec(
-        "sparkforge-weights-serve", image, SERVE_SCRIPT, ("/weights", address, str(port), secret, f"/manifests/{folder}.json"),
+        "sparkforge-weights-serve", image, serve_args("/weights", address, port, secret, f"/manifests/{folder}.json"),
         (f"{source}:/weights:ro", f"{manifests}:/manifests"), "serve",
     )  # fmt: skip
     started: list[tuple[NodeEngine, str]] = []
@@ -103,8 +101,7 @@ def share_weights(
             peer.node.label: _spec(
                 f"sparkforge-weights-pull-{peer.node.rank}",
                 image,
-                PULL_SCRIPT,
-                (f"http://{address}:{port}", "/weights", secret, json.dumps(manifest)),
+                pull_args(f"http://{address}:{port}", "/weights", secret, manifest),
                 (f"{dest}:/weights",),
                 "pull",
             )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.run.weightscripts import PULL_SCRIPT, SECRET_HEADER, SERVE_SCRIPT
+from sparkforge.run.weightscripts import SECRET_HEADER, pull_args, serve_args
 
 SECRET = "s" * 64
 
@@ -39,16 +39,7 @@ class Server:
 
     def __init__(self, root: Path, cache: Path, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                SERVE_SCRIPT,
-                str(root),
-                "127.0.0.1",
-                "0",
-                SECRET,
-                str(cache / "src.json"),
-            ],
+            [sys.executable, *serve_args(str(root), "127.0.0.1", 0, SECRET, str(cache / "src.json"))],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -79,7 +70,7 @@ class Server:
 
 def _pull(base: str, dest: Path, manifest: object, secret: str = SECRET) -> tuple[int, list[dict], str]:
     done = subprocess.run(
-        [sys.executable, "-c", PULL_SCRIPT, base, str(dest), secret, json.dumps(manifest)],
+        [sys.executable, *pull_args(base, str(dest), secret, manifest)],  # type: ignore[arg-type]
         capture_output=True,
         text=True,
         env={**os.environ, "SPARKFORGE_PROGRESS_S": "0"},
