@@ -199,10 +199,7 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
     when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
     parsed: object = value
     if isinstance(value, str):
-        try:
-            parsed = int(value) if integer else float(value)
-        except ValueError:
-            parsed = None
+        parsed = _ascii_number(value.strip(), integer)
     if isinstance(parsed, float) and integer and parsed.is_integer():
         parsed = int(parsed)
     kind = "a whole number" if integer else "a number"
@@ -213,6 +210,70 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
         bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
         raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
     return parsed  # type: ignore[return-value]
+
+
+_FLOAT_CHARS = frozenset("0123456789+-.eE")
+
+
+def _ascii_number(text: str, integer: bool) -> int | float | None:
+    """`text` as a number written in ASCII only: Python's int()/float() also take '1_0' (10), '٣' (3), '²'
+    (error) and 'nan'; the boundary takes digits, one sign, a point and an exponent, and at most 40 of them."""
+    if not text or len(text) > MAX_INT_DIGITS or not text.isascii():
+        return None
+    body = text[1:] if text[0] in "+-" else text
+    if integer:
+        return int(text) if body.isdigit() else None
+    if not set(text) <= _FLOAT_CHARS or not any(c.isdigit() for c in body):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_int(option: str, text: str, *, low: int, high: int) -> int:
+    """A whole number from an option's text: ASCII digits only (no '1_0', '٣', '²', '0x10', '+-3'), in range."""
+    return int(check_number(option, str(text), low=low, high=high, integer=True))
+
+
+def parse_int_list(option: str, text: str, *, low: int, high: int, max_items: int = 64) -> list[int]:
+    """A comma-separated list of whole numbers (`--concurrency 1,4,16`): each by `parse_int`; an empty entry
+    or more than `max_items` entries is refused, never dropped."""
+    parts = str(text).split(",")
+    if len(parts) > max_items:
+        raise InputError(f"{option}: {len(parts)} entries, at most {max_items}; fix: pass fewer values")
+    if any(not p.strip() for p in parts):
+        raise InputError(f"{option} {str(text)[:60]!r}: an empty entry; fix: remove the extra comma")
+    return [parse_int(option, p, low=low, high=high) for p in parts]
+
+
+def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries: int = 10_000) -> list[Path]:
+    """The regular files under `root`, sorted, without following a symlink (a linked file or folder is left out,
+    so a link to /etc or a loop is never entered); deeper than `max_depth` or more than `max_entries` entries
+    is refused, not cut short."""
+    top = Path(root)
+    if top.is_symlink() or not top.is_dir():
+        raise InputError(f"{option} {top}: not a folder (or a symlink to one); fix: name a real folder")
+    found: list[Path] = []
+    stack, seen = [(top, 0)], 0
+    while stack:
+        folder, depth = stack.pop()
+        if depth > max_depth:
+            raise InputError(f"{option} {top}: nested deeper than {max_depth} folders; fix: name a shallower tree")
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            raise InputError(f"{option} {folder}: cannot list it ({exc.strerror}); fix: check the folder") from None
+        seen += len(entries)
+        if seen > max_entries:
+            raise InputError(f"{option} {top}: more than {max_entries} entries; fix: name a smaller tree")
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), depth + 1))
+            elif entry.is_file(follow_symlinks=False):
+                found.append(Path(entry.path))
+    return sorted(found)
 
 
 def check_exclusive(**flags: object) -> None:
