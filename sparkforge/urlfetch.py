@@ -10,6 +10,7 @@ declared Content-Length before reading); gzip/deflate decoded by hand with a cap
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 import time
 import zlib
@@ -161,6 +162,13 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
     raise FetchError(f"{what}: {url[:200]} redirects more than {MAX_REDIRECTS} times; fix: give the final URL")
 
 
+def _socket_of(response: requests.Response) -> socket.socket | None:
+    """The connection's socket under requests/urllib3/http.client (None if the layers change shape)."""
+    fp = getattr(getattr(response.raw, "_fp", None), "fp", None)
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
 def _read_body(response: requests.Response, url: str, what: str, max_bytes: int, end: float, deadline: float,
                sink: Callable[[bytes], Any] | None, ok_status: tuple[int, ...]) -> Fetched:  # fmt: skip
     where = f"{what} ({url[:200]})"
@@ -168,7 +176,12 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
 
     def cut() -> None:  # the total deadline: a body that drips is cut off, whatever each read's timeout
         expired.set()
-        response.close()
+        sock = _socket_of(response)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the read blocked in another thread (close() does not)
+            except OSError:
+                pass
 
     timer = threading.Timer(max(0.0, end - time.monotonic()), cut)
     timer.daemon = True
