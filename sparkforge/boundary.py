@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.errors import InputError
+from sparkforge.options import check_exclusive, check_number, parse_int, parse_int_list  # noqa: F401 (callers' one import)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Never read through a path that was not named, never written: a received file cannot point sparkforge there.
@@ -40,23 +41,8 @@ def is_system_path(path: Path) -> bool:
     return _in_system(path.resolve(), (*SYSTEM_DIRS, "/root"))
 
 
-def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
-               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
-    """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
-
-    `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
-    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
-    system directory.
-    """
-    path = Path(path)
-    where = f"{option} {path}" if option else str(path)
-    if not named:
-        real = path.resolve()
-        if is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)]):
-            raise InputError(
-                f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
-                "file into the project (or name it yourself on the command line)"
-            )
+def _open_regular(path: Path, where: str, max_bytes: int) -> int:
+    """A descriptor on a regular file of at most `max_bytes` (checked on the descriptor, so no race)."""
     try:
         # O_NONBLOCK: opening a FIFO with no writer returns at once (fstat then refuses it) instead of hanging.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -72,6 +58,51 @@ def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = T
                 f"{where}: {info.st_size} bytes, more than this input may hold ({max_bytes}); fix: name the file "
                 "sparkforge wrote, not another one"
             )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_system_link(path: Path, where: str) -> Path:
+    """`path` resolved; a symlink (anywhere on the way) into a system folder is refused: a file that names
+    /etc/passwd is read only when the user names /etc/passwd itself."""
+    real = path.resolve()
+    if is_system_path(real) and not is_system_path(Path(os.path.abspath(path))):
+        raise InputError(
+            f"{where}: a link to {real}, a system file; fix: name the file itself, not a link to it"
+        )
+    return real
+
+
+def check_input(path: Path | str, option: str, max_bytes: int) -> Path:
+    """What `read_bytes` would refuse (a FIFO, device, folder, missing or oversized file, a link to a system
+    file), checked without reading: for a file another program reads later (a corpus handed to a container)."""
+    _refuse_system_link(Path(path), f"{option} {path}")
+    os.close(_open_regular(Path(path), f"{option} {path}", max_bytes))
+    return Path(path)
+
+
+def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
+               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
+    """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
+
+    `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
+    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
+    system directory.
+    """
+    path = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    real = _refuse_system_link(path, where)
+    if not named and (
+        is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)])
+    ):
+        raise InputError(
+            f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
+            "file into the project (or name it yourself on the command line)"
+        )
+    fd = _open_regular(path, where, max_bytes)
+    try:
         chunks, total = [], 0
         while total <= max_bytes:
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
@@ -193,61 +224,6 @@ def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES,
     return data
 
 
-def check_number(option: str, value: object, *, low: float, high: float, integer: bool = False,
-                 low_open: bool = False) -> float | int:  # fmt: skip
-    """A number from the command line or a file: finite, in [low, high] ((low, high] with `low_open`), whole
-    when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
-    parsed: object = value
-    if isinstance(value, str):
-        parsed = _ascii_number(value.strip(), integer)
-    if isinstance(parsed, float) and integer and parsed.is_integer():
-        parsed = int(parsed)
-    kind = "a whole number" if integer else "a number"
-    good = not isinstance(parsed, bool) and isinstance(parsed, int if integer else int | float)
-    good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
-    good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
-    if not good:
-        bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
-        raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
-    return parsed  # type: ignore[return-value]
-
-
-_FLOAT_CHARS = frozenset("0123456789+-.eE")
-
-
-def _ascii_number(text: str, integer: bool) -> int | float | None:
-    """`text` as a number written in ASCII only: Python's int()/float() also take '1_0' (10), '٣' (3), '²'
-    (error) and 'nan'; the boundary takes digits, one sign, a point and an exponent, and at most 40 of them."""
-    if not text or len(text) > MAX_INT_DIGITS or not text.isascii():
-        return None
-    body = text[1:] if text[0] in "+-" else text
-    if integer:
-        return int(text) if body.isdigit() else None
-    if not set(text) <= _FLOAT_CHARS or not any(c.isdigit() for c in body):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def parse_int(option: str, text: str, *, low: int, high: int) -> int:
-    """A whole number from an option's text: ASCII digits only (no '1_0', '٣', '²', '0x10', '+-3'), in range."""
-    return int(check_number(option, str(text), low=low, high=high, integer=True))
-
-
-def parse_int_list(option: str, text: str, *, low: int, high: int, max_items: int = 64) -> list[int]:
-    """A comma-separated list of whole numbers (`--concurrency 1,4,16`): each by `parse_int`; an empty entry
-    or more than `max_items` entries is refused, never dropped."""
-    parts = str(text).split(",")
-    if len(parts) > max_items:
-        raise InputError(f"{option}: {len(parts)} entries, at most {max_items}; fix: pass fewer values")
-    if any(not p.strip() for p in parts):
-        raise InputError(f"{option} {str(text)[:60]!r}: an empty entry; fix: remove the extra comma")
-    return [parse_int(option, p, low=low, high=high) for p in parts]
-
-
 def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries: int = 10_000) -> list[Path]:
     """The regular files under `root`, sorted, without following a symlink (a linked file or folder is left out,
     so a link to /etc or a loop is never entered); deeper than `max_depth` or more than `max_entries` entries
@@ -260,11 +236,15 @@ def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries
     while stack:
         folder, depth = stack.pop()
         if depth > max_depth:
-            raise InputError(f"{option} {top}: nested deeper than {max_depth} folders; fix: name a shallower tree")
+            raise InputError(
+                f"{option} {top}: nested deeper than {max_depth} folders; fix: name a shallower tree"
+            )
         try:
             entries = list(os.scandir(folder))
         except OSError as exc:
-            raise InputError(f"{option} {folder}: cannot list it ({exc.strerror}); fix: check the folder") from None
+            raise InputError(
+                f"{option} {folder}: cannot list it ({exc.strerror}); fix: check the folder"
+            ) from None
         seen += len(entries)
         if seen > max_entries:
             raise InputError(f"{option} {top}: more than {max_entries} entries; fix: name a smaller tree")
@@ -274,14 +254,6 @@ def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries
             elif entry.is_file(follow_symlinks=False):
                 found.append(Path(entry.path))
     return sorted(found)
-
-
-def check_exclusive(**flags: object) -> None:
-    """Flags that exclude each other: two given at once are refused, never one silently ignored."""
-    given = [name for name, value in flags.items() if value]
-    if len(given) > 1:
-        names = " and ".join("--" + n.replace("_", "-") for n in given)
-        raise InputError(f"{names} exclude each other; fix: give one of them")
 
 
 def _output_parent(path: Path, option: str) -> Path:
@@ -322,6 +294,21 @@ def _final(path: Path, option: str) -> Path:
     if not final.is_symlink() and final.exists() and not final.is_file():
         raise InputError(f"{option} {path}: a folder, device or pipe is there; fix: name a file")
     return final
+
+
+def output_dir(path: Path | str, option: str) -> Path:
+    """A folder for several outputs (`--png DIR`), created if missing: never a symlink, never a system folder,
+    never reached through a link that leads out of the project; files go in with `write_output`."""
+    folder = _final(Path(path), option)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"{option} {path}: cannot create it ({exc.strerror}); fix: name a folder you can write"
+        ) from None
+    return folder
 
 
 def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:

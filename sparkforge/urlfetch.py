@@ -9,6 +9,7 @@ declared Content-Length before reading); gzip/deflate decoded by hand with a cap
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import threading
@@ -66,9 +67,13 @@ def check_url(url: str, what: str) -> tuple[str, str, int]:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise FetchError(f"{what}: {url[:200]}: {exc}; fix: give a port in 1..65535 and a valid host") from None
+        raise FetchError(
+            f"{what}: {url[:200]}: {exc}; fix: give a port in 1..65535 and a valid host"
+        ) from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise FetchError(f"{what}: {url[:200]}: only http(s) URLs with a host are fetched; fix: give an https:// URL")
+        raise FetchError(
+            f"{what}: {url[:200]}: only http(s) URLs with a host are fetched; fix: give an https:// URL"
+        )
     if parts.username is not None or parts.password is not None:
         raise FetchError(f"{what}: {url[:200]}: holds a user or password; fix: remove them from the URL")
     if port is not None and not 1 <= port <= 65535:
@@ -78,7 +83,9 @@ def check_url(url: str, what: str) -> tuple[str, str, int]:
         try:
             ipaddress.IPv6Address(host.split("%")[0])
         except ValueError:
-            raise FetchError(f"{what}: {url[:200]}: {host!r} is not an IPv6 address; fix: check the host") from None
+            raise FetchError(
+                f"{what}: {url[:200]}: {host!r} is not an IPv6 address; fix: check the host"
+            ) from None
     return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
 
 
@@ -119,7 +126,9 @@ class _Decoder:
             try:
                 data = self._z.decompress(raw, self._cap - self._out + 1)
             except zlib.error as exc:
-                raise FetchError(f"{self._where}: a broken compressed body ({exc}); fix: check the server") from None
+                raise FetchError(
+                    f"{self._where}: a broken compressed body ({exc}); fix: check the server"
+                ) from None
         self._out += len(data)
         if self._out > self._cap:
             raise FetchError(f"{self._where}: decodes to more than {self._cap} bytes; fix: check the URL is the "
@@ -139,7 +148,9 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
     for _ in range(MAX_REDIRECTS + 1):
         left = end - time.monotonic()
         if left <= 0:
-            raise Unreachable(f"{what}: {url[:200]} took longer than {deadline:g} s; fix: check the server or network")
+            raise Unreachable(
+                f"{what}: {url[:200]} took longer than {deadline:g} s; fix: check the server or network"
+            )
         try:
             response = session.get(current, headers=sent, stream=True, allow_redirects=False,
                                    timeout=(min(10.0, left), max(0.1, left / 2)))  # fmt: skip
@@ -159,7 +170,9 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
             current = target
             continue
         return _read_body(response, current, what, max_bytes, end, deadline, sink, ok_status)
-    raise FetchError(f"{what}: {url[:200]} redirects more than {MAX_REDIRECTS} times; fix: give the final URL")
+    raise FetchError(
+        f"{what}: {url[:200]} redirects more than {MAX_REDIRECTS} times; fix: give the final URL"
+    )
 
 
 def _socket_of(response: requests.Response) -> socket.socket | None:
@@ -178,10 +191,8 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
         expired.set()
         sock = _socket_of(response)
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the read blocked in another thread (close() does not)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # wakes the read blocked in another thread (close() does not)
+                sock.shutdown(socket.SHUT_RDWR)
 
     timer = threading.Timer(max(0.0, end - time.monotonic()), cut)
     timer.daemon = True
@@ -199,7 +210,9 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
         for raw in response.raw.stream(_CHUNK, decode_content=False):
             raw_total += len(raw)
             if raw_total > max_bytes:
-                raise FetchError(f"{where}: more than {max_bytes} bytes; fix: check the URL is the file meant")
+                raise FetchError(
+                    f"{where}: more than {max_bytes} bytes; fix: check the URL is the file meant"
+                )
             data = decoder.feed(raw)
             if sink is not None:
                 sink(data)
@@ -207,9 +220,17 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
                 chunks.append(data)
             if expired.is_set():
                 break
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError, AttributeError, ValueError) as exc:
+    except (
+        requests.RequestException,
+        urllib3.exceptions.HTTPError,
+        OSError,
+        AttributeError,
+        ValueError,
+    ) as exc:
         if not expired.is_set():
-            raise Unreachable(f"cannot read {where}: {str(exc)[:300]}; fix: check the network or server") from None
+            raise Unreachable(
+                f"cannot read {where}: {str(exc)[:300]}; fix: check the network or server"
+            ) from None
     finally:
         timer.cancel()
         response.close()

@@ -29,7 +29,9 @@ from sparkforge.urlfetch import Fetched, FetchError, Unreachable, fetch_url
 
 _CHUNK = 1 << 20
 _RANGE_BLOCK = 256 * 1024  # ranged reads fetch at least this much: a zip directory is read in few requests
-MAX_ANSWER_BYTES = 64 << 20  # an index page, a config.json, a recipe: never more (PyPI's vllm index is ~2 MiB)
+MAX_ANSWER_BYTES = (
+    64 << 20
+)  # an index page, a config.json, a recipe: never more (PyPI's vllm index is ~2 MiB)
 MAX_DOWNLOAD_BYTES = 8 << 30  # a wheel or source archive (torch's aarch64 CUDA wheel is ~3 GiB)
 DOWNLOAD_DEADLINE_S = 3600.0  # a download in all, not per read: a server that drips its body is cut off
 
@@ -120,7 +122,9 @@ class Fetcher:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
-            raise PreflightError(f"{what}: {url} did not answer UTF-8 JSON; fix: check the index URL") from None
+            raise PreflightError(
+                f"{what}: {url} did not answer UTF-8 JSON; fix: check the index URL"
+            ) from None
         try:
             return parse_json(text, f"{what} ({url})")
         except InputError as exc:

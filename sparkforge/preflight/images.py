@@ -10,15 +10,14 @@ import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
-
 from urllib.parse import urlencode
 
 from sparkforge import oci
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher, UnreachableError
-from sparkforge.urlfetch import redirect_allowed
 from sparkforge.recipe.loader import RecipeModel
 from sparkforge.report import Check
+from sparkforge.urlfetch import redirect_allowed
 
 MANIFEST_ACCEPT = ", ".join(
     [
@@ -81,7 +80,9 @@ def _token(fetcher: Fetcher, challenge: str, image: ImageRef) -> str | None:
             "registry named in the recipe"
         )
     query = urlencode({"service": fields.get("service", ""), "scope": f"repository:{image.repository}:pull"})
-    answer = fetcher.get(f"{realm}?{query}", what=f"a pull token for {image.repository}", ok_status=_ANY_ERROR)
+    answer = fetcher.get(
+        f"{realm}?{query}", what=f"a pull token for {image.repository}", ok_status=_ANY_ERROR
+    )
     if answer.status_code != 200:
         return None
     data = fetcher.json_of(answer, f"{image.registry}'s token")
@@ -99,7 +100,9 @@ def fetch_manifest(fetcher: Fetcher, image: ImageRef, reference: str) -> tuple[d
         token = _token(fetcher, answer.headers.get("WWW-Authenticate", ""), image)
         if token:
             headers["Authorization"] = f"Bearer {token}"
-            answer = fetcher.get(url, what=what, headers=headers, ok_status=_ANY_ERROR, max_bytes=_MANIFEST_BYTES)
+            answer = fetcher.get(
+                url, what=what, headers=headers, ok_status=_ANY_ERROR, max_bytes=_MANIFEST_BYTES
+            )
     if answer.status_code != 200:
         raise PreflightError(
             f"{image.registry}/{image.repository}@{reference}: the registry answered HTTP {answer.status_code}; "

@@ -168,7 +168,10 @@ def _check_remotes(recipe: Recipe) -> None:
     """--strict verifies pins: never over plain http to another machine (anyone on the path could answer), and
     never through a remote that is not a URL; refused before any contact."""
     vllm = recipe.model.components.vllm
-    remotes = [parse_image(recipe.model.images.builder).base_url, parse_image(recipe.model.images.runtime).base_url]
+    remotes = [
+        parse_image(recipe.model.images.builder).base_url,
+        parse_image(recipe.model.images.runtime).base_url,
+    ]
     remotes += [vllm.repository] if vllm.repository else []
     for remote in remotes:
         scheme, host, _ = check_url(remote, f"lock --check --strict: {recipe.name}'s remote")
