@@ -256,6 +256,21 @@ def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries
     return sorted(found)
 
 
+def list_files(folder: Path | str, option: str, *, max_entries: int = 10_000) -> list[Path]:
+    """The files directly in `folder`, sorted: regular files and links to regular files (a Hugging Face snapshot
+    is links into its blobs; read each with `read_bytes`, which refuses a link into a system folder); more than
+    `max_entries` entries is refused."""
+    top = Path(folder)
+    try:
+        with os.scandir(top) as it:
+            entries = [e for _, e in zip(range(max_entries + 1), it, strict=False)]
+    except OSError as exc:
+        raise InputError(f"{option} {top}: cannot list it ({exc.strerror}); fix: name a folder") from None
+    if len(entries) > max_entries:
+        raise InputError(f"{option} {top}: more than {max_entries} entries; fix: name the model's own folder")
+    return sorted(Path(e.path) for e in entries if e.is_file())
+
+
 def _output_parent(path: Path, option: str) -> Path:
     """The real folder an output goes into, refused when a symlink leads it out of the project unasked."""
     lexical = Path(os.path.abspath(path)).parent

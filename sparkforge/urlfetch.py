@@ -72,7 +72,7 @@ def check_url(url: str, what: str) -> tuple[str, str, int]:
         ) from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise FetchError(
-            f"{what}: {url[:200]}: only http(s) URLs with a host are fetched; fix: give an https:// URL"
+            f"{what}: {url[:200]} is not an http(s) URL with a host; fix: give an https:// URL"
         )
     if parts.username is not None or parts.password is not None:
         raise FetchError(f"{what}: {url[:200]}: holds a user or password; fix: remove them from the URL")
@@ -138,9 +138,10 @@ class _Decoder:
 
 def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int, deadline: float,
               headers: Mapping[str, str] | None = None, allow_hosts: tuple[str, ...] = (),
-              sink: Callable[[bytes], Any] | None = None, ok_status: tuple[int, ...] = ()) -> Fetched:  # fmt: skip
-    """GET `url` under the fetcher's rules; the body (at most `max_bytes`, raw and decoded) is returned, or
-    handed chunk by chunk to `sink`. An error status is a FetchError unless in `ok_status`; a network failure
+              sink: Callable[[bytes], Any] | None = None, ok_status: tuple[int, ...] = (),
+              body: bytes | None = None) -> Fetched:  # fmt: skip
+    """GET `url` (POST `body` when given) under the fetcher's rules; the answer's body (at most `max_bytes`, raw
+    and decoded) is returned, or handed chunk by chunk to `sink`. An error status is a FetchError unless in `ok_status`; a network failure
     or the deadline (seconds, in all) is a FetchError naming `what` and the URL."""
     end = time.monotonic() + deadline
     current, sent = url, {"Accept-Encoding": "gzip, identity", **(headers or {})}
@@ -152,8 +153,9 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
                 f"{what}: {url[:200]} took longer than {deadline:g} s; fix: check the server or network"
             )
         try:
-            response = session.get(current, headers=sent, stream=True, allow_redirects=False,
-                                   timeout=(min(10.0, left), max(0.1, left / 2)))  # fmt: skip
+            response = session.request("POST" if body is not None else "GET", current, data=body, headers=sent,
+                                       stream=True, allow_redirects=False,
+                                       timeout=(min(10.0, left), max(0.1, left / 2)))  # fmt: skip
         except requests.RequestException as exc:
             text = str(exc)[:300]
             raise Unreachable(f"cannot fetch {what} from {current[:200]}: {text}; fix: check the network or "

@@ -117,7 +117,7 @@ class Fetcher:
         return self.json_of(self.get(url, what=what, headers=headers), what)
 
     def json_of(self, answer: Fetched, what: str) -> Any:
-        """An answer's body as strict JSON (the boundary's rules), or a PreflightError naming `what`."""
+        """An answer's body as a strict JSON object (the boundary's rules), or a PreflightError naming `what`."""
         url, body = answer.url, answer.content
         try:
             text = body.decode("utf-8")
