@@ -16,7 +16,7 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
     when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
     parsed: object = value
     if isinstance(value, str):
-        parsed = _ascii_number(value.strip(), integer)
+        parsed = ascii_number(value.strip(), integer)
     if isinstance(parsed, float) and integer and parsed.is_integer():
         parsed = int(parsed)
     kind = "a whole number" if integer else "a number"
@@ -32,7 +32,7 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
 _FLOAT_CHARS = frozenset("0123456789+-.eE")
 
 
-def _ascii_number(text: str, integer: bool) -> int | float | None:
+def ascii_number(text: str, integer: bool) -> int | float | None:
     """`text` as a number written in ASCII only: Python's int()/float() also take '1_0' (10), '٣' (3), '²'
     (error) and 'nan'; the boundary takes digits, one sign, a point and an exponent, and at most 40 of them."""
     if not text or len(text) > MAX_NUMBER_CHARS or not text.isascii():

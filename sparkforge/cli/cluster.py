@@ -8,7 +8,7 @@ from typing import Literal
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, user_errors
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -88,7 +88,7 @@ def doctor(
     image: str = "",
     interface: str = "",
     json: str = "",
-    master_port: int = 29501,
+    master_port: int = Whole(29501),
     gpus: str = "none",
     no_preflight: bool = False,
     min_busbw: str = "",
@@ -148,15 +148,15 @@ def up(
     nodes: str,
     interface: str = "",
     image: str = "",
-    port: int = 8000,
-    master_port: int = 29501,
+    port: int = Whole(8000),
+    master_port: int = Whole(29501),
     backend: str = "mp",
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "/var/cache/sparkforge",
     gpus: str = "all",
     distribute: bool = False,
-    health_timeout: int = 1800,
+    health_timeout: int = Whole(1800),
     no_preflight: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
@@ -302,7 +302,7 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
 
 @task(help={"nodes": NODES_HELP, "tail": "lines per container"})
 @user_errors
-def logs(c: Context, nodes: str, tail: int = 100) -> None:
+def logs(c: Context, nodes: str, tail: int = Whole(100)) -> None:
     """The last log lines of every serve container on every node."""
     from sparkforge.run.cluster import cluster_logs
     from sparkforge.run.inputs import check_positive

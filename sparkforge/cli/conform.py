@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context, task
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, user_errors
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -53,7 +53,7 @@ def conform(
     golden: str = "",
     json: str = "",
     junit: str = "",
-    port: int = 8000,
+    port: int = Whole(8000),
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "/var/cache/sparkforge",
@@ -61,9 +61,9 @@ def conform(
     node: str = "",
     nodes: str = "",
     interface: str = "",
-    master_port: int = 29501,
+    master_port: int = Whole(29501),
     ulimit: list[str] | None = None,
-    health_timeout: int = 1800,
+    health_timeout: int = Whole(1800),
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     from sparkforge.errors import RunError
