@@ -25,12 +25,15 @@ from sparkforge.cli.run import (
 
 def _gid_index(text: str) -> int | None:
     """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
+    from sparkforge.options import ascii_number
+
     if not text:
         return None
-    if not text.isdigit() or int(text) > 255:
-        raise Exit(f"sparkforge: --gid-index {text!r} is not a GID table index 0..255; fix: leave it out (NCCL "
+    value = ascii_number(text, integer=True)  # ASCII digits only: '²'.isdigit() is True, and int('²') fails
+    if value is None or not 0 <= value <= 255:
+        raise Exit(f"sparkforge: --gid-index {text[:40]!r} is not a GID table index 0..255; fix: leave it out (NCCL "
                    "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists", code=2)  # fmt: skip
-    return int(text)
+    return int(value)
 
 
 def _nccl(text: str) -> Literal["image", "host"]:
@@ -41,13 +44,12 @@ def _nccl(text: str) -> Literal["image", "host"]:
 
 def _floor(text: str) -> float | None:
     """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
+    from sparkforge.options import ascii_number
+
     if not text:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 10_000:
+    value = ascii_number(text, integer=False)  # float() takes '1_8' (18), '٣' (3) and 'nan'
+    if value is None or not 0 <= value < 10_000:
         raise Exit(
             f"sparkforge: --min-busbw {text!r} is not a bandwidth in GB/s; fix: e.g. 18, or 0 to disable",
             code=2,
@@ -262,6 +264,7 @@ def fabric(
         check_reference("--image", image)
     check_output(json, "--json")
     source = _nccl(nccl)
+    gid = _gid_index(gid_index)
 
     if nodes:
         if not (recipe or image):
@@ -277,7 +280,7 @@ def fabric(
     )
     sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
-    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index), declared, sources)
+    report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
     describe_choices(choices, echo, warn, sources)
     if test:
         from sparkforge.run.fabric import parse_node

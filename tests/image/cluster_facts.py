@@ -8,7 +8,9 @@ this machine (or a fake tree) with the same functions, so one reader serves both
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
+import re
 import socket
 import stat
 import struct
@@ -61,10 +63,26 @@ def interfaces() -> list[dict[str, object]]:
 
 
 SYSFS_MAX = 65536  # a sysfs attribute is at most a page; more is no attribute
+MAX_ENTRIES = 1024  # devices, ports, net devices or GIDs in one folder (a GID table holds at most 256)
+_GID = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}")
+_HEX32 = re.compile(r"[0-9A-Fa-f]{8}")
+_TREE: list[str] = []  # the tree being read (realpath): an attribute linked out of it reads as absent
+
+
+def _small_int(text: str | None, digits: int = 7) -> int | None:
+    """A sysfs number: ASCII digits only ('²'.isdigit() is True), at most `digits` of them."""
+    if not text or len(text) > digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 
 def _read(path: str) -> str | None:
-    """One attribute: a regular file only (O_NONBLOCK: a FIFO in a fake tree never hangs), bounded."""
+    """One attribute: a regular file only (O_NONBLOCK: a FIFO in a fake tree never hangs), bounded, inside the
+    tree being read (a state file linked to another folder is not this tree's)."""
+    if _TREE and not any(
+        (real := os.path.realpath(path)) == top or real.startswith(top + "/") for top in _TREE
+    ):
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError):
@@ -80,19 +98,27 @@ def _read(path: str) -> str | None:
 
 
 def _names(path: str) -> list[str]:
+    """A folder's names, at most MAX_ENTRIES (a planted tree of a million entries is cut, and flagged by the
+    caller through `_crowded`); a loop of links or a missing folder is empty."""
     try:
-        return sorted(os.listdir(path))
-    except OSError:
+        with os.scandir(path) as entries:
+            names = [e.name for e in itertools.islice(entries, MAX_ENTRIES + 1)]
+    except (OSError, ValueError):
         return []
+    return sorted(names)
+
+
+def _crowded(names: list[str]) -> bool:
+    return len(names) > MAX_ENTRIES
 
 
 def routes(path: str) -> list[dict[str, object]]:
     """/proc/net/route (little-endian hex) as dotted addresses: each interface's subnets and the default route."""
     out: list[dict[str, object]] = []
-    for line in (_read(path) or "").splitlines()[1:]:
+    for line in (_read(path) or "").splitlines()[1:MAX_ENTRIES]:
         fields = line.split()
-        if len(fields) < 8:
-            continue
+        if len(fields) < 8 or not all(_HEX32.fullmatch(fields[i]) for i in (1, 2, 7)):
+            continue  # not a route line the kernel writes: 8 hex digits per address
 
         def dotted(word: str) -> str:
             return socket.inet_ntoa(struct.pack("<I", int(word, 16)))
@@ -116,8 +142,20 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
     only for the live system); the routing table. /dev/infiniband is what a container needs for the devices.
     """
     rdma: dict[str, object] = {}
+    _TREE[:] = [os.path.realpath(root), os.path.realpath(proc)]
+    try:
+        return _fabric(root, proc, addresses, rdma)
+    finally:
+        _TREE.clear()
+
+
+def _fabric(root: str, proc: str, addresses: bool, rdma: dict[str, object]) -> dict[str, object]:
+    refused: list[str] = []  # what a planted tree held that no kernel writes (named by the decision side)
     base = f"{root}/class/infiniband"
-    for device in _names(base):
+    devices = _names(base)
+    if _crowded(devices):
+        refused.append(f"{base}: more than {MAX_ENTRIES} RDMA devices")
+    for device in devices[:MAX_ENTRIES]:
         uevent = _read(f"{base}/{device}/device/uevent") or ""
         slot = next(
             (v for k, _, v in (x.partition("=") for x in uevent.splitlines()) if k == "PCI_SLOT_NAME"), None
@@ -126,9 +164,16 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
         for port in _names(f"{base}/{device}/ports"):
             where = f"{base}/{device}/ports/{port}"
             gids = []
-            for index in sorted(_names(f"{where}/gids"), key=lambda n: int(n) if n.isdigit() else -1):
+            names = _names(f"{where}/gids")
+            if _crowded(names):
+                refused.append(f"{device} port {port}: more than {MAX_ENTRIES} GIDs")
+                names = []
+            for index in sorted((n for n in names if _small_int(n, 4) is not None), key=int):
                 gid = _read(f"{where}/gids/{index}")
                 if not gid or not gid.replace(":", "").strip("0"):
+                    continue
+                if not _GID.fullmatch(gid):
+                    refused.append(f"{device} port {port} GID {index}: {gid[:60]!r} is not a GID")
                     continue
                 gids.append(
                     {
@@ -153,18 +198,22 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
             "ports": ports,
         }
     net: dict[str, object] = {}
-    for name in _names(f"{root}/class/net"):
+    netdevs = _names(f"{root}/class/net")
+    if _crowded(netdevs):
+        refused.append(f"{root}/class/net: more than {MAX_ENTRIES} net devices")
+    for name in netdevs[:MAX_ENTRIES]:
         where = f"{root}/class/net/{name}"
         mtu = _read(f"{where}/mtu")
         net[name] = {
             "operstate": _read(f"{where}/operstate"),
-            "mtu": int(mtu) if mtu and mtu.isdigit() else None,
+            "mtu": _small_int(mtu),
             "phys_port_name": _read(f"{where}/phys_port_name"),
             "phys_port_id": _read(f"{where}/phys_port_id"),
             "phys_switch_id": _read(f"{where}/phys_switch_id"),
             "ipv4": _ipv4_of(name) if addresses else None,
         }
-    found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route")}
+    found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route"),
+                                "refused": refused}  # fmt: skip
     if addresses:  # the live system: can this image's NCCL use the devices at all?
         found["verbs"] = verbs()
     return found
