@@ -36,9 +36,10 @@ def _in_system(path: Path, dirs: Sequence[str] = SYSTEM_DIRS) -> bool:
     return any(str(path) == d or str(path).startswith(d + "/") for d in dirs)
 
 
-def is_system_path(path: Path) -> bool:
-    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too)."""
-    return _in_system(path.resolve(), (*SYSTEM_DIRS, "/root"))
+def is_system_path(path: Path, *, resolve: bool = True) -> bool:
+    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too).
+    `resolve=False`: the path as written (so a link in /tmp to /etc/passwd is told from /etc/passwd itself)."""
+    return _in_system(path.resolve() if resolve else Path(os.path.abspath(path)), (*SYSTEM_DIRS, "/root"))
 
 
 def _open_regular(path: Path, where: str, max_bytes: int) -> int:
@@ -68,7 +69,7 @@ def _refuse_system_link(path: Path, where: str) -> Path:
     """`path` resolved; a symlink (anywhere on the way) into a system folder is refused: a file that names
     /etc/passwd is read only when the user names /etc/passwd itself."""
     real = path.resolve()
-    if is_system_path(real) and not is_system_path(Path(os.path.abspath(path))):
+    if is_system_path(real) and not is_system_path(path, resolve=False):
         raise InputError(
             f"{where}: a link to {real}, a system file; fix: name the file itself, not a link to it"
         )
@@ -254,6 +255,34 @@ def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries
             elif entry.is_file(follow_symlinks=False):
                 found.append(Path(entry.path))
     return sorted(found)
+
+
+MAX_REGEX_MEM = 1 << 20  # RE2's budget for one compiled pattern: more (nested counted repeats) is refused
+MAX_LINE = 8192  # a log line sparkforge searches: longer lines are cut there (vLLM's are under 1 KiB)
+
+
+def linear_regex(pattern: str, *, max_mem: int = MAX_REGEX_MEM) -> Any:
+    """`pattern` compiled by RE2: every regex over untrusted text (logs, answers, profile patterns) runs in time
+    linear in the text, `(a+)+$` included; a pattern RE2 cannot run so (back-references, look-arounds, over the
+    budget) is a ValueError naming it."""
+    import re2
+
+    options = re2.Options()
+    options.max_mem = max_mem
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ValueError(
+            f"{pattern!r} is not a regular expression sparkforge runs ({reason}; patterns run in linear time, "
+            "without back-references or look-arounds); fix: e.g. '\\b391\\b'"
+        ) from None
+
+
+def bounded_lines(text: str, max_line: int = MAX_LINE) -> list[str]:
+    """`text`'s lines, each cut at `max_line` characters (a 2 MB line is searched as its first 8 KiB)."""
+    return [line[:max_line] for line in text.splitlines()]
 
 
 def list_files(folder: Path | str, option: str, *, max_entries: int = 10_000) -> list[Path]:

@@ -72,19 +72,9 @@ MAX_EXPECT_MEM = 1 << 20
 def expect_pattern(pattern: str) -> Any:
     """`check.expect` compiled by re2: linear time in the answer whatever the pattern (`(a+)+$` included), so it
     needs no time limit; what re2 cannot promise that for (back-references, look-arounds) is refused."""
-    import re2
+    from sparkforge.boundary import linear_regex
 
-    options = re2.Options()
-    options.max_mem = MAX_EXPECT_MEM
-    options.log_errors = False
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-        raise ValueError(
-            f"{pattern!r} is not a regular expression sparkforge runs ({reason}; patterns run in linear time, "
-            "without back-references or look-arounds); fix: e.g. '\\b391\\b'"
-        ) from None
+    return linear_regex(pattern, max_mem=MAX_EXPECT_MEM)
 
 
 class ProfileModel(BaseModel):
