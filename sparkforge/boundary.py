@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.errors import InputError
-from sparkforge.options import check_exclusive, check_number, parse_int, parse_int_list  # noqa: F401 (callers' one import)
+from sparkforge.limits import (  # noqa: F401 (the boundary is callers' one import)
+    bounded_lines,
+    check_build_network,
+    check_exclusive,
+    check_number,
+    linear_regex,
+    parse_int,
+    parse_int_list,
+    walk_tree,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Never read through a path that was not named, never written: a received file cannot point sparkforge there.
@@ -74,6 +83,21 @@ def _refuse_system_link(path: Path, where: str) -> Path:
             f"{where}: a link to {real}, a system file; fix: name the file itself, not a link to it"
         )
     return real
+
+
+MAX_PEM_BYTES = 4 << 20  # the Mozilla bundle is ~220 KiB
+
+
+def check_pem(path: Path | str, option: str) -> Path:
+    """A CA bundle: a regular UTF-8 file of at most 4 MiB holding at least one PEM certificate (a key or any
+    other file is refused before it is handed to BuildKit as a secret)."""
+    text = read_text(path, option, MAX_PEM_BYTES)
+    if "-----BEGIN CERTIFICATE-----" not in text or "PRIVATE KEY-----" in text:
+        raise InputError(
+            f"{option} {path}: holds no PEM certificate (or holds a private key); fix: name the proxy's CA "
+            "bundle, e.g. /etc/ssl/certs/ca-certificates.crt"
+        )
+    return Path(path)
 
 
 def check_input(path: Path | str, option: str, max_bytes: int) -> Path:
@@ -223,66 +247,6 @@ def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES,
             raise
         raise InputError(f"{str(exc).rpartition('; fix:')[0]}; fix: {fix}") from None
     return data
-
-
-def walk_tree(root: Path | str, option: str, *, max_depth: int = 16, max_entries: int = 10_000) -> list[Path]:
-    """The regular files under `root`, sorted, without following a symlink (a linked file or folder is left out,
-    so a link to /etc or a loop is never entered); deeper than `max_depth` or more than `max_entries` entries
-    is refused, not cut short."""
-    top = Path(root)
-    if top.is_symlink() or not top.is_dir():
-        raise InputError(f"{option} {top}: not a folder (or a symlink to one); fix: name a real folder")
-    found: list[Path] = []
-    stack, seen = [(top, 0)], 0
-    while stack:
-        folder, depth = stack.pop()
-        if depth > max_depth:
-            raise InputError(
-                f"{option} {top}: nested deeper than {max_depth} folders; fix: name a shallower tree"
-            )
-        try:
-            entries = list(os.scandir(folder))
-        except OSError as exc:
-            raise InputError(
-                f"{option} {folder}: cannot list it ({exc.strerror}); fix: check the folder"
-            ) from None
-        seen += len(entries)
-        if seen > max_entries:
-            raise InputError(f"{option} {top}: more than {max_entries} entries; fix: name a smaller tree")
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                stack.append((Path(entry.path), depth + 1))
-            elif entry.is_file(follow_symlinks=False):
-                found.append(Path(entry.path))
-    return sorted(found)
-
-
-MAX_REGEX_MEM = 1 << 20  # RE2's budget for one compiled pattern: more (nested counted repeats) is refused
-MAX_LINE = 8192  # a log line sparkforge searches: longer lines are cut there (vLLM's are under 1 KiB)
-
-
-def linear_regex(pattern: str, *, max_mem: int = MAX_REGEX_MEM) -> Any:
-    """`pattern` compiled by RE2: every regex over untrusted text (logs, answers, profile patterns) runs in time
-    linear in the text, `(a+)+$` included; a pattern RE2 cannot run so (back-references, look-arounds, over the
-    budget) is a ValueError naming it."""
-    import re2
-
-    options = re2.Options()
-    options.max_mem = max_mem
-    options.log_errors = False
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-        raise ValueError(
-            f"{pattern!r} is not a regular expression sparkforge runs ({reason}; patterns run in linear time, "
-            "without back-references or look-arounds); fix: e.g. '\\b391\\b'"
-        ) from None
-
-
-def bounded_lines(text: str, max_line: int = MAX_LINE) -> list[str]:
-    """`text`'s lines, each cut at `max_line` characters (a 2 MB line is searched as its first 8 KiB)."""
-    return [line[:max_line] for line in text.splitlines()]
 
 
 def list_files(folder: Path | str, option: str, *, max_entries: int = 10_000) -> list[Path]:

@@ -40,7 +40,7 @@ class Whole(int):
 
     def __new__(cls, value: object = 0) -> Whole:
         if isinstance(value, str):
-            from sparkforge.options import ascii_number
+            from sparkforge.limits import ascii_number
 
             parsed = ascii_number(value.strip(), integer=True)
             if parsed is None:

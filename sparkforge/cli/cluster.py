@@ -25,7 +25,7 @@ from sparkforge.cli.run import (
 
 def _gid_index(text: str) -> int | None:
     """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
-    from sparkforge.options import ascii_number
+    from sparkforge.limits import ascii_number
 
     if not text:
         return None
@@ -44,7 +44,7 @@ def _nccl(text: str) -> Literal["image", "host"]:
 
 def _floor(text: str) -> float | None:
     """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
-    from sparkforge.options import ascii_number
+    from sparkforge.limits import ascii_number
 
     if not text:
         return None

@@ -100,7 +100,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     import datetime as dt
 
     from sparkforge.boundary import check_output
-    from sparkforge.errors import PublishError
+    from sparkforge.errors import InputError, PublishError
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
@@ -112,8 +112,14 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     check_output(json, "--json")
 
     loaded = load_recipe(recipe)
+    moving = [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
+    if tag and tag not in moving:  # an immutable (dated, versioned) tag has no history: refused before the registry
+        raise InputError(
+            f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
+            "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
+        )
     tools = tools_for(loaded, None, None, echo, "history")
-    tags = [tag] if tag else [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
+    tags = [tag] if tag else moving
     views, missing = [], []
     for t in tags:  # without --tag, the moving tags that have a history
         try:
