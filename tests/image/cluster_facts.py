@@ -64,24 +64,19 @@ def interfaces() -> list[dict[str, object]]:
 
 SYSFS_MAX = 65536  # a sysfs attribute is at most a page; more is no attribute
 MAX_ENTRIES = 1024  # devices, ports, net devices or GIDs in one folder (a GID table holds at most 256)
-_GID = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}")
-_HEX32 = re.compile(r"[0-9A-Fa-f]{8}")
+_GID, _HEX32 = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}"), re.compile(r"[0-9A-Fa-f]{8}")
 _TREE: list[str] = []  # the tree being read (realpath): an attribute linked out of it reads as absent
 
 
 def _small_int(text: str | None, digits: int = 7) -> int | None:
     """A sysfs number: ASCII digits only ('²'.isdigit() is True), at most `digits` of them."""
-    if not text or len(text) > digits or not text.isascii() or not text.isdigit():
-        return None
-    return int(text)
+    good = text and len(text) <= digits and text.isascii() and text.isdigit()
+    return int(text) if good else None  # type: ignore[arg-type]
 
 
 def _read(path: str) -> str | None:
-    """One attribute: a regular file only (O_NONBLOCK: a FIFO in a fake tree never hangs), bounded, inside the
-    tree being read (a state file linked to another folder is not this tree's)."""
-    if _TREE and not any(
-        (real := os.path.realpath(path)) == top or real.startswith(top + "/") for top in _TREE
-    ):
+    """One attribute: regular (O_NONBLOCK: a FIFO never hangs), bounded, inside the tree being read."""
+    if _TREE and not any(f"{os.path.realpath(path)}/".startswith(f"{top}/") for top in _TREE):
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -98,18 +93,13 @@ def _read(path: str) -> str | None:
 
 
 def _names(path: str) -> list[str]:
-    """A folder's names, at most MAX_ENTRIES (a planted tree of a million entries is cut, and flagged by the
-    caller through `_crowded`); a loop of links or a missing folder is empty."""
+    """At most MAX_ENTRIES + 1 names (the caller flags more); a link loop or a missing folder is empty."""
     try:
         with os.scandir(path) as entries:
             names = [e.name for e in itertools.islice(entries, MAX_ENTRIES + 1)]
     except (OSError, ValueError):
         return []
     return sorted(names)
-
-
-def _crowded(names: list[str]) -> bool:
-    return len(names) > MAX_ENTRIES
 
 
 def routes(path: str) -> list[dict[str, object]]:
@@ -141,20 +131,19 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
     net device); net devices with state, MTU, physical port facts and, when `addresses`, their IPv4 (an ioctl:
     only for the live system); the routing table. /dev/infiniband is what a container needs for the devices.
     """
-    rdma: dict[str, object] = {}
     _TREE[:] = [os.path.realpath(root), os.path.realpath(proc)]
     try:
-        return _fabric(root, proc, addresses, rdma)
+        return _fabric(root, proc, addresses)
     finally:
         _TREE.clear()
 
 
-def _fabric(root: str, proc: str, addresses: bool, rdma: dict[str, object]) -> dict[str, object]:
+def _fabric(root: str, proc: str, addresses: bool) -> dict[str, object]:
+    rdma: dict[str, object] = {}
     refused: list[str] = []  # what a planted tree held that no kernel writes (named by the decision side)
     base = f"{root}/class/infiniband"
     devices = _names(base)
-    if _crowded(devices):
-        refused.append(f"{base}: more than {MAX_ENTRIES} RDMA devices")
+    refused += [f"{base}: more than {MAX_ENTRIES} RDMA devices"] if len(devices) > MAX_ENTRIES else []
     for device in devices[:MAX_ENTRIES]:
         uevent = _read(f"{base}/{device}/device/uevent") or ""
         slot = next(
@@ -165,7 +154,7 @@ def _fabric(root: str, proc: str, addresses: bool, rdma: dict[str, object]) -> d
             where = f"{base}/{device}/ports/{port}"
             gids = []
             names = _names(f"{where}/gids")
-            if _crowded(names):
+            if len(names) > MAX_ENTRIES:
                 refused.append(f"{device} port {port}: more than {MAX_ENTRIES} GIDs")
                 names = []
             for index in sorted((n for n in names if _small_int(n, 4) is not None), key=int):
@@ -199,8 +188,9 @@ def _fabric(root: str, proc: str, addresses: bool, rdma: dict[str, object]) -> d
         }
     net: dict[str, object] = {}
     netdevs = _names(f"{root}/class/net")
-    if _crowded(netdevs):
-        refused.append(f"{root}/class/net: more than {MAX_ENTRIES} net devices")
+    refused += (
+        [f"{root}/class/net: more than {MAX_ENTRIES} net devices"] if len(netdevs) > MAX_ENTRIES else []
+    )
     for name in netdevs[:MAX_ENTRIES]:
         where = f"{root}/class/net/{name}"
         mtu = _read(f"{where}/mtu")

@@ -57,10 +57,10 @@ def _check_level(path: Path, check: Any) -> None:
             _figure(path, f"{name} repeat {i} {metric}", value)
 
 
-def load_result(path: Path) -> dict[str, Any]:
-    """A bench result (schema 2), validated; a RunError naming the file and the fault otherwise."""
+def load_result(path: Path, option: str = "bench result") -> dict[str, Any]:
+    """A bench result (schema 2), validated; a RunError naming the file (as `option`) and the fault otherwise."""
     try:  # the boundary's one strict JSON reader: a regular file, no NaN/Infinity/1e309, no key twice
-        doc = read_json(path, "bench result", max_bytes=MAX_BYTES, expect=None, fix=FIX.removeprefix("fix: "))
+        doc = read_json(path, option, max_bytes=MAX_BYTES, expect=None, fix=FIX.removeprefix("fix: "))
     except InputError as exc:  # bench's callers (the store, compare) handle RunError
         raise RunError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("command") != "bench" or not isinstance(doc.get("checks"), list):
