@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -26,7 +25,7 @@ from pydantic import (
 )
 
 from sparkforge.errors import ProfileError, RecipeError
-from sparkforge.recipe.conformspec import ConformSettings
+from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
     MODEL,
@@ -50,9 +49,9 @@ class AnswerCheck(BaseModel):
     """What `serve` asks once healthy, and a regular expression the answer must match (a green health check is
     not an answer check: a stale or broken model can answer garbage)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    prompt: Annotated[str, Field(min_length=1, max_length=2000)]
+    prompt: Annotated[Prompt, Field(min_length=1, max_length=2000)]
     expect: Annotated[str, Field(min_length=1, max_length=500)]
     max_tokens: Annotated[int, Field(ge=1, le=32768)] = 2048
     # vLLM's sampling extension: generate exactly max_tokens (a random-weight test model would stop anywhere).
@@ -80,7 +79,7 @@ def expect_pattern(pattern: str) -> Any:
 class ProfileModel(BaseModel):
     """The schema of a profile file (unknown keys are errors)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     description: str
     model: Annotated[str, Field(min_length=1)]
