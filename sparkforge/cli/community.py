@@ -52,6 +52,7 @@ def import_(
     set: list[str] | None = None,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names."""
+    from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
         image_facts,
         import_with,
@@ -66,6 +67,7 @@ def import_(
 
     if format and format not in FORMATS:
         raise Exit(f"sparkforge: --format {format!r}: use eugr or sparkarena", code=2)
+    check_output(out, "--out")  # the boundary: before the source is read or fetched
     doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
     pinned = None if no_preflight else _pinned(recipe, offline)
     name = Path(out).stem if out else None
@@ -120,6 +122,7 @@ def export(
     out: str = "",
 ) -> None:
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
@@ -127,6 +130,7 @@ def export(
 
     if format not in ("sparkarena", "eugr"):
         raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
+    check_output(out, "--out")  # the boundary: before any registry or hub is asked
     loaded, prof = load_recipe(recipe), load_profile(profile)
     ref = (
         plan.check_reference("--image", image)
@@ -143,13 +147,7 @@ def export(
         trust_remote_code=trust_remote_code,
     )  # type: ignore[arg-type]
     if out:
-        try:
-            Path(out).write_text(text)
-        except OSError as exc:
-            raise Exit(
-                f"sparkforge: {out}: cannot write the recipe ({exc.strerror}); fix: choose a writable --out",
-                code=1,
-            ) from None
+        write_output(out, text, "--out")  # atomic; never through a planted link, never into a system folder
         echo(f"wrote {out} ({format}; validated by importing it back)")
     else:
         echo(text.rstrip())
@@ -159,9 +157,11 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
     """`recipes --catalog DIR|URL`: per community recipe, imports cleanly / needs attention / model class."""
     import json
 
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.preflight.catalog import catalog_refs, run_catalog
     from sparkforge.preflight.fetch import make_fetcher
 
+    check_output(json_path, "--json")  # before any fetch
     pinned = _pinned(recipe, offline)
     fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
     hub = None if offline else make_fetcher(timeout=5, retries=0)
@@ -174,4 +174,4 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
         + ", ".join(f"{n} {s}" for s, n in counts.items())
     )
     if json_path:
-        Path(json_path).write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        write_output(json_path, json.dumps([r.to_dict() for r in rows], indent=2) + "\n", "--json")
