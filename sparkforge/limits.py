@@ -4,6 +4,7 @@ count. Re-exported by `sparkforge.boundary`, the one import callers use."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -93,6 +94,7 @@ MAX_REGEX_MEM = 1 << 20  # RE2's budget for one compiled pattern: more (nested c
 MAX_LINE = 8192  # a log line sparkforge searches: longer lines are cut there (vLLM's are under 1 KiB)
 
 
+@functools.lru_cache(maxsize=512)
 def linear_regex(pattern: str, *, max_mem: int = MAX_REGEX_MEM) -> Any:
     """`pattern` compiled by RE2: every regex over untrusted text (logs, answers, profile patterns) runs in time
     linear in the text, `(a+)+$` included; a pattern RE2 cannot run so (back-references, look-arounds, over the

@@ -57,6 +57,14 @@ class Fetched:
         return self.content.decode("utf-8", "replace")
 
 
+def direct_session() -> requests.Session:
+    """A session for servers asked directly (a served model on this machine or its cluster link): no proxy from
+    the environment, no .netrc credentials."""
+    session = requests.Session()
+    session.trust_env = False
+    return session
+
+
 def check_url(url: str, what: str) -> tuple[str, str, int]:
     """`url`'s (scheme, host, port), or a FetchError naming `what`: http(s) only, a host, no credentials, no
     whitespace or control character, a port in 1..65535 (Python would wrap none, but 99999 must not pass)."""
@@ -71,9 +79,7 @@ def check_url(url: str, what: str) -> tuple[str, str, int]:
             f"{what}: {url[:200]}: {exc}; fix: give a port in 1..65535 and a valid host"
         ) from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise FetchError(
-            f"{what}: {url[:200]} is not an http(s) URL with a host; fix: give an https:// URL"
-        )
+        raise FetchError(f"{what}: {url[:200]} is not an http(s) URL with a host; fix: give an https:// URL")
     if parts.username is not None or parts.password is not None:
         raise FetchError(f"{what}: {url[:200]}: holds a user or password; fix: remove them from the URL")
     if port is not None and not 1 <= port <= 65535:

@@ -22,7 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from sparkforge.boundary import parse_json
+from sparkforge.boundary import parse_json, read_json
 from sparkforge.cache import cache_path, write_atomic
 from sparkforge.errors import InputError, PreflightError
 from sparkforge.urlfetch import Fetched, FetchError, Unreachable, fetch_url
@@ -233,9 +233,11 @@ def record_path(key: str) -> Path:
 
 def read_record(key: str) -> dict[str, Any] | None:
     path = record_path(key)
+    if not path.is_file():
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, "a preflight cache record", max_bytes=1 << 20)
+    except InputError:
         return None
     return data if isinstance(data, dict) and data.get("key") == key else None
 

@@ -16,12 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
 from sparkforge.boundary import parse_json
 from sparkforge.errors import InputError, RunError
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.urlfetch import FetchError, Unreachable, fetch_url
+from sparkforge.urlfetch import FetchError, Unreachable, direct_session, fetch_url
 from sparkforge.urlfetch import check_url as check_fetch_url
 
 MAX_ANSWER_BYTES = 64 << 20  # a completion of the longest decode conform asks for, streamed, is a few MiB
@@ -68,8 +66,7 @@ class OpenAIClient:
         self.base = check_url(base_url)
         self.model = model
         self.timeout_s = timeout_s
-        self._session = requests.Session()
-        self._session.trust_env = False  # a served model is asked directly, never through a proxy
+        self._session = direct_session()  # a served model is asked directly, never through a proxy
 
     def _open(
         self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
