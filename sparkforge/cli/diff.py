@@ -72,7 +72,7 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
     if len(bench or []) not in (0, 2):
         raise InputError(f"--bench given {len(bench or [])} times; fix: give it twice, A's result then B's")
     for path in bench or []:
-        load_result(Path(path), "--bench")  # the bench reader's own checks (shape, finite figures), not only JSON
+        load_result(Path(path), "--bench")  # the bench reader: shape and finite figures, not only JSON
     # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
     report = run_diff(a, b, echo=echo, bench=paths)
