@@ -113,7 +113,9 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
 
     loaded = load_recipe(recipe)
     moving = [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
-    if tag and tag not in moving:  # an immutable (dated, versioned) tag has no history: refused before the registry
+    if (
+        tag and tag not in moving
+    ):  # an immutable (dated, versioned) tag has no history: refused before the registry
         raise InputError(
             f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
             "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
