@@ -108,6 +108,21 @@ def bench(
     finish_report(report, json, hint="a level failed; see its reason above")
 
 
+def _threshold(text: str) -> None:
+    """--threshold as the boundary reads numbers (ASCII only: float() takes '1_0' and '٣'), in (0, 1000]."""
+    from sparkforge.boundary import check_number
+    from sparkforge.errors import InputError
+
+    try:
+        check_number("--threshold", text, low=0, high=MAX_THRESHOLD, low_open=True)
+    except InputError:
+        raise InputError(
+            f"bench.compare: --threshold {text[:40]!r} is not a finite percent > 0 (up to {MAX_THRESHOLD}, in ASCII "
+            "digits); fix: pass e.g. --threshold 10 (a metric may get 10% worse, beyond the noise, before the "
+            "comparison fails)"
+        ) from None
+
+
 def _result_paths(option: str, text: str) -> list[Path]:
     """Result files named on the command line: no empty entry, none twice (pooled twice it would count double),
     at most MAX_RESULTS."""
@@ -143,12 +158,12 @@ def bench_compare(
     c: Context, old: str, new: str, threshold: str = "10", json: str = "", allow_different: bool = False
 ) -> None:
     """Compare two bench results: non-zero exit on a regression beyond the threshold and the noise."""
-    from sparkforge.boundary import check_number, check_output
+    from sparkforge.boundary import check_output
     from sparkforge.errors import InputError
     from sparkforge.run.bench.compare import compare
 
     check_output(json, "--json")
-    check_number("--threshold", threshold, low=0, high=MAX_THRESHOLD, low_open=True)
+    _threshold(threshold)
     olds = _result_paths("--old", old)
     if Path(new).resolve() in [p.resolve() for p in olds]:
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
@@ -226,7 +241,7 @@ def bench_report(
     allow_different: bool = False,
 ) -> None:
     """Charts of bench results (tok/s and TTFT vs concurrency and depth, noise bands) as HTML and PNG."""
-    from sparkforge.boundary import check_number, check_output, output_dir, write_output
+    from sparkforge.boundary import check_output, output_dir, write_output
     from sparkforge.errors import RunError
     from sparkforge.run.bench.charts import charts, page
     from sparkforge.run.bench.compare import compare_docs
@@ -236,7 +251,7 @@ def bench_report(
         raise RunError("bench.report: nothing to write; fix: pass --html OUT.html and/or --png DIR")
     check_output(html, "--html")  # outputs and options checked before any file is read or chart drawn
     png_dir = output_dir(png, "--png") if png else None
-    check_number("--threshold", threshold, low=0, high=MAX_THRESHOLD, low_open=True)
+    _threshold(threshold)
     paths = _result_paths("--results", results)
     docs = [(p, load_result(p)) for p in paths]
     pngs = charts(docs)

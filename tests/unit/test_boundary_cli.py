@@ -61,7 +61,7 @@ def test_bench_readers_refuse_links_to_system_files_and_a_result_twice(tmp_path:
     link.symlink_to("/etc/passwd")
     _refused(bench_cli.bench_compare, "a link to /etc/passwd", old=str(link), new=str(RESULT))
     _refused(bench_cli.bench_compare, "are one file", old=f"{RESULT},{RESULT}", new=str(RESULT))
-    _refused(bench_cli.bench_compare, "--threshold '1_0'", old=str(RESULT), new=str(RESULT), threshold="1_0")
+    _refused(bench_cli.bench_compare, "--threshold '1_0' is not a finite percent", old=str(RESULT), new=str(RESULT), threshold="1_0")
     _refused(diff_cli.diff, "--bench", "a link to /etc/passwd", a="vllm-qwen35", b="vllm-qwen35",
              bench=[str(link), str(link)])  # fmt: skip
 
