@@ -168,7 +168,8 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
                              "proxy, or use a mirror") from None  # fmt: skip
         if response.is_redirect:
             target = urljoin(current, response.headers.get("Location", ""))
-            response.close()
+            if response.raw is not None:
+                response.close()
             why = redirect_allowed(current, target, allow_hosts)
             if why:
                 raise FetchError(f"{what}: {current[:200]} redirects {why}: {target[:200]}; fix: fetch the final "
@@ -215,7 +216,13 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
         decoder = _Decoder(response.headers.get("Content-Encoding", ""), max_bytes, where)
         chunks: list[bytes] = []
         raw_total = 0
-        for raw in response.raw.stream(_CHUNK, decode_content=False):
+        # A transport adapter that answered from memory (no raw stream) hands over its body whole.
+        stream = (
+            response.raw.stream(_CHUNK, decode_content=False)
+            if response.raw is not None
+            else [response.content]
+        )
+        for raw in stream:
             raw_total += len(raw)
             if raw_total > max_bytes:
                 raise FetchError(
@@ -241,7 +248,8 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
             ) from None
     finally:
         timer.cancel()
-        response.close()
+        if response.raw is not None:
+            response.close()
     if expired.is_set():
         raise Unreachable(f"{where}: not finished within {deadline:g} s; fix: check the server or network")
     return Fetched(url, response.status_code, dict(response.headers), b"".join(chunks))
