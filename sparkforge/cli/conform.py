@@ -66,6 +66,7 @@ def conform(
     health_timeout: int = Whole(1800),
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
+    from sparkforge.boundary import check_output
     from sparkforge.errors import RunError
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
@@ -74,6 +75,12 @@ def conform(
     from sparkforge.run.inputs import check_positive
 
     selected = parse_checks(checks)  # every input checked before an engine or a server is contacted
+    check_output(json, "--json")
+    check_output(junit, "--junit")
+    if record and golden:
+        check_output(
+            golden, "--golden"
+        )  # --record writes it: no FIFO, folder or system path, before any start
     if node and nodes:
         raise RunError(
             "conform: --node and --nodes both given; fix: --node E for one engine, --nodes A,B for several"

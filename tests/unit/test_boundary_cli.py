@@ -185,3 +185,15 @@ def test_whole_number_options_refuse_non_ascii_digits_on_the_command_line() -> N
     )  # fmt: skip
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "'1_0' given to a whole-number option" in result.stderr and "fix:" in result.stderr
+
+
+def test_conform_record_target_is_checked_before_any_start(tmp_path: Path) -> None:
+    fifo = tmp_path / "golden.json"
+    os.mkfifo(fifo)
+    for target, needle in (
+        (str(fifo), "a folder, device or pipe"),
+        ("/etc/sparkforge-golden.json", "system folder"),
+    ):
+        _refused(conform_cli.conform, "--golden", needle, recipe=TWIN, profile=TINY, attach="http://127.0.0.1:9",
+                 record=True, golden=target)  # fmt: skip
+    assert not Path("/etc/sparkforge-golden.json").exists()
