@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.errors import InputError
+from sparkforge.limits import (  # noqa: F401 (the boundary is callers' one import)
+    bounded_lines,
+    check_build_network,
+    check_exclusive,
+    check_number,
+    linear_regex,
+    parse_int,
+    parse_int_list,
+    walk_tree,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Never read through a path that was not named, never written: a received file cannot point sparkforge there.
@@ -35,28 +45,14 @@ def _in_system(path: Path, dirs: Sequence[str] = SYSTEM_DIRS) -> bool:
     return any(str(path) == d or str(path).startswith(d + "/") for d in dirs)
 
 
-def is_system_path(path: Path) -> bool:
-    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too)."""
-    return _in_system(path.resolve(), (*SYSTEM_DIRS, "/root"))
+def is_system_path(path: Path, *, resolve: bool = True) -> bool:
+    """Under a system folder or root's home: never read through a path a file names (recipes' `extends` too).
+    `resolve=False`: the path as written (so a link in /tmp to /etc/passwd is told from /etc/passwd itself)."""
+    return _in_system(path.resolve() if resolve else Path(os.path.abspath(path)), (*SYSTEM_DIRS, "/root"))
 
 
-def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
-               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
-    """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
-
-    `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
-    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
-    system directory.
-    """
-    path = Path(path)
-    where = f"{option} {path}" if option else str(path)
-    if not named:
-        real = path.resolve()
-        if is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)]):
-            raise InputError(
-                f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
-                "file into the project (or name it yourself on the command line)"
-            )
+def _open_regular(path: Path, where: str, max_bytes: int) -> int:
+    """A descriptor on a regular file of at most `max_bytes` (checked on the descriptor, so no race)."""
     try:
         # O_NONBLOCK: opening a FIFO with no writer returns at once (fstat then refuses it) instead of hanging.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -72,6 +68,66 @@ def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = T
                 f"{where}: {info.st_size} bytes, more than this input may hold ({max_bytes}); fix: name the file "
                 "sparkforge wrote, not another one"
             )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_system_link(path: Path, where: str) -> Path:
+    """`path` resolved; a symlink (anywhere on the way) into a system folder is refused: a file that names
+    /etc/passwd is read only when the user names /etc/passwd itself."""
+    real = path.resolve()
+    if is_system_path(real) and not is_system_path(path, resolve=False):
+        raise InputError(
+            f"{where}: a link to {real}, a system file; fix: name the file itself, not a link to it"
+        )
+    return real
+
+
+MAX_PEM_BYTES = 4 << 20  # the Mozilla bundle is ~220 KiB
+
+
+def check_pem(path: Path | str, option: str) -> Path:
+    """A CA bundle: a regular UTF-8 file of at most 4 MiB holding at least one PEM certificate (a key or any
+    other file is refused before it is handed to BuildKit as a secret)."""
+    text = read_text(path, option, MAX_PEM_BYTES)
+    if "-----BEGIN CERTIFICATE-----" not in text or "PRIVATE KEY-----" in text:
+        raise InputError(
+            f"{option} {path}: holds no PEM certificate (or holds a private key); fix: name the proxy's CA "
+            "bundle, e.g. /etc/ssl/certs/ca-certificates.crt"
+        )
+    return Path(path)
+
+
+def check_input(path: Path | str, option: str, max_bytes: int) -> Path:
+    """What `read_bytes` would refuse (a FIFO, device, folder, missing or oversized file, a link to a system
+    file), checked without reading: for a file another program reads later (a corpus handed to a container)."""
+    _refuse_system_link(Path(path), f"{option} {path}")
+    os.close(_open_regular(Path(path), f"{option} {path}", max_bytes))
+    return Path(path)
+
+
+def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
+               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
+    """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
+
+    `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
+    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
+    system directory.
+    """
+    path = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    real = _refuse_system_link(path, where)
+    if not named and (
+        is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)])
+    ):
+        raise InputError(
+            f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
+            "file into the project (or name it yourself on the command line)"
+        )
+    fd = _open_regular(path, where, max_bytes)
+    try:
         chunks, total = [], 0
         while total <= max_bytes:
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
@@ -193,34 +249,19 @@ def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES,
     return data
 
 
-def check_number(option: str, value: object, *, low: float, high: float, integer: bool = False,
-                 low_open: bool = False) -> float | int:  # fmt: skip
-    """A number from the command line or a file: finite, in [low, high] ((low, high] with `low_open`), whole
-    when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
-    parsed: object = value
-    if isinstance(value, str):
-        try:
-            parsed = int(value) if integer else float(value)
-        except ValueError:
-            parsed = None
-    if isinstance(parsed, float) and integer and parsed.is_integer():
-        parsed = int(parsed)
-    kind = "a whole number" if integer else "a number"
-    good = not isinstance(parsed, bool) and isinstance(parsed, int if integer else int | float)
-    good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
-    good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
-    if not good:
-        bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
-        raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
-    return parsed  # type: ignore[return-value]
-
-
-def check_exclusive(**flags: object) -> None:
-    """Flags that exclude each other: two given at once are refused, never one silently ignored."""
-    given = [name for name, value in flags.items() if value]
-    if len(given) > 1:
-        names = " and ".join("--" + n.replace("_", "-") for n in given)
-        raise InputError(f"{names} exclude each other; fix: give one of them")
+def list_files(folder: Path | str, option: str, *, max_entries: int = 10_000) -> list[Path]:
+    """The files directly in `folder`, sorted: regular files and links to regular files (a Hugging Face snapshot
+    is links into its blobs; read each with `read_bytes`, which refuses a link into a system folder); more than
+    `max_entries` entries is refused."""
+    top = Path(folder)
+    try:
+        with os.scandir(top) as it:
+            entries = [e for _, e in zip(range(max_entries + 1), it, strict=False)]
+    except OSError as exc:
+        raise InputError(f"{option} {top}: cannot list it ({exc.strerror}); fix: name a folder") from None
+    if len(entries) > max_entries:
+        raise InputError(f"{option} {top}: more than {max_entries} entries; fix: name the model's own folder")
+    return sorted(Path(e.path) for e in entries if e.is_file())
 
 
 def _output_parent(path: Path, option: str) -> Path:
@@ -261,6 +302,21 @@ def _final(path: Path, option: str) -> Path:
     if not final.is_symlink() and final.exists() and not final.is_file():
         raise InputError(f"{option} {path}: a folder, device or pipe is there; fix: name a file")
     return final
+
+
+def output_dir(path: Path | str, option: str) -> Path:
+    """A folder for several outputs (`--png DIR`), created if missing: never a symlink, never a system folder,
+    never reached through a link that leads out of the project; files go in with `write_output`."""
+    folder = _final(Path(path), option)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"{option} {path}: cannot create it ({exc.strerror}); fix: name a folder you can write"
+        ) from None
+    return folder
 
 
 def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:

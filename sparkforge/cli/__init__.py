@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
 
 from sparkforge.console import say, warn
 from sparkforge.errors import SparkforgeError
@@ -33,9 +33,28 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class Whole(int):
+    """The kind of every whole-number option (`port: int = Whole(8000)`): Invoke converts a value with its
+    default's type, and `int()` reads '1_8' as 18 and '٣' as 3; this takes ASCII digits only (a sign allowed),
+    at most 40, and refuses anything else as a usage error naming the value, before the task runs."""
+
+    def __new__(cls, value: object = 0) -> Whole:
+        if isinstance(value, str):
+            from sparkforge.limits import ascii_number
+
+            parsed = ascii_number(value.strip(), integer=True)
+            if parsed is None:
+                raise ParseError(
+                    f"sparkforge: {value[:60]!r} given to a whole-number option is not a whole number in ASCII "
+                    "digits ('1_0', '٣', '²', '0x10' and '1e3' are refused); fix: write it as digits, e.g. 8000"
+                )
+            value = parsed
+        return super().__new__(cls, value)  # type: ignore[arg-type]
+
+
 # One default output for the whole tool (sparkforge/console.py): progress and results on stdout, warnings on stderr.
 echo = say
-__all__ = ["echo", "finish_report", "user_errors", "warn"]
+__all__ = ["Whole", "echo", "finish_report", "user_errors", "warn"]
 
 
 def finish_report(

@@ -10,6 +10,14 @@ from invoke import Collection, Context, task
 
 from sparkforge.cli import echo, finish_report, user_errors
 
+# Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
+MAX_CONCURRENCY = 4096
+MAX_TOKENS = 1 << 20  # prompt, output and context depth in tokens
+MAX_PROMPTS = 1_000_000
+MAX_REPEATS = 100
+MAX_RESULTS = 32  # result files in one compare or report
+MAX_THRESHOLD = 1000  # percent
+
 
 @task(
     help={
@@ -39,20 +47,32 @@ def bench(
     json: str = "",
     node: str = "",
     suite: str = "default",
-    repeats: int = 3,
+    repeats: str = "3",
     concurrency: str = "",
     depth: str = "",
-    input_len: int = 0,
-    output_len: int = 0,
-    num_prompts: int = 0,
+    input_len: str = "",
+    output_len: str = "",
+    num_prompts: str = "",
     corpus: str = "",
     store: str = "",
     no_warmup: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
-    from sparkforge.boundary import check_output
+    from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
 
     check_output(json, "--json")  # the boundary: before any engine or server is contacted
+    # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
+    sizes = {name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
+             for name, text, high in (("input_len", input_len, MAX_TOKENS), ("output_len", output_len, MAX_TOKENS),
+                                      ("num_prompts", num_prompts, MAX_PROMPTS))}  # fmt: skip
+    runs = parse_int("--repeats", repeats, low=1, high=MAX_REPEATS)
+    levels = {name: parse_int_list(f"--{name}", text, low=low, high=high) if text else None
+              for name, text, low, high in (("concurrency", concurrency, 1, MAX_CONCURRENCY),
+                                            ("depth", depth, 0, MAX_TOKENS))}  # fmt: skip
+    if corpus:
+        check_input(
+            corpus, "--corpus", 256 << 20
+        )  # a regular file (not a FIFO or /dev/zero), before any contact
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.bench.runner import BenchOptions, run_bench, table
@@ -62,15 +82,13 @@ def bench(
 
     chosen = choose_suite(
         suite,
-        concurrencies=parse_levels("--concurrency", concurrency, 1) if concurrency else None,
-        depths=parse_levels("--depth", depth, 0) if depth else None,
-        input_len=input_len or None,
-        output_len=output_len or None,
-        num_prompts=num_prompts or None,
+        concurrencies=parse_levels("--concurrency", ",".join(map(str, levels["concurrency"])), 1)
+        if levels["concurrency"]
+        else None,
+        depths=parse_levels("--depth", ",".join(map(str, levels["depth"])), 0) if levels["depth"] else None,
+        **sizes,
     )
-    if corpus:
-        _regular(Path(corpus))
-    options = BenchOptions(chosen, check_repeats(repeats), not no_warmup, Path(corpus) if corpus else None)
+    options = BenchOptions(chosen, check_repeats(runs), not no_warmup, Path(corpus) if corpus else None)
     engine = NodeEngine(parse_node(node) if node else LOCAL)
     loaded = load_recipe(recipe)
     report = run_bench(engine, load_profile(profile), options, echo=echo, recipe_hash=loaded.hash)
@@ -90,11 +108,38 @@ def bench(
     finish_report(report, json, hint="a level failed; see its reason above")
 
 
-def _regular(path: Path) -> None:
-    from sparkforge.errors import RunError
+def _threshold(text: str) -> None:
+    """--threshold as the boundary reads numbers (ASCII only: float() takes '1_0' and '٣'), in (0, 1000]."""
+    from sparkforge.boundary import check_number
+    from sparkforge.errors import InputError
 
-    if not path.is_file():
-        raise RunError(f"--corpus {path}: not a regular file; fix: pass a plain text file (e.g. a book)")
+    try:
+        check_number("--threshold", text, low=0, high=MAX_THRESHOLD, low_open=True)
+    except InputError:
+        raise InputError(
+            f"bench.compare: --threshold {text[:40]!r} is not a finite percent > 0 (up to {MAX_THRESHOLD}, in ASCII "
+            "digits); fix: pass e.g. --threshold 10 (a metric may get 10% worse, beyond the noise, before the "
+            "comparison fails)"
+        ) from None
+
+
+def _result_paths(option: str, text: str) -> list[Path]:
+    """Result files named on the command line: no empty entry, none twice (pooled twice it would count double),
+    at most MAX_RESULTS."""
+    from sparkforge.errors import InputError
+
+    parts = [p.strip() for p in str(text).split(",")]
+    if not text or any(not p for p in parts):
+        raise InputError(f"{option} {text!r}: an empty entry; fix: list result files separated by one comma")
+    if len(parts) > MAX_RESULTS:
+        raise InputError(f"{option}: {len(parts)} files, at most {MAX_RESULTS}; fix: name fewer results")
+    seen: dict[Path, str] = {}
+    for part in parts:
+        real = Path(part).resolve()
+        if real in seen:
+            raise InputError(f"{option}: {part} and {seen[real]} are one file; fix: name each result once")
+        seen[real] = part
+    return [Path(p) for p in parts]
 
 
 @task(
@@ -114,10 +159,14 @@ def bench_compare(
 ) -> None:
     """Compare two bench results: non-zero exit on a regression beyond the threshold and the noise."""
     from sparkforge.boundary import check_output
+    from sparkforge.errors import InputError
     from sparkforge.run.bench.compare import compare
 
     check_output(json, "--json")
-    olds = [Path(p.strip()) for p in old.split(",") if p.strip()]
+    _threshold(threshold)
+    olds = _result_paths("--old", old)
+    if Path(new).resolve() in [p.resolve() for p in olds]:
+        raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
     report = compare(olds, Path(new), threshold, allow_different=allow_different)
     for key, sides in report.extra["allowed_differences"].items():
         echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
@@ -192,28 +241,29 @@ def bench_report(
     allow_different: bool = False,
 ) -> None:
     """Charts of bench results (tok/s and TTFT vs concurrency and depth, noise bands) as HTML and PNG."""
+    from sparkforge.boundary import check_output, output_dir, write_output
     from sparkforge.errors import RunError
     from sparkforge.run.bench.charts import charts, page
     from sparkforge.run.bench.compare import compare_docs
     from sparkforge.run.bench.results import load_result
 
-    paths = [Path(p.strip()) for p in results.split(",") if p.strip()]
     if not html and not png:
         raise RunError("bench.report: nothing to write; fix: pass --html OUT.html and/or --png DIR")
+    check_output(html, "--html")  # outputs and options checked before any file is read or chart drawn
+    png_dir = output_dir(png, "--png") if png else None
+    _threshold(threshold)
+    paths = _result_paths("--results", results)
     docs = [(p, load_result(p)) for p in paths]
     pngs = charts(docs)
     comparison = None
     if len(docs) == 2:
         comparison = compare_docs(docs[0][1], docs[1][1], (str(paths[0]), str(paths[1])), threshold,
                                   allow_different=allow_different)  # fmt: skip
-    if png:
-        Path(png).mkdir(parents=True, exist_ok=True)
+    if png_dir is not None:
         for name, data in pngs.items():
-            (Path(png) / f"{name}.png").write_bytes(data)
-            echo(f"wrote {Path(png) / f'{name}.png'}")
+            echo(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
     if html:
-        Path(html).parent.mkdir(parents=True, exist_ok=True)
-        Path(html).write_text(page(docs, pngs, comparison))
+        write_output(html, page(docs, pngs, comparison), "--html")
         echo(f"wrote {html}")
 
 

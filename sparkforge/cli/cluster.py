@@ -8,7 +8,7 @@ from typing import Literal
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, user_errors
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -25,12 +25,15 @@ from sparkforge.cli.run import (
 
 def _gid_index(text: str) -> int | None:
     """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
+    from sparkforge.limits import ascii_number
+
     if not text:
         return None
-    if not text.isdigit() or int(text) > 255:
-        raise Exit(f"sparkforge: --gid-index {text!r} is not a GID table index 0..255; fix: leave it out (NCCL "
+    value = ascii_number(text, integer=True)  # ASCII digits only: '²'.isdigit() is True, and int('²') fails
+    if value is None or not 0 <= value <= 255:
+        raise Exit(f"sparkforge: --gid-index {text[:40]!r} is not a GID table index 0..255; fix: leave it out (NCCL "
                    "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists", code=2)  # fmt: skip
-    return int(text)
+    return int(value)
 
 
 def _nccl(text: str) -> Literal["image", "host"]:
@@ -41,13 +44,12 @@ def _nccl(text: str) -> Literal["image", "host"]:
 
 def _floor(text: str) -> float | None:
     """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
+    from sparkforge.limits import ascii_number
+
     if not text:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 10_000:
+    value = ascii_number(text, integer=False)  # float() takes '1_8' (18), '٣' (3) and 'nan'
+    if value is None or not 0 <= value < 10_000:
         raise Exit(
             f"sparkforge: --min-busbw {text!r} is not a bandwidth in GB/s; fix: e.g. 18, or 0 to disable",
             code=2,
@@ -88,7 +90,7 @@ def doctor(
     image: str = "",
     interface: str = "",
     json: str = "",
-    master_port: int = 29501,
+    master_port: int = Whole(29501),
     gpus: str = "none",
     no_preflight: bool = False,
     min_busbw: str = "",
@@ -148,15 +150,15 @@ def up(
     nodes: str,
     interface: str = "",
     image: str = "",
-    port: int = 8000,
-    master_port: int = 29501,
+    port: int = Whole(8000),
+    master_port: int = Whole(29501),
     backend: str = "mp",
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "/var/cache/sparkforge",
     gpus: str = "all",
     distribute: bool = False,
-    health_timeout: int = 1800,
+    health_timeout: int = Whole(1800),
     no_preflight: bool = False,
     dry: bool = False,
     ulimit: list[str] | None = None,
@@ -264,6 +266,7 @@ def fabric(
         check_reference("--image", image)
     check_output(json, "--json")
     source = _nccl(nccl)
+    gid = _gid_index(gid_index)
 
     if nodes:
         if not (recipe or image):
@@ -279,7 +282,7 @@ def fabric(
     )
     sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
-    report, choices = fabric_report(labels, raws, interface or None, _gid_index(gid_index), declared, sources)
+    report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
     describe_choices(choices, echo, warn, sources)
     if test:
         from sparkforge.run.fabric import parse_node
@@ -304,7 +307,7 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
 
 @task(help={"nodes": NODES_HELP, "tail": "lines per container"})
 @user_errors
-def logs(c: Context, nodes: str, tail: int = 100) -> None:
+def logs(c: Context, nodes: str, tail: int = Whole(100)) -> None:
     """The last log lines of every serve container on every node."""
     from sparkforge.run.cluster import cluster_logs
     from sparkforge.run.inputs import check_positive

@@ -56,6 +56,7 @@ def import_(
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names; code loading and trust
     settings off the allow-list are left out, named, and the task exits 1 unless each is opted in with --allow."""
+    from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
         image_facts,
         import_with,
@@ -70,6 +71,7 @@ def import_(
 
     if format and format not in FORMATS:
         raise Exit(f"sparkforge: --format {format!r}: use eugr or sparkarena", code=2)
+    check_output(out, "--out")  # the boundary: before the source is read or fetched
     doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
     pinned = None if no_preflight else _pinned(recipe, offline)
     name = Path(out).stem if out else None
@@ -142,6 +144,7 @@ def export(
     out: str = "",
 ) -> None:
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
@@ -149,6 +152,7 @@ def export(
 
     if format not in ("sparkarena", "eugr"):
         raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
+    check_output(out, "--out")  # the boundary: before any registry or hub is asked
     loaded, prof = load_recipe(recipe), load_profile(profile)
     ref = (
         plan.check_reference("--image", image)
@@ -165,13 +169,7 @@ def export(
         trust_remote_code=trust_remote_code,
     )  # type: ignore[arg-type]
     if out:
-        try:
-            Path(out).write_text(text)
-        except OSError as exc:
-            raise Exit(
-                f"sparkforge: {out}: cannot write the recipe ({exc.strerror}); fix: choose a writable --out",
-                code=1,
-            ) from None
+        write_output(out, text, "--out")  # atomic; never through a planted link, never into a system folder
         echo(f"wrote {out} ({format}; validated by importing it back)")
     else:
         echo(text.rstrip())
@@ -181,9 +179,11 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
     """`recipes --catalog DIR|URL`: per community recipe, imports cleanly / needs attention / model class."""
     import json
 
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.preflight.catalog import catalog_refs, run_catalog
     from sparkforge.preflight.fetch import make_fetcher
 
+    check_output(json_path, "--json")  # before any fetch
     pinned = _pinned(recipe, offline)
     fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
     hub = None if offline else make_fetcher(timeout=5, retries=0)
@@ -195,4 +195,4 @@ def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
         + ", ".join(f"{n} {s}" for s, n in counts.items())
     )
     if json_path:
-        Path(json_path).write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n")
+        write_output(json_path, json.dumps([r.to_dict() for r in rows], indent=2) + "\n", "--json")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context, task
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, user_errors
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -53,7 +53,7 @@ def conform(
     golden: str = "",
     json: str = "",
     junit: str = "",
-    port: int = 8000,
+    port: int = Whole(8000),
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "/var/cache/sparkforge",
@@ -61,13 +61,14 @@ def conform(
     node: str = "",
     nodes: str = "",
     interface: str = "",
-    master_port: int = 29501,
+    master_port: int = Whole(29501),
     ulimit: list[str] | None = None,
-    health_timeout: int = 1800,
+    health_timeout: int = Whole(1800),
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
+    from sparkforge.boundary import check_output
     from sparkforge.errors import RunError
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
@@ -76,6 +77,12 @@ def conform(
     from sparkforge.run.inputs import check_positive
 
     selected = parse_checks(checks)  # every input checked before an engine or a server is contacted
+    check_output(json, "--json")
+    check_output(junit, "--junit")
+    if record and golden:
+        check_output(
+            golden, "--golden"
+        )  # --record writes it: no FIFO, folder or system path, before any start
     if node and nodes:
         raise RunError(
             "conform: --node and --nodes both given; fix: --node E for one engine, --nodes A,B for several"

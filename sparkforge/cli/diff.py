@@ -13,6 +13,30 @@ from sparkforge.cli import echo, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
+MAX_WHEEL_BYTES = 8 << 30  # a vLLM or torch wheel (torch's aarch64 CUDA wheel is ~3 GiB)
+
+
+def _side(option: str, side: str, recipes: list[str]) -> None:
+    """A diff side checked before any engine or registry: a recipe is loaded in full (a `.yaml` link to
+    /etc/passwd is refused by the reader); anything else must be an image reference, and a bare name that is no
+    recipe (a misspelt one) is refused rather than asked of the engine as `NAME:latest`."""
+    import difflib
+
+    from sparkforge.errors import InputError
+    from sparkforge.oci import check_reference
+    from sparkforge.recipe.loader import load_recipe
+
+    if side.endswith((".yaml", ".yml")) or side in recipes:
+        load_recipe(side)
+        return
+    check_reference(option, side)
+    if not any(c in side for c in "/:@"):
+        near = difflib.get_close_matches(side, recipes, n=1)
+        hint = f"did you mean the recipe {near[0]!r}? " if near else ""
+        raise InputError(
+            f"{option} {side!r} is neither a recipe in recipes/ nor an image reference with a tag or digest; "
+            f"{hint}fix: name a recipe ('invoke recipes' lists them) or an image as NAME:TAG or NAME@sha256:..."
+        )
 
 
 def _write(path: str, text: str, option: str = "--json") -> None:
@@ -33,20 +57,22 @@ def _write(path: str, text: str, option: str = "--json") -> None:
 @user_errors
 def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = None) -> None:
     """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
-    from sparkforge.boundary import check_output, read_json
-    from sparkforge.errors import SparkforgeError
-    from sparkforge.oci import check_reference
+    from sparkforge.boundary import check_output
+    from sparkforge.errors import InputError, SparkforgeError
     from sparkforge.recipe.loader import list_recipe_names
     from sparkforge.registry.diff import diff as run_diff
     from sparkforge.registry.diff import format_table
+    from sparkforge.run.bench.results import load_result
     from sparkforge.run.bench.store import stored_pair
 
     check_output(json, "--json")
+    recipes = list_recipe_names()
     for option, side in (("A", a), ("B", b)):  # the boundary, before any engine or registry is contacted
-        if not (side.endswith((".yaml", ".yml")) or side in list_recipe_names()):
-            check_reference(option, side)
+        _side(option, side, recipes)
+    if len(bench or []) not in (0, 2):
+        raise InputError(f"--bench given {len(bench or [])} times; fix: give it twice, A's result then B's")
     for path in bench or []:
-        read_json(path, "--bench")
+        load_result(Path(path), "--bench")  # the bench reader: shape and finite figures, not only JSON
     # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
     report = run_diff(a, b, echo=echo, bench=paths)
@@ -74,7 +100,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     import datetime as dt
 
     from sparkforge.boundary import check_output
-    from sparkforge.errors import PublishError
+    from sparkforge.errors import InputError, PublishError
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
@@ -86,8 +112,16 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     check_output(json, "--json")
 
     loaded = load_recipe(recipe)
+    moving = [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
+    if (
+        tag and tag not in moving
+    ):  # an immutable (dated, versioned) tag has no history: refused before the registry
+        raise InputError(
+            f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
+            "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
+        )
     tools = tools_for(loaded, None, None, echo, "history")
-    tags = [tag] if tag else [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
+    tags = [tag] if tag else moving
     views, missing = [], []
     for t in tags:  # without --tag, the moving tags that have a history
         try:
@@ -160,7 +194,7 @@ def kernels(
     gpu: str = "",
 ) -> None:
     """Per layer type, what vLLM selects on the recipe's GPU, where that code comes from and if it can run."""
-    from sparkforge.boundary import check_output, read_json, read_text
+    from sparkforge.boundary import check_input, check_output, read_json, read_text
     from sparkforge.errors import SparkforgeError
     from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
@@ -168,7 +202,10 @@ def kernels(
     from sparkforge.verify.kernels_report import to_markdown
     from sparkforge.verify.kernels_run import for_target, selection_input
 
-    if image and not Path(image).exists():
+    if image and (Path(image).exists() or Path(image).is_symlink()):
+        if not Path(image).is_dir():  # a wheel: a regular file (a FIFO would hang, /dev/zero fill memory)
+            check_input(image, "--image", MAX_WHEEL_BYTES)
+    elif image:
         check_reference("--image", image)
     check_output(json, "--json")
     check_output(markdown, "--markdown")

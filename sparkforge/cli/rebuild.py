@@ -40,11 +40,17 @@ def rebuild(
 
     if not check:
         raise Exit("sparkforge: rebuild needs --check IMAGE (a local image or a registry reference)", code=2)
-    from sparkforge.boundary import check_output
+    from sparkforge.boundary import check_build_network, check_output, check_pem
     from sparkforge.oci import check_reference
+    from sparkforge.recipe.loader import load_recipe
 
     check_reference("--check", check)  # the boundary: before any engine or registry call
     check_output(json, "--json")
+    check_build_network("--network", network)
+    if ca_bundle:
+        check_pem(ca_bundle, "--ca-bundle")
+    if recipe:
+        load_recipe(recipe)  # the whole recipe checked now, not after the image was pulled
     report = rebuild_check(
         RebuildOptions(
             image=check,

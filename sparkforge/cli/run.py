@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors, warn
+from sparkforge.cli import Whole, echo, user_errors, warn
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -233,7 +233,7 @@ def serve(
     recipe: str,
     profile: str,
     image: str = "",
-    port: int = 8000,
+    port: int = Whole(8000),
     model_dir: str = "",
     hf_token_file: str = "",
     cache_dir: str = "/var/cache/sparkforge",

@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import Whole, echo, user_errors
 from sparkforge.console import cell
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -26,7 +26,7 @@ def _gb(size: int) -> str:
     }
 )
 @user_errors
-def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = 15) -> None:
+def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = Whole(15)) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
     from sparkforge.boundary import check_number, check_output
     from sparkforge.oci import check_reference

@@ -11,7 +11,6 @@ and a base override recorded in its labels are named (imagebuild/drift.py).
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import CommandError, EngineError, RecipeError, SparkforgeError
@@ -113,7 +113,9 @@ def read_subject(ref: str, explicit_recipe: str | None = None, runner: Runner | 
         )
     stage = labels.get(STAGE_LABEL, "runtime")
     raw = engine.read_image_file(ref, LOCK_PATH)
-    lock = json.loads(raw) if raw else None
+    lock = (
+        parse_json(raw.decode("utf-8", "replace"), f"{ref}:{LOCK_PATH}") if raw else None
+    )  # a file of the image
     if lock is None and stage == "runtime":
         raise RebuildRefused(
             f"{ref} has sparkforge labels but no lock at {LOCK_PATH}: its resolved pins are unknown, so a "

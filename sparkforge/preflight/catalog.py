@@ -52,7 +52,9 @@ def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
             "fix: use the https:// address, or download the file and pass its path"
         )
     try:
-        body = fetcher.get(ref, what="the community recipe").content
+        body = fetcher.get(
+            ref, what="the community recipe", max_bytes=MAX_YAML_BYTES
+        ).content  # capped while read
     except PreflightError as exc:
         reason = str(exc).split("; fix:", 1)[0]
         raise RecipeError(

@@ -22,11 +22,26 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from sparkforge.boundary import parse_json, read_json
 from sparkforge.cache import cache_path, write_atomic
-from sparkforge.errors import PreflightError
+from sparkforge.errors import InputError, PreflightError
+from sparkforge.urlfetch import Fetched, FetchError, Unreachable, fetch_url
 
 _CHUNK = 1 << 20
 _RANGE_BLOCK = 256 * 1024  # ranged reads fetch at least this much: a zip directory is read in few requests
+MAX_ANSWER_BYTES = (
+    64 << 20
+)  # an index page, a config.json, a recipe: never more (PyPI's vllm index is ~2 MiB)
+MAX_DOWNLOAD_BYTES = 8 << 30  # a wheel or source archive (torch's aarch64 CUDA wheel is ~3 GiB)
+DOWNLOAD_DEADLINE_S = 3600.0  # a download in all, not per read: a server that drips its body is cut off
+
+
+class UnreachableError(PreflightError):
+    """A server did not answer (network, proxy, deadline): a check may skip, not fail, on it."""
+
+
+def _preflight_error(exc: FetchError) -> PreflightError:
+    return (UnreachableError if isinstance(exc, Unreachable) else PreflightError)(str(exc))
 
 
 def preflight_cache(*parts: str) -> Path:
@@ -53,7 +68,7 @@ def _session(retries: int) -> requests.Session:
     retry = Retry(
         total=retries,
         connect=1,  # an unreachable host (no DNS, firewall) should fail fast, not after backoffs
-        read=retries,
+        read=1,  # a read timeout retried once: the fetcher's total deadline bounds the rest
         backoff_factor=0.5,
         status_forcelist=(429, 500, 502, 503, 504),
         allowed_methods=frozenset({"GET", "HEAD"}),
@@ -87,29 +102,33 @@ class Fetcher:
                 "fix: run once with the network, or pass a local source (--source PATH)"
             )
 
-    def get(self, url: str, *, what: str, headers: dict[str, str] | None = None) -> requests.Response:
-        """GET `url` (retried); a network failure or an error status is a PreflightError naming `what`."""
+    def get(self, url: str, *, what: str, headers: dict[str, str] | None = None,
+            max_bytes: int = MAX_ANSWER_BYTES, ok_status: tuple[int, ...] = ()) -> Fetched:  # fmt: skip
+        """GET `url` through the one fetcher (total deadline, redirect rules, byte cap); a network failure or
+        an error status is a PreflightError naming `what`."""
         self._refuse_offline(what)
         try:
-            response = self.session.get(url, headers=headers or {}, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise PreflightError(
-                f"cannot fetch {what} from {url}: {_short(exc)}; "
-                "fix: check the network or proxy, use a mirror, or pass a local source (--source PATH)"
-            ) from None
-        if response.status_code >= 400:
-            raise PreflightError(
-                f"cannot fetch {what}: {url} answered HTTP {response.status_code}; "
-                "fix: check the pin (version, commit) exists there, or use a mirror"
-            )
-        return response
+            return fetch_url(self.session, url, what=what, headers=headers, max_bytes=max_bytes,
+                             deadline=self.timeout, ok_status=ok_status)  # fmt: skip
+        except FetchError as exc:
+            raise _preflight_error(exc) from None
 
     def get_json(self, url: str, *, what: str, headers: dict[str, str] | None = None) -> Any:
-        response = self.get(url, what=what, headers=headers)
+        return self.json_of(self.get(url, what=what, headers=headers), what)
+
+    def json_of(self, answer: Fetched, what: str) -> Any:
+        """An answer's body as a strict JSON object (the boundary's rules), or a PreflightError naming `what`."""
+        url, body = answer.url, answer.content
         try:
-            return response.json()
-        except ValueError:
-            raise PreflightError(f"{what}: {url} did not answer JSON; fix: check the index URL") from None
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PreflightError(
+                f"{what}: {url} did not answer UTF-8 JSON; fix: check the index URL"
+            ) from None
+        try:
+            return parse_json(text, f"{what} ({url})")
+        except InputError as exc:
+            raise _preflight_error(exc) from None
 
     def download(self, url: str, *, what: str, sha256: str | None = None) -> Path:
         """The blob at `url` in the cache (downloaded once); with `sha256`, a cached copy needs no network."""
@@ -122,24 +141,17 @@ class Fetcher:
         digest = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=blobs, prefix=".download.", suffix=".part")
         try:
-            try:
-                with (
-                    os.fdopen(fd, "wb") as out,
-                    self.session.get(url, stream=True, timeout=self.timeout) as response,
-                ):
-                    if response.status_code >= 400:
-                        raise PreflightError(
-                            f"cannot download {what}: {url} answered HTTP {response.status_code}; "
-                            "fix: check the pin exists there, or use a mirror"
-                        )
-                    for chunk in response.iter_content(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-            except requests.RequestException as exc:
-                raise PreflightError(
-                    f"cannot download {what} from {url}: {_short(exc)}; "
-                    "fix: check the network or proxy, use a mirror, or pass a local source (--source PATH)"
-                ) from None
+            with os.fdopen(fd, "wb") as out:
+
+                def sink(chunk: bytes) -> None:
+                    digest.update(chunk)
+                    out.write(chunk)
+
+                try:
+                    fetch_url(self.session, url, what=what, max_bytes=MAX_DOWNLOAD_BYTES,
+                              deadline=DOWNLOAD_DEADLINE_S, sink=sink)  # fmt: skip
+                except FetchError as exc:
+                    raise _preflight_error(exc) from None
             actual = digest.hexdigest()
             if sha256 is not None and actual != sha256:
                 raise PreflightError(
@@ -156,11 +168,10 @@ class Fetcher:
         """A ZipFile read through HTTP range requests, or None when the server ignores ranges."""
         self._refuse_offline(what)
         try:
-            probe = self.session.get(url, headers={"Range": "bytes=0-0"}, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise PreflightError(
-                f"cannot fetch {what} from {url}: {_short(exc)}; fix: check the network"
-            ) from None
+            probe = fetch_url(self.session, url, what=what, headers={"Range": "bytes=0-0"}, max_bytes=_RANGE_BLOCK,
+                              deadline=self.timeout, ok_status=tuple(range(400, 600)))  # fmt: skip
+        except FetchError as exc:
+            raise _preflight_error(exc) from None
         if probe.status_code != 206:
             return None
         raw = _RangeReader(self, url, size)
@@ -197,7 +208,10 @@ class _RangeReader(io.RawIOBase):
             return 0
         end = min(self._size, self._pos + len(buffer)) - 1
         response = self._fetcher.get(
-            self._url, what="a byte range of a wheel", headers={"Range": f"bytes={self._pos}-{end}"}
+            self._url,
+            what="a byte range of a wheel",
+            headers={"Range": f"bytes={self._pos}-{end}"},
+            max_bytes=end + 1 - self._pos,
         )
         data = response.content
         buffer[: len(data)] = data
@@ -219,9 +233,11 @@ def record_path(key: str) -> Path:
 
 def read_record(key: str) -> dict[str, Any] | None:
     path = record_path(key)
+    if not path.is_file():
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, "a preflight cache record", max_bytes=1 << 20)
+    except InputError:
         return None
     return data if isinstance(data, dict) and data.get("key") == key else None
 

@@ -10,14 +10,14 @@ import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
-
-import requests
+from urllib.parse import urlencode
 
 from sparkforge import oci
 from sparkforge.errors import PreflightError
-from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.fetch import Fetcher, UnreachableError
 from sparkforge.recipe.loader import RecipeModel
 from sparkforge.report import Check
+from sparkforge.urlfetch import redirect_allowed
 
 MANIFEST_ACCEPT = ", ".join(
     [
@@ -28,6 +28,8 @@ MANIFEST_ACCEPT = ", ".join(
     ]
 )
 _DOCKER_HUB = "registry-1.docker.io"
+_ANY_ERROR = tuple(range(400, 600))  # the status is the answer here (401: ask for a token; 404: not there)
+_MANIFEST_BYTES = 4 << 20  # an OCI index or manifest is a few KiB
 
 
 @dataclass(frozen=True)
@@ -65,59 +67,77 @@ def parse_image(ref: str) -> ImageRef:
     return ImageRef(registry, repository, tag, digest or None)
 
 
-def _token(fetcher: Fetcher, challenge: str, repository: str) -> str | None:
-    fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+def _token(fetcher: Fetcher, challenge: str, image: ImageRef) -> str | None:
+    fields = dict(re.findall(r'(\w+)="([^"]{0,2048})"', challenge[:8192]))
     realm = fields.get("realm")
     if not realm:
         return None
-    params = {"service": fields.get("service", ""), "scope": f"repository:{repository}:pull"}
-    response = fetcher.session.get(realm, params=params, timeout=fetcher.timeout)
-    if response.status_code != 200:
+    # The realm is named by whoever answers: only a token service of the registry's own site gets the request.
+    why = redirect_allowed(image.base_url, realm)
+    if why:
+        raise PreflightError(
+            f"{image.registry}: its token service {realm[:200]} is {why.replace('to ', '', 1)}; fix: check the "
+            "registry named in the recipe"
+        )
+    query = urlencode({"service": fields.get("service", ""), "scope": f"repository:{image.repository}:pull"})
+    answer = fetcher.get(
+        f"{realm}?{query}", what=f"a pull token for {image.repository}", ok_status=_ANY_ERROR
+    )
+    if answer.status_code != 200:
         return None
-    data = response.json()
-    return data.get("token") or data.get("access_token")
+    data = fetcher.json_of(answer, f"{image.registry}'s token")
+    token = data.get("token") or data.get("access_token") if isinstance(data, dict) else None
+    return token if isinstance(token, str) else None
 
 
 def fetch_manifest(fetcher: Fetcher, image: ImageRef, reference: str) -> tuple[dict[str, Any], str]:
-    """(manifest JSON, its digest) for a tag or digest; raises PreflightError, ConnectionError if unreachable."""
+    """(manifest JSON, its digest) for a tag or digest; raises PreflightError (also when unreachable)."""
     url = f"{image.base_url}/v2/{image.repository}/manifests/{reference}"
     headers = {"Accept": MANIFEST_ACCEPT}
-    response = fetcher.session.get(url, headers=headers, timeout=fetcher.timeout)
-    if response.status_code == 401:
-        token = _token(fetcher, response.headers.get("WWW-Authenticate", ""), image.repository)
+    what = f"the manifest of {image.registry}/{image.repository}"
+    answer = fetcher.get(url, what=what, headers=headers, ok_status=_ANY_ERROR, max_bytes=_MANIFEST_BYTES)
+    if answer.status_code == 401:
+        token = _token(fetcher, answer.headers.get("WWW-Authenticate", ""), image)
         if token:
             headers["Authorization"] = f"Bearer {token}"
-            response = fetcher.session.get(url, headers=headers, timeout=fetcher.timeout)
-    if response.status_code != 200:
+            answer = fetcher.get(
+                url, what=what, headers=headers, ok_status=_ANY_ERROR, max_bytes=_MANIFEST_BYTES
+            )
+    if answer.status_code != 200:
         raise PreflightError(
-            f"{image.registry}/{image.repository}@{reference}: the registry answered HTTP {response.status_code}; "
+            f"{image.registry}/{image.repository}@{reference}: the registry answered HTTP {answer.status_code}; "
             "fix: check the image name and pin (run 'invoke lock' to re-resolve the tag)"
         )
-    digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
-    return response.json(), response.headers.get("Docker-Content-Digest", digest)
+    digest = "sha256:" + hashlib.sha256(answer.content).hexdigest()
+    manifest = fetcher.json_of(answer, what)
+    if not isinstance(manifest, dict):
+        raise PreflightError(f"{what}: not a JSON object; fix: check the image name")
+    return manifest, answer.headers.get("Docker-Content-Digest", digest)
 
 
 def manifest_platforms(fetcher: Fetcher, image: ImageRef, manifest: dict[str, Any]) -> list[str]:
     """'os/arch[/variant]' for every image an index lists, or of the single image a manifest describes."""
     if "manifests" in manifest:
         out = []
-        for item in manifest["manifests"]:
-            platform = item.get("platform") or {}
-            if platform.get("os") == "unknown":
+        for item in manifest["manifests"] if isinstance(manifest["manifests"], list) else ():
+            platform = (item.get("platform") if isinstance(item, dict) else None) or {}
+            if not isinstance(platform, dict) or platform.get("os") == "unknown":
                 continue  # attestation manifests
-            parts = [platform.get("os", "?"), platform.get("architecture", "?")]
-            out.append("/".join([*parts, platform["variant"]] if platform.get("variant") else parts))
+            parts = [str(platform.get("os", "?")), str(platform.get("architecture", "?"))]
+            out.append("/".join([*parts, str(platform["variant"])] if platform.get("variant") else parts))
         return out
-    config = manifest.get("config", {}).get("digest")
+    config = manifest.get("config", {}).get("digest") if isinstance(manifest.get("config"), dict) else None
     if not config:
         return []
     url = f"{image.base_url}/v2/{image.repository}/blobs/{config}"
-    response = fetcher.session.get(url, timeout=fetcher.timeout)
-    if response.status_code != 200:
+    answer = fetcher.get(url, what="an image config", ok_status=_ANY_ERROR, max_bytes=_MANIFEST_BYTES)
+    if answer.status_code != 200:
         return []
-    data = response.json()
+    data = fetcher.json_of(answer, "an image config")
+    if not isinstance(data, dict):
+        return []
     parts = [data.get("os", "?"), data.get("architecture", "?"), data.get("variant")]
-    return ["/".join(p for p in parts if p)]
+    return ["/".join(str(p) for p in parts if p)]
 
 
 def _covers(available: list[str], wanted: str) -> bool:
@@ -141,8 +161,8 @@ def check_images(check: Check, model: RecipeModel, fetcher: Fetcher) -> None:
             continue
         try:
             manifest, digest = fetch_manifest(fetcher, image, image.digest)
-        except requests.RequestException as exc:
-            unreachable.append(f"{image.registry} ({type(exc).__name__})")
+        except UnreachableError as exc:
+            unreachable.append(f"{image.registry} ({str(exc).split(';')[0][:120]})")
             continue
         except PreflightError as exc:
             problems.append(f"images.{role}: {exc}")

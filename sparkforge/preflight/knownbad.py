@@ -4,7 +4,6 @@ output (sparkforge/preflight/known_bad.yaml). Pure: a profile and a vLLM version
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -14,7 +13,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from sparkforge.errors import PreflightError
+from sparkforge.boundary import parse_json, read_text
+from sparkforge.errors import InputError, PreflightError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 
@@ -60,10 +60,10 @@ class Match:
 
 def load_known_bad(path: Path = DATA) -> list[KnownBad]:
     try:
-        entries = TypeAdapter(list[KnownBad]).validate_python(yaml.safe_load(path.read_text()))
+        entries = TypeAdapter(list[KnownBad]).validate_python(yaml.safe_load(read_text(path, "", 1 << 20)))
         for entry in entries:
             SpecifierSet(entry.vllm)
-    except (OSError, yaml.YAMLError, ValidationError, InvalidSpecifier) as exc:
+    except (InputError, yaml.YAMLError, ValidationError, InvalidSpecifier) as exc:
         raise PreflightError(
             f"{path}: the known-bad list is unreadable ({str(exc)[:300]}); fix: correct the file"
         ) from None
@@ -75,8 +75,8 @@ def _speculative_method(args: dict) -> str | None:
     if config is None:
         return None
     try:
-        parsed = json.loads(config) if isinstance(config, str) else config
-    except ValueError:
+        parsed = parse_json(config, "speculative-config") if isinstance(config, str) else config
+    except InputError:
         return None
     return str(parsed.get("method")) if isinstance(parsed, dict) and parsed.get("method") else None
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import requests
-
+from sparkforge import oci
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import CommandError, PreflightError
-from sparkforge.preflight.fetch import Fetcher, make_fetcher
+from sparkforge.preflight.fetch import Fetcher, UnreachableError, make_fetcher
 from sparkforge.preflight.images import fetch_manifest, parse_image
 from sparkforge.preflight.pypi import WheelTarget, resolve_file
 from sparkforge.preflight.sources import same_commit
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.urlfetch import check_url
 
 # Exit codes of `invoke lock --check`: 0 every pin verified (lenient: or unreachable), 1 drift or floating
 # pins (and any other error), 3 with --strict: some pin could not be verified (its registry or remote unreachable).
@@ -101,8 +101,8 @@ def _image_entry(key: str, ref: str, fetcher: Fetcher) -> LockEntry:
         return LockEntry(key, ref, ref, "pinned", "digest only: nothing to re-resolve")
     try:
         _, digest = fetch_manifest(fetcher, image, image.tag)
-    except requests.RequestException as exc:
-        return LockEntry(key, ref, None, "unresolved", f"{image.registry} unreachable ({type(exc).__name__})")
+    except UnreachableError as exc:
+        return LockEntry(key, ref, None, "unresolved", f"{image.registry} unreachable ({str(exc)[:120]})")
     except PreflightError as exc:
         return LockEntry(key, ref, None, "unresolved", str(exc).split(";")[0])
     resolved = image.with_digest(digest)
@@ -164,6 +164,24 @@ def _vllm_entries(recipe: Recipe, runner: Runner, fetcher: Fetcher) -> list[Lock
     return entries
 
 
+def _check_remotes(recipe: Recipe) -> None:
+    """--strict verifies pins: never over plain http to another machine (anyone on the path could answer), and
+    never through a remote that is not a URL; refused before any contact."""
+    vllm = recipe.model.components.vllm
+    remotes = [
+        parse_image(recipe.model.images.builder).base_url,
+        parse_image(recipe.model.images.runtime).base_url,
+    ]
+    remotes += [vllm.repository] if vllm.repository else []
+    for remote in remotes:
+        scheme, host, _ = check_url(remote, f"lock --check --strict: {recipe.name}'s remote")
+        if scheme != "https" and not oci.is_local_registry(host):
+            raise PreflightError(
+                f"lock --check --strict: {recipe.name} names {remote}, plain http to another machine: a pin "
+                "checked there proves nothing; fix: use the https:// URL of the remote"
+            )
+
+
 def _check_writable(recipe: Recipe) -> None:
     """`--write` edits the recipe files in place: never through a symlink whose target leaves the project."""
     for path in recipe.chain:
@@ -217,6 +235,8 @@ def lock_recipe(
         )
     if write and not check:
         _check_writable(recipe)  # before the network: a refusal touches nothing
+    if check and strict:
+        _check_remotes(recipe)
     runner = runner or Runner(stream=False)
     fetcher = fetcher or make_fetcher()
     model = recipe.model

@@ -120,6 +120,21 @@ def github_archive_url(base: str, repository: str, commit: str) -> str:
 # ---- archives ------------------------------------------------------------------------------------------
 
 
+MAX_TREE_BYTES = (
+    4 << 30
+)  # an upstream source tree (vLLM's is ~60 MiB); an archive that unpacks to more is a bomb
+MAX_TREE_MEMBERS = 400_000
+
+
+def _check_extracted(archive: Path, sizes: list[int]) -> None:
+    """Refuse, before anything is written, an archive that would unpack past the caps (a zip or tar bomb)."""
+    if len(sizes) > MAX_TREE_MEMBERS or sum(sizes) > MAX_TREE_BYTES:
+        raise PreflightError(
+            f"{archive}: {len(sizes)} members, {sum(sizes)} bytes unpacked, past the caps ({MAX_TREE_MEMBERS} "
+            f"members, {MAX_TREE_BYTES} bytes); fix: use the project's own source archive"
+        )
+
+
 def extract_archive(archive: Path, sha256: str) -> Path:
     """The archive's contents (its single top directory stripped) under the cache, extracted once."""
     final = preflight_cache("trees", sha256)
@@ -132,9 +147,14 @@ def extract_archive(archive: Path, sha256: str) -> Path:
                 for name in zf.namelist():
                     if name.startswith("/") or ".." in Path(name).parts:
                         raise PreflightError(f"{archive}: unsafe member {name!r}; fix: use a trusted archive")
+                # zipfile reads a member up to its declared size: the declared sizes bound what lands on disk
+                _check_extracted(archive, [i.file_size for i in zf.infolist()])
                 zf.extractall(tmp)
         else:
             with tarfile.open(archive) as tf:
+                _check_extracted(
+                    archive, [m.size for m in tf.getmembers()]
+                )  # a tar member is its header's size
                 tf.extractall(tmp, filter="data")
     except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
         raise PreflightError(f"cannot extract {archive}: {exc}; fix: check the archive is complete") from None

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import linear_regex
 from sparkforge.recipe.schema import RecipeModel
 from sparkforge.report import Check, Report
 
@@ -38,7 +39,7 @@ _HINTS = (
 
 def configure_hint(error: str, cuda: str) -> str:
     for pattern, hint in _HINTS:
-        if re.search(pattern, error, re.S | re.I):
+        if linear_regex(f"(?si){pattern}").search(error):
             return hint.format(cuda=cuda)
     return "fix: read configure.log in the probe's output directory"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden")
 DEFAULT_PROMPTS = (
@@ -19,19 +19,33 @@ DEFAULT_PROMPTS = (
 )
 
 
+def plain_prompt(value: str) -> str:
+    """A prompt is text: line breaks and tabs, never a NUL, a terminal escape or another control character (it is
+    printed in reports and logs, and sent to the model)."""
+    bad = next((c for c in value if not c.isprintable() and c not in "\n\t"), None)
+    if bad is not None:
+        raise ValueError(f"holds the control character {bad!r}; fix: write the prompt as plain text")
+    return value
+
+
+Prompt = Annotated[StrictStr, AfterValidator(plain_prompt)]
+# Strict: a profile's numbers are numbers and its flags true/false, never "2" or "yes" coerced.
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
 class KnownAnswer(BaseModel):
     """A model trained to a checkable task: `progression` continues the prompt's last two numbers mod M."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     kind: Literal["progression"]
     modulus: Annotated[int, Field(ge=2, le=100000)]
 
 
 class LongDecode(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    prompt: Annotated[StrictStr, Field(min_length=1, max_length=20000)] = (
+    prompt: Annotated[Prompt, Field(min_length=1, max_length=20000)] = (
         "Write a long, detailed history of computing, chapter by chapter."
     )
     # The field sees corruption past ~12k tokens on GB10; 4096 is the floor a CI can afford.
@@ -47,9 +61,9 @@ class LongDecode(BaseModel):
 class ConformSettings(BaseModel):
     """What `invoke conform` runs against this profile (and what `serve --conform` would ask)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    prompts: Annotated[list[StrictStr], Field(min_length=1, max_length=64)] = Field(
+    prompts: Annotated[list[Prompt], Field(min_length=1, max_length=64)] = Field(
         default_factory=lambda: list(DEFAULT_PROMPTS)
     )
     max_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
@@ -59,7 +73,7 @@ class ConformSettings(BaseModel):
     long_prompt_words: Annotated[int, Field(ge=0, le=100000)] = 600
     long_decode: LongDecode = Field(default_factory=LongDecode)
     # The text beside the api row's image (where the profile enables image input).
-    image_prompt: Annotated[StrictStr, Field(min_length=1, max_length=2000)] = (
+    image_prompt: Annotated[Prompt, Field(min_length=1, max_length=2000)] = (
         "What is in this image? Answer in one word."
     )
     known_answer: KnownAnswer | None = None

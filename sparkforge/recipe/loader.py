@@ -93,6 +93,10 @@ def resolve_named_file(
     if text.endswith((".yaml", ".yml")) or "/" in text:
         base = relative_to.parent if relative_to else Path.cwd()
         path = (base / text).resolve()
+        if is_system_path(path) and not is_system_path(base / text, resolve=False):
+            raise error(
+                f"{kind} {text!r} is a link to {path}, a system file, not a {kind}; fix: name the {kind} file itself"
+            )
     else:
         path = folder / f"{text}.yaml"
     if not path.is_file():

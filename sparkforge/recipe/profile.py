@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -27,7 +26,7 @@ from pydantic import (
 
 from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.allowlist import Verdict, blocked, flag_verdict, opt_in_warnings, owner_only
-from sparkforge.recipe.conformspec import ConformSettings
+from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
     MODEL,
@@ -51,9 +50,9 @@ class AnswerCheck(BaseModel):
     """What `serve` asks once healthy, and a regular expression the answer must match (a green health check is
     not an answer check: a stale or broken model can answer garbage)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    prompt: Annotated[str, Field(min_length=1, max_length=2000)]
+    prompt: Annotated[Prompt, Field(min_length=1, max_length=2000)]
     expect: Annotated[str, Field(min_length=1, max_length=500)]
     max_tokens: Annotated[int, Field(ge=1, le=32768)] = 2048
     # vLLM's sampling extension: generate exactly max_tokens (a random-weight test model would stop anywhere).
@@ -73,25 +72,15 @@ MAX_EXPECT_MEM = 1 << 20
 def expect_pattern(pattern: str) -> Any:
     """`check.expect` compiled by re2: linear time in the answer whatever the pattern (`(a+)+$` included), so it
     needs no time limit; what re2 cannot promise that for (back-references, look-arounds) is refused."""
-    import re2
+    from sparkforge.boundary import linear_regex
 
-    options = re2.Options()
-    options.max_mem = MAX_EXPECT_MEM
-    options.log_errors = False
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-        raise ValueError(
-            f"{pattern!r} is not a regular expression sparkforge runs ({reason}; patterns run in linear time, "
-            "without back-references or look-arounds); fix: e.g. '\\b391\\b'"
-        ) from None
+    return linear_regex(pattern, max_mem=MAX_EXPECT_MEM)
 
 
 class ProfileModel(BaseModel):
     """The schema of a profile file (unknown keys are errors)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     description: str
     model: Annotated[str, Field(min_length=1)]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json
 from sparkforge.commands import Command
-from sparkforge.errors import EngineError, PublishError
+from sparkforge.errors import EngineError, InputError, PublishError
 from sparkforge.registry.manifests import Manifests
 from sparkforge.verify import verified
 
@@ -128,11 +129,11 @@ def read(tools: Manifests, tag: str) -> TagHistory:
     finally:
         engine.remove_image(ref)
     try:
-        parsed = json.loads(data or b"")
-        if parsed.get("kind") != KIND:
+        parsed = parse_json((data or b"").decode("utf-8", "replace"), ref)
+        if not isinstance(parsed, dict) or parsed.get("kind") != KIND:
             raise ValueError(f"kind {parsed.get('kind')!r}")
         entries = tuple(Entry.from_dict(e) for e in parsed.get("entries") or [])
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (InputError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise PublishError(
             f"{ref} is not a sparkforge tag history ({exc}); fix: check that nothing else writes tags ending in "
             f"'{SUFFIX}' to {tools.repository}, and delete that tag if it was written in error"

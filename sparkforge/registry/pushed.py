@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparkforge import oci
-from sparkforge.errors import EngineError, PublishError
+from sparkforge.boundary import read_json, write_output
+from sparkforge.errors import EngineError, InputError, PublishError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
 DIGESTS_DIR = REPO_ROOT / "build" / "digests"
@@ -30,8 +31,7 @@ class PushedImage:
     def write(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.recipe}-{oci.arch(self.platform)}.json"
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        return path
+        return write_output(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", "digest record")
 
 
 def load_digests(recipe: Recipe, directory: Path) -> dict[str, str]:
@@ -39,9 +39,9 @@ def load_digests(recipe: Recipe, directory: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path, "digest record", max_bytes=1 << 20)
             record = PushedImage(**{k: data[k] for k in PushedImage.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError):
+        except (InputError, ValueError, KeyError, TypeError):
             raise PublishError(f"{path}: not a digest record written by 'invoke push'; remove it") from None
         if record.recipe != recipe.name:
             continue

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
 from sparkforge.errors import EngineError, PublishError
@@ -154,7 +155,7 @@ def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None
         labels.get("dev.sparkforge.recipe-hash", ""),
         gpu,
         labels,
-        json.loads(raw_lock) if raw_lock else None,
+        parse_json(raw_lock.decode("utf-8", "replace"), f"{ref}:{LOCK_PATH}") if raw_lock else None,
         dists,
         {_library_key(str(lib["path"])): str(lib["verdict"]) for lib in libraries},
         {

@@ -36,6 +36,54 @@ def parse_published(data: object, where: str) -> tuple[str, dict[str, str]]:
     return index, dict(platforms)
 
 
+MAX_CHECKS = 10_000
+MAX_TEXT = (
+    200  # a GPU name, driver version, check name: what a signed claim copies must stay a short plain line
+)
+
+
+def _plain(value: object, most: int = MAX_TEXT) -> bool:
+    """A short printable string (no control character, no terminal escape): what a claim may carry as text."""
+    return isinstance(value, str) and len(value) <= most and value.isprintable()
+
+
+def _signed_fields(data: dict[str, Any], where: str, fix: str) -> None:
+    """The fields the claim copies out of the report (cosign.verify_claim): their types, before any signing."""
+    image_id = data.get("image_id")
+    if image_id is not None and not (isinstance(image_id, str) and plan_digest(image_id)):
+        raise SigningError(
+            f"{where}: 'image_id' must be sha256: and 64 lowercase hex digits, found {image_id!r:.80}; {fix}"
+        )
+    gpu, suite = data.get("gpu"), data.get("suite")
+    if gpu is not None and (
+        not isinstance(gpu, dict) or not all(_fact(gpu.get(k)) for k in ("name", "capability", "driver"))
+    ):
+        raise SigningError(
+            f"{where}: 'gpu' must be an object of short plain name, capability and driver; {fix}"
+        )
+    if suite is not None and not (
+        isinstance(suite, dict) and ("sha256" not in suite or _sha256_hex(suite["sha256"]))
+    ):
+        raise SigningError(
+            f"{where}: 'suite' must be an object with a 'sha256' of 64 lowercase hex digits; {fix}"
+        )
+    gpus = data.get("gpus") or {}
+    if not isinstance(gpus.get("used", False), bool) or not (
+        gpus.get("why") is None or _plain(gpus.get("why"))
+    ):
+        raise SigningError(f"{where}: 'gpus' must hold a true/false 'used' and a short plain 'why'; {fix}")
+
+
+def _fact(value: object) -> bool:
+    """A GPU fact: absent, a short plain string, or a number (a compute capability such as 12.1)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return value is None or number or _plain(value)
+
+
+def _sha256_hex(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def parse_verify_report(data: object, where: str) -> dict[str, Any]:
     """A verify report's shape, type-checked before any of it is signed (what 'invoke verify --report' writes)."""
     fix = "fix: pass the report 'invoke verify --report' wrote, unedited"
@@ -48,13 +96,17 @@ def parse_verify_report(data: object, where: str) -> dict[str, Any]:
         raise SigningError(f"{where}: 'status' must be passed or failed, found {data['status']!r:.80}; {fix}")
     if not isinstance(data.get("gpus", {}), dict) or not isinstance(data.get("platform", ""), str | None):
         raise SigningError(f"{where}: 'gpus' must be an object and 'platform' a string; {fix}")
+    _signed_fields(data, where, fix)
     checks = data.get("checks")
-    if not isinstance(checks, list):
-        raise SigningError(f"{where}: 'checks' must be a list, found {type(checks).__name__}; {fix}")
+    if not isinstance(checks, list) or len(checks) > MAX_CHECKS:
+        raise SigningError(
+            f"{where}: 'checks' must be a list of at most {MAX_CHECKS}, found {type(checks).__name__}; {fix}"
+        )
     for index, check in enumerate(checks):
         if (
             not isinstance(check, dict)
             or not isinstance(check.get("name"), str)
+            or not _plain(check["name"])
             or check.get("status") not in ("passed", "failed", "skipped")
             or not isinstance(check.get("details", {}), dict)
         ):

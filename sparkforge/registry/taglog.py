@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparkforge.errors import PublishError
+from sparkforge.boundary import read_json, write_output
+from sparkforge.errors import InputError, PublishError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import history
 from sparkforge.registry.cosign import TAG_LOG, Cosign, Policy, Signer
@@ -94,8 +95,8 @@ def _check_seen(log: TagHistory, digest: str) -> None:
     folder = seen_dir()
     path = _seen_file(folder, log.repository, log.tag)
     try:
-        seen = json.loads(path.read_text())
-    except (OSError, ValueError):
+        seen = read_json(path, "the seen-history record", max_bytes=1 << 20) if path.exists() else {}
+    except InputError:
         seen = {}
     if len(log.entries) < int(seen.get("sequence") or 0):
         raise PublishError(
@@ -104,8 +105,9 @@ def _check_seen(log: TagHistory, digest: str) -> None:
             "registry writer may be hiding a later move or revocation). fix: restore the newest record, or ask "
             f"the maintainers; remove {path} only if the log was reset on purpose"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"sequence": len(log.entries), "digest": digest}) + "\n")
+    write_output(
+        path, json.dumps({"sequence": len(log.entries), "digest": digest}) + "\n", "seen-history record"
+    )
 
 
 def append_signed(tools: Manifests, tag: str, entry: Entry, signer: Signer, policy: Policy) -> TagHistory:

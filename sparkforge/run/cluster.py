@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkforge.boundary import linear_regex
 from sparkforge.commands import Command
 from sparkforge.console import Echo
 from sparkforge.engine import docker_cli
@@ -252,7 +253,7 @@ def explain_exit(engines: Sequence[NodeEngine], plan: LaunchPlan, rank: int, cod
     tails = {launch.rank: by_rank[launch.rank].logs(launch.container.name, tail=12) for launch in plan.nodes}
     cause, fix = "vLLM exited", "read the log lines below ('invoke cluster.logs' shows more)"
     for pattern, what, how in CAUSES:
-        match = re.search(pattern, tails[rank])
+        match = linear_regex(pattern).search(tails[rank])
         if match:
             cause, fix = f"{what} ({match.group(0)[:160]})", how
             break

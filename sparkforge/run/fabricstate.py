@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import read_json, write_output
+from sparkforge.errors import InputError
 from sparkforge.run.fabric import FabricChoice
 from sparkforge.run.rdma import NodeFabric
 
@@ -61,8 +63,10 @@ def drift(
     for key, choice, current in zip(keys, choices, now, strict=False):
         path = _file(root, key)
         try:
-            before = json.loads(path.read_text())
-        except (OSError, ValueError):
+            before = (
+                read_json(path, "the last run's fabric facts", max_bytes=1 << 20) if path.exists() else None
+            )
+        except InputError:
             before = None
         if isinstance(before, dict):
             for device, index in current["gid"].items():
@@ -80,6 +84,5 @@ def drift(
                     "vanish where netplan owns the link); fix: set it in the netplan file (mtu: 9000) and apply"
                 )
         if save and choice.interface:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+            write_output(path, json.dumps(current, indent=1, sort_keys=True) + "\n", "fabric facts")
     return warnings

@@ -129,6 +129,7 @@ def fabric_report(
     for label, raw, choice, library in zip(labels, raws, choices, libraries, strict=False):
         details = {**node_details(label, raw, choice), "nccl": library.to_dict()}
         problems = [p for p in (choice.error, library.reason if library.status == "failed" else None) if p]
+        problems += _tree_faults(raw)
         if problems:
             report.add(Check(label, "failed", "; ".join(problems), details))
             continue
@@ -136,6 +137,20 @@ def fabric_report(
         loads = f"; NCCL: {library.reason}" if library.source == "host" else ""
         report.add(Check(label, "passed", f"{chosen}: {choice.reason}{loads}", details))
     return report, choices
+
+
+def _tree_faults(raw: Mapping[str, Any]) -> list[str]:
+    """What the reader refused in a node's tree (values no kernel writes), and a tree with no net device at all."""
+    refused = [str(r)[:200] for r in raw.get("refused") or []][:5]
+    faults = (
+        [f"sysfs holds values no kernel writes ({'; '.join(refused)}); fix: check {raw.get('root')}"]
+        if refused
+        else []
+    )
+    if not raw.get("net"):
+        faults.append(f"no network device under {raw.get('root')}/class/net (an empty or unreadable tree); fix: "
+                      f"point {SYSFS_ENV} at a tree laid out like /sys, or unset it")  # fmt: skip
+    return faults
 
 
 def describe_choices(

@@ -4,11 +4,11 @@ removed, and the stage vLLM's head had reached (so a timeout says where it stopp
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sparkforge.boundary import linear_regex
 from sparkforge.run.nodes import NodeEngine
 
 LOG_DIR_ENV = "SPARKFORGE_LOG_DIR"  # default: ./logs/run
@@ -28,7 +28,7 @@ def stage_of(lines: Sequence[str]) -> str:
     reached = "starting, before weight loading"
     for line in lines:
         for pattern, name in STAGES:
-            if re.search(pattern, line):
+            if linear_regex(pattern).search(line):
                 reached = name
     return reached
 

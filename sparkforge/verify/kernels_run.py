@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import read_json
 from sparkforge.cache import cache_path, write_atomic
 from sparkforge.report import Check, Report
 from sparkforge.verify import selection as sel
@@ -51,7 +52,7 @@ def _cached_audit(identity: str, subject: str, audit: Callable[[], Report]) -> R
     """The audit of an immutable subject (a wheel's content, an image ID), from the cache when it was done."""
     cached = cache_path("kernels", "audit", hashlib.sha256(identity.encode()).hexdigest()[:32] + ".json")
     if cached.is_file():
-        data = json.loads(cached.read_text())
+        data = read_json(cached, "a cached kernel audit")
         report = Report(command=data["command"], subject=subject, recipe=data.get("recipe"))
         for check in data.get("checks") or []:
             report.add(Check.from_dict(check))

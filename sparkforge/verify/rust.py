@@ -8,10 +8,10 @@ parser). A source recipe states `build.rust`; this check makes any difference fr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check
 
@@ -65,4 +65,5 @@ def check_rust_extensions(recipe: Recipe, image: str) -> Check:
         return Check(
             "rust-extensions", "failed", f"could not list the vllm package in {image}: {run.stderr[-500:]}"
         )
-    return judge_rust(recipe, json.loads(run.stdout.strip().splitlines()[-1]))
+    last = (run.stdout.strip().splitlines() or [""])[-1]
+    return judge_rust(recipe, parse_json(last, f"the vllm package listing of {image}"))

@@ -8,37 +8,45 @@ wheel's sources. Layer names are the kernel report's.
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from sparkforge.boundary import bounded_lines, linear_regex
 
 GDN_NAMES = {"FlashInfer": "flashinfer", "CuteDSL": "cutedsl", "AITER FlyDSL": "aiter_flydsl",
              "Triton/FLA": "triton", "SYCL": "sycl"}  # fmt: skip
 MOE_KINDS = {"Fp8": "moe.fp8_block", "NvFp4": "moe.nvfp4", "Unquantized": "moe.bf16"}
-PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("full_attention", re.compile(r"Using (\w+) attention backend out of potential backends")),
-    ("full_attention", re.compile(r"Using AttentionBackendEnum\.(\w+) backend\.")),
-    ("vision_encoder", re.compile(r"Using backend AttentionBackendEnum\.(\w+) for vit attention")),
+PATTERNS: tuple[tuple[str, str], ...] = (
+    ("full_attention", r"Using (\w+) attention backend out of potential backends"),
+    ("full_attention", r"Using AttentionBackendEnum\.(\w+) backend\."),
+    ("vision_encoder", r"Using backend AttentionBackendEnum\.(\w+) for vit attention"),
     (
         "linear_attention",
-        re.compile(r"Using (FlashInfer|CuteDSL|AITER FlyDSL|Triton/FLA|SYCL) GDN prefill kernel"),
+        r"Using (FlashInfer|CuteDSL|AITER FlyDSL|Triton/FLA|SYCL) GDN prefill kernel",
     ),
     (
         "moe",
-        re.compile(r"Using '?(\w[\w ]*?)'? (Fp8|NvFp4|Unquantized) MoE backend out of potential backends"),
+        r"Using '?(\w[\w ]*?)'? (Fp8|NvFp4|Unquantized) MoE backend out of potential backends",
     ),
-    ("linear.fp8_block", re.compile(r"Selected (\w+Fp8\w*|\w+FP8\w*) for ")),
-    ("linear.nvfp4", re.compile(r"Using (\w+) for NVFP4 GEMM")),
-    ("sampler", re.compile(r"Using FlashInfer for top-p & top-k sampling()")),
-    ("sampler", re.compile(r"FlashInfer top-p/top-k sampling unavailable()")),
+    ("linear.fp8_block", r"Selected (\w+Fp8\w*|\w+FP8\w*) for "),
+    ("linear.nvfp4", r"Using (\w+) for NVFP4 GEMM"),
+    ("sampler", r"Using FlashInfer for top-p & top-k sampling()"),
+    ("sampler", r"FlashInfer top-p/top-k sampling unavailable()"),
 )
+
+
+@functools.cache
+def _compiled() -> tuple[tuple[str, Any], ...]:
+    # RE2: a log is untrusted text; the moe pattern's lazy repeat backtracks quadratically in `re` on a long line
+    return tuple((layer, linear_regex(pattern)) for layer, pattern in PATTERNS)
 
 
 def started_backends(log: str) -> dict[str, dict[str, Any]]:
     """layer -> {"selected": name, "line": the log line} for every selection vLLM logged (first one wins)."""
     out: dict[str, dict[str, Any]] = {}
-    for line in log.splitlines():
-        for layer, pattern in PATTERNS:
+    for line in bounded_lines(log):
+        for layer, pattern in _compiled():
             match = pattern.search(line)
             if not match:
                 continue

@@ -8,7 +8,9 @@ this machine (or a fake tree) with the same functions, so one reader serves both
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
+import re
 import socket
 import stat
 import struct
@@ -61,10 +63,21 @@ def interfaces() -> list[dict[str, object]]:
 
 
 SYSFS_MAX = 65536  # a sysfs attribute is at most a page; more is no attribute
+MAX_ENTRIES = 1024  # devices, ports, net devices or GIDs in one folder (a GID table holds at most 256)
+_GID, _HEX32 = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}"), re.compile(r"[0-9A-Fa-f]{8}")
+_TREE: list[str] = []  # the tree being read (realpath): an attribute linked out of it reads as absent
+
+
+def _small_int(text: str | None, digits: int = 7) -> int | None:
+    """A sysfs number: ASCII digits only ('²'.isdigit() is True), at most `digits` of them."""
+    good = text and len(text) <= digits and text.isascii() and text.isdigit()
+    return int(text) if good else None  # type: ignore[arg-type]
 
 
 def _read(path: str) -> str | None:
-    """One attribute: a regular file only (O_NONBLOCK: a FIFO in a fake tree never hangs), bounded."""
+    """One attribute: regular (O_NONBLOCK: a FIFO never hangs), bounded, inside the tree being read."""
+    if _TREE and not any(f"{os.path.realpath(path)}/".startswith(f"{top}/") for top in _TREE):
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError):
@@ -80,19 +93,22 @@ def _read(path: str) -> str | None:
 
 
 def _names(path: str) -> list[str]:
+    """At most MAX_ENTRIES + 1 names (the caller flags more); a link loop or a missing folder is empty."""
     try:
-        return sorted(os.listdir(path))
-    except OSError:
+        with os.scandir(path) as entries:
+            names = [e.name for e in itertools.islice(entries, MAX_ENTRIES + 1)]
+    except (OSError, ValueError):
         return []
+    return sorted(names)
 
 
 def routes(path: str) -> list[dict[str, object]]:
     """/proc/net/route (little-endian hex) as dotted addresses: each interface's subnets and the default route."""
     out: list[dict[str, object]] = []
-    for line in (_read(path) or "").splitlines()[1:]:
+    for line in (_read(path) or "").splitlines()[1:MAX_ENTRIES]:
         fields = line.split()
-        if len(fields) < 8:
-            continue
+        if len(fields) < 8 or not all(_HEX32.fullmatch(fields[i]) for i in (1, 2, 7)):
+            continue  # not a route line the kernel writes: 8 hex digits per address
 
         def dotted(word: str) -> str:
             return socket.inet_ntoa(struct.pack("<I", int(word, 16)))
@@ -115,9 +131,20 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
     net device); net devices with state, MTU, physical port facts and, when `addresses`, their IPv4 (an ioctl:
     only for the live system); the routing table. /dev/infiniband is what a container needs for the devices.
     """
+    _TREE[:] = [os.path.realpath(root), os.path.realpath(proc)]
+    try:
+        return _fabric(root, proc, addresses)
+    finally:
+        _TREE.clear()
+
+
+def _fabric(root: str, proc: str, addresses: bool) -> dict[str, object]:
     rdma: dict[str, object] = {}
+    refused: list[str] = []  # what a planted tree held that no kernel writes (named by the decision side)
     base = f"{root}/class/infiniband"
-    for device in _names(base):
+    devices = _names(base)
+    refused += [f"{base}: more than {MAX_ENTRIES} RDMA devices"] if len(devices) > MAX_ENTRIES else []
+    for device in devices[:MAX_ENTRIES]:
         uevent = _read(f"{base}/{device}/device/uevent") or ""
         slot = next(
             (v for k, _, v in (x.partition("=") for x in uevent.splitlines()) if k == "PCI_SLOT_NAME"), None
@@ -126,9 +153,16 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
         for port in _names(f"{base}/{device}/ports"):
             where = f"{base}/{device}/ports/{port}"
             gids = []
-            for index in sorted(_names(f"{where}/gids"), key=lambda n: int(n) if n.isdigit() else -1):
+            names = _names(f"{where}/gids")
+            if len(names) > MAX_ENTRIES:
+                refused.append(f"{device} port {port}: more than {MAX_ENTRIES} GIDs")
+                names = []
+            for index in sorted((n for n in names if _small_int(n, 4) is not None), key=int):
                 gid = _read(f"{where}/gids/{index}")
                 if not gid or not gid.replace(":", "").strip("0"):
+                    continue
+                if not _GID.fullmatch(gid):
+                    refused.append(f"{device} port {port} GID {index}: {gid[:60]!r} is not a GID")
                     continue
                 gids.append(
                     {
@@ -153,18 +187,23 @@ def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> d
             "ports": ports,
         }
     net: dict[str, object] = {}
-    for name in _names(f"{root}/class/net"):
+    netdevs = _names(f"{root}/class/net")
+    refused += (
+        [f"{root}/class/net: more than {MAX_ENTRIES} net devices"] if len(netdevs) > MAX_ENTRIES else []
+    )
+    for name in netdevs[:MAX_ENTRIES]:
         where = f"{root}/class/net/{name}"
         mtu = _read(f"{where}/mtu")
         net[name] = {
             "operstate": _read(f"{where}/operstate"),
-            "mtu": int(mtu) if mtu and mtu.isdigit() else None,
+            "mtu": _small_int(mtu),
             "phys_port_name": _read(f"{where}/phys_port_name"),
             "phys_port_id": _read(f"{where}/phys_port_id"),
             "phys_switch_id": _read(f"{where}/phys_switch_id"),
             "ipv4": _ipv4_of(name) if addresses else None,
         }
-    found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route")}
+    found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route"),
+                                "refused": refused}  # fmt: skip
     if addresses:  # the live system: can this image's NCCL use the devices at all?
         found["verbs"] = verbs()
     return found

@@ -109,7 +109,7 @@ def test_a_missing_or_broken_golden_is_refused(tmp_path: Path) -> None:
     assert "does not exist" in message and "--record" in message
     (tmp_path / "broken.json").write_text("{")
     message = _refused(recipe=TWIN, profile=str(TINY), attach=url, golden=str(tmp_path / "broken.json"))
-    assert "is not JSON" in message
+    assert "cannot read it as JSON" in message and "nothing was started or stopped" in message
 
 
 PP2 = REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform-pp2.yaml"

@@ -57,10 +57,41 @@ def _check_level(path: Path, check: Any) -> None:
             _figure(path, f"{name} repeat {i} {metric}", value)
 
 
-def load_result(path: Path) -> dict[str, Any]:
-    """A bench result (schema 2), validated; a RunError naming the file and the fault otherwise."""
+MAX_TEXT = 300  # an image reference, a model name, a vLLM version: a label in a chart and a table
+MAX_LEVELS = 256  # tens in a real suite (spark-arena-v2: 4 x 7); a chart of thousands takes minutes
+
+
+def _label_text(path: Path, where: str, value: Any, *, optional: bool = False) -> None:
+    """Text that becomes a chart label or a table cell: a short printable string without '$' (matplotlib reads
+    '$...$' as mathtext, which can fail or run long on a crafted label)."""
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or len(value) > MAX_TEXT or not value.isprintable() or "$" in value:
+        raise _bad(path, where, f"{str(value)[:60]!r} is not a short plain text (printable, no '$')")
+
+
+def _check_identity(path: Path, doc: dict[str, Any]) -> None:
+    ident = doc["identity"]
+    image, hardware = ident.get("image"), ident.get("hardware")
+    if not isinstance(image, dict) or not (hardware is None or isinstance(hardware, dict)):
+        raise _bad(path, "identity", "'image' must be an object (ref, id) and 'hardware' an object")
+    for key in ("ref", "id"):
+        _label_text(path, f"identity.image.{key}", image.get(key), optional=key == "ref")
+    for key in ("vllm", "date"):
+        _label_text(path, f"identity.{key}", ident.get(key))
+    for key in ("recipe", "recipe_hash"):
+        _label_text(path, f"identity.{key}", ident.get(key), optional=True)
+    gpus = (hardware or {}).get("gpus") or []
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+        raise _bad(path, "identity.hardware.gpus", "not a list of objects")
+    _label_text(path, "model", doc["model"])
+    _label_text(path, "suite.name", doc["suite"]["name"])
+
+
+def load_result(path: Path, option: str = "bench result") -> dict[str, Any]:
+    """A bench result (schema 2), validated; a RunError naming the file (as `option`) and the fault otherwise."""
     try:  # the boundary's one strict JSON reader: a regular file, no NaN/Infinity/1e309, no key twice
-        doc = read_json(path, "bench result", max_bytes=MAX_BYTES, expect=None, fix=FIX.removeprefix("fix: "))
+        doc = read_json(path, option, max_bytes=MAX_BYTES, expect=None, fix=FIX.removeprefix("fix: "))
     except InputError as exc:  # bench's callers (the store, compare) handle RunError
         raise RunError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("command") != "bench" or not isinstance(doc.get("checks"), list):
@@ -79,8 +110,9 @@ def load_result(path: Path) -> dict[str, Any]:
         raise _bad(path, "suite", "missing its name and params")
     if not isinstance(doc.get("identity"), dict) or not isinstance(doc.get("model"), str):
         raise _bad(path, "identity", "missing (the image, hardware and serve command the figures belong to)")
-    if not doc["checks"]:
-        raise _bad(path, "checks", "no levels measured (an empty list of concurrencies)")
+    if not doc["checks"] or len(doc["checks"]) > MAX_LEVELS:
+        raise _bad(path, "checks", f"no levels measured, or more than {MAX_LEVELS}")
+    _check_identity(path, doc)
     for check in doc["checks"]:
         _check_level(path, check)
     return doc

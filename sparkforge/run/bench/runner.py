@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import linear_regex
 from sparkforge.commands import Command
 from sparkforge.console import Echo
 from sparkforge.errors import CommandError, RunError
@@ -58,6 +59,7 @@ BACKEND_PATTERNS = {
 _NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
 METRICS_SCRIPT = """
 import sys, urllib.request
+from sparkforge.boundary import linear_regex
 print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode())
 """
 SHA256_SCRIPT = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
@@ -84,7 +86,7 @@ def backends(log: str) -> dict[str, dict[str, list[str]]]:
         for kind, pattern in BACKEND_PATTERNS.items():
             if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
                 continue
-            match = re.search(pattern, line)
+            match = linear_regex(pattern).search(line)
             if match:
                 entry = found.setdefault(kind, {"names": [], "lines": []})
                 if match.group(1) not in entry["names"]:

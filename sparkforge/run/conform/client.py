@@ -11,16 +11,19 @@ from __future__ import annotations
 import io
 import json
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from sparkforge.errors import RunError
+from sparkforge.boundary import parse_json
+from sparkforge.errors import InputError, RunError
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.urlfetch import FetchError, Unreachable, direct_session, fetch_url
+from sparkforge.urlfetch import check_url as check_fetch_url
+
+MAX_ANSWER_BYTES = 64 << 20  # a completion of the longest decode conform asks for, streamed, is a few MiB
+_ERRORS = tuple(range(400, 600))  # an error status is vLLM's answer: its message goes into the RunError
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,30 @@ class Completion:
 
 
 def check_url(url: str) -> str:
-    """An http(s) base URL of an OpenAI server, normalized to end without '/v1' or '/'."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    """An http(s) base URL of an OpenAI server, normalized to end without '/v1' or '/' (the fetcher's URL rules:
+    no CR/LF or space, a valid host and IPv6 literal, a port in 1..65535, no user or password)."""
+    try:
+        check_fetch_url(url, "--attach")
+    except FetchError as exc:
         raise RunError(
-            f"--attach {url!r} is not an http(s) URL; nothing was started or stopped; fix: pass the served "
+            f"{str(exc).rpartition('; fix:')[0]}; nothing was started or stopped; fix: pass the served "
             "profile's base URL, e.g. --attach http://127.0.0.1:8000"
+        ) from None
+    if "?" in url or "#" in url:
+        raise RunError(
+            f"--attach {url[:200]}: a base URL has no query or fragment; fix: e.g. http://127.0.0.1:8000"
         )
     return url.rstrip("/").removesuffix("/v1")
+
+
+def _object(doc: Any, where: str, *keys: str) -> dict[str, Any]:
+    """An answer that must be a JSON object with `keys` (an HTML page, [] or {} is named, never a KeyError)."""
+    if not isinstance(doc, dict) or any(k not in doc for k in keys):
+        shape = type(doc).__name__ if not isinstance(doc, dict) else f"an object without {', '.join(keys)}"
+        raise RunError(
+            f"{where}: answered {shape}, not the OpenAI API's answer; fix: --attach the vLLM server"
+        )
+    return doc
 
 
 class OpenAIClient:
@@ -47,43 +66,63 @@ class OpenAIClient:
         self.base = check_url(base_url)
         self.model = model
         self.timeout_s = timeout_s
+        self._session = direct_session()  # a served model is asked directly, never through a proxy
 
-    def _open(self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None):
+    def _open(
+        self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> io.BytesIO:
+        """One request through the one fetcher: a total deadline, a size cap; an error status is a RunError."""
+        url = f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.base}{path}", data, {"Content-Type": "application/json"})
         try:
-            return urllib.request.urlopen(request, timeout=timeout or self.timeout_s)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:600]
-            raise RunError(f"{self.base}{path} answered HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
+            answer = fetch_url(self._session, url, what=url, max_bytes=MAX_ANSWER_BYTES, body=data,
+                               deadline=timeout or self.timeout_s, ok_status=_ERRORS,
+                               headers={"Content-Type": "application/json"})  # fmt: skip
+        except Unreachable as exc:
             raise RunError(
-                f"{self.base}{path} does not answer ({exc}); fix: check that the server is up"
+                f"{url} does not answer ({str(exc)[:300]}); fix: check that the server is up"
             ) from None
+        except FetchError as exc:
+            raise RunError(str(exc)) from None
+        if answer.status_code >= 400:
+            raise RunError(f"{url} answered HTTP {answer.status_code}: {answer.text[:600]!r}")
+        return io.BytesIO(answer.content)
+
+    def _json(self, reply: io.BytesIO, path: str) -> Any:
+        try:
+            return parse_json(reply.read().decode("utf-8", "replace"), f"{self.base}{path}")
+        except InputError as exc:
+            raise RunError(str(exc).rpartition("; fix:")[0] + "; fix: --attach the vLLM server") from None
 
     def get_json(self, path: str, timeout: float | None = None) -> Any:
         with self._open(path, timeout=timeout) as reply:
-            return json.loads(reply.read().decode())
+            return _object(self._json(reply, path), f"{self.base}{path}")
 
     def post_json(self, path: str, body: dict[str, Any]) -> Any:
         with self._open(path, body) as reply:
-            return json.loads(reply.read().decode())
+            return _object(self._json(reply, path), f"{self.base}{path}")
 
     def models(self, timeout: float | None = None) -> list[str]:
-        return [str(m.get("id")) for m in self.get_json("/v1/models", timeout).get("data", [])]
+        data = _object(self.get_json("/v1/models", timeout), f"{self.base}/v1/models", "data")["data"]
+        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+            raise RunError(
+                f"{self.base}/v1/models: 'data' is not a list of models; fix: --attach the vLLM server"
+            )
+        return [str(m.get("id")) for m in data]
 
     def version(self) -> str:
         try:
-            return str(self.get_json("/version").get("version", ""))
+            return str(self.get_json("/version").get("version", ""))[:100]
         except RunError:
             return ""
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self.post_json("/tokenize", {"model": self.model, "prompt": text}).get("tokens", []))
+        tokens = self.post_json("/tokenize", {"model": self.model, "prompt": text}).get("tokens", [])
+        return _ids(tokens, f"{self.base}/tokenize")
 
     def metrics(self) -> str:
         with self._open("/metrics") as reply:
-            return reply.read().decode()
+            return reply.read().decode("utf-8", "replace")
 
     def complete(self, prompt: str, max_tokens: int, **extra: Any) -> Completion:
         """One /v1/completions request with vLLM's `return_token_ids`; `stream=True` joins the deltas."""
@@ -95,23 +134,31 @@ class OpenAIClient:
             **extra,
         }
         body.setdefault("temperature", 0.0)
+        where = f"{self.base}/v1/completions"
         if not body.get("stream"):
             doc = self.post_json("/v1/completions", body)
-            choice = doc["choices"][0]
-            usage = {k: int(v) for k, v in (doc.get("usage") or {}).items() if isinstance(v, int)}
-            return Completion(tuple(choice.get("token_ids") or ()), str(choice.get("text") or ""),
+            choice = _choices(doc, where)[0]
+            usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+            usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+            return Completion(tuple(_ids(choice.get("token_ids") or [], where)), str(choice.get("text") or ""),
                               str(choice.get("finish_reason") or ""), usage)  # fmt: skip
         ids: list[int] = []
         text, finish = [], ""
         with self._open("/v1/completions", body) as reply:
             for raw in reply:
-                line = raw.decode().strip()
+                line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
-                for choice in json.loads(line[5:]).get("choices", []):
-                    ids += choice.get("token_ids") or []
-                    text.append(choice.get("text") or "")
-                    finish = choice.get("finish_reason") or finish
+                try:
+                    event = parse_json(line[5:], where)
+                except InputError as exc:
+                    raise RunError(
+                        str(exc).rpartition("; fix:")[0] + "; fix: --attach the vLLM server"
+                    ) from None
+                for choice in _choices(event, where, allow_empty=True):
+                    ids += _ids(choice.get("token_ids") or [], where)
+                    text.append(str(choice.get("text") or ""))
+                    finish = str(choice.get("finish_reason") or finish)
         return Completion(tuple(ids), "".join(text), str(finish))
 
     def complete_many(
@@ -120,6 +167,23 @@ class OpenAIClient:
         """The prompts sent at once, `workers` in flight (vLLM batches them)."""
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(lambda p: self.complete(p, max_tokens, **extra), prompts))
+
+
+def _choices(doc: Any, where: str, *, allow_empty: bool = False) -> list[dict[str, Any]]:
+    choices = _object(doc, where, "choices")["choices"]
+    if (
+        not isinstance(choices, list)
+        or not all(isinstance(c, dict) for c in choices)
+        or not (choices or allow_empty)
+    ):
+        raise RunError(f"{where}: 'choices' is not a list of choices; fix: --attach the vLLM server")
+    return choices
+
+
+def _ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise RunError(f"{where}: token ids are not a list of whole numbers; fix: --attach the vLLM server")
+    return value
 
 
 # One request from inside the head container (its python3, the stdlib only): one marked line of JSON back.
@@ -161,8 +225,13 @@ class HeadExecClient(OpenAIClient):
                 f"{url} in {self.container} on {self.engine.node.label}: no answer ({output[-400:]}); fix: check "
                 f"that the container runs ('invoke cluster.logs') and has python3"
             )
-        reply = json.loads(line.removeprefix("SPARKFORGE-HTTP "))
+        try:
+            reply = _object(parse_json(line.removeprefix("SPARKFORGE-HTTP "), url), url, "status", "body")
+        except InputError as exc:
+            raise RunError(str(exc)) from None
         where = f"{url} (from inside {self.container} on {self.engine.node.label})"
+        if not isinstance(reply["status"], int) or not isinstance(reply["body"], str):
+            raise RunError(f"{where}: a malformed answer; fix: check the container's python3")
         if reply["status"] == 0:
             raise RunError(
                 f"{where} does not answer ({reply['body'][:300]}); fix: check that the server is up"

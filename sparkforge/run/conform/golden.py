@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge.errors import RunError
+from sparkforge.boundary import list_files, read_bytes, read_json, write_output
+from sparkforge.errors import InputError, RunError
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
 from sparkforge.run.conform.served_checks import first_divergence
@@ -19,6 +20,9 @@ from sparkforge.run.conform.served_checks import first_divergence
 FORMAT = "sparkforge-golden/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 FINGERPRINT_TEXT = "golden 0 1 2 3 the quick brown fox ?"
+MAX_GOLDEN_BYTES = 8 << 20  # the prompt set's ids: ~100 KiB; a 20 MB "golden" is not one
+MAX_MODEL_FILE = 64 << 20  # a config or tokenizer file (tokenizer.json of a 250k vocabulary is ~20 MiB)
+MAX_TOKEN_ID = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,12 @@ def model_revision(model_dir: Path | None, model: str) -> dict[str, str]:
         return {"model": model, "revision": "unknown (served from the Hugging Face cache)"}
     config = hashlib.sha256()
     tokenizer = hashlib.sha256()
-    for item in sorted(model_dir.iterdir()):
-        if not item.is_file():
-            continue
+    # The folder's own files only (no subfolder), each read through the boundary (no FIFO, no system file).
+    for item in list_files(model_dir, "--model-dir"):
         if item.name in TOKENIZER_FILES:
-            tokenizer.update(item.name.encode() + item.read_bytes())
+            tokenizer.update(item.name.encode() + read_bytes(item, "--model-dir", MAX_MODEL_FILE))
         elif item.suffix == ".json":
-            config.update(item.name.encode() + item.read_bytes())
+            config.update(item.name.encode() + read_bytes(item, "--model-dir", MAX_MODEL_FILE))
         elif item.suffix in (".safetensors", ".bin"):
             config.update(f"{item.name}:{item.stat().st_size}".encode())
     return {"model": model, "revision": config.hexdigest(), "tokenizer_sha256": tokenizer.hexdigest()}
@@ -51,21 +54,24 @@ def model_revision(model_dir: Path | None, model: str) -> dict[str, str]:
 
 def read_golden(path: Path, model: str, revision: dict[str, str]) -> Golden:
     """The golden file, refused when it is not one or was recorded for another model or tokenizer."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         raise RunError(
             f"golden file {path} does not exist; nothing was started or stopped; fix: record one first with "
             "'invoke conform ... --record' on the image you trust"
-        ) from None
-    except (OSError, ValueError) as exc:
+        )
+    try:  # the boundary: a regular file (no FIFO, /dev/zero), 8 MiB, strict JSON (no NaN, no key twice)
+        data = read_json(path, "--golden", max_bytes=MAX_GOLDEN_BYTES, expect=None)
+    except InputError as exc:
         raise RunError(
-            f"golden file {path} is not JSON ({exc}); nothing was started or stopped; fix: record it again with --record"
+            f"{str(exc).rpartition('; fix:')[0]}; nothing was started or stopped; fix: record it again with --record"
         ) from None
+    ids = data.get("token_ids") if isinstance(data, dict) else None
     if (
         not isinstance(data, dict)
         or data.get("format") != FORMAT
-        or not isinstance(data.get("token_ids"), list)
+        or not isinstance(ids, list)
+        or not all(isinstance(row, list) and all(_token_id(i) for i in row) for row in ids)
+        or not isinstance(data.get("model") or {}, dict)
     ):
         raise RunError(
             f"golden file {path} is not a sparkforge golden ({FORMAT}); nothing was started or stopped; fix: record it with --record"
@@ -87,6 +93,10 @@ def read_golden(path: Path, model: str, revision: dict[str, str]) -> Golden:
     return Golden(path, data)
 
 
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKEN_ID
+
+
 def tokenizer_fingerprint(client: OpenAIClient) -> list[int]:
     return client.tokenize(FINGERPRINT_TEXT)
 
@@ -98,8 +108,7 @@ def record(path: Path, prompts: list[str], outputs: list[Completion], provenance
         "prompts": prompts,
         "token_ids": [list(c.token_ids) for c in outputs],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_output(path, json.dumps(data, indent=1) + "\n", "--golden")  # atomic; never through a planted link
     tokens = sum(len(c.token_ids) for c in outputs)
     return Check(
         "golden",
