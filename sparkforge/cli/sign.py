@@ -76,13 +76,13 @@ def attest(
 ) -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified.
 
-    A failed report also appends a signed revocation to every moving tag's history (a registry writer cannot
-    erase it); with --crashed, a minimal failed report with the error is attested (a crash revokes too).
+    A failed report also revokes the image in the signed TUF targets (a registry writer cannot erase it),
+    and every moving tag naming it leaves them; with --crashed, a minimal failed report with the error is attested (a crash revokes too).
     """
     from sparkforge.errors import SparkforgeError
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry import taglog
+    from sparkforge.registry import tagtrust
     from sparkforge.registry.attest import attest_report
     from sparkforge.registry.publish import tools_for
     from sparkforge.registry.signinputs import parse_verify_report
@@ -102,11 +102,11 @@ def attest(
     cosign, signer = _tools(key)
     tools = tools_for(loaded, cosign.runner, None, echo, "attest")
     if crashed:
-        data = taglog.crashed_report(loaded, image, platform, crashed, tools)
+        data = tagtrust.crashed_report(loaded, image, platform, crashed, tools)
     signed = attest_report(loaded, image, data, cosign, signer, tools)
     echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-    for tag in taglog.revoke_failed(loaded, image, data, signer, tools):
-        echo(f"sparkforge: revoked {image} in the signed history of {tag}")
+    for tag in tagtrust.revoke_failed(loaded, image, data, tools):
+        echo(f"sparkforge: revoked {image} in the signed TUF targets; {tag} no longer names it")
 
 
 @task(help={"workdir": "where the .deb and a private apt state go (default: build/cosign)"})

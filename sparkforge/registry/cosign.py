@@ -221,6 +221,8 @@ class Statement:
     predicate_type: str
     subjects: tuple[str, ...]  # sha256:... digests the statement is about
     predicate: dict[str, Any]
+    digest: str = ""  # sha256 (hex) of the statement's bytes: what the TUF targets pin a claim by
+    payload: str = ""  # the DSSE payload as cosign printed it (base64), to find its bundle in the registry
 
 
 @dataclass(frozen=True)
@@ -310,13 +312,19 @@ def _statements(output: str, predicate_type: str) -> list[Statement]:
         if not line.startswith("{"):
             continue
         envelope = json.loads(line)
-        statement = json.loads(base64.b64decode(envelope["payload"]))
+        raw = base64.b64decode(envelope["payload"])
+        statement = json.loads(raw)
         if statement.get("predicateType") != predicate_type:
             continue
         subjects = tuple(
             f"sha256:{s['digest']['sha256']}" for s in statement.get("subject", []) if "sha256" in s["digest"]
         )
-        out.append(Statement(predicate_type, subjects, dict(statement.get("predicate") or {})))
+        predicate = dict(statement.get("predicate") or {})
+        out.append(
+            Statement(
+                predicate_type, subjects, predicate, hashlib.sha256(raw).hexdigest(), envelope["payload"]
+            )
+        )
     return out
 
 

@@ -21,7 +21,7 @@ from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import history, taglog
+from sparkforge.registry import history, tagtrust
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.registry.pushed import DIGESTS_DIR, PushedImage, read_build_metadata
 from sparkforge.verify import verified
@@ -370,7 +370,9 @@ def promote(
     if tools.buildx:  # the same label-drift rule as publish and pull, read from the registry
         _require_labels(recipe, tools, [f"{repo}@{index}"])
     before = {} if tools.runner.dry else history.current_digests(tools, moving)
-    taglog.before_move(recipe, tools, index, dict(images), before)  # signature, signed logs, revocations
+    claims = {}
+    if not tools.runner.dry and tagtrust.before_move(recipe, tools, index, dict(images)) is not None:
+        claims = _signed_claims(recipe, tools, dict(images))  # the GPU claims the targets will pin
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -383,5 +385,26 @@ def promote(
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
     names = (recipe.name, recipe.hash)
-    taglog.record_move(recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir)
+    tagtrust.record_move(
+        recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir, claims
+    )
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))
+
+
+def _signed_claims(recipe: Recipe, tools: Manifests, images: Mapping[str, str]) -> dict[str, list[str]]:
+    """platform -> the digest of the signed GPU claim that makes its image GPU-verified (else PublishError)."""
+    from sparkforge.registry.earlier import signed_gpu_claim
+
+    out, problems = {}, []
+    for platform, digest in sorted(images.items()):
+        why, claim = signed_gpu_claim(recipe, tools, platform, digest)
+        if why:
+            problems.append(f"{platform} {digest[:19]}: {why}")
+        out[platform] = [claim] if claim else []
+    if problems:
+        raise PublishError(
+            f"refusing to move the moving tags of {recipe.model.publish.repository}: a platform image has no "
+            f"signed GPU-verified claim ({' | '.join(problems)}); nothing was moved. fix: let the GPU verify job "
+            "attest it ('invoke sign.attest'), then promote"
+        )
+    return out

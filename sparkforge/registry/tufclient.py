@@ -7,7 +7,8 @@ dev root, loudly), keeping the metadata it trusts under the cache dir. python-tu
 adds the refusal of a fork (the registry serving other bytes for a version this machine trusts, or a next
 version that does not name this machine's targets as its predecessor) and turns each refusal into one message.
 
-Targets layout: `tags/<tag>` (custom: index, platforms, claims, history), `revoked/<digest>` (custom: reason).
+Targets layout: `tags/<tag>` (custom: index, platforms, claims, history), `revoked/<digest>` (custom: reason),
+`removed/<tag>`: a tag a revocation took out of the targets (its last move and history, for rollback).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sparkforge.registry.ocidist import Registry
 ROOTS_DIR = Path(__file__).parent / "tufroots"  # <repository as file name>.root.json, shipped in the package
 DEV_ROOT_ENV = "SPARKFORGE_TUF_DEV_ROOT"  # test/dev mode: trust this root file (never for published images)
 PREVIOUS = "x-sparkforge-previous"  # targets field: the version and sha256 of the targets it replaces
-TAGS, REVOKED = "tags/", "revoked/"
+TAGS, REVOKED, REMOVED = "tags/", "revoked/", "removed/"
 
 
 def root_file_name(repository: str) -> str:
@@ -113,6 +114,11 @@ class TrustedState:
     sha256: str  # of the targets file's bytes (the next version names it as its predecessor)
     tags: dict[str, TagTarget] = field(default_factory=dict)
     revoked: dict[str, str] = field(default_factory=dict)  # digest -> reason
+    removed: dict[str, TagTarget] = field(default_factory=dict)  # tags a revocation removed (not pullable)
+
+    def moves_of(self, tag: str) -> TagTarget | None:
+        """The tag's last signed move, whether it still names it or a revocation removed it."""
+        return self.tags.get(tag) or self.removed.get(tag)
 
     def revoked_of(self, *digests: str) -> str:
         """Why one of `digests` is revoked ('' when none is)."""
@@ -198,17 +204,21 @@ def _check_chain(repository: str, old: bytes | None, new: bytes, state: TrustedS
 
 def _state(repository: str, data: bytes) -> TrustedState:
     targets = Metadata[Targets].from_bytes(data).signed
-    tags = {
-        path.removeprefix(TAGS): TagTarget.from_custom(path.removeprefix(TAGS), dict(t.custom))
-        for path, t in targets.targets.items()
-        if path.startswith(TAGS)
-    }
+    tags, removed = (
+        {
+            path.removeprefix(prefix): TagTarget.from_custom(path.removeprefix(prefix), dict(t.custom))
+            for path, t in targets.targets.items()
+            if path.startswith(prefix)
+        }
+        for prefix in (TAGS, REMOVED)
+    )
     revoked = {
         path.removeprefix(REVOKED): str(dict(t.custom).get("reason") or "revoked")
         for path, t in targets.targets.items()
         if path.startswith(REVOKED)
     }
-    return TrustedState(repository, targets.version, hashlib.sha256(data).hexdigest(), tags, revoked)
+    digest = hashlib.sha256(data).hexdigest()
+    return TrustedState(repository, targets.version, digest, tags, revoked, removed)
 
 
 def _read(path: Path) -> bytes | None:

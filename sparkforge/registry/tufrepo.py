@@ -32,7 +32,7 @@ from sparkforge import console
 from sparkforge.errors import PublishError
 from sparkforge.registry import tufclient, tufstore
 from sparkforge.registry.ocidist import Registry
-from sparkforge.registry.tufclient import PREVIOUS, REVOKED, TAGS, TagTarget, TrustedState
+from sparkforge.registry.tufclient import PREVIOUS, REMOVED, REVOKED, TAGS, TagTarget, TrustedState
 
 SIGNER_ENV = "SPARKFORGE_TUF_SIGNER"  # private key URI of the online roles (targets, snapshot, timestamp)
 TTL = {  # how long each role's metadata is valid; the timestamp is re-signed daily (images.yml schedule)
@@ -189,16 +189,18 @@ def move_tag(repository: str, target: TagTarget, registry: Registry | None = Non
         why = state.revoked_of(target.index, *target.platforms.values())
         if why:
             raise PublishError(f"refusing to move {target.tag}: {why}; fix: publish and verify a new build")
-        before = state.tags.get(target.tag)
+        before = state.moves_of(target.tag)
         earlier = (*before.history, _summary(before)) if before else ()
         moved = TagTarget(**{**target.__dict__, "history": earlier[-200:]})
+        targets.targets.pop(REMOVED + target.tag, None)
         targets.targets[TAGS + target.tag] = _target_file(TAGS + target.tag, moved.index, moved.custom())
 
     return change_targets(repository, change, registry)
 
 
 def revoke(repository: str, digests: Mapping[str, str], registry: Registry | None = None) -> TrustedState:
-    """Revoke each digest (digest -> reason): listed under revoked/, and every tag naming it is removed."""
+    """Revoke each digest (digest -> reason): listed under revoked/, and every tag naming it moves from tags/
+    to removed/ (no longer pullable; its moves kept for rollback)."""
 
     def change(targets: Targets, state: TrustedState) -> None:
         for digest, reason in digests.items():
@@ -208,6 +210,7 @@ def revoke(repository: str, digests: Mapping[str, str], registry: Registry | Non
         for tag, target in state.tags.items():
             if {target.index, *target.platforms.values()} & set(digests):
                 del targets.targets[TAGS + tag]
+                targets.targets[REMOVED + tag] = _target_file(REMOVED + tag, target.index, target.custom())
 
     return change_targets(repository, change, registry)
 

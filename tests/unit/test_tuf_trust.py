@@ -34,6 +34,7 @@ def test_move_and_revoke_are_seen_by_a_fresh_machine(tuf_world: TufWorld) -> Non
     state = tufclient.refresh(tuf_world.repository)
     assert state.version == 4
     assert "latest" not in state.tags  # revocation = a targets version without the image
+    assert [h["index"] for h in state.removed["latest"].history] == [Y]  # its moves kept for rollback
     assert "verify failed" in state.revoked_of(X, X_IMAGE)
     assert set(tuf_world.tags()) >= {"tuf-root-1", "tuf-timestamp", "tuf-targets-4", "tuf-snapshot-4"}
 
