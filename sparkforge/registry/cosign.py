@@ -28,7 +28,6 @@ from sparkforge.recipe.loader import REPO_ROOT, Recipe
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
 KERNELS_CLAIM = "https://sparkforge.dev/attestations/kernels/v1"  # sparkforge.registry.releases
-TAG_LOG = "https://sparkforge.dev/attestations/tag-history/v1"  # sparkforge.registry.taglog
 BUILD_TYPE = "https://sparkforge.dev/build/v1"
 KEY_ENV = "SPARKFORGE_SIGNING_KEY"  # path (or cosign key URI) of the private key; unset means keyless
 

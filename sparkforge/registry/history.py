@@ -146,7 +146,7 @@ def append(
     entry: Entry,
     now: dt.datetime | None = None,
 ) -> TagHistory:
-    """Add `entry` to the tag's unsigned history (recipes without publish.signing; taglog signs the others)."""
+    """Add `entry` to the tag's unsigned history (recipes without publish.signing; signing recipes keep moves in the TUF targets: tagtrust)."""
     tag = tag_of(tools.repository, tag)
     current = read(tools, tag)
     updated = TagHistory(tools.repository, tag, (*current.entries, entry))

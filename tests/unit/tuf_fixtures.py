@@ -6,7 +6,6 @@ The "registry writer" (an attacker with push rights and no keys) works through t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +88,24 @@ def _pem(signer: CryptoSigner, path: Path) -> str:
     return f"file2:{path}"
 
 
+def start_tuf(local: LocalRegistry, repository: str, tmp: Path, patch: pytest.MonkeyPatch) -> TufWorld:
+    """A new TUF repository in `repository`: root v1 (one ed25519 root key) and one online key; this process
+    trusts that root in dev mode, signs with the online key, and acts as machine "publisher"."""
+    root_signer, online = CryptoSigner.generate_ed25519(), CryptoSigner.generate_ed25519()
+    root = tufrepo.new_root([root_signer.public_key], [online.public_key])
+    tufrepo.init_repository(Registry(repository), root, [root_signer], online)
+    root_path = tmp / "root.json"
+    root_path.write_bytes(Registry(repository).artifact("tuf-root-1", tufstore.MAX_BYTES) or b"")
+    patch.setenv(tufclient.DEV_ROOT_ENV, str(root_path))
+    patch.setenv(tufrepo.SIGNER_ENV, _pem(online, tmp / "online.pem"))
+    patch.setattr(tufclient, "ROOTS_DIR", tmp / "no-shipped-roots")
+    patch.delenv("SPARKFORGE_REGISTRY_USER", raising=False)
+    world = TufWorld(local, repository, tmp, root_signer, online, root_path, patch)
+    world.machine("publisher")
+    world.keep_timestamp()
+    return world
+
+
 @pytest.fixture
 def tuf_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TufWorld]:
     why = unavailable_reason()
@@ -96,17 +113,4 @@ def tuf_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TufWo
         fail_if_required(why)
         pytest.skip(why)
     with local_registry(tmp_path / "registry") as local:
-        repository = f"{local.host}/sparkforge/tuf-smoke"
-        root_signer, online = CryptoSigner.generate_ed25519(), CryptoSigner.generate_ed25519()
-        root = tufrepo.new_root([root_signer.public_key], [online.public_key])
-        root_path = tmp_path / "root.json"
-        tufrepo.init_repository(Registry(repository), root, [root_signer], online)
-        root_path.write_bytes(Registry(repository).artifact("tuf-root-1", tufstore.MAX_BYTES) or b"")
-        monkeypatch.setenv(tufclient.DEV_ROOT_ENV, str(root_path))
-        monkeypatch.setenv(tufrepo.SIGNER_ENV, _pem(online, tmp_path / "online.pem"))
-        monkeypatch.setattr(tufclient, "ROOTS_DIR", tmp_path / "no-shipped-roots")
-        world = TufWorld(local, repository, tmp_path, root_signer, online, root_path, monkeypatch)
-        world.machine("publisher")
-        world.keep_timestamp()
-        os.environ.pop("SPARKFORGE_REGISTRY_USER", None)
-        yield world
+        yield start_tuf(local, f"{local.host}/sparkforge/tuf-smoke", tmp_path, monkeypatch)
