@@ -376,7 +376,7 @@ def promote(
     before = {} if tools.runner.dry else history.current_digests(tools, moving)
     claims = {}
     if not tools.runner.dry and tagtrust.before_move(recipe, tools, index, dict(images)) is not None:
-        claims = _signed_claims(recipe, tools, dict(images))  # the GPU claims the targets will pin
+        claims = tagtrust.signed_claims(recipe, tools, dict(images))  # the GPU claims the targets will pin
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -393,22 +393,3 @@ def promote(
         recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir, claims
     )
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))
-
-
-def _signed_claims(recipe: Recipe, tools: Manifests, images: Mapping[str, str]) -> dict[str, list[str]]:
-    """platform -> the digest of the signed GPU claim that makes its image GPU-verified (else PublishError)."""
-    from sparkforge.registry.earlier import signed_gpu_claim
-
-    out, problems = {}, []
-    for platform, digest in sorted(images.items()):
-        why, claim = signed_gpu_claim(recipe, tools, platform, digest)
-        if why:
-            problems.append(f"{platform} {digest[:19]}: {why}")
-        out[platform] = [claim] if claim else []
-    if problems:
-        raise PublishError(
-            f"refusing to move the moving tags of {recipe.model.publish.repository}: a platform image has no "
-            f"signed GPU-verified claim ({' | '.join(problems)}); nothing was moved. fix: let the GPU verify job "
-            "attest it ('invoke sign.attest'), then promote"
-        )
-    return out

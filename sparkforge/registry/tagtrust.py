@@ -157,3 +157,22 @@ def crashed_report(recipe: Recipe, image: str, platform: str, error: str, tools:
         "suite": {},
         "checks": [{"name": "verify", "status": "failed", "reason": f"verify did not finish: {error[:500]}"}],
     }
+
+
+def signed_claims(recipe: Recipe, tools: Manifests, images: Mapping[str, str]) -> dict[str, list[str]]:
+    """platform -> the digest of the signed GPU claim that makes its image GPU-verified (else PublishError)."""
+    from sparkforge.registry.earlier import signed_gpu_claim
+
+    out, problems = {}, []
+    for platform, digest in sorted(images.items()):
+        why, claim = signed_gpu_claim(recipe, tools, platform, digest)
+        if why:
+            problems.append(f"{platform} {digest[:19]}: {why}")
+        out[platform] = [claim] if claim else []
+    if problems:
+        raise PublishError(
+            f"refusing to move the moving tags of {recipe.model.publish.repository}: a platform image has no "
+            f"signed GPU-verified claim ({' | '.join(problems)}); nothing was moved. fix: let the GPU verify job "
+            "attest it ('invoke sign.attest'), then promote"
+        )
+    return out

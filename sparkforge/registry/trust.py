@@ -99,10 +99,17 @@ def verify_remote(
     top = tag if DIGEST.fullmatch(tag) else tools.digest_of(ref)
     digest = image.rsplit("@", 1)[1] if "@" in image else top  # a single image pulled by tag: itself
     policy = Policy.of(recipe)
-    state = _tuf_state(recipe, ref, platform, tools) if policy is not None else None
-    pinned: list[str] | None = None
-    if moving and state is not None:
-        top, digest, pinned = _moving_target(state, ref, tag, platform, top, warn)
+    state, pinned = None, None
+    if policy is not None and Policy.for_verify(recipe) is not None:
+        try:
+            state = tufclient.refresh(repo, Registry(repo))
+            if moving:  # the signed targets, not the registry tag, say what a moving tag names
+                top, digest, pinned = state.pullable(tag, platform, top, warn)
+        except PublishError as exc:
+            what, _, fix = str(exc).rpartition("fix: ")
+            raise _refuse(
+                ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers"
+            ) from None
     _same_content(recipe, ref, top, digest, platform, tools)
     if state is not None and (why := state.revoked_of(top, digest)):
         raise _refuse(ref, platform, why, "pull another image: this one failed its verify")
@@ -176,41 +183,6 @@ def verify_remote(
     return Trusted(
         ref, platform, digest, top, policy.describe(), source["repository"], source["revision"], claim
     )
-
-
-def _tuf_state(recipe: Recipe, ref: str, platform: str, tools: Manifests) -> tufclient.TrustedState | None:
-    """The signed TUF targets of the recipe's repository (None for recipes without a verify signer)."""
-    if Policy.for_verify(recipe) is None:
-        return None
-    try:
-        return tufclient.refresh(tools.repository, Registry(tools.repository))
-    except PublishError as exc:
-        what, _, fix = str(exc).rpartition("fix: ")
-        raise _refuse(ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers") from None
-
-
-def _moving_target(
-    state: tufclient.TrustedState, ref: str, tag: str, platform: str, registry_top: str, warn: Echo
-) -> tuple[str, str, list[str]]:
-    """(index, platform image, pinned claim digests) the signed targets name for a moving tag."""
-    target = state.tags.get(tag)
-    if target is None:
-        why = (
-            f"the signed TUF targets v{state.version} no longer name it: {state.revoked_of(state.removed[tag].index, *state.removed[tag].platforms.values()) or 'removed'}"
-            if tag in state.removed
-            else f"the signed TUF targets v{state.version} name no {tag}: it was never promoted"
-        )
-        raise _refuse(
-            ref, platform, f"{tag} is a moving tag and {why}", "pull an immutable tag or digest that passed"
-        )
-    if platform not in target.platforms:
-        raise _refuse(ref, platform, f"the signed target of {tag} has no {platform} image", "pass --platform")
-    if registry_top != target.index:
-        warn(
-            f"sparkforge: WARNING: the registry's {ref} names {registry_top[:19]}, but the signed TUF targets name "
-            f"{target.index[:19]} (moved by hand?); pulling what the targets name"
-        )
-    return target.index, target.platforms[platform], target.claims.get(platform, [])
 
 
 def _same_content(recipe: Recipe, ref: str, top: str, digest: str, platform: str, tools: Manifests) -> None:

@@ -127,6 +127,32 @@ class TrustedState:
                 return f"{digest[:19]} is revoked by the signed TUF targets v{self.version}: {self.revoked[digest]}"
         return ""
 
+    def pullable(
+        self, tag: str, platform: str, registry_top: str, warn: console.Echo
+    ) -> tuple[str, str, list[str]]:
+        """(index, platform image, pinned claim digests) the signed targets name for a moving tag; warns when
+        the registry's tag names something else (moved by hand), refuses a tag they do not name."""
+        target = self.tags.get(tag)
+        if target is None:
+            gone = self.removed.get(tag)
+            why = (
+                f"the signed TUF targets v{self.version} no longer name it: "
+                + (self.revoked_of(gone.index, *gone.platforms.values()) or "removed")
+                if gone
+                else f"the signed TUF targets v{self.version} name no {tag}: it was never promoted"
+            )
+            raise PublishError(
+                f"{tag} is a moving tag and {why}; fix: pull an immutable tag or digest that passed"
+            )
+        if platform not in target.platforms:
+            raise PublishError(f"the signed target of {tag} has no {platform} image; fix: pass --platform")
+        if registry_top != target.index:
+            warn(
+                f"sparkforge: WARNING: the registry's {tag} names {registry_top[:19]}, but the signed TUF targets "
+                f"name {target.index[:19]} (moved by hand?); pulling what the targets name"
+            )
+        return target.index, target.platforms[platform], target.claims.get(platform, [])
+
     def metadata(self, folder: Path) -> Metadata[Targets]:
         return Metadata[Targets].from_file(str(folder / "targets.json"))
 
