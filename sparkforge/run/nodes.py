@@ -213,7 +213,9 @@ class ContainerSpec:
     gpus: bool = False
     shm_size: str | None = None
     ulimits: tuple[str, ...] = ()
-    mounts: tuple[str, ...] = ()  # docker --volume values (/models:/models:ro), or --mount ones (type=bind,...)
+    mounts: tuple[
+        str, ...
+    ] = ()  # docker --volume values (/models:/models:ro), or --mount ones (type=bind,...)
     cap_add: tuple[str, ...] = ()
     workdir: str | None = None
     devices: tuple[str, ...] = ()  # docker --device values (a directory adds every device under it)
