@@ -83,7 +83,6 @@ def verify_remote(
     *,
     allow_unsigned: bool = False,
     warn: Echo = console.warn,
-    require_verified: bool = False,
     allow_unverified: bool = False,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
@@ -123,6 +122,15 @@ def verify_remote(
             )
         if not allow_unsigned:
             raise _refuse(ref, platform, what, fix + "; or pass --allow-unsigned to accept it unverified")
+        if not allow_unverified:  # no signature, so no GPU claim can be checked either
+            raise _refuse(
+                ref,
+                platform,
+                what
+                + "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image "
+                "has none",
+                "pass --allow-unverified as well to take it anyway, loudly",
+            )
         warn(
             f"sparkforge: WARNING (--allow-unsigned): {ref} ({platform}) is NOT VERIFIED: {what}. Nobody vouches "
             "for what this image contains."

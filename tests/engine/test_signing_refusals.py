@@ -76,6 +76,7 @@ def test_refuses_an_unsigned_image_unless_allowed_loudly(signed: Signed, tmp_pat
         echo=lambda _: None,
         warn=warnings.append,
         allow_unsigned=True,
+        allow_unverified=True,
     )
     assert pulled.trust["unsigned"] is True and "NOT VERIFIED" in warnings[0]
     engine.remove_image(pulled.image)

@@ -117,12 +117,14 @@ def test_pull_by_digest_needs_a_gpu_verified_claim(signed: Signed, tmp_path: Pat
     image = _signed_image(signed, tmp_path, "digest-unverified", "digest")
     digest = image.rsplit("@", 1)[1]
     assert pull_signed(signed, digest).image == image  # without the rule (as before): no claim at all
-    with pytest.raises(SigningError, match=r"a digest is pulled only when GPU-verified.*--allow-unverified"):
+    with pytest.raises(
+        SigningError, match=r"every pull needs a signed GPU-verified claim.*--allow-unverified"
+    ):
         pull_signed(signed, digest, require_verified=True)
     warned: list[str] = []
     pulled = pulling.pull(
         signed.recipe, digest, platform="linux/amd64", runner=signed.runner, eng=signed.eng,
-        echo=lambda _: None, warn=warned.append, require_verified=True, allow_unverified=True,
+        echo=lambda _: None, warn=warned.append, allow_unverified=True,
     )  # fmt: skip
     assert pulled.image == image and "NOT GPU-VERIFIED" in warned[0]
     cli = subprocess.run(
