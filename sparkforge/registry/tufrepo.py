@@ -115,6 +115,11 @@ def online_signer(root: Root, role: str, uri: str | None = None) -> Signer:
             f"no TUF signing key: {SIGNER_ENV} is not set; fix: in CI the signing job sets "
             f"{SIGNER_ENV}=sigstore:?ambient=true (keyless); with a key, {SIGNER_ENV}=file2:/secure/online.pem"
         )
+    from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, SigstoreSigner
+
+    SIGNER_FOR_URI_SCHEME.setdefault(
+        SigstoreSigner.SCHEME, SigstoreSigner
+    )  # keyless: "sigstore:?ambient=true"
     problems = []
     for keyid in root.roles[role].keyids:
         try:

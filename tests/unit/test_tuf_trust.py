@@ -174,3 +174,24 @@ def test_root_rotation_through_the_chain(tuf_world: TufWorld) -> None:
     tuf_world.machine("fresh2")
     with pytest.raises(PublishError, match="does not verify"):
         tufclient.refresh(tuf_world.repository)
+
+
+def test_the_keyless_online_key_of_ci(tuf_world: TufWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The online roles of the real root are gpu-attest.yml's keyless identity: the URI CI sets finds that key,
+    and here (no OIDC token) it is a clear refusal, never a silent fallback to another key."""
+    from securesystemslib.signer import SigstoreKey
+
+    identity = "https://github.com/sparkforge/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main"
+    key = SigstoreKey(
+        "ci",
+        "sigstore-oidc",
+        "Fulcio",
+        {"identity": identity, "issuer": "https://token.actions.githubusercontent.com"},
+    )
+    root = tufrepo.new_root([tuf_world.root_signer.public_key], [key]).signed
+    for name in ("ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "SIGSTORE_ID_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(PublishError, match=r"names no key of the TUF role targets.*Sigstore credentials"):
+        tufrepo.online_signer(root, "targets", "sigstore:?ambient=true")
+    with pytest.raises(PublishError, match="names no key"):  # an ed25519 file is not the keyless key
+        tufrepo.online_signer(root, "targets", tuf_world.online_uri)

@@ -38,6 +38,7 @@ class TufWorld:
     online: CryptoSigner
     root_path: Path
     patch: pytest.MonkeyPatch
+    online_uri: str = ""
 
     @property
     def registry(self) -> Registry:
@@ -97,10 +98,11 @@ def start_tuf(local: LocalRegistry, repository: str, tmp: Path, patch: pytest.Mo
     root_path = tmp / "root.json"
     root_path.write_bytes(Registry(repository).artifact("tuf-root-1", tufstore.MAX_BYTES) or b"")
     patch.setenv(tufclient.DEV_ROOT_ENV, str(root_path))
-    patch.setenv(tufrepo.SIGNER_ENV, _pem(online, tmp / "online.pem"))
+    online_uri = _pem(online, tmp / "online.pem")
+    patch.setenv(tufrepo.SIGNER_ENV, online_uri)
     patch.setattr(tufclient, "ROOTS_DIR", tmp / "no-shipped-roots")
     patch.delenv("SPARKFORGE_REGISTRY_USER", raising=False)
-    world = TufWorld(local, repository, tmp, root_signer, online, root_path, patch)
+    world = TufWorld(local, repository, tmp, root_signer, online, root_path, patch, online_uri)
     world.machine("publisher")
     world.keep_timestamp()
     return world
