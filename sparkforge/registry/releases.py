@@ -67,9 +67,7 @@ def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool 
     past = tagtrust.read_log(recipe, tools, tag)  # the signed TUF targets when the recipe signs
     if not past.entries:
         raise history.no_history(tools.repository, tag, recipe.name)
-    current = (
-        tools.digest_of(f"{tools.repository}:{tag}") if tools.fetch(f"{tools.repository}:{tag}") else None
-    )
+    current = tagtrust.current_of(recipe, tools, tag)
     rows = []
     for entry in reversed(past.entries):
         platforms = {}

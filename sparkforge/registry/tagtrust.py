@@ -67,6 +67,17 @@ def read_log(recipe: Recipe, tools: Manifests, tag: str) -> TagHistory:
     return log_of(state_of(tools).moves_of(bare), tools.repository)
 
 
+def current_of(recipe: Recipe, tools: Manifests, tag: str) -> str | None:
+    """What `tag` names now: by the signed TUF targets when the recipe signs (None when they name nothing),
+    else by the registry tag."""
+    bare = history.tag_of(tools.repository, tag)
+    if Policy.for_verify(recipe) is None:
+        ref = f"{tools.repository}:{bare}"
+        return tools.digest_of(ref) if tools.fetch(ref) else None
+    target = state_of(tools).tags.get(bare)
+    return target.index if target else None
+
+
 def before_move(
     recipe: Recipe, tools: Manifests, index: str, images: Mapping[str, str]
 ) -> TrustedState | None:

@@ -123,13 +123,9 @@ def verify_remote(
         if not allow_unsigned:
             raise _refuse(ref, platform, what, fix + "; or pass --allow-unsigned to accept it unverified")
         if not allow_unverified:  # no signature, so no GPU claim can be checked either
+            why = "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image has none"
             raise _refuse(
-                ref,
-                platform,
-                what
-                + "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image "
-                "has none",
-                "pass --allow-unverified as well to take it anyway, loudly",
+                ref, platform, what + why, "pass --allow-unverified as well to take it anyway, loudly"
             )
         warn(
             f"sparkforge: WARNING (--allow-unsigned): {ref} ({platform}) is NOT VERIFIED: {what}. Nobody vouches "
