@@ -163,6 +163,23 @@ def _version_of(data: bytes | None) -> int:
     return int(Metadata.from_bytes(data).signed.version)
 
 
+# What python-tuf refused, in the words of the attack it means (first match wins: subclasses first).
+_REFUSALS = (
+    (tuf_errors.ExpiredMetadataError, "its TUF metadata has expired ({exc}): a freeze", "the timestamp"),
+    (
+        tuf_errors.BadVersionNumberError,
+        "the registry serves an older TUF version than this machine trusts ({exc}): a rollback",
+        "the newest metadata",
+    ),
+    (
+        tuf_errors.DownloadHTTPError,
+        "TUF metadata is missing from the registry ({exc}): deleted?",
+        "the metadata",
+    ),
+    (tuf_errors.RepositoryError, "its TUF metadata does not verify ({kind}: {exc})", "the metadata"),
+)
+
+
 def refresh(
     repository: str, registry: Registry | None = None, warn: console.Echo = console.warn
 ) -> TrustedState:
@@ -177,25 +194,11 @@ def refresh(
     try:
         updater = Updater(str(folder), tufstore.base_url(repository), fetcher=fetcher, bootstrap=bootstrap)
         updater.refresh()
-    except tuf_errors.ExpiredMetadataError as exc:
-        raise _refused(
-            repository, f"its TUF metadata has expired ({exc}): a freeze", "the timestamp"
-        ) from None
-    except tuf_errors.BadVersionNumberError as exc:
-        raise _refused(
-            repository,
-            f"the registry serves an older TUF version than this machine trusts ({exc}): a rollback",
-            "the newest metadata",
-        ) from None
-    except tuf_errors.DownloadHTTPError as exc:
-        raise _refused(
-            repository, f"TUF metadata is missing from the registry ({exc}): deleted?", "the metadata"
-        ) from None
-    except tuf_errors.RepositoryError as exc:
-        raise _refused(
-            repository, f"its TUF metadata does not verify ({type(exc).__name__}: {exc})", "the metadata"
-        ) from None
-    except tuf_errors.DownloadError as exc:
+    except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
+        for kind, what, restore in _REFUSALS:
+            if isinstance(exc, kind):
+                why = what.format(exc=exc, kind=type(exc).__name__)
+                raise _refused(repository, why, restore) from None
         raise PublishError(
             f"cannot read the TUF metadata of {repository} ({exc}); fix: check the registry"
         ) from None

@@ -226,12 +226,7 @@ def resign_timestamp(repository: str, registry: Registry | None = None) -> None:
 
 
 def _summary(target: TagTarget) -> dict[str, object]:
-    return {
-        "index": target.index,
-        "platforms": target.platforms,
-        "date": target.date,
-        "action": target.action,
-    }
+    return {k: v for k, v in target.custom().items() if k in ("index", "platforms", "date", "action")}
 
 
 def _target_file(path: str, digest: str, custom: dict[str, object]) -> TargetFile:
