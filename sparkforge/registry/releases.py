@@ -66,7 +66,9 @@ def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool 
     """The tag's history, newest first, each index with its platforms' signed verify and kernel claims."""
     past = tagtrust.read_log(recipe, tools, tag)  # the signed TUF targets when the recipe signs
     if not past.entries:
-        raise history.no_history(tools.repository, tag, recipe.name)
+        raise history.no_history(
+            tools.repository, tag, recipe.name, signed=Policy.for_verify(recipe) is not None
+        )
     current = tagtrust.current_of(recipe, tools, tag)
     rows = []
     for entry in reversed(past.entries):

@@ -47,7 +47,7 @@ def rollback(
     target = state.moves_of(bare) if state else None
     past = tagtrust.log_of(target, repo) if state else history.read(tools, tag)
     if not past.entries:
-        raise history.no_history(repo, tag, recipe_ref(recipe))
+        raise history.no_history(repo, tag, recipe_ref(recipe), signed=state is not None)
     if state:
         current: str | None = state.tags[bare].index if bare in state.tags else None
     else:

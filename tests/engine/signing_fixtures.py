@@ -135,6 +135,7 @@ def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
         # The TUF repository of the recipe's repository (dev root, online ed25519 key, a cache of this session)
         session_env = pytest.MonkeyPatch()
         session_env.setenv("SPARKFORGE_CACHE", str(tmp / "cache"))
+        (tmp / "tuf").mkdir(exist_ok=True)
         start_tuf(registry, recipe.model.publish.repository, tmp / "tuf", session_env)
         eng, runner = detect_engine(), Runner(log_dir=tmp / "logs", stream=False)
         candidates: dict[str, str] = {}
