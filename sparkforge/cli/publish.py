@@ -199,7 +199,11 @@ def pull(
     json: str = "",
     allow_unverified: bool = False,
 ) -> None:
-    """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
+    """Pull the recipe's published image and check its labels against the recipe's hash and pins.
+
+    Every path (default tag, --tag, --digest, moving tags) needs a signed GPU-verified claim for the platform and
+    an image the signed TUF metadata does not revoke; moving tags resolve through that metadata (docs/trust.md).
+    """
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.pull import pull as run_pull
 
