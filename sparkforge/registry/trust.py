@@ -153,7 +153,7 @@ def verify_remote(
     config = tools.config_digest(f"{repo}@{digest}")
     times = tlogtime.integrated_times(Registry(repo), digest)
     statements = found.statements
-    if pinned is not None and not any(s.predicate.get("status") != "passed" for s in statements):
+    if pinned and not any(s.predicate.get("status") != "passed" for s in statements):
         statements = tuple(s for s in statements if s.digest in pinned)  # the claims the targets moved on
     judged = judge_claims(recipe, platform, digest, config, statements, times)
     if judged.revoked or (moving and not judged.verdict.verified):
