@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata
 
@@ -79,26 +80,27 @@ class TufWorld:
         requests.delete(f"{self.local.url}/v2/{name}/manifests/{found[0]}", timeout=10).raise_for_status()
 
 
-def _pem(signer: CryptoSigner, path: Path) -> str:
-    key = signer._private_key  # the test made this key: write it where file2: URIs read keys
+def ed25519_key_file(path: Path) -> tuple[CryptoSigner, str]:
+    """A new ed25519 key written where `file2:` URIs read keys (PKCS#8 PEM): its signer and that URI."""
+    key = Ed25519PrivateKey.generate()
     path.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
-    return f"file2:{path}"
+    return CryptoSigner(key), f"file2:{path}"
 
 
 def start_tuf(local: LocalRegistry, repository: str, tmp: Path, patch: pytest.MonkeyPatch) -> TufWorld:
     """A new TUF repository in `repository`: root v1 (one ed25519 root key) and one online key; this process
     trusts that root in dev mode, signs with the online key, and acts as machine "publisher"."""
-    root_signer, online = CryptoSigner.generate_ed25519(), CryptoSigner.generate_ed25519()
+    root_signer = CryptoSigner.generate_ed25519()
+    online, online_uri = ed25519_key_file(tmp / "online.pem")
     root = tufrepo.new_root([root_signer.public_key], [online.public_key])
     tufrepo.init_repository(Registry(repository), root, [root_signer], online)
     root_path = tmp / "root.json"
     root_path.write_bytes(Registry(repository).artifact("tuf-root-1", tufstore.MAX_BYTES) or b"")
     patch.setenv(tufclient.DEV_ROOT_ENV, str(root_path))
-    online_uri = _pem(online, tmp / "online.pem")
     patch.setenv(tufrepo.SIGNER_ENV, online_uri)
     patch.setattr(tufclient, "ROOTS_DIR", tmp / "no-shipped-roots")
     patch.delenv("SPARKFORGE_REGISTRY_USER", raising=False)
