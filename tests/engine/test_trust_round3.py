@@ -80,7 +80,7 @@ def _attest_step(signed: Signed, image: str, report: Path | None) -> subprocess.
     try:
         if report is not None:
             target.write_text(report.read_text())
-        return signed.run_step("Attest the GPU verify report", IMAGE=image)
+        return signed.run_step("Check the evidence against the digest and attest it", IMAGE=image)
     finally:
         target.unlink(missing_ok=True)
 
@@ -92,9 +92,12 @@ def test_a_revocation_survives_erasing_the_failed_claim(signed: Signed, tmp_path
     assert pull_signed(signed, "latest").trust["verified"]["status"] == "passed"
     crashed = _attest_step(signed, image, None)  # verify crashed: CI attests a failed report with the error
     assert crashed.returncode == 0, crashed.stdout + crashed.stderr
-    assert "revoked" in crashed.stdout and "in the signed history of latest" in crashed.stdout
+    assert (
+        "revoked" in crashed.stdout
+        and "in the signed TUF targets; latest no longer names it" in crashed.stdout
+    )
     assert any("verify did not finish" in str(c.get("report")) for c in _claims(signed, image))
-    with pytest.raises(SigningError, match="FAILED"):
+    with pytest.raises(SigningError, match=r"no longer name it: .* is revoked by the signed TUF targets"):
         pull_signed(signed, "latest")
     assert _erase_failed_claims(signed, image) >= 1
     policy = Policy.for_verify(signed.recipe)
