@@ -140,7 +140,7 @@ def test_pull_by_digest_needs_a_gpu_verified_claim(signed: Signed, tmp_path: Pat
     assert cli.returncode != 0 and "GPU-verified" in cli.stderr and "Traceback" not in cli.stderr
     _attest(signed, image, tmp_path, GB10)
     shown = releases.pulled(signed.recipe, image, digest, signed.runner)
-    assert any(line.startswith("release: the signed log says:") for line in shown["lines"])
+    assert any(line.startswith("release: the signed TUF targets say:") for line in shown["lines"])
 
 
 def test_claims_are_read_and_shown_from_the_verify_signer_only(signed: Signed, tmp_path: Path) -> None:
