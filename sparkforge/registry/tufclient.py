@@ -210,7 +210,7 @@ def refresh(
             "the metadata this machine trusts",
         )
     new_targets = _read(folder / "targets.json") or b""
-    state = _state(repository, new_targets)
+    state = state_of_targets(repository, new_targets)
     _check_chain(repository, old_targets, new_targets, state)
     return state
 
@@ -231,7 +231,8 @@ def _check_chain(repository: str, old: bytes | None, new: bytes, state: TrustedS
         )
 
 
-def _state(repository: str, data: bytes) -> TrustedState:
+def state_of_targets(repository: str, data: bytes) -> TrustedState:
+    """The trusted state a verified targets file says (tags, revocations, removed tags)."""
     targets = Metadata[Targets].from_bytes(data).signed
     tags, removed = (
         {

@@ -159,12 +159,22 @@ def change_targets(
     change: Callable[[Targets, TrustedState], None],
     registry: Registry | None = None,
     warn: console.Echo = console.warn,
+    expired_ok: bool = False,
 ) -> TrustedState:
-    """Refresh, apply `change` to the next targets version, sign and write; compare-and-swap with retry."""
+    """Refresh, apply `change` to the next targets version, sign and write; compare-and-swap with retry.
+
+    `expired_ok` (the re-sign only): metadata that is valid but for its expiry is taken as the base, so that a
+    timestamp the daily job let expire can be renewed; rollback, deletion and forks are still refused.
+    """
     registry = registry or Registry(repository)
     folder = tufclient.metadata_dir(repository)
     for _ in range(ATTEMPTS):
-        state = tufclient.refresh(repository, registry, warn)
+        try:
+            state = tufclient.refresh(repository, registry, warn)
+        except PublishError as exc:
+            if not (expired_ok and "a freeze" in str(exc)):
+                raise
+            state = _expired_base(repository, registry, folder)
         served = registry.manifest(tufstore.tag_for("timestamp.json"))
         root = Metadata[Root].from_file(str(folder / "root.json")).signed
         current = state.metadata(folder)
@@ -221,8 +231,42 @@ def revoke(repository: str, digests: Mapping[str, str], registry: Registry | Non
 
 
 def resign_timestamp(repository: str, registry: Registry | None = None) -> None:
-    """A new timestamp (and snapshot) over the same targets, before the old one expires (daily job)."""
-    change_targets(repository, lambda targets, state: None, registry)
+    """A new timestamp (and snapshot) over the same targets (daily job); also renews one that expired."""
+    change_targets(repository, lambda targets, state: None, registry, expired_ok=True)
+
+
+def _expired_base(repository: str, registry: Registry, folder: Path) -> TrustedState:
+    """The registry's timestamp, snapshot and targets verified like the client does (signatures by the keys of
+    the root chain refresh already followed, hashes, versions not below this machine's) except for expiry;
+    written to this machine's trusted metadata as the base of the re-sign."""
+    root = Metadata[Root].from_file(str(folder / "root.json"))
+    if root.signed.is_expired():
+        raise PublishError(
+            f"the TUF root of {repository} has expired: only the maintainers can renew it (a new root version, "
+            "docs/trust.md: Rotating); fix: ask them"
+        )
+
+    def load(name: str, role: str, meta: MetaFile | None) -> bytes:
+        data = registry.artifact(tufstore.tag_for(name), tufstore.MAX_BYTES)
+        if data is None:
+            raise PublishError(f"{repository}: {name} is missing from the registry; fix: ask the maintainers")
+        if meta is not None:
+            meta.verify_length_and_hashes(data)
+        md = Metadata.from_bytes(data)
+        root.verify_delegate(role, md)
+        cached = folder / f"{role}.json"
+        if cached.is_file() and Metadata.from_file(str(cached)).signed.version > md.signed.version:
+            raise PublishError(f"{repository}: the registry serves an older {role} than this machine trusts")
+        return data
+
+    ts = load("timestamp.json", "timestamp", None)
+    snapshot_meta = Metadata[Timestamp].from_bytes(ts).signed.snapshot_meta
+    snap = load(f"{snapshot_meta.version}.snapshot.json", "snapshot", snapshot_meta)
+    targets_meta = Metadata[Snapshot].from_bytes(snap).signed.meta["targets.json"]
+    targets = load(f"{targets_meta.version}.targets.json", "targets", targets_meta)
+    for role, data in (("timestamp", ts), ("snapshot", snap), ("targets", targets)):
+        (folder / f"{role}.json").write_bytes(data)
+    return tufclient.state_of_targets(repository, targets)
 
 
 def _summary(target: TagTarget) -> dict[str, object]:

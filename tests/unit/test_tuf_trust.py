@@ -82,6 +82,13 @@ def test_freeze_an_expired_timestamp_is_refused(tuf_world: TufWorld, monkeypatch
     tuf_world.machine("fresh")
     with pytest.raises(PublishError, match=r"expired.*a freeze"):
         tufclient.refresh(tuf_world.repository)
+    # the daily re-sign (sign.tuf-timestamp) renews it, from any machine: the moves are all kept
+    monkeypatch.setitem(tufrepo.TTL, "timestamp", dt.timedelta(days=2))
+    tuf_world.machine("ci-runner")
+    tufrepo.resign_timestamp(tuf_world.repository)
+    tuf_world.machine("fresh2")
+    state = tufclient.refresh(tuf_world.repository)
+    assert (state.version, state.tags["latest"].index) == (3, Y)
 
 
 def test_fork_at_equal_version_is_refused(tuf_world: TufWorld) -> None:
