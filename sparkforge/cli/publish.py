@@ -183,7 +183,7 @@ def _check_pull_tag(tag: str) -> None:
         "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
         "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
         "allow_unsigned": "accept an image without a valid signature, LOUDLY (never for moving tags)",
-        "allow_unverified": "with --digest: take a digest without a signed GPU-verified claim, LOUDLY",
+        "allow_unverified": "take an image without a signed GPU-verified claim for the platform (any path), LOUDLY: prints what is missing",
         "json": "write what was pulled (local image reference, drift) here",
     }
 )
@@ -199,7 +199,11 @@ def pull(
     json: str = "",
     allow_unverified: bool = False,
 ) -> None:
-    """Pull the recipe's published image and check its labels against the recipe's hash and pins."""
+    """Pull the recipe's published image and check its labels against the recipe's hash and pins.
+
+    Every path (default tag, --tag, --digest, moving tags) needs a signed GPU-verified claim for the platform and
+    an image the signed TUF metadata does not revoke; moving tags resolve through that metadata (docs/trust.md).
+    """
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.pull import pull as run_pull
 
@@ -222,7 +226,6 @@ def pull(
         echo=echo,
         warn=warn,
         allow_unsigned=allow_unsigned,  # signing hook
-        require_verified=bool(digest),  # an earlier release: only GPU-verified, unless said loudly
         allow_unverified=allow_unverified,
     )
     echo(f"image: {result.image}")

@@ -1,4 +1,5 @@
-"""Invoke tasks for signing: sign (platform images, index, provenance), sign.attest (a verify report), sign.install."""
+"""Invoke tasks for signing: sign (platform images, index, provenance), sign.attest (a verify or kernel report),
+sign.tuf-timestamp (re-sign the TUF snapshot and timestamp), sign.install."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
         "report": "the verify report ('invoke verify --report')",
         "key": KEY_HELP,
         "crashed": "verify crashed and wrote no report: attest a failed report carrying this error instead",
+        "kernels": "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
         "platform": "with --crashed: the platform of --image (default: linux/arm64, the GPU job's)",
     }
 )
@@ -73,25 +75,37 @@ def attest(
     key: str = "",
     crashed: str = "",
     platform: str = "linux/arm64",
+    kernels: str = "",
 ) -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified.
 
-    A failed report also appends a signed revocation to every moving tag's history (a registry writer cannot
-    erase it); with --crashed, a minimal failed report with the error is attested (a crash revokes too).
+    A failed report also revokes the image in the signed TUF targets (a registry writer cannot erase it),
+    and every moving tag naming it leaves them; with --crashed, a minimal failed report with the error is attested (a crash revokes too).
     """
     from sparkforge.errors import SparkforgeError
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry import taglog
+    from sparkforge.registry import tagtrust
     from sparkforge.registry.attest import attest_report
     from sparkforge.registry.publish import tools_for
     from sparkforge.registry.signinputs import parse_verify_report
 
     check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
-    if bool(report) == bool(crashed):
+    if sum(map(bool, (report, crashed, kernels))) != 1:
         raise SparkforgeError(
-            "pass --report (the verify report) or --crashed ERROR (verify wrote none), not both"
+            "pass one of --report (the verify report), --crashed ERROR (verify wrote none) or --kernels (a "
+            "kernel report)"
         )
+    if kernels:
+        from sparkforge.registry.attest import attest_kernels
+
+        loaded = load_recipe(recipe)
+        data = _read_json(kernels, "'invoke kernels --json'")  # the image ID binding is checked on attest
+        cosign, signer = _tools(key)
+        tools = tools_for(loaded, cosign.runner, None, echo, "attest")
+        signed = attest_kernels(loaded, image, data, cosign, signer, tools)
+        echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+        return
     from sparkforge.oci import PLATFORMS
 
     if platform not in PLATFORMS:
@@ -102,11 +116,11 @@ def attest(
     cosign, signer = _tools(key)
     tools = tools_for(loaded, cosign.runner, None, echo, "attest")
     if crashed:
-        data = taglog.crashed_report(loaded, image, platform, crashed, tools)
+        data = tagtrust.crashed_report(loaded, image, platform, crashed, tools)
     signed = attest_report(loaded, image, data, cosign, signer, tools)
     echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-    for tag in taglog.revoke_failed(loaded, image, data, signer, tools):
-        echo(f"sparkforge: revoked {image} in the signed history of {tag}")
+    for tag in tagtrust.revoke_failed(loaded, image, data, tools):
+        echo(f"sparkforge: revoked {image} in the signed TUF targets; {tag} no longer names it")
 
 
 @task(help={"workdir": "where the .deb and a private apt state go (default: build/cosign)"})
@@ -129,7 +143,34 @@ def install(c: Context, workdir: str = "") -> None:
     echo(next((ln for ln in version.splitlines() if ln.startswith("GitVersion")), "cosign installed"))
 
 
+@task(
+    help={"recipe": "re-sign only this recipe's repository (default: every signing recipe in recipes/)"},
+    iterable=["recipe"],
+)
+@user_errors
+def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
+    """Re-sign the TUF snapshot and timestamp of each signing recipe's repository (daily; they expire).
+
+    Signs with $SPARKFORGE_TUF_SIGNER (docs/trust.md); refuses, like every TUF write, a registry that serves
+    older metadata than this machine trusts.
+    """
+    from sparkforge.recipe.loader import RECIPES_DIR, load_recipe
+    from sparkforge.registry.cosign import Policy
+    from sparkforge.registry.tufrepo import resign_timestamp
+
+    names = recipe or sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if not p.name.startswith("_"))
+    repositories = sorted(
+        {r.model.publish.repository for r in map(load_recipe, names) if Policy.for_verify(r) is not None}
+    )
+    for repository in repositories:
+        resign_timestamp(repository)
+        echo(f"sparkforge: re-signed the TUF snapshot and timestamp of {repository}")
+    if not repositories:
+        echo("sparkforge: no signing recipe: nothing to re-sign")
+
+
 ns = Collection("sign")
 ns.add_task(images, "images", default=True)
 ns.add_task(attest)
+ns.add_task(tuf_timestamp, "tuf-timestamp")
 ns.add_task(install)

@@ -28,7 +28,6 @@ from sparkforge.recipe.loader import REPO_ROOT, Recipe
 PROVENANCE = "https://slsa.dev/provenance/v1"
 VERIFY_CLAIM = "https://sparkforge.dev/attestations/verify/v1"
 KERNELS_CLAIM = "https://sparkforge.dev/attestations/kernels/v1"  # sparkforge.registry.releases
-TAG_LOG = "https://sparkforge.dev/attestations/tag-history/v1"  # sparkforge.registry.taglog
 BUILD_TYPE = "https://sparkforge.dev/build/v1"
 KEY_ENV = "SPARKFORGE_SIGNING_KEY"  # path (or cosign key URI) of the private key; unset means keyless
 
@@ -221,6 +220,8 @@ class Statement:
     predicate_type: str
     subjects: tuple[str, ...]  # sha256:... digests the statement is about
     predicate: dict[str, Any]
+    digest: str = ""  # sha256 (hex) of the statement's bytes: what the TUF targets pin a claim by
+    payload: str = ""  # the DSSE payload as cosign printed it (base64), to find its bundle in the registry
 
 
 @dataclass(frozen=True)
@@ -310,13 +311,19 @@ def _statements(output: str, predicate_type: str) -> list[Statement]:
         if not line.startswith("{"):
             continue
         envelope = json.loads(line)
-        statement = json.loads(base64.b64decode(envelope["payload"]))
+        raw = base64.b64decode(envelope["payload"])
+        statement = json.loads(raw)
         if statement.get("predicateType") != predicate_type:
             continue
         subjects = tuple(
             f"sha256:{s['digest']['sha256']}" for s in statement.get("subject", []) if "sha256" in s["digest"]
         )
-        out.append(Statement(predicate_type, subjects, dict(statement.get("predicate") or {})))
+        predicate = dict(statement.get("predicate") or {})
+        out.append(
+            Statement(
+                predicate_type, subjects, predicate, hashlib.sha256(raw).hexdigest(), envelope["payload"]
+            )
+        )
     return out
 
 

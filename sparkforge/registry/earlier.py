@@ -65,6 +65,11 @@ def _without_signing(path: Path) -> None:
 def signed_gpu_problem(recipe: Recipe, tools: Manifests, platform: str, digest: str) -> str:
     """Why the platform image `digest` is not GPU-verified by its signed claims, judged by the recipe its signed
     provenance names ('' when it is)."""
+    return signed_gpu_claim(recipe, tools, platform, digest)[0]
+
+
+def signed_gpu_claim(recipe: Recipe, tools: Manifests, platform: str, digest: str) -> tuple[str, str]:
+    """(why not GPU-verified or '', the sha256 of the deciding signed claim or '') for one platform image."""
     policy, verifier = Policy.of(recipe), Policy.for_verify(recipe)
     assert policy is not None and verifier is not None
     image = f"{recipe.model.publish.repository}@{digest}"
@@ -77,14 +82,15 @@ def signed_gpu_problem(recipe: Recipe, tools: Manifests, platform: str, digest: 
     ]
     mine = [p for p in params if p.get("platform") == platform]
     if not mine:
-        return "no signed provenance for this platform"
+        return "no signed provenance for this platform", ""
     want, revision = str(mine[0].get("recipeHash")), str((mine[0].get("source") or {}).get("revision"))
     old = recipe_at(recipe, revision, want, tools)
     if old is None:
         return (
             f"its signed provenance names recipe hash {want[:12]} at revision {revision[:12]}, which this clone "
-            "cannot load with that hash (fetch that revision, or its patches changed since)"
+            "cannot load with that hash (fetch that revision, or its patches changed since)",
+            "",
         )
     claims = cosign.attestations(image, verifier, VERIFY_CLAIM).statements
     judged = judge_claims(old, platform, digest, tools.config_digest(image), claims)
-    return "" if judged.verdict.verified else judged.reason
+    return ("", judged.claim_digest) if judged.verdict.verified else (judged.reason, "")

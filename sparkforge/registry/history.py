@@ -86,9 +86,14 @@ def record_ref(repository: str, tag: str) -> str:
     return f"{repository}:{tag_of(repository, tag)}{SUFFIX}"
 
 
-def no_history(repository: str, tag: str, recipe: str) -> PublishError:
+def no_history(repository: str, tag: str, recipe: str, signed: bool = False) -> PublishError:
+    where = (
+        "the signed TUF targets name no move of it"
+        if signed
+        else f"{record_ref(repository, tag)} is not in the registry"
+    )
     return PublishError(
-        f"{repository}:{tag} has no history ({record_ref(repository, tag)} is not in the registry): it was never "
+        f"{repository}:{tag} has no history ({where}): it was never "
         "moved by 'invoke publish --moving/--promote' of this sparkforge, or the tag does not exist; fix: check "
         f"--tag, or move it to a GPU-verified index with 'invoke publish --recipe {recipe} --promote sha256:...'"
     )
@@ -147,7 +152,7 @@ def append(
     entry: Entry,
     now: dt.datetime | None = None,
 ) -> TagHistory:
-    """Add `entry` to the tag's unsigned history (recipes without publish.signing; taglog signs the others)."""
+    """Add `entry` to the tag's unsigned history (recipes without publish.signing; signing recipes keep moves in the TUF targets: tagtrust)."""
     tag = tag_of(tools.repository, tag)
     current = read(tools, tag)
     updated = TagHistory(tools.repository, tag, (*current.entries, entry))

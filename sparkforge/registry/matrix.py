@@ -14,16 +14,13 @@ EXPORT = "mode=max,image-manifest=true,oci-mediatypes=true"
 
 
 def cache_refs(repo: str, name: str, arch: str, ref: str) -> tuple[str, str]:
-    """(cache_from, cache_to) for a build of `ref`: only main writes the shared cache main reads; another ref
-    reads it and writes a cache of its own; a release tag uses none (built from scratch: any workflow with
-    `packages: write` could have written a poisoned cache, so a release never reads one)."""
-    shared = f"{repo}:buildcache-{name}-{arch}"
-    if re.fullmatch(RELEASE_TAGS, ref):
+    """(cache_from, cache_to) for a build of `ref`. Published images (main, release tags) build without a
+    registry cache: the registry has no per-ref write rights, so any run with `packages: write` (any branch)
+    could write a cache main would read. Other refs, which never publish, read and write a cache of their own."""
+    if ref == MAIN or re.fullmatch(RELEASE_TAGS, ref):
         return "", ""
-    if ref == MAIN:
-        return f"type=registry,ref={shared}", f"type=registry,ref={shared},{EXPORT}"
-    own = f"{shared}-{re.sub(r'[^A-Za-z0-9_.-]', '-', ref.removeprefix('refs/'))[:80]}"
-    return f"type=registry,ref={shared}", f"type=registry,ref={own},{EXPORT}"
+    own = f"{repo}:buildcache-{name}-{arch}-{re.sub(r'[^A-Za-z0-9_.-]', '-', ref.removeprefix('refs/'))[:80]}"
+    return f"type=registry,ref={own}", f"type=registry,ref={own},{EXPORT}"
 
 
 def ci_matrix(recipes: Sequence[Recipe], ref: str = MAIN) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import history, taglog
+from sparkforge.registry import history, tagtrust
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms, manifest_content, repo_digest
 from sparkforge.registry.pushed import DIGESTS_DIR, PushedImage, read_build_metadata
 from sparkforge.verify import verified
@@ -366,11 +366,17 @@ def promote(
         )
     images = index_platforms(manifest)
     _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
-    require_gpu_verified(recipe, dict(images), evidence_dir)
+    from sparkforge.registry.cosign import Policy
+
+    signing = Policy.of(recipe) is not None and Policy.for_verify(recipe) is not None
+    if not signing:  # signing recipes: the signed GPU claims decide (below), on any machine
+        require_gpu_verified(recipe, dict(images), evidence_dir)
     if tools.buildx:  # the same label-drift rule as publish and pull, read from the registry
         _require_labels(recipe, tools, [f"{repo}@{index}"])
     before = {} if tools.runner.dry else history.current_digests(tools, moving)
-    taglog.before_move(recipe, tools, index, dict(images), before)  # signature, signed logs, revocations
+    claims = {}
+    if not tools.runner.dry and tagtrust.before_move(recipe, tools, index, dict(images)) is not None:
+        claims = tagtrust.signed_claims(recipe, tools, dict(images))  # the GPU claims the targets will pin
     if tools.buildx:
         tools.create(moving, [f"{repo}@{index}"])  # one index source: imagetools makes a carbon copy
         got = index if tools.runner.dry else tools.digest_of(moving[0])
@@ -383,5 +389,7 @@ def promote(
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
     names = (recipe.name, recipe.hash)
-    taglog.record_move(recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir)
+    tagtrust.record_move(
+        recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir, claims
+    )
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

@@ -73,14 +73,13 @@ def pull(
     echo: Echo = say,
     warn: Echo = warn_line,
     allow_unsigned: bool = False,
-    require_verified: bool = False,
     allow_unverified: bool = False,
 ) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
 
     A label that differs raises PublishError naming each one, or only warns with `allow_drift`. The platform's
     image is pulled by its digest from the index, so the image checked is exactly the one the tag names.
-    `require_verified` (pull --digest): the image needs a signed GPU-verified claim unless `allow_unverified`.
+    Every path (default tag, --tag, a digest) needs a signed GPU-verified claim unless `allow_unverified`.
     """
     platform = platform or oci.host_platform()
     ref = reference_for(recipe, tag)
@@ -114,7 +113,6 @@ def pull(
         tools,
         allow_unsigned=allow_unsigned,
         warn=warn,
-        require_verified=require_verified,
         allow_unverified=allow_unverified,
     )
     local = f"{repo}@{trusted.digest}"  # pull exactly the digest that was verified

@@ -12,7 +12,7 @@ from sparkforge.audit.compat import VERDICTS
 from sparkforge.commands import Runner
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
-from sparkforge.registry import history, taglog
+from sparkforge.registry import history, tagtrust
 from sparkforge.registry.cosign import (
     KERNELS_CLAIM,
     VERIFY_CLAIM,
@@ -64,12 +64,12 @@ def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
 
 def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool = True) -> dict[str, Any]:
     """The tag's history, newest first, each index with its platforms' signed verify and kernel claims."""
-    past = taglog.read_log(recipe, tools, tag)  # the signed log when the recipe signs
+    past = tagtrust.read_log(recipe, tools, tag)  # the signed TUF targets when the recipe signs
     if not past.entries:
-        raise history.no_history(tools.repository, tag, recipe.name)
-    current = (
-        tools.digest_of(f"{tools.repository}:{tag}") if tools.fetch(f"{tools.repository}:{tag}") else None
-    )
+        raise history.no_history(
+            tools.repository, tag, recipe.name, signed=Policy.for_verify(recipe) is not None
+        )
+    current = tagtrust.current_of(recipe, tools, tag)
     rows = []
     for entry in reversed(past.entries):
         platforms = {}
@@ -103,7 +103,7 @@ def find_release(recipe: Recipe, tools: Manifests, tags: list[str], digest: str)
     """The history entry (of any of `tags`) naming `digest` as an index or a platform image, if any (the
     signed log when the recipe signs)."""
     for tag in tags:
-        for entry in taglog.read_log(recipe, tools, tag).entries:
+        for entry in tagtrust.read_log(recipe, tools, tag).entries:
             if entry.action != "revoke" and (digest == entry.digest or digest in entry.platforms.values()):
                 return {"tag": tag, "date": entry.date, "action": entry.action, "index": entry.digest}
     return None
@@ -156,7 +156,9 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
             [t.rsplit(":", 1)[1] for t in plan.final_tags(recipe, dt.date.today()).moving],
             digest.rsplit("@", 1)[-1],
         )
-        says = "the signed log says" if Policy.for_verify(recipe) else "the unsigned history record says"
+        says = (
+            "the signed TUF targets say" if Policy.for_verify(recipe) else "the unsigned history record says"
+        )
         lines.append(
             f"release: {says}: {found['tag']} named it from {found['date']} ({found['action']})"
             if found

@@ -13,7 +13,7 @@ from sparkforge.console import Echo, say
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
-from sparkforge.registry import earlier, history, taglog
+from sparkforge.registry import earlier, history, tagtrust
 from sparkforge.registry import publish as pub
 from sparkforge.registry.cosign import Cosign, Policy
 from sparkforge.registry.manifests import Manifests, index_platforms
@@ -39,23 +39,31 @@ def rollback(
             "never move; fix: pass a moving tag, e.g. --rollback latest"
         )
     tools = pub.tools_for(recipe, runner, eng, echo, "rollback")
-    past = taglog.read_log(recipe, tools, tag)  # the signed log when the recipe signs
-    if not past.entries:
-        raise history.no_history(repo, tag, recipe_ref(recipe))
-    current = tools.digest_of(f"{repo}:{tag}") if tools.fetch(f"{repo}:{tag}") else None
-    revoked = taglog.revocations(past)
     policy = Policy.of(recipe)
+    signing = policy is not None and Policy.for_verify(recipe) is not None
+    state = tagtrust.state_of(tools) if signing else None
+    # signing recipes: the signed TUF targets (what the tag names there, its moves, the revoked list)
+    bare = history.tag_of(repo, tag)
+    target = state.moves_of(bare) if state else None
+    past = tagtrust.log_of(target, repo) if state else history.read(tools, tag)
+    if not past.entries:
+        raise history.no_history(repo, tag, recipe_ref(recipe), signed=state is not None)
+    if state:
+        current: str | None = state.tags[bare].index if bare in state.tags else None
+    else:
+        current = tools.digest_of(f"{repo}:{tag}") if tools.fetch(f"{repo}:{tag}") else None
+    revoked = set(state.revoked) if state else set()
     # The entries before the one that made the tag name what it names now, newest first.
     last = max((i for i, e in enumerate(past.entries) if e.digest == current), default=len(past.entries))
     # A release the tag was rolled back from is never a rollback target again.
     seen: set[str] = {current or ""} | {e.previous or "" for e in past.entries if e.action == "rollback"}
     refused: list[str] = []
     for entry in reversed(past.entries[:last]):
-        if entry.digest in seen or entry.action == "revoke":
+        if entry.digest in seen:
             continue
         seen.add(entry.digest)
         if {entry.digest, *entry.platforms.values()} & revoked:
-            refused.append(f"{entry.digest[:19]} ({entry.date}): revoked by a signed failed verify")
+            refused.append(f"{entry.digest[:19]} ({entry.date}): revoked in the signed TUF targets")
             continue
         if (
             policy is not None
@@ -105,8 +113,8 @@ def _move(
     echo: Echo,
 ) -> pub.Published:
     repo, index = recipe.model.publish.repository, entry.digest
-    if not tools.runner.dry:  # the index signature, the tag's signed log, no revocation
-        taglog.before_move(recipe, tools, index, images, {tag: current})
+    if not tools.runner.dry:  # the index signature, no revocation in the (refreshed) signed targets
+        tagtrust.before_move(recipe, tools, index, images)
     if tools.buildx:
         tools.create(
             [f"{repo}:{tag}"], [f"{repo}@{index}"]
@@ -121,5 +129,10 @@ def _move(
         )
     echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
     names = (entry.recipe, entry.recipe_hash)
-    taglog.record_move(recipe, tools, [tag], "rollback", names, index, images, {tag: current}, evidence_dir)
+    claims: dict[str, list[str]] = {}
+    if Policy.for_verify(recipe) is not None and not tools.runner.dry:
+        claims = {p: [earlier.signed_gpu_claim(recipe, tools, p, d)[1]] for p, d in sorted(images.items())}
+    tagtrust.record_move(
+        recipe, tools, [tag], "rollback", names, index, images, {tag: current}, evidence_dir, claims
+    )
     return pub.Published(recipe.name, repo, index, images, (tag,), (), "")

@@ -19,9 +19,10 @@ from sparkforge.console import Echo
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
-from sparkforge.registry import taglog
+from sparkforge.registry import tlogtime, tufclient
 from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
+from sparkforge.registry.ocidist import Registry
 from sparkforge.report import Check
 from sparkforge.verify import evidence
 from sparkforge.verify.evidence import GpuVerdict
@@ -82,21 +83,35 @@ def verify_remote(
     *,
     allow_unsigned: bool = False,
     warn: Echo = console.warn,
-    require_verified: bool = False,
     allow_unverified: bool = False,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
 
-    `image` is the platform image (repository@sha256:...) that will be pulled. A moving tag also needs a
-    signed GPU verify claim for this platform; `allow_unsigned` never applies to moving tags.
+    `image` is the platform image (repository@sha256:...) that will be pulled. Every path (the default tag,
+    --tag, a digest, a moving tag) needs a signed GPU-verified claim for this platform unless
+    `allow_unverified` (which prints what is missing); a moving tag is resolved through the signed TUF targets,
+    whose revoked list refuses any path. `allow_unsigned` never applies to moving tags.
     """
     repo = recipe.model.publish.repository
     tag = ref.rsplit("@", 1)[1] if "@" in ref else ref.rsplit(":", 1)[1]
     moving = is_moving(recipe, tag)
     top = tag if DIGEST.fullmatch(tag) else tools.digest_of(ref)
     digest = image.rsplit("@", 1)[1] if "@" in image else top  # a single image pulled by tag: itself
-    _same_content(recipe, ref, top, digest, platform, tools)
     policy = Policy.of(recipe)
+    state, pinned = None, None
+    if policy is not None and Policy.for_verify(recipe) is not None:
+        try:
+            state = tufclient.refresh(repo, Registry(repo))
+            if moving:  # the signed targets, not the registry tag, say what a moving tag names
+                top, digest, pinned = state.pullable(tag, platform, top, warn)
+        except PublishError as exc:
+            what, _, fix = str(exc).rpartition("fix: ")
+            raise _refuse(
+                ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers"
+            ) from None
+    _same_content(recipe, ref, top, digest, platform, tools)
+    if state is not None and (why := state.revoked_of(top, digest)):
+        raise _refuse(ref, platform, why, "pull another image: this one failed its verify")
     cosign = Cosign(tools.runner)
     problem = _signature_problem(policy, cosign, repo, top, digest)
     if problem:
@@ -107,6 +122,11 @@ def verify_remote(
             )
         if not allow_unsigned:
             raise _refuse(ref, platform, what, fix + "; or pass --allow-unsigned to accept it unverified")
+        if not allow_unverified:  # no signature, so no GPU claim can be checked either
+            why = "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image has none"
+            raise _refuse(
+                ref, platform, what + why, "pass --allow-unverified as well to take it anyway, loudly"
+            )
         warn(
             f"sparkforge: WARNING (--allow-unsigned): {ref} ({platform}) is NOT VERIFIED: {what}. Nobody vouches "
             "for what this image contains."
@@ -131,7 +151,11 @@ def verify_remote(
     assert verifier is not None
     found = cosign.attestations(f"{repo}@{digest}", verifier, VERIFY_CLAIM)
     config = tools.config_digest(f"{repo}@{digest}")
-    judged = judge_claims(recipe, platform, digest, config, found.statements)
+    times = tlogtime.integrated_times(Registry(repo), digest)
+    statements = found.statements
+    if pinned and not any(s.predicate.get("status") != "passed" for s in statements):
+        statements = tuple(s for s in statements if s.digest in pinned)  # the claims the targets moved on
+    judged = judge_claims(recipe, platform, digest, config, statements, times)
     if judged.revoked or (moving and not judged.verdict.verified):
         raise _refuse(
             ref,
@@ -143,50 +167,26 @@ def verify_remote(
             if not judged.revoked
             else "pull another image: this one failed its verify",
         )
-    _signed_log(recipe, ref, tag, platform, tools, verifier, moving, top, digest)  # revocations kept there
-    if require_verified and not judged.verdict.verified:
+    if not judged.verdict.verified:
         what = f"{repo}@{digest} ({platform}): {judged.reason} (verify attestations signed by {verifier.describe()})"
         if not allow_unverified:
             raise _refuse(
                 ref,
                 platform,
-                f"a digest is pulled only when GPU-verified, and {what}",
-                "pull a digest whose GPU verify passed ('invoke history' shows them), or pass --allow-unverified "
-                "to take it anyway, loudly",
+                f"every pull needs a signed GPU-verified claim for the platform, and {what}",
+                "pull a tag or digest whose GPU verify passed ('invoke history' shows them), or pass "
+                "--allow-unverified to take it anyway, loudly",
             )
         warn(
-            f"sparkforge: WARNING (--allow-unverified): {ref} ({platform}) is NOT GPU-VERIFIED: {what}. Its "
-            "signature and provenance were checked; nobody vouches that its kernels run on the recipe's GPU."
+            f"sparkforge: WARNING (--allow-unverified): {ref} ({platform}) is NOT GPU-VERIFIED. Missing: a "
+            f"GPU-verified claim signed by {verifier.describe()} for {platform} of recipe hash "
+            f"{recipe.hash[:12]}; found: {judged.reason}. Its signature and provenance were checked; nobody "
+            "vouches that its kernels run on the recipe's GPU."
         )
     claim = judged.claim if judged.verdict.verified else {}
     return Trusted(
         ref, platform, digest, top, policy.describe(), source["repository"], source["revision"], claim
     )
-
-
-def _signed_log(
-    recipe: Recipe,
-    ref: str,
-    tag: str,
-    platform: str,
-    tools: Manifests,
-    verifier: Policy,
-    moving: bool,
-    top: str,
-    digest: str,
-) -> None:
-    """A moving tag's signed log says it names `top`; no signed log of a moving tag revokes what is pulled."""
-    try:
-        if moving:
-            revoked = taglog.revocations(taglog.check_moving_tag(tools, tag, top, verifier))
-            why = "its signed history records a failed verify of it" if {top, digest} & revoked else ""
-        else:
-            why = taglog.revoked_in_logs(recipe, tools, verifier, {"image": digest, "index": top})
-    except PublishError as exc:
-        what, _, fix = str(exc).rpartition("fix: ")
-        raise _refuse(ref, platform, what.rstrip(" .;") or str(exc), fix or "ask the maintainers") from None
-    if why:
-        raise _refuse(ref, platform, why, "pull another image: this one failed its verify")
 
 
 def _same_content(recipe: Recipe, ref: str, top: str, digest: str, platform: str, tools: Manifests) -> None:
@@ -270,12 +270,23 @@ class Judged:
     reason: str
     claim: dict[str, Any] = field(default_factory=dict)  # the newest claim (summary), if any
     revoked: bool = False  # a signed claim for this digest failed
+    claim_digest: str = ""  # sha256 of the newest claim's statement (what the TUF targets pin)
 
 
 def judge_claims(
-    recipe: Recipe, platform: str, digest: str, config: str, statements: Sequence[Statement]
+    recipe: Recipe,
+    platform: str,
+    digest: str,
+    config: str,
+    statements: Sequence[Statement],
+    times: Mapping[str, str] | None = None,
 ) -> Judged:
-    """THE GPU-verified rule (evidence.gpu_verdict) applied to the report inside the newest signed claim."""
+    """THE GPU-verified rule (evidence.gpu_verdict) applied to the report inside the newest signed claim.
+
+    "Newest" by the transparency log's integrated time where the claim's bundle has one (`times`: payload ->
+    time), else by the signer's clock (`attestedAt`), labelled as such.
+    """
+    times = times or {}
     sm = evidence.sm_of(evidence.capability_of(recipe.model.gpu))
     mine = [s for s in statements if digest in s.subjects]
     if not mine:
@@ -283,21 +294,23 @@ def judge_claims(
         return Judged(none, "carries no signed GPU verify attestation")
     failed = [s for s in mine if s.predicate.get("status") != "passed"]
     if failed:
-        when = failed[-1].predicate.get("attestedAt", "an unknown time")
+        when = tlogtime.when(failed[-1], times)
         revoked = GpuVerdict(False, "a signed verify failed", None, sm)
         return Judged(
             revoked,
             f"has a signed verify attestation that FAILED ({when}); a failure revokes every pass",
             revoked=True,
         )
-    newest = max(mine, key=lambda s: str(s.predicate.get("attestedAt") or ""))
+    newest = max(mine, key=lambda s: tlogtime.sort_key(s, times))
     p = newest.predicate
-    summary = {
-        k: p.get(k) for k in ("status", "platform", "recipeHash", "suiteHash", "imageId", "gpu", "attestedAt")
-    }
+    summary = {k: p.get(k) for k in ("status", "platform", "recipeHash", "suiteHash", "imageId", "gpu")}
+    summary["attestedAt"], summary["attestedAtSource"] = tlogtime.time_and_source(newest, times)
     verdict = claim_verdict(p, recipe, platform, config)
     return Judged(
-        verdict, f"its newest signed verify claim ({p.get('attestedAt')}): {verdict.reason}", summary
+        verdict,
+        f"its newest signed verify claim ({tlogtime.when(newest, times)}): {verdict.reason}",
+        summary,
+        claim_digest=newest.digest,
     )
 
 

@@ -1,14 +1,23 @@
-"""Our own workflow check (`invoke lint`, beside zizmor): what may reach the GPU runner and sign as the verifier.
+"""Our own workflow check (`invoke lint`, beside zizmor): what may reach the GPU runner, sign, or feed a
+published image, read as an allow-list: what it cannot prove safe is refused.
 
-The `[self-hosted, dgx-spark]` runner holds the GPU verify identity's jobs. A job on it must run only for
-`refs/heads/main` (a top-level `github.ref == 'refs/heads/main'` condition of its `if:`), in a workflow that no
-pull request, comment or other workflow's run can trigger; a reusable workflow with such a job, or with an OIDC
-token, must also refuse callers from other repositories (`github.repository == 'OWNER/REPO'`): a caller's
-certificate names our workflow file whatever repository calls it.
+- `runs-on` is proven GitHub-hosted only when every label is a hosted image (HOSTED) or it is `${{ matrix.runner }}`
+  of a matrix made by `invoke ci.matrix` (whose runners are oci.PLATFORMS' hosted runners). Anything else (a
+  self-hosted label with or without `self-hosted`, a runner-group object, another expression) may reach the GPU
+  runner, so its job must be provably main only.
+- "Main only": `github.ref == 'refs/heads/main'` is a top-level `&&` term of `if:` and the condition has no
+  top-level `||` (`main && x || y` runs for any ref when y holds).
+- A reusable workflow is followed whether called as `./.github/workflows/F` or `OWNER/REPO/.github/workflows/F@REF`
+  (this repository); one from another repository cannot be read, so it counts as reaching the GPU runner.
+- A workflow that reaches the GPU runner has no trigger that carries others' code or choice of ref
+  (UNSAFE_TRIGGERS); a reusable one with the GPU runner or an OIDC token refuses callers from other repositories.
+- Build caches: no workflow names a registry or GitHub cache itself (`type=registry`, `type=gha`, `cache-from`
+  outside the matrix's values); the matrix gives main and release tags none (matrix.cache_refs).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +36,16 @@ UNSAFE_TRIGGERS = (
     "discussion_comment",
 )
 MAIN_ONLY = "github.ref == 'refs/heads/main'"
+HOSTED = re.compile(r"(ubuntu|windows|macos)-(latest|\d[\w.]*)(-arm)?")  # GitHub-hosted runner images
+MATRIX_RUNNER = "${{ matrix.runner }}"
+MATRIX_FROM_PLAN = "${{ fromJSON(needs.plan.outputs.matrix) }}"
+CACHE_WORDS = re.compile(
+    r"type=(registry|gha|local|s3|azblob)|cache-(from|to)(?!\s+\"?\$\{CACHE_(FROM|TO)\})"
+)
 
 
-def conjuncts(expression: str) -> list[str]:
-    """The top-level `&&` terms of an `if:` expression (outside parentheses and quotes), normalised."""
+def _split(expression: str, op: str) -> list[str]:
+    """The top-level `op` terms of an expression (outside parentheses and quotes), normalised."""
     text = expression.strip()
     if text.startswith("${{") and text.endswith("}}"):
         text = text[3:-2]
@@ -42,11 +57,22 @@ def conjuncts(expression: str) -> list[str]:
             depth += 1
         elif not quoted and ch == ")":
             depth -= 1
-        elif not quoted and depth == 0 and text.startswith("&&", i):
+        elif not quoted and depth == 0 and text.startswith(op, i):
             terms.append(text[start:i])
-            start = i + 2
+            start = i + len(op)
     terms.append(text[start:])
     return [" ".join(t.split()) for t in terms]
+
+
+def conjuncts(expression: str) -> list[str]:
+    """The top-level `&&` terms of an `if:` expression; [] when it has a top-level `||` (not a conjunction)."""
+    if len(_split(expression, "||")) > 1:
+        return []
+    return _split(expression, "&&")
+
+
+def main_only(condition: object) -> bool:
+    return isinstance(condition, str) and MAIN_ONLY in conjuncts(condition)
 
 
 def _triggers(data: Mapping[Any, Any]) -> dict[str, Any]:
@@ -58,27 +84,51 @@ def _triggers(data: Mapping[Any, Any]) -> dict[str, Any]:
     return dict(on or {})
 
 
-def _on_gpu(job: Mapping[str, Any]) -> bool:
+def _hosted_matrix_runners() -> bool:
+    from sparkforge import oci
+
+    return all(HOSTED.fullmatch(oci.get(p).runner) for p in oci.PLATFORMS)
+
+
+def _hosted(job: Mapping[str, Any]) -> bool:
+    """True only when the job's runner is provably GitHub-hosted (never the GPU runner)."""
     labels = job.get("runs-on")
-    labels = [labels] if isinstance(labels, str) else list(labels or [])
-    return "self-hosted" in labels
+    if labels == MATRIX_RUNNER:
+        return (job.get("strategy") or {}).get("matrix") == MATRIX_FROM_PLAN and _hosted_matrix_runners()
+    if isinstance(labels, str):
+        labels = [labels]
+    if not isinstance(labels, list) or not labels:
+        return False  # a runner-group object, or nothing readable
+    return all(isinstance(label, str) and HOSTED.fullmatch(label) for label in labels)
+
+
+def _called(job: Mapping[str, Any], repository: str) -> str | None:
+    """The workflow file a job calls in this repository ('' for one elsewhere; None when it calls none)."""
+    uses = str(job.get("uses") or "")
+    if not uses:
+        return None
+    if uses.startswith("./.github/workflows/"):
+        return uses.removeprefix("./.github/workflows/")
+    found = re.fullmatch(r"([^/]+/[^/]+)/\.github/workflows/([^@]+)@.+", uses)
+    return found.group(2) if found and found.group(1).lower() == repository.lower() else ""
 
 
 def workflow_problems(workflows: Mapping[str, Mapping[Any, Any]], repository: str) -> list[str]:
     """Every way a workflow (file name -> parsed YAML) lets a pull request, another ref or another repository
-    reach the GPU runner or the verify identity."""
+    reach the GPU runner or the verify identity, in a shape this check cannot prove safe."""
     problems = []
     gpu_files = {
-        name for name, data in workflows.items() if any(_on_gpu(j) for j in (data.get("jobs") or {}).values())
+        name
+        for name, data in workflows.items()
+        if any("uses" not in j and not _hosted(j) for j in (data.get("jobs") or {}).values())
     }
     same_repo = f"github.repository == '{repository}'"
     for name, data in sorted(workflows.items()):
         triggers = _triggers(data)
         for job_name, job in sorted((data.get("jobs") or {}).items()):
-            called = str(job.get("uses") or "").removeprefix("./.github/workflows/")
-            gpu = _on_gpu(job) or called in gpu_files
+            called = _called(job, repository)
+            gpu = (called is None and not _hosted(job)) or called == "" or called in gpu_files
             token = (job.get("permissions") or {}).get("id-token") == "write"
-            terms = conjuncts(str(job.get("if") or ""))
             where = f"{name} job {job_name}"
             if gpu:
                 for trigger in UNSAFE_TRIGGERS:
@@ -86,16 +136,47 @@ def workflow_problems(workflows: Mapping[str, Mapping[Any, Any]], repository: st
                         problems.append(
                             f"{where} sends {trigger} runs to the GPU runner; fix: drop that trigger"
                         )
-                if MAIN_ONLY not in terms:
+                if not main_only(job.get("if")):
                     problems.append(
-                        f"{where} reaches the GPU runner from refs other than main; fix: make "
-                        f'"{MAIN_ONLY}" a top-level && condition of its if:'
+                        f"{where} may reach the GPU runner (runs-on {job.get('runs-on', job.get('uses'))!r} is not "
+                        f'provably GitHub-hosted) from refs other than main; fix: make "{MAIN_ONLY}" a top-level '
+                        "&& condition of its if: with no top-level ||, or run it on a GitHub-hosted label"
                     )
-            if "workflow_call" in triggers and (gpu or token) and same_repo not in terms:
+            if (
+                "workflow_call" in triggers
+                and (gpu or token)
+                and same_repo not in conjuncts(str(job.get("if") or ""))
+            ):
                 problems.append(
                     f"{where}: a reusable workflow with the GPU runner or an OIDC token can be called from "
                     f'another repository; fix: make "{same_repo}" a top-level && condition of its if:'
                 )
+    return problems + cache_problems(workflows)
+
+
+def cache_problems(workflows: Mapping[str, Mapping[Any, Any]]) -> list[str]:
+    """A build cache another ref can write must never reach a published image (main and release tags)."""
+    from sparkforge.recipe.identity import MAIN
+    from sparkforge.registry.matrix import cache_refs
+
+    problems = []
+    for ref in (MAIN, "refs/tags/v1.2.3"):
+        if any(cache_refs("ghcr.io/o/r", "recipe", "arm64", ref)):
+            problems.append(
+                f"the CI matrix gives {ref} a registry build cache; fix: published images build without one "
+                "(registry/matrix.py cache_refs)"
+            )
+    for name, data in sorted(workflows.items()):
+        for job_name, job in sorted((data.get("jobs") or {}).items()):
+            for step in job.get("steps") or []:
+                text = yaml.safe_dump(step)
+                found = CACHE_WORDS.search(text)
+                if found:
+                    problems.append(
+                        f"{name} job {job_name} names a build cache itself ({found.group(0).strip()!r}); fix: take "
+                        "--cache-from/--cache-to only from the matrix (${{ matrix.cache_from }}), which gives "
+                        "published builds none"
+                    )
     return problems
 
 

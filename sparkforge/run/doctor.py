@@ -22,7 +22,7 @@ from sparkforge.run import stages
 from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.fabricstate import drift, state_dir
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.jobs import HOST_ROOT_MOUNT, Job, Outcome, first_event, remove_jobs, run_jobs
+from sparkforge.run.jobs import Job, Outcome, first_event, probe_mounts, remove_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
@@ -127,7 +127,11 @@ def _addresses(
 ) -> list[NodeFacts]:
     path_args = [a for kind, path in options.paths for a in ("--path", f"{kind}={path}")]
     jobs = [
-        Job(engine, ("probe", "--listen", str(options.master_port), *path_args), mounts=(HOST_ROOT_MOUNT,))
+        Job(
+            engine,
+            ("probe", "--listen", str(options.master_port), *path_args),
+            mounts=probe_mounts([path for _, path in options.paths]),
+        )
         for engine in engines
     ]
 

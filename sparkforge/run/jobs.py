@@ -20,7 +20,21 @@ from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
 FACTS_SCRIPT = SANITY_SCRIPT.with_name("cluster_facts.py")  # the readers, imported by the helper
-HOST_ROOT_MOUNT = "/:/run/sparkforge-host:ro"  # the probe reads the node's own paths and /etc (RemoveIPC)
+HOST_ROOT = (
+    "/run/sparkforge-host"  # where the probe finds what it reads of the node (cluster_facts.HOST_ROOT)
+)
+# What the probe reads of the node, and nothing else: systemd's logind.conf(.d) (RemoveIPC) and the node's own
+# libnccl (cluster_facts.NCCL_DIRS are all under /usr); each mounted read-only at HOST_ROOT + its path.
+HOST_READS = ("/etc/systemd", "/usr")
+
+
+def probe_mounts(paths: Sequence[str] = ()) -> tuple[str, ...]:
+    """Read-only bind mounts (docker --mount) of exactly what the probe reads on the node, plus the --path
+    entries the doctor checks. A source missing on the node is docker's refusal ('bind source path does not
+    exist'), never a directory created there (as --volume would)."""
+    return tuple(f"type=bind,source={p},target={HOST_ROOT}{p},readonly" for p in (*HOST_READS, *paths))
+
+
 RDMA_DEVICES = ("/dev/infiniband",)  # uverbsN and rdma_cm: what ibverbs opens
 # Runs the helper with its readers installed as the module `cluster_facts`, on any image with python3.
 _BOOTSTRAP = """import sys, types

@@ -213,7 +213,9 @@ class ContainerSpec:
     gpus: bool = False
     shm_size: str | None = None
     ulimits: tuple[str, ...] = ()
-    mounts: tuple[str, ...] = ()  # docker --volume values, e.g. /models:/models:ro
+    mounts: tuple[
+        str, ...
+    ] = ()  # docker --volume values (/models:/models:ro), or --mount ones (type=bind,...)
     cap_add: tuple[str, ...] = ()
     workdir: str | None = None
     devices: tuple[str, ...] = ()  # docker --device values (a directory adds every device under it)
@@ -238,8 +240,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--cap-add", cap]
     for device in spec.devices:
         argv += ["--device", device]
-    for mount in spec.mounts:
-        argv += ["--volume", mount]
+    for mount in spec.mounts:  # "type=bind,..." is a --mount (no source created), else a --volume
+        argv += ["--mount" if mount.startswith("type=") else "--volume", mount]
     for key, value in sorted(spec.env.items()):
         argv += ["--env", f"{key}={value}"]
     if spec.workdir:

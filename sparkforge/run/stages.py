@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from sparkforge.report import Check
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.jobs import HOST_ROOT_MOUNT, Job, Outcome, first_event, run_jobs
+from sparkforge.run.jobs import Job, Outcome, first_event, probe_mounts, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 # Published figures (benchmarks/cluster.md): NCCL all_gather bus bandwidth over one CX-7 port ~19-24 GB/s.
@@ -127,7 +127,7 @@ def nccl_probe(
     host_root: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Per node the libnccl the image's torch loads; with `host_root`, the node's own (`host`) read beside it."""
-    extra = (HOST_ROOT_MOUNT,) if host_root else ()
+    extra = probe_mounts() if host_root else ()
     outcomes = run_jobs(
         [Job(e, ("nccl-library",), mounts=(*mounts.get(e.node.rank, ()), *extra)) for e in engines],
         options.image,

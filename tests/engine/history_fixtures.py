@@ -29,7 +29,6 @@ from sparkforge.engine import Engine, detect_engine
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.registry import publish as pub
-from sparkforge.registry import taglog
 from sparkforge.registry.attest import attest_kernels, attest_report
 from sparkforge.registry.cosign import Cosign, Signer
 from sparkforge.registry.manifests import Manifests
@@ -42,6 +41,7 @@ from tests.recipe_files import SMOKE, write_recipe_file
 from tests.unit.audit_fixtures import nvcc_available
 from tests.unit.release_fixtures import release_tree
 from tests.unit.test_evidence import passing_checks
+from tests.unit.tuf_fixtures import start_tuf
 
 PLATFORM = "linux/amd64"
 VERSIONS = {"native": "0.33.0", "family": "0.34.0"}  # release -> vLLM pin
@@ -201,7 +201,9 @@ def releases(base_amd64: str, tmp_path_factory: pytest.TempPathFactory):
     with local_registry(tmp / "registry") as registry, pytest.MonkeyPatch.context() as patch:
         patch.setenv("COSIGN_PASSWORD", PASSWORD)
         patch.setenv("SPARKFORGE_SIGNING_KEY", str(keys / "cosign.key"))  # signs the tag log at promote
-        patch.setenv(taglog.STATE_ENV, str(tmp / "tag-logs"))  # this session's registry: a state of its own
+        patch.setenv(
+            "SPARKFORGE_CACHE", str(tmp / "cache")
+        )  # this session's registry: trusted TUF state of its own
         state = {
             "registry": registry, "eng": detect_engine(), "runner": Runner(log_dir=tmp / "logs", stream=False),
             "evidence": tmp / "verified", "keys": keys, "images": [], "day": dt.date(2026, 12, 1),
@@ -210,6 +212,9 @@ def releases(base_amd64: str, tmp_path_factory: pytest.TempPathFactory):
         try:
             for name, vllm in VERSIONS.items():
                 recipe = _recipe(tmp / "recipes", registry, keys / "cosign.pub", vllm)
+                if not made:  # the TUF repository of the releases' repository (dev root, online ed25519 key)
+                    (tmp / "tuf").mkdir(exist_ok=True)
+                    start_tuf(registry, recipe.model.publish.repository, tmp / "tuf", patch)
                 made[name] = _release(state, name, base_amd64, recipe, tmp)
             yield Releases(
                 registry,

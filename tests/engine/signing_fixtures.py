@@ -27,17 +27,19 @@ from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
-from sparkforge.registry import history, taglog
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pull as pulling
-from sparkforge.registry.cosign import TAG_LOG, Cosign, Policy, Signer
+from sparkforge.registry import tufrepo
+from sparkforge.registry.cosign import Cosign
 from sparkforge.registry.manifests import Manifests
+from sparkforge.registry.tufclient import TagTarget
 from sparkforge.report import Check, Report
 from sparkforge.verify.evidence import suite_digest
 from sparkforge.verify.suite import SUITE_DIR
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
 from tests.recipe_files import smoke_recipe_file
+from tests.unit.tuf_fixtures import start_tuf
 
 WORKFLOWS = (
     REPO_ROOT / ".github" / "workflows" / "images.yml",
@@ -125,13 +127,16 @@ def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
         if reason:
             skip_or_fail(reason)
     tmp = tmp_path_factory.mktemp("signing")
-    # The longest tag log this machine read (taglog): per session, so a registry reused on the same port is new.
-    os.environ.setdefault(taglog.STATE_ENV, str(tmp / "tag-logs"))
     keys, other = _keypair(tmp / "keys"), _keypair(tmp / "other-keys")
     name = f"signing-test-{os.getpid()}"
     published_json = REPO_ROOT / "build" / "published" / f"{name}.json"
     with local_registry(tmp / "registry") as registry:
         recipe = load_recipe(signed_recipe_file(tmp / "recipe", registry, keys / "cosign.pub"))
+        # The TUF repository of the recipe's repository (dev root, online ed25519 key, a cache of this session)
+        session_env = pytest.MonkeyPatch()
+        session_env.setenv("SPARKFORGE_CACHE", str(tmp / "cache"))
+        (tmp / "tuf").mkdir(exist_ok=True)
+        start_tuf(registry, recipe.model.publish.repository, tmp / "tuf", session_env)
         eng, runner = detect_engine(), Runner(log_dir=tmp / "logs", stream=False)
         candidates: dict[str, str] = {}
         digests: dict[str, str] = {}
@@ -204,6 +209,10 @@ def _with_revision(image: str, platform: str, tag: str, tmp: Path, revision: str
 def pull_signed(
     signed: Signed, tag: str | None = None, platform: str = "linux/amd64", **kw
 ) -> pulling.Pulled:
+    """pull as a test of signatures: GPU claims are required (every path) only where a test says
+    `require_verified=True`; otherwise --allow-unverified (the claims are tested where named)."""
+    if not kw.pop("require_verified", False):
+        kw.setdefault("allow_unverified", True)
     return pulling.pull(
         signed.recipe, tag, platform=platform, runner=signed.runner, eng=signed.eng, **QUIET, **kw
     )
@@ -239,24 +248,8 @@ def verify_report(
 def log_move(
     signed: Signed, tag: str, index: str, platforms: dict[str, str], key: Path | None = None
 ) -> None:
-    """What promote appends: a move of `tag` to `index` in its signed log (by the verify signer's key)."""
-    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    """What promote writes: the signed TUF targets name `index` (and its platform images) for `tag`."""
+    del key  # the TUF targets are signed by the online TUF key, not a cosign key
     recipe = signed.recipe
-    entry = history.new_entry(
-        "promote", recipe.name, recipe.hash, index, platforms, None, signed.keys, recipe.model.gpu
-    )
-    policy = Policy.for_verify(recipe)
-    assert policy is not None
-    signer = Signer(str(key or signed.keys / "cosign.key"))
-    taglog.append_signed(signed.manifests(), tag, entry, signer, policy)
-
-
-def countersign_log(signed: Signed, tag: str, key: Path) -> None:
-    """The tag's current signed log, signed again by `key` (a recipe whose verify_key is that key reads it)."""
-    os.environ["COSIGN_PASSWORD"] = PASSWORD
-    policy = Policy.for_verify(signed.recipe)
-    assert policy is not None
-    found = taglog.read_signed(signed.manifests(), tag, policy)
-    assert found is not None
-    repo = signed.recipe.model.publish.repository
-    signed.cosign().attest(f"{repo}@{found[1]}", TAG_LOG, taglog.predicate(found[0]), Signer(str(key)))
+    target = TagTarget(tag, index, dict(platforms), {}, recipe.name, recipe.hash, "", "promote")
+    tufrepo.move_tag(recipe.model.publish.repository, target)

@@ -15,9 +15,9 @@ from sparkforge import engine
 from sparkforge.errors import PublishError
 from sparkforge.imagebuild.hostsetup import base_image_name
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.registry import history, rollback
 from sparkforge.registry import pull as pulling
 from sparkforge.registry import releases as release_info
+from sparkforge.registry import rollback, tagtrust
 from sparkforge.registry.diff import diff, format_table
 
 pytestmark = pytest.mark.engine
@@ -41,12 +41,14 @@ def test_history_lists_both_releases_with_their_signed_evidence(releases: Releas
     assert [e["digest"] for e in entries[-2:]] == [releases.new.index, releases.old.index]
     assert entries[-1]["previous"] is None and entries[-2]["previous"] == releases.old.index
     newest = entries[-2]["platforms"]["linux/amd64"]
-    assert newest["recorded"]["gpu_verified"] is True
     assert newest["verify"] == {"status": "passed", "gpu_used": True, "devices": ["NVIDIA GB10"]}
     assert newest["kernels"]["by_verdict"]["family"] == 1  # release 2: _moe_C is sm_120f only
     assert entries[-1]["platforms"]["linux/amd64"]["kernels"]["by_verdict"]["native"] == 2
-    # Anyone who can pull the tag can read its history: it is a tag of the same repository.
-    assert "latest.history" in releases.registry.tags("sparkforge/history")
+    # Anyone who can pull the tag can read its history: signed TUF metadata in the same repository.
+    tags = releases.registry.tags("sparkforge/history")
+    assert (
+        "tuf-timestamp" in tags and "tuf-root-1" in tags and any(t.startswith("tuf-targets-") for t in tags)
+    )
 
 
 def test_diff_names_the_changed_vllm_and_the_library_that_lost_native(releases: Releases) -> None:
@@ -83,7 +85,7 @@ def test_rollback_needs_a_gpu_verified_predecessor_then_moves_latest_back(releas
     moved = _rollback(releases)
     assert moved.index == releases.old.index and moved.tags == ("latest",)
     assert _latest(releases) == releases.old.index
-    last = history.read(releases.tools(), "latest").entries[-1]
+    last = tagtrust.read_log(releases.old.recipe, releases.tools(), "latest").entries[-1]
     assert (last.action, last.digest, last.previous) == ("rollback", releases.old.index, releases.new.index)
     # pull verifies what latest names now: signature, provenance of release 1's recipe, signed GPU claim
     pulled = pulling.pull(releases.old.recipe, "latest", platform="linux/amd64", runner=releases.runner,

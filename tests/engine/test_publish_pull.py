@@ -27,6 +27,7 @@ def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Publis
         runner=smoke.runner,
         eng=smoke.eng,
         allow_unsigned=True,
+        allow_unverified=True,
         echo=lambda _: None,
     )
     assert pulled.reference == pulling.reference_for(smoke.recipe)
@@ -43,6 +44,7 @@ def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
         runner=smoke.runner,
         eng=smoke.eng,
         allow_unsigned=True,
+        allow_unverified=True,
         echo=lambda _: None,
     )
     assert pulled.reference.endswith("@" + published.index)
@@ -60,6 +62,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
             runner=smoke.runner,
             eng=smoke.eng,
             allow_unsigned=True,
+            allow_unverified=True,
             echo=lambda _: None,
         )
     message = str(caught.value)
@@ -74,6 +77,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
         runner=smoke.runner,
         eng=smoke.eng,
         allow_unsigned=True,
+        allow_unverified=True,
         echo=lambda _: None,
         warn=warnings.append,
     )

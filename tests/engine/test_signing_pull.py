@@ -39,7 +39,7 @@ def test_verify_reports_the_attestation_the_pulled_image_carried(signed: Signed,
         signed, pulled.image, "linux/arm64", GB10, REPO_ROOT / "reports" / f"{signed.name}-verify.json"
     )
     try:
-        result = signed.run_step("Attest the GPU verify report", IMAGE=pulled.image)
+        result = signed.run_step("Check the evidence against the digest and attest it", IMAGE=pulled.image)
         assert result.returncode == 0, result.stdout + result.stderr
     finally:
         report.unlink()

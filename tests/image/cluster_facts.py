@@ -232,7 +232,9 @@ def verbs() -> dict[str, object]:
     }
 
 
-HOST_ROOT = "/run/sparkforge-host"  # the node's / mounted read-only by the doctor's probe
+HOST_ROOT = (
+    "/run/sparkforge-host"  # what the probe reads of the node, mounted read-only (run/jobs.py HOST_READS)
+)
 HOST_ETC = f"{HOST_ROOT}/etc"
 
 

@@ -205,12 +205,25 @@ def test_only_the_jobs_that_sign_get_an_oidc_token() -> None:
     jobs = {**images["jobs"], **{f"gpu-attest/{n}": j for n, j in attest["jobs"].items()}}
     runs = {n: " ".join(s.get("run", "") for s in job.get("steps", [])) for n, job in jobs.items()}
     signing = {n for n, text in runs.items() if "invoke sign" in text}
-    assert signing == {"merge", "gpu-attest/verify"}  # the index and images; the GPU verify report
-    callers = {"gpu-verify"}  # images.yml's job that runs gpu-attest.yml: the token is granted there
+    # the index and images; the GPU evidence, by a job without the GPU; the TUF timestamp
+    assert signing == {"merge", "gpu-attest/sign", "gpu-attest/timestamp"}
+    callers = {
+        "gpu-verify",
+        "tuf-timestamp",
+    }  # images.yml's jobs that run gpu-attest.yml: the token is granted there
+    gpu = attest["jobs"]["verify"]  # the job that runs the candidate holds no identity and moves no tag
+    assert "id-token" not in gpu["permissions"] and gpu["permissions"]["packages"] == "read"
+    assert not set(
+        attest["jobs"]["sign"]["runs-on"]
+        if isinstance(attest["jobs"]["sign"]["runs-on"], list)
+        else [attest["jobs"]["sign"]["runs-on"]]
+    ) & {"self-hosted", "dgx-spark"}
+    sign_runs = " ".join(s.get("run", "") for s in attest["jobs"]["sign"]["steps"])
+    assert "invoke pull" not in sign_runs and "invoke verify" not in sign_runs  # never runs the candidate
     for name, job in jobs.items():
         wants = name in signing or name in callers
         assert (job.get("permissions", {}).get("id-token") == "write") == wants, name
-        if name in signing:  # cosign is installed before it is used (verify: by pull, before sign.attest)
+        if name in signing and name != "gpu-attest/timestamp":  # cosign before it is used (TUF needs none)
             steps = [s.get("uses", "") + s.get("run", "") for s in job["steps"]]
             first = next(i for i, s in enumerate(steps) if "invoke sign" in s or "invoke pull" in s)
             assert any("sigstore/cosign-installer@" in s for s in steps[:first]), name

@@ -50,7 +50,7 @@ def test_a_gpu_job_reachable_from_another_ref_fails() -> None:
         flows["ci.yml"]["jobs"]["bench"] = {"runs-on": ["self-hosted", "dgx-spark"], "steps": []}
 
     for change in (tags_too, ored, new_job):
-        assert any("reaches the GPU runner from refs other than main" in p for p in _broken(change)), change
+        assert any("from refs other than main" in p for p in _broken(change)), change
 
 
 def test_a_reusable_verify_workflow_callable_from_elsewhere_fails() -> None:
@@ -61,12 +61,72 @@ def test_a_reusable_verify_workflow_callable_from_elsewhere_fails() -> None:
     assert any("can be called from another repository" in p for p in _broken(open_to_all))
 
 
+def _gpu_job(flows: dict) -> dict:
+    return flows["gpu-attest.yml"]["jobs"]["verify"]
+
+
+def test_the_five_shapes_that_reach_the_gpu_runner_from_other_refs_fail() -> None:
+    def and_or(flows: dict) -> None:  # `main && x || y` runs whenever y holds
+        job = _gpu_job(flows)
+        job["if"] = job["if"].replace("}}", "|| github.event_name == 'workflow_dispatch' }}")
+
+    def label_without_self_hosted(flows: dict) -> None:
+        flows["ci.yml"]["jobs"]["bench"] = {"runs-on": "dgx-spark", "steps": []}
+
+    def runner_group(flows: dict) -> None:
+        flows["ci.yml"]["jobs"]["bench"] = {"runs-on": {"group": "gpu", "labels": ["linux"]}, "steps": []}
+
+    def from_expression(flows: dict) -> None:
+        flows["ci.yml"]["jobs"]["bench"] = {"runs-on": "${{ inputs.runner }}", "steps": []}
+
+    def full_name_from_pull_request(flows: dict) -> None:
+        flows["ci.yml"]["jobs"]["gpu"] = {
+            "uses": f"{REPO}/.github/workflows/gpu-attest.yml@main",
+            "with": {"recipe": "r", "name": "n"},
+        }
+
+    shapes = {
+        and_or: "from refs other than main",
+        label_without_self_hosted: "from refs other than main",
+        runner_group: "from refs other than main",
+        from_expression: "from refs other than main",
+        full_name_from_pull_request: "sends pull_request runs to the GPU runner",
+    }
+    for change, message in shapes.items():
+        assert any(message in p for p in _broken(change)), change.__name__
+
+
+def test_a_hosted_runner_and_the_plan_matrix_runner_are_proven_safe() -> None:
+    def hosted(flows: dict) -> None:
+        flows["ci.yml"]["jobs"]["extra"] = {"runs-on": ["ubuntu-24.04-arm"], "steps": []}
+
+    assert _broken(hosted) == []
+
+    def other_matrix(flows: dict) -> None:  # the same expression over a matrix not made by ci.matrix
+        flows["images.yml"]["jobs"]["build"]["strategy"]["matrix"] = {"runner": ["dgx-spark"]}
+
+    assert any("images.yml job build may reach the GPU runner" in p for p in _broken(other_matrix))
+
+
+def test_a_build_cache_in_a_workflow_or_for_main_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def own_cache(flows: dict) -> None:
+        step = {"run": "docker buildx build --cache-from type=registry,ref=ghcr.io/x:cache ."}
+        flows["images.yml"]["jobs"]["build"]["steps"].append(step)
+
+    assert any("names a build cache itself" in p for p in _broken(own_cache))
+    from sparkforge.registry import matrix
+
+    monkeypatch.setattr(matrix, "cache_refs", lambda *a: ("type=registry,ref=x", "type=registry,ref=x"))
+    assert any("gives refs/heads/main a registry build cache" in p for p in _broken(lambda flows: None))
+
+
 @pytest.mark.parametrize(
     ("expression", "terms"),
     [
         ("${{ a && b }}", ["a", "b"]),
-        ("${{ (a && b) || c }}", ["(a && b) || c"]),
+        ("${{ (a && b) || c }}", []),
         ("${{ x == 'a && b' && y }}", ["x == 'a && b'", "y"]),
+        ("${{ a && b || c }}", []),  # not a conjunction: nothing is proven
     ],
 )
 def test_conditions_split_only_at_top_level(expression: str, terms: list[str]) -> None:
