@@ -10,10 +10,10 @@ the signer wrote into the predicate (`attestedAt`): labelled "signer clock" wher
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping
 
-from sparkforge.errors import PublishError
+from sparkforge.boundary import parse_json
+from sparkforge.errors import InputError, PublishError
 from sparkforge.registry.cosign import Statement
 from sparkforge.registry.ocidist import Registry
 
@@ -28,17 +28,17 @@ def integrated_times(registry: Registry, digest: str) -> dict[str, str]:
         found = registry.manifest(digest.replace(":", "-") + ".att")
         if found is None:
             return {}
-        layers = json.loads(found[0]).get("layers") or []
+        layers = parse_json(found[0].decode(), "attestation manifest").get("layers") or []
         out = {}
         for layer in layers:
             bundle = (layer.get("annotations") or {}).get(BUNDLE)
             if not bundle:
                 continue
-            when = int(json.loads(bundle)["Payload"]["integratedTime"])
-            envelope = json.loads(registry.blob(str(layer["digest"]), MAX_ENVELOPE))
+            when = int(parse_json(bundle, "Rekor bundle")["Payload"]["integratedTime"])
+            envelope = parse_json(registry.blob(str(layer["digest"]), MAX_ENVELOPE).decode(), "DSSE envelope")
             out[str(envelope["payload"])] = dt.datetime.fromtimestamp(when, dt.UTC).isoformat()
         return out
-    except (PublishError, ValueError, KeyError, TypeError):
+    except (InputError, PublishError, ValueError, KeyError, TypeError):
         return {}  # no readable bundle: every claim falls back to the signer's clock, labelled so
 
 

@@ -29,6 +29,7 @@ from tuf.api.metadata import (
 from tuf.api.serialization.json import JSONSerializer
 
 from sparkforge import console
+from sparkforge.boundary import write_output
 from sparkforge.errors import PublishError
 from sparkforge.registry import tufclient, tufstore
 from sparkforge.registry.ocidist import Registry
@@ -265,7 +266,7 @@ def _expired_base(repository: str, registry: Registry, folder: Path) -> TrustedS
     targets_meta = Metadata[Snapshot].from_bytes(snap).signed.meta["targets.json"]
     targets = load(f"{targets_meta.version}.targets.json", "targets", targets_meta)
     for role, data in (("timestamp", ts), ("snapshot", snap), ("targets", targets)):
-        (folder / f"{role}.json").write_bytes(data)
+        write_output(folder / f"{role}.json", data, f"TUF {role} metadata")
     return tufclient.state_of_targets(repository, targets)
 
 

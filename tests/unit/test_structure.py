@@ -10,7 +10,7 @@ PACKAGE = ROOT / "sparkforge"
 # Lowest first: a package may import its own modules, the ground floor (root modules) and lower packages.
 FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "imagebuild", "run", "cli"]
 MAX_ROOT_MODULES = 10
-MAX_LINES = 400
+MAX_LINES = 800  # split where the job splits, not where a counter says (a module over 800 lines holds two jobs)
 
 
 def _module(path: Path) -> str:
@@ -99,7 +99,7 @@ def test_each_package_says_what_it_owns() -> None:
         )
 
 
-def test_no_module_over_400_lines() -> None:
+def test_no_module_over_800_lines() -> None:
     long = {
         str(p.relative_to(ROOT)): n
         for folder in ("sparkforge", "tests")
