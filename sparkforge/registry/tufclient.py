@@ -23,7 +23,8 @@ from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, Targets, Timestamp
 from tuf.ngclient import Updater
 
-from sparkforge import boundary, cache, console
+from sparkforge import cache, console
+from sparkforge.boundary import read_bytes
 from sparkforge.errors import InputError, PublishError
 from sparkforge.registry import tufstore
 from sparkforge.registry.ocidist import Registry
@@ -46,16 +47,14 @@ def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
     """The root this machine starts from: the packaged one for `repository`, else the dev root (warned)."""
     shipped = ROOTS_DIR / root_file_name(repository)
     if shipped.is_file():
-        return boundary.read_bytes(
-            shipped, "the shipped TUF root", MAX_ROOT_BYTES, named=False, within=(ROOTS_DIR,)
-        )
+        return read_bytes(shipped, "the shipped TUF root", MAX_ROOT_BYTES, named=False, within=(ROOTS_DIR,))
     dev = __import__("os").environ.get(DEV_ROOT_ENV)
     if dev:
         warn(
             f"sparkforge: WARNING (TEST/DEV MODE, {DEV_ROOT_ENV}): trusting the TUF root {dev} for {repository}; "
             "it does not ship with sparkforge, so nothing here is trusted beyond this machine"
         )
-        return boundary.read_bytes(dev, DEV_ROOT_ENV, MAX_ROOT_BYTES)
+        return read_bytes(dev, DEV_ROOT_ENV, MAX_ROOT_BYTES)
     raise PublishError(
         f"no trusted TUF root for {repository}: sparkforge ships none for it "
         f"({ROOTS_DIR.name}/{root_file_name(repository)}), so no tag or revocation can be trusted. fix: use a "
@@ -259,7 +258,7 @@ def state_of_targets(repository: str, data: bytes) -> TrustedState:
 
 def _read(path: Path) -> bytes | None:
     try:
-        return boundary.read_bytes(path, "trusted TUF metadata", MAX_ROOT_BYTES, within=(path.parent,))
+        return read_bytes(path, "trusted TUF metadata", MAX_ROOT_BYTES, within=(path.parent,))
     except (InputError, OSError):
         return None
 
