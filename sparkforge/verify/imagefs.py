@@ -200,8 +200,12 @@ def image_tree(ref: str) -> ImageTree | None:
     return None if layers is None else read_layers(layers, ref)
 
 
-def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "auto") -> Report:
-    """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export."""
+def audit_image(
+    ref: str, gpu: str, require: Sequence[str], *, reader: str = "auto", only: Sequence[str] | None = None
+) -> Report:
+    """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export.
+
+    `only`: globs of the libraries to open (None: every file that may carry device code)."""
     from sparkforge.audit.scan import audit_files, audit_tar_stream
 
     if reader not in ("auto", "layers", "export"):
@@ -215,11 +219,13 @@ def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "au
         )
     if tree is not None:
         wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path)]
-        report = audit_files(wanted, ref, gpu=gpu, require=require)
+        report = audit_files(wanted, ref, gpu=gpu, require=require, only=only)
         report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
+        if only is not None:
+            report.extra["summary"]["not_opened"] += len(tree.files) - len(wanted)
     else:
         with engine.ExportedFilesystem(ref) as stream:
-            report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require)
+            report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require, only=only)
     report.extra["reader"] = {
         "kind": "layers" if tree is not None else "export",
         "duration_s": round(time.monotonic() - start, 3),

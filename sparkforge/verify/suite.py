@@ -83,21 +83,24 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
     )
 
 
-def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
-    """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
+def audit_subject(target: str, gpu: str, require: Sequence[str], only: Sequence[str] | None = None) -> Report:
+    """Audit a directory, wheel or file, or else an image reference (exported, never run).
+
+    `only`: globs of the libraries to open (None: all); see audit.scan.audit_target."""
     from sparkforge.audit.scan import audit_target
     from sparkforge.oci import check_reference
     from sparkforge.verify import imagefs
 
     path = Path(target).expanduser()
     if path.exists():
-        return audit_target(path, gpu=gpu, require=require)
+        return audit_target(path, gpu=gpu, require=require, only=only)
     if target.startswith(("/", "./", "../", "~")) or target.endswith((".whl", ".zip", ".so", ".o")):
         raise AuditError(
             f"{target}: no such file or directory; fix: check the path (or give an image reference)"
         )
     check_reference("TARGET", target)  # the boundary: the one grammar, before the engine
-    return imagefs.audit_image(target, gpu, require)  # the layer store when readable, else the export stream
+    # the layer store when readable, else the export stream
+    return imagefs.audit_image(target, gpu, require, only=only)
 
 
 def check_kernels(recipe: Recipe, image: str) -> Check:
@@ -108,7 +111,8 @@ def check_kernels(recipe: Recipe, image: str) -> Check:
             "skipped",
             f"not applicable: recipe {recipe.name} is a CPU test vehicle (device: cpu); no GPU kernels to audit",
         )
-    audit = audit_subject(image, recipe.model.gpu, recipe.model.audit.require)
+    require = recipe.model.audit.require
+    audit = audit_subject(image, recipe.model.gpu, require, only=require or None)  # nothing else decides
     failed = [c for c in audit.checks if c.status == "failed"]
     details = {
         "target": recipe.model.gpu,
