@@ -24,6 +24,7 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run import stages
+from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.fabricstate import drift, state_dir
 from sparkforge.run.facts import DoctorOptions, NodeFacts
@@ -40,57 +41,13 @@ from sparkforge.run.jobs import (
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
-__all__ = ["DoctorResult", "Stage", "network_env", "run_doctor", "run_stages"]
-EXPENSIVE = ("nccl-library", "sanity", "transport")  # a torch import per node, then the ranks themselves
+__all__ = ["DoctorResult", "network_env", "run_doctor"]
 
 
 @dataclass
 class DoctorResult:
     report: Report
     facts: list[NodeFacts]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One doctor stage: its report name and what it checks (it fills in the Check it is given)."""
-
-    name: str
-    run: Callable[[Check], None]
-
-
-def run_stages(
-    report: Report,
-    steps: Sequence[Stage],
-    echo: Callable[[str], None],
-    *,
-    after: dict[str, Callable[[], None]] | None = None,
-    left_out: tuple[Sequence[str], str] | None = None,
-) -> str | None:
-    """Run `steps` in order into `report`; the first that fails makes the rest skip, naming it. Returns that
-    stage's name (None when all passed). `after[name]` runs once that stage ended; `left_out` (names, why) adds
-    stages that were not asked for as skipped, after the rest."""
-    blocked: str | None = None
-    for stage in steps:
-        if blocked:
-            report.add(Check(stage.name, "skipped", f"not run: stage '{blocked}' failed"))
-            continue
-        echo(f"doctor: {stage.name} ...")
-        with report.timed(stage.name) as check:
-            try:
-                stage.run(check)
-            except RunError as exc:  # a node that stops answering mid-stage fails the stage, named
-                check.status, check.reason = "failed", str(exc)
-        echo(f"doctor: {stage.name} {check.status} ({check.duration_s:.1f}s) {check.reason}")
-        if after and stage.name in after:
-            after[stage.name]()
-        if check.status == "failed":
-            blocked = stage.name
-    names, why = left_out or ((), "")
-    for name in names:
-        report.add(
-            Check(name, "skipped", f"not run: stage '{blocked}' failed" if blocked else f"not run: {why}")
-        )
-    return blocked
 
 
 def run_doctor(

@@ -16,7 +16,8 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.doctor import EXPENSIVE, Stage, run_doctor, run_stages
+from sparkforge.run.doctor import run_doctor
+from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.facts import Deadlines, DoctorOptions
 from sparkforge.run.jobs import Background, each_node
 from sparkforge.run.nodes import NodeEngine, parse_nodes
