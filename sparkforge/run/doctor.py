@@ -72,7 +72,7 @@ def run_doctor(
         Stage("image", image),
         Stage("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
         Stage("paths", lambda c: stages.paths(c, facts, probes, options)),
-        Stage("reach", lambda c: df.update(_reach(c, engines, facts, options))),
+        Stage("reach", lambda c: df.update(_reach(c, engines, facts, options, probes))),
         Stage("mtu", lambda c: stages.mtu(c, facts, df)),
         Stage("host", lambda c: stages.host(c, facts)),
         Stage("versions", lambda c: _versions(c, facts)),
@@ -269,9 +269,13 @@ def _choose_address(fact: NodeFacts, choice: FabricChoice) -> str | None:
 
 
 def _reach(
-    check: Check, engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
+    check: Check,
+    engines: Sequence[NodeEngine],
+    facts: Sequence[NodeFacts],
+    options: DoctorOptions,
+    probes: Sequence[Outcome],
 ) -> dict[str, Any]:
-    diagnosis = diagnose_reach(engines, facts, options)
+    diagnosis = diagnose_reach(engines, facts, options, probes)  # dialled from inside the probe containers
     check.details = diagnosis.details
     if diagnosis.problem:
         check.status, check.reason = "failed", diagnosis.problem

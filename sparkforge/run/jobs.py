@@ -182,6 +182,31 @@ def run_jobs(
     return outcomes
 
 
+def exec_jobs(jobs: Sequence[Job], running: Sequence[Outcome], deadline_s: float) -> list[Outcome]:
+    """Run each job's helper inside its node's running container from `running` (e.g. the doctor's probe),
+    all nodes at once: no container is started or removed. A job whose node has no running container there,
+    or whose engine does not answer within the deadline, is lost (named)."""
+    by_rank = {o.job.engine.node.rank: o for o in running if not o.node_lost and o.exit_code is None}
+
+    def run(job: Job) -> Outcome:
+        host = by_rank.get(job.engine.node.rank)
+        outcome = Outcome(job, host.name if host else "")
+        if host is None:
+            outcome.node_lost = f"{job.engine.node.label}: no running probe container to run {job.args[0]} in"
+            return outcome
+        args = ("python3", "-c", sanity_script(), *job.args)
+        env = {"PYTHONUNBUFFERED": "1", **job.env}
+        try:
+            outcome.exit_code, text = job.engine.exec(host.name, args, env, timeout=deadline_s)
+        except RunError as exc:
+            outcome.node_lost = str(exc)
+            return outcome
+        _parse(outcome, text)
+        return outcome
+
+    return each_node(run, jobs)
+
+
 def _start(outcome: Outcome, image: str, stage: str, session: str) -> None:
     try:
         outcome.job.engine.start(container_spec(outcome.job, image, outcome.name, stage, session))
@@ -221,6 +246,11 @@ def _read_log(outcome: Outcome) -> None:
         text = outcome.job.engine.logs(outcome.name, timeout=10)
     except RunError:
         return
+    _parse(outcome, text)
+
+
+def _parse(outcome: Outcome, text: str) -> None:
+    """The helper's output: every line kept, the JSON-lines ones also as events."""
     outcome.lines = text.rstrip().splitlines()
     outcome.events = []
     for line in outcome.lines:
