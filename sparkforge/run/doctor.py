@@ -351,6 +351,7 @@ def _sanity(
 def _rank_summary(outcome: Outcome) -> dict[str, Any]:
     return {
         "exit_code": outcome.exit_code,
+        "seconds": outcome.seconds,
         "node_lost": outcome.node_lost,
         "stages": [e for e in outcome.events if e.get("event") in ("done", "skipped", "failed")],
         "open_stage": outcome.open_stage(),

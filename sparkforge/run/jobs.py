@@ -100,6 +100,8 @@ class Outcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     node_lost: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # from the start to its exit seen (per node: where a stage's time goes)
 
     @property
     def last_lines(self) -> str:
@@ -198,6 +200,7 @@ def exec_jobs(jobs: Sequence[Job], running: Sequence[Outcome], deadline_s: float
         env = {"PYTHONUNBUFFERED": "1", **job.env}
         try:
             outcome.exit_code, text = job.engine.exec(host.name, args, env, timeout=deadline_s)
+            outcome.seconds = round(time.monotonic() - outcome.started, 2)
         except RunError as exc:
             outcome.node_lost = str(exc)
             return outcome
@@ -225,6 +228,7 @@ def _poll(outcome: Outcome) -> bool:
         return False
     if state.status in ("exited", "dead"):
         outcome.exit_code = state.exit_code
+        outcome.seconds = round(time.monotonic() - outcome.started, 2)
         return False
     if state.status == "missing":
         outcome.node_lost = f"{outcome.job.engine.node.label}: container {outcome.name} vanished"

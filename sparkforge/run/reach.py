@@ -91,7 +91,8 @@ def diagnose_reach(
                 for peer in facts
                 if peer.rank != fact.rank
             }
-    result.details = {"port": port, "matrix": matrix, "dont_fragment": df}
+    seconds = {o.job.engine.node.label: o.seconds for o in outcomes}
+    result.details = {"port": port, "matrix": matrix, "dont_fragment": df, "node_seconds": seconds}
     problems = []
     reachable = []
     for fact in facts:

@@ -149,6 +149,7 @@ def nccl_probe(
             problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
             continue
         found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error", "host")}
+        found[label]["seconds"] = outcome.seconds  # mostly the torch import
     return found, problems
 
 
