@@ -81,14 +81,15 @@ def _wheel_selection(path: Path, gpu: str, ask: SelectionInput) -> dict[str, Any
         )
     answer = sel.run_selection(ask.runner, gpu, ask.config, ask.args, digests=True)
     digests = answer.get("python_digests") or {}
-    differ = sel.wheel_matches_runner(path, digests)
+    ours = sel.wheel_python_digests(path)  # the RECORD read once, for the comparison and the count
+    differ = sel.wheel_matches_runner(path, digests, ours)
     if differ:
         raise sel.SelectionError(
             f"{path.name}: {len(differ)} of its vLLM Python files differ from those in {ask.runner} (e.g. "
             f"{', '.join(differ[:4])}), so the runner's answer would not be this wheel's; fix: pass a "
             "--runner-image holding the same vLLM release as the wheel"
         )
-    count = len(sel.wheel_python_digests(path))
+    count = len(ours)
     return {
         **answer,
         "ran_in": ask.runner,
