@@ -111,3 +111,25 @@ def test_report_scope_is_the_required_and_the_selected_kernels_libraries() -> No
     assert report_scope(["extra/lib*.so"], SELECTION) == ("extra/lib*.so", *selection_libraries(SELECTION))
     assert report_scope(["vllm/_C*.so"], None) == ("vllm/_C*.so",)
     assert report_scope([], None) is None  # nothing to limit to: every library
+
+
+def test_a_wheels_kernel_report_opens_what_its_verdicts_need_unless_asked_for_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkforge.verify.kernels_markdown import render
+    from sparkforge.verify.kernels_run import for_target
+
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    wheel = str(_targets(tmp_path)["wheel"])
+    scoped = for_target(wheel, "sm_121", REQUIRED).to_dict()
+    full = for_target(wheel, "sm_121", REQUIRED, all_libraries=True).to_dict()
+    assert [lib["path"] for lib in scoped["libraries"]] == ["pkg/_good.so"]
+    assert [lib["path"] for lib in full["libraries"]] == ["pkg/_good.so", "pkg/_other.so"]
+    assert [(c["name"], c["status"]) for c in scoped["checks"]] == [
+        (c["name"], c["status"]) for c in full["checks"]
+    ]
+    assert "Only the libraries the verdicts depend on were opened (`pkg/_good*.so`)" in render(scoped)
+    assert "Only the libraries" not in render(full)
+    assert len(list((tmp_path / "cache" / "kernels" / "audit").glob("*.json"))) == 2  # kept apart
+    again = for_target(wheel, "sm_121", REQUIRED).to_dict()  # from the cache, scope and all
+    assert again["libraries"] == scoped["libraries"] and again["summary"]["scope"] == REQUIRED
