@@ -12,6 +12,7 @@ from typing import Any, Literal
 from sparkforge import engine
 from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
+from sparkforge.recipe.budget import size_check
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check, Report
 from sparkforge.verify import emulation, evidence, verified
@@ -310,6 +311,7 @@ def verify_image(
     labels = engine.image_labels(image_id)
     report.add(check_labels(recipe, labels)).duration_s = time.monotonic() - start
     report.add(check_base(recipe, labels))
+    report.add(size_check(int(engine.inspect_image(image_id).get("Size") or 0), recipe.model))
     start = time.monotonic()
     report.add(check_lock(recipe, read_image_file(image_id, LOCK_PATH))).duration_s = time.monotonic() - start
     if kernels:
