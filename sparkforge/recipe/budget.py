@@ -9,14 +9,11 @@ The budget is checked by verify (and so by every build before it tags): an image
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from sparkforge.report import Check
-
-if TYPE_CHECKING:
-    from sparkforge.recipe.schema import RecipeModel
 
 # Below site-packages: letters, digits and glob characters; no '..', no absolute path, nothing a shell reads.
 _GLOB = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.*?/\[\]+-]*")
@@ -96,9 +93,9 @@ def over_budget(size: int, budget: ImageBudget, removals: int) -> str | None:
     )
 
 
-def size_check(size: int, model: RecipeModel) -> Check:
+def size_check(size: int, budget: ImageBudget, removed: Sequence[Removal]) -> Check:
     """verify's `size` check: the image's engine size against the recipe's image.max_size."""
-    budget, removals = model.image, len(model.runtime.remove)
+    removals = len(removed)
     if budget.max_bytes is None:
         return Check("size", "skipped", f"no image.max_size in the recipe (the image is {size / 1e9:.2f} GB)")
     problem = over_budget(size, budget, removals)

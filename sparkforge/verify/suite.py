@@ -85,9 +85,8 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
 
 
 def audit_subject(target: str, gpu: str, require: Sequence[str], only: Sequence[str] | None = None) -> Report:
-    """Audit a directory, wheel or file, or else an image reference (exported, never run).
-
-    `only`: globs of the libraries to open (None: all); see audit.scan.audit_target."""
+    """Audit a directory, wheel or file, or else an image reference (exported, never run); `only`: see
+    audit.scan.audit_target."""
     from sparkforge.audit.scan import audit_target
     from sparkforge.oci import check_reference
     from sparkforge.verify import imagefs
@@ -311,7 +310,8 @@ def verify_image(
     labels = engine.image_labels(image_id)
     report.add(check_labels(recipe, labels)).duration_s = time.monotonic() - start
     report.add(check_base(recipe, labels))
-    report.add(size_check(int(engine.inspect_image(image_id).get("Size") or 0), recipe.model))
+    size = int(engine.inspect_image(image_id).get("Size") or 0)
+    report.add(size_check(size, recipe.model.image, recipe.model.runtime.remove))
     start = time.monotonic()
     report.add(check_lock(recipe, read_image_file(image_id, LOCK_PATH))).duration_s = time.monotonic() - start
     if kernels:

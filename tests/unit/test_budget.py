@@ -146,13 +146,14 @@ def test_slim_venv_leaves_a_lower_layers_files_alone(tmp_path: Path) -> None:
 
 def test_verify_checks_the_budget(tmp_path: Path) -> None:
     slimmed = load_recipe(str(_recipe(tmp_path, SLIMMED))).model
-    ok = size_check(7_900_000_000, slimmed)
+    ok = size_check(7_900_000_000, slimmed.image, slimmed.runtime.remove)
     assert ok.status == "passed" and ok.reason == "7.90 GB, within image.max_size 8GB"
-    over = size_check(9_070_000_000, slimmed)
+    over = size_check(9_070_000_000, slimmed.image, slimmed.runtime.remove)
     assert over.status == "failed"
     assert over.reason.startswith(
         "the image is 9.07 GB, over the recipe's image.max_size 8GB by 1.07 GB (2 declared"
     )
     assert "fix:" in over.reason and over.details["max_bytes"] == 8_000_000_000
-    none = size_check(9_070_000_000, load_recipe("vllm-qwen35-wheels").model)
+    plain = load_recipe("vllm-qwen35-wheels").model
+    none = size_check(9_070_000_000, plain.image, plain.runtime.remove)
     assert none.status == "skipped" and "no image.max_size" in none.reason
