@@ -270,9 +270,29 @@ def audit_image(
     `only`: globs of the libraries to open (None: every file that may carry device code)."""
     from sparkforge.audit.coverage import scope_filter
     from sparkforge.audit.scan import audit_files, audit_tar_stream
+    from sparkforge.errors import InputError
+    from sparkforge.report import load_report
 
     if reader not in ("auto", "layers", "export"):
         raise AuditError(f"reader {reader!r}: use auto, layers or export")
+    # An image ID names its bytes: the same audit of the same ID is answered from the cache.
+    identity = [
+        str(engine.inspect_image(ref)["Id"]),
+        gpu,
+        sorted(require),
+        sorted(set(only or ())),
+        only is None,
+    ]
+    cached = cache_path(
+        "kernels", "image-audit", hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    )
+    if cached.is_file():
+        try:
+            report = load_report(cached)
+            report.subject = ref
+            return report
+        except InputError:
+            pass  # a damaged cache file: audited again and rewritten
     start = time.monotonic()
     tree = None if reader == "export" else image_tree(ref)
     if tree is None and reader == "layers":
@@ -294,4 +314,5 @@ def audit_image(
         "kind": "layers" if tree is not None else "export",
         "duration_s": round(time.monotonic() - start, 3),
     }
+    write_atomic(cached, json.dumps(report.to_dict(), sort_keys=True).encode())
     return report
