@@ -36,6 +36,9 @@ def main() -> int:
     parser.add_argument("--code", type=Path, action="append", required=True)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--ssh", action="store_true", help="node b over ssh:// (sparkforge in node a's network)"
+    )
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-doctor-"))
     results: dict[str, object] = {}
@@ -48,13 +51,22 @@ def main() -> int:
         cluster.clone_store(a, b)
         cluster.start_engine(a)
         cluster.start_engine(b)
-        nodes = f"{a.url},{b.url}"
+        nodes, prefix, extra = f"{a.url},{b.url}", [], {}
+        if (
+            args.ssh
+        ):  # as tests/engine/test_cluster.py::test_one_node_over_ssh: each call to b pays an ssh session
+            client = cluster.start_sshd(b, out / "ssh")
+            nodes, prefix = (
+                f"{a.url},ssh://root@{b.fabric_ip}:2222",
+                ["nsenter", f"--net=/run/netns/{a.netns}"],
+            )
+            extra = {"PATH": f"{client}:{os.environ['PATH']}"}
         for code in args.code:
-            env = {**os.environ, "PYTHONPATH": str(code.resolve())}
+            env = {**os.environ, **extra, "PYTHONPATH": str(code.resolve())}
             walls, stages = [], []
             for i in range(args.runs):
                 report = out / f"{code.name}-{i}.json"
-                argv = [sys.executable, "-m", "invoke", "cluster.doctor", "--image", IMAGE, "--nodes", nodes,
+                argv = [*prefix, sys.executable, "-m", "invoke", "cluster.doctor", "--image", IMAGE, "--nodes", nodes,
                         "--interface", "fabric0", "--json", str(report)]  # fmt: skip
                 start = time.monotonic()
                 subprocess.run(

@@ -163,13 +163,15 @@ def run_jobs(
         each_node(lambda o: _start(o, image, stage, session), outcomes)
         end = time.monotonic() + deadline_s
         while time.monotonic() < end and not (cancel is not None and cancel.is_set()):
-            pending = any(each_node(_poll, outcomes))
+            # Every node's state and (when `until` reads them) its logs at once: over ssh:// each call is a session.
+            calls: list[Callable[[], bool | None]] = [lambda o=o: _poll(o) for o in outcomes]
+            if until is not None:
+                calls += [lambda o=o: _read_log(o) for o in outcomes if not o.node_lost]
+            pending = any(each_node(lambda call: call(), calls)[: len(outcomes)])
             if any(o.node_lost for o in outcomes):
                 break
-            if until is not None:
-                _read_logs(outcomes)
-                if until(outcomes):
-                    break
+            if until is not None and until(outcomes):
+                break
             if not pending:
                 break
             if cancel is not None:
