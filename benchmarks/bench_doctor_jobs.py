@@ -69,10 +69,15 @@ def main() -> int:
         data["dial_median_s"] = statistics.median(data["dial"])
         results[str(code)] = data
         print(code, data, flush=True)
-    out = {"image": IMAGE, "results": results, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_results(args.out, IMAGE, results)
     return 0
+
+
+def write_results(path: Path, image: str, results: dict[str, object]) -> None:
+    """The results with the machine's load and the time, as JSON (shared by bench_doctor_nodes.py)."""
+    out = {"image": image, "results": results, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

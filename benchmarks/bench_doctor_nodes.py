@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine"), str(ROOT / "benchmarks")]
 IMAGE = "sparkforge-base/debian-bookworm:amd64"
 
 
 def main() -> int:
+    from bench_doctor_jobs import write_results
     from cluster import DOCKER, TestCluster
 
     from sparkforge.commands import Command
@@ -88,9 +89,7 @@ def main() -> int:
             print(code, results[str(code)], flush=True)
     finally:
         cluster.close()
-    data = {"image": IMAGE, "results": results, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    write_results(args.out, IMAGE, results)
     return 0
 
 

@@ -290,4 +290,3 @@ def test_big_wheels_are_read_by_several_workers_alike(tmp_path: Path, compiled: 
     serial, parallel = audit_target(path, workers=1), audit_target(path, workers=3)
     assert parallel.extra["libraries"] == serial.extra["libraries"]
     assert len(parallel.extra["libraries"]) == 4 and parallel.extra["summary"]["files_scanned"] == 604
-
