@@ -143,7 +143,7 @@ def _listing(items: Sequence[str]) -> str:
 
 
 def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: Sequence[ScannedFile],
-                  target: GpuTarget) -> Check:  # fmt: skip
+                  target: GpuTarget, scoped: bool = False) -> Check:  # fmt: skip
     """Failed when no library matches `pattern`, or a matched one has nothing that runs on `target`."""
     matched = [lib for lib in libraries if glob_matches(pattern, lib.path)]
     broken = [f for f in unreadable if glob_matches(pattern, f.path)]
@@ -162,7 +162,8 @@ def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: S
     elif not matched:
         check.status = "failed"
         check.reason = (
-            f"no library with device code matches {pattern!r} ({len(libraries)} scanned); "
+            f"no library with device code matches {pattern!r} "
+            f"({'every file it matches was opened' if scoped else f'{len(libraries)} scanned'}); "
             f"check the glob or whether the build produced it"
         )
     elif none:
@@ -230,7 +231,7 @@ def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile]
         if f.fatbin is not None
     ]
     if require:
-        checks = [require_check(g, libraries, unreadable, target) for g in require]
+        checks = [require_check(g, libraries, unreadable, target, only is not None) for g in require]
     else:
         checks = [coverage_check(libraries, unreadable, target)]
     checks[0].duration_s = duration_s  # the scan is the whole cost; the checks themselves are instant

@@ -24,6 +24,7 @@ from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
+CACHE_FORMAT = 1  # part of every cache key here: a change of the listing's or report's shape bumps it
 # Never ELF or fatbin: the kernel audit does not open these (two thirds of a vLLM image's 100k files).
 TEXT_SUFFIXES = frozenset(
     [
@@ -207,7 +208,7 @@ def _listing(root: Path, digest: str | None) -> LayerListing:
     """A layer's listing, from the cache when its digest (and directory) was listed before."""
     if digest is None:
         return list_layer(root)
-    key = hashlib.sha256(json.dumps([digest, str(root)]).encode()).hexdigest()[:32]
+    key = hashlib.sha256(json.dumps([CACHE_FORMAT, digest, str(root)]).encode()).hexdigest()[:32]
     cached = cache_path("layers", key + ".json")
     if cached.is_file():
         try:
@@ -277,6 +278,7 @@ def audit_image(
         raise AuditError(f"reader {reader!r}: use auto, layers or export")
     # An image ID names its bytes: the same audit of the same ID is answered from the cache.
     identity = [
+        CACHE_FORMAT,
         str(engine.inspect_image(ref)["Id"]),
         gpu,
         sorted(require),
