@@ -9,6 +9,8 @@ and ship it twice. Every rule keeps what runs on the target: verify's kernel aud
   - Triton's profiler copies of CUPTI, linked to the CUDA wheels' copy; static archives nothing links against;
   - identical files at several paths, hard-linked (one copy in the layer), or linked to a lower layer's copy;
   - with --toolkit: the link-time layout nvcc-driven JITs expect (lib64, libcudart.so, a libcuda stub);
+  - with --remove GLOB (repeatable): what the recipe declares in runtime.remove (below site-packages, each with
+    its reason in the recipe), logged by glob; their RECORD lines go with them;
   - with --strip: local symbols and debug sections of shared libraries (the dynamic symbols, which loading,
     dlsym and in-process backtraces use, stay), as Debian's packages do; the RECORD line of each stripped file
     gets its new hash and size, so the record keeps no hash of the bytes strip removed (nvcc's local file symbol
@@ -271,6 +273,52 @@ def refresh_records(root: Path, rewritten: list[Path]) -> int:
     return refreshed
 
 
+def declared(site: Path, globs: list[str], since: float, log: dict[str, int]) -> list[Path]:
+    """Delete what each declared glob matches among this step's files (a directory: its files of this step)."""
+    gone: list[Path] = []
+    for pattern in globs:
+        why = f"declared removal {pattern}"
+        log[why] += 0  # logged even when this step wrote nothing it matches
+        for match in sorted(site.glob(pattern)):
+            if match.is_symlink() or match.is_file():
+                targets = [match] if changed(match, since) else []
+            elif match.is_dir():
+                targets = files(match, since)
+            else:
+                continue
+            for path in targets:
+                if path.exists() or path.is_symlink():
+                    gone.append(path)
+                    log[why] += 0 if path.is_symlink() else path.stat().st_size
+                    path.unlink()
+            if match.is_dir():
+                for folder in sorted((d for d in match.rglob("*") if d.is_dir()), reverse=True):
+                    if not any(folder.iterdir()):
+                        folder.rmdir()
+                if not any(match.iterdir()):
+                    match.rmdir()
+    return gone
+
+
+def forget_records(root: Path, removed: list[Path]) -> int:
+    """Drop the RECORD lines of removed files, so every record names only files that are there."""
+    wanted = {path.parent.resolve() / path.name for path in removed}
+    dropped = 0
+    for record in sorted(root.glob("*.dist-info/RECORD")) if wanted else []:
+        lines = record.read_bytes().decode("utf-8").splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            row = next(csv.reader([line.rstrip("\r\n")]), [])
+            target = root / row[0] if row and row[0] else None
+            if target is not None and target.parent.resolve() / target.name in wanted:
+                dropped += 1
+            else:
+                kept.append(line)
+        if len(kept) != len(lines):
+            record.write_bytes("".join(kept).encode("utf-8"))
+    return dropped
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--site", type=Path, required=True, help="the venv's site-packages")
@@ -278,9 +326,13 @@ def main() -> int:
     parser.add_argument("--cuda", required=True, help="the recipe's CUDA major.minor")
     parser.add_argument("--toolkit", type=Path, help="the image's CUDA toolkit root (JIT toolchain shipped)")
     parser.add_argument("--strip", action="store_true")
+    parser.add_argument("--remove", action="append", default=[], help="a glob the recipe declares removed")
     args = parser.parse_args()
     since = args.since.stat().st_mtime
     log: dict[str, int] = defaultdict(int)
+    if args.remove:
+        dropped = forget_records(args.site, declared(args.site, args.remove, since, log))
+        print(f"slim-venv: RECORD lines dropped for declared removals: {dropped}")
     drop_other_cuda_majors(args.site, args.cuda.split(".")[0], since, log)
     if args.toolkit is not None:
         link_triton_tools(args.site, args.toolkit, since, log)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -127,13 +127,23 @@ def glob_matches(pattern: str, path: str) -> bool:
     return glob_regex(pattern).fullmatch(path) is not None
 
 
+def scope_filter(only: Sequence[str] | None) -> Callable[[str], bool] | None:
+    """A path test matching any of the `only` globs (one regex for all); None when every file is in scope."""
+    if only is None:
+        return None
+    if not only:
+        return lambda path: False
+    combined = re.compile("|".join(f"(?:{glob_regex(g).pattern})" for g in sorted(set(only))))
+    return lambda path: combined.fullmatch(path) is not None
+
+
 def _listing(items: Sequence[str]) -> str:
     shown = ", ".join(items[:MAX_LISTED])
     return shown + (f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
 def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: Sequence[ScannedFile],
-                  target: GpuTarget) -> Check:  # fmt: skip
+                  target: GpuTarget, scoped: bool = False) -> Check:  # fmt: skip
     """Failed when no library matches `pattern`, or a matched one has nothing that runs on `target`."""
     matched = [lib for lib in libraries if glob_matches(pattern, lib.path)]
     broken = [f for f in unreadable if glob_matches(pattern, f.path)]
@@ -152,7 +162,8 @@ def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: S
     elif not matched:
         check.status = "failed"
         check.reason = (
-            f"no library with device code matches {pattern!r} ({len(libraries)} scanned); "
+            f"no library with device code matches {pattern!r} "
+            f"({'every file it matches was opened' if scoped else f'{len(libraries)} scanned'}); "
             f"check the glob or whether the build produced it"
         )
     elif none:
@@ -206,8 +217,12 @@ def coverage_check(
 
 
 def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile], require: Sequence[str],
-                 files_scanned: int, duration_s: float) -> Report:  # fmt: skip
-    """The audit report in the shape of DESIGN.md "Reports"."""
+                 files_scanned: int, duration_s: float, *, only: Sequence[str] | None = None,
+                 not_opened: int = 0) -> Report:  # fmt: skip
+    """The audit report in the shape of DESIGN.md "Reports".
+
+    `only`: the globs the scan was limited to (None: every file); the summary says so, since the libraries and
+    counts then cover only those (the required checks' answers are the same either way)."""
     good = sorted((f for f in scanned if f.fatbin is not None), key=lambda f: f.path)
     unreadable = sorted((f for f in scanned if f.fatbin is None), key=lambda f: f.path)
     libraries = [
@@ -216,7 +231,7 @@ def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile]
         if f.fatbin is not None
     ]
     if require:
-        checks = [require_check(g, libraries, unreadable, target) for g in require]
+        checks = [require_check(g, libraries, unreadable, target, only is not None) for g in require]
     else:
         checks = [coverage_check(libraries, unreadable, target)]
     checks[0].duration_s = duration_s  # the scan is the whole cost; the checks themselves are instant
@@ -228,6 +243,9 @@ def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile]
         "files_scanned": files_scanned,
         "unreadable": len(unreadable),
     }
+    if only is not None:
+        summary["scope"] = sorted(set(only))
+        summary["not_opened"] = not_opened
     return Report(
         command="audit",
         subject=subject,
@@ -243,6 +261,14 @@ def compact_entries(entries: dict[str, int]) -> str:
         kind, _, arch = key.partition("_")
         groups.setdefault(kind, []).append(f"{arch}:{count}")
     return " | ".join(f"{kind} {' '.join(items)}" for kind, items in groups.items())
+
+
+def scope_note(summary: dict[str, Any]) -> str:
+    """One line saying that only some libraries were opened, and how to see every one."""
+    return (
+        f"only the libraries the verdict needs were opened ({', '.join(summary['scope']) or 'none'}); "
+        f"{summary.get('not_opened', 0)} other files were not (`invoke audit TARGET` lists every library)"
+    )
 
 
 def format_audit_table(report: Report) -> str:
@@ -272,4 +298,6 @@ def format_audit_table(report: Report) -> str:
         + (f" ({', '.join(failed)})" if failed else "")
         + (" (* = required)" if any(lib.get("required") for lib in libraries) else "")
     )
+    if "scope" in summary:
+        lines.append(scope_note(summary))
     return "\n".join(lines)

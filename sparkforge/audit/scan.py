@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from sparkforge.audit.compat import parse_target
-from sparkforge.audit.coverage import ScannedFile, build_report
+from sparkforge.audit.coverage import ScannedFile, build_report, scope_filter
 from sparkforge.audit.fatbin import FatbinFile, is_candidate, parse_buffer, read_fatbin_file
 from sparkforge.audit.members import (
     MAX_MEMBER_BYTES,
@@ -49,6 +49,7 @@ class ScanResult:
 
     files: tuple[ScannedFile, ...]
     files_scanned: int
+    not_opened: int = 0  # files outside the scope (libraries the verdict does not need): never opened
 
 
 def default_workers() -> int:
@@ -104,9 +105,18 @@ def _walk(root: Path) -> Iterator[Path]:
             continue  # an unreadable directory holds nothing we could audit
 
 
-def scan_directory(root: Path, workers: int) -> ScanResult:
-    """Every file under `root` that carries device code, paths relative to `root`."""
-    return scan_files([(path.relative_to(root).as_posix(), path) for path in sorted(_walk(root))], workers)
+def scan_directory(root: Path, workers: int, only: Sequence[str] | None = None) -> ScanResult:
+    """Every file under `root` that carries device code, paths relative to `root` (`only`: globs to open)."""
+    every = [(path.relative_to(root).as_posix(), path) for path in sorted(_walk(root))]
+    wanted = in_scope(every, only)
+    result = scan_files(wanted, workers)
+    return ScanResult(result.files, len(every), len(every) - len(wanted))
+
+
+def in_scope(files: Sequence[tuple[str, Path]], only: Sequence[str] | None) -> list[tuple[str, Path]]:
+    """The (path, source) pairs whose path one of the `only` globs matches; all of them when `only` is None."""
+    keep = scope_filter(only)
+    return list(files) if keep is None else [pair for pair in files if keep(pair[0])]
 
 
 def scan_files(files: Sequence[tuple[str, Path]], workers: int) -> ScanResult:
@@ -143,7 +153,7 @@ def parse_stream(
             return parse_buffer(view, where)
 
 
-def scan_zip(path: Path, workers: int) -> ScanResult:
+def scan_zip(path: Path, workers: int, only: Sequence[str] | None = None) -> ScanResult:
     """Every member of a wheel or zip that carries device code, paths as member names.
 
     Linear in the members: the index is read once, one pass peeks at each member's first bytes, and only the
@@ -154,7 +164,9 @@ def scan_zip(path: Path, workers: int) -> ScanResult:
         raise AuditError(f"{path}: not a readable zip or wheel ({exc}). Re-download it.") from exc
     with archive:
         infos = [info for info in archive.infolist() if not info.is_dir()]
-        found = candidates(path, infos)
+        keep = scope_filter(only)
+        wanted = infos if keep is None else [i for i in infos if keep(i.filename)]
+        found = candidates(path, wanted)
 
         def scan(batch: Sequence[object]) -> list[ScannedFile]:
             out = []
@@ -165,7 +177,8 @@ def scan_zip(path: Path, workers: int) -> ScanResult:
                     out.append(item)
             return out
 
-        return ScanResult(tuple(_run_batched(scan, size_batches(found), workers)), len(infos))
+        scanned = _run_batched(scan, size_batches(found), workers)
+        return ScanResult(tuple(scanned), len(infos), len(infos) - len(wanted))
 
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile | None:
@@ -194,10 +207,11 @@ def _member_path(name: str) -> str:
     return name
 
 
-def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
+def scan_tar_stream(fileobj: IO[bytes], subject: str, only: Sequence[str] | None = None) -> ScanResult:
     """Every regular file of a tar stream (e.g. `docker export`) that carries device code, read once, in order."""
     found: list[ScannedFile] = []
-    count = 0
+    count = skipped = 0
+    keep = scope_filter(only)
     try:
         with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
             for member in archive:
@@ -205,6 +219,9 @@ def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
                     continue  # links and devices carry no bytes of their own
                 count += 1
                 path = _member_path(check_member_name(member.name, subject))
+                if keep is not None and not keep(path):
+                    skipped += 1  # the stream skips its bytes unread
+                    continue
                 if member.size > MAX_MEMBER_BYTES:
                     found.append(
                         ScannedFile(path, None, f"{path}: {member.size} bytes, past {MAX_MEMBER_BYTES}")
@@ -228,12 +245,12 @@ def scan_tar_stream(fileobj: IO[bytes], subject: str) -> ScanResult:
             f"{subject}: the tar stream could not be read ({exc}). Pass an uncompressed or gzip/bz2/xz tar "
             f"(e.g. the output of `docker export`), complete to its end."
         ) from exc
-    return ScanResult(tuple(found), count)
+    return ScanResult(tuple(found), count, skipped)
 
 
-def _scan_path(path: Path, workers: int) -> ScanResult:
+def _scan_path(path: Path, workers: int, only: Sequence[str] | None) -> ScanResult:
     if path.is_dir():
-        return scan_directory(path, workers)
+        return scan_directory(path, workers, only)
     if not path.is_file():
         raise AuditError(f"{path}: not a regular file (a device, socket or pipe). Pass a file or directory.")
     with path.open("rb") as handle:
@@ -243,10 +260,10 @@ def _scan_path(path: Path, workers: int) -> ScanResult:
         fatbin = read_fatbin_file(path, str(path))
         return ScanResult(() if fatbin is None else (ScannedFile(path.name, fatbin),), 1)
     if zipfile.is_zipfile(path):
-        return scan_zip(path, workers)
+        return scan_zip(path, workers, only)
     if tarfile.is_tarfile(path):
         with path.open("rb") as handle:
-            return scan_tar_stream(handle, str(path))
+            return scan_tar_stream(handle, str(path), only)
     raise AuditError(
         f"{path}: not a directory, wheel/zip, tar, ELF library/object or fatbin file. "
         f"Point the audit at a .so, .o, .whl, an image filesystem tar, or a directory of them."
@@ -254,9 +271,16 @@ def _scan_path(path: Path, workers: int) -> ScanResult:
 
 
 def audit_target(
-    path: Path, gpu: str = "sm_121", require: Sequence[str] = (), workers: int | None = None
+    path: Path,
+    gpu: str = "sm_121",
+    require: Sequence[str] = (),
+    workers: int | None = None,
+    only: Sequence[str] | None = None,
 ) -> Report:
-    """Kernel coverage of a directory, wheel/zip, tar file or single ELF/fatbin file for GPU `gpu`."""
+    """Kernel coverage of a directory, wheel/zip, tar file or single ELF/fatbin file for GPU `gpu`.
+
+    `only`: globs of the libraries to open (e.g. the recipe's required ones); every other file is counted as
+    not opened and left out of the libraries (a single file given as the target is always read)."""
     target = parse_target(gpu)
     path = Path(path)
     start = time.monotonic()
@@ -265,28 +289,30 @@ def audit_target(
             raise AuditError(
                 f"{path}: no such file or directory. Pass an existing .so, .whl, directory or tar."
             )
-        result = _scan_path(path, workers or default_workers())
+        result = _scan_path(path, workers or default_workers(), only)
     except PermissionError as exc:
         raise AuditError(
             f"{path}: permission denied ({exc.filename}). Run as a user who can read it."
         ) from exc
     except OSError as exc:
         raise AuditError(f"{path}: cannot be read ({exc}). Check the path and its permissions.") from exc
-    return build_report(
-        str(path), target, result.files, require, result.files_scanned, time.monotonic() - start
-    )
+    return build_report(str(path), target, result.files, require, result.files_scanned,
+                        time.monotonic() - start, only=only, not_opened=result.not_opened)  # fmt: skip
 
 
 def audit_tar_stream(
-    fileobj: IO[bytes], subject: str, gpu: str = "sm_121", require: Sequence[str] = ()
+    fileobj: IO[bytes],
+    subject: str,
+    gpu: str = "sm_121",
+    require: Sequence[str] = (),
+    only: Sequence[str] | None = None,
 ) -> Report:
     """Kernel coverage of an image filesystem given as a tar stream (read once, never extracted whole)."""
     target = parse_target(gpu)
     start = time.monotonic()
-    result = scan_tar_stream(fileobj, subject)
-    return build_report(
-        subject, target, result.files, require, result.files_scanned, time.monotonic() - start
-    )
+    result = scan_tar_stream(fileobj, subject, only)
+    return build_report(subject, target, result.files, require, result.files_scanned,
+                        time.monotonic() - start, only=only, not_opened=result.not_opened)  # fmt: skip
 
 
 def audit_files(
@@ -295,11 +321,12 @@ def audit_files(
     gpu: str = "sm_121",
     require: Sequence[str] = (),
     workers: int | None = None,
+    only: Sequence[str] | None = None,
 ) -> Report:
     """Kernel coverage of (reported path, path on disk) pairs, e.g. an image's files read from its layers."""
     target = parse_target(gpu)
     start = time.monotonic()
-    result = scan_files(files, workers or default_workers())
-    return build_report(
-        subject, target, result.files, require, result.files_scanned, time.monotonic() - start
-    )
+    wanted = in_scope(files, only)
+    result = scan_files(wanted, workers or default_workers())
+    return build_report(subject, target, result.files, require, len(files), time.monotonic() - start,
+                        only=only, not_opened=len(files) - len(wanted))  # fmt: skip

@@ -79,6 +79,8 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         model_dir="a model directory to look for on every node (config.json)",
         hf_token_file="a token file to look for on every node",
         cache_dir="a cache directory to look for on every node",
+        quick="only the cheap stages (engines to versions: advertised address, interface, MTU, GID...), stopping "
+        "at the first cause named; no NCCL probe or sanity run",
     )
 )
 @user_errors
@@ -99,6 +101,7 @@ def doctor(
     cache_dir: str = "",
     gid_index: str = "",
     nccl: str = "image",
+    quick: bool = False,
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.run.doctor import run_doctor
@@ -119,7 +122,11 @@ def doctor(
         cache_dir=cache_dir,
     )
     options = replace(
-        options, min_busbw=_floor(min_busbw), gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl)
+        options,
+        min_busbw=_floor(min_busbw),
+        gid_index=_gid_index(gid_index),
+        nccl_source=_nccl(nccl),
+        quick=quick,
     )
     if profile and recipe:
         _preflight(recipe, profile, no_preflight)

@@ -171,6 +171,8 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
         "verify_report": "a verify report of this image ('invoke verify --report'): its JIT checks (default: "
         "this machine's latest verify record of the image)",
         "gpu": "GPU target (default: the recipe's)",
+        "all_libraries": "open every library of the target (default: only those the verdicts depend on: the "
+        "recipe's required ones and those of the kernels vLLM names)",
         "json": "write the kernel report (JSON) here",
         "markdown": "write the kernel report (Markdown, for a release page) here",
         "attest": "attach the report to IMAGE (repository@sha256:...) as a signed attestation",
@@ -192,6 +194,7 @@ def kernels(
     attest: bool = False,
     key: str = "",
     gpu: str = "",
+    all_libraries: bool = False,
 ) -> None:
     """Per layer type, what vLLM selects on the recipe's GPU, where that code comes from and if it can run."""
     from sparkforge.boundary import check_input, check_output, read_json, read_text
@@ -224,7 +227,7 @@ def kernels(
         log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
     ask = selection_input(profile, model_config, runner_image)
     report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name,
-                        verify_checks=checks, ask=ask, serve_log=log)  # fmt: skip
+                        verify_checks=checks, ask=ask, serve_log=log, all_libraries=all_libraries)  # fmt: skip
     data = report.to_dict()
     text = to_markdown(data)
     echo(text)

@@ -129,7 +129,8 @@ def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
         "models": m.models.model_dump(mode="json"),
         "audit": m.audit.model_dump(mode="json"),
         "env": dict(m.env),
-        "runtime": m.runtime.model_dump(mode="json"),
+        "runtime": m.runtime.model_dump(mode="json"),  # runtime.remove too: what the build left out, and why
+        **({"image": m.image.model_dump(mode="json")} if m.image.max_size is not None else {}),
     }
 
 

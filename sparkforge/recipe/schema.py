@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from sparkforge.recipe.budget import ImageBudget, Removal
 from sparkforge.recipe.identity import parse_identity, pinned_identity, pinned_verify_identity
 from sparkforge.recipe.loaderenv import loader_env_names
 from sparkforge.recipe.verbs import RdmaUserspace
@@ -244,16 +245,15 @@ class Runtime(StrictModel):
         description="ship nvcc, ptxas and CUDA headers (NVIDIA's CUDA wheels) and g++ for Triton's and "
         "FlashInfer's serve-time JIT; without them the first JIT-compiled kernel fails on the GPU node",
     )
-    strip: bool = Field(
-        True,
-        description="strip local symbols and debug sections from shared libraries (dynamic symbols stay, so "
-        "loading and in-process backtraces are unchanged; only offline debuggers lose names)",
-    )
+    strip: bool = Field(True, description="strip local symbols and debug sections from shared libraries (dynamic "
+                        "symbols stay: loading and backtraces are unchanged; only offline debuggers lose names)")  # fmt: skip
     system_packages: list[_pattern("deb_package")] = Field(
         default_factory=list,
         exclude_if=lambda v: not v,  # left out of the recipe hash when empty: existing recipes hash as before
         description="Debian/Ubuntu libraries the recipe's wheels load that the runtime base lacks (e.g. libnuma1)",
     )
+    remove: list[Removal] = Field(default_factory=list, exclude_if=lambda v: not v,  # absent: the hash as before
+                                  description="files below site-packages left out, with why (recipe/budget.py)")  # fmt: skip
     rdma: RdmaUserspace | None = Field(
         None,
         exclude_if=lambda v: v is None,  # recipes without it hash as before
@@ -348,6 +348,7 @@ class RecipeModel(StrictModel):
     env: dict[_pattern("env_name"), _pattern("env_value")] = Field(default_factory=dict)
     audit: Audit = Field(default_factory=Audit)
     runtime: Runtime = Field(default_factory=Runtime)
+    image: ImageBudget = Field(default_factory=ImageBudget, exclude_if=lambda v: v.max_size is None)
     publish: Publish
 
     @model_validator(mode="after")

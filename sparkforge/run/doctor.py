@@ -6,6 +6,11 @@ address each node would advertise, on the launch port; a don't-fragment full-MTU
 host (drivers, RemoveIPC) -> versions -> nccl-library (what each image really loads) -> sanity (Gloo all-reduce,
 NCCL where GPUs exist with NCCL_DEBUG=INFO, vLLM's MessageQueue with a remote reader) -> transport (NET/IB or
 NET/Socket, bus bandwidth floor). A stage that fails makes the later ones skip.
+
+The cheap stages (engines to versions) name the usual causes of a hang in seconds; the expensive ones (a torch
+import per node, then the ranks) run only after every cheap one passed, and `--quick` leaves them out. Every
+stage asks all nodes at once; the NCCL library probe (mostly a torch import) starts in the background as soon
+as the image is known to be on every node, so its time hides behind the cheap stages.
 """
 
 from __future__ import annotations
@@ -19,10 +24,20 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run import stages
+from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.fabricstate import drift, state_dir
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.jobs import Job, Outcome, first_event, probe_mounts, remove_jobs, run_jobs
+from sparkforge.run.jobs import (
+    Background,
+    Job,
+    Outcome,
+    each_node,
+    first_event,
+    probe_mounts,
+    remove_jobs,
+    run_jobs,
+)
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
@@ -44,40 +59,39 @@ def run_doctor(
     probes: list[Outcome] = []  # the probe containers stay up as reach listeners until the reach stage ends
     df: dict[str, Any] = {}  # the reach stage's don't-fragment probes, judged by the mtu stage
     sanity: dict[str, Any] = {}
-    steps: list[tuple[str, Callable[[Check], None]]] = [
-        ("engines", lambda c: _engines(c, engines, options)),
-        ("image", lambda c: _image(c, engines, options)),
-        ("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
-        ("paths", lambda c: stages.paths(c, facts, probes, options)),
-        ("reach", lambda c: df.update(_reach(c, engines, facts, options))),
-        ("mtu", lambda c: stages.mtu(c, facts, df)),
-        ("host", lambda c: stages.host(c, facts)),
-        ("versions", lambda c: _versions(c, facts)),
+    early: list[Background] = []  # the NCCL library probe, started once the image is on every node
+    expensive = options.sanity and not options.quick
+
+    def image(check: Check) -> None:
+        _image(check, engines, options)
+        if check.status == "passed" and expensive:
+            early.append(Background(lambda cancel: stages.nccl_probe(engines, options, {}, cancel=cancel)))
+
+    steps = [
+        Stage("engines", lambda c: _engines(c, engines, options)),
+        Stage("image", image),
+        Stage("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
+        Stage("paths", lambda c: stages.paths(c, facts, probes, options)),
+        Stage("reach", lambda c: df.update(_reach(c, engines, facts, options, probes))),
+        Stage("mtu", lambda c: stages.mtu(c, facts, df)),
+        Stage("host", lambda c: stages.host(c, facts)),
+        Stage("versions", lambda c: _versions(c, facts)),
     ]
-    if options.sanity:
+    if expensive:
         steps += [
-            ("nccl-library", lambda c: stages.nccl_library(c, engines, options, facts)),
-            ("sanity", lambda c: sanity.update(_sanity(c, engines, facts, options))),
-            ("transport", lambda c: stages.transport(c, facts, sanity, options)),
-        ]
-    blocked: str | None = None
+            Stage("nccl-library", lambda c: stages.nccl_library(c, engines, options, facts,
+                                                                 early[0].result() if early else None)),
+            Stage("sanity", lambda c: sanity.update(_sanity(c, engines, facts, options))),
+            Stage("transport", lambda c: stages.transport(c, facts, sanity, options)),
+        ]  # fmt: skip
+    quick = (
+        (EXPENSIVE, "--quick stops after the cheap stages (engines to versions)") if options.quick else None
+    )
     try:
-        for name, stage in steps:
-            if blocked:
-                report.add(Check(name, "skipped", f"not run: stage '{blocked}' failed"))
-                continue
-            echo(f"doctor: {name} ...")
-            with report.timed(name) as check:
-                try:
-                    stage(check)
-                except RunError as exc:  # a node that stops answering mid-stage fails the stage, named
-                    check.status, check.reason = "failed", str(exc)
-            echo(f"doctor: {name} {check.status} ({check.duration_s:.1f}s) {check.reason}")
-            if name == "reach":
-                remove_jobs(probes)
-            if check.status == "failed":
-                blocked = name
+        run_stages(report, steps, echo, after={"reach": lambda: remove_jobs(probes)}, left_out=quick)
     finally:
+        for background in early:
+            background.stop()  # a cheap stage failed first: its probes are removed, not waited for
         remove_jobs(probes)
     return DoctorResult(report, facts)
 
@@ -86,12 +100,18 @@ def run_doctor(
 
 
 def _engines(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) -> None:
-    problems = []
-    for engine in engines:
+    def version(engine: NodeEngine) -> str | RunError:
         try:
-            check.details[engine.node.label] = engine.server_version(timeout=options.deadlines.engines)
+            return engine.server_version(timeout=options.deadlines.engines)
         except RunError as exc:
-            problems.append(str(exc))
+            return exc
+
+    problems = []
+    for engine, answer in zip(engines, each_node(version, engines), strict=True):
+        if isinstance(answer, RunError):
+            problems.append(str(answer))
+        else:
+            check.details[engine.node.label] = answer
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
     else:
@@ -99,7 +119,8 @@ def _engines(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions
 
 
 def _image(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) -> None:
-    ids = {e.node.label: e.image_id(options.image, timeout=options.deadlines.image) for e in engines}
+    found = each_node(lambda e: e.image_id(options.image, timeout=options.deadlines.image), engines)
+    ids = {e.node.label: image_id for e, image_id in zip(engines, found, strict=True)}
     check.details = {"image": options.image, "ids": ids}
     missing = [label for label, found in ids.items() if found is None]
     if missing:
@@ -252,9 +273,13 @@ def _choose_address(fact: NodeFacts, choice: FabricChoice) -> str | None:
 
 
 def _reach(
-    check: Check, engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
+    check: Check,
+    engines: Sequence[NodeEngine],
+    facts: Sequence[NodeFacts],
+    options: DoctorOptions,
+    probes: Sequence[Outcome],
 ) -> dict[str, Any]:
-    diagnosis = diagnose_reach(engines, facts, options)
+    diagnosis = diagnose_reach(engines, facts, options, probes)  # dialled from inside the probe containers
     check.details = diagnosis.details
     if diagnosis.problem:
         check.status, check.reason = "failed", diagnosis.problem
@@ -330,6 +355,7 @@ def _sanity(
 def _rank_summary(outcome: Outcome) -> dict[str, Any]:
     return {
         "exit_code": outcome.exit_code,
+        "seconds": outcome.seconds,
         "node_lost": outcome.node_lost,
         "stages": [e for e in outcome.events if e.get("event") in ("done", "skipped", "failed")],
         "open_stage": outcome.open_stage(),

@@ -22,6 +22,7 @@ class DoctorOptions:
     master_port: int = 29501
     deadlines: Deadlines = Deadlines()
     sanity: bool = True
+    quick: bool = False  # only the cheap stages (engines to versions): the first named cause, in seconds
     nccl: Literal["auto", "yes", "no"] = "auto"
     gpus: bool = False
     min_busbw: float | None = (

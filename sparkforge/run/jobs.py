@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
@@ -45,6 +47,43 @@ exec(compile({sanity!r}, "cluster_sanity.py", "exec"), {{"__name__": "__main__"}
 """
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def each_node(call: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """`call` on every item at once (one thread each: every call waits on a node's engine), results in order.
+
+    An exception raised for one item is raised here after every call has ended, so no call is left running."""
+    if len(items) <= 1:
+        return [call(item) for item in items]
+    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="sparkforge-node") as pool:
+        futures = [pool.submit(call, item) for item in items]
+    return [future.result() for future in futures]
+
+
+class Background:
+    """One call run on a thread of its own while the caller goes on (e.g. a slow probe started early), with a
+    `cancel` event the call is given: `stop()` sets it and waits, so nothing it started outlives the caller."""
+
+    def __init__(self, call: Callable[[threading.Event], T]) -> None:
+        self.cancel = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkforge-background")
+        self._future = self._pool.submit(call, self.cancel)
+
+    def result(self) -> Any:
+        """The call's return value (its exception is raised here), waiting for it to end."""
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def stop(self) -> None:
+        """Ask the call to end (its cancel event), wait for it, and drop its result or error."""
+        self.cancel.set()
+        self._pool.shutdown(wait=True)
+
+
 def sanity_script() -> str:
     """The in-image helper and its readers as one `python3 -c` program."""
     try:
@@ -75,6 +114,8 @@ class Outcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     node_lost: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # from the start to its exit seen (per node: where a stage's time goes)
 
     @property
     def last_lines(self) -> str:
@@ -119,83 +160,125 @@ def run_jobs(
     until: Callable[[list[Outcome]], bool] | None = None,
     poll_s: float = 0.5,
     keep: bool = False,
+    cancel: threading.Event | None = None,
 ) -> list[Outcome]:
     """Start every job, wait for all to exit (or `until(outcomes)` to hold) within `deadline_s`, then remove them.
 
-    A node whose engine stops answering is recorded in its outcome (`node_lost`) and the others are still
-    collected and removed. Containers still running at the deadline are killed (exit_code stays None).
-    With `keep`, containers that are still running stay (the caller removes them with `remove_jobs`),
-    unless something raised.
+    Every engine call goes to all nodes at once (start, state, logs, remove), so a stage costs the slowest
+    node's time, not the sum. A node whose engine stops answering is recorded in its outcome (`node_lost`) and
+    the others are still collected and removed. Containers still running at the deadline (or when `cancel` is
+    set) are killed (exit_code stays None). With `keep`, containers that are still running stay (the caller
+    removes them with `remove_jobs`), unless something raised or the wait was cancelled.
     """
     session = secrets.token_hex(4)
-    outcomes: list[Outcome] = []
+    outcomes = [Outcome(job, f"sparkforge-doctor-{stage}-{session}-{i}") for i, job in enumerate(jobs)]
     done = False
     try:
-        for i, job in enumerate(jobs):
-            name = f"sparkforge-doctor-{stage}-{session}-{i}"
-            outcome = Outcome(job, name)
-            outcomes.append(outcome)
-            try:
-                job.engine.start(container_spec(job, image, name, stage, session))
-            except RunError as exc:
-                outcome.node_lost = str(exc)
+        each_node(lambda o: _start(o, image, stage, session), outcomes)
         end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            pending = False
-            for outcome in outcomes:
-                if outcome.exit_code is not None or outcome.node_lost:
-                    continue
-                try:
-                    state = outcome.job.engine.state(outcome.name, timeout=10)
-                except RunError as exc:
-                    outcome.node_lost = str(exc)
-                    continue
-                if state.status in ("exited", "dead"):
-                    outcome.exit_code = state.exit_code
-                elif state.status == "missing":
-                    outcome.node_lost = f"{outcome.job.engine.node.label}: container {outcome.name} vanished"
-                else:
-                    pending = True
+        while time.monotonic() < end and not (cancel is not None and cancel.is_set()):
+            # Every node's state and (when `until` reads them) its logs at once: over ssh:// each call is a session.
+            calls: list[Callable[[], bool | None]] = [lambda o=o: _poll(o) for o in outcomes]
+            if until is not None:
+                calls += [lambda o=o: _read_log(o) for o in outcomes if not o.node_lost]
+            pending = any(each_node(lambda call: call(), calls)[: len(outcomes)])
             if any(o.node_lost for o in outcomes):
                 break
-            if until is not None:
-                _read_logs(outcomes)
-                if until(outcomes):
-                    break
+            if until is not None and until(outcomes):
+                break
             if not pending:
                 break
-            time.sleep(poll_s)
+            if cancel is not None:
+                cancel.wait(poll_s)
+            else:
+                time.sleep(poll_s)
         _read_logs(outcomes)
-        done = True
+        done = not (cancel is not None and cancel.is_set())
     finally:
         if not (keep and done):
             remove_jobs(outcomes)
     return outcomes
 
 
+def exec_jobs(jobs: Sequence[Job], running: Sequence[Outcome], deadline_s: float) -> list[Outcome]:
+    """Run each job's helper inside its node's running container from `running` (e.g. the doctor's probe),
+    all nodes at once: no container is started or removed. A job whose node has no running container there,
+    or whose engine does not answer within the deadline, is lost (named)."""
+    by_rank = {o.job.engine.node.rank: o for o in running if not o.node_lost and o.exit_code is None}
+
+    def run(job: Job) -> Outcome:
+        host = by_rank.get(job.engine.node.rank)
+        outcome = Outcome(job, host.name if host else "")
+        if host is None:
+            outcome.node_lost = f"{job.engine.node.label}: no running probe container to run {job.args[0]} in"
+            return outcome
+        args = ("python3", "-c", sanity_script(), *job.args)
+        env = {"PYTHONUNBUFFERED": "1", **job.env}
+        try:
+            outcome.exit_code, text = job.engine.exec(host.name, args, env, timeout=deadline_s)
+            outcome.seconds = round(time.monotonic() - outcome.started, 2)
+        except RunError as exc:
+            outcome.node_lost = str(exc)
+            return outcome
+        _parse(outcome, text)
+        return outcome
+
+    return each_node(run, jobs)
+
+
+def _start(outcome: Outcome, image: str, stage: str, session: str) -> None:
+    try:
+        outcome.job.engine.start(container_spec(outcome.job, image, outcome.name, stage, session))
+    except RunError as exc:
+        outcome.node_lost = str(exc)
+
+
+def _poll(outcome: Outcome) -> bool:
+    """Update one job's exit code or loss; True while its container still runs."""
+    if outcome.exit_code is not None or outcome.node_lost:
+        return False
+    try:
+        state = outcome.job.engine.state(outcome.name, timeout=10)
+    except RunError as exc:
+        outcome.node_lost = str(exc)
+        return False
+    if state.status in ("exited", "dead"):
+        outcome.exit_code = state.exit_code
+        outcome.seconds = round(time.monotonic() - outcome.started, 2)
+        return False
+    if state.status == "missing":
+        outcome.node_lost = f"{outcome.job.engine.node.label}: container {outcome.name} vanished"
+        return False
+    return True
+
+
 def remove_jobs(outcomes: Sequence[Outcome]) -> None:
-    """Remove the jobs' containers on every node that still answers."""
-    for outcome in outcomes:
-        if not outcome.node_lost:
-            outcome.job.engine.remove([outcome.name], timeout=30)
+    """Remove the jobs' containers on every node that still answers (all nodes at once)."""
+    each_node(lambda o: o.job.engine.remove([o.name], timeout=30), [o for o in outcomes if not o.node_lost])
 
 
 def _read_logs(outcomes: Sequence[Outcome]) -> None:
-    for outcome in outcomes:
-        if outcome.node_lost:
-            continue
-        try:
-            text = outcome.job.engine.logs(outcome.name, timeout=10)
-        except RunError:
-            continue
-        outcome.lines = text.rstrip().splitlines()
-        outcome.events = []
-        for line in outcome.lines:
-            if line.startswith("{"):
-                try:
-                    outcome.events.append(json.loads(line))
-                except ValueError:
-                    continue
+    each_node(_read_log, [o for o in outcomes if not o.node_lost])
+
+
+def _read_log(outcome: Outcome) -> None:
+    try:
+        text = outcome.job.engine.logs(outcome.name, timeout=10)
+    except RunError:
+        return
+    _parse(outcome, text)
+
+
+def _parse(outcome: Outcome, text: str) -> None:
+    """The helper's output: every line kept, the JSON-lines ones also as events."""
+    outcome.lines = text.rstrip().splitlines()
+    outcome.events = []
+    for line in outcome.lines:
+        if line.startswith("{"):
+            try:
+                outcome.events.append(json.loads(line))
+            except ValueError:
+                continue
 
 
 def first_event(outcome: Outcome, kind: str) -> dict[str, Any] | None:

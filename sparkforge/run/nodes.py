@@ -325,6 +325,20 @@ class NodeEngine:
         status, _, code = result.output.strip().partition(" ")
         return ContainerState(status, int(code) if code.strip().lstrip("-").isdigit() else None)
 
+    def exec(self, name: str, args: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str]:
+        """Run `args` in the running container `name`: (exit code, output); RunError when the node does not
+        answer within `timeout`."""
+        flags = [a for k, v in sorted(env.items()) for a in ("--env", f"{k}={v}")]
+        try:
+            result = self.runner.capture(
+                self.command("exec", *flags, name, *args), "exec", check=False, timeout=timeout
+            )
+        except CommandError as exc:
+            raise RunError(
+                f"{self.node.label}: {exc}; fix: check that the node is up and its engine answers"
+            ) from None
+        return result.returncode, result.output
+
     def logs(self, name: str, tail: int | None = None, timeout: float = 20) -> str:
         args = ["logs", *(["--tail", str(tail)] if tail else []), name]
         result = self.runner.capture(self.command(*args), "logs", check=False, timeout=timeout)

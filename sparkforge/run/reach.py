@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkforge.run.jobs import Job, run_jobs
+from sparkforge.run.jobs import Job, Outcome, exec_jobs, run_jobs
 from sparkforge.run.nodes import NodeEngine
 
 if TYPE_CHECKING:
@@ -32,9 +32,15 @@ def _addresses(fact: NodeFacts) -> list[tuple[str, str]]:
 
 
 def diagnose_reach(
-    engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
+    engines: Sequence[NodeEngine],
+    facts: Sequence[NodeFacts],
+    options: DoctorOptions,
+    probes: Sequence[Outcome] = (),
 ) -> ReachDiagnosis:
-    """Dial every peer's addresses (the probes listen on them); name each advertised address a peer cannot reach."""
+    """Dial every peer's addresses (the probes listen on them); name each advertised address a peer cannot reach.
+
+    With `probes` (the running probe containers, one per node), each node dials from inside its own probe
+    container; otherwise a dial container is started per node."""
     port = options.master_port
     result = ReachDiagnosis()
     by_rank = {f.rank: f for f in facts}
@@ -51,7 +57,10 @@ def diagnose_reach(
         )
         for engine in engines
     ]
-    outcomes = run_jobs(dial_jobs, options.image, "dial", options.deadlines.reach)
+    if probes:
+        outcomes = exec_jobs(dial_jobs, probes, options.deadlines.reach)
+    else:
+        outcomes = run_jobs(dial_jobs, options.image, "dial", options.deadlines.reach)
     lost = [o for o in outcomes if o.node_lost]
     if lost:
         result.problem = "; ".join(str(o.node_lost) for o in lost)
@@ -82,7 +91,8 @@ def diagnose_reach(
                 for peer in facts
                 if peer.rank != fact.rank
             }
-    result.details = {"port": port, "matrix": matrix, "dont_fragment": df}
+    seconds = {o.job.engine.node.label: o.seconds for o in outcomes}
+    result.details = {"port": port, "matrix": matrix, "dont_fragment": df, "node_seconds": seconds}
     problems = []
     reachable = []
     for fact in facts:

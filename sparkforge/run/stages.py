@@ -4,6 +4,7 @@ RemoveIPC, the NCCL library each image really loads, and the transport NCCL chos
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -125,14 +126,18 @@ def nccl_probe(
     mounts: dict[int, list[str]],
     *,
     host_root: bool = False,
+    cancel: threading.Event | None = None,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Per node the libnccl the image's torch loads; with `host_root`, the node's own (`host`) read beside it."""
+    """Per node the libnccl the image's torch loads; with `host_root`, the node's own (`host`) read beside it.
+
+    `cancel`: set to stop waiting and remove the probes (the doctor starts this probe early, in the background)."""
     extra = probe_mounts() if host_root else ()
     outcomes = run_jobs(
         [Job(e, ("nccl-library",), mounts=(*mounts.get(e.node.rank, ()), *extra)) for e in engines],
         options.image,
         "nccl",
         options.deadlines.sanity,
+        cancel=cancel,
     )
     found: dict[str, dict[str, Any]] = {}
     problems = []
@@ -144,6 +149,7 @@ def nccl_probe(
             problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
             continue
         found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error", "host")}
+        found[label]["seconds"] = outcome.seconds  # mostly the torch import
     return found, problems
 
 
@@ -227,12 +233,22 @@ def host_mounts(
     return mounts, problems
 
 
+NcclFound = tuple[dict[str, dict[str, Any]], list[str]]  # nccl_probe's answer: per node, and the problems
+
+
 def nccl_library(
-    check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, facts: Sequence[NodeFacts] = ()
+    check: Check,
+    engines: Sequence[NodeEngine],
+    options: DoctorOptions,
+    facts: Sequence[NodeFacts] = (),
+    probed: NcclFound | None = None,
 ) -> None:
     """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps),
-    beside the node's own NCCL; with --nccl host, the node's library bind-mounted over it and proven loaded."""
-    found, problems = nccl_probe(engines, options, {})
+    beside the node's own NCCL; with --nccl host, the node's library bind-mounted over it and proven loaded.
+
+    `probed`: the image's libnccl already read (the doctor probes it in the background during the cheap
+    stages: the torch import is most of this stage's time)."""
+    found, problems = probed if probed is not None else nccl_probe(engines, options, {})
     hosts = {f.label: f.host.get("nccl") for f in facts}
     check.details = {label: {**v, "host": hosts.get(label)} for label, v in found.items()}
     if not problems and options.nccl_source == "host":

@@ -9,6 +9,8 @@ back to the export stream, which gives the same answers slowly.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
 import time
@@ -17,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
+from sparkforge.cache import cache_path, write_atomic
 from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
+CACHE_FORMAT = 1  # part of every cache key here: a change of the listing's or report's shape bumps it
 # Never ELF or fatbin: the kernel audit does not open these (two thirds of a vLLM image's 100k files).
 TEXT_SUFFIXES = frozenset(
     [
@@ -81,11 +85,15 @@ class LayerFile:
     """A regular file visible in the image: its path inside the image and where its bytes lie on this host."""
 
     path: str  # relative to the image root, no leading "/"
-    source: Path
+    location: str  # the file in the layer directory (a str: a Path per file costs seconds on 100k files)
     size: int
     layer: int  # index into ImageTree.layers, bottom = 0
     inode: tuple[int, int] = (0, 0)  # (device, inode) on this host
     links: int = 1
+
+    @property
+    def source(self) -> Path:
+        return Path(self.location)
 
 
 @dataclass(frozen=True)
@@ -130,10 +138,22 @@ def _drop(visible: dict[str, LayerFile], dirs: set[str], path: str) -> None:
         dirs.discard(path)
 
 
-def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile], dirs: set[str]) -> tuple[int, int]:
-    """Apply one layer's directory to the merged view; returns (files, bytes) it writes."""
-    files = size = 0
-    inodes: set[int] = set()  # a hard link's bytes are in the layer once
+# One entry of a layer directory: (path, kind, size, inode, links); kind is one of the constants below.
+Entry = tuple[str, str, int, int, int]
+DIR, OPAQUE_DIR, WHITEOUT, FILE, OTHER = "d", "o", "w", "f", "x"
+
+
+@dataclass(frozen=True)
+class LayerListing:
+    """What one layer directory holds, in walk order (a directory before what it contains)."""
+
+    device: int
+    entries: tuple[Entry, ...]
+
+
+def list_layer(root: Path) -> LayerListing:
+    """Every entry of one layer directory, from metadata alone (no file is opened)."""
+    out: list[Entry] = []
     stack = [("", str(root))]
     while stack:
         rel_dir, real_dir = stack.pop()
@@ -147,34 +167,74 @@ def _walk_layer(index: int, root: Path, visible: dict[str, LayerFile], dirs: set
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             info = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(info.st_mode):
-                if rel in dirs and _is_opaque(entry.path):  # opaque matters only over a lower directory
-                    _drop(visible, dirs, rel)
-                visible.pop(rel, None)  # a directory replacing a lower file
-                dirs.add(rel)
+            mode = info.st_mode
+            if stat.S_ISDIR(mode):
+                out.append((rel, OPAQUE_DIR if _is_opaque(entry.path) else DIR, 0, 0, 0))
                 stack.append((rel, entry.path))
-            elif stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
-                _drop(visible, dirs, rel)  # overlayfs whiteout: deleted by this layer
+            elif stat.S_ISCHR(mode) and info.st_rdev == 0:
+                out.append((rel, WHITEOUT, 0, 0, 0))  # overlayfs whiteout: deleted by this layer
+            elif stat.S_ISREG(mode):
+                out.append((rel, FILE, info.st_size, info.st_ino, info.st_nlink))
             else:
+                out.append((rel, OTHER, 0, 0, 0))  # a link or device: hides a lower file, has no bytes
+    return LayerListing(os.stat(root).st_dev, tuple(out))
+
+
+def _apply_layer(
+    index: int, root: Path, listing: LayerListing, visible: dict[str, LayerFile], dirs: set[str]
+) -> tuple[int, int]:
+    """Apply one layer's listing to the merged view (overlayfs rules); returns (files, bytes) it writes."""
+    files = size = 0
+    inodes: set[int] = set()  # a hard link's bytes are in the layer once
+    base = str(root)
+    for rel, kind, length, ino, links in listing.entries:
+        if kind in (DIR, OPAQUE_DIR):
+            if kind == OPAQUE_DIR and rel in dirs:  # opaque matters only over a lower directory
                 _drop(visible, dirs, rel)
-                if stat.S_ISREG(info.st_mode):
-                    if info.st_nlink == 1 or info.st_ino not in inodes:
-                        inodes.add(info.st_ino)
-                        files += 1
-                        size += info.st_size
-                    visible[rel] = LayerFile(
-                        rel, Path(entry.path), info.st_size, index, (info.st_dev, info.st_ino), info.st_nlink
-                    )
+            visible.pop(rel, None)  # a directory replacing a lower file
+            dirs.add(rel)
+            continue
+        _drop(visible, dirs, rel)
+        if kind == FILE:
+            if links == 1 or ino not in inodes:
+                inodes.add(ino)
+                files += 1
+                size += length
+            visible[rel] = LayerFile(rel, f"{base}/{rel}", length, index, (listing.device, ino), links)
     return files, size
 
 
-def read_layers(layers: Sequence[Path], subject: str) -> ImageTree:
-    """Merge layer directories (bottom to top, overlayfs rules) into the image's visible regular files."""
+def _listing(root: Path, digest: str | None) -> LayerListing:
+    """A layer's listing, from the cache when its digest (and directory) was listed before."""
+    if digest is None:
+        return list_layer(root)
+    key = hashlib.sha256(json.dumps([CACHE_FORMAT, digest, str(root)]).encode()).hexdigest()[:32]
+    cached = cache_path("layers", key + ".json")
+    if cached.is_file():
+        try:
+            data = json.loads(cached.read_bytes())
+            return LayerListing(int(data["device"]), tuple(tuple(e) for e in data["entries"]))  # type: ignore[misc]
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file is listed again and rewritten
+    listing = list_layer(root)
+    write_atomic(cached, json.dumps({"device": listing.device, "entries": listing.entries}).encode())
+    return listing
+
+
+def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | None = None) -> ImageTree:
+    """Merge layer directories (bottom to top, overlayfs rules) into the image's visible regular files.
+
+    `digests`: the layers' content digests (the image's diff IDs, bottom to top); each layer's listing is then
+    kept in the cache under its digest and directory, so an image sharing layers with one read before (or read
+    again) walks only the layers not seen yet. Image layers never change once written."""
+    if digests is not None and len(digests) != len(layers):
+        digests = None  # not one digest per directory: nothing to key a listing by
     visible: dict[str, LayerFile] = {}
     dirs: set[str] = set()
     written: list[tuple[int, int]] = []
     for index, layer in enumerate(layers):
-        written.append(_walk_layer(index, layer, visible, dirs))
+        listing = _listing(layer, digests[index] if digests is not None else None)
+        written.append(_apply_layer(index, layer, listing, visible, dirs))
     seen: set[tuple[int, int]] = set()
     files: list[LayerFile] = []
     for path in sorted(visible):
@@ -197,15 +257,44 @@ def read_layers(layers: Sequence[Path], subject: str) -> ImageTree:
 def image_tree(ref: str) -> ImageTree | None:
     """The image's files from the engine's layer store; None when this host cannot read the store."""
     layers = engine.image_layer_dirs(ref)
-    return None if layers is None else read_layers(layers, ref)
+    if layers is None:
+        return None
+    digests = ((engine.inspect_image(ref).get("RootFS") or {}).get("Layers")) or None
+    return read_layers(layers, ref, [str(d) for d in digests] if digests else None)
 
 
-def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "auto") -> Report:
-    """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export."""
+def audit_image(
+    ref: str, gpu: str, require: Sequence[str], *, reader: str = "auto", only: Sequence[str] | None = None
+) -> Report:
+    """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export.
+
+    `only`: globs of the libraries to open (None: every file that may carry device code)."""
+    from sparkforge.audit.coverage import scope_filter
     from sparkforge.audit.scan import audit_files, audit_tar_stream
+    from sparkforge.errors import InputError
+    from sparkforge.report import load_report
 
     if reader not in ("auto", "layers", "export"):
         raise AuditError(f"reader {reader!r}: use auto, layers or export")
+    # An image ID names its bytes: the same audit of the same ID is answered from the cache.
+    identity = [
+        CACHE_FORMAT,
+        str(engine.inspect_image(ref)["Id"]),
+        gpu,
+        sorted(require),
+        sorted(set(only or ())),
+        only is None,
+    ]
+    cached = cache_path(
+        "kernels", "image-audit", hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    )
+    if cached.is_file():
+        try:
+            report = load_report(cached)
+            report.subject = ref
+            return report
+        except InputError:
+            pass  # a damaged cache file: audited again and rewritten
     start = time.monotonic()
     tree = None if reader == "export" else image_tree(ref)
     if tree is None and reader == "layers":
@@ -214,14 +303,18 @@ def audit_image(ref: str, gpu: str, require: Sequence[str], *, reader: str = "au
             "permission); fix: run as root on the engine's host, or use the export reader"
         )
     if tree is not None:
-        wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path)]
-        report = audit_files(wanted, ref, gpu=gpu, require=require)
+        keep = scope_filter(only) or (lambda _: True)
+        wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path) and keep(f.path)]
+        report = audit_files(wanted, ref, gpu=gpu, require=require, only=only)
         report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
+        if only is not None:
+            report.extra["summary"]["not_opened"] += len(tree.files) - len(wanted)
     else:
         with engine.ExportedFilesystem(ref) as stream:
-            report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require)
+            report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require, only=only)
     report.extra["reader"] = {
         "kind": "layers" if tree is not None else "export",
         "duration_s": round(time.monotonic() - start, 3),
     }
+    write_atomic(cached, json.dumps(report.to_dict(), sort_keys=True).encode())
     return report

@@ -10,7 +10,9 @@ A name not in the table is reported as 'unknown origin', never guessed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 C = "vllm/_C*.so"
 MOE_C = "vllm/_moe_C*.so"
@@ -106,3 +108,25 @@ ORIGINS: dict[str, Origin] = {
 def origin_of(name: str, detail: str = "") -> Origin:
     """The origin of a kernel vLLM named (`detail`: e.g. FA2 for FLASH_ATTN)."""
     return ORIGINS.get(f"{name}/{detail}" if detail else name) or ORIGINS.get(name) or Origin()
+
+
+def selection_libraries(selection: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Every library glob a kernel of vLLM's answer (selected or candidate, as the report judges them) needs."""
+    globs: set[str] = set()
+    for layer in (selection or {}).get("layers") or []:
+        selected, detail = layer.get("selected"), str(layer.get("detail") or "")
+        if selected:
+            globs.update(origin_of(str(selected), detail).libraries)
+        for cand in layer.get("candidates") or []:
+            name = str(cand.get("name"))
+            globs.update(origin_of(name, detail if name == selected else "").libraries)
+    return tuple(sorted(globs))
+
+
+def report_scope(require: Sequence[str], selection: Mapping[str, Any] | None) -> tuple[str, ...] | None:
+    """The libraries a kernel report's verdicts depend on: the required ones and those of vLLM's kernels.
+
+    None (open every library) when there is nothing to limit to: no required glob and no selection."""
+    if not require and selection is None:
+        return None
+    return tuple(sorted({*require, *selection_libraries(selection)}))

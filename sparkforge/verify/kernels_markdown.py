@@ -92,6 +92,11 @@ def render(data: Mapping[str, Any]) -> str:
         units = lib.get("units") or {}
         counts = "/".join(str(units.get(v, 0)) for v in ("native", "family", "jit", "none"))
         lines.append(f"| {md_code(lib['path'])} | {lib['verdict']} | {counts} |")
+    scope = (data.get("summary") or {}).get("scope")
+    if scope is not None:
+        lines += ["", f"Only the libraries the verdicts depend on were opened ({', '.join(md_code(g) for g in scope)}); "
+                  f"{(data.get('summary') or {}).get('not_opened', 0)} other files were not "
+                  "(`invoke kernels --all-libraries` opens every one)."]  # fmt: skip
     lines += ["", "## JIT toolchain", ""]
     jit = data.get("jit")
     if jit is None:

@@ -3,6 +3,10 @@
 An image's audit is cached by its ID; a wheel's by the digest of its zip directory (every member's name, CRC-32 and size: the same
 bytes give the same digest, and reading it takes milliseconds), so a second report on a 333 MB wheel skips
 the 8 s of inflating; vLLM's answer is cached by selection.run_selection.
+
+vLLM's selection runs first: the audit then opens only the libraries the report's verdicts depend on (the
+recipe's required ones and those of the kernels vLLM named), not every library of the target; `all_libraries`
+opens every one (the full table of a release page).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sparkforge.boundary import read_json
 from sparkforge.cache import cache_path, write_atomic
 from sparkforge.report import Check, Report
 from sparkforge.verify import selection as sel
+from sparkforge.verify.kernel_origin import report_scope
 from sparkforge.verify.kernels_report import kernel_report, versions
 from sparkforge.verify.started import started_backends
 
@@ -39,13 +44,18 @@ def zip_digest(path: Path) -> str:
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
 
-def _audit_path(path: Path, gpu: str, require: Sequence[str]) -> Report:
+def _audit_path(path: Path, gpu: str, require: Sequence[str], only: Sequence[str] | None = None) -> Report:
     from sparkforge.audit.scan import audit_target
 
     if not zipfile.is_zipfile(path):
-        return audit_target(path, gpu=gpu, require=require)
-    return _cached_audit(json.dumps([zip_digest(path), gpu, sorted(require)]), str(path),
-                         lambda: audit_target(path, gpu=gpu, require=require))  # fmt: skip
+        return audit_target(path, gpu=gpu, require=require, only=only)
+    return _cached_audit(_identity(zip_digest(path), gpu, require, only), str(path),
+                         lambda: audit_target(path, gpu=gpu, require=require, only=only))  # fmt: skip
+
+
+def _identity(subject: str, gpu: str, require: Sequence[str], only: Sequence[str] | None) -> str:
+    scope = None if only is None else sorted(set(only))
+    return json.dumps([subject, gpu, sorted(require)] + ([] if scope is None else [scope]))
 
 
 def _cached_audit(identity: str, subject: str, audit: Callable[[], Report]) -> Report:
@@ -72,14 +82,15 @@ def _wheel_selection(path: Path, gpu: str, ask: SelectionInput) -> dict[str, Any
         )
     answer = sel.run_selection(ask.runner, gpu, ask.config, ask.args, digests=True)
     digests = answer.get("python_digests") or {}
-    differ = sel.wheel_matches_runner(path, digests)
+    ours = sel.wheel_python_digests(path)  # the RECORD read once, for the comparison and the count
+    differ = sel.wheel_matches_runner(path, digests, ours)
     if differ:
         raise sel.SelectionError(
             f"{path.name}: {len(differ)} of its vLLM Python files differ from those in {ask.runner} (e.g. "
             f"{', '.join(differ[:4])}), so the runner's answer would not be this wheel's; fix: pass a "
             "--runner-image holding the same vLLM release as the wheel"
         )
-    count = len(sel.wheel_python_digests(path))
+    count = len(ours)
     return {
         **answer,
         "ran_in": ask.runner,
@@ -96,11 +107,13 @@ def for_target(
     verify_checks: Sequence[Mapping[str, Any]] | None = None,
     ask: SelectionInput | None = None,
     serve_log: str | None = None,
+    all_libraries: bool = False,
 ) -> Report:
     """The kernel report of an image (audited, vLLM's selection run in it) or of a wheel or directory.
 
     For an image without `verify_checks`, this machine's latest verify record of the same image ID supplies
     the JIT checks when there is one; a wheel or directory has none (its compilers are 'unchecked').
+    Only the libraries the verdicts depend on are opened unless `all_libraries`.
     """
     from sparkforge import engine
     from sparkforge.verify import verified
@@ -110,8 +123,9 @@ def for_target(
     started = started_backends(serve_log) if serve_log is not None else None
     path = Path(target).expanduser()
     if path.exists():
-        audit = _audit_path(path, gpu, require)
         answer = _wheel_selection(path, gpu, ask) if ask else None
+        only = None if all_libraries else report_scope(require, answer)
+        audit = _audit_path(path, gpu, require, only)
         return kernel_report(audit, recipe=recipe, verify_checks=verify_checks, facts={"file": path.name},
                              selection=answer, started=started)  # fmt: skip
     attrs = engine.inspect_image(target)
@@ -128,8 +142,9 @@ def for_target(
     answer = None
     if ask is not None:
         answer = {**sel.run_selection(target, gpu, ask.config, ask.args), "ran_in": target}
-    audit = _cached_audit(json.dumps([str(attrs["Id"]), gpu, sorted(require)]), target,
-                          lambda: audit_subject(target, gpu, require))  # fmt: skip
+    only = None if all_libraries else report_scope(require, answer)
+    audit = _cached_audit(_identity(str(attrs["Id"]), gpu, require, only), target,
+                          lambda: audit_subject(target, gpu, require, only))  # fmt: skip
     return kernel_report(audit, recipe=recipe or labels.get("dev.sparkforge.recipe"), verify_checks=verify_checks,
                          facts=facts, selection=answer, started=started)  # fmt: skip
 

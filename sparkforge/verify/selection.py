@@ -152,7 +152,10 @@ def _refuse(
         )
 
 
-def wheel_matches_runner(wheel: Path, runner_digests: Mapping[str, str]) -> list[str]:
-    """The wheel's vLLM Python files whose bytes differ from (or are missing in) the runner image's."""
-    ours = wheel_python_digests(wheel)
+def wheel_matches_runner(
+    wheel: Path, runner_digests: Mapping[str, str], ours: Mapping[str, str] | None = None
+) -> list[str]:
+    """The wheel's vLLM Python files whose bytes differ from (or are missing in) the runner image's
+    (`ours`: the wheel's own digests when already read)."""
+    ours = wheel_python_digests(wheel) if ours is None else ours
     return sorted(path for path, digest in ours.items() if runner_digests.get(path) != digest)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from sparkforge import engine
 from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
+from sparkforge.recipe.budget import size_check
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import Check, Report
 from sparkforge.verify import emulation, evidence, verified
@@ -83,21 +84,23 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
     )
 
 
-def audit_subject(target: str, gpu: str, require: Sequence[str]) -> Report:
-    """Audit a directory, wheel or file, or else an image reference (exported, never run)."""
+def audit_subject(target: str, gpu: str, require: Sequence[str], only: Sequence[str] | None = None) -> Report:
+    """Audit a directory, wheel or file, or else an image reference (exported, never run); `only`: see
+    audit.scan.audit_target."""
     from sparkforge.audit.scan import audit_target
     from sparkforge.oci import check_reference
     from sparkforge.verify import imagefs
 
     path = Path(target).expanduser()
     if path.exists():
-        return audit_target(path, gpu=gpu, require=require)
+        return audit_target(path, gpu=gpu, require=require, only=only)
     if target.startswith(("/", "./", "../", "~")) or target.endswith((".whl", ".zip", ".so", ".o")):
         raise AuditError(
             f"{target}: no such file or directory; fix: check the path (or give an image reference)"
         )
     check_reference("TARGET", target)  # the boundary: the one grammar, before the engine
-    return imagefs.audit_image(target, gpu, require)  # the layer store when readable, else the export stream
+    # the layer store when readable, else the export stream
+    return imagefs.audit_image(target, gpu, require, only=only)
 
 
 def check_kernels(recipe: Recipe, image: str) -> Check:
@@ -108,7 +111,8 @@ def check_kernels(recipe: Recipe, image: str) -> Check:
             "skipped",
             f"not applicable: recipe {recipe.name} is a CPU test vehicle (device: cpu); no GPU kernels to audit",
         )
-    audit = audit_subject(image, recipe.model.gpu, recipe.model.audit.require)
+    require = recipe.model.audit.require
+    audit = audit_subject(image, recipe.model.gpu, require, only=require or None)  # nothing else decides
     failed = [c for c in audit.checks if c.status == "failed"]
     details = {
         "target": recipe.model.gpu,
@@ -306,6 +310,8 @@ def verify_image(
     labels = engine.image_labels(image_id)
     report.add(check_labels(recipe, labels)).duration_s = time.monotonic() - start
     report.add(check_base(recipe, labels))
+    size = int(engine.inspect_image(image_id).get("Size") or 0)
+    report.add(size_check(size, recipe.model.image, recipe.model.runtime.remove))
     start = time.monotonic()
     report.add(check_lock(recipe, read_image_file(image_id, LOCK_PATH))).duration_s = time.monotonic() - start
     if kernels:

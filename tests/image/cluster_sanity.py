@@ -40,7 +40,9 @@ from cluster_facts import (
 
 
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "t": round(time.time(), 3), **fields}), flush=True)
+    # One write per line: print() writes the text and its newline apart, so two dialling threads interleave.
+    sys.stdout.write(json.dumps({"event": event, "t": round(time.time(), 3), **fields}) + "\n")
+    sys.stdout.flush()
 
 
 def probe(listen_port: int | None, paths: list[str] | None = None) -> int:

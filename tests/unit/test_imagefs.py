@@ -68,6 +68,58 @@ def test_layers_merge_with_whiteouts_opaque_dirs_and_links(tmp_path: Path) -> No
     assert [s.hidden_bytes for s in tree.layers] == [200, 0, 0]  # deleted, hidden by opaque, overwritten
 
 
+def _layers(tmp_path: Path) -> list[Path]:
+    low, mid, top = (tmp_path / n for n in ("0", "1", "2"))
+    _write(low, "usr/lib/libkeep.so", b"a" * 10)
+    _write(low, "usr/lib/libgone.so", b"b" * 20)
+    _write(low, "opaque/lower.txt", b"e" * 50)
+    _whiteout(mid, "usr/lib/libgone.so")
+    (mid / "opaque").mkdir(parents=True)
+    os.setxattr(mid / "opaque", imagefs.OPAQUE_XATTR, b"y")
+    _write(mid, "opaque/upper.txt", b"g" * 5)
+    first = _write(top, "hard/a.so", b"i" * 7)
+    os.link(first, top / "hard/b.so")
+    return [low, mid, top]
+
+
+def _view(tree: imagefs.ImageTree) -> tuple[object, ...]:
+    return tuple((f.path, f.size, f.layer, f.location, f.inode, f.links) for f in tree.files), tuple(
+        (s.files, s.bytes, s.hidden_bytes) for s in tree.layers
+    )
+
+
+@needs_root
+def test_layer_listings_are_kept_by_digest_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    layers = _layers(tmp_path / "store")
+    digests = ["sha256:" + c * 64 for c in "abc"]
+    walked = imagefs.read_layers(layers, "test")  # no digests: nothing kept
+    assert not (tmp_path / "cache").exists()
+    first = imagefs.read_layers(layers, "test", digests)
+    assert _view(first) == _view(walked)
+    assert len(list((tmp_path / "cache" / "layers").glob("*.json"))) == 3
+    # A layer never changes once written: the second read lists nothing (a file removed behind its back stays)
+    (layers[0] / "usr/lib/libkeep.so").unlink()
+    again = imagefs.read_layers(layers, "test", digests)
+    assert _view(again) == _view(first)
+    # Another directory (the image pulled again) or another digest is listed afresh
+    assert "usr/lib/libkeep.so" not in {
+        f.path for f in imagefs.read_layers(layers, "test", digests[::-1]).files
+    }
+    moved = tmp_path / "moved"
+    shutil.copytree(layers[0], moved)
+    assert "usr/lib/libkeep.so" not in {
+        f.path for f in imagefs.read_layers([moved, layers[1], layers[2]], "test", digests).files
+    }
+    # A damaged listing is listed again, and digests that do not pair with the layers are not used
+    for cached in (tmp_path / "cache" / "layers").glob("*.json"):
+        cached.write_text("{")
+    assert _view(imagefs.read_layers(layers, "test", digests)) != _view(first)
+    assert len(imagefs.read_layers(layers, "test", digests[:2]).files) == len(again.files) - 1
+
+
 def test_text_files_are_never_opened_by_the_audit() -> None:
     assert not imagefs.may_carry_device_code("opt/venv/lib/python3.11/site-packages/vllm/__init__.py")
     assert not imagefs.may_carry_device_code("x/__pycache__/a.cpython-311.pyc")
