@@ -9,6 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 
 from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 
 
 @task(
@@ -28,6 +29,7 @@ from sparkforge.cli import echo, finish_report, user_errors
         "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
         "no_warmup": "skip the warm-up run of each level",
+        "force": FORCE_HELP,
     }
 )
 @user_errors
@@ -48,6 +50,7 @@ def bench(
     corpus: str = "",
     store: str = "",
     no_warmup: bool = False,
+    force: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.boundary import check_output
@@ -73,7 +76,9 @@ def bench(
     options = BenchOptions(chosen, check_repeats(repeats), not no_warmup, Path(corpus) if corpus else None)
     engine = NodeEngine(parse_node(node) if node else LOCAL)
     loaded = load_recipe(recipe)
-    report = run_bench(engine, load_profile(profile), options, echo=echo, recipe_hash=loaded.hash)
+    served = load_profile(profile)
+    memory_check(recipe, served, "", force)  # before any engine or server is contacted
+    report = run_bench(engine, served, options, echo=echo, recipe_hash=loaded.hash)
     for line in table(report):
         echo(line)
     ident = report.extra["identity"]

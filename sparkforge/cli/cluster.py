@@ -9,6 +9,7 @@ from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -138,6 +139,7 @@ def doctor(
         "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself)",
         "nccl": "image (default) or host: each node's own libnccl bind-mounted over the image's (ABI checked)",
         "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        "force": FORCE_HELP,
     },
 )
 @user_errors
@@ -165,6 +167,7 @@ def up(
     gid_index: str = "",
     nccl: str = "image",
     down_on_fail: bool = False,
+    force: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -190,6 +193,7 @@ def up(
     )
     doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
+    memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     _preflight(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe

@@ -7,6 +7,7 @@ from pathlib import Path
 from invoke import Context, task
 
 from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -39,6 +40,7 @@ from sparkforge.cli.run import (
         "interface": IFACE_HELP,
         "master_port": "rendezvous port of a multi-node launch (--master-port)",
         "health_timeout": "seconds to wait for /health per server start",
+        "force": FORCE_HELP,
     },
 )
 @user_errors
@@ -64,6 +66,7 @@ def conform(
     master_port: int = 29501,
     ulimit: list[str] | None = None,
     health_timeout: int = 1800,
+    force: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     from sparkforge.errors import RunError
@@ -91,6 +94,7 @@ def conform(
     recipe_name = load_recipe(recipe).name
     launch = None
     if not attach:
+        memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
         launch = _launch_options(
             _image(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
         )  # fmt: skip

@@ -94,7 +94,9 @@ class Architecture:
 def _int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 40:
-        raise RunError(f"{where}: '{key}' is {value!r}, not a whole number; fix: the checkpoint's config.json value")
+        raise RunError(
+            f"{where}: '{key}' is {value!r}, not a whole number; fix: the checkpoint's config.json value"
+        )
     return value
 
 
@@ -108,7 +110,13 @@ def _vision_params(vision: dict[str, Any] | None, where: str) -> int:
     patch = _int(vision, "patch_size", where, 16)
     merge = _int(vision, "spatial_merge_size", where, 2)
     block = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h  # qkv+proj (+bias), mlp fc1/fc2, two norms
-    embed = _int(vision, "in_channels", where, 3) * _int(vision, "temporal_patch_size", where, 2) * patch * patch * h
+    embed = (
+        _int(vision, "in_channels", where, 3)
+        * _int(vision, "temporal_patch_size", where, 2)
+        * patch
+        * patch
+        * h
+    )
     pos = _int(vision, "num_position_embeddings", where, 0) * h
     merged = h * merge * merge
     merger = 2 * h + merged * merged + merged + merged * _int(vision, "out_hidden_size", where, h)
@@ -153,7 +161,9 @@ def parse_architecture(config: dict[str, Any], source: str) -> Architecture:
         "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
     ]
     if len(types) != layers or any(t not in ("full_attention", "linear_attention") for t in types):
-        raise RunError(f"{source}: 'layer_types' does not list {layers} full_attention/linear_attention layers")
+        raise RunError(
+            f"{source}: 'layer_types' does not list {layers} full_attention/linear_attention layers"
+        )
     hidden = _int(text, "hidden_size", source)
     heads = _int(text, "num_attention_heads", source)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
@@ -205,4 +215,6 @@ def load_architecture(path: Path) -> Architecture:
             f"no checkpoint config at {path}: the memory plan needs the config.json of the profile's model; fix: "
             "save it there (profiles/checkpoints/<profile>.json), pass --model-dir holding it, or --force"
         )
-    return parse_architecture(read_json(path, "checkpoint config", fix="the checkpoint's config.json"), str(path))
+    return parse_architecture(
+        read_json(path, "checkpoint config", fix="the checkpoint's config.json"), str(path)
+    )

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from sparkforge.run.memory.checkpoint import DTYPE_BYTES, Architecture
 from sparkforge.run.memory.weights import cdiv
 
-ATTENTION_KERNEL_BLOCK = 16  # FlashAttention/FlashInfer: block sizes MultipleOf(16); vLLM's default block is 16
+ATTENTION_KERNEL_BLOCK = (
+    16  # FlashAttention/FlashInfer: block sizes MultipleOf(16); vLLM's default block is 16
+)
 GDN_CHECKPOINT_ALIGNMENT = 64  # vllm/v1/attention/backends/gdn_attn.py FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
 
 
@@ -57,7 +59,10 @@ class KvSpec:
         return self.group_size * self.page_bytes
 
     def blocks_per_request(self, max_len: int) -> int:
-        return self.attention_groups * cdiv(max_len, self.block_size) + self.state_groups * self.state_blocks_per_request
+        return (
+            self.attention_groups * cdiv(max_len, self.block_size)
+            + self.state_groups * self.state_blocks_per_request
+        )
 
     def request_bytes(self, max_len: int) -> int:
         """What one sequence of `max_len` tokens takes of the pool (vLLM's per-request accounting)."""
@@ -74,18 +79,24 @@ class KvSpec:
 
 
 def attn_bytes_per_token(arch: Architecture, tp: int, kv_dtype: str) -> int:
-    size = DTYPE_BYTES.get(arch.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype.split("_")[0], 1)
+    size = (
+        DTYPE_BYTES.get(arch.dtype, 2) if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype.split("_")[0], 1)
+    )
     return 2 * max(1, arch.kv_heads // tp) * arch.head_dim * size
 
 
 def state_bytes(arch: Architecture, tp: int, num_spec: int) -> int:
-    conv_dim = arch.linear_key_dim * arch.linear_key_heads * 2 + arch.linear_value_dim * arch.linear_value_heads
+    conv_dim = (
+        arch.linear_key_dim * arch.linear_key_heads * 2 + arch.linear_value_dim * arch.linear_value_heads
+    )
     conv = (conv_dim // tp) * (arch.conv_kernel - 1 + num_spec) * DTYPE_BYTES.get(arch.dtype, 2)
     temporal = (arch.linear_value_heads // tp) * arch.linear_value_dim * arch.linear_key_dim
     return conv + temporal * DTYPE_BYTES.get(arch.ssm_dtype, 4)
 
 
-def kv_spec(arch: Architecture, tp: int, layers: tuple[int, int], settings: CacheSettings, mtp_layers: int = 0) -> KvSpec:
+def kv_spec(
+    arch: Architecture, tp: int, layers: tuple[int, int], settings: CacheSettings, mtp_layers: int = 0
+) -> KvSpec:
     """The cache layout of the decoder layers [first, last) on one TP rank (plus MTP draft attention layers)."""
     kinds = arch.layer_types[layers[0] : layers[1]]
     full = sum(1 for k in kinds if k == "full_attention") + mtp_layers
@@ -104,7 +115,9 @@ def kv_spec(arch: Architecture, tp: int, layers: tuple[int, int], settings: Cach
     group = min(buckets) if buckets else 1
     if buckets and max(buckets) < 1.5 * min(buckets):
         group = max(buckets)
-    state_blocks = (2 + settings.num_spec + (1 if settings.gdn_checkpoints else 0)) if align else 1 + settings.num_spec
+    state_blocks = (
+        (2 + settings.num_spec + (1 if settings.gdn_checkpoints else 0)) if align else 1 + settings.num_spec
+    )
     return KvSpec(
         attention_layers=full,
         state_layers=linear,

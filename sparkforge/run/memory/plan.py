@@ -40,7 +40,9 @@ GB10 = NodeMemory("gb10", total=int(121.69 * GiB), held_at_boot=int(19.5 * GiB),
 ACTIVATION_MARGIN = 1.2  # the estimate below covers the large buffers only: allocator slack on top
 WORKSPACE = GiB  # cuBLAS/FlashInfer workspaces and the CUDA context outside torch's allocator
 NCCL_BUFFERS = GiB // 2  # per rank when TP or PP > 1
-CUDA_GRAPHS = 3 * GiB // 2  # FULL_AND_PIECEWISE graphs (vLLM's default for hybrid models) unless enforce-eager
+CUDA_GRAPHS = (
+    3 * GiB // 2
+)  # FULL_AND_PIECEWISE graphs (vLLM's default for hybrid models) unless enforce-eager
 GB10_MAX_NUM_SEQS = 256  # vLLM 0.33.0 arg_utils: GB10 stays on the small tier (256 seqs, 2048 batched tokens)
 GB10_MAX_BATCHED = 2048
 
@@ -105,14 +107,24 @@ class MemoryPlan:
             "reasons": self.reasons,
             "fixes": self.fixes,
             "warnings": self.warnings,
-            "node_memory": {"kind": self.node_memory.kind, "total_gib": _gib(self.node_memory.total),
-                            "held_at_boot_gib": _gib(self.node_memory.held_at_boot),
-                            "reserve_gib": _gib(self.node_memory.reserve)},  # fmt: skip
-            "settings": {"tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
-                         "gpu_memory_utilization": s.utilization, "max_model_len": s.max_model_len,
-                         "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_batched,
-                         "kv_cache_dtype": s.cache.kv_dtype, "prefix_caching": s.cache.prefix_caching,
-                         "speculative_tokens": s.cache.num_spec, "enforce_eager": s.enforce_eager},  # fmt: skip
+            "node_memory": {
+                "kind": self.node_memory.kind,
+                "total_gib": _gib(self.node_memory.total),
+                "held_at_boot_gib": _gib(self.node_memory.held_at_boot),
+                "reserve_gib": _gib(self.node_memory.reserve),
+            },
+            "settings": {
+                "tensor_parallel_size": s.tp,
+                "pipeline_parallel_size": s.pp,
+                "gpu_memory_utilization": s.utilization,
+                "max_model_len": s.max_model_len,
+                "max_num_seqs": s.max_num_seqs,
+                "max_num_batched_tokens": s.max_batched,
+                "kv_cache_dtype": s.cache.kv_dtype,
+                "prefix_caching": s.cache.prefix_caching,
+                "speculative_tokens": s.cache.num_spec,
+                "enforce_eager": s.enforce_eager,
+            },
             "largest_fit": {"max_model_len": self.fit_max_model_len, "concurrency": self.fit_concurrency},
             "nodes": [
                 {
@@ -155,7 +167,9 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
         try:
             return kind(value)
         except (TypeError, ValueError):
-            raise RunError(f"profile flag --{flag} {value!r} is not a number; fix: a {kind.__name__}") from None
+            raise RunError(
+                f"profile flag --{flag} {value!r} is not a number; fix: a {kind.__name__}"
+            ) from None
 
     spec_raw = _flag(args, "speculative-config")
     num_spec, mtp = 0, False
@@ -179,7 +193,9 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
         utilization=number(_flag(args, "gpu-memory-utilization") or 0.92, "gpu-memory-utilization", float),
         max_model_len=number(_flag(args, "max-model-len") or arch.max_position, "max-model-len"),
         max_num_seqs=number(_flag(args, "max-num-seqs") or GB10_MAX_NUM_SEQS, "max-num-seqs"),
-        max_batched=number(_flag(args, "max-num-batched-tokens") or GB10_MAX_BATCHED, "max-num-batched-tokens"),
+        max_batched=number(
+            _flag(args, "max-num-batched-tokens") or GB10_MAX_BATCHED, "max-num-batched-tokens"
+        ),
         enforce_eager=_flag(args, "enforce-eager") is True,
         multimodal=multimodal,
         cache=CacheSettings(
@@ -199,11 +215,16 @@ def activation_peak(arch: Architecture, s: Settings) -> int:
     measures the real peak when it starts (the plan is compared with that in benchmarks/memory.md)."""
     t, tp, dt = s.max_batched, s.tp, DTYPE_BYTES.get(arch.dtype, 2)
     hidden = 6 * t * arch.hidden * dt
-    q_out = arch.heads * arch.head_dim * (2 if arch.attn_output_gate else 1) + 2 * arch.kv_heads * arch.head_dim
+    q_out = (
+        arch.heads * arch.head_dim * (2 if arch.attn_output_gate else 1) + 2 * arch.kv_heads * arch.head_dim
+    )
     attention = 2 * t * q_out * dt // tp
     kd = arch.linear_key_heads * arch.linear_key_dim
     vd = arch.linear_value_heads * arch.linear_value_dim
-    gdn = 3 * t * (2 * kd + 2 * vd) * dt // tp + cdiv(t, 64) * (arch.linear_value_heads // tp) * arch.linear_key_dim * arch.linear_value_dim * 4
+    gdn = (
+        3 * t * (2 * kd + 2 * vd) * dt // tp
+        + cdiv(t, 64) * (arch.linear_value_heads // tp) * arch.linear_key_dim * arch.linear_value_dim * 4
+    )
     if arch.experts:
         mlp = t * arch.experts_per_token * (3 * arch.moe_intermediate // tp + arch.hidden) * dt
     else:
@@ -227,10 +248,7 @@ def _plan_nodes(arch: Architecture, s: Settings, mem: NodeMemory) -> list[NodePl
             "cuda_graphs": 0 if (s.enforce_eager or mem.kind == "cpu") else CUDA_GRAPHS,
             "workspace": (0 if mem.kind == "cpu" else WORKSPACE) + (NCCL_BUFFERS if s.tp * s.pp > 1 else 0),
         }
-        if mem.kind == "cpu":
-            budget = sum(parts.values()) + s.cpu_kv_space
-        else:
-            budget = int(s.utilization * mem.total)
+        budget = sum(parts.values()) + s.cpu_kv_space if mem.kind == "cpu" else int(s.utilization * mem.total)
         kv = budget - sum(parts.values())
         request = spec.request_bytes(s.max_model_len)
         plans.append(NodePlan(
@@ -241,7 +259,9 @@ def _plan_nodes(arch: Architecture, s: Settings, mem: NodeMemory) -> list[NodePl
     return plans
 
 
-def _judge(arch: Architecture, s: Settings, mem: NodeMemory, nodes: list[NodePlan]) -> tuple[str, list[str], list[str]]:
+def _judge(
+    arch: Architecture, s: Settings, mem: NodeMemory, nodes: list[NodePlan]
+) -> tuple[str, list[str], list[str]]:
     reasons: list[str] = []
     warnings: list[str] = []
     worst = min(nodes, key=lambda n: n.kv_bytes - n.request_bytes)
@@ -278,7 +298,9 @@ def safe_utilization(mem: NodeMemory) -> float:
     return math.floor((mem.total - mem.reserve) / mem.total * 100) / 100
 
 
-def plan_memory(profile: str, arch: Architecture, s: Settings, mem: NodeMemory = GB10, *, fixes: bool = True) -> MemoryPlan:
+def plan_memory(
+    profile: str, arch: Architecture, s: Settings, mem: NodeMemory = GB10, *, fixes: bool = True
+) -> MemoryPlan:
     """The plan, its verdict, the largest max-model-len and concurrency that fit, and the fixes."""
     nodes = _plan_nodes(arch, s, mem)
     verdict, reasons, warnings = _judge(arch, s, mem, nodes)
@@ -286,13 +308,17 @@ def plan_memory(profile: str, arch: Architecture, s: Settings, mem: NodeMemory =
     longest = min(n.longest for n in nodes)
     fit_len = min(longest // 1024 * 1024 if longest >= 1024 else longest, s.max_model_len)
     concurrency = min(s.max_num_seqs, int(min(n.concurrency for n in nodes)))
-    plan = MemoryPlan(profile, arch.source, mem, s, nodes, verdict, reasons, [], warnings, fit_len, concurrency)
+    plan = MemoryPlan(
+        profile, arch.source, mem, s, nodes, verdict, reasons, [], warnings, fit_len, concurrency
+    )
     if fixes and verdict != "fits":
         plan.fixes = _fixes(profile, arch, s, mem, plan, worst_kv)
     return plan
 
 
-def _fixes(profile: str, arch: Architecture, s: Settings, mem: NodeMemory, plan: MemoryPlan, worst: NodePlan) -> list[str]:
+def _fixes(
+    profile: str, arch: Architecture, s: Settings, mem: NodeMemory, plan: MemoryPlan, worst: NodePlan
+) -> list[str]:
     out: list[str] = []
     safe = safe_utilization(mem)
     if mem.kind != "cpu" and s.utilization > safe:

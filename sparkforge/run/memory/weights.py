@@ -46,7 +46,9 @@ def matrix_bytes(arch: Architecture, module: str, rows: int, cols: int) -> int:
         return rows * cols * DTYPE_BYTES.get(arch.dtype, 2)
     if q.method == "fp8":
         return rows * cols + cdiv(rows, q.block[0]) * cdiv(cols, q.block[1]) * 4
-    return rows * cols // 2 + rows * cdiv(cols, q.group) + 8  # nvfp4: packed E2M1, FP8 group scales, 2 globals
+    return (
+        rows * cols // 2 + rows * cdiv(cols, q.group) + 8
+    )  # nvfp4: packed E2M1, FP8 group scales, 2 globals
 
 
 def layer_parts(arch: Architecture, kind: str, tp: int) -> dict[str, int]:
@@ -140,7 +142,12 @@ def total_parameters(arch: Architecture) -> int:
         else:
             kd = arch.linear_key_heads * arch.linear_key_dim
             vd = arch.linear_value_heads * arch.linear_value_dim
-            count += h * (2 * kd + 2 * vd) + h * 2 * arch.linear_value_heads + vd * h + (2 * kd + vd) * arch.conv_kernel
+            count += (
+                h * (2 * kd + 2 * vd)
+                + h * 2 * arch.linear_value_heads
+                + vd * h
+                + (2 * kd + vd) * arch.conv_kernel
+            )
         if arch.experts:
             count += arch.experts * 3 * h * arch.moe_intermediate + arch.experts * h
             count += 3 * h * arch.shared_intermediate + h
