@@ -100,6 +100,7 @@ def doctor(
     nccl: str = "image",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.doctor import run_doctor
 
     if not (recipe or image):
@@ -121,6 +122,8 @@ def doctor(
         options, min_busbw=_floor(min_busbw), gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl)
     )
     if profile and recipe:
+        planned = memory_check(recipe, load_profile(profile), model_dir, True)
+        options = replace(options, memory_plan=planned.to_dict() if planned else None)
         _preflight(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
@@ -193,7 +196,8 @@ def up(
     )
     doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
-    memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
+    planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
+    doctor_options = replace(doctor_options, memory_plan=planned.to_dict() if planned else None)
     _preflight(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from sparkforge.run.memory.checkpoint import DTYPE_BYTES, Architecture
-from sparkforge.run.memory.weights import cdiv
+from sparkforge.run.memory.weightbytes import cdiv
 
 ATTENTION_KERNEL_BLOCK = (
     16  # FlashAttention/FlashInfer: block sizes MultipleOf(16); vLLM's default block is 16

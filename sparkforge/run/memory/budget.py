@@ -17,7 +17,7 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.run.memory.checkpoint import DTYPE_BYTES, Architecture
 from sparkforge.run.memory.kvcache import CacheSettings, KvSpec, kv_spec
-from sparkforge.run.memory.weights import Split, cdiv, stage_weights
+from sparkforge.run.memory.weightbytes import Split, cdiv, stage_weights
 
 GiB = 1 << 30
 
