@@ -38,7 +38,9 @@ def test_the_watchdog_stops_a_container_before_its_memory_limit() -> None:
     finally:
         subprocess.run(["docker", "rm", "--force", name], capture_output=True)
     assert stopped is not None, "the container ended before the watchdog stopped it"
-    assert state.status == "exited" and state.exit_code == 143  # SIGTERM from docker stop (through --init), not the OOM killer's 137
+    assert (
+        state.status == "exited" and state.exit_code == 143
+    )  # SIGTERM from docker stop (through --init), not the OOM killer's 137
     assert stopped.reading.source == "cgroup limit - usage" and stopped.reading.available < 96 << 20
     assert "allocated" in stopped.last_lines
     assert "stopped cleanly before the host ran out of memory" in stopped.message
