@@ -8,17 +8,10 @@ import time
 from pathlib import Path
 
 from sparkforge.run.memory.watchdog import MemoryReading, parse_cgroup, parse_meminfo, watch
+from tests.memory_grower import grower
 
 MiB = 1 << 20
-GROWER = """
-import sys, time
-held = []
-for step in range(1, 200):
-    held.append(bytearray(16 * 1024 * 1024))
-    print(f"allocated {16 * step} MiB", flush=True)
-    time.sleep(0.05)
-print("never reached the end", flush=True)
-"""
+GROWER = grower(16, 0.05, 200)
 
 
 def _rss(pid: int) -> int | None:

@@ -9,16 +9,10 @@ import pytest
 
 from sparkforge.run.memory.serving import watch_container
 from sparkforge.run.nodes import LOCAL, NodeEngine
+from tests.memory_grower import grower
 
 IMAGE = "sparkforge-base/debian-bookworm:amd64"  # built by 'invoke engine.bases' (python3 inside)
-GROWER = """
-import time
-held = []
-for step in range(1, 400):
-    held.append(bytearray(4 * 1024 * 1024))
-    print(f"allocated {4 * step} MiB", flush=True)
-    time.sleep(0.1)
-"""
+GROWER = grower(4, 0.1, 400)
 
 
 def test_the_watchdog_stops_a_container_before_its_memory_limit() -> None:
