@@ -37,6 +37,9 @@ class CacheSettings:
     prefix_caching: bool = True  # vLLM's default for generation models
     num_spec: int = 0  # speculative tokens (MTP)
     gdn_checkpoints: bool = True  # FlashInfer GDN prefill exports checkpoints (GB10); False on other backends
+    kernel_block: int = (
+        ATTENTION_KERNEL_BLOCK  # the attention backend's smallest block (vLLM's CPU backend: 32)
+    )
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,10 @@ def kv_spec(
     per_token = attn_bytes_per_token(arch, tp, settings.kv_dtype)
     state = state_bytes(arch, tp, settings.num_spec) if linear else 0
     align = settings.prefix_caching and linear > 0
-    alignment = ATTENTION_KERNEL_BLOCK
+    alignment = settings.kernel_block
     if align and settings.gdn_checkpoints:
         alignment = math.lcm(alignment, GDN_CHECKPOINT_ALIGNMENT)
-    block = ATTENTION_KERNEL_BLOCK
+    block = max(ATTENTION_KERNEL_BLOCK, settings.kernel_block)
     if state:
         block = max(block, alignment * cdiv(state, alignment * per_token))
     page = block * per_token
