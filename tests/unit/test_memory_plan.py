@@ -156,3 +156,26 @@ def test_invoke_memory_writes_the_plan(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["verdict"] == "fits" and len(doc["nodes"]) == 2
     assert doc["nodes"][0]["kv_per_token_per_attention_layer_bytes"] == 1024  # 2 KV heads over TP 2
+
+
+def test_the_twins_own_start_log_for_the_tiny_model(tmp_path: Path) -> None:
+    """vLLM 0.32.0 (the CPU twin) serving tests/profiles/cpu-tiny-qwen35moe.yaml logged (benchmarks/memory.md,
+    benchmarks/results/memory_twin_vllm_lines.txt): 'Setting attention block size to 384 tokens', 'Padding mamba page
+    size by 43.28%', 'CPU KV cache size: 699,008 tokens, Maximum concurrency for 512 tokens per request: 1365.25x'."""
+    from sparkforge.run.memory.guard import node_memory
+
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(
+        (REPO_ROOT / "tests/unit/fixtures/memory/tiny-qwen35moe-config.json").read_text()
+    )
+    profile = load_profile(str(REPO_ROOT / "tests/profiles/cpu-tiny-qwen35moe.yaml"))
+    plan = plan_profile(profile, model, node_memory("cpu"))
+    (node,) = plan.nodes
+    assert node.spec.block_size == 384
+    assert round(100 * (node.spec.page_bytes - node.spec.state_bytes) / node.spec.state_bytes, 2) == 43.28
+    assert (
+        node.kv_bytes // node.spec.bytes_per_block * 128 == 699_008
+    )  # vLLM counts its CPU blocks of 128 tokens
+    assert abs(node.concurrency - 1365.25) / 1365.25 < 0.10 and round(node.concurrency, 2) == 1365.25
+    assert plan.verdict == "fits"

@@ -45,7 +45,7 @@ CUDA_GRAPHS = (
 )  # FULL_AND_PIECEWISE graphs (vLLM's default for hybrid models) unless enforce-eager
 GB10_MAX_NUM_SEQS = 256  # vLLM 0.33.0 arg_utils: GB10 stays on the small tier (256 seqs, 2048 batched tokens)
 GB10_MAX_BATCHED = 2048
-CPU_KERNEL_BLOCK = 32  # vllm/v1/attention/backends/cpu_attn.py: MultipleOf(32)
+CPU_KERNEL_BLOCK = 128  # vllm/platforms/cpu.py update_block_size_for_backend: the CPU block size is 128
 
 
 @dataclass(frozen=True)
@@ -305,7 +305,7 @@ def plan_memory(
     """The plan, its verdict, the largest max-model-len and concurrency that fit, and the fixes."""
     if (
         mem.kind == "cpu"
-    ):  # vLLM's CPU attention backend: blocks of 32; its GDN prefill exports no checkpoints
+    ):  # vLLM CPU platform: blocks of 128; its GDN prefill exports no checkpoints
         s = replace(s, cache=replace(s.cache, gdn_checkpoints=False, kernel_block=CPU_KERNEL_BLOCK))
     nodes = _plan_nodes(arch, s, mem)
     verdict, reasons, warnings = _judge(arch, s, mem, nodes)

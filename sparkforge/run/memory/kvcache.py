@@ -38,7 +38,7 @@ class CacheSettings:
     num_spec: int = 0  # speculative tokens (MTP)
     gdn_checkpoints: bool = True  # FlashInfer GDN prefill exports checkpoints (GB10); False on other backends
     kernel_block: int = (
-        ATTENTION_KERNEL_BLOCK  # the attention backend's smallest block (vLLM's CPU backend: 32)
+        ATTENTION_KERNEL_BLOCK  # the attention backend's smallest block (vLLM's CPU platform: 128)
     )
 
 
