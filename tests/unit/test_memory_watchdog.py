@@ -64,3 +64,30 @@ def test_readings_from_meminfo_and_a_cgroup() -> None:
     assert parse_meminfo(text) == MemoryReading(250 * 1024, 1000 * 1024, 60 * 1024, 30 * 1024)
     assert parse_cgroup("300\n", "1000\n").available == 700
     assert parse_cgroup("300", "max").total > 1 << 60  # cgroup v2 without a limit
+
+
+def test_the_doctors_memory_stage_reads_each_node_against_the_plan() -> None:
+    import types
+
+    from sparkforge.report import Check
+    from sparkforge.run.facts import NodeFacts
+    from sparkforge.run.memory.hoststage import memory_stage
+
+    facts_module = types.ModuleType("cluster_facts")  # the probe's own reader, as the doctor ships it
+    source = (Path(__file__).parents[1] / "image" / "cluster_facts.py").read_text()
+    exec(compile(source, "cluster_facts.py", "exec"), facts_module.__dict__)
+    here = facts_module.meminfo()
+    assert here["total"] >= here["available"] > 0
+    node = NodeFacts(0, "node0", "10.0.0.1", "test", [], {}, {}, host={"memory": here})
+    roomy = {"verdict": "fits", "nodes": [{"node": 0, "budget_gib": 0.01}]}
+    check = Check("memory", "passed")
+    memory_stage(check, [node], roomy)
+    assert check.status != "failed" and "GiB available" in check.reason and "budget 0.01 GiB" in check.reason
+    greedy = {"verdict": "fits", "nodes": [{"node": 0, "budget_gib": here["total"] / (1 << 30) + 1}]}
+    check = Check("memory", "passed")
+    memory_stage(check, [node], greedy)
+    assert (
+        check.status == "failed"
+        and "vLLM's start check refuses less" in check.reason
+        and "drop_caches" in check.reason
+    )
