@@ -303,9 +303,8 @@ def plan_memory(
     profile: str, arch: Architecture, s: Settings, mem: NodeMemory = GB10, *, fixes: bool = True
 ) -> MemoryPlan:
     """The plan, its verdict, the largest max-model-len and concurrency that fit, and the fixes."""
-    if (
-        mem.kind == "cpu"
-    ):  # vLLM CPU platform: blocks of 128; its GDN prefill exports no checkpoints
+    if mem.kind == "cpu":
+        # vLLM's CPU platform: blocks of 128; its GDN prefill exports no checkpoints
         s = replace(s, cache=replace(s.cache, gdn_checkpoints=False, kernel_block=CPU_KERNEL_BLOCK))
     nodes = _plan_nodes(arch, s, mem)
     verdict, reasons, warnings = _judge(arch, s, mem, nodes)
