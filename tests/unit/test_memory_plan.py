@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.recipe.serveargs import norm_flag
@@ -179,3 +180,18 @@ def test_the_twins_own_start_log_for_the_tiny_model(tmp_path: Path) -> None:
     )  # vLLM counts its CPU blocks of 128 tokens
     assert abs(node.concurrency - 1365.25) / 1365.25 < 0.10 and round(node.concurrency, 2) == 1365.25
     assert plan.verdict == "fits"
+
+
+def test_mtp_drafts_add_their_layer_and_state_rows() -> None:
+    arch, plain = _settings("qwen35-35b-a3b-fp8")
+    args = {"speculative-config": '{"method": "mtp", "num_speculative_tokens": 2}', "max-model-len": 131072}
+    drafted = read_settings(args, {}, arch)
+    assert drafted.mtp and drafted.cache.num_spec == 2
+    base, mtp = plan_memory("p", arch, plain).nodes[0], plan_memory("p", arch, drafted).nodes[0]
+    assert "mtp_draft" in mtp.weights and 0.3 * GiB < mtp.weights["mtp_draft"] < 1.5 * GiB
+    assert mtp.spec.attention_layers == base.spec.attention_layers + 1  # the draft layer's own KV cache
+    assert (
+        mtp.spec.state_bytes - base.spec.state_bytes == 2 * (128 * 16 * 2 + 128 * 32) * 2
+    )  # 2 more conv rows
+    with pytest.raises(RunError, match="not a JSON object"):
+        read_settings({"speculative-config": "mtp"}, {}, arch)
