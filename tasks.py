@@ -13,6 +13,7 @@ from sparkforge.cli import community as cli_community
 from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import memory as cli_memory
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import rebuild as cli_rebuild
@@ -385,3 +386,4 @@ ns.add_collection(cli_run.serve_ns)
 ns.add_collection(cli_cluster.cluster_ns)
 ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
+ns.add_task(cli_memory.memory)

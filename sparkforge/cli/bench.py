@@ -9,6 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 
 from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -36,6 +37,7 @@ MAX_THRESHOLD = 1000  # percent
         "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
         "no_warmup": "skip the warm-up run of each level",
+        "force": FORCE_HELP,
     }
 )
 @user_errors
@@ -56,6 +58,7 @@ def bench(
     corpus: str = "",
     store: str = "",
     no_warmup: bool = False,
+    force: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
@@ -91,7 +94,9 @@ def bench(
     options = BenchOptions(chosen, check_repeats(runs), not no_warmup, Path(corpus) if corpus else None)
     engine = NodeEngine(parse_node(node) if node else LOCAL)
     loaded = load_recipe(recipe)
-    report = run_bench(engine, load_profile(profile), options, echo=echo, recipe_hash=loaded.hash)
+    served = load_profile(profile)
+    memory_check(recipe, served, "", force)  # before any engine or server is contacted
+    report = run_bench(engine, served, options, echo=echo, recipe_hash=loaded.hash)
     for line in table(report):
         echo(line)
     ident = report.extra["identity"]

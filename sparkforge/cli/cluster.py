@@ -9,6 +9,7 @@ from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from sparkforge.cli import Whole, echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -104,6 +105,7 @@ def doctor(
     quick: bool = False,
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
+    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.doctor import run_doctor
 
     if not (recipe or image):
@@ -129,6 +131,8 @@ def doctor(
         quick=quick,
     )
     if profile and recipe:
+        planned = memory_check(recipe, load_profile(profile), model_dir, True)
+        options = replace(options, memory_plan=planned.to_dict() if planned else None)
         _preflight(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
@@ -147,6 +151,7 @@ def doctor(
         "gid_index": "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself)",
         "nccl": "image (default) or host: each node's own libnccl bind-mounted over the image's (ABI checked)",
         "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        "force": FORCE_HELP,
     },
 )
 @user_errors
@@ -176,6 +181,7 @@ def up(
     down_on_fail: bool = False,
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
+    force: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -201,6 +207,8 @@ def up(
     )
     doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
+    planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
+    doctor_options = replace(doctor_options, memory_plan=planned.to_dict() if planned else None)
     _preflight(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe

@@ -7,6 +7,7 @@ from pathlib import Path
 from invoke import Context, task
 
 from sparkforge.cli import Whole, echo, finish_report, user_errors
+from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
@@ -39,6 +40,7 @@ from sparkforge.cli.run import (
         "interface": IFACE_HELP,
         "master_port": "rendezvous port of a multi-node launch (--master-port)",
         "health_timeout": "seconds to wait for /health per server start",
+        "force": FORCE_HELP,
     },
 )
 @user_errors
@@ -66,6 +68,7 @@ def conform(
     health_timeout: int = Whole(1800),
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
+    force: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     from sparkforge.boundary import check_output
@@ -100,6 +103,7 @@ def conform(
     recipe_name = load_recipe(recipe).name
     launch = None
     if not attach:
+        memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
         launch = _launch_options(
             _image(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
             hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,

@@ -8,6 +8,14 @@ from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from sparkforge.cli import Whole, echo, user_errors, warn
+from sparkforge.cli.memory import (
+    FLOOR_HELP,
+    FORCE_HELP,
+    WATCHDOG_HELP,
+    memory_check,
+    serve_watchdog,
+    watchdog_options,
+)
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -225,6 +233,9 @@ COMMON_HELP = {
         "node": "the engine to run on (default: the local one)",
         "no_chat": "skip the chat completion",
         "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        "force": FORCE_HELP,
+        "watchdog": WATCHDOG_HELP,
+        "watchdog_floor": FLOOR_HELP,
     },
 )
 @user_errors
@@ -248,6 +259,9 @@ def serve(
     down_on_fail: bool = False,
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
+    force: bool = False,
+    watchdog: str = "auto",
+    watchdog_floor: float = 4.0,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -259,9 +273,15 @@ def serve(
         _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
         trust_remote_code, weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
     )  # fmt: skip
+    guard = watchdog_options(watchdog, watchdog_floor)
+    memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     _preflight(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
-    serve_up(engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail)
+    plan, _ = serve_up(
+        engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail
+    )
+    if not dry:
+        serve_watchdog(recipe, engine, plan.head.container.name, guard, gpus)
 
 
 @task(

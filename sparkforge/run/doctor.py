@@ -3,7 +3,7 @@
 engines -> image -> addresses (vLLM's own get_ip() in the image, per node; the fabric choice from each node's
 sysfs when --interface is not given) -> paths (token, model, caches on each node) -> reach (every peer dials the
 address each node would advertise, on the launch port; a don't-fragment full-MTU datagram each way) -> mtu ->
-host (drivers, RemoveIPC) -> versions -> nccl-library (what each image really loads) -> sanity (Gloo all-reduce,
+host (drivers, RemoveIPC) -> memory (MemAvailable, swap, page cache against the profile's memory plan) -> versions -> nccl-library (what each image really loads) -> sanity (Gloo all-reduce,
 NCCL where GPUs exist with NCCL_DEBUG=INFO, vLLM's MessageQueue with a remote reader) -> transport (NET/IB or
 NET/Socket, bus bandwidth floor). A stage that fails makes the later ones skip.
 
@@ -38,6 +38,7 @@ from sparkforge.run.jobs import (
     remove_jobs,
     run_jobs,
 )
+from sparkforge.run.memory.hoststage import memory_stage
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.reach import diagnose_reach
 
@@ -75,6 +76,7 @@ def run_doctor(
         Stage("reach", lambda c: df.update(_reach(c, engines, facts, options, probes))),
         Stage("mtu", lambda c: stages.mtu(c, facts, df)),
         Stage("host", lambda c: stages.host(c, facts)),
+        Stage("memory", lambda c: memory_stage(c, facts, options.memory_plan)),
         Stage("versions", lambda c: _versions(c, facts)),
     ]
     if expensive:

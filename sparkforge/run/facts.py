@@ -36,6 +36,9 @@ class DoctorOptions:
         "image"  # host: bind-mount the node's own libnccl over the image's
     )
     paths: tuple[tuple[str, str], ...] = ()  # (kind, path) to find on every node before a launch
+    memory_plan: dict[str, Any] | None = (
+        None  # the profile's memory plan (run/memory), judged by the memory stage
+    )
 
 
 @dataclass

@@ -306,7 +306,22 @@ def host_facts(etc: str = HOST_ETC) -> dict[str, object]:
         "remove_ipc": remove_ipc,
         "remove_ipc_source": source,
         "nccl": host_nccl(os.path.dirname(etc)),
+        "memory": meminfo(),
     }
+
+
+def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    """The node's memory in bytes (a container reads its host's /proc/meminfo): what the doctor's memory stage
+    compares with the profile's memory plan."""
+    keys = {"MemTotal": "total", "MemAvailable": "available", "SwapTotal": "swap_total", "SwapFree": "swap_free",
+            "Cached": "page_cache"}  # fmt: skip
+    out: dict[str, int] = {}
+    for line in (_read(path) or "").splitlines():
+        key, _, rest = line.partition(":")
+        words = rest.split()
+        if key in keys and words and words[0].isdigit():
+            out[keys[key]] = int(words[0]) * 1024
+    return out
 
 
 def infiniband() -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from audit_fixtures import Fixture, build_fixtures, nvcc_available
 
+from sparkforge.recipe.profile import PROFILES_DIR
 from sparkforge.verify import kernels_report, selection, started
 from sparkforge.verify.kernels_run import selection_input
 
@@ -50,15 +51,18 @@ def test_a_config_that_is_not_json_is_one_paragraph(tmp_path: Path) -> None:
         selection.read_model_config(tmp_path / "missing.json")
 
 
-def test_profiles_find_their_checkpoint_config() -> None:
+def test_profiles_find_their_checkpoint_config(tmp_path: Path) -> None:
     ask = selection_input("qwen35-35b-a3b-fp8", "", "")
     assert ask is not None and ask.config["quantization_config"]["weight_block_size"] == [128, 128]
     assert ask.config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
     nvfp4 = selection_input("qwen35-35b-a3b-nvfp4", "", "")
     assert nvfp4 is not None and nvfp4.config["quantization_config"]["quant_algo"] == "NVFP4"
     assert selection_input("", "", "") is None
+    assert selection_input("qwen35-122b-a10b-fp8-tp2", "", "") is not None  # shipped since the memory plan
+    lonely = tmp_path / "a-profile-without-checkpoint.yaml"
+    lonely.write_text((PROFILES_DIR / "qwen35-35b-a3b-fp8.yaml").read_text())
     with pytest.raises(selection.SelectionError, match=r"no checkpoint config at .*fix:"):
-        selection_input("qwen35-122b-a10b-fp8-tp2", "", "")
+        selection_input(str(lonely), "", "")
 
 
 def test_the_serve_log_names_what_vllm_selected_at_start() -> None:

@@ -1,0 +1,97 @@
+"""`invoke memory`: a serve profile's memory plan per node, before any engine or download (thin: the work is in
+sparkforge.run.memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from sparkforge.cli import echo, user_errors, warn
+
+FORCE_HELP = "start even when the memory plan says the profile does not fit (the plan is still printed)"
+
+
+def memory_check(recipe: str, profile, model_dir: str, force: bool):
+    """The one memory call of serve, cluster.up, conform and bench: plan, print, refuse (or --force)."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.run.memory.guard import memory_guard
+
+    device = load_recipe(recipe).model.device
+    return memory_guard(profile, Path(model_dir).resolve() if model_dir else None, device=device, force=force,
+                        echo=echo, warn=warn)  # fmt: skip
+
+
+@task(
+    help={
+        "recipe": "recipe name in recipes/ or path to a recipe file (its device: GB10 or the CPU twin)",
+        "profile": "serve profile name in profiles/ or path to a profile file",
+        "model_dir": "a directory holding the model's config.json (default: profiles/checkpoints/<profile>.json)",
+        "json": "write the plan as JSON here",
+    }
+)
+@user_errors
+def memory(c: Context, recipe: str, profile: str, model_dir: str = "", json: str = "") -> None:
+    """Memory plan per node: weights, KV cache per layer type, activation, graphs, the host's reserve; verdict."""
+    import json as json_lib
+
+    from sparkforge.boundary import check_output, write_output
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.memory.guard import node_memory, plan_profile
+    from sparkforge.run.memory.text import plan_lines
+
+    check_output(json, "--json")  # the boundary: before anything is read
+    loaded = load_profile(profile)
+    mem = node_memory(load_recipe(recipe).model.device)
+    plan = plan_profile(loaded, Path(model_dir).resolve() if model_dir else None, mem)
+    for line in plan_lines(plan):
+        echo(line)
+    if json:
+        write_output(json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
+        echo(f"plan: {json}")
+    if not plan.fits:
+        raise Exit(f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
+                   code=1)  # fmt: skip
+
+
+WATCHDOG_HELP = (
+    "auto (default: on for a GB10 recipe with --gpus all), on or off: while serving, stop the server cleanly "
+    "before the host runs out of memory (serve then stays in the foreground; Ctrl-C leaves the server running)"
+)
+FLOOR_HELP = (
+    "the watchdog stops the server when the node's MemAvailable falls below this many GiB (default 4)"
+)
+
+
+def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
+    """--watchdog and --watchdog-floor checked before anything is contacted: (mode, floor in bytes)."""
+    from sparkforge.boundary import check_number
+    from sparkforge.run.inputs import check_choice
+
+    check_choice("--watchdog", mode, ("auto", "on", "off"))
+    return mode, int(
+        float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
+    )
+
+
+def serve_watchdog(recipe: str, engine, container: str, options: tuple[str, int], gpus: str) -> None:
+    """After a healthy serve: watch the node's memory in the foreground; a stop is a failure naming why."""
+    from sparkforge.errors import RunError
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.run.memory.serving import watch_container
+
+    mode, floor = options
+    if mode == "off" or (mode == "auto" and (gpus == "none" or load_recipe(recipe).model.device == "cpu")):
+        return
+    try:
+        stopped = watch_container(engine, container, floor=floor, echo=echo)
+    except KeyboardInterrupt:
+        echo(f"watchdog: no longer watching; {container} keeps running unguarded")
+        return
+    if stopped is None:
+        raise RunError(
+            f"the server {container} exited on its own; fix: 'invoke cluster.logs' or 'docker logs {container}'"
+        )
+    raise RunError(f"{stopped.message}\nlast lines of {container}:\n{stopped.last_lines.rstrip()}")
