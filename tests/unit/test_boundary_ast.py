@@ -93,7 +93,10 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         "the OCI distribution client for TUF metadata: token auth, HEAD/POST/PUT uploads the GET-only fetcher "
         "does not do; every body read is capped (manifest, blob max_bytes) and checked against its digest",
     ),
-    "sparkforge/verify/imagefs.py": ({"json", "path-io"}, f"{CACHE} (layer listings and image audits by digest)"),
+    "sparkforge/verify/imagefs.py": (
+        {"json", "path-io"},
+        f"{CACHE} (layer listings and image audits by digest)",
+    ),
     "sparkforge/registry/workflowcheck.py": ({"path-io"}, f"{OWN} (.github/workflows)"),
     "sparkforge/run/bench/runner.py": (
         {"json", "path-io"},

@@ -16,10 +16,10 @@ from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.recipe.serveargs import norm_flag
-from sparkforge.run.memory.budget import GB10, GiB, plan_memory, read_settings, safe_utilization
 from sparkforge.run.memory.checkpoint import load_architecture
 from sparkforge.run.memory.guard import plan_profile
 from sparkforge.run.memory.kvcache import CacheSettings, kv_spec
+from sparkforge.run.memory.memoryplan import GB10, GiB, plan_memory, read_settings, safe_utilization
 from sparkforge.run.memory.weightbytes import total_parameters
 
 CHECKPOINTS = REPO_ROOT / "profiles" / "checkpoints"

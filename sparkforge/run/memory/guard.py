@@ -9,8 +9,8 @@ from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import PROFILES_DIR, Profile
 from sparkforge.recipe.serveargs import norm_flag
-from sparkforge.run.memory.budget import GB10, MemoryPlan, NodeMemory, plan_memory, read_settings
 from sparkforge.run.memory.checkpoint import checkpoint_path, load_architecture
+from sparkforge.run.memory.memoryplan import GB10, MemoryPlan, NodeMemory, plan_memory, read_settings
 from sparkforge.run.memory.text import plan_lines
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkforge.run.memory.budget import GiB, MemoryPlan
+from sparkforge.run.memory.memoryplan import GiB, MemoryPlan
 
 
 def plan_lines(plan: MemoryPlan) -> list[str]:

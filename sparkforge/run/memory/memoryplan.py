@@ -9,12 +9,12 @@ requests fit) or 'does not fit' (vLLM refuses at start, or the weights leave no 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sparkforge.errors import RunError
+from sparkforge.boundary import parse_json
+from sparkforge.errors import InputError, RunError
 from sparkforge.run.memory.checkpoint import DTYPE_BYTES, Architecture
 from sparkforge.run.memory.kvcache import CacheSettings, KvSpec, kv_spec
 from sparkforge.run.memory.weightbytes import Split, cdiv, stage_weights
@@ -176,8 +176,8 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
     num_spec, mtp = 0, False
     if spec_raw:
         try:
-            spec = json.loads(spec_raw) if isinstance(spec_raw, str) else None
-        except ValueError:
+            spec = parse_json(spec_raw, "--speculative-config") if isinstance(spec_raw, str) else None
+        except InputError:
             spec = None
         if not isinstance(spec, dict):
             raise RunError(f"profile flag --speculative-config {spec_raw!r} is not a JSON object; fix: e.g. "
