@@ -313,7 +313,9 @@ def lint(c: Context) -> None:
 
 @task(
     iterable=["package"],
-    help={"package": "re-resolve only this package (repeatable; default: every package to its newest allowed)"},
+    help={
+        "package": "re-resolve only this package (repeatable; default: every package to its newest allowed)"
+    },
 )
 @user_errors
 def lock_update(c: Context, package: list[str] | None = None) -> None:

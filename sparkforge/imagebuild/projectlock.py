@@ -69,15 +69,16 @@ def uv_requirement(lock_text: str) -> str:
     )
 
 
-def update_lock(runner: Runner, packages: Sequence[str] = ()) -> list[str]:
+def update_lock(runner: Runner, packages: Sequence[str] = (), root: Path = REPO_ROOT) -> list[str]:
     """Re-resolve uv.lock (every package to its newest allowed version, or only `packages`), rewrite
     .ci/uv.txt, and return what changed as pin_changes lines."""
-    old = LOCK.read_text() if LOCK.exists() else ""
+    lock, requirement = root / LOCK.relative_to(REPO_ROOT), root / UV_REQUIREMENT.relative_to(REPO_ROOT)
+    old = lock.read_text() if lock.exists() else ""
     upgrade = [a for p in packages for a in ("--upgrade-package", p)] if packages else ["--upgrade"]
-    uv = (sys.executable, "-m", "uv", "lock", "--system-certs", "--project", str(REPO_ROOT), *upgrade)
-    runner.run(Command(uv, cwd=REPO_ROOT), "uv-lock")
-    new = LOCK.read_text()
-    UV_REQUIREMENT.write_text(uv_requirement(new))
+    uv = (sys.executable, "-m", "uv", "lock", "--system-certs", "--project", str(root), *upgrade)
+    runner.run(Command(uv, cwd=root), "uv-lock")
+    new = lock.read_text()
+    requirement.write_text(uv_requirement(new))
     return pin_changes(pins(old), pins(new))
 
 
@@ -101,11 +102,13 @@ def audit_argv(requirements: Path) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def audit_lock(runner: Runner, echo: Callable[[str], None]) -> bool | None:
+def audit_lock(
+    runner: Runner, echo: Callable[[str], None], service: str = VULNERABILITY_SERVICE
+) -> bool | None:
     """pip-audit of every pin in uv.lock: True clean, False vulnerable (or unanswered), None not checked
     because the vulnerability service is unreachable from here (said so, never a silent pass)."""
     packages = locked_packages(LOCK.read_text())
-    reason = service_unreachable(packages[0])
+    reason = service_unreachable(packages[0], service)
     if reason:
         echo(f"pip-audit: not checked: offline ({reason})")
         return None
