@@ -306,10 +306,26 @@ def lock(c: Context, recipe: str, check: bool = False, strict: bool = False, wri
 @task
 @user_errors
 def lint(c: Context) -> None:
-    """ruff on the code, hadolint on every recipe's rendered Dockerfile."""
+    """ruff, deptry, pip-audit of uv.lock, hadolint on every rendered Dockerfile, the workflow linters."""
     from sparkforge.imagebuild.lint import run_lint
 
     run_lint(echo)
+
+
+@task(
+    iterable=["package"],
+    help={
+        "package": "re-resolve only this package (repeatable; default: every package to its newest allowed)"
+    },
+)
+@user_errors
+def lock_update(c: Context, package: list[str] | None = None) -> None:
+    """Re-resolve the project's own lock (uv.lock, .ci/uv.txt) and show what changed."""
+    from sparkforge.commands import Runner
+    from sparkforge.imagebuild.projectlock import update_lock
+
+    changes = update_lock(Runner(), package or ())
+    echo("\n".join(changes) if changes else "uv.lock: no version changed")
 
 
 @task(help={"slow": "also run the slow real-world tests", "k": "pytest -k expression"})
@@ -364,10 +380,15 @@ engine_ns = Collection("engine")
 engine_ns.add_task(engine_up, "up")
 engine_ns.add_task(engine_bases, "bases")
 
+lock_ns = Collection("lock")  # `invoke lock` pins a recipe; `invoke lock.update` the project's own uv.lock
+lock_ns.add_task(lock, "recipe", default=True)
+lock_ns.add_task(lock_update, "update")
+
 ci_ns = Collection("ci")
 ci_ns.add_task(cli_publish.ci_matrix, "matrix")
 
-ns = Collection(recipes, show, render, preflight, build, verify, audit, lock, lint, test)
+ns = Collection(recipes, show, render, preflight, build, verify, audit, lint, test)
+ns.add_collection(lock_ns)
 ns.add_task(cli_probe.probe)
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)

