@@ -65,6 +65,12 @@ def direct_session() -> requests.Session:
     return session
 
 
+def proxied_session() -> requests.Session:
+    """A session for public services reached the machine's own way: proxies and CA bundles from the environment
+    (PyPI's JSON API behind a TLS-intercepting proxy)."""
+    return requests.Session()
+
+
 def check_url(url: str, what: str) -> tuple[str, str, int]:
     """`url`'s (scheme, host, port), or a FetchError naming `what`: http(s) only, a host, no credentials, no
     whitespace or control character, a port in 1..65535 (Python would wrap none, but 99999 must not pass)."""

@@ -15,6 +15,7 @@ from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild.projectlock import audit_lock
 from sparkforge.imagebuild.render import render_context
+from sparkforge.limits import walk_tree
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
 from sparkforge.recipe.plan import PROJECT_SOURCE
 from sparkforge.registry.workflowcheck import check_files
@@ -35,7 +36,10 @@ def deptry_argv(root: Path = REPO_ROOT) -> tuple[str, ...]:
     The tests import their sibling modules by bare name (pytest puts each test folder on sys.path, and
     test_fp8_contract.py adds tests/image/): every module under tests/ and benchmarks/ is first-party.
     """
-    local = sorted({p.stem for folder in ("tests", "benchmarks") for p in (root / folder).rglob("*.py")})
+    local = sorted(
+        {p.stem for folder in ("tests", "benchmarks") for p in walk_tree(root / folder, folder, max_entries=100_000)
+         if p.suffix == ".py"}
+    )  # fmt: skip
     # root ".": pyproject's exclude patterns match paths relative to it (run with cwd=root).
     argv = [sys.executable, "-m", "deptry", ".", "--no-ansi", "--known-first-party", "sparkforge"]
     for name in ["tests", *local]:

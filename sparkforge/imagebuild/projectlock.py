@@ -10,16 +10,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
+from sparkforge.boundary import read_text, write_output
 from sparkforge.commands import Command, Runner
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.urlfetch import FetchError, fetch_url, proxied_session
 
 LOCK = REPO_ROOT / "uv.lock"
 UV_REQUIREMENT = REPO_ROOT / ".ci" / "uv.txt"
 MACHINES = ("x86_64", "aarch64")  # linux/amd64 and linux/arm64: the platforms the lock must install on
 # The service pip-audit asks by default (its "pypi" vulnerability source): one JSON document per release.
 VULNERABILITY_SERVICE = "https://pypi.org/pypi"
+MAX_LOCK_BYTES = 16 << 20  # uv.lock of every dependency with each wheel's hash: a few hundred KiB today
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,12 @@ def update_lock(runner: Runner, packages: Sequence[str] = (), root: Path = REPO_
     """Re-resolve uv.lock (every package to its newest allowed version, or only `packages`), rewrite
     .ci/uv.txt, and return what changed as pin_changes lines."""
     lock, requirement = root / LOCK.relative_to(REPO_ROOT), root / UV_REQUIREMENT.relative_to(REPO_ROOT)
-    old = lock.read_text() if lock.exists() else ""
+    old = read_text(lock, "uv.lock", MAX_LOCK_BYTES) if lock.exists() else ""
     upgrade = [a for p in packages for a in ("--upgrade-package", p)] if packages else ["--upgrade"]
     uv = (sys.executable, "-m", "uv", "lock", "--system-certs", "--project", str(root), *upgrade)
     runner.run(Command(uv, cwd=root), "uv-lock")
-    new = lock.read_text()
-    requirement.write_text(uv_requirement(new))
+    new = read_text(lock, "uv.lock", MAX_LOCK_BYTES)
+    write_output(requirement, uv_requirement(new), ".ci/uv.txt")
     return pin_changes(pins(old), pins(new))
 
 
@@ -86,9 +87,12 @@ def service_unreachable(probe: LockedPackage, base: str = VULNERABILITY_SERVICE)
     """Why the vulnerability service cannot answer for the locked set here, or None when it can."""
     url = f"{base}/{probe.name}/{probe.version}/json"
     try:
-        answer = requests.get(url, timeout=15)
-    except requests.RequestException as exc:
-        return f"{url}: {type(exc).__name__}"
+        answer = fetch_url(
+            proxied_session(), url, what="the vulnerability service", max_bytes=4 << 20, deadline=15,
+            ok_status=tuple(range(400, 600)),
+        )  # fmt: skip
+    except FetchError as exc:
+        return f"{url}: {str(exc)[:200]}"
     if answer.status_code != 200:
         return f"{url} answered HTTP {answer.status_code}"
     return None
@@ -107,7 +111,7 @@ def audit_lock(
 ) -> bool | None:
     """pip-audit of every pin in uv.lock: True clean, False vulnerable (or unanswered), None not checked
     because the vulnerability service is unreachable from here (said so, never a silent pass)."""
-    packages = locked_packages(LOCK.read_text())
+    packages = locked_packages(read_text(LOCK, "uv.lock", MAX_LOCK_BYTES))
     reason = service_unreachable(packages[0], service)
     if reason:
         echo(f"pip-audit: not checked: offline ({reason})")
@@ -124,7 +128,7 @@ def audit_lock(
     with tempfile.TemporaryDirectory() as tmp:
         for i, round_pins in enumerate(rounds):
             requirements = Path(tmp) / f"locked-{i}.txt"
-            requirements.write_text("\n".join(round_pins) + "\n")
+            write_output(requirements, "\n".join(round_pins) + "\n", "pip-audit requirements")
             result = runner.run(Command(audit_argv(requirements)), f"pip-audit-{i}", check=False)
             clean = clean and result.returncode == 0
     return clean
