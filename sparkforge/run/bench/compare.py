@@ -124,7 +124,9 @@ def compare_docs(
         load = {"old": _outside(before[name]), "new": _outside(after[name])}
         old_v, new_v = _values(before[name]), _values(after[name])
         for metric in (m for m in METRICS if m in old_v and m in new_v):
-            report.add(metric_check(f"{name}:{metric}", metric, old_v[metric], new_v[metric], threshold_pct, load))
+            report.add(
+                metric_check(f"{name}:{metric}", metric, old_v[metric], new_v[metric], threshold_pct, load)
+            )
     report.extra.update(verdict_summary(report))
     return report
 

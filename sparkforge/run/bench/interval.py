@@ -127,9 +127,11 @@ def estimate(old: list[float], new: list[float], higher_is_better: bool, thresho
     low, high = math.exp(diff - half), math.exp(diff + half)
     slow = _limit(threshold_pct, higher_is_better)
     # the interval's best and worst ends, as slowdowns in log units
-    best, worst = ((-(diff + half), -(diff - half)) if higher_is_better else (diff - half, diff + half))
+    best, worst = (-(diff + half), -(diff - half)) if higher_is_better else (diff - half, diff + half)
     verdict: VerdictName = "regressed" if best > slow else "passed" if worst <= slow else "inconclusive"
-    return Estimate(verdict, ratio, low, high, mde(se, df, threshold_pct, higher_is_better), worse, df=df, **base)
+    return Estimate(
+        verdict, ratio, low, high, mde(se, df, threshold_pct, higher_is_better), worse, df=df, **base
+    )
 
 
 def needed_mde(values: list[float], higher_is_better: bool, threshold_pct: float = 0.0) -> float | None:

@@ -18,7 +18,8 @@ import re
 import secrets
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from sparkforge.errors import CommandError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
 from sparkforge.run.bench import figures
-from sparkforge.run.bench.noise import summarize_repeats
+from sparkforge.run.bench.interval import needed_mde
+from sparkforge.run.bench.noise import METRICS, summarize_repeats
 from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, identity, model_identity
 from sparkforge.run.bench.results import SCHEMA
 from sparkforge.run.bench.suites import (
@@ -66,11 +68,17 @@ SHA256_SCRIPT = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb
 @dataclass(frozen=True)
 class BenchOptions:
     suite: Suite
-    repeats: int = 3
+    repeats: int = 5
     warmup: bool = True
     corpus: Path | None = None  # llama-benchy: a local text seeded as its book (offline machines)
     wheel_cache: Path | None = None  # default ~/.cache/sparkforge/wheels
     timeout_s: float = 3600
+    min_duration_s: float = (
+        0.0  # vLLM's client: each repeat's prompts scaled (from the warm-up) to last this long
+    )
+    target_detect_pct: float | None = None  # more rounds until every metric could detect this slowdown...
+    target_threshold_pct: float = 10.0  # ...in a comparison at this threshold (bench.compare's default)
+    budget_s: float = 1800.0  # ...or until the bench has run this long
 
 
 def head_container(profile: str) -> str:
@@ -127,24 +135,8 @@ def _exec(
         raise RunError(f"{engine.node.label}: {exc}; fix: a smaller suite, or a longer --timeout") from None
 
 
-def _vllm_levels(
-    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
-) -> dict:
-    suite, runs = options.suite, []
-    nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
-    seeds: dict[str, int] = {}
-    for i, (level, tag) in enumerate(run_order(suite, options.repeats, options.warmup)):
-        run = f"{level_name(*level)}-{tag}"
-        seeds[run] = suite.seed + nonce + i
-        runs.append(
-            {
-                "name": run,
-                "argv": vllm_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], level, run, seeds[run]),
-            }
-        )
-    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
-         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
-         f"seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
+def _vllm_call(engine: NodeEngine, name: str, runs: list[dict], options: BenchOptions) -> tuple[dict, str]:
+    """One driver process over `runs`: {run name: its JSON line}, and the output (for a failure's tail)."""
     result = _exec(
         engine, name, "bench-vllm", "python3", "-c", VLLM_DRIVER, json.dumps(runs), timeout=options.timeout_s
     )
@@ -153,30 +145,128 @@ def _vllm_levels(
         if line.startswith(MARK):
             entry = json.loads(line[len(MARK) :])
             lines[entry["run"]] = entry
-    out: dict[tuple[int, int], Any] = {}
+    return lines, result.output
+
+
+def _vllm_levels(
+    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
+) -> tuple[dict, dict[str, Any]]:
+    suite, started = options.suite, time.monotonic()
+    nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
+    seeds: dict[str, int] = {}
+    prompts: dict[
+        str, int
+    ] = {}  # level -> prompts per run (the warm-up's --duration scaling), for later rounds
+
+    def runs_of(order: list[tuple[tuple[int, int], str]]) -> list[dict]:
+        runs = []
+        for level, tag in order:
+            run, key = f"{level_name(*level)}-{tag}", level_name(*level)
+            seeds[run] = suite.seed + nonce + len(seeds)
+            sized = replace(suite, num_prompts=prompts.get(key, max(suite.num_prompts, level[0])))
+            runs.append({"name": run, "level": key, "argv": vllm_argv(sized, ctx["model"], ctx["tokenizer"],
+                         ctx["port"], level, run, seeds[run])})  # fmt: skip
+            if tag == "warmup" and options.min_duration_s:
+                runs[-1]["scale_to_s"] = options.min_duration_s
+        return runs
+
+    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
+         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
+         f"each repeat at least {options.min_duration_s:g} s, seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
+    lines, output = _vllm_call(
+        engine, name, runs_of(run_order(suite, options.repeats, options.warmup)), options
+    )
     for level in suite.levels():
-        repeats, problems = [], []
-        for i in range(options.repeats):
-            run = f"{level_name(*level)}-r{i + 1}"
-            entry = lines.get(run)
-            if entry is None or not entry["ok"]:
-                tail = entry["error"] if entry else result.output.strip()[-400:]
-                problems.append(f"{run}: the client failed ({tail})")
+        first = lines.get(f"{level_name(*level)}-r1") or {}
+        if first.get("num_prompts"):
+            prompts[level_name(*level)] = first["num_prompts"]
+
+    def measured() -> dict[tuple[int, int], Any]:
+        return {level: _vllm_level(level, lines, output, seeds) for level in suite.levels()}
+
+    def one_more_round(index: int) -> None:
+        more, _out = _vllm_call(engine, name, runs_of([(lv, f"r{index}") for lv in suite.levels()]), options)
+        lines.update(more)
+
+    stopping = _more_rounds(options, measured, one_more_round, echo, started)
+    return measured(), {"prompts_per_run": prompts, **stopping}
+
+
+def _vllm_level(level: tuple[int, int], lines: dict, output: str, seeds: dict[str, int]) -> tuple:
+    """(repeats' figures, problems, seeds) of one level from the driver's lines."""
+    repeats, problems, level_seeds = [], [], []
+    prefix = f"{level_name(*level)}-r"
+    tags = sorted((r for r in seeds if r.startswith(prefix)), key=lambda r: int(r[len(prefix) :]))
+    for run in tags:
+        entry = lines.get(run)
+        level_seeds.append(seeds[run])
+        if entry is None or not entry["ok"]:
+            tail = entry["error"] if entry else output.strip()[-400:]
+            problems.append(f"{run}: the client failed ({tail})")
+            continue
+        figs, completed, failed = figures.vllm_repeat(run, entry["result"])
+        if isinstance(entry.get("outside_cpu_pct"), float):
+            figs["outside_cpu_pct"] = round(entry["outside_cpu_pct"], 1)  # not compared: what it ran beside
+        took = entry["result"].get("duration")
+        if isinstance(took, int | float) and took >= 0:
+            figs["duration_s"] = round(float(took), 2)  # not compared: how long the repeat ran
+        if failed or not completed:
+            problems.append(f"{run}: {failed} of {completed + failed} requests failed")
+        repeats.append(figs)
+    return repeats, problems, level_seeds
+
+
+def _more_rounds(
+    options: BenchOptions,
+    measured: Callable[[], dict],
+    one_more_round: Callable[[int], None],
+    echo: Echo,
+    started: float,
+) -> dict[str, Any]:
+    """--target-detect: more rounds until every metric's floor is at most the target, or the budget is spent."""
+    if not options.target_detect_pct:
+        return {}
+    rounds, last_round_s = options.repeats, 0.0
+    while True:
+        floor, where = widest_floor(measured(), options.target_threshold_pct)
+        spent = time.monotonic() - started
+        if floor is not None and floor <= options.target_detect_pct:
+            why = "reached"
+        elif spent + last_round_s > options.budget_s:
+            why = "budget"
+        else:
+            echo(f"  round {rounds + 1}: the widest floor is {_floor(floor)} ({where}), target "
+                 f"{options.target_detect_pct:g}% ...")  # fmt: skip
+            began = time.monotonic()
+            one_more_round(rounds + 1)
+            rounds, last_round_s = rounds + 1, time.monotonic() - began
+            continue
+        echo(f"--target-detect {options.target_detect_pct:g}%: {why} after {rounds} rounds: the widest floor is "
+             f"{_floor(floor)} ({where})" + (f"; the budget of {options.budget_s:g} s ended first" if why == "budget"
+             else ""))  # fmt: skip
+        return {"target_detect": {"pct": options.target_detect_pct, "threshold_pct": options.target_threshold_pct,
+                                  "stopped": why, "rounds": rounds, "widest_floor_pct": floor, "widest": where,
+                                  "budget_s": options.budget_s}}  # fmt: skip
+
+
+def _floor(floor: float | None) -> str:
+    return "unknown (fewer than 2 repeats)" if floor is None else f"{floor:.1f}%"
+
+
+def widest_floor(measured: dict, threshold_pct: float) -> tuple[float | None, str]:
+    """The largest smallest-detectable slowdown over every level and metric (interval.needed_mde), and where."""
+    worst: tuple[float | None, str] = (0.0, "")
+    for level, (repeats, _problems, _seeds) in measured.items():
+        for metric, higher in METRICS.items():
+            values = [r[metric] for r in repeats if metric in r]
+            if not values or len(values) != len(repeats):
                 continue
-            figs, completed, failed = figures.vllm_repeat(run, entry["result"])
-            if isinstance(entry.get("outside_cpu_pct"), float):
-                figs["outside_cpu_pct"] = round(
-                    entry["outside_cpu_pct"], 1
-                )  # not compared: what it ran beside
-            if failed or not completed:
-                problems.append(f"{run}: {failed} of {completed + failed} requests failed")
-            repeats.append(figs)
-        out[level] = (
-            repeats,
-            problems,
-            [seeds[f"{level_name(*level)}-r{i + 1}"] for i in range(options.repeats)],
-        )
-    return out
+            floor = needed_mde(values, higher, threshold_pct)
+            if floor is None:
+                return None, f"{level_name(*level)}:{metric}"
+            if worst[0] is not None and floor > worst[0]:
+                worst = (floor, f"{level_name(*level)}:{metric}")
+    return worst
 
 
 def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str) -> Path:
@@ -219,23 +309,27 @@ def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str
 
 
 def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
-    suite = options.suite
+    suite, started = options.suite, time.monotonic()
     pythonpath = _install_benchy(engine, name, options)
     echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
          f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
          f"{list(suite.depths)} ...")  # fmt: skip
     env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
     found: dict[tuple[int, int], list[dict[str, float]]] = {}
-    for i in range(options.repeats):
-        out_file = f"{RESULT_DIR}/llama-benchy-r{i + 1}.json"
+    errors: list[str] = []
+
+    def one_round(index: int) -> None:
+        out_file = f"{RESULT_DIR}/llama-benchy-r{index}.json"
         engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
         argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.warmup, out_file)
         result = _exec(engine, name, "bench-llama-benchy", "python3", "-m", "llama_benchy", *argv, env=env,
                        timeout=options.timeout_s)  # fmt: skip
         raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
         if result.returncode != 0 or raw.returncode != 0:
-            why = f"llama-benchy (round {i + 1}) exited {result.returncode}: {result.output.strip()[-300:]}"
-            return {level: ([], [why], None) for level in suite.levels()}, None
+            errors.append(
+                f"llama-benchy (round {index}) exited {result.returncode}: {result.output.strip()[-300:]}"
+            )
+            return
         try:
             doc = json.loads(raw.output, parse_constant=float)
         except ValueError as exc:
@@ -244,19 +338,27 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
             ) from None
         for level, figs in figures.benchy_levels("llama-benchy result", doc, 1).items():
             found.setdefault(level, []).extend(figs)
+
+    def measured() -> dict[tuple[int, int], Any]:
+        if errors:
+            return {level: ([], errors[:1], None) for level in suite.levels()}
+        rounds = max((len(v) for v in found.values()), default=0)
+        return {
+            level: (found.get(level, []), [] if len(found.get(level, [])) == rounds else
+                    ["llama-benchy reported no figures"], None)
+            for level in suite.levels()
+        }  # fmt: skip
+
+    for i in range(options.repeats):
+        one_round(i + 1)
+        if errors:
+            return measured(), None, {}
+    stopping = _more_rounds(options, measured, lambda i: one_round(i) if not errors else None, echo, started)
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
     sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
     corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
               "seeded_from": options.corpus.name if options.corpus else None}  # fmt: skip
-    out = {
-        level: (
-            found.get(level, []),
-            [] if len(found.get(level, [])) == options.repeats else ["llama-benchy reported no figures"],
-            None,
-        )
-        for level in suite.levels()
-    }
-    return out, corpus
+    return measured(), corpus, stopping
 
 
 def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
@@ -288,9 +390,9 @@ def run_bench(
     start = time.monotonic()
     corpus = None
     if options.suite.client == "llama-benchy":
-        measured, corpus = _benchy_levels(engine, name, ctx, options, echo)
+        measured, corpus, stopping = _benchy_levels(engine, name, ctx, options, echo)
     else:
-        measured = _vllm_levels(engine, name, ctx, options, echo)
+        measured, stopping = _vllm_levels(engine, name, ctx, options, echo)
     spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
     report = Report(
         command="bench",
@@ -328,11 +430,13 @@ def run_bench(
                     **options.suite.params(),
                     "repeats": options.repeats,
                     "warmup": options.warmup,
+                    "min_duration_s": options.min_duration_s,  # vLLM's client: a repeat's prompts scaled to it
                     "order": "interleaved rounds",  # suites.run_order
                     "prompts": "fresh per run",  # seeds: suite seed + a per-bench nonce + the run's index
                 },
                 "corpus": corpus,
             },
+            "stopping": stopping,  # prompts per run (vLLM's client) and --target-detect's outcome
             "identity": ident,
             "backends": backends(log),
             # per layer, in the kernel report's names: `invoke kernels` predicts, this is what vLLM chose at start
