@@ -170,6 +170,32 @@ def check_repeats(repeats: int) -> int:
     return _positive("--repeats", repeats)
 
 
+def _finite(what: str, value: Any, example: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise RunError(f"bench: {what} {value!r} is not a finite number >= 0; fix: pass e.g. {what} {example}")
+    return number
+
+
+def check_seconds(what: str, value: Any, *, zero: bool = False) -> float:
+    """Seconds: a finite number > 0 (>= 0 with zero=True), e.g. --duration 10, --budget 1800."""
+    seconds = _finite(what, value, "10" if zero else "1800")
+    if not zero and seconds == 0:
+        raise RunError(f"bench: {what} 0 leaves no time; fix: pass a number of seconds > 0, e.g. {what} 1800")
+    return seconds
+
+
+def check_percent(what: str, value: Any) -> float:
+    """A percent > 0 and < 100 (a slowdown a bench should be able to detect), e.g. --target-detect 20."""
+    pct = _finite(what, value, "20")
+    if not 0 < pct < 100:
+        raise RunError(f"bench: {what} {value!r} is not a percent between 0 and 100; fix: pass e.g. {what} 20")
+    return pct
+
+
 def run_order(suite: Suite, repeats: int, warmup: bool) -> list[tuple[tuple[int, int], str]]:
     """(level, tag) in the order they run: interleaved rounds, not level by level.
 
