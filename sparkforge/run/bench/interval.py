@@ -22,8 +22,9 @@ The verdict, with threshold T percent (the change a metric may show before it co
 - `passed`: the whole interval is better than that limit: the change is within T, at the same confidence.
 - `inconclusive`: the interval straddles the limit: the data cannot tell. It is never reported as passed.
 The smallest detectable slowdown (`mde_pct`) is the true slowdown this comparison's noise and repeat counts would
-call regressed with probability POWER: log-limit + (t(1 - alpha/2) + t(POWER)) * standard error, at Welch's
-degrees of freedom. It is never below T; it shrinks with more repeats or more pooled baselines.
+call regressed with probability POWER: log-limit + (t + z(POWER) * sqrt(1 + t^2 / 2df)) * standard error, with
+t = t(1 - alpha/2) at Welch's degrees of freedom (the noncentral t's quantile, approximated after Jennett & Welch
+1939: the estimated standard error varies too, which matters with few repeats). It is never below T; it shrinks with more repeats or more pooled baselines.
 With one repeat on one side, that side's spread is taken to be the other side's (the pooled variance); with one
 repeat on each side there is no interval and the verdict is inconclusive.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from statistics import NormalDist
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -106,7 +108,10 @@ def mde(se: float, df: float, threshold_pct: float, higher_is_better: bool) -> f
     """The smallest true slowdown (percent worse) flagged with probability POWER at this standard error."""
     slow = _limit(threshold_pct, higher_is_better)
     if se > 0:
-        slow += (t_quantile(1 - (1 - CONFIDENCE) / 2, df) + t_quantile(POWER, df)) * se
+        crit = t_quantile(1 - (1 - CONFIDENCE) / 2, df)
+        # the noncentrality that puts POWER of the noncentral t beyond crit (Jennett & Welch's approximation:
+        # the estimated standard error varies too, which t(POWER) alone leaves out and few repeats make large)
+        slow += (crit + NormalDist().inv_cdf(POWER) * math.sqrt(1 + crit * crit / (2 * df))) * se
     sign = -1 if higher_is_better else 1
     return _worse(sign * slow, higher_is_better)
 

@@ -49,18 +49,29 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+def t_pdf(t: float, df: float) -> float:
+    """The density of Student's t."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (0 < p < 1), to ~1e-10."""
+    """The t with P(T <= t) = p (0 < p < 1), to ~1e-10: Newton's method kept inside a shrinking bracket."""
     if not 0.0 < p < 1.0 or not df > 0:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
     if p < 0.5:
         return -t_quantile(1.0 - p, df)
     low, high = 0.0, 1.0
     while t_cdf(high, df) < p:
-        high *= 2.0
+        low, high = high, high * 2.0
+    x = (low + high) / 2.0
     for _ in range(200):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+        miss = t_cdf(x, df) - p
+        if abs(miss) < 1e-13:
+            break
+        low, high = (x, high) if miss < 0 else (low, x)
+        step = x - miss / t_pdf(x, df)
+        x = step if low < step < high else (low + high) / 2.0
         if high - low < 1e-12 * max(1.0, high):
             break
-    return (low + high) / 2.0
+    return x
