@@ -10,24 +10,26 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sparkforge.run.bench.interval import CONFIDENCE, POWER, estimate, needed_mde
 from sparkforge.run.bench.tdist import t_cdf, t_quantile
 
 REPO = Path(__file__).parents[2]
-TRIALS = 400
+TRIALS = 300
 # binomial slack for a rate measured over TRIALS draws: three standard deviations at the rate tested
 SLACK = 3 * math.sqrt(0.2 * 0.8 / TRIALS)
 # derandomized: the same examples every run (the draws inside are seeded by them), so a rate's slack is not
 # spent again on every CI run
+# (no shrinking: each example draws hundreds of comparisons; a failure prints its example as drawn)
 PROPERTY = settings(
-    max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
 )
-# Welch's interval is an approximation: at the limit its one-sided error measured 2.5-3.6 % over 3,000 draws
-# (nominal 2.5 %), a little above with few new repeats; the bound allows that, not more
-WELCH_EXCESS = 1.3
 
 
 def _draw(rng: random.Random, n: int, sigma: float, factor: float = 1.0) -> list[float]:
@@ -79,7 +81,7 @@ def test_a_change_at_the_threshold_is_called_regressed_at_most_at_the_stated_rat
         for _ in range(TRIALS)
     )
     stated = (1 - CONFIDENCE) / 2
-    assert regressed / TRIALS <= WELCH_EXCESS * stated + 3 * math.sqrt(stated * (1 - stated) / TRIALS)
+    assert regressed / TRIALS <= stated + 3 * math.sqrt(stated * (1 - stated) / TRIALS)
     assert identical <= regressed
 
 

@@ -1,19 +1,25 @@
 """The comparison's statistics: per metric, the ratio new/old with a confidence interval, the verdict it supports
 and the smallest slowdown the comparison could have detected.
 
-The estimate: Welch's t interval on the logarithms of the repeats. The difference of the mean logs is the log of
-the ratio of geometric means new/old (for spreads like a bench's, within a fraction of a percent of the ratio of
-means); logs make a slowdown and a speed-up of one factor symmetric and the repeats' noise, which is
-multiplicative (a disturbance slows a run by a fraction), closer to normal. Welch, not Student: a slower image or
-a busier machine changes the spread too. Why not a bootstrap: with 3-10 repeats a side it re-samples the same
-handful of values and its interval is too narrow (a percentile bootstrap of 3 values covers far less than its
-nominal 95 %); the t quantile at Welch's degrees of freedom is what accounts for how few repeats there are.
+The estimate: Student's t interval on the logarithms of the repeats, the variance pooled over both sides. The
+difference of the mean logs is the log of the ratio of geometric means new/old (for spreads like a bench's,
+within a fraction of a percent of the ratio of means); logs make a slowdown and a speed-up of one factor
+symmetric and the repeats' noise, which is multiplicative (a disturbance slows a run by a fraction), closer to
+normal and alike for both images on one machine.
+Why the pooled variance and not Welch's: when nothing changed, both sides sample the same machine's noise, and
+the new side's 3-5 repeats estimate it poorly; pooled, every baseline repeat sharpens the estimate and adds a
+degree of freedom (df = n_old + n_new - 2). Welch's degrees of freedom are bounded by the smaller side, so
+pooling more baselines against 3 new repeats can widen its interval (n_old 6 -> 12: the expected width grows
+~4 %): more data would weaken the comparison. The cost: a new side much noisier than the old (a busier machine)
+is judged with the old side's spread too; the false-alarm rates measured on a busy machine are in
+benchmarks/bench-noise.md. Why not a bootstrap: with 3-10 repeats a side it re-samples the same handful of
+values and its percentile interval covers far less than its nominal 95 %.
 
 Pooled baselines (compare.pool: several benches of one image side by side) add repeats to the old side: its
-mean is known better and the interval narrows, so more data never weakens the comparison. The interval treats
-every repeat as one draw of the machine's noise; a machine that drifts between benches (another job starting)
-breaks that, which is why the baseline should be pooled from benches spread over time (benchmarks/bench-noise.md
-measures what drift does to the false-alarm rate).
+mean is known better, the noise too, and the interval narrows (tested: pooling never lowers power). The
+interval treats every repeat as one draw of the machine's noise; a machine that drifts between benches
+(another job starting) breaks that, which is why the baseline should be pooled from benches spread over time
+(benchmarks/bench-noise.md measures what drift does to the false-alarm rate).
 
 The verdict, with threshold T percent (the change a metric may show before it counts):
 - `regressed`: the whole interval is worse than T (a throughput ratio whose upper bound is below 1 - T/100, a
@@ -23,9 +29,9 @@ The verdict, with threshold T percent (the change a metric may show before it co
 - `inconclusive`: the interval straddles the limit: the data cannot tell. It is never reported as passed.
 The smallest detectable slowdown (`mde_pct`) is the true slowdown this comparison's noise and repeat counts would
 call regressed with probability POWER: log-limit + (t + z(POWER) * sqrt(1 + t^2 / 2df)) * standard error, with
-t = t(1 - alpha/2) at Welch's degrees of freedom (the noncentral t's quantile, approximated after Jennett & Welch
-1939: the estimated standard error varies too, which matters with few repeats). It is never below T; it shrinks with more repeats or more pooled baselines.
-With one repeat on one side, that side's spread is taken to be the other side's (the pooled variance); with one
+t = t(1 - alpha/2, df) (the noncentral t's quantile, approximated after Jennett & Welch 1939: the estimated
+standard error varies too, which matters with few repeats). It is never below T; it shrinks with more repeats
+or more pooled baselines. With one repeat on one side the spread comes from the other side alone; with one
 repeat on each side there is no interval and the verdict is inconclusive.
 """
 
@@ -33,8 +39,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from statistics import NormalDist
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 from sparkforge.run.bench.tdist import t_quantile
@@ -78,18 +84,17 @@ def _logs(values: list[float]) -> list[float] | None:
     return [math.log(v) for v in values] if values and all(v > 0 for v in values) else None
 
 
-def _welch(old: list[float], new: list[float]) -> tuple[float, float] | None:
-    """(standard error, degrees of freedom) of mean(new) - mean(old); None when neither side has a spread."""
+def _pooled(old: list[float], new: list[float]) -> tuple[float, float] | None:
+    """(standard error, degrees of freedom) of mean(new) - mean(old), the variance pooled over both sides; None
+    with one repeat a side (no spread measured at all)."""
     n, m = len(old), len(new)
-    if n < 2 and m < 2:
+    df = n + m - 2
+    if df < 1:
         return None
-    if n < 2 or m < 2:  # one side has no spread of its own: the other side's stands for both (Student)
-        var = statistics.variance(old if n >= 2 else new)
-        return math.sqrt(var * (1 / n + 1 / m)), float(max(n, m) - 1)
-    a, b = statistics.variance(old) / n, statistics.variance(new) / m
-    if a + b == 0:
-        return 0.0, float(n + m - 2)
-    return math.sqrt(a + b), (a + b) ** 2 / (a * a / (n - 1) + b * b / (m - 1))
+    squares = sum((x - statistics.fmean(old)) ** 2 for x in old) + sum(
+        (x - statistics.fmean(new)) ** 2 for x in new
+    )
+    return math.sqrt(squares / df * (1 / n + 1 / m)), float(df)
 
 
 def _worse(log_ratio: float, higher_is_better: bool) -> float:
@@ -124,7 +129,7 @@ def estimate(old: list[float], new: list[float], higher_is_better: bool, thresho
         return Estimate("inconclusive", None, None, None, None, None, df=None, **base)
     diff = statistics.fmean(b) - statistics.fmean(a)
     ratio, worse = math.exp(diff), _worse(diff, higher_is_better)
-    spread = _welch(a, b)
+    spread = _pooled(a, b)
     if spread is None:
         return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
     se, df = spread

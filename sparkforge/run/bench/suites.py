@@ -176,7 +176,9 @@ def _finite(what: str, value: Any, example: str) -> float:
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number) or number < 0:
-        raise RunError(f"bench: {what} {value!r} is not a finite number >= 0; fix: pass e.g. {what} {example}")
+        raise RunError(
+            f"bench: {what} {value!r} is not a finite number >= 0; fix: pass e.g. {what} {example}"
+        )
     return number
 
 
@@ -192,7 +194,9 @@ def check_percent(what: str, value: Any) -> float:
     """A percent > 0 and < 100 (a slowdown a bench should be able to detect), e.g. --target-detect 20."""
     pct = _finite(what, value, "20")
     if not 0 < pct < 100:
-        raise RunError(f"bench: {what} {value!r} is not a percent between 0 and 100; fix: pass e.g. {what} 20")
+        raise RunError(
+            f"bench: {what} {value!r} is not a percent between 0 and 100; fix: pass e.g. {what} 20"
+        )
     return pct
 
 
