@@ -8,6 +8,7 @@ function by its continued fraction (Lentz's method, as in Numerical Recipes 6.4)
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -55,6 +56,7 @@ def t_pdf(t: float, df: float) -> float:
     return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
 
 
+@lru_cache(maxsize=1024)  # the comparison asks for a few (p, df) pairs thousands of times
 def t_quantile(p: float, df: float) -> float:
     """The t with P(T <= t) = p (0 < p < 1), to ~1e-10: Newton's method kept inside a shrinking bracket."""
     if not 0.0 < p < 1.0 or not df > 0:
