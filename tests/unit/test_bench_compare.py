@@ -79,7 +79,9 @@ def test_a_slowdown_whose_whole_interval_is_beyond_the_threshold_fails_naming_le
     failed = report.failed[0]
     assert failed.reason.startswith("regressed: ratio 0.500 [") and "could detect >= " in failed.reason
     assert failed.details["high"] < 0.9 and failed.details["n_old"] == failed.details["n_new"] == 3
-    assert report.extra["verdict"] == "regressed" and verdict_line(report).startswith("verdict: REGRESSED: 1 ")
+    assert report.extra["verdict"] == "regressed" and verdict_line(report).startswith(
+        "verdict: REGRESSED: 1 "
+    )
 
 
 def test_the_same_file_is_never_regressed_and_a_noisy_level_says_inconclusive_not_passed() -> None:
@@ -90,7 +92,9 @@ def test_the_same_file_is_never_regressed_and_a_noisy_level_says_inconclusive_no
         assert d["ratio"] == pytest.approx(1.0) and d["low"] < 1 < d["high"] and d["mde_pct"] > 10
         # passed only when the whole interval is within 10 %; otherwise the check says it could not tell
         within = d["low"] >= 0.9 if check.name.endswith("tok_s") else d["high"] <= 1.1
-        assert (check.status, d["verdict"]) == (("passed", "passed") if within else ("skipped", "inconclusive"))
+        assert (check.status, d["verdict"]) == (
+            ("passed", "passed") if within else ("skipped", "inconclusive")
+        )
     if report.extra["verdict"] == "inconclusive":
         assert "could not tell" in verdict_line(report) and "PASSED" not in verdict_line(report)
 
@@ -111,7 +115,8 @@ def test_several_old_results_of_one_image_are_pooled_as_one_baseline(tmp_path: P
     doc = json.loads(DEFAULT.read_text())
     slower = _scaled(doc, "c2-d0", "output_tok_s", 0.5)  # another bench of the same image, slower at c2-d0
     a, b = _write(tmp_path, "a.json", doc), _write(tmp_path, "b.json", slower)
-    report = compare([a, b], b, 10)  # the pooled baseline holds b's repeats: its interval spans b, not regressed
+    # the pooled baseline holds b's repeats: its interval spans b, not regressed
+    report = compare([a, b], b, 10)
     assert report.status == "passed" and report.subject == f"{a}+{b} -> {b}"
     assert next(c for c in report.checks if c.name == "c2-d0:output_tok_s").details["n_old"] == 6
     assert compare([a], b, 10).status == "failed"  # against a alone, c2-d0 regressed
