@@ -7,6 +7,7 @@ import importlib.util
 import math
 import random
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,42 @@ def test_the_committed_quiet_study_replayed_a_planted_30_pct_slowdown_is_caught_
     caught = [replay.verdict(pooled, replay.plant(r, 0.30)) for r in reruns].count("regressed")
     one = [replay.verdict(baselines[0], replay.plant(r, 0.30)) for r in reruns].count("regressed")
     assert caught >= 8 and caught >= one - 1  # the pooled baseline is not weaker than one baseline
+
+
+def _rounds(sigma: float, seed: int):
+    """A bench's rounds as the runner keeps them: one level, a repeat of output_tok_s and ttft_ms per round."""
+    rng, repeats = random.Random(seed), []
+
+    def one_more_round(_index: int) -> None:
+        repeats.append({"output_tok_s": _draw(rng, 1, sigma)[0], "ttft_ms": _draw(rng, 1, sigma)[0]})
+
+    return repeats, one_more_round
+
+
+@pytest.mark.parametrize(
+    ("sigma", "target", "budget", "stopped"), [(0.03, 14, 60, "reached"), (0.3, 12, 0.5, "budget")]
+)
+def test_target_detect_runs_rounds_until_the_floor_is_reached_or_the_budget_ends(
+    sigma: float, target: float, budget: float, stopped: str
+) -> None:
+    from sparkforge.run.bench.runner import BenchOptions, more_rounds, widest_floor
+    from sparkforge.run.bench.suites import choose_suite
+
+    repeats, one_more_round = _rounds(sigma, 3)
+    for i in range(2):
+        one_more_round(i + 1)
+    options = BenchOptions(choose_suite("quick"), repeats=2, target_detect_pct=target, budget_s=budget)
+    said: list[str] = []
+    started = time.monotonic()
+    out = more_rounds(
+        options, lambda: {(1, 0): (list(repeats), [], None)}, one_more_round, said.append, started
+    )
+    target_state = out["target_detect"]
+    assert target_state["stopped"] == stopped and target_state["rounds"] == len(repeats)
+    floor, where = widest_floor({(1, 0): (repeats, [], None)}, 10)
+    assert target_state["widest_floor_pct"] == floor and where == target_state["widest"]
+    if stopped == "reached":  # 3 % noise: more rounds bring every floor under 14 %
+        assert 2 < len(repeats) < 40 and floor <= target
+    else:  # 30 % noise cannot reach 12 % in half a second of rounds: the budget ends it, and it says so
+        assert floor > target and "budget" in said[-1]
+    assert said[-1].startswith(f"--target-detect {target:g}%: {stopped} after {len(repeats)} rounds")

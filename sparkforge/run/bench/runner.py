@@ -154,9 +154,8 @@ def _vllm_levels(
     suite, started = options.suite, time.monotonic()
     nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
     seeds: dict[str, int] = {}
-    prompts: dict[
-        str, int
-    ] = {}  # level -> prompts per run (the warm-up's --duration scaling), for later rounds
+    # level -> prompts per run (the warm-up's --duration scaling), for later rounds
+    prompts: dict[str, int] = {}
 
     def runs_of(order: list[tuple[tuple[int, int], str]]) -> list[dict]:
         runs = []
@@ -188,7 +187,7 @@ def _vllm_levels(
         more, _out = _vllm_call(engine, name, runs_of([(lv, f"r{index}") for lv in suite.levels()]), options)
         lines.update(more)
 
-    stopping = _more_rounds(options, measured, one_more_round, echo, started)
+    stopping = more_rounds(options, measured, one_more_round, echo, started)
     return measured(), {"prompts_per_run": prompts, **stopping}
 
 
@@ -216,7 +215,7 @@ def _vllm_level(level: tuple[int, int], lines: dict, output: str, seeds: dict[st
     return repeats, problems, level_seeds
 
 
-def _more_rounds(
+def more_rounds(
     options: BenchOptions,
     measured: Callable[[], dict],
     one_more_round: Callable[[int], None],
@@ -228,9 +227,12 @@ def _more_rounds(
         return {}
     rounds, last_round_s = options.repeats, 0.0
     while True:
-        floor, where = widest_floor(measured(), options.target_threshold_pct)
+        now = measured()
+        floor, where = widest_floor(now, options.target_threshold_pct)
         spent = time.monotonic() - started
-        if floor is not None and floor <= options.target_detect_pct:
+        if any(problems or not repeats for repeats, problems, _seeds in now.values()):
+            why = "failed"  # a level failed: more rounds cannot make it pass
+        elif floor is not None and floor <= options.target_detect_pct:
             why = "reached"
         elif spent + last_round_s > options.budget_s:
             why = "budget"
@@ -255,7 +257,7 @@ def _floor(floor: float | None) -> str:
 
 def widest_floor(measured: dict, threshold_pct: float) -> tuple[float | None, str]:
     """The largest smallest-detectable slowdown over every level and metric (interval.needed_mde), and where."""
-    worst: tuple[float | None, str] = (0.0, "")
+    worst: tuple[float | None, str] = (None, "no metric measured")
     for level, (repeats, _problems, _seeds) in measured.items():
         for metric, higher in METRICS.items():
             values = [r[metric] for r in repeats if metric in r]
@@ -264,7 +266,7 @@ def widest_floor(measured: dict, threshold_pct: float) -> tuple[float | None, st
             floor = needed_mde(values, higher, threshold_pct)
             if floor is None:
                 return None, f"{level_name(*level)}:{metric}"
-            if worst[0] is not None and floor > worst[0]:
+            if worst[0] is None or floor > worst[0]:
                 worst = (floor, f"{level_name(*level)}:{metric}")
     return worst
 
@@ -353,7 +355,7 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
         one_round(i + 1)
         if errors:
             return measured(), None, {}
-    stopping = _more_rounds(options, measured, lambda i: one_round(i) if not errors else None, echo, started)
+    stopping = more_rounds(options, measured, lambda i: one_round(i) if not errors else None, echo, started)
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
     sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
     corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
