@@ -67,6 +67,7 @@ def bench(
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.bench.compare import check_threshold
+    from sparkforge.run.bench.rounds import Target
     from sparkforge.run.bench.runner import BenchOptions, run_bench, table
     from sparkforge.run.bench.store import save
     from sparkforge.run.bench.suites import (
@@ -94,11 +95,15 @@ def bench(
         not no_warmup,
         Path(corpus) if corpus else None,
         min_duration_s=check_seconds("--duration", duration, zero=True),
-        target_detect_pct=check_percent("--target-detect", target_detect) if target_detect else None,
-        target_threshold_pct=check_threshold(threshold),
-        budget_s=check_seconds("--budget", budget),
+        target=Target(
+            check_percent("--target-detect", target_detect),
+            check_threshold(threshold),
+            check_seconds("--budget", budget),
+        )
+        if target_detect
+        else None,
     )
-    if options.target_detect_pct is not None and options.target_detect_pct <= options.target_threshold_pct:
+    if options.target is not None and options.target.pct <= options.target.threshold_pct:
         from sparkforge.errors import RunError
 
         raise RunError(

@@ -196,17 +196,16 @@ def _rounds(sigma: float, seed: int):
 def test_target_detect_runs_rounds_until_the_floor_is_reached_or_the_budget_ends(
     sigma: float, target: float, budget: float, stopped: str
 ) -> None:
-    from sparkforge.run.bench.runner import BenchOptions, more_rounds, widest_floor
-    from sparkforge.run.bench.suites import choose_suite
+    from sparkforge.run.bench.rounds import Target, more_rounds, widest_floor
 
     repeats, one_more_round = _rounds(sigma, 3)
     for i in range(2):
         one_more_round(i + 1)
-    options = BenchOptions(choose_suite("quick"), repeats=2, target_detect_pct=target, budget_s=budget)
+    options = Target(target, 10, budget)
     said: list[str] = []
     started = time.monotonic()
     out = more_rounds(
-        options, lambda: {(1, 0): (list(repeats), [], None)}, one_more_round, said.append, started
+        options, 2, lambda: {(1, 0): (list(repeats), [], None)}, one_more_round, said.append, started
     )
     target_state = out["target_detect"]
     assert target_state["stopped"] == stopped and target_state["rounds"] == len(repeats)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,10 +27,10 @@ from sparkforge.errors import CommandError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
 from sparkforge.run.bench import figures
-from sparkforge.run.bench.interval import needed_mde
-from sparkforge.run.bench.noise import METRICS, summarize_repeats
-from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, identity, model_identity
+from sparkforge.run.bench.noise import summarize_repeats
+from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, backends, identity, model_identity
 from sparkforge.run.bench.results import SCHEMA
+from sparkforge.run.bench.rounds import Target, more_rounds
 from sparkforge.run.bench.suites import (
     CLIENT_WHEELS,
     LLAMA_BENCHY_BOOK,
@@ -49,15 +47,6 @@ from sparkforge.run.bench.suites import (
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.verify.started import started_backends
 
-# What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
-BACKEND_PATTERNS = {
-    "attention": r"\bUsing (?:default backend )?(?:AttentionBackendEnum\.)?([A-Za-z0-9_]+)(?: attention)? backend",
-    "vision_attention": r"(?:AttentionBackendEnum\.)([A-Za-z0-9_]+) for (?:vit attention|MMEncoderAttention)",
-    "linear_attention": r"\bUsing (.+? GDN .*?kernel)",
-    "moe": r"\bUsing ([A-Za-z0-9_ ]+?) MoE backend",
-    "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
-}
-_NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
 METRICS_SCRIPT = """
 import sys, urllib.request
 print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode())
@@ -73,32 +62,13 @@ class BenchOptions:
     corpus: Path | None = None  # llama-benchy: a local text seeded as its book (offline machines)
     wheel_cache: Path | None = None  # default ~/.cache/sparkforge/wheels
     timeout_s: float = 3600
-    min_duration_s: float = (
-        0.0  # vLLM's client: each repeat's prompts scaled (from the warm-up) to last this long
-    )
-    target_detect_pct: float | None = None  # more rounds until every metric could detect this slowdown...
-    target_threshold_pct: float = 10.0  # ...in a comparison at this threshold (bench.compare's default)
-    budget_s: float = 1800.0  # ...or until the bench has run this long
+    # vLLM's client: each repeat's prompts scaled (from the warm-up) to last this long
+    min_duration_s: float = 0.0
+    target: Target | None = None  # --target-detect: more rounds until the floor or the budget (rounds.py)
 
 
 def head_container(profile: str) -> str:
     return f"sparkforge-serve-{profile}-0"
-
-
-def backends(log: str) -> dict[str, dict[str, list[str]]]:
-    """The kernel families vLLM logged choosing: {kind: {"names": [...], "lines": [...]}} (absent: not logged)."""
-    found: dict[str, dict[str, list[str]]] = {}
-    for line in log.splitlines():
-        for kind, pattern in BACKEND_PATTERNS.items():
-            if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
-                continue
-            match = re.search(pattern, line)
-            if match:
-                entry = found.setdefault(kind, {"names": [], "lines": []})
-                if match.group(1) not in entry["names"]:
-                    entry["names"].append(match.group(1))
-                    entry["lines"].append(line.strip()[-240:])
-    return found
 
 
 def _inspect(engine: NodeEngine, kind: str, name: str) -> dict[str, Any]:
@@ -187,7 +157,7 @@ def _vllm_levels(
         more, _out = _vllm_call(engine, name, runs_of([(lv, f"r{index}") for lv in suite.levels()]), options)
         lines.update(more)
 
-    stopping = more_rounds(options, measured, one_more_round, echo, started)
+    stopping = more_rounds(options.target, options.repeats, measured, one_more_round, echo, started)
     return measured(), {"prompts_per_run": prompts, **stopping}
 
 
@@ -213,62 +183,6 @@ def _vllm_level(level: tuple[int, int], lines: dict, output: str, seeds: dict[st
             problems.append(f"{run}: {failed} of {completed + failed} requests failed")
         repeats.append(figs)
     return repeats, problems, level_seeds
-
-
-def more_rounds(
-    options: BenchOptions,
-    measured: Callable[[], dict],
-    one_more_round: Callable[[int], None],
-    echo: Echo,
-    started: float,
-) -> dict[str, Any]:
-    """--target-detect: more rounds until every metric's floor is at most the target, or the budget is spent."""
-    if not options.target_detect_pct:
-        return {}
-    rounds, last_round_s = options.repeats, 0.0
-    while True:
-        now = measured()
-        floor, where = widest_floor(now, options.target_threshold_pct)
-        spent = time.monotonic() - started
-        if any(problems or not repeats for repeats, problems, _seeds in now.values()):
-            why = "failed"  # a level failed: more rounds cannot make it pass
-        elif floor is not None and floor <= options.target_detect_pct:
-            why = "reached"
-        elif spent + last_round_s > options.budget_s:
-            why = "budget"
-        else:
-            echo(f"  round {rounds + 1}: the widest floor is {_floor(floor)} ({where}), target "
-                 f"{options.target_detect_pct:g}% ...")  # fmt: skip
-            began = time.monotonic()
-            one_more_round(rounds + 1)
-            rounds, last_round_s = rounds + 1, time.monotonic() - began
-            continue
-        echo(f"--target-detect {options.target_detect_pct:g}%: {why} after {rounds} rounds: the widest floor is "
-             f"{_floor(floor)} ({where})" + (f"; the budget of {options.budget_s:g} s ended first" if why == "budget"
-             else ""))  # fmt: skip
-        return {"target_detect": {"pct": options.target_detect_pct, "threshold_pct": options.target_threshold_pct,
-                                  "stopped": why, "rounds": rounds, "widest_floor_pct": floor, "widest": where,
-                                  "budget_s": options.budget_s}}  # fmt: skip
-
-
-def _floor(floor: float | None) -> str:
-    return "unknown (fewer than 2 repeats)" if floor is None else f"{floor:.1f}%"
-
-
-def widest_floor(measured: dict, threshold_pct: float) -> tuple[float | None, str]:
-    """The largest smallest-detectable slowdown over every level and metric (interval.needed_mde), and where."""
-    worst: tuple[float | None, str] = (None, "no metric measured")
-    for level, (repeats, _problems, _seeds) in measured.items():
-        for metric, higher in METRICS.items():
-            values = [r[metric] for r in repeats if metric in r]
-            if not values or len(values) != len(repeats):
-                continue
-            floor = needed_mde(values, higher, threshold_pct)
-            if floor is None:
-                return None, f"{level_name(*level)}:{metric}"
-            if worst[0] is None or floor > worst[0]:
-                worst = (floor, f"{level_name(*level)}:{metric}")
-    return worst
 
 
 def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str) -> Path:
@@ -355,7 +269,14 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
         one_round(i + 1)
         if errors:
             return measured(), None, {}
-    stopping = more_rounds(options, measured, lambda i: one_round(i) if not errors else None, echo, started)
+    stopping = more_rounds(
+        options.target,
+        options.repeats,
+        measured,
+        lambda i: one_round(i) if not errors else None,
+        echo,
+        started,
+    )
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
     sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
     corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
