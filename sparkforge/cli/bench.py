@@ -28,7 +28,14 @@ MAX_THRESHOLD = 1000  # percent
         "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
         "suite": "default (vLLM's vllm bench serve), quick, or spark-arena-v2 (llama-benchy, the field's profile)",
-        "repeats": "measured runs per level after a warm-up (default 3); the noise is their min..max",
+        "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
+        "interval); their spread is the noise the comparison reads",
+        "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "
+        "per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+        "target_detect": "keep running rounds until a comparison with an equal bench could detect a slowdown of "
+        "this percent in every metric (80%% power, at --threshold), or --budget ends; says which",
+        "budget": "with --target-detect: the most seconds the bench runs (default 1800)",
+        "threshold": "with --target-detect: the threshold bench.compare will use (default 10)",
         "concurrency": "comma-separated concurrencies (default: the suite's)",
         "depth": "comma-separated context depths in tokens (default: the suite's)",
         "input_len": "prompt tokens (default: the suite's)",
@@ -49,7 +56,11 @@ def bench(
     json: str = "",
     node: str = "",
     suite: str = "default",
-    repeats: str = "3",
+    repeats: str = "5",
+    duration: str = "10",
+    target_detect: str = "",
+    budget: str = "1800",
+    threshold: str = "10",
     concurrency: str = "",
     depth: str = "",
     input_len: str = "",
@@ -78,9 +89,17 @@ def bench(
         )  # a regular file (not a FIFO or /dev/zero), before any contact
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.bench.compare import check_threshold
+    from sparkforge.run.bench.rounds import Target
     from sparkforge.run.bench.runner import BenchOptions, run_bench, table
     from sparkforge.run.bench.store import save
-    from sparkforge.run.bench.suites import check_repeats, choose_suite, parse_levels
+    from sparkforge.run.bench.suites import (
+        check_percent,
+        check_repeats,
+        check_seconds,
+        choose_suite,
+        parse_levels,
+    )
     from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
 
     chosen = choose_suite(
@@ -91,7 +110,27 @@ def bench(
         depths=parse_levels("--depth", ",".join(map(str, levels["depth"])), 0) if levels["depth"] else None,
         **sizes,
     )
-    options = BenchOptions(chosen, check_repeats(runs), not no_warmup, Path(corpus) if corpus else None)
+    options = BenchOptions(
+        chosen,
+        check_repeats(runs),
+        not no_warmup,
+        Path(corpus) if corpus else None,
+        min_duration_s=check_seconds("--duration", duration, zero=True),
+        target=Target(
+            check_percent("--target-detect", target_detect),
+            check_threshold(threshold),
+            check_seconds("--budget", budget),
+        )
+        if target_detect
+        else None,
+    )
+    if options.target is not None and options.target.pct <= options.target.threshold_pct:
+        from sparkforge.errors import RunError
+
+        raise RunError(
+            f"bench: --target-detect {target_detect} is not above --threshold {threshold}: no comparison at that "
+            "threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. --target-detect 20)"
+        )
     engine = NodeEngine(parse_node(node) if node else LOCAL)
     loaded = load_recipe(recipe)
     served = load_profile(profile)
@@ -99,6 +138,10 @@ def bench(
     report = run_bench(engine, served, options, echo=echo, recipe_hash=loaded.hash)
     for line in table(report):
         echo(line)
+    target = report.extra["stopping"].get("target_detect")
+    if target:
+        echo(f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
+             f"{target['widest_floor_pct']}% at {target['widest']})")  # fmt: skip
     ident = report.extra["identity"]
     chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
     echo(
@@ -150,22 +193,32 @@ def _result_paths(option: str, text: str) -> list[Path]:
 @task(
     name="compare",
     help={
-        "threshold": "percent a metric's best repeat may get worse before it counts (default 10); every new "
-        "repeat must also be worse than every old one",
-        "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline",
+        "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
+        "95%% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
+        "(more repeats: a narrower interval)",
         "allow_different": "compare results measured with different settings, hardware or serve command "
         "(the differences are printed first)",
         "json": "write the comparison report here",
+        "fail_inconclusive": "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
     },
 )
 @user_errors
 def bench_compare(
-    c: Context, old: str, new: str, threshold: str = "10", json: str = "", allow_different: bool = False
+    c: Context,
+    old: str,
+    new: str,
+    threshold: str = "10",
+    json: str = "",
+    allow_different: bool = False,
+    fail_inconclusive: bool = False,
 ) -> None:
-    """Compare two bench results: non-zero exit on a regression beyond the threshold and the noise."""
+    """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
+    from invoke import Exit
+
     from sparkforge.boundary import check_output
     from sparkforge.errors import InputError
-    from sparkforge.run.bench.compare import compare
+    from sparkforge.run.bench.compare import compare, verdict_line
 
     check_output(json, "--json")
     _threshold(threshold)
@@ -177,9 +230,20 @@ def bench_compare(
         echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():
         echo(f"differs: {key}: {sides['old']} -> {sides['new']}")
-    finish_report(
-        report, json, hint="a level regressed beyond the threshold and the noise, or failed, or is missing"
-    )
+    width = max([len(ch.name) for ch in report.checks] + [5])
+    echo(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
+    for check in report.checks:
+        echo(f"  {check.name:<{width}}  {check.reason}")
+    line = verdict_line(report)
+    echo(line)
+    if json:
+        report.write_json(Path(json))
+        echo(f"report: {json}")
+    if report.extra["verdict"] == "regressed":
+        failed = ", ".join(ch.name for ch in report.failed)
+        raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
+    if report.extra["verdict"] == "inconclusive" and fail_inconclusive:
+        raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
 
 
 @task(

@@ -11,6 +11,7 @@ bench.history, bench.compare (equal results pass, a different suite is refused) 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -89,11 +90,11 @@ def _bench(suite: str, store: Path, out: Path, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-def _levels_measured(doc: dict, metrics: set[str]) -> None:
+def _levels_measured(doc: dict, metrics: set[str], rounds: int = 2) -> None:
     assert [c["name"] for c in doc["checks"]] == ["c1-d0", "c2-d0", "c1-d512", "c2-d512"]
     for check in doc["checks"]:
         d = check["details"]
-        assert check["status"] == "passed" and len(d["repeats"]) == 2, check
+        assert check["status"] == "passed" and len(d["repeats"]) == rounds, check
         assert metrics <= set(d["summary"]), d["summary"]
         for metric in metrics:
             s = d["summary"][metric]
@@ -116,8 +117,19 @@ class _Page(HTMLParser):
 
 def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    default = _bench("default", store, tmp_path / "default.json", "--num-prompts", "4")
-    _levels_measured(default, {"output_tok_s", "request_output_tok_s", "ttft_ms", "itl_ms"})
+    # --duration 3: each level's prompts scaled from its warm-up; --target-detect 11 cannot be reached with a few
+    # repeats on the twin: more rounds run until the budget would be exceeded (at most one more here), and say so
+    default = _bench("default", store, tmp_path / "default.json", "--num-prompts", "4", "--duration", "3",
+                     "--target-detect", "11", "--budget", "150")  # fmt: skip
+    target = default["stopping"]["target_detect"]
+    assert target["stopped"] == "budget" and target["rounds"] in (2, 3) and target["widest_floor_pct"] > 11, (
+        target
+    )
+    _levels_measured(default, {"output_tok_s", "request_output_tok_s", "ttft_ms", "itl_ms"}, target["rounds"])
+    assert set(default["stopping"]["prompts_per_run"]) == {"c1-d0", "c2-d0", "c1-d512", "c2-d512"}
+    assert all(n >= 4 for n in default["stopping"]["prompts_per_run"].values())
+    for check in default["checks"]:  # each repeat ran about --duration or longer (scaled from a cold warm-up)
+        assert statistics.median(r["duration_s"] for r in check["details"]["repeats"]) >= 1.5, check
     ident = default["identity"]
     assert (
         default["schema"] == 2
@@ -137,7 +149,10 @@ def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path
     assert default["speculative"] is None  # the twin runs no speculative decoding: no acceptance counted
     # interleaved rounds with fresh prompts: every run its own seed; each repeat says the outside load it ran beside
     seeds = [s for c in default["checks"] for s in c["details"]["seeds"]]
-    assert len(seeds) == len(set(seeds)) == 8 and default["suite"]["params"]["order"] == "interleaved rounds"
+    assert (
+        len(seeds) == len(set(seeds)) == 4 * target["rounds"]
+        and default["suite"]["params"]["order"] == "interleaved rounds"
+    )
     assert all(0 <= r["outside_cpu_pct"] <= 100 for c in default["checks"] for r in c["details"]["repeats"])
 
     arena = _bench(
@@ -157,7 +172,8 @@ def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path
     assert code == 0 and out.count(ident["image"]["id"][:19]) == 2 and "spark-arena-v2" in out
 
     code, out = invoke("bench.compare", str(tmp_path / "default.json"), str(tmp_path / "default.json"))
-    assert code == 0 and "c2-d512:output_tok_s" in out, out
+    assert code == 0 and "c2-d512:output_tok_s" in out and "ratio 1.000 [" in out, out
+    assert "verdict: " in out and "could detect" in out and "REGRESSED" not in out
     code, out = invoke("bench.compare", str(tmp_path / "default.json"), str(tmp_path / "arena.json"))
     assert code == 1 and "different suites measure different things" in out and "Traceback" not in out
 

@@ -86,6 +86,11 @@ def test_the_page_holds_both_charts_the_identities_and_the_comparison(tmp_path: 
     assert files == [BASE.name, PLANTED.name]
     verdicts = {row[0]: row[1] for row in parsed.rows if len(row) >= 3 and ":" in row[0]}
     assert verdicts["c2-d0:output_tok_s"] == "failed"  # the planted slowdown, in the table
+    row = next(r for r in parsed.rows if r and r[0] == "c2-d0:output_tok_s")
+    # with its verdict, ratio, interval, smallest detectable slowdown and repeat counts
+    assert row[2] == "regressed" and float(row[3]) < 0.9 and "(95%)" in row[4] and row[5].startswith(">= ")
+    low, high = (float(x) for x in row[4].split(" ")[0].split(".."))
+    assert low <= float(row[3]) <= high < 0.9 and row[6] == "3/3"
     assert "serve argv" in html  # the allowed difference is listed on the page
     path = tmp_path / "report.html"
     path.write_text(html)

@@ -2,7 +2,8 @@
 
 Charts (matplotlib, Agg: no display): output tok/s and TTFT against concurrency (one panel per context depth),
 and against context depth (one panel per concurrency) when more than one depth was measured. The page embeds
-them as PNG data, the identity of each result, and with two results the comparison table (compare.py).
+them as PNG data, the identity of each result, and with two results the comparison table (compare.py): per metric
+its verdict, the ratio new/old, its confidence interval and the smallest slowdown it could have detected.
 """
 
 from __future__ import annotations
@@ -102,6 +103,20 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _interval_cells(details: dict[str, Any]) -> list[str]:
+    """verdict, ratio, interval, smallest detectable slowdown, n: a metric check's statistics as table cells."""
+    if "verdict" not in details:  # a failed or missing level: no statistics
+        return ["", "", "", "", ""]
+    ratio, low, high, mde = (details.get(k) for k in ("ratio", "low", "high", "mde_pct"))
+    return [
+        details["verdict"],
+        f"{ratio:.3f}" if ratio is not None else "-",
+        f"{low:.3f}..{high:.3f} ({details.get('confidence', 0):.0%})" if low is not None else "none",
+        f">= {mde:.0f}%" if mde is not None else "nothing",
+        f"{details.get('n_old')}/{details.get('n_new')}",
+    ]
+
+
 def page(
     docs: Sequence[tuple[Path, dict[str, Any]]], pngs: dict[str, bytes], comparison: Report | None
 ) -> str:
@@ -129,13 +144,30 @@ def page(
     )
     if comparison is not None:
         data = comparison.to_dict()
-        parts.append(f"<h2>Comparison: {html.escape(data['status'])}</h2>")
+        verdict = data.get("verdict", data["status"])
+        parts.append(f"<h2>Comparison: {html.escape(str(verdict))}</h2>")
+        parts.append(
+            f"<p>{html.escape(str(data.get('rule', '')))}; threshold {data.get('threshold_pct')}%</p>"
+        )
         for key, sides in {**data.get("allowed_differences", {}), **data.get("differences", {})}.items():
             parts.append(f"<p>differs: {html.escape(key)}: {html.escape(str(sides['old']))[:300]} -&gt; "
                          f"{html.escape(str(sides['new']))[:300]}</p>")  # fmt: skip
         parts.append(
             _table(
-                ["check", "status", "reason"], [[c["name"], c["status"], c["reason"]] for c in data["checks"]]
+                [
+                    "check",
+                    "status",
+                    "verdict",
+                    "ratio new/old",
+                    "interval",
+                    "could detect",
+                    "n old/new",
+                    "reason",
+                ],
+                [
+                    [c["name"], c["status"], *_interval_cells(c["details"]), c["reason"]]
+                    for c in data["checks"]
+                ],
             )
         )
     parts.append("</body></html>")

@@ -1,16 +1,23 @@
-"""`bench.compare OLD NEW`: per level and metric, a regression only beyond both the threshold and the noise.
+"""`bench.compare OLD NEW`: per level and metric, the ratio new/old with its confidence interval, and a verdict.
+
+The statistics are interval.py's (a t interval on log values, the variance pooled over both sides): `regressed` when the whole interval is worse than the
+threshold, `passed` when the whole interval is within it, `inconclusive` when it straddles it; every verdict line
+shows the ratio, its interval and the smallest slowdown the comparison could have detected.
 
 OLD may be several results of one image measured alike (`A1.json,A2.json,A3.json`): pooled into one baseline,
-each level's repeats side by side (the union of their ranges). The repeats of one bench sample the noise within
-a bench; several benches also sample the noise between benches (the machine's state from one to the next),
-which is what an unchanged rerun differs by (Kalibera & Jones, "Rigorous benchmarking in reasonable time", 2013:
-repeat at the level where the variation is).
+each level's repeats side by side. More repeats on the old side narrow the interval; several benches also sample
+the noise between benches (the machine's state from one to the next), which is what an unchanged rerun differs
+by (Kalibera & Jones, "Rigorous benchmarking in reasonable time", 2013: repeat at the level where the variation
+is).
 
 Refused outright: results of different models or suites (their figures measure different things). Refused
 unless `--allow-different`: different suite settings, model revision, hardware, serve command or corpus (then
 listed first in the report). Always shown: what the comparison is for (image, recipe hash, vLLM, backends,
 GPU readings). Every level of either file is judged: a level failed or missing in either file fails the
-comparison; in a level both passed, each metric both measured follows noise.judge.
+comparison; in a level both passed, each metric both measured gets interval.estimate's verdict.
+Check statuses: regressed -> failed, passed -> passed, inconclusive -> skipped (with `verdict` in its details);
+the report's `verdict` is `regressed` if any check failed, else `inconclusive` if any could not tell, else
+`passed`.
 """
 
 from __future__ import annotations
@@ -22,14 +29,17 @@ from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.bench.noise import METRICS, Spread, judge
+from sparkforge.run.bench.interval import CONFIDENCE, POWER, estimate
+from sparkforge.run.bench.noise import METRICS, Spread
 from sparkforge.run.bench.provenance import describe, refusing_differences, shown_differences
 from sparkforge.run.bench.results import levels, load_result
 
 RULE = (
-    "regressed = even the best new repeat is worse than the worst old repeat by more than the threshold: the "
-    "change exceeds the measured noise and, beyond it, the threshold (noise.py)"
+    f"ratio new/old of geometric means with a {CONFIDENCE:.0%} t interval on log values (the variance pooled over "
+    "both sides): regressed when the whole interval is worse than the threshold, passed when the whole interval is "
+    f"within it, inconclusive otherwise; mde_pct = the slowdown caught with {POWER:.0%} power (interval.py)"
 )
+VERDICT_STATUS = {"regressed": "failed", "passed": "passed", "inconclusive": "skipped"}
 
 
 def check_threshold(threshold_pct: Any) -> float:
@@ -46,11 +56,10 @@ def check_threshold(threshold_pct: Any) -> float:
     return value
 
 
-def _spreads(check: dict[str, Any]) -> dict[str, Spread]:
+def _values(check: dict[str, Any]) -> dict[str, list[float]]:
+    """{metric: one value per repeat} for every metric each repeat of the level measured."""
     repeats = check["details"]["repeats"]
-    return {
-        m: Spread.of([r[m] for r in repeats]) for m in METRICS if repeats and all(m in r for r in repeats)
-    }
+    return {m: [r[m] for r in repeats] for m in METRICS if repeats and all(m in r for r in repeats)}
 
 
 def _outside(check: dict[str, Any]) -> float | None:
@@ -112,28 +121,67 @@ def compare_docs(
             )
             report.add(Check(name, "failed", f"level {name} failed in {' and '.join(failed)} ({why})"))
             continue
-        old_s, new_s = _spreads(before[name]), _spreads(after[name])
         load = {"old": _outside(before[name]), "new": _outside(after[name])}
-        for metric in (m for m in METRICS if m in old_s and m in new_s):
-            verdict = judge(old_s[metric], new_s[metric], METRICS[metric], threshold_pct)
+        old_v, new_v = _values(before[name]), _values(after[name])
+        for metric in (m for m in METRICS if m in old_v and m in new_v):
             report.add(
-                Check(
-                    f"{name}:{metric}",
-                    "failed" if verdict.regressed else "passed",
-                    verdict.reason(old_s[metric], new_s[metric], threshold_pct),
-                    {
-                        "old": vars(old_s[metric]),
-                        "new": vars(new_s[metric]),
-                        "change_pct": verdict.change_pct,
-                        "best_change_pct": verdict.best_change_pct,
-                        "gap_pct": verdict.gap_pct,
-                        "outside_cpu_pct": load,  # what each side's repeats ran beside (not judged)
-                        "beyond_threshold": verdict.beyond_threshold,
-                        "beyond_noise": verdict.beyond_noise,
-                    },
-                )
+                metric_check(f"{name}:{metric}", metric, old_v[metric], new_v[metric], threshold_pct, load)
             )
+    report.extra.update(verdict_summary(report))
     return report
+
+
+def metric_check(
+    name: str, metric: str, old: list[float], new: list[float], threshold_pct: float, load: dict[str, Any]
+) -> Check:
+    """One metric of one level: interval.estimate's verdict, its line (ratio, interval, floor) and evidence."""
+    est = estimate(old, new, METRICS[metric], threshold_pct)
+    a, b = Spread.of(old), Spread.of(new)
+    return Check(
+        name,
+        VERDICT_STATUS[est.verdict],
+        f"{est.verdict}: {est.describe()}; median {a.median:.4g} -> {b.median:.4g}",
+        {
+            **est.to_dict(),
+            "old": vars(a),
+            "new": vars(b),
+            "change_pct": (b.median - a.median) / a.median * 100 if a.median else None,  # the medians (shown)
+            "outside_cpu_pct": load,  # what each side's repeats ran beside (not judged)
+        },
+    )
+
+
+def verdict_summary(report: Report) -> dict[str, Any]:
+    """The comparison's verdict and floor: regressed > inconclusive > passed; the largest smallest-detectable
+    slowdown over the metrics compared (the comparison could not have caught a slowdown below it everywhere)."""
+    verdicts = [c.details.get("verdict") for c in report.checks]
+    failed = any(c.status == "failed" for c in report.checks)
+    floors = [c.details["mde_pct"] for c in report.checks if c.details.get("mde_pct") is not None]
+    undetectable = any("mde_pct" in c.details and c.details["mde_pct"] is None for c in report.checks)
+    return {
+        "verdict": "regressed" if failed else "inconclusive" if "inconclusive" in verdicts else "passed",
+        "confidence": CONFIDENCE,
+        "power": POWER,
+        "inconclusive_checks": [c.name for c in report.checks if c.details.get("verdict") == "inconclusive"],
+        "mde_pct": {"min": min(floors), "max": None if undetectable else max(floors)} if floors else None,
+    }
+
+
+def verdict_line(report: Report) -> str:
+    """The line a user reads first: the verdict, and what the comparison could have detected."""
+    extra, threshold = report.extra, report.extra["threshold_pct"]
+    floor = extra.get("mde_pct")
+    could = (f"it could detect slowdowns of {floor['min']:.0f}% to "
+             + (f"{floor['max']:.0f}%" if floor["max"] is not None else "nothing (one repeat a side)")
+             + f" ({extra['power']:.0%} power)") if floor else "no metric was compared"  # fmt: skip
+    if extra["verdict"] == "regressed":
+        what = f"{len(report.failed)} metric(s) worse than {threshold:g}% across their whole interval"
+    elif extra["verdict"] == "inconclusive":
+        what = (f"{len(extra['inconclusive_checks'])} metric(s) could not tell whether the change is within "
+                f"{threshold:g}% (the interval straddles it); more repeats or pooled baselines narrow it")  # fmt: skip
+    else:
+        what = f"every metric within {threshold:g}% across its whole {extra['confidence']:.0%} interval"
+    return f"verdict: {extra['verdict'].upper()}: {what}; {could}"
 
 
 def pool(docs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
+
+from sparkforge.boundary import linear_regex
 
 # Run inside the container: the machine the figures came from. nvidia-smi's readings vary run to run (clocks,
 # power draw): they are shown, not matched; the GPU's name, limits and maximum clocks are matched.
@@ -145,3 +148,30 @@ def shown_differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dic
 def describe(value: Any) -> str:
     text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+# What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
+BACKEND_PATTERNS = {
+    "attention": r"\bUsing (?:default backend )?(?:AttentionBackendEnum\.)?([A-Za-z0-9_]+)(?: attention)? backend",
+    "vision_attention": r"(?:AttentionBackendEnum\.)([A-Za-z0-9_]+) for (?:vit attention|MMEncoderAttention)",
+    "linear_attention": r"\bUsing (.+? GDN .*?kernel)",
+    "moe": r"\bUsing ([A-Za-z0-9_ ]+?) MoE backend",
+    "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
+}
+_NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
+
+
+def backends(log: str) -> dict[str, dict[str, list[str]]]:
+    """The kernel families vLLM logged choosing: {kind: {"names": [...], "lines": [...]}} (absent: not logged)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for line in log.splitlines():
+        for kind, pattern in BACKEND_PATTERNS.items():
+            if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
+                continue
+            match = linear_regex(pattern).search(line)
+            if match:
+                entry = found.setdefault(kind, {"names": [], "lines": []})
+                if match.group(1) not in entry["names"]:
+                    entry["names"].append(match.group(1))
+                    entry["lines"].append(line.strip()[-240:])
+    return found

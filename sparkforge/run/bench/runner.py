@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import linear_regex
 from sparkforge.commands import Command
 from sparkforge.console import Echo
 from sparkforge.errors import CommandError, RunError
@@ -30,8 +28,9 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
 from sparkforge.run.bench import figures
 from sparkforge.run.bench.noise import summarize_repeats
-from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, identity, model_identity
+from sparkforge.run.bench.provenance import HARDWARE_SCRIPT, backends, identity, model_identity
 from sparkforge.run.bench.results import SCHEMA
+from sparkforge.run.bench.rounds import Target, more_rounds
 from sparkforge.run.bench.suites import (
     CLIENT_WHEELS,
     LLAMA_BENCHY_BOOK,
@@ -48,15 +47,6 @@ from sparkforge.run.bench.suites import (
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.verify.started import started_backends
 
-# What vLLM logs when it picks a kernel family (0.3x wording); every distinct choice is kept with its line.
-BACKEND_PATTERNS = {
-    "attention": r"\bUsing (?:default backend )?(?:AttentionBackendEnum\.)?([A-Za-z0-9_]+)(?: attention)? backend",
-    "vision_attention": r"(?:AttentionBackendEnum\.)([A-Za-z0-9_]+) for (?:vit attention|MMEncoderAttention)",
-    "linear_attention": r"\bUsing (.+? GDN .*?kernel)",
-    "moe": r"\bUsing ([A-Za-z0-9_ ]+?) MoE backend",
-    "fp8": r"(?i)\b(?:using|selected)\s+([A-Za-z0-9_]*fp8[A-Za-z0-9_]*)",
-}
-_NOT_TEXT_ATTENTION = re.compile(r"(?i)vit attention|MMEncoder|MoE|GDN|fp8")
 METRICS_SCRIPT = """
 import sys, urllib.request
 from sparkforge.boundary import linear_regex
@@ -68,31 +58,18 @@ SHA256_SCRIPT = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb
 @dataclass(frozen=True)
 class BenchOptions:
     suite: Suite
-    repeats: int = 3
+    repeats: int = 5
     warmup: bool = True
     corpus: Path | None = None  # llama-benchy: a local text seeded as its book (offline machines)
     wheel_cache: Path | None = None  # default ~/.cache/sparkforge/wheels
     timeout_s: float = 3600
+    # vLLM's client: each repeat's prompts scaled (from the warm-up) to last this long
+    min_duration_s: float = 0.0
+    target: Target | None = None  # --target-detect: more rounds until the floor or the budget (rounds.py)
 
 
 def head_container(profile: str) -> str:
     return f"sparkforge-serve-{profile}-0"
-
-
-def backends(log: str) -> dict[str, dict[str, list[str]]]:
-    """The kernel families vLLM logged choosing: {kind: {"names": [...], "lines": [...]}} (absent: not logged)."""
-    found: dict[str, dict[str, list[str]]] = {}
-    for line in log.splitlines():
-        for kind, pattern in BACKEND_PATTERNS.items():
-            if kind == "attention" and _NOT_TEXT_ATTENTION.search(line):
-                continue
-            match = linear_regex(pattern).search(line)
-            if match:
-                entry = found.setdefault(kind, {"names": [], "lines": []})
-                if match.group(1) not in entry["names"]:
-                    entry["names"].append(match.group(1))
-                    entry["lines"].append(line.strip()[-240:])
-    return found
 
 
 def _inspect(engine: NodeEngine, kind: str, name: str) -> dict[str, Any]:
@@ -129,24 +106,8 @@ def _exec(
         raise RunError(f"{engine.node.label}: {exc}; fix: a smaller suite, or a longer --timeout") from None
 
 
-def _vllm_levels(
-    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
-) -> dict:
-    suite, runs = options.suite, []
-    nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
-    seeds: dict[str, int] = {}
-    for i, (level, tag) in enumerate(run_order(suite, options.repeats, options.warmup)):
-        run = f"{level_name(*level)}-{tag}"
-        seeds[run] = suite.seed + nonce + i
-        runs.append(
-            {
-                "name": run,
-                "argv": vllm_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], level, run, seeds[run]),
-            }
-        )
-    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
-         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
-         f"seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
+def _vllm_call(engine: NodeEngine, name: str, runs: list[dict], options: BenchOptions) -> tuple[dict, str]:
+    """One driver process over `runs`: {run name: its JSON line}, and the output (for a failure's tail)."""
     result = _exec(
         engine, name, "bench-vllm", "python3", "-c", VLLM_DRIVER, json.dumps(runs), timeout=options.timeout_s
     )
@@ -155,30 +116,74 @@ def _vllm_levels(
         if line.startswith(MARK):
             entry = json.loads(line[len(MARK) :])
             lines[entry["run"]] = entry
-    out: dict[tuple[int, int], Any] = {}
+    return lines, result.output
+
+
+def _vllm_levels(
+    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
+) -> tuple[dict, dict[str, Any]]:
+    suite, started = options.suite, time.monotonic()
+    nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
+    seeds: dict[str, int] = {}
+    # level -> prompts per run (the warm-up's --duration scaling), for later rounds
+    prompts: dict[str, int] = {}
+
+    def runs_of(order: list[tuple[tuple[int, int], str]]) -> list[dict]:
+        runs = []
+        for level, tag in order:
+            run, key = f"{level_name(*level)}-{tag}", level_name(*level)
+            seeds[run] = suite.seed + nonce + len(seeds)
+            sized = replace(suite, num_prompts=prompts.get(key, max(suite.num_prompts, level[0])))
+            runs.append({"name": run, "level": key, "argv": vllm_argv(sized, ctx["model"], ctx["tokenizer"],
+                         ctx["port"], level, run, seeds[run])})  # fmt: skip
+            if tag == "warmup" and options.min_duration_s:
+                runs[-1]["scale_to_s"] = options.min_duration_s
+        return runs
+
+    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
+         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
+         f"each repeat at least {options.min_duration_s:g} s, seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
+    lines, output = _vllm_call(
+        engine, name, runs_of(run_order(suite, options.repeats, options.warmup)), options
+    )
     for level in suite.levels():
-        repeats, problems = [], []
-        for i in range(options.repeats):
-            run = f"{level_name(*level)}-r{i + 1}"
-            entry = lines.get(run)
-            if entry is None or not entry["ok"]:
-                tail = entry["error"] if entry else result.output.strip()[-400:]
-                problems.append(f"{run}: the client failed ({tail})")
-                continue
-            figs, completed, failed = figures.vllm_repeat(run, entry["result"])
-            if isinstance(entry.get("outside_cpu_pct"), float):
-                figs["outside_cpu_pct"] = round(
-                    entry["outside_cpu_pct"], 1
-                )  # not compared: what it ran beside
-            if failed or not completed:
-                problems.append(f"{run}: {failed} of {completed + failed} requests failed")
-            repeats.append(figs)
-        out[level] = (
-            repeats,
-            problems,
-            [seeds[f"{level_name(*level)}-r{i + 1}"] for i in range(options.repeats)],
-        )
-    return out
+        first = lines.get(f"{level_name(*level)}-r1") or {}
+        if first.get("num_prompts"):
+            prompts[level_name(*level)] = first["num_prompts"]
+
+    def measured() -> dict[tuple[int, int], Any]:
+        return {level: _vllm_level(level, lines, output, seeds) for level in suite.levels()}
+
+    def one_more_round(index: int) -> None:
+        more, _out = _vllm_call(engine, name, runs_of([(lv, f"r{index}") for lv in suite.levels()]), options)
+        lines.update(more)
+
+    stopping = more_rounds(options.target, options.repeats, measured, one_more_round, echo, started)
+    return measured(), {"prompts_per_run": prompts, **stopping}
+
+
+def _vllm_level(level: tuple[int, int], lines: dict, output: str, seeds: dict[str, int]) -> tuple:
+    """(repeats' figures, problems, seeds) of one level from the driver's lines."""
+    repeats, problems, level_seeds = [], [], []
+    prefix = f"{level_name(*level)}-r"
+    tags = sorted((r for r in seeds if r.startswith(prefix)), key=lambda r: int(r[len(prefix) :]))
+    for run in tags:
+        entry = lines.get(run)
+        level_seeds.append(seeds[run])
+        if entry is None or not entry["ok"]:
+            tail = entry["error"] if entry else output.strip()[-400:]
+            problems.append(f"{run}: the client failed ({tail})")
+            continue
+        figs, completed, failed = figures.vllm_repeat(run, entry["result"])
+        if isinstance(entry.get("outside_cpu_pct"), float):
+            figs["outside_cpu_pct"] = round(entry["outside_cpu_pct"], 1)  # not compared: what it ran beside
+        took = entry["result"].get("duration")
+        if isinstance(took, int | float) and took >= 0:
+            figs["duration_s"] = round(float(took), 2)  # not compared: how long the repeat ran
+        if failed or not completed:
+            problems.append(f"{run}: {failed} of {completed + failed} requests failed")
+        repeats.append(figs)
+    return repeats, problems, level_seeds
 
 
 def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str) -> Path:
@@ -221,23 +226,27 @@ def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str
 
 
 def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
-    suite = options.suite
+    suite, started = options.suite, time.monotonic()
     pythonpath = _install_benchy(engine, name, options)
     echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
          f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
          f"{list(suite.depths)} ...")  # fmt: skip
     env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
     found: dict[tuple[int, int], list[dict[str, float]]] = {}
-    for i in range(options.repeats):
-        out_file = f"{RESULT_DIR}/llama-benchy-r{i + 1}.json"
+    errors: list[str] = []
+
+    def one_round(index: int) -> None:
+        out_file = f"{RESULT_DIR}/llama-benchy-r{index}.json"
         engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
         argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.warmup, out_file)
         result = _exec(engine, name, "bench-llama-benchy", "python3", "-m", "llama_benchy", *argv, env=env,
                        timeout=options.timeout_s)  # fmt: skip
         raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
         if result.returncode != 0 or raw.returncode != 0:
-            why = f"llama-benchy (round {i + 1}) exited {result.returncode}: {result.output.strip()[-300:]}"
-            return {level: ([], [why], None) for level in suite.levels()}, None
+            errors.append(
+                f"llama-benchy (round {index}) exited {result.returncode}: {result.output.strip()[-300:]}"
+            )
+            return
         try:
             doc = json.loads(raw.output, parse_constant=float)
         except ValueError as exc:
@@ -246,19 +255,34 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
             ) from None
         for level, figs in figures.benchy_levels("llama-benchy result", doc, 1).items():
             found.setdefault(level, []).extend(figs)
+
+    def measured() -> dict[tuple[int, int], Any]:
+        if errors:
+            return {level: ([], errors[:1], None) for level in suite.levels()}
+        rounds = max((len(v) for v in found.values()), default=0)
+        return {
+            level: (found.get(level, []), [] if len(found.get(level, [])) == rounds else
+                    ["llama-benchy reported no figures"], None)
+            for level in suite.levels()
+        }  # fmt: skip
+
+    for i in range(options.repeats):
+        one_round(i + 1)
+        if errors:
+            return measured(), None, {}
+    stopping = more_rounds(
+        options.target,
+        options.repeats,
+        measured,
+        lambda i: one_round(i) if not errors else None,
+        echo,
+        started,
+    )
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
     sha = _exec(engine, name, "bench-corpus-sha", "python3", "-c", SHA256_SCRIPT, book, timeout=60)
     corpus = {"url": LLAMA_BENCHY_BOOK, "sha256": sha.output.strip() if sha.returncode == 0 else None,
               "seeded_from": options.corpus.name if options.corpus else None}  # fmt: skip
-    out = {
-        level: (
-            found.get(level, []),
-            [] if len(found.get(level, [])) == options.repeats else ["llama-benchy reported no figures"],
-            None,
-        )
-        for level in suite.levels()
-    }
-    return out, corpus
+    return measured(), corpus, stopping
 
 
 def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
@@ -290,9 +314,9 @@ def run_bench(
     start = time.monotonic()
     corpus = None
     if options.suite.client == "llama-benchy":
-        measured, corpus = _benchy_levels(engine, name, ctx, options, echo)
+        measured, corpus, stopping = _benchy_levels(engine, name, ctx, options, echo)
     else:
-        measured = _vllm_levels(engine, name, ctx, options, echo)
+        measured, stopping = _vllm_levels(engine, name, ctx, options, echo)
     spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
     report = Report(
         command="bench",
@@ -330,11 +354,13 @@ def run_bench(
                     **options.suite.params(),
                     "repeats": options.repeats,
                     "warmup": options.warmup,
+                    "min_duration_s": options.min_duration_s,  # vLLM's client: a repeat's prompts scaled to it
                     "order": "interleaved rounds",  # suites.run_order
                     "prompts": "fresh per run",  # seeds: suite seed + a per-bench nonce + the run's index
                 },
                 "corpus": corpus,
             },
+            "stopping": stopping,  # prompts per run (vLLM's client) and --target-detect's outcome
             "identity": ident,
             "backends": backends(log),
             # per layer, in the kernel report's names: `invoke kernels` predicts, this is what vLLM chose at start

@@ -35,8 +35,11 @@ MARK = "SPARKFORGE-RUN "
 # One process, every run: vLLM's own benchmark entry point, its own argument parser; one JSON line per run.
 # Around each run it also reads how much CPU the rest of the machine used (the host's /proc/stat busy time minus this
 # container's cgroup usage, as a percent of all CPUs): the outside load the run was measured under.
+# A run with "scale_to_s" (a level's warm-up) sets how many times that level's later runs multiply their prompts so
+# that each lasts at least that many seconds (capped at MAX_SCALE); each line says the prompts a run sent.
+MAX_SCALE = 32
 VLLM_DRIVER = f"""
-import json, os, sys, time
+import json, math, os, sys, time
 def cpu():
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:9]]
@@ -54,17 +57,24 @@ def cpu():
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_itl_ms", "output_lens", "ttfts", "itls",
-        "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+        "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "duration")
+scale = {{}}
 for run in json.loads(sys.argv[1]):
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    argv = list(run["argv"])
+    at = argv.index("--num-prompts") + 1
+    argv[at] = str(int(argv[at]) * scale.get(run["level"], 1))
     try:
         before = cpu()
-        main(parser.parse_args(run["argv"]))
+        main(parser.parse_args(argv))
         after = cpu()
         with open("{RESULT_DIR}/" + run["name"] + ".json") as f:
             result = json.load(f)
-        line = {{"run": run["name"], "ok": True, "result": {{k: result.get(k) for k in keys}}}}
+        line = {{"run": run["name"], "ok": True, "result": {{k: result.get(k) for k in keys}}, "num_prompts": int(argv[at])}}
+        took = result.get("duration") or 0
+        if run.get("scale_to_s") and took > 0:
+            scale[run["level"]] = max(1, min({MAX_SCALE}, math.ceil(run["scale_to_s"] / took)))
         if before[1] is not None and after[1] is not None and after[2] > before[2]:
             outside = (after[0] - before[0]) - (after[1] - before[1])
             line["outside_cpu_pct"] = max(0.0, 100 * outside / ((after[2] - before[2]) * os.cpu_count()))
@@ -158,6 +168,36 @@ def check_repeats(repeats: int) -> int:
     if isinstance(repeats, float) and not math.isfinite(repeats):
         raise RunError(f"bench: --repeats {repeats!r}; fix: pass a whole number >= 1 (default 3)")
     return _positive("--repeats", repeats)
+
+
+def _finite(what: str, value: Any, example: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise RunError(
+            f"bench: {what} {value!r} is not a finite number >= 0; fix: pass e.g. {what} {example}"
+        )
+    return number
+
+
+def check_seconds(what: str, value: Any, *, zero: bool = False) -> float:
+    """Seconds: a finite number > 0 (>= 0 with zero=True), e.g. --duration 10, --budget 1800."""
+    seconds = _finite(what, value, "10" if zero else "1800")
+    if not zero and seconds == 0:
+        raise RunError(f"bench: {what} 0 leaves no time; fix: pass a number of seconds > 0, e.g. {what} 1800")
+    return seconds
+
+
+def check_percent(what: str, value: Any) -> float:
+    """A percent > 0 and < 100 (a slowdown a bench should be able to detect), e.g. --target-detect 20."""
+    pct = _finite(what, value, "20")
+    if not 0 < pct < 100:
+        raise RunError(
+            f"bench: {what} {value!r} is not a percent between 0 and 100; fix: pass e.g. {what} 20"
+        )
+    return pct
 
 
 def run_order(suite: Suite, repeats: int, warmup: bool) -> list[tuple[tuple[int, int], str]]:

@@ -1,0 +1,158 @@
+"""The comparison's statistics: per metric, the ratio new/old with a confidence interval, the verdict it supports
+and the smallest slowdown the comparison could have detected.
+
+The estimate: Student's t interval on the logarithms of the repeats, the variance pooled over both sides. The
+difference of the mean logs is the log of the ratio of geometric means new/old (for spreads like a bench's,
+within a fraction of a percent of the ratio of means); logs make a slowdown and a speed-up of one factor
+symmetric and the repeats' noise, which is multiplicative (a disturbance slows a run by a fraction), closer to
+normal and alike for both images on one machine.
+Why the pooled variance and not Welch's: when nothing changed, both sides sample the same machine's noise, and
+the new side's 3-5 repeats estimate it poorly; pooled, every baseline repeat sharpens the estimate and adds a
+degree of freedom (df = n_old + n_new - 2). Welch's degrees of freedom are bounded by the smaller side, so
+pooling more baselines against 3 new repeats can widen its interval (n_old 6 -> 12: the expected width grows
+~4 %): more data would weaken the comparison. The cost: a new side much noisier than the old (a busier machine)
+is judged with the old side's spread too; the false-alarm rates measured on a busy machine are in
+benchmarks/bench-noise.md. Why not a bootstrap: with 3-10 repeats a side it re-samples the same handful of
+values and its percentile interval covers far less than its nominal 95 %.
+
+Pooled baselines (compare.pool: several benches of one image side by side) add repeats to the old side: its
+mean is known better, the noise too, and the interval narrows (tested: pooling never lowers power). The
+interval treats every repeat as one draw of the machine's noise; a machine that drifts between benches
+(another job starting) breaks that, which is why the baseline should be pooled from benches spread over time
+(benchmarks/bench-noise.md measures what drift does to the false-alarm rate).
+
+The verdict, with threshold T percent (the change a metric may show before it counts):
+- `regressed`: the whole interval is worse than T (a throughput ratio whose upper bound is below 1 - T/100, a
+  latency ratio whose lower bound is above 1 + T/100). A metric whose true change is at most T is called
+  regressed in at most (1 - CONFIDENCE) / 2 = 2.5 % of comparisons.
+- `passed`: the whole interval is better than that limit: the change is within T, at the same confidence.
+- `inconclusive`: the interval straddles the limit: the data cannot tell. It is never reported as passed.
+The smallest detectable slowdown (`mde_pct`) is the true slowdown this comparison's noise and repeat counts would
+call regressed with probability POWER: log-limit + (t + z(POWER) * sqrt(1 + t^2 / 2df)) * standard error, with
+t = t(1 - alpha/2, df) (the noncentral t's quantile, approximated after Jennett & Welch 1939: the estimated
+standard error varies too, which matters with few repeats). It is never below T; it shrinks with more repeats
+or more pooled baselines. With one repeat on one side the spread comes from the other side alone; with one
+repeat on each side there is no interval and the verdict is inconclusive.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any, Literal
+
+from sparkforge.run.bench.tdist import t_quantile
+
+CONFIDENCE = 0.95  # two-sided: each side of the interval errs 2.5 % of the time
+POWER = 0.80  # the detection probability the smallest detectable slowdown is stated at
+VerdictName = Literal["regressed", "inconclusive", "passed"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One metric of one level: new/old with its interval, and what the comparison could detect."""
+
+    verdict: VerdictName
+    ratio: float | None  # geometric mean new / geometric mean old (None: a repeat measured 0)
+    low: float | None  # the CONFIDENCE interval of the ratio (None: no interval, one repeat a side)
+    high: float | None
+    mde_pct: float | None  # smallest slowdown (percent worse) flagged with POWER; None: not computable
+    worse_pct: float | None  # the ratio as percent worse (> 0: slower), the direction the metric counts
+    n_old: int
+    n_new: int
+    df: float | None
+    threshold_pct: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(confidence=CONFIDENCE, power=POWER)
+        return data
+
+    def describe(self) -> str:
+        """`ratio 0.93 [0.85..1.02], could detect >= 24% (n 9 vs 3)`: what every verdict line shows."""
+        n = f"n {self.n_old} vs {self.n_new}"
+        if self.ratio is None:
+            return f"no ratio (a repeat measured 0), {n}"
+        interval = f"[{self.low:.3f}..{self.high:.3f}]" if self.low is not None else "[no interval]"
+        floor = f"could detect >= {self.mde_pct:.0f}%" if self.mde_pct is not None else "could detect nothing"
+        return f"ratio {self.ratio:.3f} {interval}, {floor} ({n})"
+
+
+def _logs(values: list[float]) -> list[float] | None:
+    return [math.log(v) for v in values] if values and all(v > 0 for v in values) else None
+
+
+def _pooled(old: list[float], new: list[float]) -> tuple[float, float] | None:
+    """(standard error, degrees of freedom) of mean(new) - mean(old), the variance pooled over both sides; None
+    with one repeat a side (no spread measured at all)."""
+    n, m = len(old), len(new)
+    df = n + m - 2
+    if df < 1:
+        return None
+    squares = sum((x - statistics.fmean(old)) ** 2 for x in old) + sum(
+        (x - statistics.fmean(new)) ** 2 for x in new
+    )
+    return math.sqrt(squares / df * (1 / n + 1 / m)), float(df)
+
+
+def _worse(log_ratio: float, higher_is_better: bool) -> float:
+    """A log ratio as percent worse (throughput: percent lower; latency: percent higher)."""
+    return (1 - math.exp(log_ratio)) * 100 if higher_is_better else (math.exp(log_ratio) - 1) * 100
+
+
+def _limit(threshold_pct: float, higher_is_better: bool) -> float:
+    """The log ratio at the threshold, as a slowdown in log units (> 0)."""
+    if higher_is_better:
+        return -math.log(1 - threshold_pct / 100) if threshold_pct < 100 else math.inf
+    return math.log(1 + threshold_pct / 100)
+
+
+def mde(se: float, df: float, threshold_pct: float, higher_is_better: bool) -> float:
+    """The smallest true slowdown (percent worse) flagged with probability POWER at this standard error."""
+    slow = _limit(threshold_pct, higher_is_better)
+    if se > 0:
+        crit = t_quantile(1 - (1 - CONFIDENCE) / 2, df)
+        # the noncentrality that puts POWER of the noncentral t beyond crit (Jennett & Welch's approximation:
+        # the estimated standard error varies too, which t(POWER) alone leaves out and few repeats make large)
+        slow += (crit + NormalDist().inv_cdf(POWER) * math.sqrt(1 + crit * crit / (2 * df))) * se
+    sign = -1 if higher_is_better else 1
+    return _worse(sign * slow, higher_is_better)
+
+
+def estimate(old: list[float], new: list[float], higher_is_better: bool, threshold_pct: float) -> Estimate:
+    """The interval and verdict for one metric: old = every baseline repeat (pooled), new = the new repeats."""
+    base = {"n_old": len(old), "n_new": len(new), "threshold_pct": threshold_pct}
+    a, b = _logs(old), _logs(new)
+    if a is None or b is None:
+        return Estimate("inconclusive", None, None, None, None, None, df=None, **base)
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    ratio, worse = math.exp(diff), _worse(diff, higher_is_better)
+    spread = _pooled(a, b)
+    if spread is None:
+        return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
+    se, df = spread
+    half = t_quantile(1 - (1 - CONFIDENCE) / 2, df) * se if se > 0 else 0.0
+    low, high = math.exp(diff - half), math.exp(diff + half)
+    slow = _limit(threshold_pct, higher_is_better)
+    # the interval's best and worst ends, as slowdowns in log units
+    best, worst = (-(diff + half), -(diff - half)) if higher_is_better else (diff - half, diff + half)
+    verdict: VerdictName = "regressed" if best > slow else "passed" if worst <= slow else "inconclusive"
+    return Estimate(
+        verdict, ratio, low, high, mde(se, df, threshold_pct, higher_is_better), worse, df=df, **base
+    )
+
+
+def needed_mde(values: list[float], higher_is_better: bool, threshold_pct: float = 0.0) -> float | None:
+    """The smallest slowdown beyond the threshold a comparison of this bench with an equal one would detect.
+
+    What `bench --target-detect` reads after each round: the repeats' own spread stands for both sides (an
+    unchanged rerun of the same length). None with fewer than 2 repeats or a repeat of 0.
+    """
+    logs = _logs(values)
+    if logs is None or len(logs) < 2:
+        return None
+    n = len(logs)
+    se = math.sqrt(statistics.variance(logs) * 2 / n)
+    return mde(se, float(2 * n - 2), threshold_pct, higher_is_better)
