@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
-from sparkforge.cli import Whole, echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, user_errors, warn
+from sparkforge.cli import Whole, echo, task, user_errors, warn
 from sparkforge.cli.memory import (
     FLOOR_HELP,
     FORCE_HELP,
