@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
 from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import echo, finish_report, task, user_errors
 from sparkforge.cli import memory as cli_memory
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish

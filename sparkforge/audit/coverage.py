@@ -219,7 +219,7 @@ def coverage_check(
 def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile], require: Sequence[str],
                  files_scanned: int, duration_s: float, *, only: Sequence[str] | None = None,
                  not_opened: int = 0) -> Report:  # fmt: skip
-    """The audit report in the shape of DESIGN.md "Reports".
+    """The audit report in the shape of every check report (sparkforge/report.py: JSON, JUnit XML, table).
 
     `only`: the globs the scan was limited to (None: every file); the summary says so, since the libraries and
     counts then cover only those (the required checks' answers are the same either way)."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import invoke
 from invoke.exceptions import Exit, ParseError
 
 from sparkforge.console import say, warn
@@ -31,6 +32,25 @@ def user_errors(fn: F) -> F:
             raise Exit("sparkforge: interrupted; nothing was tagged", code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+class ShortFlagTask(invoke.Task):
+    """Invoke's Task, except that a dash is never a short flag. Invoke gives a flag the first free character of
+    its dashed name: once c, a, h and e were taken, `--cache-dir` got `-` (help showed `--=STRING`). Such a flag
+    gets no short form, so every other flag keeps the short form it had."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        if "-" in opts["names"]:
+            opts["names"].remove("-")
+            taken_names.add("-")  # still taken (Invoke's own set), so the flags after it choose as they did
+        return opts
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """Invoke's `@task` (bare or with options), building a ShortFlagTask: every task of the CLI uses this one."""
+    kwargs.setdefault("klass", ShortFlagTask)
+    return invoke.task(*args, **kwargs)
 
 
 class Whole(int):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json as _json
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import echo, finish_report, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.

@@ -5,22 +5,22 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
     NODES_HELP,
     RECIPE_HELP,
-    _doctor_options,
-    _engines,
-    _image,
-    _launch_options,
-    _preflight,
+    doctor_options,
+    image_ref,
     known_bad_guard,
+    launch_options,
+    node_engines,
+    preflight_profile,
 )
 
 
@@ -113,9 +113,9 @@ def doctor(
     from sparkforge.boundary import check_output
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
-    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
-    options = _doctor_options(
-        _image(recipe, image),
+    engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
+    options = doctor_options(
+        image_ref(recipe, image),
         interface,
         master_port,
         gpus,
@@ -133,7 +133,7 @@ def doctor(
     if profile and recipe:
         planned = memory_check(recipe, load_profile(profile), model_dir, True)
         options = replace(options, memory_plan=planned.to_dict() if planned else None)
-        _preflight(recipe, profile, no_preflight)
+        preflight_profile(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
@@ -188,14 +188,14 @@ def up(
     from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
 
-    engines = _engines(nodes)  # every input checked before the network or an engine is contacted
+    engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    ref = _image(recipe, image)
-    launch = _launch_options(
+    ref = image_ref(recipe, image)
+    launch = launch_options(
         ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code,
         weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
     )  # fmt: skip
-    doctor_options = _doctor_options(
+    doctor_settings = doctor_options(
         ref,
         interface,
         master_port,
@@ -205,11 +205,11 @@ def up(
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
     )
-    doctor_options = replace(doctor_options, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
+    doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
-    doctor_options = replace(doctor_options, memory_plan=planned.to_dict() if planned else None)
-    _preflight(recipe, profile, no_preflight)
+    doctor_settings = replace(doctor_settings, memory_plan=planned.to_dict() if planned else None)
+    preflight_profile(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
@@ -217,7 +217,7 @@ def up(
         engines,
         loaded,
         launch,
-        doctor_options,
+        doctor_settings,
         echo=echo,
         health_timeout_s=health_timeout,
         dry=dry,
@@ -288,12 +288,14 @@ def fabric(
             raise Exit(
                 "sparkforge: cluster.fabric --nodes needs --recipe R (or --image REF) to read sysfs", code=2
             )
-        engines = _engines(nodes)
-        labels, raws = [e.node.label for e in engines], remote_facts(engines, _image(recipe, image))
+        engines = node_engines(nodes)
+        labels, raws = [e.node.label for e in engines], remote_facts(engines, image_ref(recipe, image))
     else:
         engines, labels, raws = [], ["local"], [local_facts()]
     libraries = (
-        (remote_nccl(engines, _image(recipe, image)) if nodes else [local_nccl()]) if source == "host" else []
+        (remote_nccl(engines, image_ref(recipe, image)) if nodes else [local_nccl()])
+        if source == "host"
+        else []
     )
     sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
@@ -305,7 +307,7 @@ def fabric(
 
         with report.timed("link-test") as check:
             parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
-            link_check(check, engines, parsed, choices, raws, _image(recipe, image) if nodes else "")
+            link_check(check, engines, parsed, choices, raws, image_ref(recipe, image) if nodes else "")
         echo(f"link-test {check.status}: {check.reason}")
     finish_report(report, json, hint="the table above names the device and the fix")
 
@@ -316,7 +318,7 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
     """Stop and remove every serve container sparkforge started on the nodes."""
     from sparkforge.run.cluster import cluster_down
 
-    for label, count in cluster_down(_engines(nodes), profile or None).items():
+    for label, count in cluster_down(node_engines(nodes), profile or None).items():
         echo(f"{label}: removed {count} container(s)")
 
 
@@ -328,7 +330,7 @@ def logs(c: Context, nodes: str, tail: int = Whole(100)) -> None:
     from sparkforge.run.inputs import check_positive
 
     check_positive("--tail", tail)
-    for where, text in cluster_logs(_engines(nodes), tail).items():
+    for where, text in cluster_logs(node_engines(nodes), tail).items():
         echo(f"==> {where} <==")
         echo(text.rstrip())
 

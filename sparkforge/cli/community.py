@@ -6,10 +6,10 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors, warn
+from sparkforge.cli import echo, task, user_errors, warn
 
 DEFAULT_RECIPE = "vllm-qwen35-wheels"
 RECIPE_HELP = f"sparkforge recipe whose pinned vLLM the profile is checked against (default {DEFAULT_RECIPE})"

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
-from sparkforge.cli import Whole, echo, finish_report, user_errors
+from sparkforge.cli import Whole, echo, finish_report, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
     NODES_HELP,
-    _doctor_options,
-    _engine,
-    _engines,
-    _image,
-    _launch_options,
+    doctor_options,
+    image_ref,
+    launch_options,
+    node_engine,
+    node_engines,
 )
 
 
@@ -95,7 +95,7 @@ def conform(
             "conform: --attach and --nodes both given; --attach asks a deployment that is already running (by its "
             "URL), --nodes starts one across the nodes; fix: give one of them"
         )
-    engines = _engines(nodes) if nodes else [_engine(node)]
+    engines = node_engines(nodes) if nodes else [node_engine(node)]
     if attach:
         check_url(attach)
     check_positive("--health-timeout", health_timeout)
@@ -104,14 +104,14 @@ def conform(
     launch = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        launch = _launch_options(
-            _image(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+        launch = launch_options(
+            image_ref(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
             hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
         )  # fmt: skip
     doctor = None
     if nodes and not attach:
-        doctor = _doctor_options(
-            _image(recipe, image), interface, master_port, gpus, sanity=True, model_dir=model_dir,
+        doctor = doctor_options(
+            image_ref(recipe, image), interface, master_port, gpus, sanity=True, model_dir=model_dir,
             hf_token_file=hf_token_file, cache_dir=cache_dir,
         )  # fmt: skip
     options = ConformOptions(

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json as _json
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
 from sparkforge.boundary import write_output
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import echo, task, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, user_errors, warn
+from sparkforge.cli import echo, task, user_errors, warn
 
 FORCE_HELP = "start even when the memory plan says the profile does not fit (the plan is still printed)"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import echo, finish_report, task, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 

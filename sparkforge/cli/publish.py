@@ -6,9 +6,9 @@ import datetime as dt
 import json as _json
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 
-from sparkforge.cli import echo, user_errors, warn
+from sparkforge.cli import echo, task, user_errors, warn
 from sparkforge.errors import PublishError
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"

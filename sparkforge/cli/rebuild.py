@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, user_errors
+from sparkforge.cli import echo, finish_report, task, user_errors
 
 
 @task(

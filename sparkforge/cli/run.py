@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, user_errors, warn
+from sparkforge.cli import Whole, echo, task, user_errors, warn
 from sparkforge.cli.memory import (
     FLOOR_HELP,
     FORCE_HELP,
@@ -25,7 +25,8 @@ NODES_HELP = (
 IFACE_HELP = "the cluster-link interface on every node (sets VLLM_HOST_IP, NCCL/GLOO_SOCKET_IFNAME, ...)"
 
 
-def _image(recipe: str, image: str) -> str:
+def image_ref(recipe: str, image: str) -> str:
+    """The image a node task runs: `--image` checked as a reference, else the recipe's first candidate tag."""
     from sparkforge.recipe import plan
 
     if image:
@@ -36,7 +37,7 @@ def _image(recipe: str, image: str) -> str:
     return plan.candidate_tag(loaded, loaded.model.platforms[0])
 
 
-def _preflight(recipe: str, profile_ref: str, skip: bool) -> None:
+def preflight_profile(recipe: str, profile_ref: str, skip: bool) -> None:
     """The profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
     if skip:
         return
@@ -64,7 +65,7 @@ def known_bad_guard(recipe: str, profile) -> None:
     guard(profile, load_recipe(recipe).model.components.vllm.version, warn)
 
 
-def _engines(nodes: str) -> list:
+def node_engines(nodes: str) -> list:
     """Every node checked (and plain tcp:// warned) before any engine is contacted."""
     import os
 
@@ -76,7 +77,7 @@ def _engines(nodes: str) -> list:
     return [NodeEngine(n) for n in parsed]
 
 
-def _engine(node: str):
+def node_engine(node: str):
     """One node's engine for `serve` (default: the local one)."""
     import os
 
@@ -98,7 +99,7 @@ def _trust_remote_code(allowed: bool) -> bool:
     return allowed
 
 
-def _doctor_options(
+def doctor_options(
     image: str,
     interface: str,
     master_port: int,
@@ -110,6 +111,7 @@ def _doctor_options(
     hf_token_file: str = "",
     cache_dir: str = "",
 ):
+    """The doctor's options from CLI values, each checked (interface, port, --gpus, paths made absolute)."""
     from sparkforge.run.facts import DoctorOptions
     from sparkforge.run.inputs import check_choice, check_interface, check_port
 
@@ -128,7 +130,7 @@ def _doctor_options(
     )
 
 
-def _launch_options(
+def launch_options(
     image: str,
     port: int,
     master_port: int,
@@ -144,6 +146,7 @@ def _launch_options(
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
 ):
+    """The launch options from CLI values, each checked before any engine or download (ports, --gpus, paths)."""
     from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
@@ -267,15 +270,15 @@ def serve(
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.serve import serve_up
 
-    engine = _engine(node)  # every input checked before the network or an engine is contacted
+    engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    options = _launch_options(
-        _image(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
+    options = launch_options(
+        image_ref(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
         trust_remote_code, weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
     )  # fmt: skip
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
-    _preflight(recipe, profile, no_preflight)
+    preflight_profile(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     plan, _ = serve_up(
         engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail
@@ -293,7 +296,7 @@ def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     """Stop and remove what `serve` started on this node."""
     from sparkforge.run.serve import serve_down as down
 
-    echo(f"removed {down(_engine(node), profile or None)} container(s)")
+    echo(f"removed {down(node_engine(node), profile or None)} container(s)")
 
 
 serve_ns = Collection("serve")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke import Collection, Context
 
-from sparkforge.cli import echo, user_errors
+from sparkforge.cli import echo, task, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 KEY_HELP = (

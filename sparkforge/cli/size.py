@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, user_errors
+from sparkforge.cli import Whole, echo, task, user_errors
 from sparkforge.console import cell
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"

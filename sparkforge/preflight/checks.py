@@ -1,4 +1,4 @@
-"""`run_preflight`: prove a recipe can build and serve before anything compiles (DESIGN.md: preflight)."""
+"""`run_preflight`: prove a recipe can build and serve before anything compiles (README: `invoke preflight`)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def run_preflight(
             _arch_plan(check, recipe, tree, scratch, fetcher, runner)
     with report.timed("images") as check:
         check_images(check, model, fetcher)
-    if profiles:  # serve profiles: every flag and parser name against this vLLM (DESIGN.md: serve)
+    if profiles:  # serve profiles: every flag and parser name against this vLLM (docs/run.md)
         check_serve_profiles(report, recipe, profiles, lambda: recipe_surface(recipe, fetcher, tree))
         for (
             profile

@@ -57,7 +57,8 @@ def _refuse_or_warn(problems: list[str], action: str, allow_unverified: bool, ec
     raise PublishError(f"refusing to {action}; nothing was written: " + " | ".join(problems))
 
 
-def _require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: str = "publish") -> None:
+def require_platforms(recipe: Recipe, have: Sequence[str], what: str, action: str = "publish") -> None:
+    """Refuses (PublishError naming the fix) unless `have` holds each of the recipe's platforms exactly once."""
     wanted = list(recipe.model.platforms)
     missing = [p for p in wanted if p not in have]
     extra = sorted({p for p in have if p not in wanted or list(have).count(p) > 1})
@@ -211,7 +212,7 @@ def publish(
     digest is not the platform it claims, or when an immutable tag already names other content. `moving` also
     moves the moving tags, only when every platform's image is GPU-verified (else nothing is written).
     """
-    _require_platforms(recipe, list(digests), "the set of pushed digests")
+    require_platforms(recipe, list(digests), "the set of pushed digests")
     bad = [d for d in digests.values() if not DIGEST.fullmatch(d)]
     if bad:
         raise PublishError(
@@ -230,7 +231,7 @@ def publish(
     when = when or dt.datetime.now(dt.UTC).date()
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
-    _require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
+    require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
     if tools.buildx:
         _require_labels(recipe, tools, sources)
     content = manifest_content(draft)
@@ -365,7 +366,7 @@ def promote(
             "fix: pass the index digest that 'invoke publish' printed (its --json 'index')"
         )
     images = index_platforms(manifest)
-    _require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
+    require_platforms(recipe, [p for p, _ in images], f"index {index[:19]}", "move tags of")
     from sparkforge.registry.cosign import Policy
 
     signing = Policy.of(recipe) is not None and Policy.for_verify(recipe) is not None

@@ -77,7 +77,7 @@ def rollback(
             continue
         images = dict(index_platforms(manifest)) if "manifests" in manifest else {}
         try:
-            pub._require_platforms(recipe, list(images), f"index {entry.digest[:19]}", "roll back to")
+            pub.require_platforms(recipe, list(images), f"index {entry.digest[:19]}", "roll back to")
             if policy is None:  # unsigned recipes: this machine's verify records (promote's gate)
                 pub.require_gpu_verified(recipe, images, evidence_dir)
         except PublishError as exc:

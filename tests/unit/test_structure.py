@@ -119,3 +119,67 @@ def test_one_module_name_means_one_thing() -> None:
         if path.name != "__init__.py" and path.relative_to(PACKAGE).parts[0] != "cli":
             seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_reaches(path: Path, root: Path = ROOT) -> list[str]:
+    """`from X import _name` and `X._name` in `path`, where X is another sparkforge module (or a name it holds)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    tree = ast.parse(path.read_text())
+    bound: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "sparkforge":
+                continue
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private(alias.name) and base != name:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: from {base} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            bound.update(
+                a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "sparkforge"
+            )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base_name = node.value
+            while isinstance(base_name, ast.Attribute):
+                base_name = base_name.value
+            if isinstance(base_name, ast.Name) and base_name.id in bound:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reaches_another_modules_private_names() -> None:
+    # What a module offers is its public names: a `_name` is free to change without a reader of another module
+    # noticing. Tests may reach in; the package and tasks.py may not (within one module `_name` is fine).
+    found = [hit for p in [*sorted(PACKAGE.rglob("*.py")), ROOT / "tasks.py"] for hit in _private_reaches(p)]
+    assert found == []
+
+
+def test_the_private_name_check_sees_both_spellings(tmp_path: Path) -> None:
+    module = tmp_path / "sparkforge" / "cli" / "run.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from sparkforge.registry.publish import _hidden, __version__\n"
+        "from . import run as again\n"
+        "from .run import _mine\n"
+        "from sparkforge.registry import publish as pub\n"
+        "import sparkforge.engine\n"
+        "import os\n"
+        "pub._other(again._third, sparkforge.engine._fourth, pub.public, pub.__doc__, os._exit, _mine)\n"
+    )
+    assert [hit.split(": ", 1)[1] for hit in _private_reaches(module, tmp_path)] == [
+        "from sparkforge.registry.publish import _hidden",
+        "pub._other",
+        "again._third",
+        "sparkforge.engine._fourth",
+    ]
