@@ -15,6 +15,7 @@ as the image is known to be on every node, so its time hides behind the cheap st
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,18 +146,19 @@ def _image(check: Check, engines: Sequence[NodeEngine], options: DoctorOptions) 
     check.reason = f"same image ID on every node ({distinct[0][:19]})"
 
 
-def _addresses(
-    check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, keep: list[Outcome]
-) -> list[NodeFacts]:
+# docker's refusal of a --mount whose source the node lacks (docker names the first one it meets).
+_MISSING_SOURCE = re.compile(r"bind source path does not exist: (\S+)")
+
+
+def _probe_paths(engines: Sequence[NodeEngine], options: DoctorOptions) -> list[Outcome]:
+    """The probe containers, listening, with each --path entry mounted read-only where the node has it.
+
+    Only what the probe reads is mounted, so a path the node lacks is docker's refusal to start the container:
+    that path is left out of that node's mounts and the probe started again (at most once per path), and the
+    paths stage then reports it as missing on that node."""
     path_args = [a for kind, path in options.paths for a in ("--path", f"{kind}={path}")]
-    jobs = [
-        Job(
-            engine,
-            ("probe", "--listen", str(options.master_port), *path_args),
-            mounts=probe_mounts([path for _, path in options.paths]),
-        )
-        for engine in engines
-    ]
+    wanted = [path for _, path in options.paths]
+    missing: list[set[str]] = [set() for _ in engines]
 
     def listening(outcomes: list[Outcome]) -> bool:
         return all(
@@ -164,7 +166,35 @@ def _addresses(
             for o in outcomes
         )
 
-    outcomes = run_jobs(jobs, options.image, "probe", options.deadlines.addresses, until=listening, keep=True)
+    for _ in range(len(wanted) + 1):
+        jobs = [
+            Job(
+                engine,
+                ("probe", "--listen", str(options.master_port), *path_args),
+                mounts=probe_mounts([p for p in wanted if p not in gone]),
+            )
+            for engine, gone in zip(engines, missing, strict=True)
+        ]
+        outcomes = run_jobs(
+            jobs, options.image, "probe", options.deadlines.addresses, until=listening, keep=True
+        )
+        again = False
+        for outcome, gone in zip(outcomes, missing, strict=True):
+            found = _MISSING_SOURCE.search(outcome.node_lost or "")
+            path = found.group(1).rstrip(".") if found else None
+            if path in wanted and path not in gone:
+                gone.add(path)
+                again = True
+        if not again:
+            return outcomes
+        remove_jobs(outcomes)  # the nodes that started listen again with the others
+    return outcomes
+
+
+def _addresses(
+    check: Check, engines: Sequence[NodeEngine], options: DoctorOptions, keep: list[Outcome]
+) -> list[NodeFacts]:
+    outcomes = _probe_paths(engines, options)
     keep.extend(outcomes)
     facts: list[NodeFacts] = []
     problems: list[str] = []
