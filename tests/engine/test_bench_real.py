@@ -118,13 +118,13 @@ class _Page(HTMLParser):
 def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     # --duration 3: each level's prompts scaled from its warm-up; --target-detect 11 cannot be reached with a few
-    # repeats on the twin: more rounds run until the budget would be exceeded (at most one more here), and say so
+    # repeats on the twin: more rounds run until the budget would be exceeded, and say so
     default = _bench("default", store, tmp_path / "default.json", "--num-prompts", "4", "--duration", "3",
                      "--target-detect", "11", "--budget", "150")  # fmt: skip
     target = default["stopping"]["target_detect"]
-    assert target["stopped"] == "budget" and target["rounds"] in (2, 3) and target["widest_floor_pct"] > 11, (
-        target
-    )
+    # How many rounds fit in the budget depends on the machine's load (3-5 seen): the rule is that it stopped
+    # on the budget, ran more than the first round, and says why.
+    assert target["stopped"] == "budget" and target["rounds"] >= 2 and target["widest_floor_pct"] > 11, target
     _levels_measured(default, {"output_tok_s", "request_output_tok_s", "ttft_ms", "itl_ms"}, target["rounds"])
     assert set(default["stopping"]["prompts_per_run"]) == {"c1-d0", "c2-d0", "c1-d512", "c2-d512"}
     assert all(n >= 4 for n in default["stopping"]["prompts_per_run"].values())

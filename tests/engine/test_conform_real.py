@@ -144,6 +144,9 @@ def _faulty_profile(tmp_path: Path) -> Path:
         "sparkforge_faults:UnseededSampling",
     ]
     doc["args"]["enable-prefix-caching"] = False
+    # --logits-processors loads code by import name: off the allow-list, so the faulty profile opts in, as a
+    # reviewer would, with its reason (the task prints it as a warning line).
+    doc["allow"] = {"logits-processors": "the test's own planted faults (tests/engine/planted_faults.py)"}
     # The whole long prompt in one prefill step: vLLM 0.32's CPU platform crashes its engine core on a SEEDED
     # request prefilled in chunks (gpu_model_runner rewinds the request's generator with get_offset(), which a
     # CPU generator refuses: "CPU Generator does not use offset"); with prefix caching on (the clean run) the
