@@ -132,7 +132,7 @@ def doctor(
     )
     if profile and recipe:
         planned = memory_check(recipe, load_profile(profile), model_dir, True)
-        options = replace(options, memory_plan=planned.to_dict() if planned else None)
+        options = replace(options, memory_plan=_gpu_plan(planned, gpus))
         preflight_profile(recipe, profile, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
@@ -208,7 +208,7 @@ def up(
     doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
-    doctor_settings = replace(doctor_settings, memory_plan=planned.to_dict() if planned else None)
+    doctor_settings = replace(doctor_settings, memory_plan=_gpu_plan(planned, gpus))
     preflight_profile(recipe, profile, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
@@ -341,3 +341,9 @@ cluster_ns.add_task(fabric, "fabric")
 cluster_ns.add_task(up, "up")
 cluster_ns.add_task(cluster_down_task, "down")
 cluster_ns.add_task(logs, "logs")
+
+
+def _gpu_plan(planned: object, gpus: str) -> dict | None:
+    """The memory plan the doctor's memory stage holds each node's free memory to: none for a launch without
+    GPUs (--gpus none), whose vLLM allocates no gpu-memory-utilization share (the stage then only reports)."""
+    return planned.to_dict() if planned is not None and gpus != "none" else None  # type: ignore[attr-defined]
