@@ -11,6 +11,7 @@ bench.history, bench.compare (equal results pass, a different suite is refused) 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,7 +172,9 @@ def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path
     code, out = invoke("bench.history", "--recipe", TWIN_RECIPE, "--store", str(store))
     assert code == 0 and out.count(ident["image"]["id"][:19]) == 2 and "spark-arena-v2" in out
 
-    code, out = invoke("bench.compare", str(tmp_path / "default.json"), str(tmp_path / "default.json"))
+    # The same result twice (a copy: one file named as both sides is refused as a mistake): ratio 1 exactly.
+    shutil.copyfile(tmp_path / "default.json", tmp_path / "default-again.json")
+    code, out = invoke("bench.compare", str(tmp_path / "default.json"), str(tmp_path / "default-again.json"))
     assert code == 0 and "c2-d512:output_tok_s" in out and "ratio 1.000 [" in out, out
     assert "verdict: " in out and "could detect" in out and "REGRESSED" not in out
     code, out = invoke("bench.compare", str(tmp_path / "default.json"), str(tmp_path / "arena.json"))
