@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from invoke import Collection, Context
 from invoke.exceptions import Exit
@@ -22,6 +22,9 @@ from sparkforge.cli.run import (
     node_engines,
     preflight_profile,
 )
+
+if TYPE_CHECKING:
+    from sparkforge.run.memory.memoryplan import MemoryPlan
 
 
 def _gid_index(text: str) -> int | None:
@@ -343,7 +346,7 @@ cluster_ns.add_task(cluster_down_task, "down")
 cluster_ns.add_task(logs, "logs")
 
 
-def _gpu_plan(planned: object, gpus: str) -> dict | None:
+def _gpu_plan(planned: MemoryPlan | None, gpus: str) -> dict[str, Any] | None:
     """The memory plan the doctor's memory stage holds each node's free memory to: none for a launch without
     GPUs (--gpus none), whose vLLM allocates no gpu-memory-utilization share (the stage then only reports)."""
-    return planned.to_dict() if planned is not None and gpus != "none" else None  # type: ignore[attr-defined]
+    return planned.to_dict() if planned is not None and gpus != "none" else None

@@ -14,6 +14,7 @@ Targets layout: `tags/<tag>` (custom: index, platforms, claims, history), `revok
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
     shipped = ROOTS_DIR / root_file_name(repository)
     if shipped.is_file():
         return read_bytes(shipped, "the shipped TUF root", MAX_ROOT_BYTES, named=False, within=(ROOTS_DIR,))
-    dev = __import__("os").environ.get(DEV_ROOT_ENV)
+    dev = os.environ.get(DEV_ROOT_ENV)
     if dev:
         warn(
             f"sparkforge: WARNING (TEST/DEV MODE, {DEV_ROOT_ENV}): trusting the TUF root {dev} for {repository}; "
