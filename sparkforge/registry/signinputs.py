@@ -65,7 +65,7 @@ def _signed_fields(data: dict[str, Any], where: str, fix: str) -> None:
         isinstance(suite, dict) and ("sha256" not in suite or _sha256_hex(suite["sha256"]))
     ):
         raise SigningError(
-            f"{where}: 'suite' must be an object with a 'sha256' of 64 lowercase hex digits; {fix}"
+            f"{where}: 'suite' must be an object with a 'sha256' of sha256: and 64 lowercase hex digits; {fix}"
         )
     gpus = data.get("gpus") or {}
     if not isinstance(gpus.get("used", False), bool) or not (
@@ -81,7 +81,11 @@ def _fact(value: object) -> bool:
 
 
 def _sha256_hex(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    """The suite digest as verify writes it (evidence.suite_digest): sha256: and 64 lowercase hex digits."""
+    if not isinstance(value, str) or not value.startswith("sha256:"):
+        return False
+    hexpart = value.removeprefix("sha256:")
+    return len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart)
 
 
 def parse_verify_report(data: object, where: str) -> dict[str, Any]:

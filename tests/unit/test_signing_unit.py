@@ -249,3 +249,31 @@ def test_signing_jobs_run_only_from_the_default_branch_or_release_tags() -> None
     attest = yaml.safe_load(GPU_ATTEST.read_text())
     assert list(attest[True]) == ["workflow_call"]  # `on` reads as true; only images.yml runs it
     assert attest["jobs"]["verify"]["environment"] == "gpu-verify"  # protected: reviewers, branch rules
+
+
+@pytest.mark.parametrize(
+    ("suite", "accepted"),
+    [
+        (None, True),
+        ("written", True),  # the digest exactly as verify writes it (evidence.suite_digest)
+        ({"sha256": "5" * 64}, False),  # no algorithm prefix
+        ({"sha256": "sha256:" + "G" * 64}, False),
+        ({"sha256": "sha256:" + "5" * 63}, False),
+        ("not an object", False),
+    ],
+)
+def test_sign_attest_takes_the_suite_digest_verify_writes(suite: object, accepted: bool) -> None:
+    from sparkforge.registry.signinputs import SigningError, parse_verify_report
+    from sparkforge.verify.evidence import suite_digest
+    from sparkforge.verify.suite import SUITE_DIR
+
+    data = {"command": "verify", "recipe": "smoke", "status": "passed", "checks": [], "subject": "r@sha256:" + "1" * 64}
+    if suite == "written":
+        data["suite"] = {"source": str(SUITE_DIR), "sha256": suite_digest(SUITE_DIR)}
+    elif suite is not None:
+        data["suite"] = suite
+    if accepted:
+        assert parse_verify_report(data, "report.json")["command"] == "verify"
+    else:
+        with pytest.raises(SigningError, match=r"report.json: 'suite' must be an object"):
+            parse_verify_report(data, "report.json")
