@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkforge"
 # Lowest first: a package may import its own modules, the ground floor (root modules) and lower packages.
 FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "imagebuild", "run", "cli"]
-MAX_ROOT_MODULES = 10
+MAX_ROOT_MODULES = 11  # extensions.py: the registry primitive every stage declares its rows with
 MAX_LINES = (
     800  # split where the job splits, not where a counter says (a module over 800 lines holds two jobs)
 )
