@@ -131,6 +131,7 @@ def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[st
     any container starts, one warning line per opt-in past the allow-list."""
     for line in profile.opt_ins():
         echo(line)
+    check_token_reach(profile, options)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
         return
     given = profile.model.args.get("revision")
@@ -141,6 +142,25 @@ def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[st
         f"'revision: <40-hex commit>' under args in {profile.path} (import writes a recipe's model_revision there), "
         "pass --model-dir, or --allow-unpinned-model to accept the hub's current files"
     )
+
+
+def check_token_reach(profile: Profile, options: LaunchOptions) -> None:
+    """The token never reaches a container that runs code the recipe chose: with no download phase (--weights
+    skip, --gpus none) vLLM fetches with the token itself, which is refused when the profile opts in past the
+    allow-list (an `allow:` entry may load a plugin, a module or a library) or --trust-remote-code runs the model
+    repository's code. Checked before any container starts."""
+    if not serve_sees_token(options):
+        return
+    reasons = [f"its opt-ins ({', '.join(sorted(profile.model.allow))})"] if profile.model.allow else []
+    reasons += ["--trust-remote-code (the model repository's code)"] if options.trust_remote_code else []
+    if reasons:
+        why = "--weights skip" if options.gpus else "--gpus none"
+        raise RunError(
+            f"profile {profile.name}: with {why} vLLM would download with your token in the serving container, "
+            f"which runs code the recipe chose: {' and '.join(reasons)}; nothing was started; fix: let the "
+            "download phase fetch the weights (drop --weights skip; it is the only container that sees the token), "
+            "serve from --model-dir, or drop --hf-token-file for a public model"
+        )
 
 
 def _revision_args(profile: Profile, options: LaunchOptions) -> list[str]:

@@ -98,6 +98,17 @@ def test_an_opt_in_is_per_entry_written_with_its_reason_and_printed_by_every_lau
     assert len(warnings) == 2
     assert any("--tool-parser-plugin" in w and "reviewed qwen35_tools.py at 3f1c0ff" in w for w in warnings)
     assert any("VLLM_SERVER_DEV_MODE" in w and "debugging on an isolated box" in w for w in warnings)
+    # Without a download phase vLLM would fetch with the token in the container that runs the opted-in plugin.
+    token = tmp_path / "token"
+    token.write_text("hf_opt_in_canary\n")
+    for extra in (["--weights", "skip"], ["--gpus", "none"]):
+        leak = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
+                       "--image", "sparkforge-test/none:1", "--hf-token-file", str(token), *extra)  # fmt: skip
+        assert (
+            leak.returncode == 1 and "would download with your token in the serving container" in leak.stderr
+        )
+        assert "tool-parser-plugin" in leak.stderr and "drop --weights skip" in leak.stderr
+        assert "docker run" not in leak.stdout and "hf_opt_in_canary" not in leak.stdout + leak.stderr
     docker = next(shlex.split(line) for line in dry.stdout.splitlines() if line.startswith("docker run"))
     assert "--tool-parser-plugin" in docker and "VLLM_SERVER_DEV_MODE=1" in docker
     # The pinned revision reaches the tokenizer and any code too (GHSA-3ww4-5jv9-j5gm).
@@ -273,3 +284,28 @@ def test_a_code_loading_flag_is_refused_under_any_spelling_vllm_accepts(
 ) -> None:
     verdict = flag_verdict(written)
     assert verdict.status == "refused" and refused_as in f"--{verdict.name} {verdict.reason}", verdict
+
+
+def test_the_token_never_reaches_a_serving_container_that_runs_the_model_repositorys_code(
+    tmp_path: Path,
+) -> None:
+    from sparkforge.errors import RunError
+    from sparkforge.run.launch import check_token_reach, serve_sees_token
+
+    profile = load_profile("qwen35-122b-a10b-fp8-tp2")
+    token = tmp_path / "token"
+    skip = LaunchOptions(image="img", hf_token_file=token, weights="skip")
+    assert serve_sees_token(skip) and not profile.model.allow
+    check_token_reach(
+        profile, skip
+    )  # vLLM's own download, image code only: the owner's token to the owner's hub
+    with pytest.raises(RunError, match=r"--weights skip vLLM would download.*--trust-remote-code"):
+        check_token_reach(
+            profile, LaunchOptions(image="img", hf_token_file=token, weights="skip", trust_remote_code=True)
+        )
+    check_token_reach(
+        profile, LaunchOptions(image="img", hf_token_file=token, trust_remote_code=True)
+    )  # downloads first
+    check_token_reach(
+        profile, LaunchOptions(image="img", weights="skip", trust_remote_code=True)
+    )  # no token at all
