@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+import ci_budget
 import pytest
 from buildx_fixtures import buildx_published  # noqa: F401 - fixtures, registered for every engine test
 from cluster_fixtures import two_nodes, vllm_image  # noqa: F401 - one cluster per session, shared by its modules
@@ -162,3 +163,8 @@ def sdist_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/vllm-0.31.0.tar.gz"
     server.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """.ci/run's budget: slow engine tests run only while their stated cost fits (tests/engine/ci_budget.py)."""
+    ci_budget.apply(config, items)
