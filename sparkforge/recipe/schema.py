@@ -20,7 +20,7 @@ from pydantic import (
 
 from sparkforge.recipe.budget import ImageBudget, Removal
 from sparkforge.recipe.identity import parse_identity, pinned_identity, pinned_verify_identity
-from sparkforge.recipe.loaderenv import loader_env_names
+from sparkforge.recipe.loaderenv import image_env_refusals
 from sparkforge.recipe.verbs import RdmaUserspace
 
 # Every string that can reach a Dockerfile or a shell line is held to one of these patterns.
@@ -368,14 +368,10 @@ class RecipeModel(StrictModel):
 
     @field_validator("env")
     @classmethod
-    def _no_loader_env(cls, value: dict[str, str]) -> dict[str, str]:
-        refused = loader_env_names(value)
+    def _image_env_allowed(cls, value: dict[str, str]) -> dict[str, str]:
+        refused = image_env_refusals(value)
         if refused:
-            raise ValueError(
-                f"{', '.join(refused)} would change how every process in the image finds and loads code (or "
-                "where pip and TLS look); fix: remove it (sparkforge sets the venv's PATH itself; ship a library "
-                "through a component instead)"
-            )
+            raise ValueError("not on the image allow-list: " + "; ".join(refused))
         return value
 
     @model_validator(mode="after")

@@ -27,7 +27,6 @@ from sparkforge.recipe.allowlist import (
     flag_verdict,
 )
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.recipe.loaderenv import LOADER_ENV
 from sparkforge.recipe.profile import ProfileModel, load_profile
 from sparkforge.recipe.serveargs import RESERVED_FLAGS
 from sparkforge.run.launch import LaunchOptions, plan_launch
@@ -105,7 +104,13 @@ def test_a_model_is_an_id_or_path_never_a_flag(tmp_path: Path, model: str) -> No
     _refused(tmp_path, "model", model=model)
 
 
-@pytest.mark.parametrize("name", [*sorted(LOADER_ENV), "LD_DEBUG", "DYLD_INSERT_LIBRARIES", "ld_preload"])
+# Variables that change how every process finds and loads code (or where pip and TLS look).
+LOADER_ENV = ("PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+              "PYTHONUSERBASE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "BASH_ENV", "ENV", "SHELL", "IFS", "HOME",
+              "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CUDA_HOME")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [*LOADER_ENV, "LD_DEBUG", "DYLD_INSERT_LIBRARIES", "ld_preload"])
 def test_profile_env_refuses_what_recipes_refuse(tmp_path: Path, name: str) -> None:
     _refused(tmp_path, "refused", env={name: "x"})
 
