@@ -1,7 +1,7 @@
 """The kernel report of one image: per layer type, what vLLM itself selects on the recipe's GPU, where that
 kernel's code comes from and whether it can run there, what vLLM falls back to; as JSON and Markdown.
 
-vLLM decides (tests/image/vllm_selection.py runs its own selection functions in the image, the capability
+vLLM decides (sparkforge/verify/inimage/vllm_selection.py runs its own selection functions in the image, the capability
 injected); sparkforge only judges the chosen code: a compiled library by the audit's verdict for the target,
 a serve-time compiler by the in-image JIT check (kernel_origin.py says which is which).
 """

@@ -131,7 +131,7 @@ def test_suites_their_sizes_and_repeats() -> None:
     small = choose_suite("default", input_len=128, output_len=32, depths=(0, 512), concurrencies=(1, 2))
     assert small.levels() == [(1, 0), (2, 0), (1, 512), (2, 512)]
     with pytest.raises(
-        RunError, match="no suite 'fast'; fix: pass --suite one of default, quick, spark-arena-v2"
+        RunError, match=r"--suite: unknown bench suite row 'fast'.*choose from default, quick, spark-arena-v2"
     ):
         choose_suite("fast")
     for bad in (0, -1, True):

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from sparkforge.errors import VerifyError
 from sparkforge.verify import evidence
 from sparkforge.verify import verified as records
+from sparkforge.verify.imagechecks import IMAGE_CHECKS, INIMAGE_DIR
 from sparkforge.verify.suite import parse_suite_output
 
-RUN_CHECKS = Path(__file__).resolve().parents[1] / "image" / "run_checks.py"
+RUN_CHECKS = INIMAGE_DIR / "run_checks.py"
 GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
 H200 = {"name": "NVIDIA H200", "capability": "9.0", "driver": "580.159.04"}
 
@@ -113,9 +115,22 @@ def test_expected_checks_are_the_suites_checks() -> None:
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        suite = module.suite()
     finally:
         sys.path.remove(str(RUN_CHECKS.parent))
-    assert tuple(name for name, _ in module.SUITE) == evidence.EXPECTED_IMAGE_CHECKS
+    assert tuple(name for name, _ in suite) == evidence.EXPECTED_IMAGE_CHECKS == IMAGE_CHECKS.names()
+    assert all(callable(fn) for _, fn in suite) and len(suite) == 14
+
+
+def test_every_registry_row_names_a_function_of_the_in_image_suite() -> None:
+    for entry in IMAGE_CHECKS:
+        fn = entry.run.load()
+        assert fn.__name__ == entry.run.function and entry.help, entry.name
+    # a row runs here as in the image: a lock without runtime.rdma has nothing for fabric.verbs to prove
+    status, reason, _ = IMAGE_CHECKS.get("fabric.verbs").run({"runtime": {}})
+    assert status == "skipped" and reason
+    with pytest.raises(VerifyError, match=r"--only: unknown verify row 'fp8\.fast'"):
+        IMAGE_CHECKS.parse("fp8.fast")
 
 
 def test_suite_digest_changes_with_any_file(tmp_path: Path) -> None:

@@ -20,9 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import checks_fabric
+import checklist
 import checks_fp8
-import checks_jit
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 
@@ -251,16 +250,19 @@ def gpu_info() -> dict[str, Any] | None:
     }
 
 
-# The suite, in order. Its names are sparkforge.evidence.EXPECTED_IMAGE_CHECKS (a unit test keeps them equal).
-SUITE: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]] = [
-    ("registry", check_registry),
-    ("versions", check_versions),
-    ("pip-check", check_pip),
-    *checks_fp8.CHECKS,
-    *checks_jit.CHECKS,
-    *checks_fabric.CHECKS,
-    ("serve", check_serve),
-]
+def suite() -> list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]]:
+    """The suite, in order: checklist.CHECKS with each row's function (the host reads the same rows)."""
+    import importlib
+
+    return [
+        (
+            name,
+            globals()[function]
+            if module == "run_checks"
+            else getattr(importlib.import_module(module), function),
+        )
+        for name, module, function, _ in checklist.CHECKS
+    ]
 
 
 def main() -> int:
@@ -274,7 +276,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     lock = json.loads(args.lock.read_text())
-    results = [_check(name, fn, lock) for name, fn in SUITE if not args.only or name in args.only]
+    results = [_check(name, fn, lock) for name, fn in suite() if not args.only or name in args.only]
     document = {
         "nonce": args.nonce,
         "checks": results,
