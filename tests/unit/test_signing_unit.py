@@ -267,13 +267,7 @@ def test_sign_attest_takes_the_suite_digest_verify_writes(suite: object, accepte
     from sparkforge.verify.evidence import suite_digest
     from sparkforge.verify.suite import SUITE_DIR
 
-    data = {
-        "command": "verify",
-        "recipe": "smoke",
-        "status": "passed",
-        "checks": [],
-        "subject": "r@sha256:" + "1" * 64,
-    }
+    data = {"command": "verify", "recipe": "smoke", "status": "passed", "checks": [], "subject": "r@sha256:" + "1" * 64}
     if suite == "written":
         data["suite"] = {"source": str(SUITE_DIR), "sha256": suite_digest(SUITE_DIR)}
     elif suite is not None:
