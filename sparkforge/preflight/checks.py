@@ -167,7 +167,8 @@ def run_preflight(
 
     `source`: None (GitHub archive of the commit, falling back to PyPI's sdist of the release; PyPI's
     wheel for source: wheel), 'github', 'pypi', an archive URL, or a local checkout/directory/archive/wheel.
-    `checks`: the rows to run (CHECKS.parse of `--checks`; none: every row); the others are reported skipped.
+    `checks`: the rows to run (CHECKS.parse of `--checks`; none: every row; `source` always, the others read
+    its tree); the rows not named are reported skipped.
     """
     from sparkforge.commands import Runner
     from sparkforge.preflight.fetch import make_fetcher
@@ -175,7 +176,7 @@ def run_preflight(
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.preflight.sources import GITHUB
 
-    selected = set(checks or CHECKS.names())
+    selected = {"source", *(checks or CHECKS.names())}  # every other row reads the tree `source` finds
     report = Report(command="preflight", subject=f"recipe {recipe.name}", recipe=recipe.name)
     with tempfile.TemporaryDirectory(prefix="sparkforge-preflight-") as tmp:
         up = Upstream(
@@ -198,8 +199,7 @@ def run_preflight(
     if profiles and up.tree is not None:  # serve profiles: every flag and parser name against this vLLM
         tree = up.tree
         check_serve_profiles(report, recipe, profiles, lambda: recipe_surface(recipe, up.fetcher, tree))
-        for (
-            profile
-        ) in profiles:  # silent wrong output reported upstream (sparkforge/preflight/known_bad.yaml)
+        # silent wrong output reported upstream (sparkforge/preflight/known_bad.yaml)
+        for profile in profiles:
             report.add(known_bad_check(profile, recipe.model.components.vllm.version))
     return report

@@ -13,7 +13,8 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     write_recipe,
 )
 
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.errors import PreflightError
+from sparkforge.preflight.checks import CHECKS, run_preflight
 from sparkforge.preflight.registry import check_models, registered_architectures
 from sparkforge.preflight.requirements import (
     check_requirements,
@@ -65,6 +66,18 @@ def test_0_16_0_fails_naming_the_missing_architecture(sdist_0160, tmp_path):
     assert models.details["missing"] == QWEN35
     assert models.details["registered"] > 200  # the registry was read, the names just are not in it
     assert report.status == "failed"
+
+
+def test_checks_runs_only_the_rows_named_and_reports_the_others_skipped(sdist_0160, tmp_path):
+    recipe = write_recipe(tmp_path, vllm_pin("0.16.0", COMMITS["0.16.0"], patches=[]))
+    report = run_preflight(recipe, source="pypi", checks=CHECKS.parse("models"))
+    statuses = {c.name: c.status for c in report.checks}
+    assert list(statuses) == list(CHECKS.names())  # every row reported, in the registry's order
+    assert statuses["source"] == "passed" and statuses["models"] == "failed"
+    assert all(statuses[n] == "skipped" for n in ("requirements", "patches", "arch-plan", "images"))
+    assert "not selected (--checks models)" in check_named(report, "images").reason
+    with pytest.raises(PreflightError, match=r"--checks: unknown preflight row 'arch'.*arch-plan, images"):
+        CHECKS.parse("models,arch")
 
 
 @pytest.mark.slow
