@@ -129,6 +129,14 @@ def test_every_registry_row_names_a_function_of_the_in_image_suite() -> None:
     # a row runs here as in the image: a lock without runtime.rdma has nothing for fabric.verbs to prove
     status, reason, _ = IMAGE_CHECKS.get("fabric.verbs").run({"runtime": {}})
     assert status == "skipped" and reason
+    from sparkforge.verify import kernel_origin
+
+    origins = [v for v in vars(kernel_origin).values() if isinstance(v, kernel_origin.Origin)]
+    origins += [
+        v for table in vars(kernel_origin).values() if isinstance(table, dict) for v in table.values()
+    ]
+    named = {c for o in origins if isinstance(o, kernel_origin.Origin) for c in o.compilers}
+    assert named and named <= set(IMAGE_CHECKS.names())  # the kernel report's JIT proofs are suite rows
     with pytest.raises(VerifyError, match=r"--only: unknown verify row 'fp8\.fast'"):
         IMAGE_CHECKS.parse("fp8.fast")
 
