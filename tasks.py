@@ -13,7 +13,7 @@ from sparkforge.cli import community as cli_community
 from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
-from sparkforge.cli import echo, finish_report, task, user_errors
+from sparkforge.cli import echo, finish_report, session, task, user_errors
 from sparkforge.cli import memory as cli_memory
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
@@ -95,20 +95,18 @@ def preflight(
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.boundary import check_output
-    from sparkforge.preflight.checks import run_preflight
+    from sparkforge.preflight.checks import PreflightOptions, run_preflight
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
 
     check_output(json, "--json")  # the boundary: before the network
-    rows = PREFLIGHT_CHECKS.parse(checks) if checks else ()
-    report = run_preflight(
-        load_recipe(recipe),
+    options = PreflightOptions(
         source=source or None,
-        offline=offline,
         github_base=github_base,
-        profiles=[load_profile(p) for p in profile or []],
-        checks=rows,
+        checks=PREFLIGHT_CHECKS.parse(checks) if checks else (),
+        profiles=tuple(load_profile(p) for p in profile or []),
     )
+    report = run_preflight(session(offline=offline), load_recipe(recipe), options)
     finish_report(report, json)
 
 

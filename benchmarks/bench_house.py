@@ -45,12 +45,21 @@ def figures(root: Path) -> dict[str, object]:
     host = [p for p in modules if not str(p.relative_to(root)).startswith(INIMAGE)]
     lines = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in host}
     many_params = []
+    threaded: dict[str, int] = {
+        "echo": 0,
+        "runner": 0,
+        "offline": 0,
+        "ca_bundle": 0,
+    }  # values a session would carry
     for path in [*host, root / "tasks.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 a = node.args
                 count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
                 count -= bool(a.args and a.args[0].arg in ("self", "cls"))
+                for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                    if arg.arg in threaded:
+                        threaded[arg.arg] += 1
                 if count >= 8:
                     many_params.append(f"{path.relative_to(root)}:{node.name}({count})")
     # the in-image suite where it lived before (tests/image) and where it lives now (sparkforge/verify/inimage)
@@ -74,6 +83,7 @@ def figures(root: Path) -> dict[str, object]:
         "private_cross_module_imports": [
             hit for p in [*host, root / "tasks.py"] for hit in private_reaches(root, p)
         ],
+        "functions_taking": threaded,
         "fmt_skip": sum(
             t.count("# fmt: skip")
             for p, t in texts.items()

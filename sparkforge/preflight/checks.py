@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +14,7 @@ from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:  # the rows import their modules when they run: `invoke --help` reads CHECKS, nothing else
     from sparkforge.commands import Runner
+    from sparkforge.context import Session
     from sparkforge.preflight.fetch import Fetcher
     from sparkforge.preflight.sources import UpstreamTree
     from sparkforge.recipe.loader import Recipe
@@ -152,39 +153,40 @@ CHECKS: Registry[PreflightCheck] = Registry(
 )  # fmt: skip
 
 
-def run_preflight(
-    recipe: Recipe,
-    *,
-    source: str | None = None,
-    github_base: str | None = None,
-    offline: bool = False,
-    runner: Runner | None = None,
-    fetcher: Fetcher | None = None,
-    profiles: Sequence[Profile] = (),
-    checks: Sequence[str] = (),
-) -> Report:
-    """Check the recipe against upstream facts at its pins; every check lands in the report, none raises.
+@dataclass(frozen=True)
+class PreflightOptions:
+    """What one preflight checks, as the user chose it.
 
-    `source`: None (GitHub archive of the commit, falling back to PyPI's sdist of the release; PyPI's
-    wheel for source: wheel), 'github', 'pypi', an archive URL, or a local checkout/directory/archive/wheel.
-    `checks`: the rows to run (CHECKS.parse of `--checks`; none: every row; `source` always, the others read
-    its tree); the rows not named are reported skipped.
+    `source`: None (GitHub archive of the commit, falling back to PyPI's sdist of the release; PyPI's wheel for
+    source: wheel), 'github', 'pypi', an archive URL, or a local checkout/directory/archive/wheel.
+    `checks`: the rows to run (CHECKS.parse of `--checks`; none: every row; `source` always, the others read its
+    tree); the rows not named are reported skipped. `profiles`: serve profiles whose flags are checked too.
     """
-    from sparkforge.commands import Runner
+
+    source: str | None = None
+    github_base: str | None = None  # None: https://github.com
+    checks: tuple[str, ...] = ()
+    profiles: tuple[Profile, ...] = ()
+
+
+def run_preflight(session: Session, recipe: Recipe, options: PreflightOptions | None = None) -> Report:
+    """Check the recipe against upstream facts at its pins; every check lands in the report, none raises."""
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.knownbad import known_bad_check
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.preflight.sources import GITHUB
 
+    options = options or PreflightOptions()
+    checks, profiles = options.checks, options.profiles
     selected = {"source", *(checks or CHECKS.names())}  # every other row reads the tree `source` finds
     report = Report(command="preflight", subject=f"recipe {recipe.name}", recipe=recipe.name)
     with tempfile.TemporaryDirectory(prefix="sparkforge-preflight-") as tmp:
         up = Upstream(
             recipe,
-            source,
-            github_base or GITHUB,
-            fetcher or make_fetcher(offline=offline),
-            runner or Runner(stream=False),
+            options.source,
+            options.github_base or GITHUB,
+            make_fetcher(offline=session.offline, ca_bundle=session.ca_bundle),
+            session.runner,
             Path(tmp) / "src",
         )
         up.scratch.mkdir()
