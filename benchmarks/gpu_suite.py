@@ -59,7 +59,7 @@ def main() -> int:
         record_dir,
     )
     result = {
-        "what": "tests/image suite run directly on the GPU host against its torch, with the CI test recipe's lock",
+        "what": "the in-image suite (sparkforge/verify/inimage) run directly on the GPU host against its torch, with the CI test recipe's lock",
         "host": platform.node(),
         "lock_recipe": lock["recipe"],
         "recipe_gpu": lock["gpu"],

@@ -17,7 +17,7 @@ from sparkforge.errors import VerifyError
 from sparkforge.verify import evidence
 from sparkforge.verify import verified as records
 from sparkforge.verify.imagechecks import IMAGE_CHECKS, INIMAGE_DIR
-from sparkforge.verify.suite import parse_suite_output
+from sparkforge.verify.suite import MARKER, parse_suite_output
 
 RUN_CHECKS = INIMAGE_DIR / "run_checks.py"
 GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
@@ -276,3 +276,19 @@ def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> No
     assert link_pushed_digest(metadata, verified, "ghcr.io/o/r", tmp_path) == pushed
     assert records.record_for_digest(pushed, tmp_path) is None  # linked; the record itself comes from verify
     assert (tmp_path / "digests" / f"{'2' * 64}.json").is_file()
+
+
+def test_the_suite_refuses_an_unknown_only_and_runs_a_known_one(tmp_path: Path) -> None:
+    """run_checks.py as the image runs it (a process, the suite's folder only): a typo in --only is an error
+    naming every check, not a report with nothing in it."""
+    import subprocess
+
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"runtime": {}}))
+    run = [sys.executable, str(RUN_CHECKS), "--lock", str(lock), "--nonce", "n1", "--only"]
+    typo = subprocess.run([*run, "fabric.verb"], capture_output=True, text=True, timeout=60, check=False)
+    assert typo.returncode == 2 and "unknown check fabric.verb; choose from registry, versions" in typo.stderr
+    known = subprocess.run([*run, "fabric.verbs"], capture_output=True, text=True, timeout=60, check=False)
+    checks, document = parse_suite_output(known.stdout.split(MARKER, 1)[1])
+    assert [c.name for c in checks[:1]] == ["fabric.verbs"] and checks[0].status == "skipped"
+    assert document["nonce"] == "n1"

@@ -275,6 +275,10 @@ def main() -> int:
         help="echoed in the report: the host accepts only a report of the run it started",
     )
     args = parser.parse_args()
+    names = [name for name, *_ in checklist.CHECKS]
+    unknown = [name for name in args.only if name not in names]
+    if unknown:  # a typo would run nothing and report nothing failed
+        parser.error(f"--only: unknown check {', '.join(unknown)}; choose from {', '.join(names)}")
     lock = json.loads(args.lock.read_text())
     results = [_check(name, fn, lock) for name, fn in suite() if not args.only or name in args.only]
     document = {
