@@ -12,7 +12,8 @@ from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
 from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
-from sparkforge.cli import echo, finish_report, task, user_errors
+from sparkforge.cli import docs as cli_docs
+from sparkforge.cli import echo, finish_report, session, task, user_errors
 from sparkforge.cli import memory as cli_memory
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
@@ -20,6 +21,7 @@ from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
+from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -77,6 +79,7 @@ def render(c: Context, recipe: str, out: str = "") -> None:
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
         "offline": "use only the download cache; skip checks that need a registry",
         "github_base": "GitHub (or mirror) base URL for source archives",
+        "checks": PREFLIGHT_CHECKS.help_text("comma-separated rows to run (default: all; others skipped):"),
     },
 )
 @user_errors
@@ -88,21 +91,22 @@ def preflight(
     offline: bool = False,
     github_base: str = "https://github.com",
     profile: list[str] | None = None,
+    checks: str = "",
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
     from sparkforge.boundary import check_output
-    from sparkforge.preflight.checks import run_preflight
+    from sparkforge.preflight.checks import PreflightOptions, run_preflight
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
 
     check_output(json, "--json")  # the boundary: before the network
-    report = run_preflight(
-        load_recipe(recipe),
+    options = PreflightOptions(
         source=source or None,
-        offline=offline,
         github_base=github_base,
-        profiles=[load_profile(p) for p in profile or []],
+        checks=PREFLIGHT_CHECKS.parse(checks) if checks else (),
+        profiles=tuple(load_profile(p) for p in profile or []),
     )
+    report = run_preflight(session(offline=offline), load_recipe(recipe), options)
     finish_report(report, json)
 
 
@@ -408,3 +412,4 @@ ns.add_collection(cli_cluster.cluster_ns)
 ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
 ns.add_task(cli_memory.memory)
+ns.add_collection(cli_docs.ns)

@@ -2,7 +2,7 @@
 """The in-image suite run directly on a GPU host (no Docker there) against its torch, judged by sparkforge's rule.
 
 Used on the H200 of the device machine: `python3 benchmarks/gpu_suite.py --lock benchmarks/results/ci-wheels-amd64.lock.json
---out DIR`. It runs tests/image/run_checks.py with the CI test recipe's lock, applies the `--gpus all` rule and
+--out DIR`. It runs sparkforge/verify/inimage/run_checks.py with the CI test recipe's lock, applies the `--gpus all` rule and
 sparkforge.evidence.gpu_verdict, writes the verify record the way `invoke verify` does, and saves one result JSON.
 Standard library + sparkforge.evidence/records (no pydantic, no Docker).
 """
@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     lock = json.loads(args.lock.read_text())
-    suite = ROOT / "tests" / "image"
+    suite = ROOT / "sparkforge" / "verify" / "inimage"
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(suite / "run_checks.py"), "--lock", str(args.lock)],
@@ -59,7 +59,7 @@ def main() -> int:
         record_dir,
     )
     result = {
-        "what": "tests/image suite run directly on the GPU host against its torch, with the CI test recipe's lock",
+        "what": "the in-image suite (sparkforge/verify/inimage) run directly on the GPU host against its torch, with the CI test recipe's lock",
         "host": platform.node(),
         "lock_recipe": lock["recipe"],
         "recipe_gpu": lock["gpu"],

@@ -20,6 +20,7 @@ from sparkforge.limits import (  # noqa: F401 (the boundary is callers' one impo
     bounded_lines,
     check_build_network,
     check_exclusive,
+    check_label,
     check_number,
     linear_regex,
     parse_int,

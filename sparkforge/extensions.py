@@ -11,8 +11,9 @@ the registries and their pages).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,9 +31,16 @@ class Entry(Generic[F]):
 
 
 class Registry(Generic[F]):
-    """The rows of one stage, in the order they run. Names are unique, lowercase words joined by '-' or '.'."""
+    """The rows of one stage, in the order they run. Names are unique, lowercase words joined by '-', '.' or '_'."""
 
-    def __init__(self, stage: str, option: str, entries: Sequence[Entry[F]], error: type[Exception]) -> None:
+    def __init__(
+        self,
+        stage: str,
+        option: str,
+        entries: Sequence[Entry[F]],
+        error: type[Exception],
+        columns: tuple[str, str, str] = ("row", "what it checks", "profile key"),
+    ) -> None:
         names = [e.name for e in entries]
         duplicate = sorted({n for n in names if names.count(n) > 1})
         if duplicate:
@@ -40,13 +48,14 @@ class Registry(Generic[F]):
         bad = [
             n
             for n in names
-            if not n or not all((c.isalnum() and c.islower()) or c.isdigit() or c in "-." for c in n)
+            if not n or not all((c.isalnum() and c.islower()) or c.isdigit() or c in "-._" for c in n)
         ]
         if bad:
-            raise ValueError(f"{stage}: row names must be lowercase words joined by '-' or '.': {bad}")
+            raise ValueError(f"{stage}: row names must be lowercase words joined by '-', '.' or '_': {bad}")
         self.stage = stage
         self.option = option
         self.error = error
+        self.columns = columns  # the docs table's headings: name, help, key
         self._entries = tuple(entries)
         self._by_name = {e.name: e for e in self._entries}
 
@@ -93,12 +102,8 @@ class Registry(Generic[F]):
 
     def markdown_table(self) -> str:
         keyed = any(e.key for e in self._entries)
-        head = (
-            "| row | what it checks | profile key |\n|---|---|---|"
-            if keyed
-            else "| row | what it checks |\n|---|---|"
-        )
-        lines = [head]
+        columns = self.columns if keyed else self.columns[:2]
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for e in self._entries:
             cells = [f"`{e.name}`", e.help.replace("|", "\\|")]
             if keyed:
@@ -119,3 +124,18 @@ class Registry(Generic[F]):
         if not found or not found_end:
             raise ValueError(f"no {start} ... {end} block in the page")
         return f"{head}{start}\n{self.markdown_table()}\n{end}{tail}"
+
+
+def stale_tables(pages: Iterable[tuple[Registry[Any], Path]], *, write: bool = False) -> list[Path]:
+    """The docs pages whose registry table differs from the registry (rewritten in place with write=True)."""
+    from sparkforge.boundary import read_text, write_output
+
+    stale = []
+    for registry, page in pages:
+        text = read_text(page, "docs page", 1 << 20)
+        fresh = registry.render_into(text)
+        if fresh != text:
+            stale.append(page)
+            if write:
+                write_output(page, fresh, "docs page")
+    return stale

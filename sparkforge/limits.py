@@ -16,11 +16,12 @@ MAX_NUMBER_CHARS = 40  # a count or size never needs more; Python would parse 4,
 
 
 def check_number(option: str, value: object, *, low: float, high: float, integer: bool = False,
-                 low_open: bool = False) -> float | int:  # fmt: skip
+                 low_open: bool = False, text: bool = True) -> float | int:  # fmt: skip
     """A number from the command line or a file: finite, in [low, high] ((low, high] with `low_open`), whole
-    when a count is meant; a string is parsed first ("1e309", "nan" refused)."""
+    when a count is meant; a string is parsed first ("1e309", "nan" refused), or refused with text=False (a
+    JSON value where the file's format says number)."""
     parsed: object = value
-    if isinstance(value, str):
+    if isinstance(value, str) and text:
         parsed = ascii_number(value.strip(), integer)
     if isinstance(parsed, float) and integer and parsed.is_integer():
         parsed = int(parsed)
@@ -32,6 +33,28 @@ def check_number(option: str, value: object, *, low: float, high: float, integer
         bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
         raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
     return parsed  # type: ignore[return-value]
+
+
+def check_label(
+    option: str, value: object, *, max_len: int, forbid: str = "", optional: bool = False
+) -> str | None:
+    """Text from a file that is shown as a label or a table cell: a string of at most `max_len` printable
+    characters (no control character, no terminal escape) and none of `forbid` (e.g. '$', which matplotlib
+    reads as mathtext); None passes when `optional`."""
+    if optional and value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > max_len
+        or not value.isprintable()
+        or set(forbid) & set(value)
+    ):
+        banned = f", no {' '.join(repr(c) for c in forbid)}" if forbid else ""
+        raise InputError(
+            f"{option} {str(value)[:60]!r} is not a short plain text (at most {max_len} printable characters"
+            f"{banned}); fix: name the file sparkforge wrote"
+        )
+    return value
 
 
 _FLOAT_CHARS = frozenset("0123456789+-.eE")

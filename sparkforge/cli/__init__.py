@@ -11,6 +11,7 @@ import invoke
 from invoke.exceptions import Exit, ParseError
 
 from sparkforge.console import say, warn
+from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
 
 if TYPE_CHECKING:
@@ -74,6 +75,21 @@ class Whole(int):
 
 # One default output for the whole tool (sparkforge/console.py): progress and results on stdout, warnings on stderr.
 echo = say
+
+
+def session(*, offline: bool = False, ca_bundle: str = "", stream: bool = False) -> Session:
+    """The one Session of a task: the console, a runner, --offline, and the CA bundle from --ca-bundle or
+    $SPARKFORGE_CA_BUNDLE (read here, once, not deep in the library)."""
+    import os
+
+    from sparkforge.commands import Runner
+
+    bundle = ca_bundle or os.environ.get("SPARKFORGE_CA_BUNDLE", "")
+    return Session(
+        echo=echo, runner=Runner(stream=stream), offline=offline, ca_bundle=Path(bundle) if bundle else None
+    )
+
+
 __all__ = ["Whole", "echo", "finish_report", "user_errors", "warn"]
 
 

@@ -10,6 +10,7 @@ from invoke import Collection, Context
 
 from sparkforge.cli import echo, finish_report, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
+from sparkforge.run.bench.suites import SUITES
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -27,7 +28,7 @@ MAX_THRESHOLD = 1000  # percent
         "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
         "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "suite": "default (vLLM's vllm bench serve), quick, or spark-arena-v2 (llama-benchy, the field's profile)",
+        "suite": SUITES.help_text("the load profile (default: default):"),
         "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
         "interval); their spread is the noise the comparison reads",
         "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "

@@ -23,6 +23,7 @@ from sparkforge.report import Check
 # renderer, the plan (labels, bases, lock) and BuildKit's argv.
 TEMPLATE_PATHS = (
     "dockerfiles",
+    "sparkforge/verify/inimage",
     "tests/image",
     "sparkforge/imagebuild/render.py",
     "sparkforge/imagebuild/buildkit.py",

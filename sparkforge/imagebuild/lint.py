@@ -34,10 +34,12 @@ def deptry_argv(root: Path = REPO_ROOT) -> tuple[str, ...]:
     """deptry over the package and the host-side tests (its settings: pyproject's [tool.deptry]).
 
     The tests import their sibling modules by bare name (pytest puts each test folder on sys.path, and
-    test_fp8_contract.py adds tests/image/): every module under tests/ and benchmarks/ is first-party.
+    test_fp8_contract.py adds sparkforge/verify/inimage/): every module under tests/, benchmarks/ and the in-image
+    suite is first-party.
     """
     local = sorted(
-        {p.stem for folder in ("tests", "benchmarks") for p in walk_tree(root / folder, folder, max_entries=100_000)
+        {p.stem for folder in ("tests", "benchmarks", "sparkforge/verify/inimage")
+         for p in walk_tree(root / folder, folder, max_entries=100_000)
          if p.suffix == ".py"}
     )  # fmt: skip
     # root ".": pyproject's exclude patterns match paths relative to it (run with cwd=root).

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sparkforge.commands import Runner
 from sparkforge.console import say
+from sparkforge.context import Session
 from sparkforge.errors import PreflightError
 from sparkforge.imagebuild.probe import ProbeOptions, run_probe
 from sparkforge.imagebuild.stage import BuildOptions, BuildResult, build_stage, check_options
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.probe.units import ProbeError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.report import print_report
@@ -54,7 +56,8 @@ def probe_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None
 
 def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
     """Preflight before any build step; a failure stops the build before anything is built."""
-    report = run_preflight(recipe, source=options.sources.get("vllm"))
+    session = Session(echo=echo, runner=Runner(stream=False), ca_bundle=options.ca_bundle)
+    report = run_preflight(session, recipe, PreflightOptions(source=options.sources.get("vllm")))
     print_report(report, echo)
     if report.status != "passed":
         failed = ", ".join(c.name for c in report.failed)

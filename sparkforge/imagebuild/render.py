@@ -18,7 +18,9 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, patch_file
 
 TEMPLATES_DIR = REPO_ROOT / "dockerfiles"
-IMAGE_TESTS_DIR = REPO_ROOT / "tests" / "image"
+# What every image carries in /opt/sparkforge/image-tests: verify's in-image suite (sparkforge/verify/inimage, the
+# same files verify mounts to judge an image) and the run-time helpers the doctor runs in images (tests/image).
+IMAGE_TESTS_DIRS = (REPO_ROOT / "sparkforge" / "verify" / "inimage", REPO_ROOT / "tests" / "image")
 TEMPLATE = "vllm.Dockerfile.j2"
 DEFAULT_BUILD_ROOT = REPO_ROOT / "build"
 
@@ -184,7 +186,8 @@ def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None
             shutil.copyfile(patch_file(patch), patches_dir / Path(patch).name)  # a regular file in patches/
             series.append(Path(patch).name)
     (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
-    _copy_tree(IMAGE_TESTS_DIR, root / "image-tests")
+    for folder in IMAGE_TESTS_DIRS:
+        _copy_tree(folder, root / "image-tests")
     (root / "constraints.txt").write_text(plan.constraints(recipe))
     (root / "lock.json").write_text(json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n")
     script = root / "build.sh"

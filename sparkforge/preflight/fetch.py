@@ -64,7 +64,7 @@ class _Session(requests.Session):
         return super().merge_environment_settings(url, proxies, stream, verify, cert)
 
 
-def _session(retries: int) -> requests.Session:
+def _session(retries: int, ca_bundle: Path | None = None) -> requests.Session:
     retry = Retry(
         total=retries,
         connect=1,  # an unreachable host (no DNS, firewall) should fail fast, not after backoffs
@@ -80,7 +80,7 @@ def _session(retries: int) -> requests.Session:
     session.mount("http://", adapter)
     session.headers["User-Agent"] = "sparkforge-preflight"
     # The CA bundle builds use (a TLS-intercepting proxy's) is trusted for upstream facts too.
-    bundle = os.environ.get("SPARKFORGE_CA_BUNDLE")
+    bundle = str(ca_bundle) if ca_bundle else os.environ.get("SPARKFORGE_CA_BUNDLE")
     if bundle:
         session.verify = bundle
     return session
@@ -178,9 +178,12 @@ class Fetcher:
         return zipfile.ZipFile(io.BufferedReader(raw, _RANGE_BLOCK))
 
 
-def make_fetcher(*, offline: bool = False, timeout: float = 30.0, retries: int = 3) -> Fetcher:
-    """A Fetcher with its own HTTP session (retries on 429/5xx and dropped reads)."""
-    return Fetcher(offline=offline, timeout=timeout, retries=retries, session=_session(retries))
+def make_fetcher(
+    *, offline: bool = False, timeout: float = 30.0, retries: int = 3, ca_bundle: Path | None = None
+) -> Fetcher:
+    """A Fetcher with its own HTTP session (retries on 429/5xx and dropped reads); `ca_bundle`: a proxy's CA
+    (default: $SPARKFORGE_CA_BUNDLE)."""
+    return Fetcher(offline=offline, timeout=timeout, retries=retries, session=_session(retries, ca_bundle))
 
 
 class _RangeReader(io.RawIOBase):

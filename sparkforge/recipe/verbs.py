@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 _VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*")  # Debian policy: [epoch:]upstream[-revision]
-# What fabric.verbs (tests/image/checks_fabric.py) proves in the image: NCCL's verbs library and the mlx5 provider.
+# What fabric.verbs (sparkforge/verify/inimage/checks_fabric.py) proves in the image: NCCL's verbs library and the mlx5 provider.
 REQUIRED = ("libibverbs", "ibverbs-providers")
 
 

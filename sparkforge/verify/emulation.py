@@ -20,7 +20,7 @@ EMULATED_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    # Each JIT compile's limit in the suite (tests/image/checks_jit.py: 900 s natively).
+    # Each JIT compile's limit in the suite (sparkforge/verify/inimage/checks_jit.py: 900 s natively).
     "SPARKFORGE_JIT_TIMEOUT_S": str(900 * TIMEOUT_FACTOR),
 }
 

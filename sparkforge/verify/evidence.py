@@ -14,24 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Every check the in-image suite (tests/image/run_checks.py) must report, in its order. A report that lacks one
-# of these, has an empty list or an unknown status is a failed verify. New in-image checks are added HERE.
-EXPECTED_IMAGE_CHECKS: tuple[str, ...] = (
-    "registry",
-    "versions",
-    "pip-check",
-    "fp8.reference",
-    "fp8.scaled_fp8_quant",
-    "fp8.cutlass_scaled_mm",
-    "fp8.cutlass_block",
-    "fp8.linear",
-    "jit.toolchain",
-    "jit.triton",
-    "jit.flashinfer",
-    "jit.b12x",
-    "fabric.verbs",
-    "serve",
-)
+from sparkforge.verify.imagechecks import IMAGE_CHECKS
+
+# Every check the in-image suite must report, in its order (the registry; rows declared in inimage/checklist.py).
+# A report that lacks one of these, has an empty list or an unknown status is a failed verify.
+EXPECTED_IMAGE_CHECKS: tuple[str, ...] = IMAGE_CHECKS.names()
 # The vLLM FP8 kernel checks that must all pass, on a GPU of the recipe's capability, for "GPU-verified".
 GPU_VERIFIED_CHECKS: tuple[str, ...] = ("fp8.scaled_fp8_quant", "fp8.cutlass_scaled_mm", "fp8.cutlass_block")
 # Cases each of those checks must have run (the GB10 failure shape m=1 n=16384 k=5120 included).

@@ -1,6 +1,6 @@
 """Where the code of a kernel vLLM selected comes from, and how sparkforge checks that it can run on the GPU.
 
-vLLM decides which kernel runs (tests/image/vllm_selection.py asks it); this table only says where each named
+vLLM decides which kernel runs (sparkforge/verify/inimage/vllm_selection.py asks it); this table only says where each named
 kernel's device code lives: a compiled library of the image (judged by the audit's verdict for the target) or a
 compiler that builds it at serve time (judged by the in-image JIT check of that compiler). The names are vLLM
 0.33.0's backend enum values and kernel class names; the paths are the extension modules their Python calls

@@ -1,7 +1,7 @@
 """The kernel report of one image: per layer type, what vLLM itself selects on the recipe's GPU, where that
 kernel's code comes from and whether it can run there, what vLLM falls back to; as JSON and Markdown.
 
-vLLM decides (tests/image/vllm_selection.py runs its own selection functions in the image, the capability
+vLLM decides (verify/inimage/vllm_selection.py runs its own selection functions in the image, the capability
 injected); sparkforge only judges the chosen code: a compiled library by the audit's verdict for the target,
 a serve-time compiler by the in-image JIT check (kernel_origin.py says which is which).
 """
@@ -14,11 +14,14 @@ from typing import Any
 from sparkforge.audit.coverage import glob_matches
 from sparkforge.report import Check, Report
 from sparkforge.verify import started as started_log
+from sparkforge.verify.imagechecks import IMAGE_CHECKS
 from sparkforge.verify.kernel_origin import origin_of
 
 ORDER = ("native", "family", "jit", "none", "missing", "unchecked", "unknown")  # best first
 USABLE = ("native", "family", "jit")
-JIT_CHECKS = ("jit.toolchain", "jit.triton", "jit.flashinfer", "jit.b12x")
+JIT_CHECKS = tuple(
+    n for n in IMAGE_CHECKS.names() if n.startswith("jit.")
+)  # the in-image JIT checks, in order
 RULE = (
     "vLLM selects: its own selection functions run inside the image for the target's capability (injected at "
     "CudaPlatform.get_device_capability) and the checkpoint's config. sparkforge judges the selected kernel's "

@@ -1,4 +1,4 @@
-"""vLLM's own kernel selection for the recipe's GPU, run inside an image (tests/image/vllm_selection.py).
+"""vLLM's own kernel selection for the recipe's GPU, run inside an image (sparkforge/verify/inimage/vllm_selection.py).
 
 The image's vLLM decides; this module only prepares the request (capability, the checkpoint's config.json, the
 profile's arguments), runs the script in a throwaway container of the image, reads its one marker line and

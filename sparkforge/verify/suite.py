@@ -26,8 +26,9 @@ CarriedCheck = Callable[
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 NONCE_ENV = "SPARKFORGE_NONCE"
 LOCK_PATH = "/opt/sparkforge/lock.json"
-# The checkout's suite judges the image, mounted read-only; the copy in the image is for users' own checks.
-SUITE_DIR = Path(__file__).resolve().parents[2] / "tests" / "image"
+# The checkout's suite (this package's inimage/) judges the image, mounted read-only; the copy every image
+# carries (/opt/sparkforge/image-tests) is for users' own checks.
+SUITE_DIR = Path(__file__).resolve().parent / "inimage"
 SUITE_MOUNT = "/opt/sparkforge/judge"
 GpuMode = Literal["all", "none", "auto"]
 GPU_MODES: tuple[GpuMode, ...] = ("all", "none", "auto")
@@ -211,7 +212,7 @@ def read_suite_output(
                 "image-suite",
                 "failed",
                 "the suite's report does not echo this run's nonce (a canned or replayed report); nothing in "
-                "this output is trusted. Fix: run the checkout's suite (tests/image/run_checks.py)",
+                "this output is trusted. Fix: run the checkout's suite (sparkforge/verify/inimage/run_checks.py)",
             )
         ], {}
     return checks, document

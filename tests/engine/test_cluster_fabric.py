@@ -251,7 +251,7 @@ def test_fabric_verbs_fails_in_an_image_without_the_rdma_userspace(base_amd64: s
     lock.write_text(
         json.dumps({"runtime": {"rdma": {"packages": ["libibverbs1=44.0-2", "ibverbs-providers=44.0-2"]}}})
     )
-    suite = REPO_ROOT / "tests" / "image"
+    suite = REPO_ROOT / "sparkforge" / "verify" / "inimage"
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--volume", f"{suite}:/opt/judge:ro", "--volume",
          f"{lock}:/tmp/lock.json:ro", "--entrypoint", "python3", base_amd64, "/opt/judge/run_checks.py",

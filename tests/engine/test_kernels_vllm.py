@@ -95,7 +95,7 @@ def test_the_cited_vllm_lines_are_in_the_image(vllm_image: str) -> None:
     import re
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "image"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sparkforge" / "verify" / "inimage"))
     from vllm_selection import NVFP4_MOE_ORDER
 
     source = (
@@ -129,7 +129,7 @@ def test_b12x_compiles_a_kernel_for_sm121a_without_a_gpu(vllm_image: str, tmp_pa
     lock = json.loads(engine.read_image_file(vllm_image, "/opt/sparkforge/lock.json") or b"{}")
     lock["components"]["b12x"] = {"package": "b12x", "version": "1.5.1", "source": "wheel"}
     (wheels / "lock.json").write_text(json.dumps(lock))
-    suite = Path(__file__).resolve().parent.parent / "image"
+    suite = Path(__file__).resolve().parents[2] / "sparkforge" / "verify" / "inimage"
     result = engine.run_container(
         vllm_image,
         [

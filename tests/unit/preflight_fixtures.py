@@ -16,11 +16,17 @@ from typing import Any
 import pytest
 
 from sparkforge.cache import cache_path
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.preflight.sources import extract_archive
 from sparkforge.recipe.loader import RECIPES_DIR, REPO_ROOT, Recipe, load_recipe
 from tests.recipe_files import write_recipe_file
+
+# The session a preflight task builds (cli.session): quiet runner; OFFLINE: cache only.
+SESSION = Session(echo=print, runner=Runner(stream=False))
+OFFLINE = Session(echo=print, runner=Runner(stream=False), offline=True)
 
 # vLLM releases: the commit each was built from (shared/facts/gb10.md; checked against _version.py).
 COMMITS = {

@@ -73,7 +73,7 @@ def test_negative_text_and_boolean_figures_are_refused(tmp_path: Path) -> None:
     for value in (-1.0, "12", True, None):
         doc = _doc()
         doc["checks"][2]["details"]["repeats"][1]["ttft_ms"] = value
-        _refused(tmp_path, json.dumps(doc), r"c1-d512 repeat 1 ttft_ms: .* not a finite number >= 0")
+        _refused(tmp_path, json.dumps(doc), r"c1-d512 repeat 1 ttft_ms .* is not a number from 0 to inf")
 
 
 def test_truncated_and_non_result_files_are_refused(tmp_path: Path) -> None:
@@ -88,7 +88,11 @@ def test_truncated_and_non_result_files_are_refused(tmp_path: Path) -> None:
     _refused(tmp_path, json.dumps(no_identity), "identity: missing")
     bad_level = _doc()
     bad_level["checks"][0]["details"]["concurrency"] = 0
-    _refused(tmp_path, json.dumps(bad_level), "concurrency 0 is not a whole number >= 1")
+    _refused(tmp_path, json.dumps(bad_level), "c1-d0: concurrency '0' is not a whole number from 1 to inf")
+    for key, value in (("vllm", "$\\frac{1}{0}$"), ("vllm", "0.32\x1b[2J"), ("date", None)):
+        labelled = _doc()
+        labelled["identity"][key] = value
+        _refused(tmp_path, json.dumps(labelled), rf"identity\.{key} .* is not a short plain text")
     empty = _doc()
     empty["checks"][0]["details"]["repeats"] = []
     _refused(tmp_path, json.dumps(empty), "no repeats")
@@ -131,7 +135,7 @@ def test_suites_their_sizes_and_repeats() -> None:
     small = choose_suite("default", input_len=128, output_len=32, depths=(0, 512), concurrencies=(1, 2))
     assert small.levels() == [(1, 0), (2, 0), (1, 512), (2, 512)]
     with pytest.raises(
-        RunError, match="no suite 'fast'; fix: pass --suite one of default, quick, spark-arena-v2"
+        RunError, match=r"--suite: unknown bench suite row 'fast'.*choose from default, quick, spark-arena-v2"
     ):
         choose_suite("fast")
     for bad in (0, -1, True):

@@ -42,7 +42,10 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     ),
     "sparkforge/imagebuild/layerdiff.py": ({"json"}, "manifest.json of a `docker save` tar the engine wrote"),
     "sparkforge/imagebuild/probe.py": ({"json", "path-io"}, f"{CONTAINER}; {BUILD}"),
-    "sparkforge/imagebuild/render.py": ({"path-io", "walk"}, f"{BUILD}; walks the project's own tests/image"),
+    "sparkforge/imagebuild/render.py": (
+        {"path-io", "walk"},
+        f"{BUILD}; walks the project's own in-image scripts",
+    ),
     "sparkforge/imagebuild/stage.py": (
         {"path-io"},
         "the BuildKit log its own build wrote under logs/ (last 40,000 characters)",
@@ -119,7 +122,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"json"},
         "issue 42 owns the weight server and puller (manifest lines)",
     ),
-    "sparkforge/verify/evidence.py": ({"path-io", "walk"}, f"{OWN} (hashes tests/image, the suite)"),
+    "sparkforge/verify/evidence.py": ({"path-io", "walk"}, f"{OWN} (hashes verify/inimage, the suite)"),
     "sparkforge/verify/selection.py": (
         {"json", "path-io"},
         f"{OWN} (the selection script); {CACHE}; {CONTAINER}",

@@ -14,7 +14,7 @@ from sparkforge.registry.sides import Side
 from sparkforge.verify import kernels_report
 from tests.recipe_files import SMOKE, write_recipe_file
 
-# What vLLM answered for the MoE layer, in two releases (the shape tests/image/vllm_selection.py prints).
+# What vLLM answered for the MoE layer, in two releases (the shape sparkforge/verify/inimage/vllm_selection.py prints).
 SELECTION = {
     release: {"layers": [{"layer": "moe.fp8_block", "selected": chosen, "candidates": [
         {"name": "VLLM_CUTLASS", "priority": 0, "usable": False, "reasons": ["capability >= 11.0"]},

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from sparkforge.errors import VerifyError
 from sparkforge.verify import evidence
 from sparkforge.verify import verified as records
-from sparkforge.verify.suite import parse_suite_output
+from sparkforge.verify.imagechecks import IMAGE_CHECKS, INIMAGE_DIR
+from sparkforge.verify.suite import MARKER, parse_suite_output
 
-RUN_CHECKS = Path(__file__).resolve().parents[1] / "image" / "run_checks.py"
+RUN_CHECKS = INIMAGE_DIR / "run_checks.py"
 GB10 = {"name": "NVIDIA GB10", "capability": "12.1", "driver": "580.95.05"}
 H200 = {"name": "NVIDIA H200", "capability": "9.0", "driver": "580.159.04"}
 
@@ -113,9 +115,30 @@ def test_expected_checks_are_the_suites_checks() -> None:
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        suite = module.suite()
     finally:
         sys.path.remove(str(RUN_CHECKS.parent))
-    assert tuple(name for name, _ in module.SUITE) == evidence.EXPECTED_IMAGE_CHECKS
+    assert tuple(name for name, _ in suite) == evidence.EXPECTED_IMAGE_CHECKS == IMAGE_CHECKS.names()
+    assert all(callable(fn) for _, fn in suite) and len(suite) == 14
+
+
+def test_every_registry_row_names_a_function_of_the_in_image_suite() -> None:
+    for entry in IMAGE_CHECKS:
+        fn = entry.run.load()
+        assert fn.__name__ == entry.run.function and entry.help, entry.name
+    # a row runs here as in the image: a lock without runtime.rdma has nothing for fabric.verbs to prove
+    status, reason, _ = IMAGE_CHECKS.get("fabric.verbs").run({"runtime": {}})
+    assert status == "skipped" and reason
+    from sparkforge.verify import kernel_origin
+
+    origins = [v for v in vars(kernel_origin).values() if isinstance(v, kernel_origin.Origin)]
+    origins += [
+        v for table in vars(kernel_origin).values() if isinstance(table, dict) for v in table.values()
+    ]
+    named = {c for o in origins if isinstance(o, kernel_origin.Origin) for c in o.compilers}
+    assert named and named <= set(IMAGE_CHECKS.names())  # the kernel report's JIT proofs are suite rows
+    with pytest.raises(VerifyError, match=r"--only: unknown verify row 'fp8\.fast'"):
+        IMAGE_CHECKS.parse("fp8.fast")
 
 
 def test_suite_digest_changes_with_any_file(tmp_path: Path) -> None:
@@ -253,3 +276,19 @@ def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> No
     assert link_pushed_digest(metadata, verified, "ghcr.io/o/r", tmp_path) == pushed
     assert records.record_for_digest(pushed, tmp_path) is None  # linked; the record itself comes from verify
     assert (tmp_path / "digests" / f"{'2' * 64}.json").is_file()
+
+
+def test_the_suite_refuses_an_unknown_only_and_runs_a_known_one(tmp_path: Path) -> None:
+    """run_checks.py as the image runs it (a process, the suite's folder only): a typo in --only is an error
+    naming every check, not a report with nothing in it."""
+    import subprocess
+
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"runtime": {}}))
+    run = [sys.executable, str(RUN_CHECKS), "--lock", str(lock), "--nonce", "n1", "--only"]
+    typo = subprocess.run([*run, "fabric.verb"], capture_output=True, text=True, timeout=60, check=False)
+    assert typo.returncode == 2 and "unknown check fabric.verb; choose from registry, versions" in typo.stderr
+    known = subprocess.run([*run, "fabric.verbs"], capture_output=True, text=True, timeout=60, check=False)
+    checks, document = parse_suite_output(known.stdout.split(MARKER, 1)[1])
+    assert [c.name for c in checks[:1]] == ["fabric.verbs"] and checks[0].status == "skipped"
+    assert document["nonce"] == "n1"

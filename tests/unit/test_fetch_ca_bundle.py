@@ -58,3 +58,21 @@ def test_without_a_chosen_bundle_requests_variables_still_apply(monkeypatch: pyt
     assert (
         session.merge_environment_settings(URL, {}, None, False, None)["verify"] is False
     )  # asked per request
+
+
+def test_the_sessions_bundle_is_the_one_preflight_verifies_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cli.session reads --ca-bundle, else $SPARKFORGE_CA_BUNDLE, once; the fetcher preflight makes from the
+    session verifies with it, whatever the environment says later."""
+    from sparkforge.cli import session
+
+    chosen, other = tmp_path / "proxy-ca.pem", tmp_path / "other-ca.pem"
+    monkeypatch.setenv("SPARKFORGE_CA_BUNDLE", str(chosen))
+    assert session().ca_bundle == chosen and session(ca_bundle=str(other)).ca_bundle == other
+    built = session(offline=True)
+    monkeypatch.setenv("SPARKFORGE_CA_BUNDLE", BOGUS)  # read when the session was built, not deep below
+    fetcher = make_fetcher(offline=built.offline, ca_bundle=built.ca_bundle)
+    assert fetcher.offline and fetcher.session.verify == str(chosen)
+    monkeypatch.delenv("SPARKFORGE_CA_BUNDLE")
+    assert session().ca_bundle is None

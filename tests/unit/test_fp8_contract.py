@@ -1,4 +1,4 @@
-"""The FP8 checks' preconditions (tests/image/fp8_contract.py) and planted faults (fp8_faults.plant), no GPU.
+"""The FP8 checks' preconditions (sparkforge/verify/inimage/fp8_contract.py) and planted faults (fp8_faults.plant), no GPU.
 
 The contract tests describe operands as the ops see them (shape, strides in elements, dtype): exactly what
 `TensorSpec.of` reads off a tensor. The planting tests use real CPU tensors and are skipped where torch is
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "image"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sparkforge" / "verify" / "inimage"))
 
 import checks_fp8
 import fp8_faults

@@ -1,6 +1,6 @@
 """vLLM's selection as the kernel report reads it: bad input, the serve-log parser, the per-layer rows.
 
-The selection document is what tests/image/vllm_selection.py printed in the CI image (vLLM 0.33.0, capability
+The selection document is what sparkforge/verify/inimage/vllm_selection.py printed in the CI image (vLLM 0.33.0, capability
 12.1 injected, the Qwen3.5-35B-A3B-FP8 checkpoint config), kept under golden/; tests/engine/test_kernels_vllm.py
 re-runs it against the image and fails when vLLM's answer changes.
 """

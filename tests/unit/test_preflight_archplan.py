@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
+    SESSION,
     check_named,
     fixture_sdist_0310,
     vllm_sdist,
@@ -22,7 +23,7 @@ from sparkforge.preflight.archplan import (
     plan_arches,
     torch_select_cmake,
 )
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.report import Check
@@ -35,7 +36,9 @@ def _groups(check: Check) -> dict[str, dict]:
 
 
 def test_patched_0_31_0_keeps_native_sm121a(sdist_0310):
-    check = check_named(run_preflight(load_recipe("vllm-qwen35"), source="pypi"), "arch-plan")
+    check = check_named(
+        run_preflight(SESSION, load_recipe("vllm-qwen35"), PreflightOptions(source="pypi")), "arch-plan"
+    )
     assert check.status == "passed", check.reason
     assert check.details["requested"] == ["12.1a"]
     assert check.details["cuda_supported_archs"][-2:] == ["12.0", "12.1"]  # the patch's doing
@@ -50,7 +53,7 @@ def test_patched_0_31_0_keeps_native_sm121a(sdist_0310):
 
 def test_unpatched_0_31_0_collapses_to_sm120_family(sdist_0310, tmp_path):
     recipe = write_recipe(tmp_path, {"components": {"vllm": {"patches": []}}})
-    check = check_named(run_preflight(recipe, source="pypi"), "arch-plan")
+    check = check_named(run_preflight(SESSION, recipe, PreflightOptions(source="pypi")), "arch-plan")
     assert check.status == "passed", check.reason  # sm_120 and sm_120f cubins run on sm_121
     assert check.details["cuda_archs"] == ["12.0"]
     assert check.details["collapsed"] == ["12.1a"]
@@ -62,7 +65,7 @@ def test_unpatched_0_31_0_collapses_to_sm120_family(sdist_0310, tmp_path):
 
 def test_arch_specific_sm120a_does_not_run_on_gb10(sdist_0310, tmp_path):
     recipe = write_recipe(tmp_path, {"build": {"torch_cuda_arch_list": ["12.0a"]}})
-    check = check_named(run_preflight(recipe, source="pypi"), "arch-plan")
+    check = check_named(run_preflight(SESSION, recipe, PreflightOptions(source="pypi")), "arch-plan")
     assert check.status == "failed"
     assert "sm_121 gets no native or family kernels" in check.reason
     assert "generic kernels (CUDA_ARCHS=12.0a): none" in check.reason
@@ -107,7 +110,7 @@ def test_emulated_torch_step_matches_torch_select_compute_arch(sdist_0310, tmp_p
 
 
 def test_wheel_recipe_skips_the_arch_plan():
-    check = check_named(run_preflight(load_recipe("vllm-qwen35-wheels")), "arch-plan")
+    check = check_named(run_preflight(SESSION, load_recipe("vllm-qwen35-wheels")), "arch-plan")
     assert check.status == "skipped" and "audit" in check.reason
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     COMMITS,
+    SESSION,
     check_named,
     fixture_sdist_0160,
     fixture_sdist_0310,
@@ -13,7 +14,8 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     write_recipe,
 )
 
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.errors import PreflightError
+from sparkforge.preflight.checks import CHECKS, PreflightOptions, run_preflight
 from sparkforge.preflight.registry import check_models, registered_architectures
 from sparkforge.preflight.requirements import (
     check_requirements,
@@ -38,7 +40,7 @@ def _models_check(tree) -> Check:
 
 
 def test_shipped_source_recipe_passes_on_0_31_0(sdist_0310):
-    report = run_preflight(load_recipe("vllm-qwen35"), source="pypi")
+    report = run_preflight(SESSION, load_recipe("vllm-qwen35"), PreflightOptions(source="pypi"))
     statuses = {c.name: c.status for c in report.checks}
     # 'images' depends on whether Docker Hub answers from this machine; it is tested against a real local
     # registry (tests/engine/test_publish_preflight.py) and an unreachable one (test_preflight_lock.py) instead.
@@ -57,7 +59,7 @@ def test_shipped_source_recipe_passes_on_0_31_0(sdist_0310):
 
 def test_0_16_0_fails_naming_the_missing_architecture(sdist_0160, tmp_path):
     recipe = write_recipe(tmp_path, vllm_pin("0.16.0", COMMITS["0.16.0"], patches=[]))
-    report = run_preflight(recipe, source="pypi")
+    report = run_preflight(SESSION, recipe, PreflightOptions(source="pypi"))
     models = check_named(report, "models")
     assert models.status == "failed"
     assert "does not register Qwen3_5MoeForConditionalGeneration" in models.reason
@@ -65,6 +67,18 @@ def test_0_16_0_fails_naming_the_missing_architecture(sdist_0160, tmp_path):
     assert models.details["missing"] == QWEN35
     assert models.details["registered"] > 200  # the registry was read, the names just are not in it
     assert report.status == "failed"
+
+
+def test_checks_runs_only_the_rows_named_and_reports_the_others_skipped(sdist_0160, tmp_path):
+    recipe = write_recipe(tmp_path, vllm_pin("0.16.0", COMMITS["0.16.0"], patches=[]))
+    report = run_preflight(SESSION, recipe, PreflightOptions(source="pypi", checks=CHECKS.parse("models")))
+    statuses = {c.name: c.status for c in report.checks}
+    assert list(statuses) == list(CHECKS.names())  # every row reported, in the registry's order
+    assert statuses["source"] == "passed" and statuses["models"] == "failed"
+    assert all(statuses[n] == "skipped" for n in ("requirements", "patches", "arch-plan", "images"))
+    assert "not selected (--checks models)" in check_named(report, "images").reason
+    with pytest.raises(PreflightError, match=r"--checks: unknown preflight row 'arch'.*arch-plan, images"):
+        CHECKS.parse("models,arch")
 
 
 @pytest.mark.slow
@@ -97,7 +111,7 @@ def test_registry_reader_follows_merges_and_ignores_other_dicts():
 )
 def test_pins_outside_vllm_0_31_0_ranges_fail(sdist_0310, tmp_path, override, needle):
     recipe = write_recipe(tmp_path, {"components": override})
-    check = check_named(run_preflight(recipe, source="pypi"), "requirements")
+    check = check_named(run_preflight(SESSION, recipe, PreflightOptions(source="pypi")), "requirements")
     assert check.status == "failed"
     assert needle in check.reason
     assert "fix: set components." in check.reason
@@ -105,7 +119,7 @@ def test_pins_outside_vllm_0_31_0_ranges_fail(sdist_0310, tmp_path, override, ne
 
 def test_torch_fix_names_the_exact_pin_and_its_origin(sdist_0310, tmp_path):
     recipe = write_recipe(tmp_path, {"components": {"torch": {"version": "2.11.0"}}})
-    check = check_named(run_preflight(recipe, source="pypi"), "requirements")
+    check = check_named(run_preflight(SESSION, recipe, PreflightOptions(source="pypi")), "requirements")
     assert "set components.torch.version to 2.13.0" in check.reason
     origins = {d["from"] for d in check.details["components"]["torch"]["declared"]}
     assert {"requirements/cuda.txt:7", "pyproject.toml [build-system] requires"} <= origins
@@ -131,7 +145,7 @@ def test_wheel_metadata_requirements(tmp_path):
     recipe = write_recipe(
         tmp_path, {"components": {"torch": {"version": "2.13.0"}}}, extends="vllm-qwen35-wheels"
     )
-    report = run_preflight(recipe)
+    report = run_preflight(SESSION, recipe)
     check = check_named(report, "requirements")
     assert check.status == "failed"
     assert "torch 2.13.0 is outside ==2.14.0 (METADATA Requires-Dist)" in check.reason

@@ -10,6 +10,7 @@ from pathlib import Path
 from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     CMAKE_PATCH,
     COMMITS,
+    SESSION,
     check_named,
     fixture_sdist_0160,
     fixture_sdist_0310,
@@ -17,7 +18,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.preflight.patches import check_patches, explain_failure, hunks, touched_files
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.report import Check
@@ -96,7 +97,10 @@ def test_patches_apply_in_order(sdist_0310, tmp_path):
 
 def test_recipe_without_patches_skips_the_check(sdist_0310, tmp_path):
     recipe = write_recipe(tmp_path, {"components": {"vllm": {"patches": []}}})
-    assert check_named(run_preflight(recipe, source="pypi"), "patches").status == "skipped"
+    assert (
+        check_named(run_preflight(SESSION, recipe, PreflightOptions(source="pypi")), "patches").status
+        == "skipped"
+    )
 
 
 def test_patch_parsing_helpers():

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     COMMITS,
+    OFFLINE,
+    SESSION,
     fixture_fresh_cache,
     fixture_github_archive_0310,
     fixture_sdist_0160,
@@ -22,7 +24,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 
 from sparkforge.commands import Runner
 from sparkforge.errors import PreflightError
-from sparkforge.preflight.checks import run_preflight
+from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.sources import (
     extract_archive,
@@ -60,7 +62,7 @@ def test_github_archive_is_fetched_over_http_once_then_cached(github_archive_031
 
 
 def test_default_source_falls_back_to_pypi_when_the_mirror_lacks_the_commit(sdist_0310, server):
-    report = run_preflight(load_recipe("vllm-qwen35"), github_base=server.base)
+    report = run_preflight(SESSION, load_recipe("vllm-qwen35"), PreflightOptions(github_base=server.base))
     source = report.checks[0]
     assert source.status == "passed"
     assert "PyPI sdist vllm-0.31.0.tar.gz" in source.reason
@@ -103,7 +105,7 @@ def test_git_checkout_at_another_commit_is_refused(tmp_path):
 
 
 def test_offline_without_cache_reports_the_fix(fresh_cache):
-    report = run_preflight(load_recipe("vllm-qwen35"), offline=True)
+    report = run_preflight(OFFLINE, load_recipe("vllm-qwen35"))
     assert report.status == "failed"
     source = report.checks[0]
     assert source.status == "failed" and "offline" in source.reason and "--source" in source.reason

@@ -99,8 +99,10 @@ def test_context_layout(tmp_path: Path) -> None:
         "lock.json",
         "constraints.txt",
         "patches/series",
-        "image-tests/run_checks.py",
+        "image-tests/run_checks.py",  # the in-image suite (sparkforge/verify/inimage) ...
+        "image-tests/checklist.py",
         "image-tests/checks_fp8.py",
+        "image-tests/cluster_facts.py",  # ... and the doctor's helpers (tests/image), in one folder
         "files/with-ca",
         "files/fetch-source.py",
     ):

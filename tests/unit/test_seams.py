@@ -10,6 +10,9 @@ SEAMS = {"commands.py", "engine.py"}
 # Known, owned elsewhere and still to move behind the seams (host set-up probes); shrink, never grow.
 PENDING: set[str] = set()
 OUTSIDE = {"subprocess", "docker", "os.system"}
+# The in-image suite runs inside an image with only the image's Python: it cannot reach the seams (the host's
+# side of it, verify/suite.py, runs the container through engine.py).
+INIMAGE = ("verify", "inimage")
 
 
 def _imports(path: Path) -> set[str]:
@@ -38,7 +41,7 @@ def test_only_the_seams_call_programs_or_the_engine_sdk() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(_imports(path) & (OUTSIDE | {"engine._client"}))
         for path in PACKAGE.rglob("*.py")
-        if path.name not in SEAMS
+        if path.name not in SEAMS and path.relative_to(PACKAGE).parts[:2] != INIMAGE
     }
     offenders = {name: found for name, found in offenders.items() if found}
     assert set(offenders) <= PENDING, offenders

@@ -1,6 +1,6 @@
 """Reading a bench result file safely: through the input boundary (a regular file of bounded size, strict JSON:
-no NaN/Infinity, no key twice), the current shape (schema 2), finite non-negative figures, levels with
-concurrency >= 1. Anything else is a one-paragraph RunError naming the file, what is wrong and the fix."""
+no NaN/Infinity, no key twice; its number and label rules for figures, levels and texts), in the current shape
+(schema 2). Anything else is a one-paragraph RunError naming the file, what is wrong and the fix."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import read_json
+from sparkforge.boundary import check_label, check_number, read_json
 from sparkforge.errors import InputError, RunError
 
 SCHEMA = 2
@@ -23,9 +23,7 @@ def _bad(path: Path, where: str, why: str) -> RunError:
 
 
 def _figure(path: Path, where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _bad(path, where, f"{value!r} is not a finite number >= 0 (NaN, negative or text)")
-    return float(value)
+    return float(check_number(f"{path}: {where}", value, low=0, high=math.inf, text=False))
 
 
 def _check_level(path: Path, check: Any) -> None:
@@ -37,16 +35,10 @@ def _check_level(path: Path, check: Any) -> None:
     details = check.get("details")
     if not isinstance(details, dict):
         raise _bad(path, name, "no details")
-    for key in ("concurrency", "depth"):
-        value = details.get(key)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < (1 if key == "concurrency" else 0)
-        ):
-            raise _bad(
-                path, name, f"{key} {value!r} is not a whole number >= {1 if key == 'concurrency' else 0}"
-            )
+    for key, low in (("concurrency", 1), ("depth", 0)):
+        check_number(
+            f"{path}: {name}: {key}", details.get(key), low=low, high=math.inf, integer=True, text=False
+        )
     repeats = details.get("repeats")
     if not isinstance(repeats, list) or (check["status"] == "passed" and not repeats):
         raise _bad(path, name, "no repeats (a passed level holds one figure set per repeat)")
@@ -62,12 +54,9 @@ MAX_LEVELS = 256  # tens in a real suite (spark-arena-v2: 4 x 7); a chart of tho
 
 
 def _label_text(path: Path, where: str, value: Any, *, optional: bool = False) -> None:
-    """Text that becomes a chart label or a table cell: a short printable string without '$' (matplotlib reads
-    '$...$' as mathtext, which can fail or run long on a crafted label)."""
-    if optional and value is None:
-        return
-    if not isinstance(value, str) or len(value) > MAX_TEXT or not value.isprintable() or "$" in value:
-        raise _bad(path, where, f"{str(value)[:60]!r} is not a short plain text (printable, no '$')")
+    """Text that becomes a chart label or a table cell; no '$' (matplotlib reads '$...$' as mathtext, which can
+    fail or run long on a crafted label)."""
+    check_label(f"{path}: {where}", value, max_len=MAX_TEXT, forbid="$", optional=optional)
 
 
 def _check_identity(path: Path, doc: dict[str, Any]) -> None:
@@ -112,9 +101,12 @@ def load_result(path: Path, option: str = "bench result") -> dict[str, Any]:
         raise _bad(path, "identity", "missing (the image, hardware and serve command the figures belong to)")
     if not doc["checks"] or len(doc["checks"]) > MAX_LEVELS:
         raise _bad(path, "checks", f"no levels measured, or more than {MAX_LEVELS}")
-    _check_identity(path, doc)
-    for check in doc["checks"]:
-        _check_level(path, check)
+    try:  # the boundary's number and label rules; bench's own fix in the message
+        _check_identity(path, doc)
+        for check in doc["checks"]:
+            _check_level(path, check)
+    except InputError as exc:
+        raise RunError(f"{str(exc).rpartition('; fix:')[0]}; {FIX}") from None
     return doc
 
 

@@ -1,21 +1,21 @@
 """Load suites: what each one runs (client, sizes, levels) and the exact client command lines.
 
-- `default`: vLLM's own client (`vllm bench serve`), random dataset with a fixed seed, exact output lengths
-  (`--ignore-eos`); a context depth is a shared random prefix (`--random-prefix-len`).
-- `quick`: the same client, one level, a few prompts: a smoke figure in a minute.
-- `spark-arena-v2`: the field's profile (Spark Arena's benchmark v2): llama-benchy, pinned, prompt 2048 /
-  generate 128, context depth 0 to 100k, concurrency 1/2/5/10, so figures line up with the leaderboard.
-  The depth list is our reading of "0 to 100k" (powers of two from 4k, then 100k): it is recorded with the result.
+The suites are the rows of SUITES (name, one line, the sizes); `--suite`, its help and the table in docs/run.md are
+generated from it. `spark-arena-v2` is the field's profile (Spark Arena's benchmark v2, llama-benchy pinned); its
+depth list is our reading of "0 to 100k" (powers of two from 4k, then 100k): it is recorded with the result.
 Every size can be overridden (tests run prompt 128 / generate 32); what ran is recorded in the result's `suite`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 from sparkforge.errors import RunError
+from sparkforge.extensions import Entry, Registry
 
 LLAMA_BENCHY = "llama-benchy"
 LLAMA_BENCHY_VERSION = "0.4.0"
@@ -111,13 +111,23 @@ class Suite:
         return [(c, d) for d in self.depths for c in self.concurrencies]
 
 
-SUITES: dict[str, Suite] = {
-    "default": Suite("default", "vllm bench serve", 512, 128, (0,), (1, 4), num_prompts=16),
-    "quick": Suite("quick", "vllm bench serve", 128, 32, (0,), (1,), num_prompts=4),
-    "spark-arena-v2": Suite(
-        "spark-arena-v2", LLAMA_BENCHY, 2048, 128, (0, 4096, 8192, 16384, 32768, 65536, 100000), (1, 2, 5, 10)
-    ),
-}
+# The suites, in the order help and docs list them; a row's function builds the named suite (overrides apply after).
+SUITES: Registry[Callable[[str], Suite]] = Registry(
+    "bench suite",
+    "--suite",
+    [
+        Entry("default", "vLLM's own client (vllm bench serve): prompt 512 / generate 128, concurrency 1 and 4, 16 prompts",
+              partial(Suite, client="vllm bench serve", input_len=512, output_len=128, depths=(0,), concurrencies=(1, 4), num_prompts=16)),
+        Entry("quick", "the same client, one level: prompt 128 / generate 32, concurrency 1, 4 prompts (a smoke figure)",
+              partial(Suite, client="vllm bench serve", input_len=128, output_len=32, depths=(0,), concurrencies=(1,), num_prompts=4)),
+        Entry("spark-arena-v2", f"the field's profile (Spark Arena v2), llama-benchy {LLAMA_BENCHY_VERSION}: prompt 2048 / "
+              "generate 128, concurrency 1/2/5/10, depths 0 to 100k",
+              partial(Suite, client=LLAMA_BENCHY, input_len=2048, output_len=128,
+                      depths=(0, 4096, 8192, 16384, 32768, 65536, 100000), concurrencies=(1, 2, 5, 10))),
+    ],
+    RunError,
+    columns=("suite", "what it runs", "key"),
+)  # fmt: skip
 
 
 def level_name(concurrency: int, depth: int) -> str:
@@ -151,10 +161,8 @@ def parse_levels(what: str, text: str, minimum: int) -> tuple[int, ...]:
 
 def choose_suite(name: str, **overrides: Any) -> Suite:
     """The named suite with the given sizes overriding its own (None: keep the suite's)."""
-    if name not in SUITES:
-        raise RunError(f"bench: no suite {name!r}; fix: pass --suite one of {', '.join(SUITES)}")
     chosen = {k: v for k, v in overrides.items() if v not in (None, "", 0, ())}
-    suite = replace(SUITES[name], **chosen)
+    suite = replace(SUITES.get(name).run(name), **chosen)
     _positive("--input-len", suite.input_len)
     _positive("--output-len", suite.output_len)
     if suite.client != LLAMA_BENCHY:

@@ -3,7 +3,7 @@
 #
 #   tests/gpu/fp8_ops/run.sh sources TARBALL OUT [ARCH] [PREBUILT]
 #       build vLLM's FP8 ops from fetch_sources.py's tarball for ARCH (default 90a; 121a on a DGX Spark) with
-#       every core, then run tests/image/checks_fp8.py against them, clean and with each planted fault.
+#       every core, then run sparkforge/verify/inimage/checks_fp8.py against them, clean and with each planted fault.
 #       PREBUILT (a build_ops.py OUT/python folder built elsewhere) is used only if the build here fails.
 #   tests/gpu/fp8_ops/run.sh installed OUT
 #       the same checks against the vLLM installed in this Python (inside an image: no build).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the image suite's FP8 checks (tests/image/checks_fp8.py, unchanged) against vLLM's FP8 ops, then again
+"""Run the image suite's FP8 checks (sparkforge/verify/inimage/checks_fp8.py, unchanged) against vLLM's FP8 ops, then again
 with each planted fault, and judge both runs.
 
     python3 tests/gpu/fp8_ops/run_suite.py --ops OUT/python --out DIR     # ops built by build_ops.py
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests" / "image"))
+sys.path.insert(0, str(ROOT / "sparkforge" / "verify" / "inimage"))
 
 import checks_fp8  # noqa: E402
 import fp8_faults  # noqa: E402
@@ -186,7 +186,7 @@ def main() -> int:
     start = time.monotonic()
     checks = run_checks()
     clean = {
-        "what": "tests/image/checks_fp8.py against vLLM's FP8 ops, no fault planted",
+        "what": "sparkforge/verify/inimage/checks_fp8.py against vLLM's FP8 ops, no fault planted",
         "environment": env,
         "build": build,
         "suite_s": round(time.monotonic() - start, 2),
@@ -223,7 +223,7 @@ def main() -> int:
                 print(f"   {p[:200]}")
         os.environ.pop(fp8_faults.FAULT_ENV, None)
         faults = {
-            "what": "tests/image/checks_fp8.py with each planted fault (SPARKFORGE_FP8_FAULT)",
+            "what": "sparkforge/verify/inimage/checks_fp8.py with each planted fault (SPARKFORGE_FP8_FAULT)",
             "environment": env,
             "all_caught": all(r["caught"] for r in runs),
             "faults": runs,

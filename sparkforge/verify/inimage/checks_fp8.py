@@ -1,7 +1,7 @@
 """FP8 checks on the GPU: vLLM's FP8 kernels against a float32 reference, with upstream's tolerances.
 
 Runs inside images (via run_checks.py) and standalone on a GPU host without vLLM (the torch reference path:
-`python3 tests/image/checks_fp8.py`). Every check is skipped with an explicit reason when it cannot run;
+`python3 sparkforge/verify/inimage/checks_fp8.py`). Every check is skipped with an explicit reason when it cannot run;
 NaN or Inf in an output never passes. Each call is first held against the op's contract (fp8_contract.py): a
 wrong layout or scale shape fails as "the check is wrong", not as a kernel failure.
 
@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import checklist
 from fp8_contract import TensorSpec, describe, quant_problems, scaled_mm_problems
 from fp8_faults import FAULT_ENV, FAULTS, plant, planted_fault
 
@@ -361,12 +362,9 @@ def check_fp8_linear(lock: dict[str, Any] | None = None) -> Result:
     return "passed", f"FP8 linear via {path}: relative error {rel:.4f} against bf16", details
 
 
+# This module's rows of the suite, in order (declared in checklist.py).
 CHECKS = [
-    ("fp8.reference", check_torch_reference),
-    ("fp8.scaled_fp8_quant", check_scaled_fp8_quant),
-    ("fp8.cutlass_scaled_mm", check_cutlass_scaled_mm),
-    ("fp8.cutlass_block", check_cutlass_block_fp8),
-    ("fp8.linear", check_fp8_linear),
+    (name, globals()[function]) for name, module, function, _ in checklist.CHECKS if module == "checks_fp8"
 ]
 
 

@@ -20,9 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import checks_fabric
+import checklist
 import checks_fp8
-import checks_jit
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
 
@@ -251,16 +250,19 @@ def gpu_info() -> dict[str, Any] | None:
     }
 
 
-# The suite, in order. Its names are sparkforge.evidence.EXPECTED_IMAGE_CHECKS (a unit test keeps them equal).
-SUITE: list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]] = [
-    ("registry", check_registry),
-    ("versions", check_versions),
-    ("pip-check", check_pip),
-    *checks_fp8.CHECKS,
-    *checks_jit.CHECKS,
-    *checks_fabric.CHECKS,
-    ("serve", check_serve),
-]
+def suite() -> list[tuple[str, Callable[[dict[str, Any]], tuple[str, str, dict[str, Any]]]]]:
+    """The suite, in order: checklist.CHECKS with each row's function (the host reads the same rows)."""
+    import importlib
+
+    return [
+        (
+            name,
+            globals()[function]
+            if module == "run_checks"
+            else getattr(importlib.import_module(module), function),
+        )
+        for name, module, function, _ in checklist.CHECKS
+    ]
 
 
 def main() -> int:
@@ -273,8 +275,12 @@ def main() -> int:
         help="echoed in the report: the host accepts only a report of the run it started",
     )
     args = parser.parse_args()
+    names = [name for name, *_ in checklist.CHECKS]
+    unknown = [name for name in args.only if name not in names]
+    if unknown:  # a typo would run nothing and report nothing failed
+        parser.error(f"--only: unknown check {', '.join(unknown)}; choose from {', '.join(names)}")
     lock = json.loads(args.lock.read_text())
-    results = [_check(name, fn, lock) for name, fn in SUITE if not args.only or name in args.only]
+    results = [_check(name, fn, lock) for name, fn in suite() if not args.only or name in args.only]
     document = {
         "nonce": args.nonce,
         "checks": results,

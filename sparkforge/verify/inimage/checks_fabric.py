@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import checklist
+
 Result = tuple[str, str, dict[str, Any]]
 DPKG_STATUS = "/var/lib/dpkg/status"
 _NAMES = re.compile(rb"(libibverbs\.so(?:\.[0-9]+)?|libmlx5\.so(?:\.[0-9]+)?)\x00")
@@ -171,4 +173,7 @@ def check_verbs(lock: dict[str, Any]) -> Result:
     )
 
 
-CHECKS = [("fabric.verbs", check_verbs)]
+# This module's rows of the suite, in order (declared in checklist.py).
+CHECKS = [
+    (name, globals()[function]) for name, module, function, _ in checklist.CHECKS if module == "checks_fabric"
+]

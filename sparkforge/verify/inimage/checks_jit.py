@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import checklist
+
 Result = tuple[str, str, dict[str, Any]]
 CHILD_MARKER = "SPARKFORGE-JIT-CHILD:"
 # Per JIT compile; sparkforge raises it for a run under qemu-user (sparkforge/verify/emulation.py).
@@ -299,11 +301,9 @@ def check_b12x(lock: dict[str, Any]) -> Result:
     return checks_b12x.check(lock)
 
 
+# This module's rows of the suite, in order (declared in checklist.py).
 CHECKS = [
-    ("jit.toolchain", check_toolchain),
-    ("jit.triton", check_triton),
-    ("jit.flashinfer", check_flashinfer),
-    ("jit.b12x", check_b12x),
+    (name, globals()[function]) for name, module, function, _ in checklist.CHECKS if module == "checks_jit"
 ]
 CHILDREN = {"triton": child_triton, "flashinfer": child_flashinfer}
 

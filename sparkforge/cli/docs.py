@@ -1,0 +1,49 @@
+"""Invoke task `docs.tables`: rewrite each registry's table in its docs page (thin: the rendering is
+sparkforge.extensions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from invoke import Collection, Context
+
+from sparkforge.cli import echo, task, user_errors
+from sparkforge.extensions import Registry, stale_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def registry_pages() -> list[tuple[Registry[Any], Path]]:
+    """Every registry and the docs page that shows its table (between `<!-- registry:NAME -->` markers).
+
+    A stage's registry is added HERE once; tests/unit/test_docs_tables.py fails when a page is stale.
+    """
+    from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
+    from sparkforge.run.bench.suites import SUITES
+    from sparkforge.verify.imagechecks import IMAGE_CHECKS
+
+    return [
+        (PREFLIGHT_CHECKS, ROOT / "docs" / "checks.md"),
+        (IMAGE_CHECKS, ROOT / "docs" / "checks.md"),
+        (SUITES, ROOT / "docs" / "run.md"),
+    ]
+
+
+@task(help={"check": "only say which pages are stale (exit 1), write nothing"})
+@user_errors
+def tables(c: Context, check: bool = False) -> None:
+    """Rewrite every registry's table in its docs page (conform rows, bench suites, verify and preflight checks)."""
+    stale = stale_tables(registry_pages(), write=not check)
+    for page in stale:
+        echo(f"{page.relative_to(ROOT)}: {'stale' if check else 'rewritten'}")
+    if not stale:
+        echo("docs tables: every page matches its registry")
+    elif check:
+        from invoke.exceptions import Exit
+
+        raise Exit("sparkforge: docs tables are stale; fix: run 'invoke docs.tables'", code=1)
+
+
+ns = Collection("docs")
+ns.add_task(tables, "tables")
