@@ -10,7 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
-CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden")
+# The rows a profile may name: sparkforge/run/conform/rows.py declares them (recipe/ sits below run/, so the
+# names are repeated here; tests/unit/test_conform_rows.py holds the two equal).
+CHECKS = ("determinism", "long-decode", "prefix-cache", "api", "golden", "equivalence")
 DEFAULT_PROMPTS = (
     "The capital of France is",
     "List the first ten prime numbers:",

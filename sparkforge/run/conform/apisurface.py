@@ -19,6 +19,7 @@ from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
+from sparkforge.run.conform.context import ConformRun
 
 PNG_SIDE = 64
 
@@ -73,6 +74,10 @@ def api(
     if failures:
         return Check("api", "failed", "; ".join(failures), results)
     return Check("api", "passed", "; ".join(f"{k}: {v}" for k, v in results.items()), results)
+
+
+def api_row(run: ConformRun) -> None:
+    run.timed("api", lambda: api(run.client, run.profile, run.settings, run.reference))
 
 
 def _thinking(args: dict, on: bool) -> dict:
