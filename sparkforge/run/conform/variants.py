@@ -16,6 +16,7 @@ from sparkforge.report import Check
 from sparkforge.run.conform import served_checks as checks
 from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.servers import refusal
 from sparkforge.run.postmortem import keep_logs
 
 # The rows this one writes, in order: two in the served configuration, three on server variants.
@@ -89,12 +90,14 @@ def _variant_rows(run: ConformRun) -> None:
 
 
 def _known_bad(profile: Profile, vllm: str) -> str:
-    """A variant that is a known-bad combination (serve refuses it) is not started: the reason, else ''."""
+    """A variant that a known-bad entry refuses, re-checked against this vLLM (its upstream report still open),
+    is not started: the reason naming the report, else ''. vLLM itself starts it: only the report says it is
+    wrong, and an entry not re-checked for this vLLM does not stop the variant from running."""
     try:
-        found = refusals(profile, vllm) if vllm else []
-    except (ValueError, RunError):  # an unreadable version: the variant runs as before
+        found = [m for m in refusals(profile, vllm) if m.entry.rechecked_for(vllm)] if vllm else []
+    except (ValueError, RunError):  # an unreadable version: the variant runs
         return ""
-    return f"not started: {found[0].message()} (serve refuses it)" if found else ""
+    return f"not started: {found[0].message()} (serve refuses it; vLLM does not)" if found else ""
 
 
 def _run_variant(run: ConformRun, profile: Profile, what: str) -> list[Completion] | str:
@@ -102,7 +105,11 @@ def _run_variant(run: ConformRun, profile: Profile, what: str) -> list[Completio
     try:
         run.servers.start(engine, profile, run.echo, what)
     except RunError as exc:
-        return f"vLLM refused {what}: {str(exc).splitlines()[0][:400]}"
+        refused = refusal(str(exc))
+        if refused:
+            return f"vLLM refused {what}: {refused!r}"
+        # A crash, an OOM or no health is this configuration's failure: the exit paragraph carries vLLM's last lines.
+        return f"FAILED: with {what} the server did not start: {str(exc)[-1500:]}"
     try:
         return checks.greedy(run.client, run.prompts, run.settings)
     except RunError as exc:
@@ -119,8 +126,13 @@ def _compare_variant(
     sides: tuple[str, str],
     note: str = "",
 ) -> None:
-    if isinstance(outputs, str) or isinstance(reference, str):
-        reason = outputs if isinstance(outputs, str) else str(reference)
+    if isinstance(reference, str) and not isinstance(outputs, str):
+        why = "its other side did not run (the row before says why)"
+        run.report.add(Check(name, "skipped", f"skipped: {why}"))
+        run.echo(f"  {name}: skipped: {why}")
+        return
+    if isinstance(outputs, str):
+        reason = outputs
         status = "failed" if reason.startswith("FAILED: ") else "skipped"
         reason = reason.removeprefix("FAILED: ") if status == "failed" else f"skipped: {reason}"
         run.report.add(Check(name, status, reason))
