@@ -129,6 +129,7 @@ def _faulty_profile(tmp_path: Path) -> Path:
     doc["args"]["logits-processors"] = [
         "sparkforge_faults:CorruptAfter",
         "sparkforge_faults:UnseededSampling",
+        "sparkforge_faults:ShiftedNumbers",
     ]
     doc["args"]["enable-prefix-caching"] = False
     # --logits-processors loads code by import name: off the allow-list, so the faulty profile opts in, as a
@@ -148,10 +149,11 @@ def _faults_caught(golden: Path, tmp_path: Path) -> None:
     report = tmp_path / "faults.json"
     code, out, seconds = conform(
         CONFORM_PROFILE, "--attach", f"http://127.0.0.1:{PORT}", "--golden", str(golden), "--json", str(report),
-        "--checks", "determinism,equivalence,prefix-cache,long-decode,api,golden",
+        "--checks", "determinism,equivalence,prefix-cache,long-decode,known-answers,api,golden",
     )  # fmt: skip
     REAL_TIMINGS["conform_attach_faults_s"] = round(seconds, 1)
-    assert code == 1 and "conform failed (determinism, prefix-cache, long-decode, golden)" in out, out[-5000:]
+    failed = "conform failed (determinism, long-decode, known-answers, prefix-cache, golden)"
+    assert code == 1 and failed in out, out[-5000:]
     rows = _rows(json.loads(report.read_text()))
     # Attached: the rows that need another server configuration say so; the in-server ones run (and pass: the
     # corruption is deterministic, so streaming and concurrency agree with it).
@@ -159,6 +161,14 @@ def _faults_caught(golden: Path, tmp_path: Path) -> None:
     assert "--attach" in rows["equivalence:prefix-caching"]["reason"]
     assert rows["equivalence:streaming"]["status"] == rows["equivalence:concurrency"]["status"] == "passed"
     assert rows["api"]["status"] == "passed", rows["api"]["reason"]
+    # The shifted numbers on the prompts asking for an answer: identical in every mode, so the comparisons and the
+    # progression rows see nothing; the known answers are wrong (the format probes, which ask no "answer", right).
+    known = rows["known-answers"]
+    assert known["status"] == "failed" and "first wrong" in known["reason"], known
+    assert (
+        known["details"]["by_kind"]["arithmetic"] == "0/20"
+        and known["details"]["by_kind"]["format"] == "20/20"
+    )
     # The seed fault: greedy runs agree, seeded sampling does not.
     assert rows["determinism"]["status"] == "failed" and "seed 1234 run 1" in rows["determinism"]["reason"]
     # The corruption from token 40: the long decode's first wrong token, and the golden's first divergence.

@@ -16,6 +16,7 @@ from sparkforge.extensions import Entry, Registry
 from sparkforge.run.conform.apisurface import api_row
 from sparkforge.run.conform.context import ConformRun
 from sparkforge.run.conform.golden import golden_row
+from sparkforge.run.conform.known_answers import known_answers
 from sparkforge.run.conform.served_checks import determinism_row, long_decode_row, prefix_cache_row
 from sparkforge.run.conform.variants import equivalence
 
@@ -29,6 +30,9 @@ ROWS: Registry[Row] = Registry(
               determinism_row, key="conform.seed"),
         Entry("long-decode", "a long greedy decode: no loop, no U+FFFD, no diversity collapse (and the known "
               "answer where the profile has one)", long_decode_row, key="conform.long_decode"),
+        Entry("known-answers", "the shipped probe set (arithmetic, copying, recall, counting, ordering, format) "
+              "as greedy chats: accuracy's Wilson 95 % lower bound at the floor", known_answers,
+              key="conform.known_answers"),
         Entry("prefix-cache", "a repeated long prefix registers hits in vLLM's /metrics counters",
               prefix_cache_row, key="conform.long_prompt_words"),
         Entry("api", "/v1/models, max_tokens, stop; image, tool call and reasoning where the profile enables them",
