@@ -67,7 +67,7 @@ def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-TRAIN_STEPS = 400
+TRAIN_STEPS = 1500  # the progression, the two turns and the six probe kinds (benchmarks/conform.md)
 
 
 def trained_model_key() -> str:

@@ -38,7 +38,9 @@ def _rows(doc: dict) -> dict[str, dict]:
     return {c["name"]: c for c in doc["checks"]}
 
 
-def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict, Path]) -> None:
+def test_conform_passes_every_row_on_the_trained_model(
+    clean_conform: tuple[dict, Path], trained_model: Path
+) -> None:
     doc, golden = clean_conform
     rows = _rows(doc)
     print(
@@ -49,7 +51,7 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     )
     assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
     ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
-           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden"}  # fmt: skip
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "known-answers", "api", "golden"}  # fmt: skip
     assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
     # The one skip is named: the twin profile does not use speculative decoding.
     assert rows["equivalence:speculative"]["status"] == "skipped"
@@ -59,6 +61,14 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     assert long["tokens"] == long["asked"] == 4096 and long["right"] == long["answer_tokens"] == 4096
     REAL_TIMINGS["greedy_accuracy_vllm"] = long["right"] / long["answer_tokens"]
     assert rows["prefix-cache"]["details"]["hit_tokens"] > 0
+    # The known answers: the trained model's accuracy on the row's probe set, served by vLLM and in transformers
+    # (accuracy.json), both at the profile's floor.
+    known = rows["known-answers"]["details"]
+    trained = json.loads((trained_model / "accuracy.json").read_text())["known_answers_bf16_transformers"]
+    REAL_TIMINGS["known_answers_vllm"] = known["accuracy"]
+    REAL_TIMINGS["known_answers_transformers"] = trained["right"] / trained["total"]
+    assert known["total"] == trained["total"] and known["wilson95"][0] >= known["floor"], known
+    assert trained["right"] / trained["total"] >= known["floor"], trained
     assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
     api = rows["api"]["details"]
     assert "3 asked, 3 returned" in api["max_tokens"] and "finish stop" in api["stop"]
