@@ -28,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+# conform's probe generator (sparkforge/run/conform/probes.py), mounted beside this file.
 sys.path.insert(0, str(Path(__file__).parent))
-import sparkforge_probes as probes  # noqa: E402 - mounted beside this file (sparkforge/run/conform/probes.py)
+import sparkforge_probes as probes
 
 VOCAB = 512
 SEQ = 96  # a recall probe (up to 12 filler sentences) and its answer in the chat template
