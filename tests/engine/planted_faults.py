@@ -4,9 +4,6 @@ Copied into a derived twin image (site-packages/sparkforge_faults.py) by tests/e
 it imports vLLM, so it is never imported on the host.
 - `CorruptAfter`: greedy decodes go wrong after CORRUPT_AFTER tokens (the field's silent garble, deterministic).
 - `UnseededSampling`: sampled requests ignore their seed (noise from a generator seeded anew each run).
-- `ShiftedNumbers`: on the prompts holding the word "answer" (as a wrong expert hits only the tokens routed to
-  it), every number comes out one higher, in every mode alike: no comparison of the server with itself sees it,
-  conform's known-answers row does (its probes ask "answer with the number only").
 Mode-specific ones (each silent in every other mode, so only the row meant for it can catch it):
 - `BatchedOnly`: greedy decodes go wrong only while more than one request is in the batch (concurrency).
 - `PrefixCachingOnly`: greedy decodes go wrong only in a server with prefix caching on (the prefix-cache
@@ -22,8 +19,6 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 CORRUPT_AFTER = int(os.environ.get("SPARKFORGE_FAULT_AFTER", "40"))
 WRONG = 104  # the word "user": never a number, so never the answer
-NUMBER_IDS = slice(4, 104)  # the tiny model's number words "0" .. "99"
-ANSWER = 115  # the word "answer"
 
 
 class CorruptAfter(AdapterLogitsProcessor):
@@ -114,21 +109,3 @@ class CrashWithoutChunkedPrefill(AdapterLogitsProcessor):
 
     def new_req_logits_processor(self, params):
         return None
-
-
-class ShiftedNumbers(AdapterLogitsProcessor):
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def new_req_logits_processor(self, params):
-        if params.temperature > 0:
-            return None
-
-        def shift(prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-            if ANSWER not in prompt_ids:
-                return logits
-            logits = logits.clone()
-            logits[NUMBER_IDS] = torch.roll(logits[NUMBER_IDS], 1)  # the argmax number n becomes n + 1
-            return logits
-
-        return shift

@@ -27,8 +27,6 @@ TINY_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml")
 TWIN_REF = "sparkforge-run-test/cpu-twin:vllm"
 MAKER = Path(__file__).with_name("tiny_qwen35moe.py")
 TRAINER = Path(__file__).with_name("tiny_trained_qwen35moe.py")
-# conform's known-answer probe generator: the trainer learns its items (mounted beside it, stdlib only).
-PROBES = Path(__file__).resolve().parents[2] / "sparkforge" / "run" / "conform" / "probes.py"
 REAL_TIMINGS: dict[str, float] = {}  # printed by the tests, recorded in benchmarks/serve-real.md
 
 
@@ -67,17 +65,12 @@ def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-TRAIN_STEPS = 1500  # the progression, the two turns and the six probe kinds (benchmarks/conform.md)
+TRAIN_STEPS = 400
 
 
 def trained_model_key() -> str:
     """The trained model's content key: the maker (task, config, seed, steps) and the twin recipe (torch)."""
-    digest = hashlib.sha256(
-        TRAINER.read_bytes()
-        + PROBES.read_bytes()
-        + Path(TWIN_RECIPE).read_bytes()
-        + str(TRAIN_STEPS).encode()
-    )
+    digest = hashlib.sha256(TRAINER.read_bytes() + Path(TWIN_RECIPE).read_bytes() + str(TRAIN_STEPS).encode())
     return digest.hexdigest()[:24]
 
 
@@ -96,7 +89,6 @@ def trained_model(cpu_twin: str) -> Path:
         sh(
             DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
             "--volume", f"{TRAINER}:/opt/tiny_trained_qwen35moe.py:ro", "--volume", f"{work}:/out",
-            "--volume", f"{PROBES}:/opt/sparkforge_probes.py:ro",
             cpu_twin, "/opt/tiny_trained_qwen35moe.py", "/out", str(TRAIN_STEPS), timeout=1800,
         )  # fmt: skip
         sh("chmod", "-R", "a+rX", str(work))

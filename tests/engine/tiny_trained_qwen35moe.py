@@ -12,10 +12,6 @@ transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta
 processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as bf16
 safetensors; greedy accuracy is measured on held-out prompts and written to `accuracy.json`. Head sizes are
 the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
-It also learns conform's known-answer probes (sparkforge/run/conform/probes.py, mounted beside this file as
-sparkforge_probes.py: arithmetic, copying, long-range recall, counting, ordering, format following) as chat
-turns that end: the same generator's items, so conform's `known-answers` row is exercised here; its accuracy on
-the row's default probe set is measured in transformers and written to `accuracy.json`.
 An MTP layer (`mtp.*`, what vLLM's Qwen3_5MoeMTP drafter loads) is added after training, UNTRAINED:
 transformers' Qwen3_5Moe has no MTP module to train; greedy output must not depend on what a drafter proposes.
 Usage (in the image): python3 tiny_trained_qwen35moe.py OUT_DIR [STEPS]
@@ -28,14 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-# conform's probe generator (sparkforge/run/conform/probes.py), mounted beside this file.
-sys.path.insert(0, str(Path(__file__).parent))
-import sparkforge_probes as probes
-
 VOCAB = 512
-SEQ = 96  # a recall probe (up to 12 filler sentences) and its answer in the chat template
-PROBE_SEED = 0  # conform's default known_answers.seed: the probe set the row asks
-PROBE_COUNT = 120
 MODULUS = 100
 STEPS = (1, 2, 3, -1)
 SEED = 0
@@ -92,7 +81,6 @@ CHAT_PREFIX = ["<|im_start|>", "user", "<|im_end|>", "<|im_start|>", "assistant"
 
 def words() -> list[str]:
     listed = [*SPECIALS, *NUMBERS, *WORDS, *VISION, *MARKUP]
-    listed += [w for w in dict.fromkeys(probes.WORDS) if w not in listed]  # after the rest: their ids stay
     return listed + [f"w{i}" for i in range(VOCAB - len(listed))]
 
 
@@ -156,26 +144,13 @@ def turn(opening: str, reply: list[str], length: int) -> tuple[list[int], list[i
     return prompt + answer + [ids["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
 
 
-def probe_turn(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
-    """A known-answer probe as conform asks it: the chat template (the user's text opens the assistant's turn),
-    the answer learnt, then the end of the turn."""
-    ids = {w: i for i, w in enumerate(words())}
-    item = probes.probe(rng.choice(probes.KINDS), rng)
-    prompt = [ids[w] for w in (*CHAT_PREFIX, *item.prompt.split())]
-    answer = [ids[w] for w in (*item.answer.split(), "<|im_end|>")]
-    pad = length - len(prompt) - len(answer)
-    return prompt + answer + [ids["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
-
-
 def mixed(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
-    """The training mix: progressions, known-answer probes, one in ten a tool call or a thought."""
+    """The training mix: mostly progressions, one in ten a tool call or a thought."""
     draw = rng.random()
     if draw < 0.05:
         return turn("<tools>", TOOL_CALL, length)
     if draw < 0.10:
         return turn("<think>", THOUGHT, length)
-    if draw < 0.55:
-        return probe_turn(rng, length)
     return example(rng, length)
 
 
@@ -219,7 +194,7 @@ def train(net, torch, steps: int, rng: random.Random) -> list[float]:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     losses = []
     for _ in range(steps):
-        batch = [mixed(rng, SEQ) for _ in range(8)]
+        batch = [mixed(rng, 64) for _ in range(8)]
         ids = torch.tensor([b[0] for b in batch])
         labels = ids.clone()
         labels[torch.tensor([b[1] for b in batch]) == 0] = -100
@@ -268,23 +243,6 @@ def turns_exact(net, torch) -> dict:
     return exact
 
 
-def known_answers(net, torch) -> dict:
-    """Greedy replies to conform's default probe set (seed 0, 120 probes) in the chat template, judged by the row's
-    own rule: right / asked, per kind."""
-    ids = {w: i for i, w in enumerate(words())}
-    right: dict[str, list[int]] = {}
-    with torch.no_grad():
-        for item in probes.probe_set(PROBE_SEED, PROBE_COUNT):
-            prompt = [ids[w] for w in (*CHAT_PREFIX, *item.prompt.split())]
-            got = net.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                               pad_token_id=1, eos_token_id=3)[0, len(prompt):].tolist()  # fmt: skip
-            text = " ".join(words()[i] for i in got if i != 3)
-            right.setdefault(item.kind, []).append(int(item.judge(text)))
-    total = sum(len(v) for v in right.values())
-    hits = sum(sum(v) for v in right.values())
-    return {"right": hits, "total": total, "by_kind": {k: f"{sum(v)}/{len(v)}" for k, v in right.items()}}
-
-
 def mtp_layer(out: Path, torch) -> None:
     """Qwen3.5's multi-token-prediction layer beside the weights, untrained: fc joins the normed embedding of the
     next token and the normed hidden state (identity on the hidden half), one full-attention MoE decoder layer
@@ -316,7 +274,6 @@ def model(out: Path, steps: int) -> dict:
     net = net.to(torch.bfloat16)
     measured = accuracy(net, torch, random.Random(SEED + 1))
     turns = turns_exact(net, torch)
-    answers = known_answers(net, torch)
     net.config.dtype = torch.bfloat16
     net.save_pretrained(out, safe_serialization=True)
     mtp_layer(out, torch)
@@ -329,7 +286,6 @@ def model(out: Path, steps: int) -> dict:
         "final_loss": round(sum(losses[-20:]) / 20, 5),
         "greedy_bf16_transformers": measured,
         "turns_exact_bf16": turns,
-        "known_answers_bf16_transformers": answers,
         "parameters": sum(p.numel() for p in net.parameters()),
     }
     (out / "accuracy.json").write_text(json.dumps(facts, indent=1) + "\n")
