@@ -19,50 +19,10 @@ THINGS = ("cat", "dog", "sun", "tree", "car", "book")
 FILLER = "the sky is blue ."
 # Every word a prompt or an answer uses besides the numbers 0-99 (a word-level tokenizer needs each one).
 WORDS = (
-    *[
-        "what",
-        "is",
-        "plus",
-        "?",
-        "answer",
-        "with",
-        "the",
-        "number",
-        "only",
-        ".",
-        "repeat",
-        "these",
-        "numbers",
-        ":",
-        "remember",
-        "did",
-        "i",
-        "ask",
-        "you",
-        "to",
-        "how",
-        "many",
-    ],
-    *[
-        "words",
-        "are",
-        "in",
-        "this",
-        "list",
-        "sort",
-        "from",
-        "smallest",
-        "largest",
-        "write",
-        "separated",
-        "by",
-        "commas",
-        ",",
-        "sky",
-        "blue",
-    ],
-    *THINGS,
-)
+    "what", "is", "plus", "?", "answer", "with", "the", "number", "only", ".", "repeat", "these", "numbers", ":",
+    "remember", "did", "i", "ask", "you", "to", "how", "many", "words", "are", "in", "this", "list", "sort", "from",
+    "smallest", "largest", "write", "separated", "by", "commas", ",", "sky", "blue", *THINGS,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
