@@ -18,6 +18,7 @@ from sparkforge.cli.run import (
     node_engine,
     node_engines,
 )
+from sparkforge.run.conform.rows import ROWS
 
 
 @task(
@@ -29,7 +30,9 @@ from sparkforge.cli.run import (
             if k not in ("no_preflight", "dry", "weights", "trust_remote_code")
         },
         "attach": "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-        "checks": "comma-separated checks to run (default: the profile's conform.checks, else all): determinism, equivalence, long-decode, prefix-cache, api, golden",
+        "checks": ROWS.help_text(
+            "comma-separated rows to run (default: the profile's conform.checks, else all):"
+        ),
         "record": "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
         "golden": "the golden file (default: golden/<profile>.json)",
         "json": "write the JSON report here",

@@ -28,6 +28,17 @@ class UpstreamReport(BaseModel):
     title: Annotated[str, Field(min_length=1)]
 
 
+class Recheck(BaseModel):
+    """When the entry was last held against upstream: the pinned vLLM versions it was checked for, the day, and
+    what the upstream reports said then (an open issue, a fix in no release)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vllm: Annotated[list[Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")]], Field(min_length=1)]
+    date: Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$")]
+    upstream: Annotated[str, Field(min_length=1)]
+
+
 class KnownBad(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,10 +51,18 @@ class KnownBad(BaseModel):
     what: str
     fix: str
     reports: Annotated[list[UpstreamReport], Field(min_length=1)]
+    checked: Recheck
+
+    def rechecked_for(self, vllm: str) -> bool:
+        """Whether the entry was re-checked against this vLLM release (a local build suffix ignored)."""
+        return vllm.split("+")[0] in self.checked.vllm
 
     def describe(self) -> str:
         cited = "; ".join(f"{r.url} ({r.title})" for r in self.reports)
-        return f"{self.what} (vLLM {self.vllm}; reported in {cited}); fix: {self.fix}"
+        return (
+            f"{self.what} (vLLM {self.vllm}; reported in {cited}; re-checked {self.checked.date} for vLLM "
+            f"{', '.join(self.checked.vllm)}: {self.checked.upstream}); fix: {self.fix}"
+        )
 
 
 @dataclass(frozen=True)

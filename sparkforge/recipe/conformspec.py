@@ -10,7 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
-CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden")
+# The rows a profile may name: sparkforge/run/conform/rows.py declares them (recipe/ sits below run/, so the
+# names are repeated here; tests/unit/test_conform_rows.py holds the two equal).
+CHECKS = ("determinism", "long-decode", "known-answers", "prefix-cache", "api", "golden", "equivalence")
 DEFAULT_PROMPTS = (
     "The capital of France is",
     "List the first ten prime numbers:",
@@ -40,6 +42,21 @@ class KnownAnswer(BaseModel):
 
     kind: Literal["progression"]
     modulus: Annotated[int, Field(ge=2, le=100000)]
+
+
+class KnownAnswers(BaseModel):
+    """The `known-answers` row: how many shipped probes (sparkforge/run/conform/probes.py) from which seed, and the
+    accuracy the Wilson 95 % interval's lower bound must reach."""
+
+    model_config = STRICT
+
+    seed: Annotated[int, Field(ge=0, le=2**31)] = 0
+    # 120 probes right to the last: a lower bound of 0.97; one wrong in 120: 0.95.
+    count: Annotated[int, Field(ge=6, le=2000)] = 120
+    floor: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_tokens: Annotated[int, Field(ge=4, le=1024)] = 48
+    # Filler sentences between the fact and the question of a recall probe (up to this many, at least half).
+    recall_span: Annotated[int, Field(ge=2, le=2000)] = 12
 
 
 class LongDecode(BaseModel):
@@ -77,4 +94,5 @@ class ConformSettings(BaseModel):
         "What is in this image? Answer in one word."
     )
     known_answer: KnownAnswer | None = None
+    known_answers: KnownAnswers = Field(default_factory=KnownAnswers)
     checks: list[Literal[CHECKS]] = Field(default_factory=lambda: list(CHECKS))  # type: ignore[valid-type]

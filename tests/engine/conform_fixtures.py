@@ -4,9 +4,11 @@ used by test_conform_real.py: one run, three server starts)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from cluster import DOCKER, sh
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
 from test_serve_real import invoke
 
@@ -15,6 +17,20 @@ from sparkforge.recipe.loader import REPO_ROOT
 CONFORM_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
 
 PORT = "18481"
+FAULTS = Path(__file__).with_name("planted_faults.py")
+FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def faulty_image(cpu_twin: str, context: Path) -> str:
+    """The twin plus one layer holding tests/engine/planted_faults.py (built in seconds); the caller removes it."""
+    context.mkdir()
+    shutil.copy(FAULTS, context / "sparkforge_faults.py")
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
+    )
+    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
+    return FAULTY
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:

@@ -18,14 +18,13 @@ seed, long-decode and golden the corruption (naming token 40 and both continuati
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, PORT, conform, launch_args
+from conform_fixtures import CONFORM_PROFILE, FAULTY, PORT, conform, faulty_image, launch_args
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
@@ -93,25 +92,13 @@ def _running() -> list[str]:
     ).stdout.split()  # fmt: skip
 
 
-FAULTS = Path(__file__).with_name("planted_faults.py")
-FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
-SITE = "/opt/venv/lib/python3.11/site-packages"
-
-
 def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_caught(
     cpu_twin: str, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
 ) -> None:
     """One server start for two stories: serve keeps a deployment whose answer check fails, conform refuses to
     start over it and attaches to it instead; that deployment carries the planted faults, each caught."""
     _, golden = clean_conform
-    context = tmp_path / "faulty-image"
-    context.mkdir()
-    shutil.copy(FAULTS, context / "sparkforge_faults.py")
-    (context / "Dockerfile").write_text(
-        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
-    )
-    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
-    args = launch_args(FAULTY, trained_model, tmp_path / "cache")
+    args = launch_args(faulty_image(cpu_twin, tmp_path / "faulty-image"), trained_model, tmp_path / "cache")
     try:
         code, out, _ = invoke(
             "serve", "--recipe", TWIN_RECIPE, "--profile", str(_faulty_profile(tmp_path)), *args[:-2]
@@ -164,7 +151,8 @@ def _faults_caught(golden: Path, tmp_path: Path) -> None:
         "--checks", "determinism,equivalence,prefix-cache,long-decode,api,golden",
     )  # fmt: skip
     REAL_TIMINGS["conform_attach_faults_s"] = round(seconds, 1)
-    assert code == 1 and "conform failed (determinism, prefix-cache, long-decode, golden)" in out, out[-5000:]
+    failed = "conform failed (determinism, long-decode, prefix-cache, golden)"
+    assert code == 1 and failed in out, out[-5000:]
     rows = _rows(json.loads(report.read_text()))
     # Attached: the rows that need another server configuration say so; the in-server ones run (and pass: the
     # corruption is deterministic, so streaming and concurrency agree with it).

@@ -44,7 +44,7 @@ def _closed_port() -> int:
 
 def test_an_unknown_check_is_named_with_the_choices() -> None:
     message = _refused(recipe=TWIN, profile=str(TINY), checks="determinism,bogus")
-    assert "unknown check 'bogus'" in message and "nothing was started or stopped" in message
+    assert "unknown conform row 'bogus'" in message and "nothing was run" in message
     assert "long-decode" in message  # the choices
 
 

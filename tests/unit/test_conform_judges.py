@@ -12,11 +12,12 @@ from invoke.exceptions import Exit
 from sparkforge.cli.run import serve
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.knownbad import guard, known_bad_check, load_known_bad, matches
-from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import list_profile_names, load_profile
 from sparkforge.run.conform.client import counter
 from sparkforge.run.conform.garble import GarbleRules, exactness, judge, progression_answer
 from sparkforge.run.conform.served_checks import first_divergence
+from sparkforge.run.conform.servers import refusal
 
 RULES = GarbleRules()
 
@@ -118,3 +119,57 @@ def test_shipped_profiles_carry_conform_settings_a_spark_owner_can_run() -> None
         settings = load_profile(name).model.conform
         assert settings is not None, name
         assert settings.long_decode.tokens >= 4096 and settings.prompts
+
+
+def test_every_known_bad_entry_was_re_checked_for_every_pinned_vllm() -> None:
+    pinned = {
+        load_recipe(path).model.components.vllm.version
+        for path in [
+            *sorted((REPO_ROOT / "recipes").glob("[!_]*.yaml")),
+            REPO_ROOT / "tests/recipes/ci-cpu-twin.yaml",
+        ]
+        if load_recipe(path).model.components.vllm is not None
+    }
+    assert pinned
+    for entry in load_known_bad():
+        missing = sorted(v for v in pinned if not entry.rechecked_for(v))
+        assert not missing, (
+            f"known_bad.yaml entry {entry.id} was not re-checked for the pinned vLLM {missing}; fix: read its "
+            "upstream reports again (still open? a fix in that release?) and update its `checked`"
+        )
+        assert "re-checked" in entry.describe() and entry.checked.upstream in entry.describe()
+
+
+# vLLM's own words when it refuses a configuration (pydantic config checks, its argument parser, engine-args
+# checks), and what a crash at start looks like (explain_exit's paragraph with the last log lines).
+REFUSED = [
+    (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+        "  Value error, Chunked prefill is required for mamba cache mode 'align' [type=value_error, input_value=",
+        "Chunked prefill is required for mamba cache mode 'align'",
+    ),
+    ("vllm serve: error: unrecognized arguments: --bogus-flag 1", "unrecognized arguments: --bogus-flag 1"),
+    (
+        "ValueError: Speculative decoding is not supported with pipeline parallelism",
+        "Speculative decoding is not",
+    ),
+]
+CRASHED = [
+    "vLLM on local (rank 0) exited with code 1: vLLM exited; fix: read the log lines below. Every container of "
+    "this launch was removed.\n  last lines on local:\n    torch.AcceleratorError: CUDA error: an illegal memory "
+    "access was encountered\n    RuntimeError: Engine core initialization failed. See root cause above.",
+    "the GPU ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)",
+    "stage health: vLLM did not become healthy within 900 s after the weights were on disk (the head was "
+    "capturing CUDA graphs)",
+    "RuntimeError: planted start-up crash (tests/engine/planted_faults.py)",
+]
+
+
+@pytest.mark.parametrize(("message", "words"), REFUSED)
+def test_a_configuration_vllm_refuses_is_told_apart_quoting_vllm(message: str, words: str) -> None:
+    assert refusal(message).startswith(words)
+
+
+@pytest.mark.parametrize("message", CRASHED)
+def test_a_crash_oom_or_timeout_at_start_is_not_a_refusal(message: str) -> None:
+    assert refusal(message) == ""

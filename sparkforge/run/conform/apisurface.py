@@ -19,6 +19,7 @@ from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
+from sparkforge.run.conform.context import ConformRun
 
 PNG_SIDE = 64
 
@@ -66,7 +67,7 @@ def api(
     else:
         results["stop"] = "skipped: the first prompt's answer has fewer than 3 words to stop at"
     args = {k.replace("_", "-"): v for k, v in profile.model.args.items()}
-    thinking = _thinking(args, False)
+    thinking = thinking_switch(args, False)
     results["image"] = _image(client, profile, settings, args, failures, thinking)
     results["tool_call"] = _tool_call(client, args, failures, thinking)
     results["reasoning"] = _reasoning(client, args, failures)
@@ -75,12 +76,16 @@ def api(
     return Check("api", "passed", "; ".join(f"{k}: {v}" for k, v in results.items()), results)
 
 
-def _thinking(args: dict, on: bool) -> dict:
+def api_row(run: ConformRun) -> None:
+    run.timed("api", lambda: api(run.client, run.profile, run.settings, run.reference))
+
+
+def thinking_switch(args: dict, on: bool) -> dict:
     """The chat's thinking switch where the profile has a reasoning parser (nothing to say otherwise)."""
     return {"chat_template_kwargs": {"enable_thinking": on}} if args.get("reasoning-parser") else {}
 
 
-def _chat(client: OpenAIClient, content, **extra) -> dict:
+def chat(client: OpenAIClient, content, **extra) -> dict:
     """One greedy chat completion: the whole reply (choices and usage)."""
     body = {"model": client.model, "messages": [{"role": "user", "content": content}], "max_tokens": 64,
             "temperature": 0.0, **extra}  # fmt: skip
@@ -102,8 +107,8 @@ def _image(
     text = {"type": "text", "text": settings.image_prompt}
     image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_base64()}"}}
     try:
-        reply = _chat(client, [image, text], max_tokens=16, **thinking)
-        plain = _chat(client, [text], max_tokens=1, **thinking)
+        reply = chat(client, [image, text], max_tokens=16, **thinking)
+        plain = chat(client, [text], max_tokens=1, **thinking)
     except Exception as exc:  # vLLM's refusal is the finding
         failures.append(f"an image_url (base64 PNG, {PNG_SIDE}x{PNG_SIDE}) was refused: {str(exc)[:300]}")
         return "refused"
@@ -130,7 +135,7 @@ def _tool_call(client: OpenAIClient, args: dict, failures: list[str], thinking: 
         return "skipped: the profile enables no tool-call parser"
     tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
-    choice = _chat(
+    choice = chat(
         client,
         "What is the weather in Paris? Use the tool.",
         tools=[tool],
@@ -156,8 +161,11 @@ def _reasoning(client: OpenAIClient, args: dict, failures: list[str]) -> str:
     if not args.get("reasoning-parser"):
         return "skipped: the profile enables no reasoning parser"
     message = (
-        _chat(
-            client, "What is 17 * 23? Answer with the number only.", max_tokens=2048, **_thinking(args, True)
+        chat(
+            client,
+            "What is 17 * 23? Answer with the number only.",
+            max_tokens=2048,
+            **thinking_switch(args, True),
         )["choices"][0].get("message")
         or {}
     )

@@ -15,6 +15,7 @@ from sparkforge.boundary import list_files, read_bytes, read_json, write_output
 from sparkforge.errors import InputError, RunError
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
+from sparkforge.run.conform.context import ConformOptions, ConformRun
 from sparkforge.run.conform.served_checks import first_divergence
 
 FORMAT = "sparkforge-golden/1"
@@ -168,3 +169,33 @@ def compare(
         found.describe(("the golden", "this run"), client) + f" (differs: {changed})",
         details,
     )
+
+
+def golden_input(
+    options: ConformOptions, profile: str, model: str, revision: dict[str, str]
+) -> Golden | None:
+    """The golden file a comparing run reads, refused before anything starts; None when there is none to read."""
+    path = options.golden or Path("golden") / f"{profile}.json"
+    if options.record or not (options.explicit_golden or path.exists()):
+        return None
+    return read_golden(path, model, revision)
+
+
+def golden_row(run: ConformRun) -> None:
+    """`--record` stores the reference pass; otherwise it is compared with the golden file (skipped: none)."""
+    path = run.options.golden or Path("golden") / f"{run.profile.name}.json"
+    image = run.options.launch.image if run.options.launch else run.options.image_ref
+    provenance = {
+        "profile": run.profile.name,
+        "model": run.inputs["revision"],
+        "image": {"ref": image, "id": run.engines[0].image_id(image) if image else None},
+        "vllm": run.report.extra["vllm"],
+        "tokenizer_ids": tokenizer_fingerprint(run.client),
+    }
+    golden = run.inputs.get("golden")
+    if run.options.record:
+        run.timed("golden", lambda: record(path, run.prompts, run.reference, provenance))
+    elif golden is not None:
+        run.timed("golden", lambda: compare(golden, run.prompts, run.reference, provenance, run.client))
+    else:
+        run.report.add(Check("golden", "skipped", f"no golden at {path}; fix: record one with --record"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient, counter
+from sparkforge.run.conform.context import ConformRun
 from sparkforge.run.conform.garble import GarbleRules, exactness, judge
 
 
@@ -199,3 +200,23 @@ def long_decode(client: OpenAIClient, settings: ConformSettings) -> Check:
         f"{len(done.token_ids)} tokens, no loop, no U+FFFD, no diversity collapse{exact}",
         details,
     )
+
+
+# The rows (sparkforge/run/conform/rows.py declares them): each adds its check to the run's report.
+def determinism_row(run: ConformRun) -> None:
+    run.timed("determinism", lambda: determinism(run.client, run.settings, run.reference))
+
+
+def long_decode_row(run: ConformRun) -> None:
+    run.timed("long-decode", lambda: long_decode(run.client, run.settings))
+
+
+def prefix_cache_row(run: ConformRun) -> None:
+    def row() -> Check:
+        found = prefix_cache(run.client, run.settings)
+        flags = {k.replace("_", "-"): v for k, v in run.profile.model.args.items()}
+        if found.status == "failed" and flags.get("enable-prefix-caching", True) is False:
+            found.reason += " (the profile itself sets enable-prefix-caching: false)"
+        return found
+
+    run.timed("prefix-cache", row)

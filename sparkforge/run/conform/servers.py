@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkforge.boundary import linear_regex
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
@@ -20,6 +21,24 @@ from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.serve import serve_down, serve_up
+
+# How vLLM refuses a flag combination before it starts anything (config validation, argument parsing): only these
+# make a variant that did not start `skipped`; any other start failure (a crash, OOM, no health) is `failed`.
+REFUSALS = (
+    r"validation errors? for \w*Config\s+Value error, ([^\n\[]+)",  # a config's own check (pydantic)
+    r"error: (unrecognized arguments: [^\n]+|argument [^\n]+)",  # vllm serve's argument parser
+    r"(?:ValueError|NotImplementedError): ([^\n]*(?:not supported|unsupported|is required|requires|must be|cannot "
+    r"be used|only supported|incompatible|not compatible)[^\n]*)",  # an engine-args check
+)
+
+
+def refusal(message: str) -> str:
+    """vLLM's own words where a failed start is vLLM refusing the configuration, else ''."""
+    for pattern in REFUSALS:
+        found = linear_regex(pattern).search(message)
+        if found:
+            return found.group(1).strip()[:400]
+    return ""
 
 
 @dataclass

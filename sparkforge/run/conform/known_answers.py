@@ -1,0 +1,85 @@
+"""The `known-answers` row: the shipped probe set (sparkforge/run/conform/probes.py, from the profile's seed) asked
+as greedy chats, each reply right or wrong; accuracy with its Wilson 95 % interval, passed when the interval's
+lower bound reaches the profile's floor (`conform.known_answers.floor`): a deterministic fault that is identical
+in every mode (a scale off by a constant, wrong expert routing) fails here while every comparison of the server
+with itself passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from sparkforge.recipe.conformspec import KnownAnswers
+from sparkforge.report import Check
+from sparkforge.run.conform.apisurface import chat, thinking_switch
+from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.probes import Probe, probe_set
+
+Z95 = 1.959964
+
+
+def wilson(right: int, total: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of right/total (95 % by default); (0, 1) for no trials."""
+    if total <= 0:
+        return 0.0, 1.0
+    p = right / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
+    """The row's verdict from the replies (one per probe, in order)."""
+    right = [probe.judge(reply) for probe, reply in zip(probes, replies, strict=True)]
+    total, hits = len(probes), sum(right)
+    low, high = wilson(hits, total)
+    kinds, kinds_right = (
+        Counter(p.kind for p in probes),
+        Counter(p.kind for p, ok in zip(probes, right, strict=True) if ok),
+    )
+    wrong = [{"kind": p.kind, "prompt": p.prompt, "answer": p.answer, "reply": r[:200]}
+             for p, r, ok in zip(probes, replies, right, strict=True) if not ok]  # fmt: skip
+    details = {
+        "right": hits, "total": total, "accuracy": round(hits / total, 4), "wilson95": [round(low, 4), round(high, 4)],
+        "floor": spec.floor, "seed": spec.seed, "by_kind": {k: f"{kinds_right[k]}/{n}" for k, n in kinds.items()},
+        "wrong": wrong[:10],
+    }  # fmt: skip
+    summary = (f"{hits}/{total} right ({hits / total:.1%}, Wilson 95 % [{low:.3f}, {high:.3f}]) against the floor "
+               f"{spec.floor:g}; by kind {details['by_kind']}")  # fmt: skip
+    if low >= spec.floor:
+        return Check("known-answers", "passed", summary, details)
+    first = wrong[0] if wrong else None
+    shown = (
+        f"; first wrong: {first['prompt'][:120]!r} -> {first['reply'][:80]!r}, want {first['answer']!r}"
+        if first
+        else ""
+    )
+    why = "the interval's lower bound is below the floor" + (
+        " (too few probes to tell)" if hits == total else ""
+    )
+    return Check("known-answers", "failed", f"{summary}: {why}{shown}", details)
+
+
+def reply_text(doc: object) -> str:
+    """The first choice's message content of a chat reply ('' where the server sent none)."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = first.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def known_answers(run: ConformRun) -> None:
+    spec = run.settings.known_answers
+    probes = probe_set(spec.seed, spec.count, spec.recall_span)
+    args = {k.replace("_", "-"): v for k, v in run.profile.model.args.items()}
+
+    def row() -> Check:
+        thinking = thinking_switch(args, False)
+        replies = [
+            reply_text(chat(run.client, p.prompt, max_tokens=spec.max_tokens, **thinking)) for p in probes
+        ]
+        return score(probes, replies, spec)
+
+    run.timed("known-answers", row)
