@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
-CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden")
+CHECKS = ("determinism", "equivalence", "long-decode", "prefix-cache", "api", "golden", "reference")
 DEFAULT_PROMPTS = (
     "The capital of France is",
     "List the first ten prime numbers:",

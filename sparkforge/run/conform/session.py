@@ -29,6 +29,9 @@ from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as rows
 from sparkforge.run.conform.apisurface import api
 from sparkforge.run.conform.client import Completion, OpenAIClient, check_url
+from sparkforge.run.conform.kernels import served_kernels
+from sparkforge.run.conform.logprobs import TOP_K
+from sparkforge.run.conform.reference import ReferenceRun, reference_row
 from sparkforge.run.conform.servers import Servers
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions
@@ -49,6 +52,7 @@ class ConformOptions:
     health_timeout_s: float = 1800
     image_ref: str | None = None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
+    gpu: str | None = None  # the recipe's GPU (sm_121): `invoke kernels`' prediction beside what vLLM logged
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -77,6 +81,11 @@ def variant(profile: Profile, **changes: Any) -> Profile:
     args.update({k: v for k, v in changes.items() if v is not None})
     model = profile.model.model_copy(update={"args": args})
     return Profile(profile.name, profile.path, model, profile.lines)
+
+
+def batch_invariant(profile: Profile) -> bool:
+    """vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1): the one configuration held to exact equality."""
+    return str(profile.model.env.get("VLLM_BATCH_INVARIANT", "0")) == "1"
 
 
 def prefix_caching_on(profile: Profile) -> bool:
@@ -124,11 +133,19 @@ def run_conform(
         reference = _base_rows(
             report, client, profile, settings, selected, options, golden, revision, golden_path, engine, echo
         )
+        prompt_ids = (
+            [client.tokenize(p) for p in rows.prompt_set(settings)] if "reference" in selected else []
+        )
+        if servers.started and len(engines) == 1:
+            image = options.launch.image if options.launch else options.image_ref
+            report.extra["kernels"] = served_kernels(engine, profile, image, options.gpu, model_dir)
         if "equivalence" in selected:
             _variant_rows(report, client, engines, profile, settings, options, servers, echo, reference)
     finally:
         servers.keep_failed_logs(engines, profile, report, echo)
         servers.stop(engines, profile)
+    if "reference" in selected:
+        _reference_row(report, engine, profile, settings, options, reference, prompt_ids, echo)
     report.extra.update(
         {
             "profile": profile.name,
@@ -168,14 +185,19 @@ def _base_rows(
 ) -> list[Completion]:
     prompts = rows.prompt_set(settings)
     start = time.monotonic()
-    reference = rows.greedy(client, prompts, settings)
+    # A warm-up pass first: the reference pass is then a prefix-cache hit like every later one (like with like).
+    rows.greedy(client, prompts, settings)
+    reference = rows.greedy(client, prompts, settings, logprobs=TOP_K)
     report.extra["reference_s"] = round(time.monotonic() - start, 1)
     report.extra["vllm"] = client.version()
+    exact = batch_invariant(profile)
     if "determinism" in selected:
         _timed(report, echo, "determinism", lambda: rows.determinism(client, settings, reference))
     if "equivalence" in selected:
-        _timed(report, echo, "equivalence:streaming", lambda: rows.streaming(client, settings, reference))
-        _timed(report, echo, "equivalence:concurrency", lambda: rows.concurrency(client, settings, reference))
+        _timed(report, echo, "equivalence:streaming",
+               lambda: rows.streaming(client, settings, reference, exact=exact))  # fmt: skip
+        _timed(report, echo, "equivalence:concurrency",
+               lambda: rows.concurrency(client, settings, reference, exact=exact))  # fmt: skip
     if "prefix-cache" in selected:
         _timed(report, echo, "prefix-cache", lambda: _prefix_row(client, profile, settings))
     if "long-decode" in selected:
@@ -232,6 +254,7 @@ def _variant_rows(
             report.add(Check(name, "skipped", why))
         return
     prompts = rows.prompt_set(settings)
+    exact = batch_invariant(profile)
     on = prefix_caching_on(profile)
     no_prefix = variant(profile, **{"enable-prefix-caching": not on})
     refused = _known_bad(no_prefix, str(report.extra.get("vllm") or ""))
@@ -254,6 +277,7 @@ def _variant_rows(
         outputs,
         ("prefix caching " + ("on" if on else "off"), "off" if on else "on"),
         client,
+        exact=exact,
     )
     args = _norm(profile.model.args)
     batched = max(int(args.get("max-model-len", 8192)), int(args.get("max-num-batched-tokens", 0) or 0))
@@ -269,7 +293,7 @@ def _variant_rows(
     outputs2 = _run_variant(
         engine, no_chunk, options, servers, echo, prompts, settings, client, "chunked prefill off"
     )
-    _compare_variant(report, echo, names[1], chunk_ref, outputs2, ("chunked prefill on", "off"), client,
+    _compare_variant(report, echo, names[1], chunk_ref, outputs2, ("chunked prefill on", "off"), client, exact=exact,
                      note="both sides with prefix caching off: vLLM requires chunked prefill for hybrid models' prefix-cache mode")  # fmt: skip
     if not args.get("speculative-config"):
         report.add(Check(names[2], "skipped", "the profile does not use speculative decoding"))
@@ -278,7 +302,32 @@ def _variant_rows(
     outputs3 = _run_variant(
         engine, no_spec, options, servers, echo, prompts, settings, client, "speculative decoding off"
     )
-    _compare_variant(report, echo, names[2], reference, outputs3, ("speculative on", "off"), client)
+    _compare_variant(
+        report, echo, names[2], reference, outputs3, ("speculative on", "off"), client, exact=exact
+    )
+
+
+def _reference_row(report, engine, profile, settings, options, served, prompt_ids, echo) -> None:
+    """The served answers against transformers on the same weights, after every server conform started stopped."""
+    why = ""
+    if options.attach or options.launch is None:
+        why = ("--attach: conform did not start the server, so it cannot free its memory for the reference; fix: run "
+               "conform without --attach (with --model-dir)")  # fmt: skip
+    elif options.launch.model_dir is None:
+        why = "the reference reads the weights from --model-dir; fix: pass --model-dir (the checkpoint's folder)"
+    elif not prompt_ids:
+        why = "the served prompts were not tokenized"
+    if why:
+        report.add(Check("reference", "skipped", why))
+        echo(f"  reference: skipped: {why}")
+        return
+    echo(
+        "conform: the transformers reference (the servers are stopped: one copy of the weights in memory) ..."
+    )
+    run = ReferenceRun(options.launch.image, options.launch.model_dir, options.launch.gpus)
+    row = reference_row(engine, run, profile, served, prompt_ids, settings.max_tokens)
+    report.add(row)
+    echo(f"  reference: {row.status} ({row.duration_s:.1f} s) {row.reason[:600]}")
 
 
 def _known_bad(profile: Profile, vllm: str) -> str:
@@ -298,14 +347,16 @@ def _run_variant(
     except RunError as exc:
         return f"vLLM refused {what}: {str(exc).splitlines()[0][:400]}"
     try:
-        return rows.greedy(client, prompts, settings)
+        return rows.greedy(client, prompts, settings, logprobs=TOP_K)
     except RunError as exc:
         kept = keep_logs([engine], [f"sparkforge-serve-{profile.name}-0"])
         echo(f"  with {what} a request failed: the server's log is kept in {kept}")
         return f"FAILED: with {what} a request failed: {str(exc)[:400]} (the server's log: {kept})"
 
 
-def _compare_variant(report, echo, name, reference, outputs, sides, client, note: str = "") -> None:
+def _compare_variant(
+    report, echo, name, reference, outputs, sides, client, note: str = "", exact: bool = False
+) -> None:
     if isinstance(outputs, str) or isinstance(reference, str):
         reason = outputs if isinstance(outputs, str) else reference
         status = "failed" if reason.startswith("FAILED: ") else "skipped"
@@ -314,7 +365,7 @@ def _compare_variant(report, echo, name, reference, outputs, sides, client, note
         echo(f"  {name}: {status}: {reason}")
         return
     start = time.monotonic()
-    row = rows.compare_row(name, reference, outputs, sides, client)
+    row = rows.compare_row(name, reference, outputs, sides, client, exact=exact)
     row.duration_s = time.monotonic() - start
     if note:
         row.details["note"] = note
