@@ -125,7 +125,7 @@ def conform(
         health_timeout_s=health_timeout,
         image_ref=image or None,
         doctor=doctor,
-        gpu=loaded_recipe.gpu if loaded_recipe.device == "cuda" else None,
+        gpu=loaded_recipe.model.gpu if loaded_recipe.model.device == "cuda" else None,
     )
     report = run_conform(engines, loaded, options, echo=echo)
     report.recipe = recipe_name

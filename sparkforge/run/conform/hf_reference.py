@@ -2,13 +2,15 @@
 the same weights): Hugging Face transformers' greedy `generate`, top-K logprobs of the raw logits per position.
 
 It is never imported on the host (torch and transformers are the image's): `reference.py` passes this file's
-text to the image's python3 with one JSON request and reads one marker line back.
+text to the image's python3 with one request (a Python literal of numbers, strings, lists and dicts the host
+wrote: `ast.literal_eval` evaluates nothing else) and reads one marker line of JSON back.
 Request: {"model": dir, "tokenizer": dir, "pieces_of": [ids the report may show], "dtype": "bfloat16"|"auto"|..., "device": "cpu"|"cuda", "top": K, "max_tokens": N,
           "prompts": [[token ids], ...]} (the served tokenizer's ids: both sides decode the same input).
 Answer:  {"decodes": [{"token_ids": [...], "top": [[[id, logprob], ...], ...]}], "pieces": {id: text},
           "transformers": ..., ...}.
 """
 
+import ast
 import json
 import sys
 import time
@@ -70,7 +72,7 @@ def main(request: dict) -> dict:
 
 if __name__ == "__main__":
     try:
-        answer = main(json.loads(sys.argv[1]))
+        answer = main(ast.literal_eval(sys.argv[1]))
     except Exception as exc:  # the host reads the marker line: the error travels in it
         answer = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     print(MARKER + json.dumps(answer), flush=True)

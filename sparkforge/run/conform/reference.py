@@ -10,14 +10,13 @@ the report says so and how long it took.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import parse_json
+from sparkforge.boundary import parse_json, read_text
 from sparkforge.errors import InputError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
@@ -60,7 +59,7 @@ def run_reference(engine: NodeEngine, run: ReferenceRun, ask: dict[str, Any]) ->
     """hf_reference.py in a throwaway container of the served image (no network, the weights read-only)."""
     argv = ["run", "--rm", "--network", "none", *(["--gpus", "all"] if run.gpus else []),
             "--volume", f"{run.model_dir}:{MODEL_MOUNT}:ro", "--env", "HF_HUB_OFFLINE=1",
-            "--entrypoint", "python3", run.image, "-c", SCRIPT.read_text(), json.dumps(ask)]  # fmt: skip
+            "--entrypoint", "python3", run.image, "-c", read_text(SCRIPT, "", 1 << 20), repr(ask)]  # fmt: skip
     output = engine.call("conform-reference", *argv, timeout=run.timeout_s)
     line = next((x for x in reversed(output.splitlines()) if x.startswith(MARKER)), "")
     if not line:
