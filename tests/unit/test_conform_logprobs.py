@@ -102,3 +102,24 @@ def test_a_malformed_reference_answer_is_refused() -> None:
         reference_decodes({"decodes": [{"token_ids": ["x"], "top": []}]}, 1)
     assert pieces_text({"pieces": {"1": " a", "2": "b"}})([1, 2]) == " ab"
     assert pieces_text({"pieces": {"1": "a", "2": "b"}})([1, 2]) == "a b" and pieces_text({})([1]) is None
+
+
+def test_the_golden_identifies_weights_by_their_bytes_not_their_size(tmp_path, monkeypatch) -> None:
+    import hashlib
+
+    from sparkforge.run.conform.golden import model_revision
+
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Qwen3_5MoeForConditionalGeneration"]}')
+    shard = model / "model.safetensors"
+    shard.write_bytes(b"\x01" * 4096)
+    first = model_revision(model, "tiny")
+    assert first["weights_sha256"] == {"model.safetensors": hashlib.sha256(b"\x01" * 4096).hexdigest()}
+    shard.write_bytes(b"\x01" * 4095 + b"\x02")  # one byte flipped: the same size
+    second = model_revision(model, "tiny")
+    assert second["revision"] != first["revision"]
+    assert (
+        second["weights_sha256"]["model.safetensors"] == hashlib.sha256(b"\x01" * 4095 + b"\x02").hexdigest()
+    )

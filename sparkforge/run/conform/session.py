@@ -85,7 +85,8 @@ def variant(profile: Profile, **changes: Any) -> Profile:
 
 def batch_invariant(profile: Profile) -> bool:
     """vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1): the one configuration held to exact equality."""
-    return str(profile.model.env.get("VLLM_BATCH_INVARIANT", "0")) == "1"
+    value = str(profile.model.env.get("VLLM_BATCH_INVARIANT", "0")).strip()
+    return value.lstrip("-").isdigit() and int(value) != 0  # vLLM's own reading: int(value) != 0
 
 
 def prefix_caching_on(profile: Profile) -> bool:
