@@ -47,12 +47,11 @@ class Golden:
 
 
 def weight_sha256(item: Path) -> str:
-    """A weight file's sha256, cached by its path, size, inode and modification time (a 70 GB checkpoint is
-    read once, not at every conform)."""
+    """A weight file's sha256, cached by its path, size, inode and modification and change times (a 70 GB
+    checkpoint is read once, not at every conform)."""
     info = item.stat()
-    key = hashlib.sha256(
-        f"{item.resolve()}:{info.st_size}:{info.st_ino}:{info.st_mtime_ns}".encode()
-    ).hexdigest()
+    stamp = f"{item.resolve()}:{info.st_size}:{info.st_ino}:{info.st_mtime_ns}:{info.st_ctime_ns}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()
     cached = cache_path("weights-sha256", key[:32])
     if cached.is_file():
         known = read_text(cached, "", 100).strip()
