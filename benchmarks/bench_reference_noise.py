@@ -62,8 +62,8 @@ def noisy_copy(engine: NodeEngine, image: str, model: Path, level: float, into: 
 
 
 def decode(engine: NodeEngine, image: str, model: Path) -> tuple[list, float]:
-    ask = {"model": MODEL_MOUNT, "tokenizer": f"{MODEL_MOUNT}/tokenizer", "dtype": "bfloat16", "device": "cpu",
-           "top": 5, "max_tokens": 48, "prompts": prompt_ids(), "pieces_of": []}  # fmt: skip
+    ask = {"model": MODEL_MOUNT, "tokenizer": f"{MODEL_MOUNT}/tokenizer", "dtype": "float32", "device": "cpu",
+           "top": 5, "max_tokens": 48, "prompts": prompt_ids(), "pieces_of": [], "threads": 1}  # fmt: skip
     start = time.monotonic()
     answer = run_reference(engine, ReferenceRun(image, model, gpus=False), ask)
     return reference_decodes(answer, len(ask["prompts"])), time.monotonic() - start

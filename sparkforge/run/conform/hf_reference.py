@@ -4,7 +4,7 @@ the same weights): Hugging Face transformers' greedy `generate`, top-K logprobs 
 It is never imported on the host (torch and transformers are the image's): `reference.py` passes this file's
 text to the image's python3 with one request (a Python literal of numbers, strings, lists and dicts the host
 wrote: `ast.literal_eval` evaluates nothing else) and reads one marker line of JSON back.
-Request: {"model": dir, "tokenizer": dir, "pieces_of": [ids the report may show], "dtype": "bfloat16"|"auto"|..., "device": "cpu"|"cuda", "top": K, "max_tokens": N,
+Request: {"model": dir, "tokenizer": dir, "pieces_of": [ids the report may show], "dtype": "bfloat16"|"auto"|..., "device": "cpu"|"cuda", "top": K, "max_tokens": N, "threads": T (0: torch's default),
           "prompts": [[token ids], ...]} (the served tokenizer's ids: both sides decode the same input).
 Answer:  {"decodes": [{"token_ids": [...], "top": [[[id, logprob], ...], ...]}], "pieces": {id: text},
           "transformers": ..., ...}.
@@ -23,6 +23,8 @@ def main(request: dict) -> dict:
     import transformers
 
     start = time.monotonic()
+    if request.get("threads"):
+        torch.set_num_threads(int(request["threads"]))
     config = transformers.AutoConfig.from_pretrained(request["model"])
     arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM

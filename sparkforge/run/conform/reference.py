@@ -47,12 +47,15 @@ def request(
     """The script's request: the served dtype (the profile's, else the checkpoint's), the served prompt ids, and
     the served ids whose text the report may show (the servers are stopped by then: the image's tokenizer says)."""
     args = {k.replace("_", "-"): v for k, v in profile.model.args.items()}
-    dtype = str(args.get("dtype") or "auto")
+    # On a CPU (the twin) float32 and one thread: bf16 matmuls are emulated on most CPUs and threads fight a busy
+    # machine (benchmarks/conform.md: 43 s -> 4 s a prompt); on a GPU the served dtype.
+    dtype = str(args.get("dtype") or "auto") if gpus else "float32"
     tokenizer = str(args.get("tokenizer") or MODEL_MOUNT)
     tokenizer = tokenizer if tokenizer.startswith(MODEL_MOUNT) else MODEL_MOUNT  # a hub id: the folder's own
     shown = sorted({t for c in served for t in (*c.token_ids, *(i for top in c.top for i in top))})
     return {"model": MODEL_MOUNT, "tokenizer": tokenizer, "dtype": dtype, "device": "cuda" if gpus else "cpu",
-            "top": TOP_K, "max_tokens": max_tokens, "prompts": prompt_ids, "pieces_of": shown}  # fmt: skip
+            "top": TOP_K, "max_tokens": max_tokens, "prompts": prompt_ids, "pieces_of": shown,
+            "threads": 0 if gpus else 1}  # fmt: skip
 
 
 def run_reference(engine: NodeEngine, run: ReferenceRun, ask: dict[str, Any]) -> dict[str, Any]:
