@@ -30,6 +30,7 @@ pytestmark = pytest.mark.engine
 FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:reference-fault"
 SITE = "/opt/venv/lib/python3.11/site-packages"
+FAULT_PROFILE, FAULT_PORT = "cpu-tiny-qwen35moe-reference-fault", "18483"
 
 
 def _rows(doc: dict) -> dict[str, dict]:
@@ -60,9 +61,13 @@ def _faulty_profile(tmp_path: Path) -> Path:
     doc = yaml.safe_load(Path(CONFORM_PROFILE).read_text())
     doc["args"]["logits-processors"] = ["sparkforge_faults:CorruptAfter"]
     doc["allow"] = {"logits-processors": "the test's own planted fault (tests/engine/planted_faults.py)"}
-    path = tmp_path / f"{Path(CONFORM_PROFILE).stem}.yaml"
+    path = tmp_path / f"{FAULT_PROFILE}.yaml"  # its own name and port: never the shared clean run's container
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def _port(args: list[str]) -> list[str]:
+    return [FAULT_PORT if previous == "--port" else a for previous, a in zip(["", *args], args, strict=True)]
 
 
 def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
@@ -78,7 +83,7 @@ def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
     report = tmp_path / "fault.json"
     try:
         code, out, seconds = conform(
-            str(_faulty_profile(tmp_path)), *launch_args(FAULTY, trained_model, tmp_path / "cache"),
+            str(_faulty_profile(tmp_path)), *_port(launch_args(FAULTY, trained_model, tmp_path / "cache")),
             "--checks", "determinism,reference", "--json", str(report),
         )  # fmt: skip
     finally:
