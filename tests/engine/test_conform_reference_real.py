@@ -67,7 +67,7 @@ def _faulty_profile(tmp_path: Path) -> Path:
 
 
 def _port(args: list[str]) -> list[str]:
-    return [FAULT_PORT if previous == "--port" else a for previous, a in zip(["", *args], args, strict=True)]
+    return [FAULT_PORT if previous == "--port" else a for previous, a in zip(["", *args], args, strict=False)]
 
 
 def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
