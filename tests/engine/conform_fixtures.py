@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cluster import DOCKER, sh
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
 from test_serve_real import invoke
 
@@ -15,6 +16,20 @@ from sparkforge.recipe.loader import REPO_ROOT
 CONFORM_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
 
 PORT = "18481"
+FAULTS = Path(__file__).with_name("planted_faults.py")
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def build_faulty_image(cpu_twin: str, tmp_path: Path, tag: str) -> str:
+    """The twin plus one layer holding planted_faults.py as `sparkforge_faults` (built in seconds)."""
+    context = tmp_path / "faulty-image"
+    context.mkdir()
+    (context / "sparkforge_faults.py").write_bytes(FAULTS.read_bytes())
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
+    )
+    sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
+    return tag
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:

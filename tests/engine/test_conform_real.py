@@ -18,14 +18,13 @@ seed, long-decode and golden the corruption (naming token 40 and both continuati
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, PORT, conform, launch_args
+from conform_fixtures import CONFORM_PROFILE, PORT, build_faulty_image, conform, launch_args
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
@@ -93,9 +92,7 @@ def _running() -> list[str]:
     ).stdout.split()  # fmt: skip
 
 
-FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
-SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
 def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_caught(
@@ -104,13 +101,7 @@ def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_cau
     """One server start for two stories: serve keeps a deployment whose answer check fails, conform refuses to
     start over it and attaches to it instead; that deployment carries the planted faults, each caught."""
     _, golden = clean_conform
-    context = tmp_path / "faulty-image"
-    context.mkdir()
-    shutil.copy(FAULTS, context / "sparkforge_faults.py")
-    (context / "Dockerfile").write_text(
-        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
-    )
-    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
+    build_faulty_image(cpu_twin, tmp_path, FAULTY)
     args = launch_args(FAULTY, trained_model, tmp_path / "cache")
     try:
         code, out, _ = invoke(

@@ -15,21 +15,18 @@ servers), judged by vLLM's check_logprobs_close rule.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, conform, launch_args
+from conform_fixtures import CONFORM_PROFILE, build_faulty_image, conform, launch_args
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
 # In CI (not slow): the clean row rides on the shared clean conform run (+ the reference container, ~40 s);
 # the fault costs one server start and one reference run (benchmarks/conform.md).
 pytestmark = pytest.mark.engine
-FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:reference-fault"
-SITE = "/opt/venv/lib/python3.11/site-packages"
 FAULT_PROFILE, FAULT_PORT = "cpu-tiny-qwen35moe-reference-fault", "18483"
 
 
@@ -73,13 +70,7 @@ def _port(args: list[str]) -> list[str]:
 def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
-    context = tmp_path / "faulty-image"
-    context.mkdir()
-    shutil.copy(FAULTS, context / "sparkforge_faults.py")
-    (context / "Dockerfile").write_text(
-        f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
-    )
-    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
+    build_faulty_image(cpu_twin, tmp_path, FAULTY)
     report = tmp_path / "fault.json"
     try:
         code, out, seconds = conform(
