@@ -78,10 +78,15 @@ def main(image: str, model: Path, levels: list[float]) -> None:
             noisy_copy(engine, image, model.resolve(), level, Path(tmp))
             noisy, seconds = decode(engine, image, Path(tmp))
         found = judge(clean, noisy)
+        # What the rule does not look at while the tokens agree: how far the chosen token's logprob moved.
+        shifts = [abs(a.top[i][t] - b.top[i].get(t, -99.0)) for a, b in zip(clean, noisy, strict=True)
+                  for i, t in enumerate(a.token_ids[: len(b.token_ids)]) if i < len(b.top) and t in a.top[i]]  # fmt: skip
         print(json.dumps({
             "level": level, "seconds": round(seconds, 1),
             "identical": len(clean) - len(found), "accepted": sum(d.accepted for d in found),
             "rejected": sum(not d.accepted for d in found),
+            "top1_logprob_shift_max": round(max(shifts, default=0.0), 4),
+            "top1_logprob_shift_mean": round(sum(shifts) / max(len(shifts), 1), 5),
             "first": [d.to_dict() for d in found[:3]],
         }), flush=True)  # fmt: skip
 
