@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkforge.run.conform.logprobs import judge
+from sparkforge.run.conform.logprobs import first_difference, judge
 from sparkforge.run.conform.reference import ReferenceRun, reference_decodes, run_reference
 from sparkforge.run.launch import MODEL_MOUNT
 from sparkforge.run.nodes import LOCAL, NodeEngine
@@ -79,8 +79,11 @@ def main(image: str, model: Path, levels: list[float]) -> None:
             noisy, seconds = decode(engine, image, Path(tmp))
         found = judge(clean, noisy)
         # What the rule does not look at while the tokens agree: how far the chosen token's logprob moved.
-        shifts = [abs(a.top[i][t] - b.top[i].get(t, -99.0)) for a, b in zip(clean, noisy, strict=True)
-                  for i, t in enumerate(a.token_ids[: len(b.token_ids)]) if i < len(b.top) and t in a.top[i]]  # fmt: skip
+        shifts = []
+        for a, b in zip(clean, noisy, strict=True):
+            same = first_difference(a.token_ids, b.token_ids)
+            for i, t in enumerate(a.token_ids[: len(a.token_ids) if same is None else same]):
+                shifts.append(abs(a.top[i][t] - b.top[i][t]))  # t leads both lists where the ids agree
         print(json.dumps({
             "level": level, "seconds": round(seconds, 1),
             "identical": len(clean) - len(found), "accepted": sum(d.accepted for d in found),
