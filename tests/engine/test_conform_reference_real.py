@@ -50,7 +50,10 @@ def test_reference_passes_on_the_trained_model_identical_to_transformers(
     REAL_TIMINGS["conform_reference_s"] = round(row["duration_s"], 1)
     # Which kernels produced the answers: what vLLM logged at start, beside the prediction (none on a CPU recipe).
     kernels = doc["kernels"]
-    assert isinstance(kernels["selected_at_start"], dict) and "CPU recipe" in kernels["prediction"]
+    assert kernels["selected_at_start"]["moe.bf16"]["selected"] == "CPU", (
+        kernels
+    )  # "Using CPU Unquantized MoE ..."
+    assert kernels["predicted"] is None and "CPU recipe" in kernels["prediction"]
 
 
 def _faulty_profile(tmp_path: Path) -> Path:
