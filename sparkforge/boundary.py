@@ -6,6 +6,7 @@ output through `write_output`; docs/inputs.md lists the rules once, with the tas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -145,6 +146,24 @@ def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = T
             f"{where}: grew past {max_bytes} bytes while read; fix: name a file that is not written now"
         )
     return b"".join(chunks)
+
+
+def sha256_file(path: Path | str, option: str, max_bytes: int) -> str:
+    """The sha256 of a regular file read in 16 MiB pieces (a checkpoint's weights: never whole in memory); the same
+    refusals as `read_bytes` (no FIFO, device, folder or system link)."""
+    path = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    _refuse_system_link(path, where)
+    fd = _open_regular(path, where, max_bytes)
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, 16 << 20):
+            digest.update(chunk)
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read it ({exc.strerror}); fix: check the file") from None
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
 
 
 def read_text(path: Path | str, option: str, max_bytes: int, *, named: bool = True,

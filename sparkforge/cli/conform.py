@@ -103,7 +103,8 @@ def conform(
         check_url(attach)
     check_positive("--health-timeout", health_timeout)
     loaded = load_profile(profile)
-    recipe_name = load_recipe(recipe).name
+    loaded_recipe = load_recipe(recipe)
+    recipe_name = loaded_recipe.name
     launch = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
@@ -127,6 +128,7 @@ def conform(
         health_timeout_s=health_timeout,
         image_ref=image or None,
         doctor=doctor,
+        gpu=loaded_recipe.model.gpu if loaded_recipe.model.device == "cuda" else None,
     )
     report = run_conform(engines, loaded, options, echo=echo)
     report.recipe = recipe_name

@@ -21,12 +21,14 @@ def registry_pages() -> list[tuple[Registry[Any], Path]]:
     """
     from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
     from sparkforge.run.bench.suites import SUITES
+    from sparkforge.run.conform.rows import ROWS as CONFORM_ROWS
     from sparkforge.verify.imagechecks import IMAGE_CHECKS
 
     return [
         (PREFLIGHT_CHECKS, ROOT / "docs" / "checks.md"),
         (IMAGE_CHECKS, ROOT / "docs" / "checks.md"),
         (SUITES, ROOT / "docs" / "run.md"),
+        (CONFORM_ROWS, ROOT / "docs" / "run.md"),
     ]
 
 

@@ -109,6 +109,8 @@ RESOURCE_ENV = {
     "CUDA_MODULE_LOADING": "when CUDA loads kernels (lazy or eager)",
     "CUDA_LAUNCH_BLOCKING": "synchronous kernel launches (debugging)",
     "OMP_NUM_THREADS": "OpenMP's thread count",
+    "TORCHDYNAMO_DISABLE": "runs PyTorch eagerly (no torch.compile): for an image without the C++ compiler "
+    "inductor needs on a CPU",
     "MKL_NUM_THREADS": "MKL's thread count",
     "OPENBLAS_NUM_THREADS": "OpenBLAS's thread count",
     "TOKENIZERS_PARALLELISM": "whether Hugging Face tokenizers use threads",

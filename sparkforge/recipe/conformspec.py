@@ -12,7 +12,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 # The rows a profile may name: sparkforge/run/conform/rows.py declares them (recipe/ sits below run/, so the
 # names are repeated here; tests/unit/test_conform_rows.py holds the two equal).
-CHECKS = ("determinism", "long-decode", "known-answers", "prefix-cache", "api", "golden", "equivalence")
+CHECKS = (
+    "determinism",
+    "long-decode",
+    "known-answers",
+    "prefix-cache",
+    "api",
+    "golden",
+    "equivalence",
+    "reference",
+)
 DEFAULT_PROMPTS = (
     "The capital of France is",
     "List the first ten prime numbers:",

@@ -22,15 +22,15 @@ FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
-def faulty_image(cpu_twin: str, context: Path) -> str:
+def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
     """The twin plus one layer holding tests/engine/planted_faults.py (built in seconds); the caller removes it."""
     context.mkdir()
     shutil.copy(FAULTS, context / "sparkforge_faults.py")
     (context / "Dockerfile").write_text(
         f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
     )
-    sh(DOCKER, "build", "--quiet", "--tag", FAULTY, str(context), timeout=600)
-    return FAULTY
+    sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
+    return tag
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:

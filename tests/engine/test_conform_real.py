@@ -49,7 +49,7 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     )
     assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
     ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
-           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden"}  # fmt: skip
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden", "reference"}  # fmt: skip
     assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
     # The one skip is named: the twin profile does not use speculative decoding.
     assert rows["equivalence:speculative"]["status"] == "skipped"

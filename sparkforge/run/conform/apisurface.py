@@ -19,7 +19,7 @@ from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
-from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.conformrun import ConformRun
 
 PNG_SIDE = 64
 

@@ -1,6 +1,7 @@
 """A small client of vLLM's OpenAI server (HTTP from this machine, or from inside the head container of a
 multi-node deployment, whose address only its cluster link may reach): completions with token ids, streaming,
-/v1/models, /version, /tokenize and the Prometheus counters of /metrics.
+/v1/models, /version, /tokenize and the Prometheus counters of /metrics. With `logprobs=K` a completion carries
+each position's top-K {token id: logprob} (vLLM's `return_tokens_as_token_ids` names them by id, not by text).
 
 The server is vLLM's own; nothing here interprets answers (the checks do). Every request has a timeout; a
 refused or failed request is a RunError naming the URL and vLLM's own message.
@@ -32,6 +33,7 @@ class Completion:
     text: str
     finish_reason: str
     usage: dict[str, int] = field(default_factory=dict)
+    top: tuple[dict[int, float], ...] = ()  # per position: the top-K logprobs, when they were asked for
 
 
 def check_url(url: str) -> str:
@@ -134,6 +136,8 @@ class OpenAIClient:
             **extra,
         }
         body.setdefault("temperature", 0.0)
+        if body.get("logprobs"):
+            body["return_tokens_as_token_ids"] = True
         where = f"{self.base}/v1/completions"
         if not body.get("stream"):
             doc = self.post_json("/v1/completions", body)
@@ -141,8 +145,9 @@ class OpenAIClient:
             usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
             usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
             return Completion(tuple(_ids(choice.get("token_ids") or [], where)), str(choice.get("text") or ""),
-                              str(choice.get("finish_reason") or ""), usage)  # fmt: skip
+                              str(choice.get("finish_reason") or ""), usage, tuple(_top(choice, where)))  # fmt: skip
         ids: list[int] = []
+        top: list[dict[int, float]] = []
         text, finish = [], ""
         with self._open("/v1/completions", body) as reply:
             for raw in reply:
@@ -157,9 +162,10 @@ class OpenAIClient:
                     ) from None
                 for choice in _choices(event, where, allow_empty=True):
                     ids += _ids(choice.get("token_ids") or [], where)
+                    top += _top(choice, where)
                     text.append(str(choice.get("text") or ""))
                     finish = str(choice.get("finish_reason") or finish)
-        return Completion(tuple(ids), "".join(text), str(finish))
+        return Completion(tuple(ids), "".join(text), str(finish), top=tuple(top))
 
     def complete_many(
         self, prompts: Sequence[str], max_tokens: int, workers: int, **extra: Any
@@ -184,6 +190,36 @@ def _ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise RunError(f"{where}: token ids are not a list of whole numbers; fix: --attach the vLLM server")
     return value
+
+
+def _top(choice: dict[str, Any], where: str) -> list[dict[int, float]]:
+    """A choice's `logprobs.top_logprobs` as {token id: logprob} per position ([] when none were asked)."""
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
+        return []
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(tops, list):
+        raise RunError(f"{where}: 'logprobs' without a top_logprobs list; fix: --attach the vLLM server")
+    out = []
+    for entry in tops:
+        if entry is None:  # vLLM gives none for a position it has no logprobs of
+            out.append({})
+            continue
+        if not isinstance(entry, dict):
+            raise RunError(f"{where}: a top_logprobs entry is not an object; fix: --attach the vLLM server")
+        out.append({_token_key(k, where): float(v) for k, v in entry.items() if isinstance(v, int | float)})
+    return out
+
+
+def _token_key(key: str, where: str) -> int:
+    """vLLM's `token_id:123` (return_tokens_as_token_ids) as 123."""
+    number = key.removeprefix("token_id:")
+    if not number.isdigit() or len(number) > 10:
+        raise RunError(
+            f"{where}: a top_logprobs key {key[:40]!r} is not 'token_id:N' (this vLLM ignores "
+            "return_tokens_as_token_ids); fix: --attach a vLLM server that supports it"
+        )
+    return int(number)
 
 
 # One request from inside the head container (its python3, the stdlib only): one marked line of JSON back.

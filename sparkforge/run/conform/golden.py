@@ -1,6 +1,8 @@
-"""Golden token ids: `--record` stores the greedy ids of the prompt set with what produced them (image digest,
-model revision, tokenizer fingerprint, vLLM version); a later run compares exactly and names the first
-divergence. A golden of another model or tokenizer is refused before anything is started or stopped.
+"""Golden token ids: `--record` stores the greedy ids of the prompt set and their top-5 logprobs with what
+produced them (image digest, model revision with each weight file's sha256, tokenizer fingerprint, vLLM
+version); a later run compares under the logprobs rule (conform/logprobs.py: a divergence passes only where each
+side's token is in the other's top-5; exactly for a golden without logprobs) and names the first divergence. A
+golden of another model or tokenizer is refused before anything is started or stopped.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import list_files, read_bytes, read_json, write_output
+from sparkforge.boundary import list_files, read_bytes, read_json, read_text, sha256_file, write_output
+from sparkforge.cache import cache_path, write_atomic
 from sparkforge.errors import InputError, RunError
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
-from sparkforge.run.conform.context import ConformOptions, ConformRun
-from sparkforge.run.conform.served_checks import first_divergence
+from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
+from sparkforge.run.conform.logprobs import Decode, judge, rule_name
+from sparkforge.run.conform.served_checks import decodes, render, served_text
 
 FORMAT = "sparkforge-golden/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
@@ -24,6 +28,7 @@ FINGERPRINT_TEXT = "golden 0 1 2 3 the quick brown fox ?"
 MAX_GOLDEN_BYTES = 8 << 20  # the prompt set's ids: ~100 KiB; a 20 MB "golden" is not one
 MAX_MODEL_FILE = 64 << 20  # a config or tokenizer file (tokenizer.json of a 250k vocabulary is ~20 MiB)
 MAX_TOKEN_ID = 1 << 31
+MAX_WEIGHT_FILE = 1 << 40  # one safetensors shard (the largest checkpoints' are ~10 GB)
 
 
 @dataclass(frozen=True)
@@ -35,13 +40,37 @@ class Golden:
     def token_ids(self) -> list[list[int]]:
         return [list(ids) for ids in self.data["token_ids"]]
 
+    def decodes(self) -> list[Decode]:
+        """The recorded decodes with their top-5 logprobs (none in a golden recorded before they were stored)."""
+        tops = self.data.get("top_logprobs") or [[] for _ in self.token_ids]
+        return [Decode(tuple(ids), tuple({int(t): float(lp) for t, lp in step} for step in top))
+                for ids, top in zip(self.token_ids, tops, strict=True)]  # fmt: skip
 
-def model_revision(model_dir: Path | None, model: str) -> dict[str, str]:
-    """What the weights are: for a model directory, sha256 of its config and tokenizer files and weight sizes."""
+
+def weight_sha256(item: Path) -> str:
+    """A weight file's sha256, cached by its path, size, inode and modification and change times (a 70 GB
+    checkpoint is read once, not at every conform)."""
+    info = item.stat()
+    stamp = f"{item.resolve()}:{info.st_size}:{info.st_ino}:{info.st_mtime_ns}:{info.st_ctime_ns}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()
+    cached = cache_path("weights-sha256", key[:32])
+    if cached.is_file():
+        known = read_text(cached, "", 100).strip()
+        if len(known) == 64:
+            return known
+    digest = sha256_file(item, "--model-dir", MAX_WEIGHT_FILE)
+    write_atomic(cached, digest.encode())
+    return digest
+
+
+def model_revision(model_dir: Path | None, model: str) -> dict[str, Any]:
+    """What the weights are: for a model directory, sha256 of its config and tokenizer files and of every weight
+    file's bytes."""
     if model_dir is None or not model_dir.is_dir():
         return {"model": model, "revision": "unknown (served from the Hugging Face cache)"}
     config = hashlib.sha256()
     tokenizer = hashlib.sha256()
+    weights: dict[str, str] = {}
     # The folder's own files only (no subfolder), each read through the boundary (no FIFO, no system file).
     for item in list_files(model_dir, "--model-dir"):
         if item.name in TOKENIZER_FILES:
@@ -49,11 +78,13 @@ def model_revision(model_dir: Path | None, model: str) -> dict[str, str]:
         elif item.suffix == ".json":
             config.update(item.name.encode() + read_bytes(item, "--model-dir", MAX_MODEL_FILE))
         elif item.suffix in (".safetensors", ".bin"):
-            config.update(f"{item.name}:{item.stat().st_size}".encode())
-    return {"model": model, "revision": config.hexdigest(), "tokenizer_sha256": tokenizer.hexdigest()}
+            weights[item.name] = weight_sha256(item)
+            config.update(f"{item.name}:{weights[item.name]}".encode())
+    return {"model": model, "revision": config.hexdigest(), "tokenizer_sha256": tokenizer.hexdigest(),
+            "weights_sha256": weights}  # fmt: skip
 
 
-def read_golden(path: Path, model: str, revision: dict[str, str]) -> Golden:
+def read_golden(path: Path, model: str, revision: dict[str, Any]) -> Golden:
     """The golden file, refused when it is not one or was recorded for another model or tokenizer."""
     if not path.exists() and not path.is_symlink():
         raise RunError(
@@ -73,6 +104,7 @@ def read_golden(path: Path, model: str, revision: dict[str, str]) -> Golden:
         or not isinstance(ids, list)
         or not all(isinstance(row, list) and all(_token_id(i) for i in row) for row in ids)
         or not isinstance(data.get("model") or {}, dict)
+        or not _tops_match(data.get("top_logprobs"), ids)
     ):
         raise RunError(
             f"golden file {path} is not a sparkforge golden ({FORMAT}); nothing was started or stopped; fix: record it with --record"
@@ -94,6 +126,17 @@ def read_golden(path: Path, model: str, revision: dict[str, str]) -> Golden:
     return Golden(path, data)
 
 
+def _tops_match(tops: Any, ids: list[Any]) -> bool:
+    """No top_logprobs, or per prompt and position a list of [token id, finite logprob] pairs."""
+    if tops is None:
+        return True
+    return (isinstance(tops, list) and len(tops) == len(ids) and all(
+        isinstance(top, list) and len(top) == len(row) and all(
+            isinstance(step, list) and all(isinstance(p, list) and len(p) == 2 and _token_id(p[0])
+                                           and isinstance(p[1], int | float) for p in step) for step in top)
+        for top, row in zip(tops, ids, strict=True)))  # fmt: skip
+
+
 def _token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKEN_ID
 
@@ -108,6 +151,7 @@ def record(path: Path, prompts: list[str], outputs: list[Completion], provenance
         **provenance,
         "prompts": prompts,
         "token_ids": [list(c.token_ids) for c in outputs],
+        "top_logprobs": [[[[t, lp] for t, lp in step.items()] for step in c.top] for c in outputs],
     }
     write_output(path, json.dumps(data, indent=1) + "\n", "--golden")  # atomic; never through a planted link
     tokens = sum(len(c.token_ids) for c in outputs)
@@ -146,33 +190,28 @@ def compare(
             f"the served tokenizer differs from the golden's ({golden.path}): ids cannot be compared",
             details,
         )
-    found = first_divergence(golden.token_ids, [list(c.token_ids) for c in outputs])
+    exact = not golden.data.get("top_logprobs")
+    found = judge(golden.decodes(), decodes(outputs), exact=exact)
+    details["rule"] = rule_name(exact)
     changed = ", ".join(sorted(differs)) or "nothing recorded"
-    if found is None:
-        return Check(
-            "golden",
-            "passed",
-            f"{len(prompts)} prompts identical to {golden.path} (differs: {changed})",
-            details,
-        )
-    details.update(
-        {
-            "prompt": found.prompt,
-            "position": found.position,
-            "golden": list(found.left),
-            "now": list(found.right),
-        }
+    rejected = [d for d in found if not d.accepted]
+    if not rejected:
+        within = f"; {len(found)} diverge within the rule" if found else ""
+        return Check("golden", "passed",
+                     f"{len(prompts)} prompts, {len(prompts) - len(found)} identical to {golden.path}{within} "
+                     f"(differs: {changed})", details)  # fmt: skip
+    bad = rejected[0]
+    recorded = [Completion(d.token_ids, "", "", top=d.top) for d in golden.decodes()]
+    details.update({"prompt": bad.prompt, "position": bad.position, "golden": list(golden.token_ids[bad.prompt]
+                    [bad.position : bad.position + 8]), "now": list(outputs[bad.prompt].token_ids[bad.position : bad.position + 8])})  # fmt: skip
+    shown = render(
+        bad, ("the golden", "this run"), recorded[bad.prompt], outputs[bad.prompt], served_text(client)
     )
-    return Check(
-        "golden",
-        "failed",
-        found.describe(("the golden", "this run"), client) + f" (differs: {changed})",
-        details,
-    )
+    return Check("golden", "failed", f"{shown} (differs: {changed})", details)
 
 
 def golden_input(
-    options: ConformOptions, profile: str, model: str, revision: dict[str, str]
+    options: ConformOptions, profile: str, model: str, revision: dict[str, Any]
 ) -> Golden | None:
     """The golden file a comparing run reads, refused before anything starts; None when there is none to read."""
     path = options.golden or Path("golden") / f"{profile}.json"

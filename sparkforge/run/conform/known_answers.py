@@ -13,7 +13,7 @@ from collections import Counter
 from sparkforge.recipe.conformspec import KnownAnswers
 from sparkforge.report import Check
 from sparkforge.run.conform.apisurface import chat, thinking_switch
-from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.probes import Probe, probe_set
 
 Z95 = 1.959964

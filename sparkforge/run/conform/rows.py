@@ -2,9 +2,9 @@
 configures it. `--checks`, the task's help, the profile schema's allowed names (recipe/conformspec.py CHECKS,
 held equal by a unit test: recipe/ sits below run/) and the table in docs/run.md are generated from it.
 
-A row is `row(run: ConformRun) -> None` (sparkforge/run/conform/context.py): it asks the served model and adds
+A row is `row(run: ConformRun) -> None` (sparkforge/run/conform/conformrun.py): it asks the served model and adds
 its checks to `run.report`. Rows run in this order on the server as profiled; `equivalence` runs last because
-its server variants replace that server. Adding a row: its module, one line here, its name in CHECKS.
+its server variants replace that server; `reference` after it, once the servers are stopped. Adding a row: its module, one line here, its name in CHECKS.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Callable
 from sparkforge.errors import RunError
 from sparkforge.extensions import Entry, Registry
 from sparkforge.run.conform.apisurface import api_row
-from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.golden import golden_row
 from sparkforge.run.conform.known_answers import known_answers
+from sparkforge.run.conform.reference import reference_conform_row
 from sparkforge.run.conform.served_checks import determinism_row, long_decode_row, prefix_cache_row
 from sparkforge.run.conform.variants import equivalence
 
@@ -39,7 +40,11 @@ ROWS: Registry[Row] = Registry(
               api_row, key="conform.image_prompt"),
         Entry("golden", "the reference pass against the recorded golden file (--record stores it)", golden_row),
         Entry("equivalence", "streaming, concurrency, then server variants (prefix caching, chunked prefill, "
-              "speculative decoding) give the reference pass's token ids", equivalence, key="conform.concurrency"),
+              "speculative decoding) give the reference pass's answers (the logprobs rule)", equivalence,
+              key="conform.concurrency"),
+        Entry("reference", "the served answers against Hugging Face transformers of the same image on the same "
+              "weights (top-5 logprobs, vLLM's check_logprobs_close rule), after the servers stop",
+              reference_conform_row),
     ],
     RunError,
 )  # fmt: skip

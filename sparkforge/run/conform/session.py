@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
@@ -21,7 +22,9 @@ from sparkforge.report import Report
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as checks
 from sparkforge.run.conform.client import OpenAIClient, check_url
-from sparkforge.run.conform.context import ConformOptions, ConformRun
+from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
+from sparkforge.run.conform.kernels import served_kernels
+from sparkforge.run.conform.logprobs import TOP_K
 from sparkforge.run.conform.rows import ROWS
 from sparkforge.run.conform.servers import Servers
 from sparkforge.run.nodes import NodeEngine
@@ -49,7 +52,7 @@ def run_conform(
     served = profile.model.served_model_name or profile.model.model
     model_dir = options.launch.model_dir if options.launch else None
     revision = goldens.model_revision(model_dir, served)
-    inputs = {"revision": revision}
+    inputs: dict[str, Any] = {"revision": revision}
     if "golden" in selected:
         inputs["golden"] = goldens.golden_input(options, profile.name, served, revision)
     report = Report(command="conform", subject=profile.name)
@@ -76,11 +79,18 @@ def run_conform(
             client = servers.start_cluster(engines, profile, echo)
         elif not options.attach:
             servers.start(engine, profile, echo, "as profiled")
+        if servers.started and len(engines) == 1:
+            image = options.launch.image if options.launch else options.image_ref
+            report.extra["kernels"] = served_kernels(engine, profile, image, options.gpu, model_dir)
         prompts = checks.prompt_set(settings)
+        # A warm-up pass first: the reference pass is then a prefix-cache hit like every later one (like with like).
+        checks.greedy(client, prompts, settings)
         start = time.monotonic()
-        reference = checks.greedy(client, prompts, settings)
+        reference = checks.greedy(client, prompts, settings, logprobs=TOP_K)
         report.extra["reference_s"] = round(time.monotonic() - start, 1)
         report.extra["vllm"] = client.version()
+        if "reference" in selected:  # tokenized while the server as profiled is up (the variants replace it)
+            inputs["prompt_ids"] = [client.tokenize(p) for p in prompts]
         run = ConformRun(report, client, engines, profile, settings, options, servers, echo, prompts, reference,
                          inputs)  # fmt: skip
         for row in ROWS:

@@ -15,7 +15,8 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 from sparkforge.run.conform import served_checks as checks
 from sparkforge.run.conform.client import Completion
-from sparkforge.run.conform.context import ConformRun
+from sparkforge.run.conform.conformrun import ConformRun
+from sparkforge.run.conform.logprobs import TOP_K
 from sparkforge.run.conform.servers import refusal
 from sparkforge.run.postmortem import keep_logs
 
@@ -36,6 +37,12 @@ def variant(profile: Profile, **changes: Any) -> Profile:
     return Profile(profile.name, profile.path, model, profile.lines)
 
 
+def batch_invariant(profile: Profile) -> bool:
+    """vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1): the one configuration held to exact equality."""
+    value = str(profile.model.env.get("VLLM_BATCH_INVARIANT", "0")).strip()
+    return value.lstrip("-").isdigit() and int(value) != 0  # vLLM's own reading: int(value) != 0
+
+
 def prefix_caching_on(profile: Profile) -> bool:
     return norm(profile.model.args).get("enable-prefix-caching", True) is not False
 
@@ -43,8 +50,15 @@ def prefix_caching_on(profile: Profile) -> bool:
 def equivalence(run: ConformRun) -> None:
     """Streaming and concurrency in this server, then the server variants (skipped, named, when attached or
     across nodes)."""
-    run.timed("equivalence:streaming", lambda: checks.streaming(run.client, run.settings, run.reference))
-    run.timed("equivalence:concurrency", lambda: checks.concurrency(run.client, run.settings, run.reference))
+    exact = batch_invariant(run.profile)
+    run.timed(
+        "equivalence:streaming",
+        lambda: checks.streaming(run.client, run.settings, run.reference, exact=exact),
+    )
+    run.timed(
+        "equivalence:concurrency",
+        lambda: checks.concurrency(run.client, run.settings, run.reference, exact=exact),
+    )
     _variant_rows(run)
 
 
@@ -111,7 +125,7 @@ def _run_variant(run: ConformRun, profile: Profile, what: str) -> list[Completio
         # A crash, an OOM or no health is this configuration's failure: the exit paragraph carries vLLM's last lines.
         return f"FAILED: with {what} the server did not start: {str(exc)[-1500:]}"
     try:
-        return checks.greedy(run.client, run.prompts, run.settings)
+        return checks.greedy(run.client, run.prompts, run.settings, logprobs=TOP_K)
     except RunError as exc:
         kept = keep_logs([engine], [f"sparkforge-serve-{profile.name}-0"])
         run.echo(f"  with {what} a request failed: the server's log is kept in {kept}")
@@ -139,7 +153,7 @@ def _compare_variant(
         run.echo(f"  {name}: {status}: {reason}")
         return
     start = time.monotonic()
-    row = checks.compare_row(name, reference, outputs, sides, run.client)
+    row = checks.compare_row(name, reference, outputs, sides, run.client, exact=batch_invariant(run.profile))
     row.duration_s = time.monotonic() - start
     if note:
         row.details["note"] = note

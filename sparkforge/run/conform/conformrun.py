@@ -34,6 +34,7 @@ class ConformOptions:
     health_timeout_s: float = 1800
     image_ref: str | None = None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
+    gpu: str | None = None  # the recipe's GPU (sm_121): `invoke kernels`' prediction beside what vLLM logged
 
 
 @dataclass
