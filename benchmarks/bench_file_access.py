@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"))
     parser.add_argument("--json", default=str(REPO_ROOT / "benchmarks" / "results" / "file_access.json"))
     parser.add_argument("--top", type=int, default=60)
+    parser.add_argument("--opened", help="also write every opened venv path here (1-2 MB)")
     args = parser.parse_args()
 
     from sparkforge.verify import kernels_run, suite
@@ -116,15 +117,19 @@ def main() -> None:
         "venv_bytes": sum(f.size for f in venv),
         "opened_venv_bytes": sum(f.size for f in venv if f.path in seen),
         "never_opened_bytes": sum(f.size for f in never),
-        "folders": [{"folder": k, "bytes": v[0], "never_opened_bytes": v[1], "never_opened_files": v[2]}
-                    for k, v in folders[: args.top]],  # fmt: skip
+        "folders": [
+            {"folder": k, "bytes": v[0], "never_opened_bytes": v[1], "never_opened_files": v[2]}
+            for k, v in folders[: args.top]
+        ],  # fmt: skip
         "largest_never_opened": [
             {"path": f.path, "bytes": f.size} for f in sorted(never, key=lambda f: -f.size)[: args.top]
         ],
-        "opened": sorted(p for p in seen if SITE.search(p)),
+        "opened_count": len([p for p in seen if SITE.search(p)]),
     }
+    if args.opened:
+        Path(args.opened).write_text("\n".join(sorted(p for p in seen if SITE.search(p))) + "\n")
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k != "opened"}, indent=1))
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
