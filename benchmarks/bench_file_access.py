@@ -120,7 +120,7 @@ def main() -> None:
         "folders": [
             {"folder": k, "bytes": v[0], "never_opened_bytes": v[1], "never_opened_files": v[2]}
             for k, v in folders[: args.top]
-        ],  # fmt: skip
+        ],
         "largest_never_opened": [
             {"path": f.path, "bytes": f.size} for f in sorted(never, key=lambda f: -f.size)[: args.top]
         ],
