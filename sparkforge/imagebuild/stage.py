@@ -19,6 +19,7 @@ from sparkforge.imagebuild import epoch
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command
 from sparkforge.imagebuild.render import Context, render_context
 from sparkforge.recipe import plan
+from sparkforge.recipe.budget import over_budget
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Report
@@ -299,7 +300,12 @@ def build_stage(
             f"sparkforge: stage {options.target} built as {candidate} (stages other than runtime are not verified or tagged)"
         )
         return result
-    image_id = str(engine.inspect_image(candidate)["Id"])  # everything below acts on this exact image
+    inspected = engine.inspect_image(candidate)
+    image_id = str(inspected["Id"])  # everything below acts on this exact image
+    # The recipe's image.max_size, before verify and before any tag (--no-verify too): an image over it moves none.
+    heavy = over_budget(int(inspected.get("Size") or 0), recipe.model.image, len(recipe.model.runtime.remove))
+    if heavy:
+        raise VerifyError(f"build of {candidate}: {heavy}; nothing was tagged. Log: {log_dir}")
     if options.verify:
         result.verify = _verify(recipe, image_id, candidate, options, log_dir, echo)
     else:

@@ -11,6 +11,9 @@ The cheap stages (engines to versions) name the usual causes of a hang in second
 import per node, then the ranks) run only after every cheap one passed, and `--quick` leaves them out. Every
 stage asks all nodes at once; the NCCL library probe (mostly a torch import) starts in the background as soon
 as the image is known to be on every node, so its time hides behind the cheap stages.
+
+The stages are declared once, in `STAGES` at the end of this module (name, one-line help, function, in order):
+the report's check names and the docs table come from it. A new stage is its function and one `Entry` line.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkforge.errors import RunError
+from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
 from sparkforge.run import stages
 from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
@@ -52,51 +56,47 @@ class DoctorResult:
     facts: list[NodeFacts]
 
 
+@dataclass
+class DoctorRun:
+    """What one doctor run's stages share: the nodes, the options, and what the earlier stages found."""
+
+    engines: Sequence[NodeEngine]
+    options: DoctorOptions
+    facts: list[NodeFacts] = field(default_factory=list)
+    probes: list[Outcome] = field(default_factory=list)  # one listening probe per node, until reach ends
+    df: dict[str, Any] = field(default_factory=dict)  # the reach stage's don't-fragment probes, judged by mtu
+    sanity: dict[str, Any] = field(default_factory=dict)
+    early: list[Background] = field(default_factory=list)  # the NCCL library probe, from the image stage on
+
+    @property
+    def expensive(self) -> bool:
+        return self.options.sanity and not self.options.quick
+
+
+DoctorStage = Callable[[Check, DoctorRun], None]
+
+
 def run_doctor(
     engines: Sequence[NodeEngine], options: DoctorOptions, echo: Callable[[str], None] = lambda _: None
 ) -> DoctorResult:
     """Every stage lands in the report; none raises for a cluster problem (RunError only for bad input)."""
     report = Report(command="cluster.doctor", subject=f"{len(engines)} nodes, image {options.image}")
-    facts: list[NodeFacts] = []
-    probes: list[Outcome] = []  # the probe containers stay up as reach listeners until the reach stage ends
-    df: dict[str, Any] = {}  # the reach stage's don't-fragment probes, judged by the mtu stage
-    sanity: dict[str, Any] = {}
-    early: list[Background] = []  # the NCCL library probe, started once the image is on every node
-    expensive = options.sanity and not options.quick
-
-    def image(check: Check) -> None:
-        _image(check, engines, options)
-        if check.status == "passed" and expensive:
-            early.append(Background(lambda cancel: stages.nccl_probe(engines, options, {}, cancel=cancel)))
-
+    run = DoctorRun(engines, options)
     steps = [
-        Stage("engines", lambda c: _engines(c, engines, options)),
-        Stage("image", image),
-        Stage("addresses", lambda c: facts.extend(_addresses(c, engines, options, probes))),
-        Stage("paths", lambda c: stages.paths(c, facts, probes, options)),
-        Stage("reach", lambda c: df.update(_reach(c, engines, facts, options, probes))),
-        Stage("mtu", lambda c: stages.mtu(c, facts, df)),
-        Stage("host", lambda c: stages.host(c, facts)),
-        Stage("memory", lambda c: memory_stage(c, facts, options.memory_plan)),
-        Stage("versions", lambda c: _versions(c, facts)),
+        Stage(entry.name, lambda check, stage=entry.run: stage(check, run))
+        for entry in STAGES
+        if run.expensive or entry.name not in EXPENSIVE
     ]
-    if expensive:
-        steps += [
-            Stage("nccl-library", lambda c: stages.nccl_library(c, engines, options, facts,
-                                                                 early[0].result() if early else None)),
-            Stage("sanity", lambda c: sanity.update(_sanity(c, engines, facts, options))),
-            Stage("transport", lambda c: stages.transport(c, facts, sanity, options)),
-        ]  # fmt: skip
     quick = (
         (EXPENSIVE, "--quick stops after the cheap stages (engines to versions)") if options.quick else None
     )
     try:
-        run_stages(report, steps, echo, after={"reach": lambda: remove_jobs(probes)}, left_out=quick)
+        run_stages(report, steps, echo, after={"reach": lambda: remove_jobs(run.probes)}, left_out=quick)
     finally:
-        for background in early:
+        for background in run.early:
             background.stop()  # a cheap stage failed first: its probes are removed, not waited for
-        remove_jobs(probes)
-    return DoctorResult(report, facts)
+        remove_jobs(run.probes)
+    return DoctorResult(report, run.facts)
 
 
 # ---- stages ---------------------------------------------------------------------------------------
@@ -415,3 +415,50 @@ def _rank_problem(outcome: Outcome, what: str, deadline: float) -> str:
         return f"{who} did not finish the {what} within {deadline:g} s: {where}. Last lines: {tail}"
     where = f" in stage '{stage}'" if stage else ""
     return f"{who} failed the {what}{where} (exit {outcome.exit_code}). Last lines: {tail}"
+
+
+# ---- the registry: each stage declared once, in the order it runs (report names and docs come from here) ----
+
+
+def _image_stage(check: Check, run: DoctorRun) -> None:
+    _image(check, run.engines, run.options)
+    if check.status == "passed" and run.expensive:  # the NCCL library probe hides behind the cheap stages
+        engines, options = run.engines, run.options
+        run.early.append(Background(lambda cancel: stages.nccl_probe(engines, options, {}, cancel=cancel)))
+
+
+def _nccl_library(check: Check, run: DoctorRun) -> None:
+    probed = run.early[0].result() if run.early else None
+    stages.nccl_library(check, run.engines, run.options, run.facts, probed)
+
+
+STAGES: Registry[DoctorStage] = Registry(
+    "doctor",
+    "cluster.doctor",
+    [
+        Entry("engines", "every node's container engine answers (its version)",
+              lambda c, r: _engines(c, r.engines, r.options)),
+        Entry("image", "the image is on every node, with one image ID everywhere", _image_stage),
+        Entry("addresses", "the address vLLM would advertise on each node; the fabric interface chosen",
+              lambda c, r: r.facts.extend(_addresses(c, r.engines, r.options, r.probes))),
+        Entry("paths", "the token file, model and cache directories given are there on every node",
+              lambda c, r: stages.paths(c, r.facts, r.probes, r.options)),
+        Entry("reach", "every peer dials the address each node would advertise, on the launch port",
+              lambda c, r: r.df.update(_reach(c, r.engines, r.facts, r.options, r.probes))),
+        Entry("mtu", "one MTU on the link; a full-MTU don't-fragment packet gets through both ways",
+              lambda c, r: stages.mtu(c, r.facts, r.df)),
+        Entry("host", "host driver versions alike on every node; logind's RemoveIPC",
+              lambda c, r: stages.host(c, r.facts)),
+        Entry("memory", "free memory, swap and page cache against the profile's memory plan",
+              lambda c, r: memory_stage(c, r.facts, r.options.memory_plan)),
+        Entry("versions", "Python, torch, CUDA, NCCL and vLLM are the same on every node",
+              lambda c, r: _versions(c, r.facts)),
+        Entry("nccl-library", "path, version and sha256 of the libnccl each node's image really loads",
+              _nccl_library),
+        Entry("sanity", "one rank per node: Gloo all-reduce, NCCL with GPUs, vLLM's MessageQueue",
+              lambda c, r: r.sanity.update(_sanity(c, r.engines, r.facts, r.options))),
+        Entry("transport", "the transport NCCL chose (NET/IB or sockets) and its bus bandwidth floor",
+              lambda c, r: stages.transport(c, r.facts, r.sanity, r.options)),
+    ],
+    RunError,
+)  # fmt: skip

@@ -1,14 +1,16 @@
-"""The lean CI image (real vLLM 0.33.0 wheels): JIT toolchains proven for sm_121 without a GPU, size and
-CUDA-once from the size report, and the layer-store reader giving the export stream's verdicts.
+"""The lean CI image (real vLLM 0.33.0 wheels): JIT toolchains proven for sm_121 without a GPU, the size within
+the recipe's image.max_size with its declared removals absent, CUDA once (size report), and the layer-store
+reader giving the export stream's verdicts.
 
 Cost, measured on the 2-core development machine with the image's layers cached: the build is a cache hit
 (< 5 s), verify ~2-3 min (FlashInfer's JIT compile is most of it), the broken-ptxas run ~30 s, the size report
-~15 s; `test_layer_reader_matches_export` streams the whole 9 GB filesystem once more (~90 s, marked slow).
+~15 s; `test_layer_reader_matches_export` streams the whole 8 GB filesystem once more (~90 s, marked slow).
 Cold (no layers cached) the fixture's build takes ~10 min and downloads ~5 GB from PyPI.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import zipfile
@@ -17,18 +19,17 @@ from pathlib import Path
 import pytest
 
 from sparkforge import engine
+from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.pipeline import build
 from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import imagefs
 from sparkforge.verify.size import size_report
+from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
-# 9.05 GB measured (was 8.87 GB): slim-venv keeps a library as shipped when strip would change what the loader
-# maps, and GNU strip trims the last writable segment's memory size of most torch libraries by a few bytes
-# (dockerfiles/files/slim-venv.py load_layout). Correct before lean: the bound follows the measurement.
-SIZE_LIMIT = 9_100_000_000
 OLD_NVCC = "nvidia-cuda-nvcc-cu12==12.8.93"  # CUDA 12.8: knows sm_120, not sm_121 (added in 12.9)
 
 
@@ -62,16 +63,62 @@ def test_jit_checks_pass_in_verify(lean_image) -> None:
     assert by_name["jit.toolchain"].details["cuda_home"] == "/opt/venv/cuda"
 
 
-def test_size_report_under_limit_and_cuda_once(lean_image) -> None:
-    image, _ = lean_image
+def test_size_within_the_recipe_budget_and_cuda_once(lean_image) -> None:
+    image, verify = lean_image
+    model = load_recipe(str(CI_RECIPE)).model
+    budget = model.image.max_bytes
+    assert budget == 8_000_000_000 and len(model.runtime.remove) >= 10  # the CI image's image.max_size: 8GB
+    size = {c.name: c for c in verify.checks}["size"]
+    assert size.status == "passed" and size.details["max_bytes"] == budget, size.reason
     report = size_report(image)
     data = report.extra["size"]
-    assert data["image_bytes"] <= SIZE_LIMIT, f"{data['image_bytes'] / 1e9:.2f} GB > 9.1 GB"
+    assert data["image_bytes"] <= budget, f"{data['image_bytes'] / 1e9:.2f} GB > image.max_size 8GB"
+    tree = imagefs.image_tree(image)
+    assert tree is not None
+    site = "opt/venv/lib/python3.11/site-packages/"
+    paths = {f.path.removeprefix(site) for f in tree.files if f.path.startswith(site)}
+    gone = (
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+        "tokenspeed_triton/",
+        "tilelang/",
+        "sympy/core/tests/",
+    )
+    assert not [p for p in paths if p.startswith(gone)]  # what runtime.remove declares is not in any layer
+    kept = (
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+        "triton/_C/libtriton.so",
+        "nvidia/cu13/lib/libnvrtc.so.13",
+    )
+    assert set(kept) <= paths
     check = report.checks[0]
     assert check.name == "cuda-once" and check.status == "passed", check.reason
     assert not [d for d in data["duplicates"] if d["cuda"]]
     assert sum(layer["bytes"] for layer in data["layers"]) >= data["visible_bytes"]
     assert any("pip install torch" in (layer["created_by"] or "") for layer in data["layers"])
+
+
+def test_the_build_refuses_to_tag_an_image_over_its_budget(
+    lean_image, base_amd64: str, canary_secrets, tmp_path
+) -> None:
+    """The same layers under a recipe with a smaller image.max_size: built from the cache, refused before verify."""
+    tight = write_recipe_file(
+        tmp_path / "ci-wheels-tight.yaml", "image:\n  max_size: 5GB\n", extends=CI_RECIPE
+    )
+    recipe = load_recipe(str(tight))
+    ca, _ = canary_secrets
+    options = BuildOptions(platform="linux/amd64", base_image=base_amd64, ca_bundle=ca, gpus="none",
+                           preflight=False, log_root=tmp_path / "logs")  # fmt: skip
+    candidate = plan.candidate_tag(recipe, "linux/amd64")
+    try:
+        with pytest.raises(
+            VerifyError, match=r"over the recipe's image.max_size 5GB by [0-9.]+ GB.*nothing was tagged"
+        ):
+            build(recipe, options)
+        assert engine.image_exists(candidate)  # built (the candidate tag), but never given a final tag
+        assert not engine.image_exists(plan.final_tags(recipe, dt.date.today()).all[0])
+    finally:
+        if engine.image_exists(candidate):
+            engine.remove_image(candidate)
 
 
 @pytest.fixture(scope="module")

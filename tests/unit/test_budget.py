@@ -69,7 +69,7 @@ def test_the_budget_reads_decimal_sizes(text: str, size: int) -> None:
 
 
 def test_removals_are_declared_in_the_recipe_its_hash_lock_and_both_pip_steps(tmp_path: Path) -> None:
-    plain = load_recipe("vllm-qwen35-wheels")
+    plain = load_recipe(str(_recipe(tmp_path, "runtime:\n  remove: []\n", "bare.yaml")))  # nothing removed
     slimmed = load_recipe(str(_recipe(tmp_path, SLIMMED)))
     assert slimmed.hash != plain.hash  # a removal is part of what the recipe builds
     lock = plan.lock(slimmed)
@@ -81,8 +81,23 @@ def test_removals_are_declared_in_the_recipe_its_hash_lock_and_both_pip_steps(tm
     assert "--remove" not in render_dockerfile(plain)
 
 
+def test_the_wheels_recipe_declares_its_removals_each_with_a_reason() -> None:
+    wheels = load_recipe("vllm-qwen35-wheels")
+    globs = [r.glob for r in wheels.model.runtime.remove]
+    assert "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" in globs and "tokenspeed_triton" in globs
+    assert not [g for g in globs if g.startswith(("torch/lib", "nvidia/cudnn", "triton/"))]  # kept on purpose
+    lock = plan.lock(wheels)
+    assert [r["glob"] for r in lock["runtime"]["remove"]] == globs  # what the image's lock carries
+    assert render_dockerfile(wheels).count("--remove tokenspeed_triton") == 2
+    ci = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"))
+    assert (
+        ci.model.runtime.remove == wheels.model.runtime.remove and ci.model.image.max_bytes == 8_000_000_000
+    )
+
+
 def test_invoke_diff_shows_what_a_recipe_removes(tmp_path: Path) -> None:
-    report = compare(recipe_side("vllm-qwen35-wheels"), recipe_side(str(_recipe(tmp_path, SLIMMED))))
+    bare = str(_recipe(tmp_path, "runtime:\n  remove: []\n", "bare.yaml"))
+    report = compare(recipe_side(bare), recipe_side(str(_recipe(tmp_path, SLIMMED))))
     items = {r["item"]: r for r in report.extra["changes"] if r["section"] == "lock"}
     removed = [k for k in items if k.startswith("runtime.remove")]
     assert removed and all(items[k]["change"] == "added" for k in removed), items

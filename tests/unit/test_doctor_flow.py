@@ -16,7 +16,7 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.doctor import run_doctor
+from sparkforge.run.doctor import STAGES, run_doctor
 from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.facts import Deadlines, DoctorOptions
 from sparkforge.run.jobs import Background, each_node
@@ -148,8 +148,19 @@ def test_the_doctor_names_engines_that_do_not_answer_and_runs_nothing_else(
         for sock in sockets:
             sock.close()
     checks = {c.name: c for c in result.report.checks}
+    assert list(checks) == list(STAGES.names())  # the report's names and order are the registry's
     assert list(checks)[:2] == ["engines", "image"] and list(checks)[-3:] == list(EXPENSIVE)
     assert checks["engines"].status == "failed"
     assert all(label in checks["engines"].reason for label in (nodes[0].label, nodes[1].label))  # both named
     assert all(c.status == "skipped" for name, c in checks.items() if name != "engines")
     assert not result.facts
+
+
+def test_the_doctor_stages_are_declared_once_with_the_expensive_ones_last() -> None:
+    names = STAGES.names()
+    assert names[-len(EXPENSIVE) :] == EXPENSIVE  # --quick leaves out a tail: nothing cheap after them
+    assert names[:3] == ("engines", "image", "addresses") and len(names) == 12
+    table = STAGES.markdown_table()
+    assert table.count("\n") == len(names) + 1 and "| `nccl-library` |" in table
+    with pytest.raises(RunError, match=r"unknown doctor row 'ping'.*choose from engines, image"):
+        STAGES.parse("ping")

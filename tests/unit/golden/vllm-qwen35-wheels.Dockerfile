@@ -1,4 +1,4 @@
-# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash d317c79797c9). Do not edit: change the
+# Rendered by sparkforge from recipe vllm-qwen35-wheels (recipe hash a8f1f6f8bb21). Do not edit: change the
 # recipe or this template (dockerfiles/vllm.Dockerfile.j2) and run `invoke render --recipe vllm-qwen35-wheels`.
 # vLLM 0.33.0 from the official aarch64 wheel (sm_120 + sm_120f kernels run on sm_121), torch 2.14.0
 # Stages: runtime. Secrets (CA bundle, HF token) arrive only as BuildKit secret mounts:
@@ -37,7 +37,7 @@ LABEL \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="d317c79797c9190b1ef34f0bea81d4248ae21163a8d4534d83d41a92c394dbf7" \
+      dev.sparkforge.recipe-hash="a8f1f6f8bb216d3d3f401586954677be866acb76a6df58172c2a7977e5c32662" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
@@ -59,7 +59,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     touch /tmp/step-began \
  && /opt/sparkforge/bin/with-ca pip install torch==2.14.0 \
- && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
+ && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip --remove vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so --remove 'vllm/_flashmla*_C.abi3.so' --remove tokenspeed_mla --remove tokenspeed_triton --remove tilelang --remove z3 --remove vllm/third_party/deep_gemm --remove vllm/third_party/fmha_sm100 --remove nccl/m2n --remove flashinfer/data/csrc/cake_dsv4 --remove flashinfer/data/csrc/kda --remove 'nvidia/cu13/lib/libnvrtc*.alt.so.*' --remove 'nvidia/cu13/lib/libcusolverMg.so.*' --remove mistral_common/data --remove pycountry/locales --remove 'numpy/**/tests' --remove 'numba/**/tests' --remove 'sympy/**/tests' --remove 'networkx/**/tests' --remove mpmath/tests && rm /tmp/step-began
 COPY constraints.txt /opt/sparkforge/constraints.txt
 # Everything else under the constraints file: nothing may swap torch, transformers or flashinfer. nvcc comes
 # as torch's own cuda-toolkit extra, so it matches the CUDA headers and libraries torch pins (a newer nvcc
@@ -74,7 +74,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       'cuda-toolkit[nvcc]' \
       vllm==0.33.0 \
  && { pip check || echo "sparkforge: pip check reported conflicts above; verify decides"; } \
- && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip && rm /tmp/step-began
+ && python3 /opt/sparkforge/bin/slim-venv.py --since /tmp/step-began --site /opt/venv/lib/python3.12/site-packages --cuda 13.0 --toolkit /opt/venv/cuda --strip --remove vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so --remove 'vllm/_flashmla*_C.abi3.so' --remove tokenspeed_mla --remove tokenspeed_triton --remove tilelang --remove z3 --remove vllm/third_party/deep_gemm --remove vllm/third_party/fmha_sm100 --remove nccl/m2n --remove flashinfer/data/csrc/cake_dsv4 --remove flashinfer/data/csrc/kda --remove 'nvidia/cu13/lib/libnvrtc*.alt.so.*' --remove 'nvidia/cu13/lib/libcusolverMg.so.*' --remove mistral_common/data --remove pycountry/locales --remove 'numpy/**/tests' --remove 'numba/**/tests' --remove 'sympy/**/tests' --remove 'networkx/**/tests' --remove mpmath/tests && rm /tmp/step-began
 # RDMA userspace, pinned: NCCL dlopens libibverbs.so.1 and needs the mlx5 provider, else it uses TCP sockets.
 RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     apt-get update \
@@ -98,7 +98,7 @@ LABEL org.opencontainers.image.created="${SPARKFORGE_CREATED}" \
       org.opencontainers.image.source="https://github.com/sparkforge/sparkforge" \
       org.opencontainers.image.version="0.33.0" \
       dev.sparkforge.recipe="vllm-qwen35-wheels" \
-      dev.sparkforge.recipe-hash="d317c79797c9190b1ef34f0bea81d4248ae21163a8d4534d83d41a92c394dbf7" \
+      dev.sparkforge.recipe-hash="a8f1f6f8bb216d3d3f401586954677be866acb76a6df58172c2a7977e5c32662" \
       dev.sparkforge.gpu="sm_121" \
       dev.sparkforge.pin.vllm="0.33.0@4ba787ec9" \
       dev.sparkforge.pin.torch="2.14.0" \
