@@ -22,6 +22,7 @@ def registry_pages() -> list[tuple[Registry[Any], Path]]:
     from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
     from sparkforge.run.bench.suites import SUITES
     from sparkforge.run.conform.rows import ROWS as CONFORM_ROWS
+    from sparkforge.run.doctor import STAGES as DOCTOR_STAGES
     from sparkforge.verify.imagechecks import IMAGE_CHECKS
 
     return [
@@ -29,6 +30,7 @@ def registry_pages() -> list[tuple[Registry[Any], Path]]:
         (IMAGE_CHECKS, ROOT / "docs" / "checks.md"),
         (SUITES, ROOT / "docs" / "run.md"),
         (CONFORM_ROWS, ROOT / "docs" / "run.md"),
+        (DOCTOR_STAGES, ROOT / "docs" / "run.md"),
     ]
 
 
