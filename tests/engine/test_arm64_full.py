@@ -22,7 +22,10 @@ from sparkforge.imagebuild.stage import BuildOptions
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import suite
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(cost_s=3600, reason="the whole arm64 wheels image built and checked under qemu-user"),
+]
 
 # Every check of the in-image suite that runs without a GPU and must pass on the arm64 image under qemu.
 MUST_PASS = {

@@ -267,7 +267,7 @@ def test_fabric_verbs_fails_in_an_image_without_the_rdma_userspace(base_amd64: s
 FAIL_FAST_RUNS = 5
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost_s=240, reason="the doctor's fail-fast timing, several whole runs for a median")
 def test_misconfigurations_are_named_before_any_sanity_run_in_seconds(two_nodes, tmp_path: Path) -> None:
     """The field's mistakes the facts already show, each named by the doctor before the sanity run: the LAN
     advertised (reach) and an MTU reset on one node (mtu); wall time of the whole `invoke cluster.doctor`,

@@ -20,7 +20,13 @@ from test_serve_real import invoke
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=660, reason="the 5.95 GB twin streamed into two namespaced nodes, then TP=2 serving (655 s)"
+    ),
+]
 PROFILE = "cpu-tiny-qwen35moe-pp2"
 PROFILE_PATH = str(REPO_ROOT / "tests" / "profiles" / f"{PROFILE}.yaml")
 # vLLM logs this per worker once its part of the model is in memory (vllm/model_executor/model_loader).
@@ -99,7 +105,9 @@ HANG_WATCH_S = 150
 # slow: it watches upstream vLLM hang for HANG_WATCH_S (150 s) by design, plus both ranks' starts and the
 # teardown (benchmarks/hang-real.md, benchmarks/ci.md). What sparkforge does about it, the doctor naming the
 # address with nothing launched, stays in CI (the test above); this one reproduces vLLM's own behaviour.
-@pytest.mark.slow
+@pytest.mark.slow(
+    cost_s=300, reason="watches upstream vLLM hang for 150 s by design (benchmarks/hang-real.md)"
+)
 def test_without_the_doctor_the_wrong_address_hangs_vllm_after_loading_weights(
     twin_nodes, tiny_model: Path, tmp_path: Path
 ) -> None:

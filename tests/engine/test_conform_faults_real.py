@@ -23,7 +23,11 @@ from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
 # In CI (not slow): three server starts, one of them crashing (benchmarks/conform.md).
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(cost_s=700, reason="three twin servers, one crashing at start (~1,372 s under load)"),
+]
 PROFILE = "cpu-tiny-qwen35moe-conform"
 
 

@@ -18,7 +18,13 @@ from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=450, reason="four twin servers and a 4,096-token decode with the drafter (833 s under load)"
+    ),
+]
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform-mtp.yaml")
 
 

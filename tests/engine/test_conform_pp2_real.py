@@ -22,7 +22,13 @@ from sparkforge.recipe.loader import REPO_ROOT
 # In CI (~140 s beside the session's twin cluster and clean conform run): each node holds its own core
 # (cluster_cpus.py) and the profile turns off vLLM's per-forward AOT cache key; the two ranks decode at ~85
 # tokens/s (6.3 when both ranks' OpenMP threads shared one core; benchmarks/conform.md).
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=400, reason="the twin streamed into two namespaced nodes, then PP=2 serving (~152 s warm)"
+    ),
+]
 PROFILE = "cpu-tiny-qwen35moe-conform-pp2"
 PROFILE_PATH = str(REPO_ROOT / "tests" / "profiles" / f"{PROFILE}.yaml")
 

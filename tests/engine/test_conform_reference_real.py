@@ -70,6 +70,7 @@ def _port(args: list[str]) -> list[str]:
     return [FAULT_PORT if previous == "--port" else a for previous, a in zip(["", *args], args, strict=False)]
 
 
+@pytest.mark.slow(cost_s=300, reason="its own faulty twin server and a reference decode (439 s under load)")
 def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:

@@ -172,7 +172,7 @@ def _parse(stdout: str) -> list:
     return [Check.from_dict(c) for c in json.loads(line[len(MARKER) :])["checks"]]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost_s=300, reason="exports the whole 8 GB image once to compare the two readers")
 def test_layer_reader_matches_export(lean_image) -> None:
     image, _ = lean_image
     require = load_recipe(str(CI_RECIPE)).model.audit.require

@@ -106,7 +106,9 @@ def test_the_cited_vllm_lines_are_in_the_image(vllm_image: str) -> None:
     assert tuple(re.findall(r"NvFp4MoeBackend\.(\w+)", block)) == NVFP4_MOE_ORDER
 
 
-@pytest.mark.slow  # a second vLLM start in the image (~80 s); tests/unit/test_kernels_selection.py reads its answer
+@pytest.mark.slow(
+    cost_s=120, reason="a second vLLM start in the image"
+)  # a second vLLM start in the image (~80 s); tests/unit/test_kernels_selection.py reads its answer
 def test_a_quantization_this_vllm_does_not_know_is_one_paragraph(vllm_image: str) -> None:
     ask = selection_input("qwen35-35b-a3b-fp8", "", "")
     assert ask is not None
