@@ -23,8 +23,9 @@ class ImageEnv:
 
 
 _PTXAS = ImageEnv(
-    r"/opt/venv/cuda/bin/ptxas",
-    "Triton's ptxas: the image's own CUDA toolkit (the ptxas bundled with older Tritons lacks sm_121a)",
+    r"/opt/venv/cuda/bin/ptxas|/usr/local/cuda(-1[0-9]\.[0-9])?/bin/ptxas",
+    "Triton's ptxas: the image's own CUDA toolkit, from NVIDIA's wheels or the CUDA base image (the ptxas "
+    "bundled with older Tritons lacks sm_121a)",
 )
 IMAGE_ENV: dict[str, ImageEnv] = {
     "TRITON_PTXAS_PATH": _PTXAS,
