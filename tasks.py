@@ -374,10 +374,10 @@ def engine_up(c: Context, qemu: bool = False, buildx: bool = False, dry: bool = 
 def engine_bases(c: Context, platform: list[str] | None = None, force: bool = False) -> None:
     """Offline stand-in bases from Debian (debootstrap) for machines that cannot pull the recipe's bases."""
     from sparkforge.commands import Runner
-    from sparkforge.imagebuild.hostsetup import build_base
+    from sparkforge.imagebuild.hostsetup import build_bases
 
-    for plat in platform or ["linux/amd64", "linux/arm64"]:
-        echo(str(build_base(Runner(stream=False), plat, force=force).done))
+    for step in build_bases(Runner(stream=False), platform or ["linux/amd64", "linux/arm64"], force=force):
+        echo(step.done)
 
 
 engine_ns = Collection("engine")

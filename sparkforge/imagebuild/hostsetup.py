@@ -8,6 +8,7 @@ import re
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,13 +119,7 @@ def build_base(
     arch = ARCH_OF_PLATFORM[platform]
     if arch != "amd64" and os.uname().machine == "x86_64":
         register_qemu(runner)
-    if not shutil.which("debootstrap"):
-        runner.run(
-            Command.of(
-                "apt-get", "install", "-y", "-q", "debootstrap", env={"DEBIAN_FRONTEND": "noninteractive"}
-            ),
-            "apt-install-debootstrap",
-        )
+    _ensure_debootstrap(runner)
     with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         runner.run(
@@ -154,6 +149,31 @@ def build_base(
             f"import-{arch}",
         )
     return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform})")
+
+
+def _ensure_debootstrap(runner: Runner) -> None:
+    if not shutil.which("debootstrap"):
+        runner.run(
+            Command.of(
+                "apt-get", "install", "-y", "-q", "debootstrap", env={"DEBIAN_FRONTEND": "noninteractive"}
+            ),
+            "apt-install-debootstrap",
+        )
+
+
+def build_bases(runner: Runner, platforms: list[str], *, force: bool = False) -> list[SetupStep]:
+    """Every platform's base at once: the native one waits on the network while the emulated one's packages
+    configure under qemu (one of two cores each). The first failure is raised once all have ended."""
+    unknown = [p for p in platforms if p not in ARCH_OF_PLATFORM]
+    if unknown:
+        raise EngineError(
+            f"no offline base for {', '.join(unknown)}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}"
+        )
+    _ensure_debootstrap(runner)  # once, before the threads: two apt-get runs would fight over dpkg's lock
+    with ThreadPoolExecutor(max_workers=len(platforms) or 1) as pool:
+        futures = [pool.submit(build_base, runner, platform, force=force) for platform in platforms]
+        wait(futures)
+    return [future.result() for future in futures]
 
 
 # ---- buildx: Debian's next release, side by side with the host's engine ---------------------------

@@ -1,10 +1,12 @@
 """CI's time budget for the slow engine tests: `.ci/run` runs them after the rest, each only while it still fits.
 
 A slow test states what it costs on a fresh CI machine once the non-slow suite has built the shared images
-(`@pytest.mark.slow(cost_s=N, reason=...)`, measured and recorded in benchmarks/ci.md). With the environment's
-SPARKFORGE_CI_DEADLINE (seconds since the epoch) set, a slow test whose cost would end past the deadline is
-deselected and named with its cost and the time left, so the log says exactly what this run did not prove.
-Without the deadline (a developer's `pytest -m slow`) every slow test runs.
+(`@pytest.mark.slow(cost_s=N, reason=..., rank=R)`, measured and recorded in benchmarks/ci.md). With the
+environment's SPARKFORGE_CI_DEADLINE (seconds since the epoch) set, the slow modules are taken in the order of
+their rank (the smallest rank of their marks; a lower rank proves more per minute, DEFAULT_RANK when unstated;
+collection order among equals), and a slow test whose cost would end past the deadline is deselected and named
+with its cost and the time left, so the log says exactly what this run did not prove. Without the deadline (a
+developer's `pytest -m slow`) every slow test runs, in collection order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import pytest
 
 DEFAULT_COST_S = 600  # a slow test that states no cost is assumed long
+DEFAULT_RANK = 100  # a slow test that states no rank comes after those that do
 
 
 def _slow_mark(item: pytest.Item) -> pytest.Mark | None:
@@ -35,12 +38,42 @@ def module_costs(items: list[pytest.Item]) -> dict[str, float]:
     return {module: sum(marks.values()) for module, marks in seen.items()}
 
 
+def module_ranks(items: list[pytest.Item]) -> dict[str, int]:
+    """Each slow module's rank: the smallest `rank` among its slow marks."""
+    ranks: dict[str, int] = {}
+    for item in items:
+        mark = _slow_mark(item)
+        if mark is not None:
+            rank = int(mark.kwargs.get("rank", DEFAULT_RANK))
+            ranks[_module(item)] = min(rank, ranks.get(_module(item), rank))
+    return ranks
+
+
+def by_rank(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with the non-slow ones first (in their order), then the slow modules by rank; a module's items
+    stay together and in their order."""
+    ranks = module_ranks(items)
+    first_index: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_index.setdefault(_module(item), index)
+
+    def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
+        index, item = indexed
+        if _slow_mark(item) is None:
+            return (-1, 0, index)
+        module = _module(item)
+        return (ranks[module], first_index[module], index)
+
+    return [item for _, item in sorted(enumerate(items), key=key)]
+
+
 def within_budget(
     items: list[pytest.Item], deadline: float, now: float
 ) -> tuple[list[pytest.Item], list[tuple[pytest.Item, float, float]]]:
-    """The items to run, in their order, and those left out with (their module's cost, seconds left then).
-    A module's slow tests are kept or left out together (they share its module fixtures); in collection order,
-    a module runs when its cost fits in what the modules kept before it leave; non-slow items always run."""
+    """The items to run (non-slow first, then the slow modules by rank) and those left out, with their module's
+    cost and the seconds left then. A module's slow tests are kept or left out together (they share its module
+    fixtures); in rank order, a module runs when its cost fits in what the modules kept before it leave; non-slow items always run."""
+    items = by_rank(items)
     costs = module_costs(items)
     kept: list[pytest.Item] = []
     left_out: list[tuple[pytest.Item, float, float]] = []
@@ -69,10 +102,10 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not raw:
         return
     kept, left_out = within_budget(items, float(raw), time.time())
+    items[:] = kept
     if not left_out:
         return
     config.hook.pytest_deselected(items=[item for item, _, _ in left_out])
-    items[:] = kept
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for item, cost, left in left_out:
         line = f"not run (CI budget): {item.nodeid}: costs ~{cost:.0f} s, {max(left, 0):.0f} s were left"

@@ -25,7 +25,15 @@ from real_fixtures import TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=300,
+        rank=5,
+        reason="a served twin (86 s), then both suites measured, compared and charted (157 s)",
+    ),
+]
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-bench.yaml")
 PORT = "18481"
 SIZES = (

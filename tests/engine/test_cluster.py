@@ -29,7 +29,13 @@ from sparkforge.run.doctor import run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, parse_nodes
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=450, rank=3, reason="two namespaced nodes with their own engines (260 s), then 7 runs (164 s)"
+    ),
+]
 CI_RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")
 
 

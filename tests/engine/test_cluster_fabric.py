@@ -30,7 +30,15 @@ from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import NodeEngine, parse_nodes
 from sparkforge.run.weights import fetch_weights
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=350,
+        rank=7,
+        reason="7 runs (78 s), with the two-node set-up (260 s) when test_cluster did not run",
+    ),
+]
 
 
 def _nodes(cluster) -> str:

@@ -41,6 +41,7 @@ def patched(base_amd64: str, sdist_url: str, tmp_path_factory: pytest.TempPathFa
     return run_probe(recipe, _options(base_amd64, sdist_url, tmp_path_factory.mktemp("logs")))
 
 
+@pytest.mark.slow(cost_s=600, rank=4, reason="vLLM configured by CMake for sm_121 (535 s)")
 def test_probed_fp8_objects_carry_native_sm121a_sass(patched: ProbeResult) -> None:
     report = patched.report
     assert report.status == "passed", [(c.name, c.reason) for c in report.failed]
@@ -60,6 +61,7 @@ def test_probed_fp8_objects_carry_native_sm121a_sass(patched: ProbeResult) -> No
     assert data["command"] == "probe" and data["target"] == "sm_121"
 
 
+@pytest.mark.slow(cost_s=30, rank=4, reason="reads the probe above")
 def test_a_plan_that_disagrees_with_the_configure_fails_the_probe(
     patched: ProbeResult, sdist_url: str
 ) -> None:
@@ -79,6 +81,7 @@ def test_a_plan_that_disagrees_with_the_configure_fails_the_probe(
     assert "cmake -P plan predicts ['sm_120f']" in check.reason and "has ['sm_121a']" in check.reason
 
 
+@pytest.mark.slow(cost_s=100, rank=4, reason="a probe without the patch (70 s)")
 def test_without_the_patch_sm12x_kernels_are_family_only(
     base_amd64: str, sdist_url: str, tmp_path: Path
 ) -> None:

@@ -98,6 +98,7 @@ def test_two_builds_without_cache_are_identical(built, tmp_path):
     assert "sparkforge-rebuild/" not in docker("images", "--format", "{{.Repository}}").stdout
 
 
+@pytest.mark.slow(cost_s=100, rank=6, reason="two builds, one by build.sh (79 s)")
 def test_build_sh_replays_the_same_image(built, tmp_path):
     """The rendered build.sh (what a user replays without sparkforge) gives `invoke build`'s image ID: the same
     SOURCE_DATE_EPOCH from the pinned base, the same argv, the same timestamp rewrite."""
@@ -125,6 +126,7 @@ def test_build_sh_replays_the_same_image(built, tmp_path):
         docker("image", "rm", "--force", replay, plan.candidate_tag(loaded, PLATFORM), check=False)
 
 
+@pytest.mark.slow(cost_s=120, rank=6, reason="two builds, a planted time file (100 s)")
 def test_rebuild_names_a_planted_time_file(built, tmp_path):
     templates = tmp_path / "dockerfiles"
     shutil.copytree(REPO_ROOT / "dockerfiles", templates)
@@ -168,6 +170,7 @@ CCACHE_STEP = (
 )
 
 
+@pytest.mark.slow(cost_s=280, rank=6, reason="four builds: cache, layer, drift (248 s)")
 def test_warm_cache_planted_layer_and_template_drift(built, tmp_path):
     """A step that takes its output from a cache mount when one is warm (what ccache does for a source build)
     is never reported identical: with the cache mounts kept, the rebuild (--no-cache) still runs it on fresh

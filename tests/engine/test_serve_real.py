@@ -20,7 +20,15 @@ from real_fixtures import REAL_TIMINGS, TINY_PROFILE, TWIN_RECIPE, cpu_twin, tin
 
 from sparkforge.recipe.loader import REPO_ROOT
 
-pytestmark = pytest.mark.engine
+# CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=360,
+        rank=1,
+        reason="two twin servers (126 s), and the trained model (3-4 min) if nothing made it",
+    ),
+]
 PROFILE = "cpu-tiny-qwen35moe"
 PORT = "18461"
 

@@ -64,3 +64,17 @@ def test_without_a_deadline_every_slow_test_runs(tmp_path: Path) -> None:
 def test_a_past_deadline_runs_only_the_fast_tests(tmp_path: Path) -> None:
     proc = _run(tmp_path, time.time() - 1)
     assert "1 passed, 5 deselected" in proc.stdout, proc.stdout
+
+
+def test_with_a_deadline_the_slow_modules_run_by_rank(tmp_path: Path) -> None:
+    # test_d's rank puts it before test_a (no rank: last); the budget (150 s) then fits test_d (120 s) only,
+    # although test_a (100 s) comes first in collection order and would have fitted alone.
+    (tmp_path / "test_d.py").write_text(
+        "import pytest\npytestmark = pytest.mark.slow(cost_s=120, rank=1)\ndef test_d(): pass\n"
+    )
+    proc = _run(tmp_path, time.time() + 150)
+    out = proc.stdout + proc.stderr
+    assert "not run (CI budget): test_a.py::test_one: costs ~100 s" in out, out
+    assert "CI budget): test_d.py" not in out, out
+    # test_b's fast test, then test_d, then test_c (50 s) no longer fits after test_d's 120 s.
+    assert "2 passed" in out and "not run (CI budget): test_c.py::test_c" in out, out
