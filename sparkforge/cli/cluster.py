@@ -109,7 +109,7 @@ def doctor(
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.doctor import run_doctor
+    from sparkforge.run.cluster.doctor import run_doctor
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
@@ -188,7 +188,7 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
+    from sparkforge.run.cluster.cluster import cluster_down, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
@@ -268,8 +268,7 @@ def fabric(
     from sparkforge.boundary import check_output
     from sparkforge.console import warn
     from sparkforge.oci import check_reference
-    from sparkforge.run.inputs import check_interface
-    from sparkforge.run.inventory import (
+    from sparkforge.run.cluster.inventory import (
         describe_choices,
         fabric_report,
         local_facts,
@@ -278,6 +277,7 @@ def fabric(
         remote_facts,
         remote_nccl,
     )
+    from sparkforge.run.inputs import check_interface
 
     check_interface(interface)  # the boundary: before any engine or sysfs is read
     if image:
@@ -305,8 +305,8 @@ def fabric(
     report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
     describe_choices(choices, echo, warn, sources)
     if test:
-        from sparkforge.run.fabric import parse_node
-        from sparkforge.run.linktest import link_check
+        from sparkforge.run.cluster.fabric import parse_node
+        from sparkforge.run.cluster.linktest import link_check
 
         with report.timed("link-test") as check:
             parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
@@ -319,7 +319,7 @@ def fabric(
 @user_errors
 def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
     """Stop and remove every serve container sparkforge started on the nodes."""
-    from sparkforge.run.cluster import cluster_down
+    from sparkforge.run.cluster.cluster import cluster_down
 
     for label, count in cluster_down(node_engines(nodes), profile or None).items():
         echo(f"{label}: removed {count} container(s)")
@@ -329,7 +329,7 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
 @user_errors
 def logs(c: Context, nodes: str, tail: int = Whole(100)) -> None:
     """The last log lines of every serve container on every node."""
-    from sparkforge.run.cluster import cluster_logs
+    from sparkforge.run.cluster.cluster import cluster_logs
     from sparkforge.run.inputs import check_positive
 
     check_positive("--tail", tail)

@@ -17,10 +17,10 @@ from pathlib import Path
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.cluster import cluster_down, launch_plan
+from sparkforge.run.cluster.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.run.weights import fetch_weights
+from sparkforge.run.weights.weights import fetch_weights
 
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).

@@ -118,7 +118,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"json", "path-io"},
         f"{CONTAINER}; a model folder's config.json the user named with --model-dir",
     ),
-    "sparkforge/run/weightstream.py": (
+    "sparkforge/run/weights/weightstream.py": (
         {"json"},
         "issue 42 owns the weight server and puller (manifest lines)",
     ),

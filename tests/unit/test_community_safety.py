@@ -22,7 +22,7 @@ from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import TOKEN_MOUNT, LaunchOptions, plan_launch
-from sparkforge.run.weights import plan_downloads
+from sparkforge.run.weights.weights import plan_downloads
 
 HOSTILE = Path(__file__).parent / "fixtures" / "hostile"
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"

@@ -14,7 +14,7 @@ from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
-from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
+from sparkforge.run.cluster.cluster import cluster_down, cluster_up, launch_plan
 from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch

@@ -18,7 +18,7 @@ from sparkforge.console import Echo
 from sparkforge.engine import docker_cli
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.doctor import DoctorResult, network_env, run_doctor
+from sparkforge.run.cluster.doctor import DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import (
     LaunchOptions,
@@ -30,7 +30,7 @@ from sparkforge.run.launch import (
 )
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
 from sparkforge.run.postmortem import keep_logs, stage_of
-from sparkforge.run.weights import fetch_weights
+from sparkforge.run.weights.weights import fetch_weights
 
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
