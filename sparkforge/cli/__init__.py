@@ -61,7 +61,7 @@ class Whole(int):
 
     def __new__(cls, value: object = 0) -> Whole:
         if isinstance(value, str):
-            from sparkforge.limits import ascii_number
+            from sparkforge.boundary import ascii_number
 
             parsed = ascii_number(value.strip(), integer=True)
             if parsed is None:

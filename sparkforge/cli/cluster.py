@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def _gid_index(text: str) -> int | None:
     """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
-    from sparkforge.limits import ascii_number
+    from sparkforge.boundary import ascii_number
 
     if not text:
         return None
@@ -48,7 +48,7 @@ def _nccl(text: str) -> Literal["image", "host"]:
 
 def _floor(text: str) -> float | None:
     """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
-    from sparkforge.limits import ascii_number
+    from sparkforge.boundary import ascii_number
 
     if not text:
         return None
