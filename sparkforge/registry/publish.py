@@ -389,8 +389,6 @@ def promote(
             "'invoke publish --promote' with the new digest after verifying it"
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
-    names = (recipe.name, recipe.hash)
-    tagtrust.record_move(
-        recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir, claims
-    )
+    move = history.TagMove("promote", recipe.name, recipe.hash, index, dict(images), before, claims)
+    tagtrust.record_move(recipe, tools, moving, move, evidence_dir)
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

@@ -6,6 +6,7 @@ recipe's platform set, exactly what `promote` requires; only the one tag asked f
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sparkforge.commands import Runner
@@ -92,7 +93,10 @@ def rollback(
         if problems:
             refused.append(f"{entry.digest[:19]} ({entry.date}): {' | '.join(problems)[:400]}")
             continue
-        return _move(recipe, tools, tag, entry, images, current, evidence_dir, echo)
+        move = history.TagMove(
+            "rollback", entry.recipe, entry.recipe_hash, entry.digest, images, {tag: current}
+        )
+        return _move(recipe, tools, tag, move, evidence_dir, echo)
     raise PublishError(
         f"refusing to roll back {repo}:{tag}: no earlier index in its history is GPU-verified for "
         f"{recipe.model.gpu} on every platform (promote's rule). "
@@ -103,16 +107,10 @@ def rollback(
 
 
 def _move(
-    recipe: Recipe,
-    tools: Manifests,
-    tag: str,
-    entry: history.Entry,
-    images: dict[str, str],
-    current: str | None,
-    evidence_dir: Path,
-    echo: Echo,
+    recipe: Recipe, tools: Manifests, tag: str, move: history.TagMove, evidence_dir: Path, echo: Echo
 ) -> pub.Published:
-    repo, index = recipe.model.publish.repository, entry.digest
+    repo, index, images = recipe.model.publish.repository, move.index, dict(move.platforms)
+    current = move.previous[tag]
     if not tools.runner.dry:  # the index signature, no revocation in the (refreshed) signed targets
         tagtrust.before_move(recipe, tools, index, images)
     if tools.buildx:
@@ -128,11 +126,8 @@ def _move(
             "('invoke publish --promote')"
         )
     echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
-    names = (entry.recipe, entry.recipe_hash)
-    claims: dict[str, list[str]] = {}
     if Policy.for_verify(recipe) is not None and not tools.runner.dry:
         claims = {p: [earlier.signed_gpu_claim(recipe, tools, p, d)[1]] for p, d in sorted(images.items())}
-    tagtrust.record_move(
-        recipe, tools, [tag], "rollback", names, index, images, {tag: current}, evidence_dir, claims
-    )
+        move = replace(move, claims=claims)
+    tagtrust.record_move(recipe, tools, [tag], move, evidence_dir)
     return pub.Published(recipe.name, repo, index, images, (tag,), (), "")
