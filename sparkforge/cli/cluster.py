@@ -134,9 +134,10 @@ def doctor(
         quick=quick,
     )
     if profile and recipe:
-        planned = memory_check(recipe, load_profile(profile), model_dir, True)
+        served = load_profile(profile)
+        planned = memory_check(recipe, served, model_dir, True)
         options = replace(options, memory_plan=_gpu_plan(planned, gpus))
-        preflight_profile(recipe, profile, no_preflight)
+        preflight_profile(recipe, served, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
@@ -212,7 +213,7 @@ def up(
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     doctor_settings = replace(doctor_settings, memory_plan=_gpu_plan(planned, gpus))
-    preflight_profile(recipe, profile, no_preflight)
+    preflight_profile(recipe, loaded, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)

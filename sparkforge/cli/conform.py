@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import Whole, echo, finish_report, task, user_errors
+from sparkforge.cli import Whole, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
@@ -130,6 +130,6 @@ def conform(
         doctor=doctor,
         gpu=loaded_recipe.model.gpu if loaded_recipe.model.device == "cuda" else None,
     )
-    report = run_conform(engines, loaded, options, echo=echo)
+    report = run_conform(session(), engines, loaded, options)
     report.recipe = recipe_name
     finish_report(report, json, junit, hint="each failed row names the first divergence or the garble found")

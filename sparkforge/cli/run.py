@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, task, user_errors, warn
+from sparkforge.cli import Whole, echo, session, task, user_errors, warn
 from sparkforge.cli.memory import (
     FLOOR_HELP,
     FORCE_HELP,
@@ -37,21 +37,18 @@ def image_ref(recipe: str, image: str) -> str:
     return plan.candidate_tag(loaded, loaded.model.platforms[0])
 
 
-def preflight_profile(recipe: str, profile_ref: str, skip: bool) -> None:
-    """The profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
+def preflight_profile(recipe: str, profile, skip: bool) -> None:
+    """The (loaded) profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
     if skip:
         return
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.profile import load_profile
     from sparkforge.report import Report, print_report
 
     loaded = load_recipe(recipe)
-    report = Report(command="preflight", subject=f"profile {profile_ref}", recipe=loaded.name)
-    check_serve_profiles(
-        report, loaded, [load_profile(profile_ref)], lambda: recipe_surface(loaded, make_fetcher())
-    )
+    report = Report(command="preflight", subject=f"profile {profile.name}", recipe=loaded.name)
+    check_serve_profiles(report, loaded, [profile], lambda: recipe_surface(loaded, make_fetcher()))
     if report.status != "passed":
         print_report(report, echo)
         raise Exit(f"sparkforge: serve flags failed preflight: {report.failed[0].reason}", code=1)
@@ -268,7 +265,7 @@ def serve(
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.serve import serve_up
+    from sparkforge.run.serve import ServeOptions, serve_up
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
@@ -278,11 +275,10 @@ def serve(
     )  # fmt: skip
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
-    preflight_profile(recipe, profile, no_preflight)
+    preflight_profile(recipe, loaded, no_preflight)
     known_bad_guard(recipe, loaded)
-    plan, _ = serve_up(
-        engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail
-    )
+    serving = ServeOptions(options, chat=not no_chat, dry=dry, down_on_fail=down_on_fail)
+    plan, _ = serve_up(session(), engine, loaded, serving)
     if not dry:
         serve_watchdog(recipe, engine, plan.head.container.name, guard, gpus)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
 from sparkforge.run.cluster.cluster import cluster_down, launch_plan
@@ -164,16 +165,19 @@ def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo
     return reply
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `serve_up` starts a profile: the launch (image, ports, mounts), the health wait, the answer check."""
+
+    launch: LaunchOptions
+    health_timeout_s: float = 1800
+    chat: bool = True  # ask once after health (the answer check)
+    dry: bool = False  # print the plan, start nothing
+    down_on_fail: bool = False  # a wrong answer removes the (healthy) deployment
+
+
 def serve_up(
-    engine: NodeEngine,
-    profile: Profile,
-    options: LaunchOptions,
-    *,
-    echo: Echo,
-    health_timeout_s: float = 1800,
-    chat: bool = True,
-    dry: bool = False,
-    down_on_fail: bool = False,
+    session: Session, engine: NodeEngine, profile: Profile, options: ServeOptions
 ) -> tuple[LaunchPlan, ChatReply | None]:
     """Start the profile on this node, wait for health, ask once; a failed start is removed, a failed answer
     leaves the healthy deployment running (to inspect it) unless `down_on_fail`."""
@@ -181,18 +185,19 @@ def serve_up(
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
-    check_model_pin(profile, options, echo)
-    plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
+    echo, launch, dry = session.echo, options.launch, options.dry
+    check_model_pin(profile, launch, echo)
+    plan = plan_launch(profile, ["127.0.0.1"], [{}], launch)
     if not dry:
-        check_architecture(engine, profile, options, echo=echo)
-    fetch_weights([engine], profile, options, echo=echo, dry=dry)
-    launch_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
-    if dry or not chat:
+        check_architecture(engine, profile, launch, echo=echo)
+    fetch_weights([engine], profile, launch, echo=echo, dry=dry)
+    launch_plan([engine], plan, echo=echo, health_timeout_s=options.health_timeout_s, dry=dry)
+    if dry or not options.chat:
         return plan, None
     try:
-        reply = ask(engine, plan.head.container.name, options.port, profile, echo=echo)
+        reply = ask(engine, plan.head.container.name, launch.port, profile, echo=echo)
     except RunError:
-        keep_or_remove([engine], plan.profile, down_on_fail, echo=echo)
+        keep_or_remove([engine], plan.profile, options.down_on_fail, echo=echo)
         raise
     return plan, reply
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkforge.boundary import linear_regex
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
@@ -20,7 +20,7 @@ from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.serve import serve_down, serve_up
+from sparkforge.run.serve import ServeOptions, serve_down, serve_up
 
 # How vLLM refuses a flag combination before it starts anything (config validation, argument parsing): only these
 # make a variant that did not start `skipped`; any other start failure (a crash, OOM, no health) is `failed`.
@@ -45,21 +45,22 @@ def refusal(message: str) -> str:
 class Servers:
     """What conform started (to stop it) and how long each start took."""
 
+    session: Session
     launch: LaunchOptions | None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
     health_timeout_s: float = 1800
     started: list[dict[str, Any]] = field(default_factory=list)
     logs_kept_for: int = 0  # failed rows whose server log is kept
 
-    def start(self, engine: NodeEngine, profile: Profile, echo: Echo, what: str) -> None:
+    def start(self, engine: NodeEngine, profile: Profile, what: str) -> None:
         """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
         assert self.launch is not None
+        echo = self.session.echo
         echo(f"conform: starting {profile.name} ({what}) ...")
         start = time.monotonic()
         if not self.started:
-            serve_up(
-                engine, profile, self.launch, echo=echo, health_timeout_s=self.health_timeout_s, chat=False
-            )
+            options = ServeOptions(self.launch, health_timeout_s=self.health_timeout_s, chat=False)
+            serve_up(self.session, engine, profile, options)
         else:
             serve_down(engine, profile.name)
             plan = plan_launch(profile, ["127.0.0.1"], [{}], self.launch)
@@ -68,10 +69,11 @@ class Servers:
             {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
         )
 
-    def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile, echo: Echo) -> OpenAIClient:
+    def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile) -> OpenAIClient:
         """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the
         head container."""
         assert self.launch is not None and self.doctor is not None
+        echo = self.session.echo
         echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
         up = cluster_up(
             engines, profile, self.launch, self.doctor, echo=echo, health_timeout_s=self.health_timeout_s
@@ -86,10 +88,9 @@ class Servers:
         served = profile.model.served_model_name or profile.model.model
         return HeadExecClient(engines[0], up.plan.head.container.name, self.launch.port, served)
 
-    def keep_failed_logs(
-        self, engines: Sequence[NodeEngine], profile: Profile, report: Report, echo: Echo
-    ) -> None:
+    def keep_failed_logs(self, engines: Sequence[NodeEngine], profile: Profile, report: Report) -> None:
         """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback)."""
+        echo = self.session.echo
         failed = [
             c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")
         ]
