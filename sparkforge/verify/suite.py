@@ -6,6 +6,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,19 +151,25 @@ def run_image_suite(
             raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
         volumes[str(model_dir.resolve())] = "/models/smoke"
         environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
-    argv = [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH, "--nonce", nonce]
-    entrypoint = "/opt/venv/bin/python3"
-    if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
-        _save_replay(log_dir, image, argv, entrypoint, gpus, platform, environment, volumes)
-    result = engine.run_container(
+    run = SuiteRun(
         image,
-        argv,
-        entrypoint=[entrypoint],
-        gpus=gpus,
-        platform=platform,
+        [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH, "--nonce", nonce],
+        gpus,
+        platform,
+        environment,
+        volumes,
+    )
+    if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
+        _save_replay(log_dir, run)
+    result = engine.run_container(
+        run.image,
+        run.argv,
+        entrypoint=[run.entrypoint],
+        gpus=run.gpus,
+        platform=run.platform,
         timeout_s=emulation.suite_timeout(platform, timeout_s),
-        environment=environment,
-        volumes=volumes,
+        environment=run.environment,
+        volumes=run.volumes,
     )
     if log_dir is not None:
         (log_dir / "image-suite.log").write_text(result.stdout + result.stderr)
@@ -218,30 +225,34 @@ def read_suite_output(
     return checks, document
 
 
-def _save_replay(
-    log_dir: Path,
-    image: str,
-    argv: list[str],
-    entrypoint: str,
-    gpus: bool,
-    platform: str | None,
-    environment: dict[str, str],
-    volumes: dict[str, str],
-) -> None:
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of the in-image suite: the container verify starts (and the replay script beside its log)."""
+
+    image: str
+    argv: list[str]
+    gpus: bool
+    platform: str | None
+    environment: dict[str, str]
+    volumes: dict[str, str]  # host path -> mount point, read-only
+    entrypoint: str = "/opt/venv/bin/python3"
+
+
+def _save_replay(log_dir: Path, run: SuiteRun) -> None:
     import shlex
 
-    command = ["docker", "run", "--rm", "--entrypoint", entrypoint]
-    command += ["--gpus", "all"] if gpus else []
-    command += ["--platform", platform] if platform else []
-    for key, value in sorted(environment.items()):
+    command = ["docker", "run", "--rm", "--entrypoint", run.entrypoint]
+    command += ["--gpus", "all"] if run.gpus else []
+    command += ["--platform", run.platform] if run.platform else []
+    for key, value in sorted(run.environment.items()):
         command += ["--env", f"{key}={value}"]
-    for host, target in volumes.items():
+    for host, target in run.volumes.items():
         command += ["--volume", f"{host}:{target}:ro"]
     log_dir.mkdir(parents=True, exist_ok=True)
     script = log_dir / "image-suite.sh"
     script.write_text(
         "#!/usr/bin/env bash\n# The in-image suite as verify ran it.\nset -euo pipefail\n"
-        + shlex.join([*command, image, *argv])
+        + shlex.join([*command, run.image, *run.argv])
         + "\n"
     )
     script.chmod(0o755)
