@@ -14,8 +14,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkforge.commands import Runner
+from sparkforge.console import warn
+
+if TYPE_CHECKING:
+    from sparkforge.engine import Engine
 
 
 def cache_root() -> Path:
@@ -57,6 +62,8 @@ class Session:
     offline: bool = False  # only the download cache; nothing that needs the network
     ca_bundle: Path | None = None  # a TLS-intercepting proxy's CA, trusted for HTTPS (--ca-bundle or env)
     cache_dir: Path = field(default_factory=cache_root)  # the download and result cache
+    engine: Engine | None = None  # this host's container engine (None: detected where one is needed)
+    warn: Callable[[str], None] = warn  # warnings for the user (cli: console.warn, to stderr)
 
     def cache(self, *parts: str) -> Path:
         """A path inside this session's cache; its parent directory exists."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
+from sparkforge.context import Session
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
@@ -31,7 +32,15 @@ def rollback(
     echo: Echo = say,
     evidence_dir: Path = verified.VERIFIED_DIR,
 ) -> pub.Published:
+    """`roll_back` in its keyword form."""
+    return roll_back(pub.keyword_session(runner, eng, echo), recipe, tag, evidence_dir)
+
+
+def roll_back(
+    session: Session, recipe: Recipe, tag: str, evidence_dir: Path = verified.VERIFIED_DIR
+) -> pub.Published:
     """Point `tag` at the newest earlier index in its history that passes promote's gate; refuse when none does."""
+    echo = session.echo
     repo = recipe.model.publish.repository
     if not is_moving(recipe, tag):
         moving = ", ".join(recipe.model.publish.moving_tags) or "none"
@@ -39,7 +48,7 @@ def rollback(
             f"--rollback {tag}: not a moving tag of recipe {recipe.name} (moving tags: {moving}); immutable tags "
             "never move; fix: pass a moving tag, e.g. --rollback latest"
         )
-    tools = pub.tools_for(recipe, runner, eng, echo, "rollback")
+    tools = pub.session_tools(session, recipe, "rollback")
     policy = Policy.of(recipe)
     signing = policy is not None and Policy.for_verify(recipe) is not None
     state = tagtrust.state_of(tools) if signing else None
