@@ -365,17 +365,24 @@ def verify_image(
     return report
 
 
-def verify_and_record(
-    recipe: Recipe,
-    image: str,
-    *,
-    gpus: GpuMode = "auto",
-    kernels: bool = True,
-    model_dir: Path | None = None,
-    directory: Path = verified.VERIFIED_DIR,
-    log_dir: Path | None = None,
-    carried: CarriedCheck | None = None,
-) -> Report:
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What one verify was told (`invoke verify`, or the build's verify step)."""
+
+    gpus: GpuMode = "auto"
+    kernels: bool = True  # the kernel coverage audit of the image's libraries
+    model_dir: Path | None = None  # a local model for the suite's smoke generation
+    log_dir: Path | None = None  # the suite's log and replay script
+    carried: CarriedCheck | None = None  # what the image carried from its registry (signed attestations)
+    directory: Path = verified.VERIFIED_DIR  # where the result is kept, by image ID
+
+
+def verify_and_record(recipe: Recipe, image: str, **options: Any) -> Report:
+    """`verify_recorded` in its keyword form (`options`: VerifyOptions' fields)."""
+    return verify_recorded(recipe, image, VerifyOptions(**options))
+
+
+def verify_recorded(recipe: Recipe, image: str, options: VerifyOptions) -> Report:
     """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass).
 
     A verify that ends in an exception is a failure too: it is recorded (revoking an earlier pass), then raised.
@@ -385,20 +392,20 @@ def verify_and_record(
         report = verify_image(
             recipe,
             image_id,
-            gpus=gpus,
-            kernels=kernels,
-            model_dir=model_dir,
-            log_dir=log_dir,
-            carried=carried,
+            gpus=options.gpus,
+            kernels=options.kernels,
+            model_dir=options.model_dir,
+            log_dir=options.log_dir,
+            carried=options.carried,
         )
     except BaseException as exc:
         failed = Report(command="verify", subject=image, recipe=recipe.name)
         failed.add(Check("verify", "failed", f"verify did not finish: {exc.__class__.__name__}: {exc}"))
         failed.extra.update({"image_id": image_id, "recipe_hash": recipe.hash})
-        record_verified(failed, directory)
+        record_verified(failed, options.directory)
         raise
     report.subject = image
-    record_verified(report, directory)
+    record_verified(report, options.directory)
     return report
 
 
