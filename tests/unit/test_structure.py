@@ -10,7 +10,7 @@ PACKAGE = ROOT / "sparkforge"
 # Lowest first: a package may import its own modules, the ground floor (root modules) and lower packages.
 FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "imagebuild", "run", "cli"]
 MAX_ROOT_MODULES = (
-    10  # the ground floor and the seams (STYLE.md): the boundary holds its parsers, context the cache
+    10  # the ground floor and the seams: the boundary holds its parsers, context the download cache
 )
 MAX_LINES = (
     800  # split where the job splits, not where a counter says (a module over 800 lines holds two jobs)
