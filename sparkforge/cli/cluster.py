@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, finish_report, task, user_errors
+from sparkforge.cli import Whole, echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
@@ -189,7 +189,7 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster.cluster import cluster_down, cluster_up, ensure_image
+    from sparkforge.run.cluster.cluster import UpOptions, cluster_down, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
@@ -217,15 +217,8 @@ def up(
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
-    up_result = cluster_up(
-        engines,
-        loaded,
-        launch,
-        doctor_settings,
-        echo=echo,
-        health_timeout_s=health_timeout,
-        dry=dry,
-    )
+    up_options = UpOptions(launch, doctor_settings, health_timeout, dry)
+    up_result = cluster_up(session(), engines, loaded, up_options)
     if not dry:
         from sparkforge.errors import RunError
         from sparkforge.run.serve import ask, keep_or_remove

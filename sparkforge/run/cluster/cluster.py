@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sparkforge.boundary import linear_regex
 from sparkforge.commands import Command
 from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.engine import docker_cli
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
@@ -109,18 +110,24 @@ def ensure_image(
     return {k: v or "" for k, v in ids.items()}
 
 
+@dataclass(frozen=True)
+class UpOptions:
+    """How `cluster_up` starts a profile across nodes: the launch, the doctor that runs first, the health wait."""
+
+    launch: LaunchOptions
+    doctor: DoctorOptions
+    health_timeout_s: float = 1800
+    dry: bool = False  # print the plan (the =ADDRESS given, else placeholders), contact no engine
+
+
 def cluster_up(
-    engines: Sequence[NodeEngine],
-    profile: Profile,
-    launch: LaunchOptions,
-    doctor: DoctorOptions,
-    *,
-    echo: Echo,
-    health_timeout_s: float = 1800,
-    dry: bool = False,
+    session: Session, engines: Sequence[NodeEngine], profile: Profile, options: UpOptions
 ) -> UpResult:
-    """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
+    """Doctor, plan, start, wait for health on `engines` (head first); on any failure everything is removed and
+    RunError explains."""
     start = time.monotonic()
+    echo, launch, doctor = session.echo, options.launch, options.doctor
+    health_timeout_s, dry = options.health_timeout_s, options.dry
     check_model_pin(profile, launch, echo)
     if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]

@@ -14,7 +14,7 @@ from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
-from sparkforge.run.cluster.cluster import cluster_down, cluster_up, launch_plan
+from sparkforge.run.cluster.cluster import UpOptions, cluster_down, cluster_up, launch_plan
 from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
@@ -76,7 +76,7 @@ class Servers:
         echo = self.session.echo
         echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
         up = cluster_up(
-            engines, profile, self.launch, self.doctor, echo=echo, health_timeout_s=self.health_timeout_s
+            self.session, engines, profile, UpOptions(self.launch, self.doctor, self.health_timeout_s)
         )
         self.started.append(
             {
