@@ -15,6 +15,7 @@ from sparkforge.cli.run import (
     IFACE_HELP,
     NODES_HELP,
     RECIPE_HELP,
+    NodeFlags,
     doctor_options,
     image_ref,
     known_bad_guard,
@@ -117,15 +118,16 @@ def doctor(
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
-    options = doctor_options(
+    flags = NodeFlags(
         image_ref(recipe, image),
-        interface,
-        master_port,
-        gpus,
+        master_port=master_port,
+        gpus=gpus,
         model_dir=model_dir,
         hf_token_file=hf_token_file,
         cache_dir=cache_dir,
+        interface=interface,
     )
+    options = doctor_options(flags)
     options = replace(
         options,
         min_busbw=_floor(min_busbw),
@@ -195,20 +197,24 @@ def up(
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
     ref = image_ref(recipe, image)
-    launch = launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code,
-        weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-    )  # fmt: skip
-    doctor_settings = doctor_options(
+    flags = NodeFlags(
         ref,
-        interface,
+        port,
         master_port,
+        backend,
         gpus,
-        sanity=True,
-        model_dir=model_dir,
-        hf_token_file=hf_token_file,
-        cache_dir=cache_dir,
+        model_dir,
+        hf_token_file,
+        cache_dir,
+        interface,
+        tuple(ulimit or ()),
+        trust_remote_code,
+        weights,
+        hf_endpoint,
+        allow_unpinned_model,
     )
+    launch = launch_options(flags)
+    doctor_settings = doctor_options(flags)
     doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download

@@ -12,6 +12,7 @@ from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
     NODES_HELP,
+    NodeFlags,
     doctor_options,
     image_ref,
     launch_options,
@@ -105,19 +106,25 @@ def conform(
     loaded = load_profile(profile)
     loaded_recipe = load_recipe(recipe)
     recipe_name = loaded_recipe.name
-    launch = None
+    launch = doctor = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        launch = launch_options(
-            image_ref(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-            hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-        )  # fmt: skip
-    doctor = None
-    if nodes and not attach:
-        doctor = doctor_options(
-            image_ref(recipe, image), interface, master_port, gpus, sanity=True, model_dir=model_dir,
-            hf_token_file=hf_token_file, cache_dir=cache_dir,
-        )  # fmt: skip
+        flags = NodeFlags(
+            image_ref(recipe, image),
+            port,
+            master_port,
+            gpus=gpus,
+            model_dir=model_dir,
+            hf_token_file=hf_token_file,
+            cache_dir=cache_dir,
+            interface=interface,
+            ulimit=tuple(ulimit or ()),
+            hf_endpoint=hf_endpoint,
+            allow_unpinned_model=allow_unpinned_model,
+        )
+        launch = launch_options(flags)
+        if nodes:
+            doctor = doctor_options(flags)
     options = ConformOptions(
         checks=selected,
         attach=attach or None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Collection, Context
@@ -96,80 +97,78 @@ def _trust_remote_code(allowed: bool) -> bool:
     return allowed
 
 
-def doctor_options(
-    image: str,
-    interface: str,
-    master_port: int,
-    gpus: str,
-    sanity: bool = True,
-    *,
-    min_busbw: float = 0.0,
-    model_dir: str = "",
-    hf_token_file: str = "",
-    cache_dir: str = "",
-):
-    """The doctor's options from CLI values, each checked (interface, port, --gpus, paths made absolute)."""
+@dataclass(frozen=True)
+class NodeFlags:
+    """The flags the node tasks share (serve, conform, cluster.up, cluster.doctor) as typed; `doctor_options`
+    and `launch_options` check them and build the library's options."""
+
+    image: str  # the image reference (image_ref: --image, else the recipe's candidate)
+    port: int = 8000
+    master_port: int = 29501
+    backend: str = "mp"
+    gpus: str = "all"
+    model_dir: str = ""
+    hf_token_file: str = ""
+    cache_dir: str = ""
+    interface: str = ""
+    ulimit: tuple[str, ...] = ()
+    trust_remote_code: bool = False
+    weights: str = "each"
+    hf_endpoint: str = ""
+    allow_unpinned_model: bool = False
+
+
+def doctor_options(flags: NodeFlags, sanity: bool = True):
+    """The doctor's options from the flags, each checked (interface, port, --gpus, paths made absolute)."""
     from sparkforge.run.facts import DoctorOptions
     from sparkforge.run.inputs import check_choice, check_interface, check_port
 
-    check_interface(interface)
-    check_port("--master-port", master_port)
-    check_choice("--gpus", gpus, ("all", "none"))
-    paths = (("hf-token-file", hf_token_file), ("model-dir", model_dir), ("cache-dir", cache_dir))
+    check_interface(flags.interface)
+    check_port("--master-port", flags.master_port)
+    check_choice("--gpus", flags.gpus, ("all", "none"))
+    paths = (
+        ("hf-token-file", flags.hf_token_file),
+        ("model-dir", flags.model_dir),
+        ("cache-dir", flags.cache_dir),
+    )
     return DoctorOptions(
-        image=image,
-        interface=interface or None,
-        master_port=master_port,
+        image=flags.image,
+        interface=flags.interface or None,
+        master_port=flags.master_port,
         sanity=sanity,
-        gpus=gpus == "all",
-        min_busbw=min_busbw,
+        gpus=flags.gpus == "all",
         paths=tuple((kind, str(Path(p).absolute())) for kind, p in paths if p),
     )
 
 
-def launch_options(
-    image: str,
-    port: int,
-    master_port: int,
-    backend: str,
-    gpus: str,
-    model_dir: str,
-    hf_token_file: str,
-    cache_dir: str,
-    ulimit: list[str] | None = None,
-    trust_remote_code: bool = False,
-    weights: str = "each",
-    *,
-    hf_endpoint: str = "",
-    allow_unpinned_model: bool = False,
-):
-    """The launch options from CLI values, each checked before any engine or download (ports, --gpus, paths)."""
+def launch_options(flags: NodeFlags):
+    """The launch options from the flags, each checked before any engine or download (ports, --gpus, paths)."""
     from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
-    model_path = Path(model_dir).resolve() if model_dir else None
-    token_path = Path(hf_token_file).resolve() if hf_token_file else None
-    inputs.check_port("--port", port)
-    inputs.check_port("--master-port", master_port)
-    inputs.check_choice("--backend", backend, ("mp", "ray"))
-    inputs.check_choice("--gpus", gpus, ("all", "none"))
+    model_path = Path(flags.model_dir).resolve() if flags.model_dir else None
+    token_path = Path(flags.hf_token_file).resolve() if flags.hf_token_file else None
+    inputs.check_port("--port", flags.port)
+    inputs.check_port("--master-port", flags.master_port)
+    inputs.check_choice("--backend", flags.backend, ("mp", "ray"))
+    inputs.check_choice("--gpus", flags.gpus, ("all", "none"))
     inputs.check_host_path("--model-dir", str(model_path or ""))
     inputs.check_host_path("--hf-token-file", str(token_path or ""))
-    inputs.check_host_path("--cache-dir", cache_dir)
+    inputs.check_host_path("--cache-dir", flags.cache_dir)
     return LaunchOptions(
-        image=image,
-        port=port,
-        master_port=master_port,
-        backend=backend,  # type: ignore[arg-type]
-        gpus=gpus != "none",
+        image=flags.image,
+        port=flags.port,
+        master_port=flags.master_port,
+        backend=flags.backend,  # type: ignore[arg-type]
+        gpus=flags.gpus != "none",
         model_dir=model_path,
         hf_token_file=token_path,
-        cache_dir=cache_dir,
-        ulimits=inputs.check_ulimits(ulimit) if ulimit else GB10_ULIMITS,
-        trust_remote_code=_trust_remote_code(trust_remote_code),
-        weights=inputs.check_choice("--weights", weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
-        hf_endpoint=_hub(hf_endpoint),
-        allow_unpinned_model=_unpinned(allow_unpinned_model),
+        cache_dir=flags.cache_dir,
+        ulimits=inputs.check_ulimits(list(flags.ulimit)) if flags.ulimit else GB10_ULIMITS,
+        trust_remote_code=_trust_remote_code(flags.trust_remote_code),
+        weights=inputs.check_choice("--weights", flags.weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
+        hf_endpoint=_hub(flags.hf_endpoint),
+        allow_unpinned_model=_unpinned(flags.allow_unpinned_model),
     )
 
 
@@ -269,10 +268,20 @@ def serve(
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    options = launch_options(
-        image_ref(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-        trust_remote_code, weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-    )  # fmt: skip
+    flags = NodeFlags(
+        image_ref(recipe, image),
+        port,
+        gpus=gpus,
+        model_dir=model_dir,
+        hf_token_file=hf_token_file,
+        cache_dir=cache_dir,
+        ulimit=tuple(ulimit or ()),
+        trust_remote_code=trust_remote_code,
+        weights=weights,
+        hf_endpoint=hf_endpoint,
+        allow_unpinned_model=allow_unpinned_model,
+    )
+    options = launch_options(flags)
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     preflight_profile(recipe, loaded, no_preflight)
