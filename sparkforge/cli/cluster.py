@@ -224,15 +224,16 @@ def up(
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
     up_options = UpOptions(launch, doctor_settings, health_timeout, dry)
-    up_result = cluster_up(session(), engines, loaded, up_options)
+    one = session()
+    up_result = cluster_up(one, engines, loaded, up_options)
     if not dry:
         from sparkforge.errors import RunError
         from sparkforge.run.serve import ask, keep_or_remove
 
         try:
-            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+            ask(one, engines[0], up_result.plan.head.container.name, port, loaded)
         except RunError:
-            keep_or_remove(engines, loaded.name, down_on_fail, echo=echo)
+            keep_or_remove(one, engines, loaded.name, down_on_fail)
             raise
         except BaseException:
             cluster_down(engines, loaded.name)

@@ -133,7 +133,7 @@ def cluster_up(
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
         envs = [network_env(doctor.interface, a) for a in addresses]
         plan = plan_launch(profile, addresses, envs, launch)
-        launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=True)
+        launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=True)
         return UpResult(plan, None, time.monotonic() - start)
     result = run_doctor(engines, doctor, echo=echo)
     if result.report.status != "passed":
@@ -154,18 +154,18 @@ def cluster_up(
         [by_rank[e.node.rank].mounts for e in engines],
     )
     fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
-    launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
+    launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)
 
 
 def launch_plan(
-    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float, dry: bool
+    session: Session, engines: Sequence[NodeEngine], plan: LaunchPlan, *, health_timeout_s: float, dry: bool
 ) -> None:
     """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
-        echo(line)
+        session.echo(line)
     if not dry:
-        start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
+        start_plan(engines, plan, echo=session.echo, health_timeout_s=health_timeout_s)
 
 
 def start_plan(

@@ -64,7 +64,7 @@ class Servers:
         else:
             serve_down(engine, profile.name)
             plan = plan_launch(profile, ["127.0.0.1"], [{}], self.launch)
-            launch_plan([engine], plan, echo=echo, health_timeout_s=self.health_timeout_s, dry=False)
+            launch_plan(self.session, [engine], plan, health_timeout_s=self.health_timeout_s, dry=False)
         self.started.append(
             {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
         )
