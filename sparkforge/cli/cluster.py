@@ -191,8 +191,9 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster.cluster import UpOptions, cluster_down, cluster_up, ensure_image
+    from sparkforge.run.cluster.cluster import UpOptions, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
+    from sparkforge.run.serve.start import cluster_down
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
@@ -228,7 +229,7 @@ def up(
     up_result = cluster_up(one, engines, loaded, up_options)
     if not dry:
         from sparkforge.errors import RunError
-        from sparkforge.run.serve import ask, keep_or_remove
+        from sparkforge.run.serve.serve import ask, keep_or_remove
 
         try:
             ask(one, engines[0], up_result.plan.head.container.name, port, loaded)
@@ -320,7 +321,7 @@ def fabric(
 @user_errors
 def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
     """Stop and remove every serve container sparkforge started on the nodes."""
-    from sparkforge.run.cluster.cluster import cluster_down
+    from sparkforge.run.serve.start import cluster_down
 
     for label, count in cluster_down(node_engines(nodes), profile or None).items():
         echo(f"{label}: removed {count} container(s)")

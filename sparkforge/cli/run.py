@@ -264,7 +264,7 @@ def serve(
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.serve import ServeOptions, serve_up
+    from sparkforge.run.serve.serve import ServeOptions, serve_up
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
@@ -299,7 +299,7 @@ def serve(
 @user_errors
 def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     """Stop and remove what `serve` started on this node."""
-    from sparkforge.run.serve import serve_down as down
+    from sparkforge.run.serve.serve import serve_down as down
 
     echo(f"removed {down(node_engine(node), profile or None)} container(s)")
 

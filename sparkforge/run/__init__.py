@@ -1,2 +1,2 @@
-"""Running built images: the nodes and their jobs, the launch plan, serve on one node; sub-packages by job:
-cluster (launch on several nodes, doctor, fabric), weights, conform, bench, memory."""
+"""Running built images: the nodes and their jobs, the launch plan; sub-packages by job: serve (one node, and
+the start of any plan), cluster (launch on several nodes, doctor, fabric), weights, conform, bench, memory."""

@@ -17,7 +17,7 @@ from sparkforge.context import Session
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import LOCAL, NodeEngine
-from sparkforge.run.serve import ServeOptions, serve_up
+from sparkforge.run.serve.serve import ServeOptions, serve_up
 
 lines = []
 session = Session(echo=lines.append, runner=Runner(stream=False))

@@ -1,18 +1,15 @@
-"""`cluster.up/down/logs` and `serve`: start a launch plan on its nodes, watch it come up, stop it completely.
+"""`cluster.up` and `cluster.logs`: a profile brought up across nodes.
 
-Up: (distribute the image where its ID differs) -> doctor -> plan -> workers, then the head -> health wait
-(with the head's loading progress) -> ready. Any failure: the last log lines of every node, a one-paragraph
-cause, and everything removed (`down`), so nothing is left running.
+Up: (distribute the image where its ID differs) -> doctor -> plan -> weights -> the start of the plan
+(run/serve/start.py: workers, then the head, health wait; any failure explained and everything removed).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkforge.boundary import linear_regex
 from sparkforge.commands import Command
 from sparkforge.console import Echo
 from sparkforge.context import Session
@@ -24,48 +21,12 @@ from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import (
     LaunchOptions,
     LaunchPlan,
-    NodeLaunch,
     check_model_pin,
-    describe_plan,
     plan_launch,
 )
-from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
-from sparkforge.run.postmortem import keep_logs, stage_of
+from sparkforge.run.nodes import NodeEngine, distribute_image, local_image_id
+from sparkforge.run.serve.start import launch_plan, serve_label
 from sparkforge.run.weights.weights import fetch_weights
-
-# vLLM's last words -> the cause in one sentence and the fix.
-CAUSES = (
-    (
-        r"Failed to infer device type",
-        "vLLM found no GPU in the container",
-        "run on a node with the NVIDIA Container Toolkit and --gpus all (the default)",
-    ),
-    (
-        r"CUDA out of memory|OutOfMemoryError",
-        "the GPU ran out of memory",
-        "lower gpu-memory-utilization or max-model-len in the profile",
-    ),
-    (
-        r"unrecognized arguments: (.*)",
-        "vLLM rejected arguments",
-        "remove them from the profile (preflight checks flags against the pinned vLLM)",
-    ),
-    (
-        r"(Repository Not Found|401 Client Error|GatedRepoError)",
-        "the model could not be downloaded",
-        "check the model name and pass --hf-token-file for gated models",
-    ),
-    (
-        r"(No such file or directory: '/models|does not appear to have a file named)",
-        "the model directory is incomplete",
-        "point --model-dir at a directory holding the model's config and weights",
-    ),
-    (
-        r"(NCCL error|ncclCommInitRank|unhandled system error)",
-        "NCCL could not set up the link",
-        "run 'invoke cluster.doctor' and check NCCL_IB_HCA / the CX-7 link",
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -73,10 +34,6 @@ class UpResult:
     plan: LaunchPlan
     doctor: DoctorResult | None
     seconds: float
-
-
-def serve_label(profile: str | None = None) -> str:
-    return f"{LABEL}.profile={profile}" if profile else f"{LABEL}=serve"
 
 
 def ensure_image(
@@ -156,136 +113,6 @@ def cluster_up(
     fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
     launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)
-
-
-def launch_plan(
-    session: Session, engines: Sequence[NodeEngine], plan: LaunchPlan, *, health_timeout_s: float, dry: bool
-) -> None:
-    """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
-    for line in describe_plan(plan, [e.node.label for e in engines]):
-        session.echo(line)
-    if not dry:
-        start_plan(engines, plan, echo=session.echo, health_timeout_s=health_timeout_s)
-
-
-def start_plan(
-    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float
-) -> None:
-    """Start workers then the head, wait for health; on failure: cause, last lines, everything removed."""
-    by_rank = {e.node.rank: e for e in engines}
-    try:
-        for launch in plan.start_order():
-            engine = by_rank[launch.rank]
-            engine.remove(
-                [launch.container.name]
-            )  # a stopped leftover of an earlier run would block the name
-            engine.start(launch.container)
-            echo(f"started {launch.container.name} on {engine.node.label}")
-            if launch.exec_argv:
-                _ray_exec(engine, launch, len(engines), echo)
-        wait_healthy(engines, plan, echo=echo, timeout_s=health_timeout_s)
-    except BaseException:
-        kept = _keep(engines, plan)
-        removed = cluster_down(engines, plan.profile)
-        echo(f"removed {sum(removed.values())} container(s) after the failure{kept}")
-        raise
-
-
-def _keep(engines: Sequence[NodeEngine], plan: LaunchPlan) -> str:
-    """Every launch container's full log, kept before removal (never masking the failure being raised)."""
-    by_rank = {e.node.rank: e for e in engines}
-    try:
-        where = keep_logs([by_rank[n.rank] for n in plan.nodes], [n.container.name for n in plan.nodes])
-    except Exception as exc:  # the launch's own failure is the one to report
-        return f"; logs not kept ({exc})"
-    return f"; their logs are kept in {where}"
-
-
-def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) -> None:
-    for _ in range(30):  # Ray's own readiness: every node joined (as eugr's launcher waits, 30 x 2 s)
-        status = engine.runner.capture(
-            engine.command("exec", launch.container.name, "ray", "status"),
-            "ray-status",
-            check=False,
-            timeout=30,
-        )
-        if status.returncode == 0 and status.output.count("node_") >= count:
-            break
-        time.sleep(2)
-    else:
-        raise RunError(
-            f"{engine.node.label}: Ray did not see {count} nodes within 60 s; fix: run 'invoke cluster.doctor'"
-        )
-    engine.call("exec", "exec", "--detach", launch.container.name, *launch.exec_argv)
-    echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
-
-
-def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, timeout_s: float) -> None:
-    """Poll every container and the head's /health (from inside the head container); explain any exit."""
-    by_rank = {e.node.rank: e for e in engines}
-    head = by_rank[0]
-    end = time.monotonic() + timeout_s
-    seen = 0
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{plan.port}/health', timeout=3)"
-    while time.monotonic() < end:
-        for launch in plan.nodes:
-            state = by_rank[launch.rank].state(launch.container.name)
-            if state.status != "running":
-                raise RunError(explain_exit(engines, plan, launch.rank, state.exit_code))
-        lines = head.logs(plan.head.container.name).splitlines()
-        for line in lines[seen:]:
-            if re.search(r"Loading|loaded|weights|Starting|KV cache|graph|Uvicorn|ERROR", line):
-                echo(f"  head: {line[-200:]}")
-        seen = len(lines)
-        health = head.runner.capture(
-            head.command("exec", plan.head.container.name, "python3", "-c", probe),
-            "health",
-            check=False,
-            timeout=20,
-        )
-        if health.returncode == 0:
-            echo(f"healthy: http://{plan.head_address}:{plan.port}/v1 (profile {plan.profile})")
-            return
-        time.sleep(3)
-    raise RunError(
-        f"stage health: vLLM did not become healthy within {timeout_s:g} s after the weights were on disk (the "
-        f"head was {stage_of(lines)}); the containers are removed, their logs kept. Last lines of the head:\n"
-        + "\n".join(head.logs(plan.head.container.name, tail=15).splitlines()[-15:])
-    )
-
-
-def explain_exit(engines: Sequence[NodeEngine], plan: LaunchPlan, rank: int, code: int | None) -> str:
-    """One paragraph: which node's vLLM exited, the likely cause and fix, then the last lines of every node."""
-    by_rank = {e.node.rank: e for e in engines}
-    tails = {launch.rank: by_rank[launch.rank].logs(launch.container.name, tail=12) for launch in plan.nodes}
-    cause, fix = "vLLM exited", "read the log lines below ('invoke cluster.logs' shows more)"
-    for pattern, what, how in CAUSES:
-        match = linear_regex(pattern).search(tails[rank])
-        if match:
-            cause, fix = f"{what} ({match.group(0)[:160]})", how
-            break
-    paragraph = (
-        f"vLLM on {by_rank[rank].node.label} (rank {rank}) exited with code {code}: {cause}; fix: {fix}. "
-        "Every container of this launch was removed."
-    )
-    for launch_rank, tail in sorted(tails.items()):
-        lines = "\n    ".join(tail.strip().splitlines()[-8:])
-        paragraph += f"\n  last lines on {by_rank[launch_rank].node.label}:\n    {lines}"
-    return paragraph
-
-
-def cluster_down(engines: Sequence[NodeEngine], profile: str | None = None) -> dict[str, int]:
-    """Remove every serve container sparkforge started (of one profile, or all) on every answering node."""
-    removed: dict[str, int] = {}
-    for engine in engines:
-        try:
-            names = engine.containers(serve_label(profile), timeout=20)
-        except RunError:
-            removed[engine.node.label] = 0
-            continue
-        engine.remove(names)
-        removed[engine.node.label] = len(names)
-    return removed
 
 
 def cluster_logs(engines: Sequence[NodeEngine], tail: int = 100) -> dict[str, str]:

@@ -14,13 +14,14 @@ from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
-from sparkforge.run.cluster.cluster import UpOptions, cluster_down, cluster_up, launch_plan
+from sparkforge.run.cluster.cluster import UpOptions, cluster_up
 from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.serve import ServeOptions, serve_down, serve_up
+from sparkforge.run.serve.serve import ServeOptions, serve_down, serve_up
+from sparkforge.run.serve.start import cluster_down, launch_plan
 
 # How vLLM refuses a flag combination before it starts anything (config validation, argument parsing): only these
 # make a variant that did not start `skipped`; any other start failure (a crash, OOM, no health) is `failed`.

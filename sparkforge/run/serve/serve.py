@@ -17,9 +17,9 @@ from pathlib import Path
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.cluster.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch
 from sparkforge.run.nodes import NodeEngine
+from sparkforge.run.serve.start import cluster_down, launch_plan
 from sparkforge.run.weights.weights import fetch_weights
 
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
