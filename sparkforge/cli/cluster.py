@@ -118,15 +118,7 @@ def doctor(
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
-    flags = NodeFlags(
-        image_ref(recipe, image),
-        master_port=master_port,
-        gpus=gpus,
-        model_dir=model_dir,
-        hf_token_file=hf_token_file,
-        cache_dir=cache_dir,
-        interface=interface,
-    )
+    flags = NodeFlags.of(image_ref(recipe, image), locals())
     options = doctor_options(flags)
     options = replace(
         options,
@@ -198,22 +190,7 @@ def up(
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
     ref = image_ref(recipe, image)
-    flags = NodeFlags(
-        ref,
-        port,
-        master_port,
-        backend,
-        gpus,
-        model_dir,
-        hf_token_file,
-        cache_dir,
-        interface,
-        tuple(ulimit or ()),
-        trust_remote_code,
-        weights,
-        hf_endpoint,
-        allow_unpinned_model,
-    )
+    flags = NodeFlags.of(ref, locals())
     launch = launch_options(flags)
     doctor_settings = doctor_options(flags)
     doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))

@@ -109,19 +109,7 @@ def conform(
     launch = doctor = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        flags = NodeFlags(
-            image_ref(recipe, image),
-            port,
-            master_port,
-            gpus=gpus,
-            model_dir=model_dir,
-            hf_token_file=hf_token_file,
-            cache_dir=cache_dir,
-            interface=interface,
-            ulimit=tuple(ulimit or ()),
-            hf_endpoint=hf_endpoint,
-            allow_unpinned_model=allow_unpinned_model,
-        )
+        flags = NodeFlags.of(image_ref(recipe, image), locals())
         launch = launch_options(flags)
         if nodes:
             doctor = doctor_options(flags)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from invoke import Collection, Context
 from invoke.exceptions import Exit
@@ -116,6 +118,15 @@ class NodeFlags:
     weights: str = "each"
     hf_endpoint: str = ""
     allow_unpinned_model: bool = False
+
+    @classmethod
+    def of(cls, image: str, options: Mapping[str, Any]) -> NodeFlags:
+        """The flags a task was given, by name (a task passes `locals()`: its parameters are the command line's
+        options, named as these fields); a flag the task does not have keeps its default."""
+        given = {f.name: options[f.name] for f in fields(cls) if f.name != "image" and f.name in options}
+        if "ulimit" in given:
+            given["ulimit"] = tuple(given["ulimit"] or ())
+        return cls(image, **given)
 
 
 def doctor_options(flags: NodeFlags, sanity: bool = True):
@@ -268,19 +279,7 @@ def serve(
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    flags = NodeFlags(
-        image_ref(recipe, image),
-        port,
-        gpus=gpus,
-        model_dir=model_dir,
-        hf_token_file=hf_token_file,
-        cache_dir=cache_dir,
-        ulimit=tuple(ulimit or ()),
-        trust_remote_code=trust_remote_code,
-        weights=weights,
-        hf_endpoint=hf_endpoint,
-        allow_unpinned_model=allow_unpinned_model,
-    )
+    flags = NodeFlags.of(image_ref(recipe, image), locals())
     options = launch_options(flags)
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
