@@ -1,5 +1,5 @@
 """The library without Invoke (pypa/build's split): a Session built by hand drives an entry point, and nothing
-below cli/ loads Invoke."""
+below cli/ loads Invoke; on the Invoke side, a node task's flags become the library's options by name."""
 
 from __future__ import annotations
 
@@ -46,3 +46,22 @@ def test_a_hand_built_session_runs_serve_dry_and_no_library_module_loads_invoke(
     (run,) = [line for line in out["lines"] if line.startswith("docker run ")]
     assert " example.invalid/vllm:1 " in run and "--gpus" not in run and "--ipc host" in run, run
     assert "download: skipped (--gpus none: vLLM stops before loading)" in out["lines"]
+
+
+def test_a_tasks_flags_by_name_keep_their_defaults_where_the_task_has_none() -> None:
+    from sparkforge.cli.run import NodeFlags, launch_options
+
+    def serve_like(image: str = "", port: int = 18000, ulimit: list[str] | None = None, gpus: str = "none",
+                   json: str = "out.json") -> NodeFlags:  # fmt: skip
+        return NodeFlags.of("example.invalid/vllm:2", locals())
+
+    flags = serve_like(image="ignored", ulimit=["nofile=4096"])
+    assert flags == NodeFlags("example.invalid/vllm:2", port=18000, gpus="none", ulimit=("nofile=4096",))
+    assert (flags.master_port, flags.backend, flags.weights) == (
+        29501,
+        "mp",
+        "each",
+    )  # not options of the task
+    launch = launch_options(flags)
+    assert (launch.image, launch.port, launch.gpus, launch.ulimits) == ("example.invalid/vllm:2", 18000, False,
+                                                                        ("nofile=4096",))  # fmt: skip
