@@ -226,7 +226,7 @@ def verify(
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.releases import carried_with_kernels
-    from sparkforge.verify.suite import gpu_mode, verify_and_record
+    from sparkforge.verify.suite import VerifyOptions, gpu_mode, verify_recorded
 
     if image:
         check_reference("--image", image)  # the boundary: before any engine call
@@ -236,14 +236,8 @@ def verify(
     ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
-    result = verify_and_record(
-        loaded,
-        ref,
-        gpus=gpu_mode(gpus),
-        kernels=not no_kernels,
-        model_dir=model,
-        carried=carried_with_kernels,
-    )
+    options = VerifyOptions(gpu_mode(gpus), not no_kernels, model, carried=carried_with_kernels)
+    result = verify_recorded(loaded, ref, options)
     finish_report(result, report, junit)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from sparkforge.audit.fatbin import Entry, read_fatbin_file
 from sparkforge.audit.scan import audit_target
-from sparkforge.cache import cache_path
+from sparkforge.context import cache_path
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = {

@@ -50,7 +50,8 @@ def figures(root: Path) -> dict[str, object]:
         "runner": 0,
         "offline": 0,
         "ca_bundle": 0,
-    }  # values a session would carry
+        "session": 0,
+    }  # values a session carries, and the session itself
     for path in [*host, root / "tasks.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -90,6 +91,7 @@ def figures(root: Path) -> dict[str, object]:
             if p.startswith("sparkforge/") and not p.startswith(INIMAGE)
         ),
         "name_spelled_in": spelled,
+        "root_modules": sorted(p.name for p in (root / "sparkforge").glob("*.py") if p.name != "__init__.py"),
     }
 
 

@@ -2,7 +2,7 @@
 cached, a peer's pull with verification, and a rerun that only re-hashes what is already there.
 
 Usage: python benchmarks/bench_weights.py [--mib 512] [--out benchmarks/results/weights.json]
-Both programs are the in-image ones (sparkforge/run/weightscripts.py), run as processes on 127.0.0.1.
+Both programs are the in-image ones (sparkforge/run/weights/weightscripts.py), run as processes on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkforge.run.weightscripts import pull_args, serve_args
+from sparkforge.run.weights.weightscripts import pull_args, serve_args
 
 
 def _serve(root: Path, cache: Path) -> tuple[subprocess.Popen[str], dict, float]:

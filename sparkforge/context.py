@@ -1,17 +1,56 @@
 """One command's shared context: built once in cli/ from the task's options and the environment, then passed
 down, so that library functions take (session, subject, options) instead of threading echo, runner, offline
-and the CA bundle through every call (as cibuildwheel passes its one frozen Options object).
+and the CA bundle through every call (as cibuildwheel passes its one frozen Options object). The download
+cache the session names lives here too: its root, paths in it, and atomic writes so concurrent runs never see
+partial files.
 
 The library stays usable without Invoke: build a `Session` by hand (`Session(echo=print, runner=Runner())`).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkforge.commands import Runner
+from sparkforge.console import warn
+
+if TYPE_CHECKING:
+    from sparkforge.engine import Engine
+
+
+def cache_root() -> Path:
+    """$SPARKFORGE_CACHE, else $XDG_CACHE_HOME/sparkforge, else ~/.cache/sparkforge."""
+    explicit = os.environ.get("SPARKFORGE_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "sparkforge"
+
+
+def cache_path(*parts: str, root: Path | None = None) -> Path:
+    """A path inside the cache (`root`, else `cache_root()`); its parent directory exists."""
+    path = (root or cache_root()).joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 @dataclass(frozen=True)
@@ -22,3 +61,10 @@ class Session:
     runner: Runner  # the command seam every external program goes through
     offline: bool = False  # only the download cache; nothing that needs the network
     ca_bundle: Path | None = None  # a TLS-intercepting proxy's CA, trusted for HTTPS (--ca-bundle or env)
+    cache_dir: Path = field(default_factory=cache_root)  # the download and result cache
+    engine: Engine | None = None  # this host's container engine (None: detected where one is needed)
+    warn: Callable[[str], None] = warn  # warnings for the user (cli: console.warn, to stderr)
+
+    def cache(self, *parts: str) -> Path:
+        """A path inside this session's cache; its parent directory exists."""
+        return cache_path(*parts, root=self.cache_dir)

@@ -61,7 +61,7 @@ class Whole(int):
 
     def __new__(cls, value: object = 0) -> Whole:
         if isinstance(value, str):
-            from sparkforge.limits import ascii_number
+            from sparkforge.boundary import ascii_number
 
             parsed = ascii_number(value.strip(), integer=True)
             if parsed is None:
@@ -77,16 +77,23 @@ class Whole(int):
 echo = say
 
 
-def session(*, offline: bool = False, ca_bundle: str = "", stream: bool = False) -> Session:
-    """The one Session of a task: the console, a runner, --offline, and the CA bundle from --ca-bundle or
-    $SPARKFORGE_CA_BUNDLE (read here, once, not deep in the library)."""
+def session(
+    *, offline: bool = False, ca_bundle: str = "", stream: bool = False, dry: bool = False
+) -> Session:
+    """The one Session of a task: the console, a runner (`dry`: it prints every command and runs none),
+    --offline, and the CA bundle from --ca-bundle or $SPARKFORGE_CA_BUNDLE (read here, once, not deep in the
+    library). The cache is the environment's ($SPARKFORGE_CACHE, else the XDG cache)."""
     import os
 
     from sparkforge.commands import Runner
 
     bundle = ca_bundle or os.environ.get("SPARKFORGE_CA_BUNDLE", "")
     return Session(
-        echo=echo, runner=Runner(stream=stream), offline=offline, ca_bundle=Path(bundle) if bundle else None
+        echo=echo,
+        runner=Runner(stream=stream, dry=dry, echo=echo),
+        offline=offline,
+        ca_bundle=Path(bundle) if bundle else None,
+        warn=warn,
     )
 
 

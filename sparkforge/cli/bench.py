@@ -4,11 +4,12 @@ sparkforge.run.bench)."""
 from __future__ import annotations
 
 import json as _json
+from dataclasses import replace
 from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import echo, finish_report, task, user_errors
+from sparkforge.cli import echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.run.bench.suites import SUITES
 
@@ -136,7 +137,7 @@ def bench(
     loaded = load_recipe(recipe)
     served = load_profile(profile)
     memory_check(recipe, served, "", force)  # before any engine or server is contacted
-    report = run_bench(engine, served, options, echo=echo, recipe_hash=loaded.hash)
+    report = run_bench(session(), engine, served, replace(options, recipe_hash=loaded.hash))
     for line in table(report):
         echo(line)
     target = report.extra["stopping"].get("target_detect")

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, finish_report, task, user_errors
+from sparkforge.cli import Whole, echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
     NODES_HELP,
     RECIPE_HELP,
+    NodeFlags,
     doctor_options,
     image_ref,
     known_bad_guard,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 def _gid_index(text: str) -> int | None:
     """--gid-index: empty (NCCL chooses) or a whole number 0..255 (the GID table's range)."""
-    from sparkforge.limits import ascii_number
+    from sparkforge.boundary import ascii_number
 
     if not text:
         return None
@@ -48,7 +49,7 @@ def _nccl(text: str) -> Literal["image", "host"]:
 
 def _floor(text: str) -> float | None:
     """--min-busbw: empty (80 % of the port rate), 0 (off) or GB/s."""
-    from sparkforge.limits import ascii_number
+    from sparkforge.boundary import ascii_number
 
     if not text:
         return None
@@ -109,7 +110,7 @@ def doctor(
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.doctor import run_doctor
+    from sparkforge.run.cluster.doctor import run_doctor
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
@@ -117,15 +118,8 @@ def doctor(
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
-    options = doctor_options(
-        image_ref(recipe, image),
-        interface,
-        master_port,
-        gpus,
-        model_dir=model_dir,
-        hf_token_file=hf_token_file,
-        cache_dir=cache_dir,
-    )
+    flags = NodeFlags.of(image_ref(recipe, image), locals())
+    options = doctor_options(flags)
     options = replace(
         options,
         min_busbw=_floor(min_busbw),
@@ -134,9 +128,10 @@ def doctor(
         quick=quick,
     )
     if profile and recipe:
-        planned = memory_check(recipe, load_profile(profile), model_dir, True)
+        served = load_profile(profile)
+        planned = memory_check(recipe, served, model_dir, True)
         options = replace(options, memory_plan=_gpu_plan(planned, gpus))
-        preflight_profile(recipe, profile, no_preflight)
+        preflight_profile(recipe, served, no_preflight)
     result = run_doctor(engines, options, echo=echo)
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
@@ -188,51 +183,35 @@ def up(
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_down, cluster_up, ensure_image
+    from sparkforge.run.cluster.cluster import UpOptions, cluster_up, ensure_image
     from sparkforge.run.inputs import check_positive
+    from sparkforge.run.serve.start import cluster_down
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
     ref = image_ref(recipe, image)
-    launch = launch_options(
-        ref, port, master_port, backend, gpus, model_dir, hf_token_file, cache_dir, ulimit, trust_remote_code,
-        weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-    )  # fmt: skip
-    doctor_settings = doctor_options(
-        ref,
-        interface,
-        master_port,
-        gpus,
-        sanity=True,
-        model_dir=model_dir,
-        hf_token_file=hf_token_file,
-        cache_dir=cache_dir,
-    )
+    flags = NodeFlags.of(ref, locals())
+    launch = launch_options(flags)
+    doctor_settings = doctor_options(flags)
     doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     doctor_settings = replace(doctor_settings, memory_plan=_gpu_plan(planned, gpus))
-    preflight_profile(recipe, profile, no_preflight)
+    preflight_profile(recipe, loaded, no_preflight)
     known_bad_guard(recipe, loaded)
     if not dry:  # --dry contacts no engine: no image check, no doctor probe
         ensure_image(engines, ref, echo, distribute=distribute)
-    up_result = cluster_up(
-        engines,
-        loaded,
-        launch,
-        doctor_settings,
-        echo=echo,
-        health_timeout_s=health_timeout,
-        dry=dry,
-    )
+    up_options = UpOptions(launch, doctor_settings, health_timeout, dry)
+    one = session()
+    up_result = cluster_up(one, engines, loaded, up_options)
     if not dry:
         from sparkforge.errors import RunError
-        from sparkforge.run.serve import ask, keep_or_remove
+        from sparkforge.run.serve.serve import ask, keep_or_remove
 
         try:
-            ask(engines[0], up_result.plan.head.container.name, port, loaded, echo=echo)
+            ask(one, engines[0], up_result.plan.head.container.name, port, loaded)
         except RunError:
-            keep_or_remove(engines, loaded.name, down_on_fail, echo=echo)
+            keep_or_remove(one, engines, loaded.name, down_on_fail)
             raise
         except BaseException:
             cluster_down(engines, loaded.name)
@@ -268,8 +247,7 @@ def fabric(
     from sparkforge.boundary import check_output
     from sparkforge.console import warn
     from sparkforge.oci import check_reference
-    from sparkforge.run.inputs import check_interface
-    from sparkforge.run.inventory import (
+    from sparkforge.run.cluster.inventory import (
         describe_choices,
         fabric_report,
         local_facts,
@@ -278,6 +256,7 @@ def fabric(
         remote_facts,
         remote_nccl,
     )
+    from sparkforge.run.inputs import check_interface
 
     check_interface(interface)  # the boundary: before any engine or sysfs is read
     if image:
@@ -305,8 +284,8 @@ def fabric(
     report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
     describe_choices(choices, echo, warn, sources)
     if test:
-        from sparkforge.run.fabric import parse_node
-        from sparkforge.run.linktest import link_check
+        from sparkforge.run.cluster.fabric import parse_node
+        from sparkforge.run.cluster.linktest import link_check
 
         with report.timed("link-test") as check:
             parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
@@ -319,7 +298,7 @@ def fabric(
 @user_errors
 def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
     """Stop and remove every serve container sparkforge started on the nodes."""
-    from sparkforge.run.cluster import cluster_down
+    from sparkforge.run.serve.start import cluster_down
 
     for label, count in cluster_down(node_engines(nodes), profile or None).items():
         echo(f"{label}: removed {count} container(s)")
@@ -329,7 +308,7 @@ def cluster_down_task(c: Context, nodes: str, profile: str = "") -> None:
 @user_errors
 def logs(c: Context, nodes: str, tail: int = Whole(100)) -> None:
     """The last log lines of every serve container on every node."""
-    from sparkforge.run.cluster import cluster_logs
+    from sparkforge.run.cluster.cluster import cluster_logs
     from sparkforge.run.inputs import check_positive
 
     check_positive("--tail", tail)

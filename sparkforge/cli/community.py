@@ -58,6 +58,7 @@ def import_(
     settings off the allow-list are left out, named, and the task exits 1 unless each is opted in with --allow."""
     from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
+        ImportOptions,
         image_facts,
         import_with,
         preflight_notes,
@@ -86,7 +87,8 @@ def import_(
         raise Exit(
             "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')", code=2
         )
-    imported = import_with(pinned, doc, where, format or None, shlex.split(extra), name, overrides, opt_ins)  # type: ignore[arg-type]
+    options = ImportOptions(format or None, tuple(shlex.split(extra)), name, overrides, opt_ins)  # type: ignore[arg-type]
+    imported = import_with(pinned, (doc, where), options)
     facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))

@@ -6,12 +6,13 @@ from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import Whole, echo, finish_report, task, user_errors
+from sparkforge.cli import Whole, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
     IFACE_HELP,
     NODES_HELP,
+    NodeFlags,
     doctor_options,
     image_ref,
     launch_options,
@@ -105,19 +106,13 @@ def conform(
     loaded = load_profile(profile)
     loaded_recipe = load_recipe(recipe)
     recipe_name = loaded_recipe.name
-    launch = None
+    launch = doctor = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        launch = launch_options(
-            image_ref(recipe, image), port, master_port, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-            hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-        )  # fmt: skip
-    doctor = None
-    if nodes and not attach:
-        doctor = doctor_options(
-            image_ref(recipe, image), interface, master_port, gpus, sanity=True, model_dir=model_dir,
-            hf_token_file=hf_token_file, cache_dir=cache_dir,
-        )  # fmt: skip
+        flags = NodeFlags.of(image_ref(recipe, image), locals())
+        launch = launch_options(flags)
+        if nodes:
+            doctor = doctor_options(flags)
     options = ConformOptions(
         checks=selected,
         attach=attach or None,
@@ -130,6 +125,6 @@ def conform(
         doctor=doctor,
         gpu=loaded_recipe.model.gpu if loaded_recipe.model.device == "cuda" else None,
     )
-    report = run_conform(engines, loaded, options, echo=echo)
+    report = run_conform(session(), engines, loaded, options)
     report.recipe = recipe_name
     finish_report(report, json, junit, hint="each failed row names the first divergence or the garble found")

@@ -21,8 +21,8 @@ def registry_pages() -> list[tuple[Registry[Any], Path]]:
     """
     from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
     from sparkforge.run.bench.suites import SUITES
+    from sparkforge.run.cluster.doctor import STAGES as DOCTOR_STAGES
     from sparkforge.run.conform.rows import ROWS as CONFORM_ROWS
-    from sparkforge.run.doctor import STAGES as DOCTOR_STAGES
     from sparkforge.verify.imagechecks import IMAGE_CHECKS
 
     return [

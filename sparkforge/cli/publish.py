@@ -8,7 +8,7 @@ from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import echo, task, user_errors, warn
+from sparkforge.cli import echo, session, task, user_errors
 from sparkforge.errors import PublishError
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -55,16 +55,15 @@ def push(
         from sparkforge.oci import check_reference
 
         check_reference("--image", image)
-    pub.push(
-        load_recipe(recipe),
+    options = pub.PushOptions(
         platform or None,
         image=image or None,
         metadata_file=Path(metadata_file) if metadata_file else None,
         digests_dir=Path(digests) if digests else DIGESTS_DIR,
-        echo=echo,
         allow_unverified=unverified,
         allow_base_override=allow_base_override,
     )
+    pub.push_image(session(stream=True), load_recipe(recipe), options)
 
 
 @task(
@@ -100,7 +99,6 @@ def publish(
 ) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
     from sparkforge.boundary import check_exclusive, check_output
-    from sparkforge.commands import Runner
     from sparkforge.oci import check_digest, check_tag
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
@@ -123,13 +121,13 @@ def publish(
             when = dt.datetime.strptime(date, "%Y%m%d").date()
         except ValueError:
             raise PublishError(f"--date {date!r}: use YYYYMMDD, e.g. 20261129") from None
-    runner = Runner(dry=True, echo=echo) if dry else None
+    one = session(stream=True, dry=dry)  # dry: every registry command printed, none run
     if rollback:
-        from sparkforge.registry.rollback import rollback as roll_back
+        from sparkforge.registry.rollback import roll_back
 
-        result = roll_back(loaded, rollback, runner=runner, echo=echo)
+        result = roll_back(one, loaded, rollback)
     elif promote:
-        result = pub.promote(loaded, promote, when=when, runner=runner, echo=echo)
+        result = pub.move_tags(one, loaded, promote, pub.PromoteOptions(when))
     else:
         found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
         for item in digest or []:
@@ -140,16 +138,8 @@ def publish(
                 )
             _check_platform(platform, "--digest")
             found[platform] = value
-        result = pub.publish(
-            loaded,
-            found,
-            when=when,
-            moving=moving,
-            runner=runner,
-            echo=echo,
-            allow_unverified=unverified,
-            allow_base_override=allow_base_override,
-        )
+        options = pub.PublishOptions(when, moving, unverified, allow_base_override)
+        result = pub.publish_index(one, loaded, found, options)
     _write_json(json, result.to_json())
 
 
@@ -205,7 +195,7 @@ def pull(
     an image the signed TUF metadata does not revoke; moving tags resolve through that metadata (docs/trust.md).
     """
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.pull import pull as run_pull
+    from sparkforge.registry.pull import PullOptions, pull_image
 
     _check_platform(platform)  # before the engine or the registry is contacted
     _check_pull_tag(tag)
@@ -218,16 +208,10 @@ def pull(
             f"--recipe {recipe}'"
         )
     loaded = load_recipe(recipe)
-    result = run_pull(
-        loaded,
-        digest or tag or None,
-        allow_drift=allow_drift,
-        platform=platform or None,
-        echo=echo,
-        warn=warn,
-        allow_unsigned=allow_unsigned,  # signing hook
-        allow_unverified=allow_unverified,
+    options = PullOptions(
+        digest or tag or None, platform or None, allow_drift, allow_unsigned, allow_unverified
     )
+    result = pull_image(session(stream=True), loaded, options)
     echo(f"image: {result.image}")
     from sparkforge.registry import releases
 

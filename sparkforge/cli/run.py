@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, task, user_errors, warn
+from sparkforge.cli import Whole, echo, session, task, user_errors, warn
 from sparkforge.cli.memory import (
     FLOOR_HELP,
     FORCE_HELP,
@@ -37,21 +40,18 @@ def image_ref(recipe: str, image: str) -> str:
     return plan.candidate_tag(loaded, loaded.model.platforms[0])
 
 
-def preflight_profile(recipe: str, profile_ref: str, skip: bool) -> None:
-    """The profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
+def preflight_profile(recipe: str, profile, skip: bool) -> None:
+    """The (loaded) profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
     if skip:
         return
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.profile import load_profile
     from sparkforge.report import Report, print_report
 
     loaded = load_recipe(recipe)
-    report = Report(command="preflight", subject=f"profile {profile_ref}", recipe=loaded.name)
-    check_serve_profiles(
-        report, loaded, [load_profile(profile_ref)], lambda: recipe_surface(loaded, make_fetcher())
-    )
+    report = Report(command="preflight", subject=f"profile {profile.name}", recipe=loaded.name)
+    check_serve_profiles(report, loaded, [profile], lambda: recipe_surface(loaded, make_fetcher()))
     if report.status != "passed":
         print_report(report, echo)
         raise Exit(f"sparkforge: serve flags failed preflight: {report.failed[0].reason}", code=1)
@@ -99,80 +99,87 @@ def _trust_remote_code(allowed: bool) -> bool:
     return allowed
 
 
-def doctor_options(
-    image: str,
-    interface: str,
-    master_port: int,
-    gpus: str,
-    sanity: bool = True,
-    *,
-    min_busbw: float = 0.0,
-    model_dir: str = "",
-    hf_token_file: str = "",
-    cache_dir: str = "",
-):
-    """The doctor's options from CLI values, each checked (interface, port, --gpus, paths made absolute)."""
+@dataclass(frozen=True)
+class NodeFlags:
+    """The flags the node tasks share (serve, conform, cluster.up, cluster.doctor) as typed; `doctor_options`
+    and `launch_options` check them and build the library's options."""
+
+    image: str  # the image reference (image_ref: --image, else the recipe's candidate)
+    port: int = 8000
+    master_port: int = 29501
+    backend: str = "mp"
+    gpus: str = "all"
+    model_dir: str = ""
+    hf_token_file: str = ""
+    cache_dir: str = ""
+    interface: str = ""
+    ulimit: tuple[str, ...] = ()
+    trust_remote_code: bool = False
+    weights: str = "each"
+    hf_endpoint: str = ""
+    allow_unpinned_model: bool = False
+
+    @classmethod
+    def of(cls, image: str, options: Mapping[str, Any]) -> NodeFlags:
+        """The flags a task was given, by name (a task passes `locals()`: its parameters are the command line's
+        options, named as these fields); a flag the task does not have keeps its default."""
+        given = {f.name: options[f.name] for f in fields(cls) if f.name != "image" and f.name in options}
+        if "ulimit" in given:
+            given["ulimit"] = tuple(given["ulimit"] or ())
+        return cls(image, **given)
+
+
+def doctor_options(flags: NodeFlags, sanity: bool = True):
+    """The doctor's options from the flags, each checked (interface, port, --gpus, paths made absolute)."""
     from sparkforge.run.facts import DoctorOptions
     from sparkforge.run.inputs import check_choice, check_interface, check_port
 
-    check_interface(interface)
-    check_port("--master-port", master_port)
-    check_choice("--gpus", gpus, ("all", "none"))
-    paths = (("hf-token-file", hf_token_file), ("model-dir", model_dir), ("cache-dir", cache_dir))
+    check_interface(flags.interface)
+    check_port("--master-port", flags.master_port)
+    check_choice("--gpus", flags.gpus, ("all", "none"))
+    paths = (
+        ("hf-token-file", flags.hf_token_file),
+        ("model-dir", flags.model_dir),
+        ("cache-dir", flags.cache_dir),
+    )
     return DoctorOptions(
-        image=image,
-        interface=interface or None,
-        master_port=master_port,
+        image=flags.image,
+        interface=flags.interface or None,
+        master_port=flags.master_port,
         sanity=sanity,
-        gpus=gpus == "all",
-        min_busbw=min_busbw,
+        gpus=flags.gpus == "all",
         paths=tuple((kind, str(Path(p).absolute())) for kind, p in paths if p),
     )
 
 
-def launch_options(
-    image: str,
-    port: int,
-    master_port: int,
-    backend: str,
-    gpus: str,
-    model_dir: str,
-    hf_token_file: str,
-    cache_dir: str,
-    ulimit: list[str] | None = None,
-    trust_remote_code: bool = False,
-    weights: str = "each",
-    *,
-    hf_endpoint: str = "",
-    allow_unpinned_model: bool = False,
-):
-    """The launch options from CLI values, each checked before any engine or download (ports, --gpus, paths)."""
+def launch_options(flags: NodeFlags):
+    """The launch options from the flags, each checked before any engine or download (ports, --gpus, paths)."""
     from sparkforge.run import inputs
     from sparkforge.run.launch import GB10_ULIMITS, LaunchOptions
 
-    model_path = Path(model_dir).resolve() if model_dir else None
-    token_path = Path(hf_token_file).resolve() if hf_token_file else None
-    inputs.check_port("--port", port)
-    inputs.check_port("--master-port", master_port)
-    inputs.check_choice("--backend", backend, ("mp", "ray"))
-    inputs.check_choice("--gpus", gpus, ("all", "none"))
+    model_path = Path(flags.model_dir).resolve() if flags.model_dir else None
+    token_path = Path(flags.hf_token_file).resolve() if flags.hf_token_file else None
+    inputs.check_port("--port", flags.port)
+    inputs.check_port("--master-port", flags.master_port)
+    inputs.check_choice("--backend", flags.backend, ("mp", "ray"))
+    inputs.check_choice("--gpus", flags.gpus, ("all", "none"))
     inputs.check_host_path("--model-dir", str(model_path or ""))
     inputs.check_host_path("--hf-token-file", str(token_path or ""))
-    inputs.check_host_path("--cache-dir", cache_dir)
+    inputs.check_host_path("--cache-dir", flags.cache_dir)
     return LaunchOptions(
-        image=image,
-        port=port,
-        master_port=master_port,
-        backend=backend,  # type: ignore[arg-type]
-        gpus=gpus != "none",
+        image=flags.image,
+        port=flags.port,
+        master_port=flags.master_port,
+        backend=flags.backend,  # type: ignore[arg-type]
+        gpus=flags.gpus != "none",
         model_dir=model_path,
         hf_token_file=token_path,
-        cache_dir=cache_dir,
-        ulimits=inputs.check_ulimits(ulimit) if ulimit else GB10_ULIMITS,
-        trust_remote_code=_trust_remote_code(trust_remote_code),
-        weights=inputs.check_choice("--weights", weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
-        hf_endpoint=_hub(hf_endpoint),
-        allow_unpinned_model=_unpinned(allow_unpinned_model),
+        cache_dir=flags.cache_dir,
+        ulimits=inputs.check_ulimits(list(flags.ulimit)) if flags.ulimit else GB10_ULIMITS,
+        trust_remote_code=_trust_remote_code(flags.trust_remote_code),
+        weights=inputs.check_choice("--weights", flags.weights, ("each", "shared", "skip")),  # type: ignore[arg-type]
+        hf_endpoint=_hub(flags.hf_endpoint),
+        allow_unpinned_model=_unpinned(flags.allow_unpinned_model),
     )
 
 
@@ -268,21 +275,18 @@ def serve(
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.serve import serve_up
+    from sparkforge.run.serve.serve import ServeOptions, serve_up
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    options = launch_options(
-        image_ref(recipe, image), port, 29501, "mp", gpus, model_dir, hf_token_file, cache_dir, ulimit,
-        trust_remote_code, weights, hf_endpoint=hf_endpoint, allow_unpinned_model=allow_unpinned_model,
-    )  # fmt: skip
+    flags = NodeFlags.of(image_ref(recipe, image), locals())
+    options = launch_options(flags)
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
-    preflight_profile(recipe, profile, no_preflight)
+    preflight_profile(recipe, loaded, no_preflight)
     known_bad_guard(recipe, loaded)
-    plan, _ = serve_up(
-        engine, loaded, options, echo=echo, chat=not no_chat, dry=dry, down_on_fail=down_on_fail
-    )
+    serving = ServeOptions(options, chat=not no_chat, dry=dry, down_on_fail=down_on_fail)
+    plan, _ = serve_up(session(), engine, loaded, serving)
     if not dry:
         serve_watchdog(recipe, engine, plan.head.container.name, guard, gpus)
 
@@ -294,7 +298,7 @@ def serve(
 @user_errors
 def serve_down(c: Context, node: str = "", profile: str = "") -> None:
     """Stop and remove what `serve` started on this node."""
-    from sparkforge.run.serve import serve_down as down
+    from sparkforge.run.serve.serve import serve_down as down
 
     echo(f"removed {down(node_engine(node), profile or None)} container(s)")
 

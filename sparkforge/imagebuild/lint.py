@@ -10,12 +10,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sparkforge.boundary import walk_tree
 from sparkforge.commands import Command, Runner
 from sparkforge.console import say
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild.projectlock import audit_lock
 from sparkforge.imagebuild.render import render_context
-from sparkforge.limits import walk_tree
 from sparkforge.recipe.loader import REPO_ROOT, list_recipe_names, load_recipe
 from sparkforge.recipe.plan import PROJECT_SOURCE
 from sparkforge.registry.workflowcheck import check_files

@@ -26,8 +26,9 @@ def wants_probe(recipe: Recipe, options: BuildOptions) -> bool:
     )
 
 
-def probe_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> dict[str, str]:
+def probe_gate(session: Session, recipe: Recipe, options: BuildOptions) -> dict[str, str]:
     """Run the probe; raise when it fails; the build args it hands the build stage (the measured unit peak)."""
+    echo = session.echo
     result = run_probe(
         recipe,
         ProbeOptions(
@@ -54,11 +55,10 @@ def probe_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None
     return {"SPARKFORGE_UNIT_PEAK_GB": str(result.unit_peak_gb)}
 
 
-def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[str], None]) -> None:
+def run_preflight_gate(session: Session, recipe: Recipe, options: BuildOptions) -> None:
     """Preflight before any build step; a failure stops the build before anything is built."""
-    session = Session(echo=echo, runner=Runner(stream=False), ca_bundle=options.ca_bundle)
     report = run_preflight(session, recipe, PreflightOptions(source=options.sources.get("vllm")))
-    print_report(report, echo)
+    print_report(report, session.echo)
     if report.status != "passed":
         failed = ", ".join(c.name for c in report.failed)
         raise PreflightError(
@@ -68,9 +68,12 @@ def run_preflight_gate(recipe: Recipe, options: BuildOptions, echo: Callable[[st
 
 
 def build(recipe: Recipe, options: BuildOptions, *, echo: Callable[[str], None] = say) -> BuildResult:
-    """Preflight, probe, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs."""
+    """Preflight, probe, build, verify, and only then tag; a failure at any step moves no tag and keeps the logs.
+
+    One Session for the build's gates (echo, the build's --ca-bundle); each stage logs under its own folder."""
     check_options(recipe, options)
+    session = Session(echo=echo, runner=Runner(stream=False), ca_bundle=options.ca_bundle)
     if options.preflight:
-        run_preflight_gate(recipe, options, echo)
-    probe_args = probe_gate(recipe, options, echo) if wants_probe(recipe, options) else {}
+        run_preflight_gate(session, recipe, options)
+    probe_args = probe_gate(session, recipe, options) if wants_probe(recipe, options) else {}
     return build_stage(recipe, options, echo=echo, build_args=probe_args)

@@ -362,11 +362,11 @@ def _verify(
     log_dir: Path,
     echo: Callable[[str], None],
 ) -> Report:
-    """Verify the built image and keep its record (verify.verify_and_record); raise when it failed."""
+    """Verify the built image and keep its record (verify.verify_recorded); raise when it failed."""
     from sparkforge.report import print_report
-    from sparkforge.verify.suite import verify_and_record
+    from sparkforge.verify.suite import VerifyOptions, verify_recorded
 
-    report = verify_and_record(recipe, image_id, gpus=options.gpus, log_dir=log_dir)
+    report = verify_recorded(recipe, image_id, VerifyOptions(options.gpus, log_dir=log_dir))
     report.subject = candidate
     report_path = options.report_path or log_dir / "verify.json"
     report.write_json(report_path)

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -134,27 +134,34 @@ class PinnedVllm:
         return ""
 
 
+@dataclass(frozen=True)
+class ImportOptions:
+    """How a community recipe becomes a serve profile (`invoke import`'s options)."""
+
+    fmt: Format | None = None  # eugr or sparkarena (None: told from the document)
+    extra: tuple[str, ...] = ()  # vLLM flags added to the recipe's command
+    name: str | None = None  # the profile's name (None: the recipe's)
+    overrides: Mapping[str, str] = field(default_factory=dict)  # --set KEY=VALUE
+    allow: Mapping[str, str] = field(default_factory=dict)  # --allow ENTRY=REASON: the owner's opt-ins
+
+
 def import_with(
-    pinned: PinnedVllm | None,
-    doc: YamlDoc,
-    where: str,
-    fmt: Format | None,
-    extra: list[str],
-    name: str | None,
-    overrides: dict[str, str] | None = None,
-    allow: dict[str, str] | None = None,
+    pinned: PinnedVllm | None, source: tuple[YamlDoc, str], options: ImportOptions | None = None
 ) -> Imported:
-    """Import with the pinned vLLM's own aliases (the documented fallback without a recipe)."""
-    community = read_community(doc, where, fmt, overrides)
+    """Import `source` (the document and where it was read) with the pinned vLLM's own aliases (the documented
+    fallback without a recipe)."""
+    doc, where = source
+    options = options or ImportOptions()
+    community = read_community(doc, where, options.fmt, dict(options.overrides) or None)
     surface = pinned.surface() if pinned else None
     aliases = {**FALLBACK_ALIASES, **(surface.aliases if surface else {})}
     return import_recipe(
         community,
         aliases=aliases,
         negatable=surface.negatable if surface else None,
-        extra=extra,
-        name=name,
-        allow=allow,
+        extra=list(options.extra),
+        name=options.name,
+        allow=dict(options.allow) or None,
     )
 
 
@@ -296,8 +303,7 @@ def check_one(
 ) -> CatalogRow:
     """One catalog row: the import's verdict, the model class and whether the pinned vLLM registers it."""
     try:
-        doc, where = read_source(ref, fetcher)
-        imported = import_with(pinned, doc, where, None, [], None)
+        imported = import_with(pinned, read_source(ref, fetcher))
     except SparkforgeError as exc:
         return CatalogRow(ref, "does not import", notes=[str(exc)])
     refused = [f"refused: {a}" for a in imported.refused]

@@ -23,7 +23,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from sparkforge.boundary import parse_json, read_json
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, PreflightError
 from sparkforge.urlfetch import Fetched, FetchError, Unreachable, fetch_url
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sparkforge import engine
@@ -43,20 +44,19 @@ def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _attest_bound(
-    recipe: Recipe,
-    image: str,
-    predicate_type: str,
-    claim: Mapping[str, Any],
-    mismatch: str,
-    cosign: Cosign,
-    signer: Signer,
-    tools: Manifests | None,
-) -> Signed:
-    """Attest `claim` on `image` (repository@sha256:...) only if the claim's image ID is that digest's config.
+@dataclass(frozen=True)
+class BoundClaim:
+    """A claim about one image ID (a verify or kernel report's), attested only on the digest of that image."""
 
-    `mismatch` words the refusal: "{report} ... {config} ...; fix: ..." with the two IDs filled in.
-    """
+    predicate_type: str
+    body: Mapping[str, Any]  # its "imageId" is the image the report read
+    mismatch: str  # the refusal: "{report} ... {config} ...; fix: ..." with the two IDs filled in
+
+
+def _attest_bound(
+    recipe: Recipe, image: str, claim: BoundClaim, cosign: Cosign, signer: Signer, tools: Manifests | None
+) -> Signed:
+    """Attest `claim` on `image` (repository@sha256:...) only if the claim's image ID is that digest's config."""
     repo = recipe.model.publish.repository
     name, _, digest = image.partition("@")
     if name != repo or not plan_digest(digest):
@@ -66,12 +66,13 @@ def _attest_bound(
         )
     tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
     config = tools.config_digest(image)
-    if claim["imageId"] != config:
+    if claim.body["imageId"] != config:
         raise SigningError(
-            f"refusing to attest {image}: " + mismatch.format(report=claim["imageId"], config=config)
+            f"refusing to attest {image}: "
+            + claim.mismatch.format(report=claim.body["imageId"], config=config)
         )
-    cosign.attest(image, predicate_type, dict(claim), signer)
-    return Signed(image, predicate_type)
+    cosign.attest(image, claim.predicate_type, dict(claim.body), signer)
+    return Signed(image, claim.predicate_type)
 
 
 def attest_report(
@@ -87,9 +88,8 @@ def attest_report(
         "the report verified image {report}, but that digest's image is {config}; fix: verify the pulled image "
         f"('invoke verify --image {image}') and attest that report"
     )
-    return _attest_bound(
-        recipe, image, VERIFY_CLAIM, verify_claim(recipe, report), mismatch, cosign, signer, tools
-    )
+    claim = BoundClaim(VERIFY_CLAIM, verify_claim(recipe, report), mismatch)
+    return _attest_bound(recipe, image, claim, cosign, signer, tools)
 
 
 def attest_kernels(
@@ -105,5 +105,5 @@ def attest_kernels(
         "the kernel report read image {report}, but that digest's image is {config}; fix: "
         f"'invoke kernels --image {image}' of the pulled image, then attest that"
     )
-    claim = kernels_claim(recipe, report)
-    return _attest_bound(recipe, image, KERNELS_CLAIM, claim, mismatch, cosign, signer, tools)
+    claim = BoundClaim(KERNELS_CLAIM, kernels_claim(recipe, report), mismatch)
+    return _attest_bound(recipe, image, claim, cosign, signer, tools)

@@ -194,49 +194,50 @@ def record_size(manifest: Mapping[str, Any]) -> int:
     return sum(int(p.get("size") or 0) for p in parts if isinstance(p, Mapping))
 
 
+@dataclass(frozen=True)
+class TagMove:
+    """One move of tags to an index (publish --moving, promote, rollback): what the history, or the signed
+    targets, record for each tag moved."""
+
+    action: str  # publish, promote, rollback
+    recipe: str  # the recipe (and its hash) the index was built from
+    recipe_hash: str
+    index: str  # the index the tags name from now on
+    platforms: Mapping[str, str]  # platform -> image digest inside the index
+    previous: Mapping[str, str | None] = field(
+        default_factory=dict
+    )  # tag -> what it named before (None: absent)
+    claims: Mapping[str, list[str]] = field(
+        default_factory=dict
+    )  # platform -> the signed GPU claims (signing)
+
+
 def new_entry(
-    action: str,
-    recipe: str,
-    recipe_hash: str,
-    index: str,
-    platforms: Mapping[str, str],
-    previous: str | None,
-    evidence_dir: Path,
-    gpu: str,
-    now: dt.datetime | None = None,
+    move: TagMove, previous: str | None, evidence_dir: Path, gpu: str, now: dt.datetime | None = None
 ) -> Entry:
+    """The history entry of `move` for one tag that named `previous` before; the verdicts are for `gpu`."""
     when = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat()
     return Entry(
-        index,
+        move.index,
         when,
-        action,
-        recipe,
-        recipe_hash,
-        dict(platforms),
+        move.action,
+        move.recipe,
+        move.recipe_hash,
+        dict(move.platforms),
         previous,
-        evidence_of(platforms, evidence_dir, gpu),
+        evidence_of(move.platforms, evidence_dir, gpu),
     )
 
 
 def record_move(
-    tools: Manifests,
-    tags: tuple[str, ...] | list[str],
-    action: str,
-    recipe: str,
-    recipe_hash: str,
-    index: str,
-    platforms: Mapping[str, str],
-    previous: Mapping[str, str | None],
-    evidence_dir: Path,
-    gpu: str,
+    tools: Manifests, tags: tuple[str, ...] | list[str], move: TagMove, evidence_dir: Path, gpu: str
 ) -> None:
     """Append one entry per moved tag (nothing when dry); `gpu` is the recipe's target the verdicts are for."""
     if tools.runner.dry:
         return
     for tag in tags:
-        before = previous.get(tag, previous.get(tag_of(tools.repository, tag)))
-        entry = new_entry(action, recipe, recipe_hash, index, platforms, before, evidence_dir, gpu)
-        append(tools, tag, entry)
+        before = move.previous.get(tag, move.previous.get(tag_of(tools.repository, tag)))
+        append(tools, tag, new_entry(move, before, evidence_dir, gpu))
 
 
 def current_digests(tools: Manifests, tags: tuple[str, ...] | list[str]) -> dict[str, str | None]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sparkforge import engine, oci
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
+from sparkforge.context import Session
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
@@ -100,23 +101,49 @@ def tools_for(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: E
     return Manifests(eng or engine.detect_engine(), runner, recipe.model.publish.repository)
 
 
+def session_tools(session: Session, recipe: Recipe, step: str) -> Manifests:
+    """One step's registry tools: the session's runner when it logs or is dry, else one that logs under the
+    recipe's folder for `step` (every registry command replayable beside its log)."""
+    logs = session.runner.log_dir is not None or session.runner.dry
+    return tools_for(recipe, session.runner if logs else None, session.engine, session.echo, step)
+
+
+def keyword_session(runner: Runner | None, eng: Engine | None, echo: Echo) -> Session:
+    """The Session of the keyword forms (`push(recipe, runner=..., eng=..., echo=...)`, as tests/engine call
+    them): no runner means one per step, logging under the recipe's folder."""
+    return Session(echo=echo, runner=runner or Runner(echo=echo), engine=eng)
+
+
 # ---- push ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    """What one push was told (`invoke push`): the platform, the image or BuildKit's metadata, the records."""
+
+    platform: str | None = None  # None: the recipe's first
+    image: str | None = None  # None: the verified candidate for the platform
+    metadata_file: Path | None = None  # BuildKit's (build --push-by-digest): the image is in the registry
+    digests_dir: Path | None = DIGESTS_DIR  # where the pushed digest is recorded (None: not recorded)
+    allow_unverified: bool = False
+    allow_base_override: bool = False
+    evidence_dir: Path = verified.VERIFIED_DIR
 
 
 def push(
     recipe: Recipe,
     platform: str | None = None,
     *,
-    image: str | None = None,
-    metadata_file: Path | None = None,
-    digests_dir: Path | None = DIGESTS_DIR,
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = say,
-    allow_unverified: bool = False,
-    allow_base_override: bool = False,
-    evidence_dir: Path = verified.VERIFIED_DIR,
+    **options: Any,
 ) -> PushedImage:
+    """`push_image` in its keyword form (`options`: PushOptions' fields)."""
+    return push_image(keyword_session(runner, eng, echo), recipe, PushOptions(platform, **options))
+
+
+def push_image(session: Session, recipe: Recipe, options: PushOptions) -> PushedImage:
     """Push one platform's image to the recipe's repository and record its digest for `publish`.
 
     With `metadata_file` (BuildKit's, from `invoke build --push-by-digest`) the image is already in the
@@ -124,7 +151,9 @@ def push(
     carry the recipe's labels and platform; it is pushed under a per-platform staging tag. Either way the image
     needs a passed verify record (by image ID) unless `allow_unverified`, and the pushed digest is linked to it.
     """
-    platform = plan.recipe_platform(recipe, platform, PublishError)
+    echo, metadata_file, evidence_dir = session.echo, options.metadata_file, options.evidence_dir
+    allow_unverified, allow_base_override = options.allow_unverified, options.allow_base_override
+    platform = plan.recipe_platform(recipe, options.platform, PublishError)
     repo = recipe.model.publish.repository
     if metadata_file is not None:
         try:
@@ -136,8 +165,8 @@ def push(
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
         _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
     else:
-        tools = tools_for(recipe, runner, eng, echo, f"push-{oci.arch(platform)}")
-        source = image or plan.candidate_tag(recipe, platform)
+        tools = session_tools(session, recipe, f"push-{oci.arch(platform)}")
+        source = options.image or plan.candidate_tag(recipe, platform)
         image_id = str(engine.inspect_image(source)["Id"])
         found = engine.image_platform(image_id)
         if found != platform:
@@ -168,8 +197,8 @@ def push(
     pushed = PushedImage(recipe.name, recipe.hash, platform, repo, digest)
     if record is not None and record.get("status") == "passed":
         verified.link_digest(digest, image_id, repo, evidence_dir)  # publish and promote follow this link
-    if digests_dir is not None:
-        echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(digests_dir)}")
+    if options.digests_dir is not None:
+        echo(f"sparkforge: {pushed.reference} ({platform}) recorded in {pushed.write(options.digests_dir)}")
     return pushed
 
 
@@ -192,18 +221,32 @@ class Published:
         return {**asdict(self), "reference": f"{self.repository}@{self.index}"}
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """What one publish was told (`invoke publish`): the date of {date} tags, moving tags, the overrides."""
+
+    when: dt.date | None = None  # None: today (UTC)
+    moving: bool = False  # also move the moving tags (only when every platform image is GPU-verified)
+    allow_unverified: bool = False
+    allow_base_override: bool = False
+    evidence_dir: Path = verified.VERIFIED_DIR
+
+
 def publish(
     recipe: Recipe,
     digests: Mapping[str, str],
     *,
-    when: dt.date | None = None,
-    moving: bool = False,
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = say,
-    allow_unverified: bool = False,
-    allow_base_override: bool = False,
-    evidence_dir: Path = verified.VERIFIED_DIR,
+    **options: Any,
+) -> Published:
+    """`publish_index` in its keyword form (`options`: PublishOptions' fields)."""
+    return publish_index(keyword_session(runner, eng, echo), recipe, digests, PublishOptions(**options))
+
+
+def publish_index(
+    session: Session, recipe: Recipe, digests: Mapping[str, str], options: PublishOptions
 ) -> Published:
     """Merge one digest per platform into one index under the recipe's immutable tags (all-or-nothing).
 
@@ -212,6 +255,7 @@ def publish(
     digest is not the platform it claims, or when an immutable tag already names other content. `moving` also
     moves the moving tags, only when every platform's image is GPU-verified (else nothing is written).
     """
+    echo, evidence_dir, allow_base_override = session.echo, options.evidence_dir, options.allow_base_override
     require_platforms(recipe, list(digests), "the set of pushed digests")
     bad = [d for d in digests.values() if not DIGEST.fullmatch(d)]
     if bad:
@@ -222,13 +266,13 @@ def publish(
     for platform, digest in sorted(digests.items()):
         record = verified.record_for_digest(digest, evidence_dir)
         problems += _evidence_problems(recipe, record, f"{platform} {digest[:19]}", allow_base_override)
-    _refuse_or_warn(problems, f"publish {recipe.model.publish.repository}", allow_unverified, echo)
-    if moving:
+    _refuse_or_warn(problems, f"publish {recipe.model.publish.repository}", options.allow_unverified, echo)
+    if options.moving:
         require_gpu_verified(recipe, digests, evidence_dir)
-    tools = tools_for(recipe, runner, eng, echo, "publish")
+    tools = session_tools(session, recipe, "publish")
     repo = recipe.model.publish.repository
     sources = [f"{repo}@{digests[p]}" for p in recipe.model.platforms]
-    when = when or dt.datetime.now(dt.UTC).date()
+    when = options.when or dt.datetime.now(dt.UTC).date()
     tags = plan.final_tags(recipe, when)
     draft = tools.draft(tags.immutable[0], sources)
     require_platforms(recipe, [p for p, _ in index_platforms(draft)], "the merged index")
@@ -269,15 +313,12 @@ def publish(
     result = Published(
         recipe.name, repo, index, dict(index_platforms(draft)), tuple(new), tuple(unchanged), stamp
     )
-    if moving and tags.moving and index:
-        moved = promote(
+    if options.moving and tags.moving and index:
+        moved = move_tags(
+            replace(session, runner=tools.runner, engine=tools.engine),
             recipe,
             index,
-            when=when,
-            runner=tools.runner,
-            eng=tools.engine,
-            echo=echo,
-            evidence_dir=evidence_dir,
+            PromoteOptions(when, evidence_dir),
         )
         return Published(
             recipe.name, repo, index, result.platforms, (*new, *moved.tags), tuple(unchanged), stamp
@@ -338,22 +379,35 @@ def _not_gpu_verified(recipe: Recipe, platform: str, digest: str, evidence_dir: 
     )
 
 
+@dataclass(frozen=True)
+class PromoteOptions:
+    """What one move of the moving tags was told (`invoke publish --promote`)."""
+
+    when: dt.date | None = None  # the date of {date} tags (None: today, UTC)
+    evidence_dir: Path = verified.VERIFIED_DIR
+
+
 def promote(
     recipe: Recipe,
     index: str,
     *,
-    when: dt.date | None = None,
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = say,
-    evidence_dir: Path = verified.VERIFIED_DIR,
+    **options: Any,
 ) -> Published:
+    """`move_tags` in its keyword form (`options`: PromoteOptions' fields)."""
+    return move_tags(keyword_session(runner, eng, echo), recipe, index, PromoteOptions(**options))
+
+
+def move_tags(session: Session, recipe: Recipe, index: str, options: PromoteOptions) -> Published:
     """Point the recipe's moving tags at a published index, only when every platform image in it is GPU-verified."""
+    echo, evidence_dir = session.echo, options.evidence_dir
     if not DIGEST.fullmatch(index):
         raise PublishError(f"--promote {index!r}: pass the index digest (sha256:<64 hex>) that was verified")
-    tools = tools_for(recipe, runner, eng, echo, "promote")
+    tools = session_tools(session, recipe, "promote")
     repo = recipe.model.publish.repository
-    when = when or dt.datetime.now(dt.UTC).date()
+    when = options.when or dt.datetime.now(dt.UTC).date()
     moving = plan.final_tags(recipe, when).moving
     if not moving:
         raise PublishError(f"recipe {recipe.name} has no publish.moving_tags to move")
@@ -389,8 +443,6 @@ def promote(
             "'invoke publish --promote' with the new digest after verifying it"
         )
     echo(f"sparkforge: moved {', '.join(moving)} -> {repo}@{index}")
-    names = (recipe.name, recipe.hash)
-    tagtrust.record_move(
-        recipe, tools, moving, "promote", names, index, dict(images), before, evidence_dir, claims
-    )
+    move = history.TagMove("promote", recipe.name, recipe.hash, index, dict(images), before, claims)
+    tagtrust.record_move(recipe, tools, moving, move, evidence_dir)
     return Published(recipe.name, repo, index, dict(images), tuple(moving), (), when.strftime("%Y%m%d"))

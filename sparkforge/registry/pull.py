@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sparkforge import engine, oci
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
 from sparkforge.console import warn as warn_line
+from sparkforge.context import Session
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
 from sparkforge.registry.manifests import DIGEST, index_platforms
-from sparkforge.registry.publish import tools_for
+from sparkforge.registry.publish import keyword_session, session_tools
 from sparkforge.verify import verified as records
 
 # ---- tags and references ------------------------------------------------------------------------
@@ -62,29 +63,44 @@ class Pulled:
         return {**asdict(self), "drift": {k: {"image": a, "recipe": b} for k, (a, b) in self.drift.items()}}
 
 
+@dataclass(frozen=True)
+class PullOptions:
+    """What one pull was told (`invoke pull`): the tag or digest, the platform, the owner's overrides."""
+
+    tag: str | None = None  # a tag or sha256:DIGEST (None: the recipe's first tag without {date})
+    platform: str | None = None  # None: this machine's
+    allow_drift: bool = False  # labels that differ from the recipe only warn
+    allow_unsigned: bool = False
+    allow_unverified: bool = False
+
+
 def pull(
     recipe: Recipe,
     tag: str | None = None,
     *,
-    allow_drift: bool = False,
-    platform: str | None = None,
     runner: Runner | None = None,
     eng: Engine | None = None,
     echo: Echo = say,
     warn: Echo = warn_line,
-    allow_unsigned: bool = False,
-    allow_unverified: bool = False,
+    **options: Any,
 ) -> Pulled:
+    """`pull_image` in its keyword form (`options`: PullOptions' fields)."""
+    session = replace(keyword_session(runner, eng, echo), warn=warn)
+    return pull_image(session, recipe, PullOptions(tag, **options))
+
+
+def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
 
     A label that differs raises PublishError naming each one, or only warns with `allow_drift`. The platform's
     image is pulled by its digest from the index, so the image checked is exactly the one the tag names.
     Every path (default tag, --tag, a digest) needs a signed GPU-verified claim unless `allow_unverified`.
     """
-    platform = platform or oci.host_platform()
-    ref = reference_for(recipe, tag)
+    echo, warn = session.echo, session.warn
+    platform = options.platform or oci.host_platform()
+    ref = reference_for(recipe, options.tag)
     repo = recipe.model.publish.repository
-    tools = tools_for(recipe, runner, eng, echo, f"pull-{oci.arch(platform)}")
+    tools = session_tools(session, recipe, f"pull-{oci.arch(platform)}")
     manifest = tools.fetch(ref)
     if manifest is None:
         raise PublishError(
@@ -111,9 +127,9 @@ def pull(
         local,
         platform,
         tools,
-        allow_unsigned=allow_unsigned,
+        allow_unsigned=options.allow_unsigned,
         warn=warn,
-        allow_unverified=allow_unverified,
+        allow_unverified=options.allow_unverified,
     )
     local = f"{repo}@{trusted.digest}"  # pull exactly the digest that was verified
     echo(f"sparkforge: pulling {ref} for {platform}")
@@ -139,7 +155,7 @@ def pull(
             f"org.opencontainers.image.revision={engine.image_labels(local).get('org.opencontainers.image.revision')}"
             f"), or rebuild ('invoke build --recipe {recipe_ref(recipe)}')"
         )
-        if not allow_drift:
+        if not options.allow_drift:
             raise PublishError(message + "; --allow-drift accepts the image with a warning")
         warn(f"sparkforge: WARNING (--allow-drift): {message}")
     else:

@@ -6,10 +6,12 @@ recipe's platform set, exactly what `promote` requires; only the one tag asked f
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sparkforge.commands import Runner
 from sparkforge.console import Echo, say
+from sparkforge.context import Session
 from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
@@ -30,7 +32,15 @@ def rollback(
     echo: Echo = say,
     evidence_dir: Path = verified.VERIFIED_DIR,
 ) -> pub.Published:
+    """`roll_back` in its keyword form."""
+    return roll_back(pub.keyword_session(runner, eng, echo), recipe, tag, evidence_dir)
+
+
+def roll_back(
+    session: Session, recipe: Recipe, tag: str, evidence_dir: Path = verified.VERIFIED_DIR
+) -> pub.Published:
     """Point `tag` at the newest earlier index in its history that passes promote's gate; refuse when none does."""
+    echo = session.echo
     repo = recipe.model.publish.repository
     if not is_moving(recipe, tag):
         moving = ", ".join(recipe.model.publish.moving_tags) or "none"
@@ -38,7 +48,7 @@ def rollback(
             f"--rollback {tag}: not a moving tag of recipe {recipe.name} (moving tags: {moving}); immutable tags "
             "never move; fix: pass a moving tag, e.g. --rollback latest"
         )
-    tools = pub.tools_for(recipe, runner, eng, echo, "rollback")
+    tools = pub.session_tools(session, recipe, "rollback")
     policy = Policy.of(recipe)
     signing = policy is not None and Policy.for_verify(recipe) is not None
     state = tagtrust.state_of(tools) if signing else None
@@ -92,7 +102,10 @@ def rollback(
         if problems:
             refused.append(f"{entry.digest[:19]} ({entry.date}): {' | '.join(problems)[:400]}")
             continue
-        return _move(recipe, tools, tag, entry, images, current, evidence_dir, echo)
+        move = history.TagMove(
+            "rollback", entry.recipe, entry.recipe_hash, entry.digest, images, {tag: current}
+        )
+        return _move(recipe, tools, tag, move, evidence_dir, echo)
     raise PublishError(
         f"refusing to roll back {repo}:{tag}: no earlier index in its history is GPU-verified for "
         f"{recipe.model.gpu} on every platform (promote's rule). "
@@ -103,16 +116,10 @@ def rollback(
 
 
 def _move(
-    recipe: Recipe,
-    tools: Manifests,
-    tag: str,
-    entry: history.Entry,
-    images: dict[str, str],
-    current: str | None,
-    evidence_dir: Path,
-    echo: Echo,
+    recipe: Recipe, tools: Manifests, tag: str, move: history.TagMove, evidence_dir: Path, echo: Echo
 ) -> pub.Published:
-    repo, index = recipe.model.publish.repository, entry.digest
+    repo, index, images = recipe.model.publish.repository, move.index, dict(move.platforms)
+    current = move.previous[tag]
     if not tools.runner.dry:  # the index signature, no revocation in the (refreshed) signed targets
         tagtrust.before_move(recipe, tools, index, images)
     if tools.buildx:
@@ -128,11 +135,8 @@ def _move(
             "('invoke publish --promote')"
         )
     echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
-    names = (entry.recipe, entry.recipe_hash)
-    claims: dict[str, list[str]] = {}
     if Policy.for_verify(recipe) is not None and not tools.runner.dry:
         claims = {p: [earlier.signed_gpu_claim(recipe, tools, p, d)[1]] for p, d in sorted(images.items())}
-    tagtrust.record_move(
-        recipe, tools, [tag], "rollback", names, index, images, {tag: current}, evidence_dir, claims
-    )
+        move = replace(move, claims=claims)
+    tagtrust.record_move(recipe, tools, [tag], move, evidence_dir)
     return pub.Published(recipe.name, repo, index, images, (tag,), (), "")

@@ -18,7 +18,7 @@ from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import history, tufclient, tufrepo
 from sparkforge.registry.cosign import Cosign, Policy
-from sparkforge.registry.history import Entry, TagHistory
+from sparkforge.registry.history import Entry, TagHistory, TagMove
 from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.ocidist import Registry
 from sparkforge.registry.tufclient import TagTarget, TrustedState
@@ -103,22 +103,11 @@ def before_move(
 
 
 def record_move(
-    recipe: Recipe,
-    tools: Manifests,
-    tags: list[str] | tuple[str, ...],
-    action: str,
-    names: tuple[str, str],
-    index: str,
-    platforms: Mapping[str, str],
-    previous: Mapping[str, str | None],
-    evidence_dir: Path,
-    claims: Mapping[str, list[str]] | None = None,
+    recipe: Recipe, tools: Manifests, tags: list[str] | tuple[str, ...], move: TagMove, evidence_dir: Path
 ) -> None:
     """After the registry tags moved: a new signed targets version per tag (signing recipes), else the record."""
     if Policy.for_verify(recipe) is None:
-        history.record_move(
-            tools, tags, action, *names, index, platforms, previous, evidence_dir, recipe.model.gpu
-        )
+        history.record_move(tools, tags, move, evidence_dir, recipe.model.gpu)
         return
     if tools.runner.dry:
         return
@@ -126,13 +115,13 @@ def record_move(
     for tag in tags:
         target = TagTarget(
             history.tag_of(tools.repository, tag),
-            index,
-            dict(platforms),
-            {p: list(d) for p, d in (claims or {}).items()},
-            names[0],
-            names[1],
+            move.index,
+            dict(move.platforms),
+            {p: list(d) for p, d in move.claims.items()},
+            move.recipe,
+            move.recipe_hash,
             when,
-            action,
+            move.action,
         )
         tufrepo.move_tag(tools.repository, target, Registry(tools.repository))
 

@@ -24,8 +24,9 @@ from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, Targets, Timestamp
 from tuf.ngclient import Updater
 
-from sparkforge import cache, console
+from sparkforge import console
 from sparkforge.boundary import read_bytes
+from sparkforge.context import cache_path
 from sparkforge.errors import InputError, PublishError
 from sparkforge.registry import tufstore
 from sparkforge.registry.ocidist import Registry
@@ -65,7 +66,7 @@ def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
 
 
 def metadata_dir(repository: str) -> Path:
-    path = cache.cache_path("tuf", re.sub(r"[^A-Za-z0-9._-]", "_", repository), "root.json").parent
+    path = cache_path("tuf", re.sub(r"[^A-Za-z0-9._-]", "_", repository), "root.json").parent
     path.mkdir(parents=True, exist_ok=True)
     return path
 

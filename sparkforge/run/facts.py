@@ -55,7 +55,9 @@ class NodeFacts:
     address: str = ""
     interface: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    fabric: dict[str, Any] = field(default_factory=dict)  # the helper's raw sysfs facts (run/fabric.py)
+    fabric: dict[str, Any] = field(
+        default_factory=dict
+    )  # the helper's raw sysfs facts (run/cluster/fabric.py)
     host: dict[str, Any] = field(default_factory=dict)  # host driver versions, RemoveIPC, the host's NCCL
     mounts: list[str] = field(default_factory=list)  # extra per-node mounts of the sanity run and launch
     warnings: list[str] = field(default_factory=list)

@@ -101,7 +101,7 @@ def _ulimits(given: tuple[str, ...], rdma: bool) -> tuple[str, ...]:
 
 
 def downloads_first(options: LaunchOptions) -> bool:
-    """Whether the download phase puts the weights on disk before vLLM starts (sparkforge/run/weights.py)."""
+    """Whether the download phase puts the weights on disk before vLLM starts (sparkforge/run/weights/weights.py)."""
     return options.model_dir is None and options.weights != "skip" and options.gpus
 
 

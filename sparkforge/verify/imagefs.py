@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import AuditError
 from sparkforge.report import Report
 

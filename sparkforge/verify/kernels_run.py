@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.boundary import read_json
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.report import Check, Report
 from sparkforge.verify import selection as sel
 from sparkforge.verify.kernel_origin import report_scope

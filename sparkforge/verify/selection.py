@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import SparkforgeError
 from sparkforge.verify.suite import SUITE_DIR, SUITE_MOUNT
 

@@ -6,6 +6,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,19 +151,25 @@ def run_image_suite(
             raise VerifyError(f"--model-dir {model_dir}: not a directory; fix: pass a local model directory")
         volumes[str(model_dir.resolve())] = "/models/smoke"
         environment["SPARKFORGE_SMOKE_MODEL"] = "/models/smoke"
-    argv = [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH, "--nonce", nonce]
-    entrypoint = "/opt/venv/bin/python3"
-    if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
-        _save_replay(log_dir, image, argv, entrypoint, gpus, platform, environment, volumes)
-    result = engine.run_container(
+    run = SuiteRun(
         image,
-        argv,
-        entrypoint=[entrypoint],
-        gpus=gpus,
-        platform=platform,
+        [f"{SUITE_MOUNT}/run_checks.py", "--lock", LOCK_PATH, "--nonce", nonce],
+        gpus,
+        platform,
+        environment,
+        volumes,
+    )
+    if log_dir is not None:  # the same run, replayable by hand, beside its log like every other step
+        _save_replay(log_dir, run)
+    result = engine.run_container(
+        run.image,
+        run.argv,
+        entrypoint=[run.entrypoint],
+        gpus=run.gpus,
+        platform=run.platform,
         timeout_s=emulation.suite_timeout(platform, timeout_s),
-        environment=environment,
-        volumes=volumes,
+        environment=run.environment,
+        volumes=run.volumes,
     )
     if log_dir is not None:
         (log_dir / "image-suite.log").write_text(result.stdout + result.stderr)
@@ -218,30 +225,34 @@ def read_suite_output(
     return checks, document
 
 
-def _save_replay(
-    log_dir: Path,
-    image: str,
-    argv: list[str],
-    entrypoint: str,
-    gpus: bool,
-    platform: str | None,
-    environment: dict[str, str],
-    volumes: dict[str, str],
-) -> None:
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of the in-image suite: the container verify starts (and the replay script beside its log)."""
+
+    image: str
+    argv: list[str]
+    gpus: bool
+    platform: str | None
+    environment: dict[str, str]
+    volumes: dict[str, str]  # host path -> mount point, read-only
+    entrypoint: str = "/opt/venv/bin/python3"
+
+
+def _save_replay(log_dir: Path, run: SuiteRun) -> None:
     import shlex
 
-    command = ["docker", "run", "--rm", "--entrypoint", entrypoint]
-    command += ["--gpus", "all"] if gpus else []
-    command += ["--platform", platform] if platform else []
-    for key, value in sorted(environment.items()):
+    command = ["docker", "run", "--rm", "--entrypoint", run.entrypoint]
+    command += ["--gpus", "all"] if run.gpus else []
+    command += ["--platform", run.platform] if run.platform else []
+    for key, value in sorted(run.environment.items()):
         command += ["--env", f"{key}={value}"]
-    for host, target in volumes.items():
+    for host, target in run.volumes.items():
         command += ["--volume", f"{host}:{target}:ro"]
     log_dir.mkdir(parents=True, exist_ok=True)
     script = log_dir / "image-suite.sh"
     script.write_text(
         "#!/usr/bin/env bash\n# The in-image suite as verify ran it.\nset -euo pipefail\n"
-        + shlex.join([*command, image, *argv])
+        + shlex.join([*command, run.image, *run.argv])
         + "\n"
     )
     script.chmod(0o755)
@@ -354,17 +365,24 @@ def verify_image(
     return report
 
 
-def verify_and_record(
-    recipe: Recipe,
-    image: str,
-    *,
-    gpus: GpuMode = "auto",
-    kernels: bool = True,
-    model_dir: Path | None = None,
-    directory: Path = verified.VERIFIED_DIR,
-    log_dir: Path | None = None,
-    carried: CarriedCheck | None = None,
-) -> Report:
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What one verify was told (`invoke verify`, or the build's verify step)."""
+
+    gpus: GpuMode = "auto"
+    kernels: bool = True  # the kernel coverage audit of the image's libraries
+    model_dir: Path | None = None  # a local model for the suite's smoke generation
+    log_dir: Path | None = None  # the suite's log and replay script
+    carried: CarriedCheck | None = None  # what the image carried from its registry (signed attestations)
+    directory: Path = verified.VERIFIED_DIR  # where the result is kept, by image ID
+
+
+def verify_and_record(recipe: Recipe, image: str, **options: Any) -> Report:
+    """`verify_recorded` in its keyword form (`options`: VerifyOptions' fields)."""
+    return verify_recorded(recipe, image, VerifyOptions(**options))
+
+
+def verify_recorded(recipe: Recipe, image: str, options: VerifyOptions) -> Report:
     """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass).
 
     A verify that ends in an exception is a failure too: it is recorded (revoking an earlier pass), then raised.
@@ -374,20 +392,20 @@ def verify_and_record(
         report = verify_image(
             recipe,
             image_id,
-            gpus=gpus,
-            kernels=kernels,
-            model_dir=model_dir,
-            log_dir=log_dir,
-            carried=carried,
+            gpus=options.gpus,
+            kernels=options.kernels,
+            model_dir=options.model_dir,
+            log_dir=options.log_dir,
+            carried=options.carried,
         )
     except BaseException as exc:
         failed = Report(command="verify", subject=image, recipe=recipe.name)
         failed.add(Check("verify", "failed", f"verify did not finish: {exc.__class__.__name__}: {exc}"))
         failed.extra.update({"image_id": image_id, "recipe_hash": recipe.hash})
-        record_verified(failed, directory)
+        record_verified(failed, options.directory)
         raise
     report.subject = image
-    record_verified(report, directory)
+    record_verified(report, options.directory)
     return report
 
 

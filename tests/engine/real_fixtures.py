@@ -78,7 +78,7 @@ def trained_model_key() -> str:
 def trained_model(cpu_twin: str) -> Path:
     """The tiny Qwen3.5-MoE TRAINED (for conform) to count (fixed seed) with a local tokenizer, made by the twin image and cached
     by content hash (sparkforge's cache: a second session reuses it; CI's fresh machine trains it, ~3-4 min)."""
-    from sparkforge.cache import cache_path
+    from sparkforge.context import cache_path
 
     out = cache_path("tiny-models", trained_model_key())
     start = time.monotonic()

@@ -24,8 +24,8 @@ from cluster_fixtures import TIMINGS, VLLM_REF
 
 from sparkforge.commands import Command
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.run.cluster import ensure_image
-from sparkforge.run.doctor import run_doctor
+from sparkforge.run.cluster.cluster import ensure_image
+from sparkforge.run.cluster.doctor import run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, parse_nodes
 

@@ -28,7 +28,7 @@ from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import NodeEngine, parse_nodes
-from sparkforge.run.weights import fetch_weights
+from sparkforge.run.weights.weights import fetch_weights
 
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
 pytestmark = [
@@ -212,7 +212,7 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
 def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_path: Path) -> None:
     """The head's model folder into the peer's own cache over fabric0, for real: 128 MiB of weights, a resumed
     partial file, the Hugging Face cache's symlinks recreated, progress on the way."""
-    from sparkforge.run.weightstream import share_weights
+    from sparkforge.run.weights.weightstream import share_weights
 
     a = two_nodes.nodes[0]
     source = tmp_path / "head" / "models--sparkforge-test--big"

@@ -116,9 +116,9 @@ def test_without_the_doctor_the_wrong_address_hangs_vllm_after_loading_weights(
     from sparkforge.console import say
     from sparkforge.errors import RunError
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster import cluster_down, wait_healthy
     from sparkforge.run.launch import LaunchOptions, plan_launch
     from sparkforge.run.nodes import NodeEngine, parse_nodes
+    from sparkforge.run.serve.start import cluster_down, wait_healthy
 
     a, b = twin_nodes.nodes
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(twin_nodes))]

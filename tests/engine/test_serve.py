@@ -17,7 +17,7 @@ import pytest
 from cluster import DOCKER
 
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.run.serve import ChatReply
+from sparkforge.run.serve.serve import ChatReply
 
 pytestmark = pytest.mark.engine
 CI_RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the cluster doctor reads on a node, standard library only: interfaces and their IPv4 addresses, RDMA devices
 and their GID tables from sysfs, the routing table, host drivers and logind's RemoveIPC, paths on the node, the
-image's package versions. The doctor's helper (cluster_sanity.py) imports it; sparkforge/run/inventory.py reads
+image's package versions. The doctor's helper (cluster_sanity.py) imports it; sparkforge/run/cluster/inventory.py reads
 this machine (or a fake tree) with the same functions, so one reader serves both.
 """
 
@@ -125,7 +125,7 @@ def routes(path: str) -> list[dict[str, object]]:
 
 
 def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> dict[str, object]:
-    """Raw RDMA and network facts from a sysfs tree (sparkforge/run/fabric.py decides from them).
+    """Raw RDMA and network facts from a sysfs tree (sparkforge/run/cluster/fabric.py decides from them).
 
     RDMA devices with their PCI slot, GUIDs, net devices and per port state, link layer and non-zero GIDs (type and
     net device); net devices with state, MTU, physical port facts and, when `addresses`, their IPv4 (an ioctl:

@@ -7,7 +7,7 @@ Modes (one JSON object per line on stdout, each with an "event" key, so the doct
   listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
   connect HOST:PORT...   try each address once with a short timeout; --df HOST:PORT:SIZE sends a don't-fragment
                          datagram of SIZE bytes that the peer's listener answers
-  fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/fabric.py uses
+  fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/cluster/fabric.py uses
   nccl-library           the libnccl torch really loads: path, version, sha256 (the node's own too, / mounted)
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
                          where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from sparkforge.audit.fatbin import Entry
-from sparkforge.cache import cache_path
+from sparkforge.context import cache_path
 from tests.prerequisites import fail_if_required
 
 NVCC = Path(os.environ.get("SPARKFORGE_NVCC", "/usr/local/cuda-13.0/bin/nvcc"))

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkforge"
 # The boundary's own modules: the one place these calls belong.
-BOUNDARY = {"sparkforge/boundary.py", "sparkforge/limits.py", "sparkforge/urlfetch.py"}
+BOUNDARY = {"sparkforge/boundary.py", "sparkforge/urlfetch.py"}
 KINDS = {
     "open": "open() / os.open() / os.fdopen(): a file opened by hand (boundary.read_bytes, write_output)",
     "path-io": "Path.read_text/read_bytes/write_text/write_bytes/open: boundary.read_text, write_output",

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from sparkforge.cache import cache_path
 from sparkforge.commands import Runner
-from sparkforge.context import Session
+from sparkforge.context import Session, cache_path
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import resolve_file
 from sparkforge.preflight.sources import extract_archive

@@ -12,7 +12,7 @@ from audit_fixtures import as_cuobjdump_sees, cuobjdump_counts, find_cuobjdump
 
 from sparkforge.audit.fatbin import read_fatbin_file
 from sparkforge.audit.scan import audit_target
-from sparkforge.cache import cache_path
+from sparkforge.context import cache_path
 
 # Downloads 333 MB; deselected unless -m slow (pyproject's addopts: -m 'not slow').
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from fabric_trees import build, spark
 
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.run.inventory import local_facts
+from sparkforge.run.cluster.inventory import local_facts
 
 PORT = Path("class/infiniband/rocep1s0f1/ports/1")
 

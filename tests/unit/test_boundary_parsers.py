@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkforge.boundary import parse_int, parse_int_list, walk_tree
+from sparkforge.boundary import ascii_number, parse_int, parse_int_list, walk_tree
 from sparkforge.errors import InputError
-from sparkforge.limits import ascii_number
 
 FACTS = Path(__file__).resolve().parents[1] / "image" / "cluster_facts.py"  # the in-image sysfs reader
 

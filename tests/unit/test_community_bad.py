@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.errors import RecipeError
-from sparkforge.preflight.catalog import import_with, read_source
+from sparkforge.preflight.catalog import ImportOptions, import_with, read_source
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.community.vllmargv import FALLBACK_ALIASES, parse_serve, split_command
@@ -30,7 +30,7 @@ command: |
 
 def _import(path: Path, out: Path) -> None:
     doc, where = read_source(str(path), make_fetcher(timeout=5, retries=0))
-    write_profile(import_with(None, doc, where, None, [], None), out)
+    write_profile(import_with(None, (doc, where)), out)
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_secrets_are_dropped_named_and_never_printed_and_defaults_can_be_overrid
         )
     )
     doc, where = read_source(str(path), make_fetcher())
-    imported = import_with(None, doc, where, None, [], None, {"port": "9001"})
+    imported = import_with(None, (doc, where), ImportOptions(overrides={"port": "9001"}))
     assert "api-key" not in imported.document["args"]  # type: ignore[operator]
     assert any("--api-key dropped" in str(a) and "mounted files only" in str(a) for a in imported.attention)
     assert key not in " ".join(imported.source_argv) + imported.text()

@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 from sparkforge.errors import PublishError
-from sparkforge.preflight.catalog import PinnedVllm, format_row, import_with, read_source, run_catalog
+from sparkforge.preflight.catalog import (
+    ImportOptions,
+    PinnedVllm,
+    format_row,
+    import_with,
+    read_source,
+    run_catalog,
+)
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.recipe.community.formats import EugrRecipe, SparkArenaRecipe
 from sparkforge.recipe.community.fromprofile import Pins, check_export, export_document, export_text
@@ -60,11 +67,11 @@ def test_exports_of_shipped_profiles_validate(ref: str, fmt: str) -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.yaml")))
 def test_import_export_import_is_stable(pinned, tmp_path: Path, name: str, fmt: str) -> None:
     doc, where = read_source(str(FIXTURES / name), pinned.fetcher)
-    first = import_with(pinned, doc, where, None, [], None)
+    first = import_with(pinned, (doc, where))
     profile = load_profile(write_profile(first, tmp_path / "a" / f"{first.name}.yaml"))
     out = tmp_path / f"exported.{fmt}.yaml"
     out.write_text(export_text(export_document(profile, fmt, Pins("img:1")), []))  # type: ignore[arg-type]
-    again = import_with(pinned, *read_source(str(out), pinned.fetcher), None, [], first.name)
+    again = import_with(pinned, read_source(str(out), pinned.fetcher), ImportOptions(name=first.name))
     assert again.document == first.document
     assert load_profile(write_profile(again, tmp_path / "b" / f"{first.name}.yaml")).model == profile.model
 

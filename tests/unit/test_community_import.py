@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.preflight.catalog import (
+    ImportOptions,
     PinnedVllm,
     image_facts,
     import_with,
@@ -38,7 +39,7 @@ def pinned() -> PinnedVllm:
 
 def imported_profile(pinned: PinnedVllm, name: str, tmp_path: Path):
     doc, where = read_source(str(FIXTURES / name), pinned.fetcher)
-    imported = import_with(pinned, doc, where, None, [], None)
+    imported = import_with(pinned, (doc, where))
     path = write_profile(imported, tmp_path / f"{imported.name}.yaml")
     return imported, load_profile(path)  # the same validation as a hand-written profile
 
@@ -145,7 +146,9 @@ def test_import_task_writes_a_profile_that_serve_dry_runs(tmp_path: Path) -> Non
 def test_runner_extras_and_the_model_class(pinned, tmp_path: Path, monkeypatch) -> None:
     # The runner appends the words after `--` to the command; vLLM's parser lets the last one win.
     doc, where = read_source(str(FIXTURES / "eugr-qwen35-35b-solo.yaml"), pinned.fetcher)
-    imported = import_with(pinned, doc, where, None, ["--max-model-len", "32768", "--seed", "7"], None)
+    imported = import_with(
+        pinned, (doc, where), ImportOptions(extra=("--max-model-len", "32768", "--seed", "7"))
+    )
     assert imported.document["args"]["max-model-len"] == 32768 and imported.document["args"]["seed"] == 7  # type: ignore[index]
     assert imported.source_argv[-10:] == (
         "--tool-call-parser", "qwen3_coder", "--max-model-len", "32768", "--seed", "7", "--host", "0.0.0.0", "--port", "8000",

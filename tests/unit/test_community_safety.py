@@ -22,7 +22,7 @@ from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import TOKEN_MOUNT, LaunchOptions, plan_launch
-from sparkforge.run.weights import plan_downloads
+from sparkforge.run.weights.weights import plan_downloads
 
 HOSTILE = Path(__file__).parent / "fixtures" / "hostile"
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -171,7 +171,7 @@ def test_the_interpreter_start_chain_runs_nothing_from_the_launch_plan(tmp_path:
     assert marker.exists()
     marker.unlink()
     doc, where = read_source(str(HOSTILE / "sparkarena-v2-hostile.yaml"), make_fetcher(offline=True))
-    profile = load_profile(write_profile(import_with(None, doc, where, None, [], None), tmp_path / "v2.yaml"))
+    profile = load_profile(write_profile(import_with(None, (doc, where)), tmp_path / "v2.yaml"))
     plan = plan_launch(profile, ["127.0.0.1"], [{}], LaunchOptions(image="img"))
     env = dict(plan.head.container.env)
     assert "PYTHONWARNINGS" not in env and "BROWSER" not in env
@@ -214,9 +214,7 @@ def test_the_token_goes_only_to_the_owners_hub(tmp_path: Path) -> None:
         hostile = tmp_path / "hostile.yaml"
         hostile.write_text(source.replace("https://hf-mirror.example.net", recipe_url))
         doc, where = read_source(str(hostile), make_fetcher(offline=True))
-        profile = load_profile(
-            write_profile(import_with(None, doc, where, None, [], None), tmp_path / "v2.yaml")
-        )
+        profile = load_profile(write_profile(import_with(None, (doc, where)), tmp_path / "v2.yaml"))
         token = tmp_path / "token"
         token.write_text("hf_" + "t" * 34)
         owner_url = f"http://127.0.0.1:{owner_server.server_address[1]}"
@@ -247,7 +245,7 @@ def test_the_token_goes_only_to_the_owners_hub(tmp_path: Path) -> None:
 def test_the_hub_is_the_owners_in_every_container_that_talks_to_it(tmp_path: Path, monkeypatch) -> None:
     token = tmp_path / "token"
     doc, where = read_source(str(HOSTILE / "sparkarena-v2-hostile.yaml"), make_fetcher(offline=True))
-    profile = load_profile(write_profile(import_with(None, doc, where, None, [], None), tmp_path / "v2.yaml"))
+    profile = load_profile(write_profile(import_with(None, (doc, where)), tmp_path / "v2.yaml"))
     owner = "https://hub.owner.example"
     skip = LaunchOptions(image="img", hf_token_file=token, hf_endpoint=owner, weights="skip")
     env = plan_launch(profile, ["127.0.0.1"], [{}], skip).head.container.env

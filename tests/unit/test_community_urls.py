@@ -72,7 +72,7 @@ def test_import_and_catalog_over_https(https_root, tmp_path: Path, monkeypatch) 
     fetcher = make_fetcher(timeout=10, retries=0)
     url = f"{base}/repo-main/recipes/eugr-qwen35-122b-tp2.yaml"
     doc, where = read_source(url, fetcher)
-    imported = import_with(pinned, doc, where, None, [], None)
+    imported = import_with(pinned, (doc, where))
     profile = load_profile(write_profile(imported, tmp_path / "tp2.yaml"))
     assert profile.model.nodes == 2 and imported.text().startswith(
         f"# Imported by sparkforge from {url} (eugr"

@@ -16,8 +16,8 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.doctor import STAGES, run_doctor
-from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
+from sparkforge.run.cluster.doctor import STAGES, run_doctor
+from sparkforge.run.cluster.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.facts import Deadlines, DoctorOptions
 from sparkforge.run.jobs import Background, each_node
 from sparkforge.run.nodes import NodeEngine, parse_nodes

@@ -13,8 +13,8 @@ from fabric_trees import NodeTree, build, spark
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.run.fabric import choose, parse_node
-from sparkforge.run.inventory import local_facts
+from sparkforge.run.cluster.fabric import choose, parse_node
+from sparkforge.run.cluster.inventory import local_facts
 
 
 def _node(tmp_path: Path, tree: NodeTree):

@@ -11,12 +11,12 @@ from fabric_trees import NodeTree, build, spark
 from sparkforge.errors import RecipeError, RunError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Check
-from sparkforge.run.fabric import choose_all, parse_node
-from sparkforge.run.fabricstate import drift
+from sparkforge.run.cluster.fabric import choose_all, parse_node
+from sparkforge.run.cluster.fabricstate import drift
+from sparkforge.run.cluster.inventory import local_facts
+from sparkforge.run.cluster.linktest import link_check, parse_perftest, plan_links
+from sparkforge.run.cluster.stages import transport, transport_kind
 from sparkforge.run.facts import DoctorOptions, NodeFacts
-from sparkforge.run.inventory import local_facts
-from sparkforge.run.linktest import link_check, parse_perftest, plan_links
-from sparkforge.run.stages import transport, transport_kind
 from tests.recipe_files import write_recipe_file
 
 PERFTEST = Path(__file__).parent / "golden" / "perftest"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fabric_trees import LAYOUTS, NodeTree, build, spark
 
-from sparkforge.run.fabric import choose, choose_all, parse_node
-from sparkforge.run.inventory import local_facts
+from sparkforge.run.cluster.fabric import choose, choose_all, parse_node
+from sparkforge.run.cluster.inventory import local_facts
 
 
 def _node(tmp_path: Path, tree: NodeTree, name: str = "node0"):

@@ -7,8 +7,8 @@ from pathlib import Path
 from fabric_trees import NodeTree, build, spark
 
 from sparkforge.recipe.profile import load_profile
-from sparkforge.run.fabric import FabricChoice, choose, choose_all, parse_node
-from sparkforge.run.inventory import fabric_report, local_facts
+from sparkforge.run.cluster.fabric import FabricChoice, choose, choose_all, parse_node
+from sparkforge.run.cluster.inventory import fabric_report, local_facts
 from sparkforge.run.launch import LaunchOptions, plan_launch
 
 SOCKET = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES")

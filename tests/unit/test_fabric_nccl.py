@@ -15,10 +15,10 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.run.cluster.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
+from sparkforge.run.cluster.stages import host_mounts
 from sparkforge.run.facts import NodeFacts
-from sparkforge.run.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
 from sparkforge.run.jobs import FACTS_SCRIPT
-from sparkforge.run.stages import host_mounts
 
 
 def _helper():
@@ -90,7 +90,7 @@ def test_the_probe_runs_vllms_own_get_ip_without_importing_vllm(tmp_path: Path, 
 
 
 def test_rdma_devices_without_a_verbs_library_in_the_image_fail_the_addresses_stage() -> None:
-    from sparkforge.run.doctor import _verbs_problem
+    from sparkforge.run.cluster.doctor import _verbs_problem
 
     rdma = {"rdma": {"rocep1s0f1": {}, "roceP2p1s0f1": {}}}
     missing = {"libibverbs": False, "error": "libibverbs.so.1: cannot open shared object file", "mlx5": False}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.run.weightscripts import SECRET_HEADER, pull_args, serve_args
+from sparkforge.run.weights.weightscripts import SECRET_HEADER, pull_args, serve_args
 
 SECRET = "s" * 64
 

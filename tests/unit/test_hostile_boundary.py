@@ -302,7 +302,7 @@ def test_random_patterns_compile_or_are_refused(pattern: str) -> None:
 
 
 def test_the_sysfs_reader_never_blocks_on_a_planted_fifo(tmp_path: Path) -> None:
-    from sparkforge.run.inventory import SYSFS_ENV, local_facts
+    from sparkforge.run.cluster.inventory import SYSFS_ENV, local_facts
 
     port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
     port.mkdir(parents=True)

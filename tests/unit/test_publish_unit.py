@@ -285,3 +285,16 @@ def test_json_in_tolerates_warnings_around_the_manifest() -> None:
     assert manifests._json_in(text, "x") == {"schemaVersion": 2, "manifests": []}
     with pytest.raises(PublishError, match="expected a manifest"):
         manifests._json_in("no such thing", "x")
+
+
+def test_a_step_logs_under_the_recipe_unless_the_session_runner_logs_or_is_dry(tmp_path: Path) -> None:
+    recipe, eng, said = load_recipe("vllm-qwen35"), Engine("docker", "buildx", "27.0"), []
+    plain = pub.keyword_session(None, eng, said.append)  # what the tasks and the keyword forms hand down
+    tools = pub.session_tools(plain, recipe, "publish")
+    assert tools.engine is eng and tools.repository == recipe.model.publish.repository
+    assert tools.runner is not plain.runner and tools.runner.log_dir == plan.log_dir(recipe, "publish")
+    assert not tools.runner.dry and tools.runner.echo == said.append  # the step's runner speaks through echo
+    dry = pub.keyword_session(Runner(dry=True), eng, said.append)  # --dry: printed, never run, no log folder
+    assert pub.session_tools(dry, recipe, "publish").runner is dry.runner
+    logging = pub.keyword_session(Runner(log_dir=tmp_path), eng, said.append)
+    assert pub.session_tools(logging, recipe, "promote").runner is logging.runner

@@ -10,7 +10,7 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import load_profile
-from sparkforge.run.doctor import network_env
+from sparkforge.run.cluster.doctor import network_env
 from sparkforge.run.launch import LaunchOptions, describe_plan, plan_launch
 from sparkforge.run.nodes import LOCAL, NodeEngine, parse_nodes
 

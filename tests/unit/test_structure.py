@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkforge"
 # Lowest first: a package may import its own modules, the ground floor (root modules) and lower packages.
 FLOORS = ["recipe", "audit", "preflight", "probe", "verify", "registry", "imagebuild", "run", "cli"]
-MAX_ROOT_MODULES = 12  # extensions.py: the registries of extension points; context.py: one command's Session
+MAX_ROOT_MODULES = (
+    10  # the ground floor and the seams: the boundary holds its parsers, context the download cache
+)
 MAX_LINES = (
     800  # split where the job splits, not where a counter says (a module over 800 lines holds two jobs)
 )

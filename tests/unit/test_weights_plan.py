@@ -10,7 +10,7 @@ from sparkforge.recipe.profile import load_profile
 from sparkforge.run.launch import LaunchOptions
 from sparkforge.run.nodes import run_argv
 from sparkforge.run.postmortem import stage_of
-from sparkforge.run.weights import plan_downloads
+from sparkforge.run.weights.weights import plan_downloads
 
 PROFILE = "qwen35-122b-a10b-fp8-tp2"
 
@@ -55,7 +55,7 @@ def test_the_stage_a_start_reached() -> None:
 def test_the_weight_server_never_listens_on_every_interface() -> None:
     from sparkforge.errors import RunError
     from sparkforge.run.nodes import NodeEngine, parse_nodes
-    from sparkforge.run.weightstream import share_weights
+    from sparkforge.run.weights.weightstream import share_weights
 
     # Unroutable engines (TEST-NET): the refusal comes before either is contacted.
     head, peer = (NodeEngine(n) for n in parse_nodes("tcp://192.0.2.1:2376,tcp://192.0.2.2:2376"))

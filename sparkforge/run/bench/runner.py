@@ -23,6 +23,7 @@ from typing import Any
 
 from sparkforge.commands import Command
 from sparkforge.console import Echo
+from sparkforge.context import Session, cache_root
 from sparkforge.errors import CommandError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
@@ -61,11 +62,12 @@ class BenchOptions:
     repeats: int = 5
     warmup: bool = True
     corpus: Path | None = None  # llama-benchy: a local text seeded as its book (offline machines)
-    wheel_cache: Path | None = None  # default ~/.cache/sparkforge/wheels
+    wheel_cache: Path | None = None  # default: the session's cache, wheels/
     timeout_s: float = 3600
     # vLLM's client: each repeat's prompts scaled (from the warm-up) to last this long
     min_duration_s: float = 0.0
     target: Target | None = None  # --target-detect: more rounds until the floor or the budget (rounds.py)
+    recipe_hash: str | None = None  # the recipe the served image must be built from (None: not checked)
 
 
 def head_container(profile: str) -> str:
@@ -209,7 +211,7 @@ def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str
 
 def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str:
     """The pinned wheels copied into the container; the PYTHONPATH that runs llama-benchy from them."""
-    cache = options.wheel_cache or Path.home() / ".cache" / "sparkforge" / "wheels"
+    cache = options.wheel_cache or cache_root() / "wheels"
     home = f"{RESULT_DIR}/home/.cache/llama-benchy"
     engine.call("bench-mkdir", "exec", name, "mkdir", "-p", home)
     paths = []
@@ -290,10 +292,10 @@ def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
     return figures.spec_counters(got.output) if got.returncode == 0 else {}
 
 
-def run_bench(
-    engine: NodeEngine, profile: Profile, options: BenchOptions, *, echo: Echo, recipe_hash: str | None = None
-) -> Report:
-    """Benchmark the running profile on this node; one check per level, identity in the report."""
+def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: BenchOptions) -> Report:
+    """Benchmark the profile running on `engine`; one check per level, identity in the report."""
+    echo = session.echo
+    options = replace(options, wheel_cache=options.wheel_cache or session.cache_dir / "wheels")
     name, info = _served(engine, profile)
     args = [str(a) for a in info.get("Args") or []]
     ctx = {
@@ -369,7 +371,7 @@ def run_bench(
             "wall_s": round(time.monotonic() - start, 1),
         }
     )
-    if recipe_hash and ident["recipe_hash"] not in (None, recipe_hash):
+    if options.recipe_hash and ident["recipe_hash"] not in (None, options.recipe_hash):
         report.extra["note"] = "the served image was built from another recipe hash than --recipe's"
     return report
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
@@ -49,10 +50,15 @@ class ConformRun:
     settings: ConformSettings
     options: ConformOptions
     servers: Servers
-    echo: Echo
+    session: Session  # the command's echo and runner
     prompts: list[str]
     reference: list[Completion]
     inputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def echo(self) -> Echo:
+        """The command's progress lines (the session's)."""
+        return self.session.echo
 
     def timed(self, name: str, make: Callable[[], Check]) -> Check:
         """Run one check, time it and add it; a failed request is this row's finding, the others still run."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.boundary import list_files, read_bytes, read_json, read_text, sha256_file, write_output
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, RunError
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient

@@ -179,7 +179,7 @@ def reference_conform_row(run: ConformRun) -> None:
         run.report.add(Check("reference", "skipped", why))
         run.echo(f"  reference: skipped: {why}")
         return
-    run.servers.keep_failed_logs(run.engines, run.profile, run.report, run.echo)
+    run.servers.keep_failed_logs(run.engines, run.profile, run.report)
     run.servers.stop(run.engines, run.profile)
     run.echo(
         "conform: the transformers reference (the servers are stopped: one copy of the weights in memory) ..."

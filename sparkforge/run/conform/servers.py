@@ -10,17 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkforge.boundary import linear_regex
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
-from sparkforge.run.cluster import cluster_down, cluster_up, launch_plan
+from sparkforge.run.cluster.cluster import UpOptions, cluster_up
 from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.serve import serve_down, serve_up
+from sparkforge.run.serve.serve import ServeOptions, serve_down, serve_up
+from sparkforge.run.serve.start import cluster_down, launch_plan
 
 # How vLLM refuses a flag combination before it starts anything (config validation, argument parsing): only these
 # make a variant that did not start `skipped`; any other start failure (a crash, OOM, no health) is `failed`.
@@ -45,36 +46,38 @@ def refusal(message: str) -> str:
 class Servers:
     """What conform started (to stop it) and how long each start took."""
 
+    session: Session
     launch: LaunchOptions | None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
     health_timeout_s: float = 1800
     started: list[dict[str, Any]] = field(default_factory=list)
     logs_kept_for: int = 0  # failed rows whose server log is kept
 
-    def start(self, engine: NodeEngine, profile: Profile, echo: Echo, what: str) -> None:
+    def start(self, engine: NodeEngine, profile: Profile, what: str) -> None:
         """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
         assert self.launch is not None
+        echo = self.session.echo
         echo(f"conform: starting {profile.name} ({what}) ...")
         start = time.monotonic()
         if not self.started:
-            serve_up(
-                engine, profile, self.launch, echo=echo, health_timeout_s=self.health_timeout_s, chat=False
-            )
+            options = ServeOptions(self.launch, health_timeout_s=self.health_timeout_s, chat=False)
+            serve_up(self.session, engine, profile, options)
         else:
             serve_down(engine, profile.name)
             plan = plan_launch(profile, ["127.0.0.1"], [{}], self.launch)
-            launch_plan([engine], plan, echo=echo, health_timeout_s=self.health_timeout_s, dry=False)
+            launch_plan(self.session, [engine], plan, health_timeout_s=self.health_timeout_s, dry=False)
         self.started.append(
             {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
         )
 
-    def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile, echo: Echo) -> OpenAIClient:
+    def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile) -> OpenAIClient:
         """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the
         head container."""
         assert self.launch is not None and self.doctor is not None
+        echo = self.session.echo
         echo(f"conform: starting {profile.name} across {len(engines)} nodes ...")
         up = cluster_up(
-            engines, profile, self.launch, self.doctor, echo=echo, health_timeout_s=self.health_timeout_s
+            self.session, engines, profile, UpOptions(self.launch, self.doctor, self.health_timeout_s)
         )
         self.started.append(
             {
@@ -86,10 +89,9 @@ class Servers:
         served = profile.model.served_model_name or profile.model.model
         return HeadExecClient(engines[0], up.plan.head.container.name, self.launch.port, served)
 
-    def keep_failed_logs(
-        self, engines: Sequence[NodeEngine], profile: Profile, report: Report, echo: Echo
-    ) -> None:
+    def keep_failed_logs(self, engines: Sequence[NodeEngine], profile: Profile, report: Report) -> None:
         """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback)."""
+        echo = self.session.echo
         failed = [
             c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")
         ]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
@@ -43,9 +43,10 @@ def settings_of(profile: Profile) -> ConformSettings:
 
 
 def run_conform(
-    engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions, *, echo: Echo
+    session: Session, engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions
 ) -> Report:
-    """Every selected row; the report says which ran, which failed (with the first divergence) and why skips."""
+    """Every selected row on `engines` (head first); the report says which ran, which failed (with the first
+    divergence) and why skips."""
     engine = engines[0]
     settings = settings_of(profile)
     selected = options.checks or tuple(settings.checks)
@@ -56,7 +57,7 @@ def run_conform(
     if "golden" in selected:
         inputs["golden"] = goldens.golden_input(options, profile.name, served, revision)
     report = Report(command="conform", subject=profile.name)
-    servers = Servers(options.launch, options.doctor, options.health_timeout_s)
+    servers = Servers(session, options.launch, options.doctor, options.health_timeout_s)
     if options.attach:
         client = OpenAIClient(check_url(options.attach), served)
         try:
@@ -76,9 +77,9 @@ def run_conform(
         client = OpenAIClient(f"http://127.0.0.1:{options.launch.port}", served)
     try:
         if len(engines) > 1:
-            client = servers.start_cluster(engines, profile, echo)
+            client = servers.start_cluster(engines, profile)
         elif not options.attach:
-            servers.start(engine, profile, echo, "as profiled")
+            servers.start(engine, profile, "as profiled")
         if servers.started and len(engines) == 1:
             image = options.launch.image if options.launch else options.image_ref
             report.extra["kernels"] = served_kernels(engine, profile, image, options.gpu, model_dir)
@@ -91,13 +92,13 @@ def run_conform(
         report.extra["vllm"] = client.version()
         if "reference" in selected:  # tokenized while the server as profiled is up (the variants replace it)
             inputs["prompt_ids"] = [client.tokenize(p) for p in prompts]
-        run = ConformRun(report, client, engines, profile, settings, options, servers, echo, prompts, reference,
+        run = ConformRun(report, client, engines, profile, settings, options, servers, session, prompts, reference,
                          inputs)  # fmt: skip
         for row in ROWS:
             if row.name in selected:
                 row.run(run)
     finally:
-        servers.keep_failed_logs(engines, profile, report, echo)
+        servers.keep_failed_logs(engines, profile, report)
         servers.stop(engines, profile)
     report.extra.update(
         {

@@ -117,7 +117,7 @@ def _known_bad(profile: Profile, vllm: str) -> str:
 def _run_variant(run: ConformRun, profile: Profile, what: str) -> list[Completion] | str:
     engine = run.engines[0]
     try:
-        run.servers.start(engine, profile, run.echo, what)
+        run.servers.start(engine, profile, what)
     except RunError as exc:
         refused = refusal(str(exc))
         if refused:

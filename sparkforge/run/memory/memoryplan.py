@@ -2,7 +2,7 @@
 inside vLLM's budget (gpu-memory-utilization x the node's memory), and what unified memory keeps for the host.
 
 Pure arithmetic (no engine, no download): the checkpoint's dimensions (checkpoint.py), vLLM's weight layout
-(weights.py) and KV cache layout (kvcache.py), the profile's flags with vLLM 0.33.0's defaults on GB10.
+(weightbytes.py) and KV cache layout (kvcache.py), the profile's flags with vLLM 0.33.0's defaults on GB10.
 Verdict: 'fits', 'tight' (starts, but the host keeps less than its reserve or fewer than two full-length
 requests fit) or 'does not fit' (vLLM refuses at start, or the weights leave no room), with the fixes.
 """

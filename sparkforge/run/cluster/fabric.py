@@ -2,7 +2,7 @@
 
 Pure: the facts are the raw JSON of the doctor's in-image helper (`fabric()` in tests/image/cluster_facts.py),
 read on each node inside a probe container, or on this machine from /sys (or the tree SPARKFORGE_SYSFS names).
-NCCL_IB_HCA names both twins of the port in use (sparkforge/run/rdma.py ties them).
+NCCL_IB_HCA names both twins of the port in use (sparkforge/run/cluster/rdma.py ties them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkforge.errors import RunError
-from sparkforge.run.rdma import Interface, NodeFabric, Port, describe_ports, parse_node, twins
+from sparkforge.run.cluster.rdma import Interface, NodeFabric, Port, describe_ports, parse_node, twins
 
 SOCKET_VARS = (
     "NCCL_SOCKET_IFNAME",

@@ -28,10 +28,11 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
-from sparkforge.run import stages
-from sparkforge.run.doctorflow import EXPENSIVE, Stage, run_stages
-from sparkforge.run.fabric import FabricChoice, choose_all, network_env, parse_node
-from sparkforge.run.fabricstate import drift, state_dir
+from sparkforge.run.cluster import stages
+from sparkforge.run.cluster.doctorflow import EXPENSIVE, Stage, run_stages
+from sparkforge.run.cluster.fabric import FabricChoice, choose_all, network_env, parse_node
+from sparkforge.run.cluster.fabricstate import drift, state_dir
+from sparkforge.run.cluster.reach import diagnose_reach
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import (
     Background,
@@ -45,7 +46,6 @@ from sparkforge.run.jobs import (
 )
 from sparkforge.run.memory.hoststage import memory_stage
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.run.reach import diagnose_reach
 
 __all__ = ["DoctorResult", "network_env", "run_doctor"]
 

@@ -1,5 +1,5 @@
 """The two programs `--weights shared` runs inside the image (standard library only): the head's weight server
-and a peer's puller. Kept as text here so that sparkforge/run/weightstream.py only plans and watches them, and
+and a peer's puller. Kept as text here so that sparkforge/run/weights/weightstream.py only plans and watches them, and
 so that tests run the very same programs on the host against hostile peers and servers.
 
 The server: the manifest (size and sha256 of every file, links with their targets) computed once per snapshot

@@ -4,7 +4,7 @@ A throwaway container of the image on the head serves the folder (read-only, bou
 a per-launch secret in a request header) and prints its manifest (size and sha256 of every file, cached per
 snapshot); sparkforge reads that manifest over the head's control channel (the engine) and hands it to one
 puller per peer, which verifies every byte against it before a file becomes visible (resumable; the Hugging
-Face cache's snapshot links recreated only inside the folder). The programs: sparkforge/run/weightscripts.py.
+Face cache's snapshot links recreated only inside the folder). The programs: sparkforge/run/weights/weightscripts.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from sparkforge.errors import RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.weightscripts import pull_args, serve_args
+from sparkforge.run.weights.weightscripts import pull_args, serve_args
 
 PORT = 29531
 MANIFESTS = "sparkforge-manifests"  # beside the model folders (hub/): one cached manifest per model folder

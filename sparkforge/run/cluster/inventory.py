@@ -17,11 +17,11 @@ from typing import Any
 from sparkforge.console import cell
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
+from sparkforge.run.cluster.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
+from sparkforge.run.cluster.stages import NcclSource, host_source, nccl_probe
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.run.stages import NcclSource, host_source, nccl_probe
 
 SYSFS_ENV = "SPARKFORGE_SYSFS"
 

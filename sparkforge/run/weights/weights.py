@@ -1,7 +1,7 @@
 """The download phase of `serve` and `cluster.up`: the model's weights on disk before vLLM starts.
 
 Without --model-dir, each node (with --weights shared: the head alone, which then streams the model folder to
-the peers over the fabric link, sparkforge/run/weightstream.py) runs Hugging Face's own `snapshot_download` in a
+the peers over the fabric link, sparkforge/run/weights/weightstream.py) runs Hugging Face's own `snapshot_download` in a
 container of the serving image, with the same cache mount and token file the launch uses, and reports progress
 (bytes in the cache) while it runs. The health timeout then starts with the weights
 on disk instead of racing a first download of ~120 GB. A failed download keeps its logs and names the stage.
@@ -20,7 +20,7 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, downloads_first, model_revision
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
-from sparkforge.run.weightstream import json_events
+from sparkforge.run.weights.weightstream import json_events
 
 # Runs in the serving image: huggingface_hub ships with vLLM. One JSON line per event on stdout.
 _DOWNLOAD = """
@@ -168,7 +168,7 @@ def fetch_weights(
             by_rank[download.rank].remove([download.container.name])
     peers = [e for rank, e in sorted(by_rank.items()) if rank != downloads[0].rank]
     if options.weights == "shared" and peers:
-        from sparkforge.run.weightstream import share_weights
+        from sparkforge.run.weights.weightstream import share_weights
 
         folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{profile.model.model.replace('/', '--')}"
         head = by_rank[downloads[0].rank]

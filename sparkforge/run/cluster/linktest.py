@@ -15,9 +15,9 @@ from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check
-from sparkforge.run.fabric import FabricChoice
+from sparkforge.run.cluster.fabric import FabricChoice
+from sparkforge.run.cluster.rdma import NodeFabric
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
-from sparkforge.run.rdma import NodeFabric
 
 BASE_PORT = 18515  # perftest's default port; each pair takes the next one
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")

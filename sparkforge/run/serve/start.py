@@ -1,8 +1,7 @@
-"""`cluster.up/down/logs` and `serve`: start a launch plan on its nodes, watch it come up, stop it completely.
-
-Up: (distribute the image where its ID differs) -> doctor -> plan -> workers, then the head -> health wait
-(with the head's loading progress) -> ready. Any failure: the last log lines of every node, a one-paragraph
-cause, and everything removed (`down`), so nothing is left running.
+"""Start a launch plan on its nodes, watch it come up, stop it completely (`serve` on one node, `cluster.up` on
+several): workers, then the head; the health wait with the head's loading progress; any failure gives the last
+log lines of every node and a one-paragraph cause, keeps the logs and removes everything, so nothing is left
+running.
 """
 
 from __future__ import annotations
@@ -10,27 +9,14 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sparkforge.boundary import linear_regex
-from sparkforge.commands import Command
 from sparkforge.console import Echo
-from sparkforge.engine import docker_cli
+from sparkforge.context import Session
 from sparkforge.errors import RunError
-from sparkforge.recipe.profile import Profile
-from sparkforge.run.doctor import DoctorResult, network_env, run_doctor
-from sparkforge.run.facts import DoctorOptions
-from sparkforge.run.launch import (
-    LaunchOptions,
-    LaunchPlan,
-    NodeLaunch,
-    check_model_pin,
-    describe_plan,
-    plan_launch,
-)
-from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, local_image_id
+from sparkforge.run.launch import LaunchPlan, NodeLaunch, describe_plan
+from sparkforge.run.nodes import LABEL, NodeEngine
 from sparkforge.run.postmortem import keep_logs, stage_of
-from sparkforge.run.weights import fetch_weights
 
 # vLLM's last words -> the cause in one sentence and the fix.
 CAUSES = (
@@ -67,98 +53,18 @@ CAUSES = (
 )
 
 
-@dataclass(frozen=True)
-class UpResult:
-    plan: LaunchPlan
-    doctor: DoctorResult | None
-    seconds: float
-
-
 def serve_label(profile: str | None = None) -> str:
     return f"{LABEL}.profile={profile}" if profile else f"{LABEL}=serve"
 
 
-def ensure_image(
-    engines: Sequence[NodeEngine],
-    image: str,
-    echo: Echo,
-    *,
-    distribute: bool = False,
-    docker: str | None = None,
-) -> dict[str, str]:
-    """Prove the same image ID on every node; with `distribute`, stream this machine's image (its `docker`
-    client, default the engine seam's) to the nodes that differ."""
-    ids = {e.node.label: e.image_id(image) for e in engines}
-    if distribute:
-        source = Command((docker or docker_cli(),))
-        local = local_image_id(source, image)
-        differ = [e for e in engines if ids[e.node.label] != local]
-        if differ:
-            echo(
-                f"distributing {image} ({local[:19]}) to {', '.join(e.node.label for e in differ)} (streamed docker save/load)"
-            )
-            start = time.monotonic()
-            size = distribute_image(source, image, differ)
-            echo(f"distributed {size / 1e9:.2f} GB in {time.monotonic() - start:.0f} s")
-            ids = {e.node.label: e.image_id(image) for e in engines}
-            wrong = [label for label, found in ids.items() if found != local]
-            if wrong:
-                raise RunError(
-                    f"after distribution {', '.join(wrong)} still hold another {image}; fix: check those engines"
-                )
-    return {k: v or "" for k, v in ids.items()}
-
-
-def cluster_up(
-    engines: Sequence[NodeEngine],
-    profile: Profile,
-    launch: LaunchOptions,
-    doctor: DoctorOptions,
-    *,
-    echo: Echo,
-    health_timeout_s: float = 1800,
-    dry: bool = False,
-) -> UpResult:
-    """Doctor, plan, start, wait for health; on any failure everything is removed and RunError explains."""
-    start = time.monotonic()
-    check_model_pin(profile, launch, echo)
-    if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
-        addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
-        envs = [network_env(doctor.interface, a) for a in addresses]
-        plan = plan_launch(profile, addresses, envs, launch)
-        launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=True)
-        return UpResult(plan, None, time.monotonic() - start)
-    result = run_doctor(engines, doctor, echo=echo)
-    if result.report.status != "passed":
-        failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)
-        raise RunError(f"cluster.doctor failed, nothing was launched. {failed}")
-    by_rank = {f.rank: f for f in result.facts}
-    if launch.backend == "ray" and not all(f.versions.get("ray") for f in result.facts):
-        raise RunError(
-            f"--backend ray, but {launch.image} has no Ray (vLLM does not install it by default); fix: use the "
-            "default --backend mp (vLLM's own multi-node backend) or build an image with ray installed"
-        )
-    plan = plan_launch(
-        profile,
-        [by_rank[e.node.rank].address for e in engines],
-        [by_rank[e.node.rank].env for e in engines],
-        launch,
-        [by_rank[e.node.rank].rdma for e in engines],
-        [by_rank[e.node.rank].mounts for e in engines],
-    )
-    fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
-    launch_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
-    return UpResult(plan, result, time.monotonic() - start)
-
-
 def launch_plan(
-    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float, dry: bool
+    session: Session, engines: Sequence[NodeEngine], plan: LaunchPlan, *, health_timeout_s: float, dry: bool
 ) -> None:
     """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
-        echo(line)
+        session.echo(line)
     if not dry:
-        start_plan(engines, plan, echo=echo, health_timeout_s=health_timeout_s)
+        start_plan(engines, plan, echo=session.echo, health_timeout_s=health_timeout_s)
 
 
 def start_plan(
@@ -279,12 +185,3 @@ def cluster_down(engines: Sequence[NodeEngine], profile: str | None = None) -> d
         engine.remove(names)
         removed[engine.node.label] = len(names)
     return removed
-
-
-def cluster_logs(engines: Sequence[NodeEngine], tail: int = 100) -> dict[str, str]:
-    """The last lines of every serve container on every node."""
-    out: dict[str, str] = {}
-    for engine in engines:
-        for name in engine.containers(serve_label(), timeout=20):
-            out[f"{engine.node.label} {name}"] = engine.logs(name, tail=tail)
-    return out

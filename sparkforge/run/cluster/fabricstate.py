@@ -16,8 +16,8 @@ from typing import Any
 
 from sparkforge.boundary import read_json, write_output
 from sparkforge.errors import InputError
-from sparkforge.run.fabric import FabricChoice
-from sparkforge.run.rdma import NodeFabric
+from sparkforge.run.cluster.fabric import FabricChoice
+from sparkforge.run.cluster.rdma import NodeFabric
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:

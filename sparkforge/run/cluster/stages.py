@@ -322,7 +322,7 @@ FLOOR_SHARE = 0.8  # the default --min-busbw: this share of the port rate sysfs 
 
 def port_floor(fact: NodeFacts) -> float | None:
     """80 % of the sysfs rate of the port the node's link interface sits on, in GB/s (None: not an RDMA port)."""
-    from sparkforge.run.fabric import parse_node
+    from sparkforge.run.cluster.fabric import parse_node
 
     port = parse_node(fact.label, fact.fabric).port_of(fact.interface or "")
     return round(port.rate_gbps / 8 * FLOOR_SHARE, 2) if port and port.rate_gbps else None

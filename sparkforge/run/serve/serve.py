@@ -14,13 +14,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.cluster import cluster_down, launch_plan
 from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch
 from sparkforge.run.nodes import NodeEngine
-from sparkforge.run.weights import fetch_weights
+from sparkforge.run.serve.start import cluster_down, launch_plan
+from sparkforge.run.weights.weights import fetch_weights
 
 CHAT_PROMPT = "What is 17 * 23? Answer with the number only."
 # Runs inside the head container (the API listens there whatever the host's firewall says).
@@ -82,7 +82,9 @@ def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
     return str(archs[0]) if archs else None
 
 
-def check_architecture(engine: NodeEngine, profile: Profile, options: LaunchOptions, *, echo: Echo) -> None:
+def check_architecture(
+    session: Session, engine: NodeEngine, profile: Profile, options: LaunchOptions
+) -> None:
     """Refuse a model class the image's vLLM does not register, before any container serves or downloads."""
     arch = model_architecture(profile, options.model_dir)
     if arch is None:
@@ -114,14 +116,14 @@ def check_architecture(engine: NodeEngine, profile: Profile, options: LaunchOpti
         )
     if result.returncode != 0:
         raise RunError(f"cannot read the model registry of {options.image}: {result.output.strip()[-400:]}")
-    echo(f"model class {arch}: registered in the image's vLLM")
+    session.echo(f"model class {arch}: registered in the image's vLLM")
 
 
 def _env_flags(profile: Profile) -> list[str]:
     return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
 
 
-def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo: Echo) -> ChatReply:
+def ask(session: Session, engine: NodeEngine, container: str, port: int, profile: Profile) -> ChatReply:
     """One chat completion from inside the head container; fails on an empty or failed answer or a miss."""
     check = profile.model.check
     prompt = check.prompt if check else CHAT_PROMPT
@@ -142,14 +144,16 @@ def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo
         timeout=900,
     )
     reply = ChatReply.parse(output.strip().splitlines()[-1])
-    echo(f"reasoning ({len(reply.reasoning)} chars): {reply.reasoning[:300]}")
-    echo(f"answer: {reply.answer.strip()[:300]}")
-    echo(
+    session.echo(f"reasoning ({len(reply.reasoning)} chars): {reply.reasoning[:300]}")
+    session.echo(f"answer: {reply.answer.strip()[:300]}")
+    session.echo(
         f"finish reason: {reply.finish_reason or '?'}; usage: prompt {reply.usage.get('prompt_tokens', '?')}, "
         f"completion {reply.usage.get('completion_tokens', '?')} tokens"
     )
     if profile.model.args.get("reasoning-parser") and not reply.reasoning:
-        echo("warning: the profile names a reasoning parser but the reply carries no separate reasoning")
+        session.echo(
+            "warning: the profile names a reasoning parser but the reply carries no separate reasoning"
+        )
     if not reply.answer.strip():
         raise RunError(
             f"profile {profile.name}: the model answered nothing to {prompt!r} (finish reason "
@@ -164,16 +168,19 @@ def ask(engine: NodeEngine, container: str, port: int, profile: Profile, *, echo
     return reply
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `serve_up` starts a profile: the launch (image, ports, mounts), the health wait, the answer check."""
+
+    launch: LaunchOptions
+    health_timeout_s: float = 1800
+    chat: bool = True  # ask once after health (the answer check)
+    dry: bool = False  # print the plan, start nothing
+    down_on_fail: bool = False  # a wrong answer removes the (healthy) deployment
+
+
 def serve_up(
-    engine: NodeEngine,
-    profile: Profile,
-    options: LaunchOptions,
-    *,
-    echo: Echo,
-    health_timeout_s: float = 1800,
-    chat: bool = True,
-    dry: bool = False,
-    down_on_fail: bool = False,
+    session: Session, engine: NodeEngine, profile: Profile, options: ServeOptions
 ) -> tuple[LaunchPlan, ChatReply | None]:
     """Start the profile on this node, wait for health, ask once; a failed start is removed, a failed answer
     leaves the healthy deployment running (to inspect it) unless `down_on_fail`."""
@@ -181,29 +188,30 @@ def serve_up(
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
-    check_model_pin(profile, options, echo)
-    plan = plan_launch(profile, ["127.0.0.1"], [{}], options)
+    echo, launch, dry = session.echo, options.launch, options.dry
+    check_model_pin(profile, launch, echo)
+    plan = plan_launch(profile, ["127.0.0.1"], [{}], launch)
     if not dry:
-        check_architecture(engine, profile, options, echo=echo)
-    fetch_weights([engine], profile, options, echo=echo, dry=dry)
-    launch_plan([engine], plan, echo=echo, health_timeout_s=health_timeout_s, dry=dry)
-    if dry or not chat:
+        check_architecture(session, engine, profile, launch)
+    fetch_weights([engine], profile, launch, echo=echo, dry=dry)
+    launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=dry)
+    if dry or not options.chat:
         return plan, None
     try:
-        reply = ask(engine, plan.head.container.name, options.port, profile, echo=echo)
+        reply = ask(session, engine, plan.head.container.name, launch.port, profile)
     except RunError:
-        keep_or_remove([engine], plan.profile, down_on_fail, echo=echo)
+        keep_or_remove(session, [engine], plan.profile, options.down_on_fail)
         raise
     return plan, reply
 
 
-def keep_or_remove(engines: list[NodeEngine], profile: str, down_on_fail: bool, *, echo: Echo) -> None:
+def keep_or_remove(session: Session, engines: list[NodeEngine], profile: str, down_on_fail: bool) -> None:
     """After a failed answer check: the deployment is healthy, so it stays unless --down-on-fail."""
     if down_on_fail:
         removed = cluster_down(engines, profile)
-        echo(f"removed {sum(removed.values())} container(s) after the failed answer (--down-on-fail)")
+        session.echo(f"removed {sum(removed.values())} container(s) after the failed answer (--down-on-fail)")
     else:
-        echo(
+        session.echo(
             f"the deployment stays up (healthy, answering wrong): inspect it, then 'invoke serve.down --profile {profile}' (or cluster.down); --down-on-fail removes it"
         )
 
