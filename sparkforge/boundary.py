@@ -100,8 +100,9 @@ def check_input(path: Path | str, option: str, max_bytes: int) -> Path:
     return Path(path)
 
 
-def read_bytes(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
-               within: Sequence[Path] = ()) -> bytes:  # fmt: skip
+def read_bytes(
+    path: Path | str, option: str, max_bytes: int, *, named: bool = True, within: Sequence[Path] = ()
+) -> bytes:
     """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
 
     `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
@@ -156,8 +157,9 @@ def sha256_file(path: Path | str, option: str, max_bytes: int) -> str:
     return digest.hexdigest()
 
 
-def read_text(path: Path | str, option: str, max_bytes: int, *, named: bool = True,
-              within: Sequence[Path] = ()) -> str:  # fmt: skip
+def read_text(
+    path: Path | str, option: str, max_bytes: int, *, named: bool = True, within: Sequence[Path] = ()
+) -> str:
     """`read_bytes` decoded as UTF-8 (a NUL byte is refused: no text sparkforge reads holds one)."""
     raw = read_bytes(path, option, max_bytes, named=named, within=within)
     where = f"{option} {path}" if option else str(path)
@@ -239,8 +241,16 @@ def parse_json(
 _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
-def read_json(path: Path | str, option: str, *, max_bytes: int = MAX_JSON_BYTES, named: bool = True,
-              within: Sequence[Path] = (), expect: type | None = dict, fix: str = "") -> Any:  # fmt: skip
+def read_json(
+    path: Path | str,
+    option: str,
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    named: bool = True,
+    within: Sequence[Path] = (),
+    expect: type | None = dict,
+    fix: str = "",
+) -> Any:
     """A JSON file through the boundary: `read_text` then `parse_json`; `expect`: the top-level type; `fix`: the
     caller's own fix (which file it wants, e.g. "pass a file written by 'invoke bench --json'") in every refusal,
     in place of the generic one."""
@@ -360,8 +370,16 @@ def write_output(path: Path | str, data: bytes | str, option: str = "output") ->
 MAX_NUMBER_CHARS = 40  # a count or size never needs more; Python would parse 4,300 digits
 
 
-def check_number(option: str, value: object, *, low: float, high: float, integer: bool = False,
-                 low_open: bool = False, text: bool = True) -> float | int:  # fmt: skip
+def check_number(
+    option: str,
+    value: object,
+    *,
+    low: float,
+    high: float,
+    integer: bool = False,
+    low_open: bool = False,
+    text: bool = True,
+) -> float | int:
     """A number from the command line or a file: finite, in [low, high] ((low, high] with `low_open`), whole
     when a count is meant; a string is parsed first ("1e309", "nan" refused), or refused with text=False (a
     JSON value where the file's format says number)."""

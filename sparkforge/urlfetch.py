@@ -75,8 +75,10 @@ def check_url(url: str, what: str) -> tuple[str, str, int]:
     """`url`'s (scheme, host, port), or a FetchError naming `what`: http(s) only, a host, no credentials, no
     whitespace or control character, a port in 1..65535 (Python would wrap none, but 99999 must not pass)."""
     if not isinstance(url, str) or not url or len(url) > 4096 or any(c <= " " or c == "\x7f" for c in url):
-        raise FetchError(f"{what}: {str(url)[:80]!r} is not a URL (empty, too long or holds a space or control "
-                         "character); fix: give an https:// URL")  # fmt: skip
+        raise FetchError(
+            f"{what}: {str(url)[:80]!r} is not a URL (empty, too long or holds a space or control "
+            "character); fix: give an https:// URL"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -143,15 +145,26 @@ class _Decoder:
                 ) from None
         self._out += len(data)
         if self._out > self._cap:
-            raise FetchError(f"{self._where}: decodes to more than {self._cap} bytes; fix: check the URL is the "
-                             "file meant (a compressed bomb stops here)")  # fmt: skip
+            raise FetchError(
+                f"{self._where}: decodes to more than {self._cap} bytes; fix: check the URL is the "
+                "file meant (a compressed bomb stops here)"
+            )
         return data
 
 
-def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int, deadline: float,
-              headers: Mapping[str, str] | None = None, allow_hosts: tuple[str, ...] = (),
-              sink: Callable[[bytes], Any] | None = None, ok_status: tuple[int, ...] = (),
-              body: bytes | None = None) -> Fetched:  # fmt: skip
+def fetch_url(
+    session: requests.Session,
+    url: str,
+    *,
+    what: str,
+    max_bytes: int,
+    deadline: float,
+    headers: Mapping[str, str] | None = None,
+    allow_hosts: tuple[str, ...] = (),
+    sink: Callable[[bytes], Any] | None = None,
+    ok_status: tuple[int, ...] = (),
+    body: bytes | None = None,
+) -> Fetched:
     """GET `url` (POST `body` when given) under the fetcher's rules; the answer's body (at most `max_bytes`, raw
     and decoded) is returned, or handed chunk by chunk to `sink`. An error status is a FetchError unless in `ok_status`; a network failure
     or the deadline (seconds, in all) is a FetchError naming `what` and the URL."""
@@ -165,21 +178,31 @@ def fetch_url(session: requests.Session, url: str, *, what: str, max_bytes: int,
                 f"{what}: {url[:200]} took longer than {deadline:g} s; fix: check the server or network"
             )
         try:
-            response = session.request("POST" if body is not None else "GET", current, data=body, headers=sent,
-                                       stream=True, allow_redirects=False,
-                                       timeout=(min(10.0, left), max(0.1, left / 2)))  # fmt: skip
+            response = session.request(
+                "POST" if body is not None else "GET",
+                current,
+                data=body,
+                headers=sent,
+                stream=True,
+                allow_redirects=False,
+                timeout=(min(10.0, left), max(0.1, left / 2)),
+            )
         except requests.RequestException as exc:
             text = str(exc)[:300]
-            raise Unreachable(f"cannot fetch {what} from {current[:200]}: {text}; fix: check the network or "
-                             "proxy, or use a mirror") from None  # fmt: skip
+            raise Unreachable(
+                f"cannot fetch {what} from {current[:200]}: {text}; fix: check the network or "
+                "proxy, or use a mirror"
+            ) from None
         if response.is_redirect:
             target = urljoin(current, response.headers.get("Location", ""))
             if response.raw is not None:
                 response.close()
             why = redirect_allowed(current, target, allow_hosts)
             if why:
-                raise FetchError(f"{what}: {current[:200]} redirects {why}: {target[:200]}; fix: fetch the final "
-                                 "URL yourself if you trust it")  # fmt: skip
+                raise FetchError(
+                    f"{what}: {current[:200]} redirects {why}: {target[:200]}; fix: fetch the final "
+                    "URL yourself if you trust it"
+                )
             if urlsplit(target).hostname != urlsplit(current).hostname:
                 sent = {k: v for k, v in sent.items() if k.lower() != "authorization"}
             current = target
@@ -197,8 +220,16 @@ def _socket_of(response: requests.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-def _read_body(response: requests.Response, url: str, what: str, max_bytes: int, end: float, deadline: float,
-               sink: Callable[[bytes], Any] | None, ok_status: tuple[int, ...]) -> Fetched:  # fmt: skip
+def _read_body(
+    response: requests.Response,
+    url: str,
+    what: str,
+    max_bytes: int,
+    end: float,
+    deadline: float,
+    sink: Callable[[bytes], Any] | None,
+    ok_status: tuple[int, ...],
+) -> Fetched:
     where = f"{what} ({url[:200]})"
     expired = threading.Event()
 
@@ -214,8 +245,10 @@ def _read_body(response: requests.Response, url: str, what: str, max_bytes: int,
     timer.start()
     try:
         if response.status_code >= 400 and response.status_code not in ok_status:
-            raise FetchError(f"cannot fetch {what}: {url[:200]} answered HTTP {response.status_code}; fix: check "
-                             "the pin (version, commit) exists there, or use a mirror")  # fmt: skip
+            raise FetchError(
+                f"cannot fetch {what}: {url[:200]} answered HTTP {response.status_code}; fix: check "
+                "the pin (version, commit) exists there, or use a mirror"
+            )
         declared = response.headers.get("Content-Length", "")
         if declared.isascii() and declared.isdigit() and len(declared) < 20 and int(declared) > max_bytes:
             raise FetchError(f"{where}: declares {declared} bytes, more than {max_bytes}; fix: check the URL")

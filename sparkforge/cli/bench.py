@@ -78,13 +78,22 @@ def bench(
 
     check_output(json, "--json")  # the boundary: before any engine or server is contacted
     # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
-    sizes = {name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
-             for name, text, high in (("input_len", input_len, MAX_TOKENS), ("output_len", output_len, MAX_TOKENS),
-                                      ("num_prompts", num_prompts, MAX_PROMPTS))}  # fmt: skip
+    sizes = {
+        name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
+        for name, text, high in (
+            ("input_len", input_len, MAX_TOKENS),
+            ("output_len", output_len, MAX_TOKENS),
+            ("num_prompts", num_prompts, MAX_PROMPTS),
+        )
+    }
     runs = parse_int("--repeats", repeats, low=1, high=MAX_REPEATS)
-    levels = {name: parse_int_list(f"--{name}", text, low=low, high=high) if text else None
-              for name, text, low, high in (("concurrency", concurrency, 1, MAX_CONCURRENCY),
-                                            ("depth", depth, 0, MAX_TOKENS))}  # fmt: skip
+    levels = {
+        name: parse_int_list(f"--{name}", text, low=low, high=high) if text else None
+        for name, text, low, high in (
+            ("concurrency", concurrency, 1, MAX_CONCURRENCY),
+            ("depth", depth, 0, MAX_TOKENS),
+        )
+    }
     if corpus:
         check_input(
             corpus, "--corpus", 256 << 20
@@ -142,8 +151,10 @@ def bench(
         echo(line)
     target = report.extra["stopping"].get("target_detect")
     if target:
-        echo(f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
-             f"{target['widest_floor_pct']}% at {target['widest']})")  # fmt: skip
+        echo(
+            f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
+            f"{target['widest_floor_pct']}% at {target['widest']})"
+        )
     ident = report.extra["identity"]
     chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
     echo(
@@ -151,8 +162,10 @@ def bench(
     )
     if report.extra["speculative"]:
         spec = report.extra["speculative"]
-        echo(f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
-             f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)")  # fmt: skip
+        echo(
+            f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)"
+        )
     stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
     echo(f"stored: {stored}")
     finish_report(report, json, hint="a level failed; see its reason above")
@@ -285,8 +298,16 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
         echo(
             f"{ident['date']}  {ident['image']['id'][:19]}  {s.doc['suite']['name']:15}  {figs} tok/s  {s.path}"
         )
-        rows.append({"path": str(s.path), "date": ident["date"], "image": ident["image"], "suite": s.doc["suite"]["name"],
-                     "status": s.doc["status"], "output_tok_s": levels})  # fmt: skip
+        rows.append(
+            {
+                "path": str(s.path),
+                "date": ident["date"],
+                "image": ident["image"],
+                "suite": s.doc["suite"]["name"],
+                "status": s.doc["status"],
+                "output_tok_s": levels,
+            }
+        )
     if json:
         write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
         echo(f"wrote {json}")
@@ -328,8 +349,9 @@ def bench_report(
     pngs = charts(docs)
     comparison = None
     if len(docs) == 2:
-        comparison = compare_docs(docs[0][1], docs[1][1], (str(paths[0]), str(paths[1])), threshold,
-                                  allow_different=allow_different)  # fmt: skip
+        comparison = compare_docs(
+            docs[0][1], docs[1][1], (str(paths[0]), str(paths[1])), threshold, allow_different=allow_different
+        )
     if png_dir is not None:
         for name, data in pngs.items():
             echo(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")

@@ -36,8 +36,11 @@ def _gid_index(text: str) -> int | None:
         return None
     value = ascii_number(text, integer=True)  # ASCII digits only: '²'.isdigit() is True, and int('²') fails
     if value is None or not 0 <= value <= 255:
-        raise Exit(f"sparkforge: --gid-index {text[:40]!r} is not a GID table index 0..255; fix: leave it out (NCCL "
-                   "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists", code=2)  # fmt: skip
+        raise Exit(
+            f"sparkforge: --gid-index {text[:40]!r} is not a GID table index 0..255; fix: leave it out (NCCL "
+            "picks the RoCE v2 IPv4 GID itself) or give one index 'invoke cluster.fabric' lists",
+            code=2,
+        )
     return int(value)
 
 

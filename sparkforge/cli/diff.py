@@ -226,8 +226,16 @@ def kernels(
     if serve_log:
         log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
     ask = selection_input(profile, model_config, runner_image)
-    report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, recipe=loaded.name,
-                        verify_checks=checks, ask=ask, serve_log=log, all_libraries=all_libraries)  # fmt: skip
+    report = for_target(
+        ref,
+        gpu or loaded.model.gpu,
+        loaded.model.audit.require,
+        recipe=loaded.name,
+        verify_checks=checks,
+        ask=ask,
+        serve_log=log,
+        all_libraries=all_libraries,
+    )
     data = report.to_dict()
     text = to_markdown(data)
     echo(text)

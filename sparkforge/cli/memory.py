@@ -19,8 +19,14 @@ def memory_check(recipe: str, profile, model_dir: str, force: bool):
     from sparkforge.run.memory.guard import memory_guard
 
     device = load_recipe(recipe).model.device
-    return memory_guard(profile, Path(model_dir).resolve() if model_dir else None, device=device, force=force,
-                        echo=echo, warn=warn)  # fmt: skip
+    return memory_guard(
+        profile,
+        Path(model_dir).resolve() if model_dir else None,
+        device=device,
+        force=force,
+        echo=echo,
+        warn=warn,
+    )
 
 
 @task(
@@ -52,8 +58,10 @@ def memory(c: Context, recipe: str, profile: str, model_dir: str = "", json: str
         write_output(json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
         echo(f"plan: {json}")
     if not plan.fits:
-        raise Exit(f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
-                   code=1)  # fmt: skip
+        raise Exit(
+            f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
+            code=1,
+        )
 
 
 WATCHDOG_HELP = (

@@ -38,10 +38,13 @@ def deptry_argv(root: Path = REPO_ROOT) -> tuple[str, ...]:
     suite is first-party.
     """
     local = sorted(
-        {p.stem for folder in ("tests", "benchmarks", "sparkforge/verify/inimage")
-         for p in walk_tree(root / folder, folder, max_entries=100_000)
-         if p.suffix == ".py"}
-    )  # fmt: skip
+        {
+            p.stem
+            for folder in ("tests", "benchmarks", "sparkforge/verify/inimage")
+            for p in walk_tree(root / folder, folder, max_entries=100_000)
+            if p.suffix == ".py"
+        }
+    )
     # root ".": pyproject's exclude patterns match paths relative to it (run with cwd=root).
     argv = [sys.executable, "-m", "deptry", ".", "--no-ansi", "--known-first-party", "sparkforge"]
     for name in ["tests", *local]:

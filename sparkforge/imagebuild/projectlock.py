@@ -88,9 +88,13 @@ def service_unreachable(probe: LockedPackage, base: str = VULNERABILITY_SERVICE)
     url = f"{base}/{probe.name}/{probe.version}/json"
     try:
         answer = fetch_url(
-            proxied_session(), url, what="the vulnerability service", max_bytes=4 << 20, deadline=15,
+            proxied_session(),
+            url,
+            what="the vulnerability service",
+            max_bytes=4 << 20,
+            deadline=15,
             ok_status=tuple(range(400, 600)),
-        )  # fmt: skip
+        )
     except FetchError as exc:
         return f"{url}: {str(exc)[:200]}"
     if answer.status_code != 200:

@@ -141,16 +141,40 @@ CHECKS: Registry[PreflightCheck] = Registry(
     "preflight",
     "--checks",
     [
-        Entry("source", "finds the pinned vLLM source (GitHub archive, PyPI sdist or wheel, or --source)", check_source),
-        Entry("models", "vLLM's model registry at the pin has every class in models.architectures", check_model_classes, key="models.architectures"),
-        Entry("requirements", "vLLM's declared requirements agree with the recipe's pins", check_declared_requirements, key="components"),
-        Entry("patches", "the patch series applies in order (git apply --check)", check_patch_series, key="components.*.patches"),
-        Entry("arch-plan", "vLLM's own CMake selects kernels for the recipe's GPU (cmake -P)", check_arch_plan, key="build.torch_cuda_arch_list"),
+        Entry(
+            "source",
+            "finds the pinned vLLM source (GitHub archive, PyPI sdist or wheel, or --source)",
+            check_source,
+        ),
+        Entry(
+            "models",
+            "vLLM's model registry at the pin has every class in models.architectures",
+            check_model_classes,
+            key="models.architectures",
+        ),
+        Entry(
+            "requirements",
+            "vLLM's declared requirements agree with the recipe's pins",
+            check_declared_requirements,
+            key="components",
+        ),
+        Entry(
+            "patches",
+            "the patch series applies in order (git apply --check)",
+            check_patch_series,
+            key="components.*.patches",
+        ),
+        Entry(
+            "arch-plan",
+            "vLLM's own CMake selects kernels for the recipe's GPU (cmake -P)",
+            check_arch_plan,
+            key="build.torch_cuda_arch_list",
+        ),
         Entry("images", "the base images exist at their pinned digests", check_base_images, key="images"),
     ],
     PreflightError,
     columns=("check", "what it checks", "recipe key"),
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,27 @@ from dataclasses import dataclass
 # Commands that only compute variables or steer control flow; all of them work under `cmake -P`.
 SCRIPT_SAFE = frozenset(
     {
-        "if", "elseif", "else", "endif", "foreach", "endforeach", "while", "endwhile", "break",
-        "continue", "set", "unset", "list", "string", "math", "message", "return",
-        "cmake_parse_arguments", "separate_arguments",
+        "if",
+        "elseif",
+        "else",
+        "endif",
+        "foreach",
+        "endforeach",
+        "while",
+        "endwhile",
+        "break",
+        "continue",
+        "set",
+        "unset",
+        "list",
+        "string",
+        "math",
+        "message",
+        "return",
+        "cmake_parse_arguments",
+        "separate_arguments",
     }
-)  # fmt: skip
+)
 _BLOCK_OPEN = {"function": "endfunction", "macro": "endmacro"}
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BRACKET_OPEN = re.compile(r"\[(=*)\[")

@@ -102,14 +102,28 @@ class Fetcher:
                 "fix: run once with the network, or pass a local source (--source PATH)"
             )
 
-    def get(self, url: str, *, what: str, headers: dict[str, str] | None = None,
-            max_bytes: int = MAX_ANSWER_BYTES, ok_status: tuple[int, ...] = ()) -> Fetched:  # fmt: skip
+    def get(
+        self,
+        url: str,
+        *,
+        what: str,
+        headers: dict[str, str] | None = None,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        ok_status: tuple[int, ...] = (),
+    ) -> Fetched:
         """GET `url` through the one fetcher (total deadline, redirect rules, byte cap); a network failure or
         an error status is a PreflightError naming `what`."""
         self._refuse_offline(what)
         try:
-            return fetch_url(self.session, url, what=what, headers=headers, max_bytes=max_bytes,
-                             deadline=self.timeout, ok_status=ok_status)  # fmt: skip
+            return fetch_url(
+                self.session,
+                url,
+                what=what,
+                headers=headers,
+                max_bytes=max_bytes,
+                deadline=self.timeout,
+                ok_status=ok_status,
+            )
         except FetchError as exc:
             raise _preflight_error(exc) from None
 
@@ -148,8 +162,14 @@ class Fetcher:
                     out.write(chunk)
 
                 try:
-                    fetch_url(self.session, url, what=what, max_bytes=MAX_DOWNLOAD_BYTES,
-                              deadline=DOWNLOAD_DEADLINE_S, sink=sink)  # fmt: skip
+                    fetch_url(
+                        self.session,
+                        url,
+                        what=what,
+                        max_bytes=MAX_DOWNLOAD_BYTES,
+                        deadline=DOWNLOAD_DEADLINE_S,
+                        sink=sink,
+                    )
                 except FetchError as exc:
                     raise _preflight_error(exc) from None
             actual = digest.hexdigest()
@@ -168,8 +188,15 @@ class Fetcher:
         """A ZipFile read through HTTP range requests, or None when the server ignores ranges."""
         self._refuse_offline(what)
         try:
-            probe = fetch_url(self.session, url, what=what, headers={"Range": "bytes=0-0"}, max_bytes=_RANGE_BLOCK,
-                              deadline=self.timeout, ok_status=tuple(range(400, 600)))  # fmt: skip
+            probe = fetch_url(
+                self.session,
+                url,
+                what=what,
+                headers={"Range": "bytes=0-0"},
+                max_bytes=_RANGE_BLOCK,
+                deadline=self.timeout,
+                ok_status=tuple(range(400, 600)),
+            )
         except FetchError as exc:
             raise _preflight_error(exc) from None
         if probe.status_code != 206:

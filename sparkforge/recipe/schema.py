@@ -245,15 +245,21 @@ class Runtime(StrictModel):
         description="ship nvcc, ptxas and CUDA headers (NVIDIA's CUDA wheels) and g++ for Triton's and "
         "FlashInfer's serve-time JIT; without them the first JIT-compiled kernel fails on the GPU node",
     )
-    strip: bool = Field(True, description="strip local symbols and debug sections from shared libraries (dynamic "
-                        "symbols stay: loading and backtraces are unchanged; only offline debuggers lose names)")  # fmt: skip
+    strip: bool = Field(
+        True,
+        description="strip local symbols and debug sections from shared libraries (dynamic "
+        "symbols stay: loading and backtraces are unchanged; only offline debuggers lose names)",
+    )
     system_packages: list[_pattern("deb_package")] = Field(
         default_factory=list,
         exclude_if=lambda v: not v,  # left out of the recipe hash when empty: existing recipes hash as before
         description="Debian/Ubuntu libraries the recipe's wheels load that the runtime base lacks (e.g. libnuma1)",
     )
-    remove: list[Removal] = Field(default_factory=list, exclude_if=lambda v: not v,  # absent: the hash as before
-                                  description="files below site-packages left out, with why (recipe/budget.py)")  # fmt: skip
+    remove: list[Removal] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,  # absent: the hash as before
+        description="files below site-packages left out, with why (recipe/budget.py)",
+    )
     rdma: RdmaUserspace | None = Field(
         None,
         exclude_if=lambda v: v is None,  # recipes without it hash as before

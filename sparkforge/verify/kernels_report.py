@@ -183,8 +183,15 @@ def kernel_report(
         )
     warnings = started_log.compare(rows, started) if started is not None else []
     if started is not None:
-        report.add(Check("started", "passed", f"{len(started)} selection(s) read from the serve log; "
-                         f"{len(warnings)} differ from the prediction", {"warnings": warnings}))  # fmt: skip
+        report.add(
+            Check(
+                "started",
+                "passed",
+                f"{len(started)} selection(s) read from the serve log; "
+                f"{len(warnings)} differ from the prediction",
+                {"warnings": warnings},
+            )
+        )
     backends = backend_verdicts(rows)
     report.extra.update(
         {

@@ -49,8 +49,11 @@ def _audit_path(path: Path, gpu: str, require: Sequence[str], only: Sequence[str
 
     if not zipfile.is_zipfile(path):
         return audit_target(path, gpu=gpu, require=require, only=only)
-    return _cached_audit(_identity(zip_digest(path), gpu, require, only), str(path),
-                         lambda: audit_target(path, gpu=gpu, require=require, only=only))  # fmt: skip
+    return _cached_audit(
+        _identity(zip_digest(path), gpu, require, only),
+        str(path),
+        lambda: audit_target(path, gpu=gpu, require=require, only=only),
+    )
 
 
 def _identity(subject: str, gpu: str, require: Sequence[str], only: Sequence[str] | None) -> str:
@@ -126,8 +129,14 @@ def for_target(
         answer = _wheel_selection(path, gpu, ask) if ask else None
         only = None if all_libraries else report_scope(require, answer)
         audit = _audit_path(path, gpu, require, only)
-        return kernel_report(audit, recipe=recipe, verify_checks=verify_checks, facts={"file": path.name},
-                             selection=answer, started=started)  # fmt: skip
+        return kernel_report(
+            audit,
+            recipe=recipe,
+            verify_checks=verify_checks,
+            facts={"file": path.name},
+            selection=answer,
+            started=started,
+        )
     attrs = engine.inspect_image(target)
     labels = dict((attrs.get("Config") or {}).get("Labels") or {})
     if verify_checks is None:
@@ -143,10 +152,19 @@ def for_target(
     if ask is not None:
         answer = {**sel.run_selection(target, gpu, ask.config, ask.args), "ran_in": target}
     only = None if all_libraries else report_scope(require, answer)
-    audit = _cached_audit(_identity(str(attrs["Id"]), gpu, require, only), target,
-                          lambda: audit_subject(target, gpu, require, only))  # fmt: skip
-    return kernel_report(audit, recipe=recipe or labels.get("dev.sparkforge.recipe"), verify_checks=verify_checks,
-                         facts=facts, selection=answer, started=started)  # fmt: skip
+    audit = _cached_audit(
+        _identity(str(attrs["Id"]), gpu, require, only),
+        target,
+        lambda: audit_subject(target, gpu, require, only),
+    )
+    return kernel_report(
+        audit,
+        recipe=recipe or labels.get("dev.sparkforge.recipe"),
+        verify_checks=verify_checks,
+        facts=facts,
+        selection=answer,
+        started=started,
+    )
 
 
 CHECKPOINTS = (

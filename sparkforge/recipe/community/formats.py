@@ -232,10 +232,22 @@ def read_community(
         raise _errors(exc, doc, where, fmt) from None
     if isinstance(model, EugrRecipe):
         base = CommunityRecipe(
-            "eugr", where, model.name, model.description or model.name, model.model, model.container,
-            model.command, {**model.defaults, **(overrides or {})}, dict(model.env), doc.lines, tuple(model.mods),
-            tuple(model.build_args), model.cluster_only, model.solo_only, 2 if model.cluster_only else 1,
-        )  # fmt: skip
+            "eugr",
+            where,
+            model.name,
+            model.description or model.name,
+            model.model,
+            model.container,
+            model.command,
+            {**model.defaults, **(overrides or {})},
+            dict(model.env),
+            doc.lines,
+            tuple(model.mods),
+            tuple(model.build_args),
+            model.cluster_only,
+            model.solo_only,
+            2 if model.cluster_only else 1,
+        )
         return _replace_command(base, _fill_eugr(model.command, base.defaults, base))
     if model.runtime not in VLLM_RUNTIMES:
         raise RecipeError(
@@ -252,12 +264,25 @@ def read_community(
     uncarried.update({f"runtime_config.{k}": v for k, v in rc.items()})
     nodes = max(model.min_nodes, 2 if model.cluster_only or model.mode == "cluster" else 1)
     base = CommunityRecipe(
-        "sparkarena", where, model.name or Path(where).stem, model.description
-        or str(model.metadata.get("description") or model.model), model.model, model.container, model.command,
-        {**model.defaults, **(overrides or {})}, dict(model.env), doc.lines, mods, build_args, model.cluster_only,
-        model.solo_only or model.mode == "solo" or model.max_nodes == 1, nodes, model.model_revision,
-        model.runtime, uncarried,
-    )  # fmt: skip
+        "sparkarena",
+        where,
+        model.name or Path(where).stem,
+        model.description or str(model.metadata.get("description") or model.model),
+        model.model,
+        model.container,
+        model.command,
+        {**model.defaults, **(overrides or {})},
+        dict(model.env),
+        doc.lines,
+        mods,
+        build_args,
+        model.cluster_only,
+        model.solo_only or model.mode == "solo" or model.max_nodes == 1,
+        nodes,
+        model.model_revision,
+        model.runtime,
+        uncarried,
+    )
     return _replace_command(
         base, _fill_sparkarena(model.command, {**base.defaults, "model": model.model}, base)
     )

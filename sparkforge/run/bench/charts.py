@@ -57,8 +57,14 @@ def _figure(docs: Sequence[tuple[Path, dict[str, Any]]], by: str, fixed: str) ->
                     continue
                 xs = [p[0] for p in points]
                 line = ax.plot(xs, [p[1]["median"] for p in points], marker="o", label=_label(doc, path))[0]
-                ax.fill_between(xs, [p[1]["min"] for p in points], [p[1]["max"] for p in points],
-                                color=line.get_color(), alpha=0.2, linewidth=0)  # fmt: skip
+                ax.fill_between(
+                    xs,
+                    [p[1]["min"] for p in points],
+                    [p[1]["max"] for p in points],
+                    color=line.get_color(),
+                    alpha=0.2,
+                    linewidth=0,
+                )
             ax.set_xticks(sorted({c["details"][by] for _, d in docs for c in d["checks"]}))
             ax.set_title(f"{fixed} {value}", fontsize=9)
             ax.set_xlabel(by)
@@ -130,15 +136,26 @@ def page(
         f"<p>Lines: median of the repeats; bands: their min..max. Suite parameters: {html.escape(str(suite['params']))}</p>",
     ]
     for name, data in pngs.items():
-        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{html.escape(name)}' src='data:image/png;base64,"
-                     f"{base64.b64encode(data).decode()}'>")  # fmt: skip
+        parts.append(
+            f"<h2>{html.escape(name)}</h2><img alt='{html.escape(name)}' src='data:image/png;base64,"
+            f"{base64.b64encode(data).decode()}'>"
+        )
     rows = []
     for path, doc in docs:
         ident = doc["identity"]
         hw = ident.get("hardware") or {}
         gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "none"
-        rows.append([path.name, (ident.get("image") or {}).get("id", "")[:19], ident.get("vllm"),
-                     (ident.get("recipe_hash") or "")[:12], hw.get("cpu"), gpus, ident.get("date")])  # fmt: skip
+        rows.append(
+            [
+                path.name,
+                (ident.get("image") or {}).get("id", "")[:19],
+                ident.get("vllm"),
+                (ident.get("recipe_hash") or "")[:12],
+                hw.get("cpu"),
+                gpus,
+                ident.get("date"),
+            ]
+        )
     parts.append(
         "<h2>Results</h2>" + _table(["file", "image", "vLLM", "recipe hash", "CPU", "GPUs", "date"], rows)
     )
@@ -150,8 +167,10 @@ def page(
             f"<p>{html.escape(str(data.get('rule', '')))}; threshold {data.get('threshold_pct')}%</p>"
         )
         for key, sides in {**data.get("allowed_differences", {}), **data.get("differences", {})}.items():
-            parts.append(f"<p>differs: {html.escape(key)}: {html.escape(str(sides['old']))[:300]} -&gt; "
-                         f"{html.escape(str(sides['new']))[:300]}</p>")  # fmt: skip
+            parts.append(
+                f"<p>differs: {html.escape(key)}: {html.escape(str(sides['old']))[:300]} -&gt; "
+                f"{html.escape(str(sides['new']))[:300]}</p>"
+            )
         parts.append(
             _table(
                 [

@@ -171,14 +171,22 @@ def verdict_line(report: Report) -> str:
     """The line a user reads first: the verdict, and what the comparison could have detected."""
     extra, threshold = report.extra, report.extra["threshold_pct"]
     floor = extra.get("mde_pct")
-    could = (f"it could detect slowdowns of {floor['min']:.0f}% to "
-             + (f"{floor['max']:.0f}%" if floor["max"] is not None else "nothing (one repeat a side)")
-             + f" ({extra['power']:.0%} power)") if floor else "no metric was compared"  # fmt: skip
+    could = (
+        (
+            f"it could detect slowdowns of {floor['min']:.0f}% to "
+            + (f"{floor['max']:.0f}%" if floor["max"] is not None else "nothing (one repeat a side)")
+            + f" ({extra['power']:.0%} power)"
+        )
+        if floor
+        else "no metric was compared"
+    )
     if extra["verdict"] == "regressed":
         what = f"{len(report.failed)} metric(s) worse than {threshold:g}% across their whole interval"
     elif extra["verdict"] == "inconclusive":
-        what = (f"{len(extra['inconclusive_checks'])} metric(s) could not tell whether the change is within "
-                f"{threshold:g}% (the interval straddles it); more repeats or pooled baselines narrow it")  # fmt: skip
+        what = (
+            f"{len(extra['inconclusive_checks'])} metric(s) could not tell whether the change is within "
+            f"{threshold:g}% (the interval straddles it); more repeats or pooled baselines narrow it"
+        )
     else:
         what = f"every metric within {threshold:g}% across its whole {extra['confidence']:.0%} interval"
     return f"verdict: {extra['verdict'].upper()}: {what}; {could}"
@@ -210,8 +218,11 @@ def pool(docs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         found = [(n, lv[name]) for (n, _), lv in zip(docs, by_doc, strict=True) if name in lv]
         check = copy.deepcopy(found[0][1])
         if len(found) < len(docs):
-            check.update(status="failed", reason="missing in " + ", ".join(n for (n, _), lv in zip(docs, by_doc,
-                         strict=True) if name not in lv))  # fmt: skip
+            check.update(
+                status="failed",
+                reason="missing in "
+                + ", ".join(n for (n, _), lv in zip(docs, by_doc, strict=True) if name not in lv),
+            )
         elif any(c["status"] != "passed" for _, c in found):
             check.update(
                 status="failed",

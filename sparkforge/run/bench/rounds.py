@@ -52,15 +52,19 @@ def more_rounds(
         elif spent + last_round_s > target.budget_s:
             why = "budget"
         else:
-            echo(f"  round {rounds + 1}: the widest floor is {_floor(floor)} ({where}), target "
-                 f"{target.pct:g}% ...")  # fmt: skip
+            echo(
+                f"  round {rounds + 1}: the widest floor is {_floor(floor)} ({where}), target "
+                f"{target.pct:g}% ..."
+            )
             began = time.monotonic()
             one_more_round(rounds + 1)
             rounds, last_round_s = rounds + 1, time.monotonic() - began
             continue
-        echo(f"--target-detect {target.pct:g}%: {why} after {rounds} rounds: the widest floor is "
-             f"{_floor(floor)} ({where})" + (f"; the budget of {target.budget_s:g} s ended first" if why == "budget"
-             else ""))  # fmt: skip
+        echo(
+            f"--target-detect {target.pct:g}%: {why} after {rounds} rounds: the widest floor is "
+            f"{_floor(floor)} ({where})"
+            + (f"; the budget of {target.budget_s:g} s ended first" if why == "budget" else "")
+        )
         return {"target_detect": {"pct": target.pct, "threshold_pct": target.threshold_pct,
                                   "stopped": why, "rounds": rounds, "widest_floor_pct": floor, "widest": where,
                                   "budget_s": target.budget_s}}  # fmt: skip

@@ -116,18 +116,49 @@ SUITES: Registry[Callable[[str], Suite]] = Registry(
     "bench suite",
     "--suite",
     [
-        Entry("default", "vLLM's own client (vllm bench serve): prompt 512 / generate 128, concurrency 1 and 4, 16 prompts",
-              partial(Suite, client="vllm bench serve", input_len=512, output_len=128, depths=(0,), concurrencies=(1, 4), num_prompts=16)),
-        Entry("quick", "the same client, one level: prompt 128 / generate 32, concurrency 1, 4 prompts (a smoke figure)",
-              partial(Suite, client="vllm bench serve", input_len=128, output_len=32, depths=(0,), concurrencies=(1,), num_prompts=4)),
-        Entry("spark-arena-v2", f"the field's profile (Spark Arena v2), llama-benchy {LLAMA_BENCHY_VERSION}: prompt 2048 / "
-              "generate 128, concurrency 1/2/5/10, depths 0 to 100k",
-              partial(Suite, client=LLAMA_BENCHY, input_len=2048, output_len=128,
-                      depths=(0, 4096, 8192, 16384, 32768, 65536, 100000), concurrencies=(1, 2, 5, 10))),
+        Entry(
+            "default",
+            "vLLM's own client (vllm bench serve): prompt 512 / generate 128, concurrency 1 and 4, 16 prompts",
+            partial(
+                Suite,
+                client="vllm bench serve",
+                input_len=512,
+                output_len=128,
+                depths=(0,),
+                concurrencies=(1, 4),
+                num_prompts=16,
+            ),
+        ),
+        Entry(
+            "quick",
+            "the same client, one level: prompt 128 / generate 32, concurrency 1, 4 prompts (a smoke figure)",
+            partial(
+                Suite,
+                client="vllm bench serve",
+                input_len=128,
+                output_len=32,
+                depths=(0,),
+                concurrencies=(1,),
+                num_prompts=4,
+            ),
+        ),
+        Entry(
+            "spark-arena-v2",
+            f"the field's profile (Spark Arena v2), llama-benchy {LLAMA_BENCHY_VERSION}: prompt 2048 / "
+            "generate 128, concurrency 1/2/5/10, depths 0 to 100k",
+            partial(
+                Suite,
+                client=LLAMA_BENCHY,
+                input_len=2048,
+                output_len=128,
+                depths=(0, 4096, 8192, 16384, 32768, 65536, 100000),
+                concurrencies=(1, 2, 5, 10),
+            ),
+        ),
     ],
     RunError,
     columns=("suite", "what it runs", "key"),
-)  # fmt: skip
+)
 
 
 def level_name(concurrency: int, depth: int) -> str:

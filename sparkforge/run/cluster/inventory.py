@@ -80,7 +80,7 @@ def remote_nccl(engines: Sequence[NodeEngine], image: str) -> list[dict[str, Any
         raise RunError(
             "; ".join(problems) + f"; fix: check that each node's engine answers and holds {image} "
             "('invoke cluster.doctor --nccl host' names the stage)"
-        )  # fmt: skip
+        )
     return [{"host": found[e.node.label].get("host"), "image": found[e.node.label]} for e in engines]
 
 
@@ -148,8 +148,10 @@ def _tree_faults(raw: Mapping[str, Any]) -> list[str]:
         else []
     )
     if not raw.get("net"):
-        faults.append(f"no network device under {raw.get('root')}/class/net (an empty or unreadable tree); fix: "
-                      f"point {SYSFS_ENV} at a tree laid out like /sys, or unset it")  # fmt: skip
+        faults.append(
+            f"no network device under {raw.get('root')}/class/net (an empty or unreadable tree); fix: "
+            f"point {SYSFS_ENV} at a tree laid out like /sys, or unset it"
+        )
     return faults
 
 

@@ -199,23 +199,47 @@ def host_source(label: str, host: Mapping[str, Any] | None, image: Mapping[str, 
         return NcclSource("host", None, path or None, "failed", f"{label}: --nccl host, but {why}")
     mine = f"the node's {host['path']} ({host['soname']})"
     if path is None:
-        return NcclSource("host", host, None, "skipped", (
-            f"{label}: the image was not read, so {mine} is not checked against the libnccl its torch loads; "
-            "'invoke cluster.fabric --nodes A,B --recipe R --nccl host' (or cluster.doctor) reads it on each node"
-        ))  # fmt: skip
+        return NcclSource(
+            "host",
+            host,
+            None,
+            "skipped",
+            (
+                f"{label}: the image was not read, so {mine} is not checked against the libnccl its torch loads; "
+                "'invoke cluster.fabric --nodes A,B --recipe R --nccl host' (or cluster.doctor) reads it on each node"
+            ),
+        )
     if not path:
-        return NcclSource("host", host, None, "failed", (
-            f"{label}: --nccl host, but the image's torch loads no libnccl to replace; fix: use an image whose "
-            "torch is built with CUDA (it loads libnccl), or leave --nccl out"
-        ))  # fmt: skip
+        return NcclSource(
+            "host",
+            host,
+            None,
+            "failed",
+            (
+                f"{label}: --nccl host, but the image's torch loads no libnccl to replace; fix: use an image whose "
+                "torch is built with CUDA (it loads libnccl), or leave --nccl out"
+            ),
+        )
     if not path.rsplit("/", 1)[-1].startswith(str(host["soname"])):
-        return NcclSource("host", host, path, "failed", (
-            f"{label}: --nccl host: {mine} is another ABI than the image's {path}; fix: install a libnccl with "
-            "the image's soname or leave --nccl out"
-        ))  # fmt: skip
-    return NcclSource("host", host, path, "passed", (
-        f"{label}: {mine}, NCCL {host.get('version')}, bind-mounted read-only over the image's {path}: same ABI"
-    ))  # fmt: skip
+        return NcclSource(
+            "host",
+            host,
+            path,
+            "failed",
+            (
+                f"{label}: --nccl host: {mine} is another ABI than the image's {path}; fix: install a libnccl with "
+                "the image's soname or leave --nccl out"
+            ),
+        )
+    return NcclSource(
+        "host",
+        host,
+        path,
+        "passed",
+        (
+            f"{label}: {mine}, NCCL {host.get('version')}, bind-mounted read-only over the image's {path}: same ABI"
+        ),
+    )
 
 
 def host_mounts(

@@ -77,9 +77,16 @@ class OpenAIClient:
         url = f"{self.base}{path}"
         data = json.dumps(body).encode() if body is not None else None
         try:
-            answer = fetch_url(self._session, url, what=url, max_bytes=MAX_ANSWER_BYTES, body=data,
-                               deadline=timeout or self.timeout_s, ok_status=_ERRORS,
-                               headers={"Content-Type": "application/json"})  # fmt: skip
+            answer = fetch_url(
+                self._session,
+                url,
+                what=url,
+                max_bytes=MAX_ANSWER_BYTES,
+                body=data,
+                deadline=timeout or self.timeout_s,
+                ok_status=_ERRORS,
+                headers={"Content-Type": "application/json"},
+            )
         except Unreachable as exc:
             raise RunError(
                 f"{url} does not answer ({str(exc)[:300]}); fix: check that the server is up"
@@ -144,8 +151,13 @@ class OpenAIClient:
             choice = _choices(doc, where)[0]
             usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
             usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
-            return Completion(tuple(_ids(choice.get("token_ids") or [], where)), str(choice.get("text") or ""),
-                              str(choice.get("finish_reason") or ""), usage, tuple(_top(choice, where)))  # fmt: skip
+            return Completion(
+                tuple(_ids(choice.get("token_ids") or [], where)),
+                str(choice.get("text") or ""),
+                str(choice.get("finish_reason") or ""),
+                usage,
+                tuple(_top(choice, where)),
+            )
         ids: list[int] = []
         top: list[dict[int, float]] = []
         text, finish = [], ""
@@ -252,9 +264,17 @@ class HeadExecClient(OpenAIClient):
         wait = timeout or self.timeout_s
         url = f"{self.base}{path}"
         output = self.engine.call(
-            "conform-request", "exec", self.container, "python3", "-c", _REQUEST, url,
-            json.dumps(body) if body is not None else "", str(wait), timeout=wait + 30,
-        )  # fmt: skip
+            "conform-request",
+            "exec",
+            self.container,
+            "python3",
+            "-c",
+            _REQUEST,
+            url,
+            json.dumps(body) if body is not None else "",
+            str(wait),
+            timeout=wait + 30,
+        )
         line = next((x for x in output.splitlines() if x.startswith("SPARKFORGE-HTTP ")), "")
         if not line:
             raise RunError(

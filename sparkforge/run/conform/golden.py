@@ -43,8 +43,10 @@ class Golden:
     def decodes(self) -> list[Decode]:
         """The recorded decodes with their top-5 logprobs (none in a golden recorded before they were stored)."""
         tops = self.data.get("top_logprobs") or [[] for _ in self.token_ids]
-        return [Decode(tuple(ids), tuple({int(t): float(lp) for t, lp in step} for step in top))
-                for ids, top in zip(self.token_ids, tops, strict=True)]  # fmt: skip
+        return [
+            Decode(tuple(ids), tuple({int(t): float(lp) for t, lp in step} for step in top))
+            for ids, top in zip(self.token_ids, tops, strict=True)
+        ]
 
 
 def weight_sha256(item: Path) -> str:
@@ -130,11 +132,23 @@ def _tops_match(tops: Any, ids: list[Any]) -> bool:
     """No top_logprobs, or per prompt and position a list of [token id, finite logprob] pairs."""
     if tops is None:
         return True
-    return (isinstance(tops, list) and len(tops) == len(ids) and all(
-        isinstance(top, list) and len(top) == len(row) and all(
-            isinstance(step, list) and all(isinstance(p, list) and len(p) == 2 and _token_id(p[0])
-                                           and isinstance(p[1], int | float) for p in step) for step in top)
-        for top, row in zip(tops, ids, strict=True)))  # fmt: skip
+    return (
+        isinstance(tops, list)
+        and len(tops) == len(ids)
+        and all(
+            isinstance(top, list)
+            and len(top) == len(row)
+            and all(
+                isinstance(step, list)
+                and all(
+                    isinstance(p, list) and len(p) == 2 and _token_id(p[0]) and isinstance(p[1], int | float)
+                    for p in step
+                )
+                for step in top
+            )
+            for top, row in zip(tops, ids, strict=True)
+        )
+    )
 
 
 def _token_id(value: Any) -> bool:
@@ -197,13 +211,23 @@ def compare(
     rejected = [d for d in found if not d.accepted]
     if not rejected:
         within = f"; {len(found)} diverge within the rule" if found else ""
-        return Check("golden", "passed",
-                     f"{len(prompts)} prompts, {len(prompts) - len(found)} identical to {golden.path}{within} "
-                     f"(differs: {changed})", details)  # fmt: skip
+        return Check(
+            "golden",
+            "passed",
+            f"{len(prompts)} prompts, {len(prompts) - len(found)} identical to {golden.path}{within} "
+            f"(differs: {changed})",
+            details,
+        )
     bad = rejected[0]
     recorded = [Completion(d.token_ids, "", "", top=d.top) for d in golden.decodes()]
-    details.update({"prompt": bad.prompt, "position": bad.position, "golden": list(golden.token_ids[bad.prompt]
-                    [bad.position : bad.position + 8]), "now": list(outputs[bad.prompt].token_ids[bad.position : bad.position + 8])})  # fmt: skip
+    details.update(
+        {
+            "prompt": bad.prompt,
+            "position": bad.position,
+            "golden": list(golden.token_ids[bad.prompt][bad.position : bad.position + 8]),
+            "now": list(outputs[bad.prompt].token_ids[bad.position : bad.position + 8]),
+        }
+    )
     shown = render(
         bad, ("the golden", "this run"), recorded[bad.prompt], outputs[bad.prompt], served_text(client)
     )

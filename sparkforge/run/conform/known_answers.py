@@ -38,15 +38,20 @@ def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
         Counter(p.kind for p in probes),
         Counter(p.kind for p, ok in zip(probes, right, strict=True) if ok),
     )
-    wrong = [{"kind": p.kind, "prompt": p.prompt, "answer": p.answer, "reply": r[:200]}
-             for p, r, ok in zip(probes, replies, right, strict=True) if not ok]  # fmt: skip
+    wrong = [
+        {"kind": p.kind, "prompt": p.prompt, "answer": p.answer, "reply": r[:200]}
+        for p, r, ok in zip(probes, replies, right, strict=True)
+        if not ok
+    ]
     details = {
         "right": hits, "total": total, "accuracy": round(hits / total, 4), "wilson95": [round(low, 4), round(high, 4)],
         "floor": spec.floor, "seed": spec.seed, "by_kind": {k: f"{kinds_right[k]}/{n}" for k, n in kinds.items()},
         "wrong": wrong[:10],
     }  # fmt: skip
-    summary = (f"{hits}/{total} right ({hits / total:.1%}, Wilson 95 % [{low:.3f}, {high:.3f}]) against the floor "
-               f"{spec.floor:g}; by kind {details['by_kind']}")  # fmt: skip
+    summary = (
+        f"{hits}/{total} right ({hits / total:.1%}, Wilson 95 % [{low:.3f}, {high:.3f}]) against the floor "
+        f"{spec.floor:g}; by kind {details['by_kind']}"
+    )
     if low >= spec.floor:
         return Check("known-answers", "passed", summary, details)
     first = wrong[0] if wrong else None

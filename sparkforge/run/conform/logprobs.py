@@ -84,8 +84,11 @@ def judge_prompt(n: int, left: Decode, right: Decode, *, exact: bool = False) ->
         return Divergence(
             n, pos, a, b, **seen, accepted=True, why=f"each token is in the other's top-{TOP_K}"
         )
-    outside = [f"{tok} not in the {side}'s top-{len(top)}" for tok, top, side in
-               ((a, top_b, "right"), (b, top_a, "left")) if tok not in top]  # fmt: skip
+    outside = [
+        f"{tok} not in the {side}'s top-{len(top)}"
+        for tok, top, side in ((a, top_b, "right"), (b, top_a, "left"))
+        if tok not in top
+    ]
     return Divergence(n, pos, a, b, **seen, why="; ".join(outside))
 
 

@@ -67,18 +67,27 @@ def probe(kind: str, rng: random.Random, recall_span: int = 12) -> Probe:
         return Probe(kind, prompt, str(key))
     if kind == "counting":
         items = " ".join(rng.choice(THINGS) for _ in range(rng.randrange(2, 10)))
-        return Probe(kind, f"how many words are in this list : {items} ? answer with the number only .",
-                     str(len(items.split())))  # fmt: skip
+        return Probe(
+            kind,
+            f"how many words are in this list : {items} ? answer with the number only .",
+            str(len(items.split())),
+        )
     if kind == "ordering":
         nums = _numbers(rng, rng.randrange(3, 6))
         listed = " ".join(map(str, nums))
-        return Probe(kind, f"sort these numbers from smallest to largest : {listed} . answer with the numbers only .",
-                     " ".join(map(str, sorted(nums))))  # fmt: skip
+        return Probe(
+            kind,
+            f"sort these numbers from smallest to largest : {listed} . answer with the numbers only .",
+            " ".join(map(str, sorted(nums))),
+        )
     if kind == "format":
         start = rng.randrange(0, 90)
         end = start + rng.randrange(2, 6)
-        return Probe(kind, f"write the numbers from {start} to {end} separated by commas .",
-                     " , ".join(str(n) for n in range(start, end + 1)))  # fmt: skip
+        return Probe(
+            kind,
+            f"write the numbers from {start} to {end} separated by commas .",
+            " , ".join(str(n) for n in range(start, end + 1)),
+        )
     raise ValueError(f"unknown probe kind {kind!r}; choose from {', '.join(KINDS)}")
 
 

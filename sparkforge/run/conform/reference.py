@@ -149,9 +149,13 @@ def compare(served: list[Completion], answer: dict[str, Any], seconds: float) ->
 
 
 def reference_row(
-    engine: NodeEngine, run: ReferenceRun, profile: Profile, served: list[Completion], prompt_ids: list[list[int]],
+    engine: NodeEngine,
+    run: ReferenceRun,
+    profile: Profile,
+    served: list[Completion],
+    prompt_ids: list[list[int]],
     max_tokens: int,
-) -> Check:  # fmt: skip
+) -> Check:
     """Run the reference and judge it; a reference that cannot run is this row's failure, named."""
     start = time.monotonic()
     try:
@@ -169,8 +173,10 @@ def reference_conform_row(run: ConformRun) -> None:
     options, launch = run.options, run.options.launch
     why = ""
     if options.attach or launch is None:
-        why = ("--attach: conform did not start the server, so it cannot free its memory for the reference; fix: run "
-               "conform without --attach (with --model-dir)")  # fmt: skip
+        why = (
+            "--attach: conform did not start the server, so it cannot free its memory for the reference; fix: run "
+            "conform without --attach (with --model-dir)"
+        )
     elif launch.model_dir is None:
         why = "the reference reads the weights from --model-dir; fix: pass --model-dir (the checkpoint's folder)"
     elif not run.inputs.get("prompt_ids"):
@@ -185,7 +191,8 @@ def reference_conform_row(run: ConformRun) -> None:
         "conform: the transformers reference (the servers are stopped: one copy of the weights in memory) ..."
     )
     where = ReferenceRun(launch.image, launch.model_dir, launch.gpus)
-    row = reference_row(run.engines[0], where, run.profile, run.reference, run.inputs["prompt_ids"],
-                        run.settings.max_tokens)  # fmt: skip
+    row = reference_row(
+        run.engines[0], where, run.profile, run.reference, run.inputs["prompt_ids"], run.settings.max_tokens
+    )
     run.report.add(row)
     run.echo(f"  reference: {row.status} ({row.duration_s:.1f} s) {row.reason[:600]}")

@@ -27,24 +27,54 @@ ROWS: Registry[Row] = Registry(
     "conform",
     "--checks",
     [
-        Entry("determinism", "the prompt set twice greedy, then twice with seeded sampling: identical token ids",
-              determinism_row, key="conform.seed"),
-        Entry("long-decode", "a long greedy decode: no loop, no U+FFFD, no diversity collapse (and the known "
-              "answer where the profile has one)", long_decode_row, key="conform.long_decode"),
-        Entry("known-answers", "the shipped probe set (arithmetic, copying, recall, counting, ordering, format) "
-              "as greedy chats: accuracy's Wilson 95 % lower bound at the floor", known_answers,
-              key="conform.known_answers"),
-        Entry("prefix-cache", "a repeated long prefix registers hits in vLLM's /metrics counters",
-              prefix_cache_row, key="conform.long_prompt_words"),
-        Entry("api", "/v1/models, max_tokens, stop; image, tool call and reasoning where the profile enables them",
-              api_row, key="conform.image_prompt"),
-        Entry("golden", "the reference pass against the recorded golden file (--record stores it)", golden_row),
-        Entry("equivalence", "streaming, concurrency, then server variants (prefix caching, chunked prefill, "
-              "speculative decoding) give the reference pass's answers (the logprobs rule)", equivalence,
-              key="conform.concurrency"),
-        Entry("reference", "the served answers against Hugging Face transformers of the same image on the same "
-              "weights (top-5 logprobs, vLLM's check_logprobs_close rule), after the servers stop",
-              reference_conform_row),
+        Entry(
+            "determinism",
+            "the prompt set twice greedy, then twice with seeded sampling: identical token ids",
+            determinism_row,
+            key="conform.seed",
+        ),
+        Entry(
+            "long-decode",
+            "a long greedy decode: no loop, no U+FFFD, no diversity collapse (and the known "
+            "answer where the profile has one)",
+            long_decode_row,
+            key="conform.long_decode",
+        ),
+        Entry(
+            "known-answers",
+            "the shipped probe set (arithmetic, copying, recall, counting, ordering, format) "
+            "as greedy chats: accuracy's Wilson 95 % lower bound at the floor",
+            known_answers,
+            key="conform.known_answers",
+        ),
+        Entry(
+            "prefix-cache",
+            "a repeated long prefix registers hits in vLLM's /metrics counters",
+            prefix_cache_row,
+            key="conform.long_prompt_words",
+        ),
+        Entry(
+            "api",
+            "/v1/models, max_tokens, stop; image, tool call and reasoning where the profile enables them",
+            api_row,
+            key="conform.image_prompt",
+        ),
+        Entry(
+            "golden", "the reference pass against the recorded golden file (--record stores it)", golden_row
+        ),
+        Entry(
+            "equivalence",
+            "streaming, concurrency, then server variants (prefix caching, chunked prefill, "
+            "speculative decoding) give the reference pass's answers (the logprobs rule)",
+            equivalence,
+            key="conform.concurrency",
+        ),
+        Entry(
+            "reference",
+            "the served answers against Hugging Face transformers of the same image on the same "
+            "weights (top-5 logprobs, vLLM's check_logprobs_close rule), after the servers stop",
+            reference_conform_row,
+        ),
     ],
     RunError,
-)  # fmt: skip
+)

@@ -82,11 +82,18 @@ def compare_row(
         within = ""
         if found:
             first = found[0]
-            within = (f"; {len(found)} prompt(s) diverge within the rule, first: "
-                      f"{render(first, names, reference[first.prompt], other[first.prompt], served_text(client))}")  # fmt: skip
+            within = (
+                f"; {len(found)} prompt(s) diverge within the rule, first: "
+                f"{render(first, names, reference[first.prompt], other[first.prompt], served_text(client))}"
+            )
         identical = len(reference) - len(found)
-        return Check(name, "passed", f"{len(reference)} prompts, {identical} identical, {tokens} tokens "
-                     f"({names[0]} vs {names[1]}){within}", details)  # fmt: skip
+        return Check(
+            name,
+            "passed",
+            f"{len(reference)} prompts, {identical} identical, {tokens} tokens "
+            f"({names[0]} vs {names[1]}){within}",
+            details,
+        )
     bad = rejected[0]
     details.update({"prompt": bad.prompt, "position": bad.position})
     return Check(
@@ -190,8 +197,9 @@ def streaming(
     client: OpenAIClient, settings: ConformSettings, reference: list[Completion], *, exact: bool = False
 ) -> Check:
     streamed = greedy(client, prompt_set(settings), settings, stream=True, logprobs=TOP_K)
-    return compare_row("equivalence:streaming", reference, streamed, ("non-streaming", "streaming"), client,
-                       exact=exact)  # fmt: skip
+    return compare_row(
+        "equivalence:streaming", reference, streamed, ("non-streaming", "streaming"), client, exact=exact
+    )
 
 
 def concurrency(
@@ -224,11 +232,21 @@ def prefix_cache(client: OpenAIClient, settings: ConformSettings) -> Check:
     queries = counter(after, "vllm:prefix_cache_queries") - counter(before, "vllm:prefix_cache_queries")
     details = {"hit_tokens": hits, "queried_tokens": queries, "prompt_words": settings.long_prompt_words}
     if queries <= 0 and hits <= 0:
-        return Check("prefix-cache", "failed", "vLLM's /metrics counted no prefix-cache queries: prefix caching is off "
-                     "(e.g. --no-enable-prefix-caching) or its counters are missing", details)  # fmt: skip
+        return Check(
+            "prefix-cache",
+            "failed",
+            "vLLM's /metrics counted no prefix-cache queries: prefix caching is off "
+            "(e.g. --no-enable-prefix-caching) or its counters are missing",
+            details,
+        )
     if hits <= 0:
-        return Check("prefix-cache", "failed", f"0 hits of {queries:.0f} queried tokens for a repeated "
-                     f"{settings.long_prompt_words}-word prefix: the cache is silently at 0 %", details)  # fmt: skip
+        return Check(
+            "prefix-cache",
+            "failed",
+            f"0 hits of {queries:.0f} queried tokens for a repeated "
+            f"{settings.long_prompt_words}-word prefix: the cache is silently at 0 %",
+            details,
+        )
     return Check(
         "prefix-cache",
         "passed",

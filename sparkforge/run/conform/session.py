@@ -92,8 +92,9 @@ def run_conform(
         report.extra["vllm"] = client.version()
         if "reference" in selected:  # tokenized while the server as profiled is up (the variants replace it)
             inputs["prompt_ids"] = [client.tokenize(p) for p in prompts]
-        run = ConformRun(report, client, engines, profile, settings, options, servers, session, prompts, reference,
-                         inputs)  # fmt: skip
+        run = ConformRun(
+            report, client, engines, profile, settings, options, servers, session, prompts, reference, inputs
+        )
         for row in ROWS:
             if row.name in selected:
                 row.run(run)

@@ -69,8 +69,10 @@ def _variant_rows(run: ConformRun) -> None:
     if run.options.attach:
         why = "--attach serves one configuration; fix: run conform without --attach to start the others"
     elif len(run.engines) > 1:
-        why = (f"--nodes: conform checks the one configuration cluster.up serves across {len(run.engines)} nodes; "
-               "fix: run the server variants with a one-node profile")  # fmt: skip
+        why = (
+            f"--nodes: conform checks the one configuration cluster.up serves across {len(run.engines)} nodes; "
+            "fix: run the server variants with a one-node profile"
+        )
     if why:
         for name in names:
             report.add(Check(name, "skipped", why))
@@ -93,8 +95,14 @@ def _variant_rows(run: ConformRun) -> None:
     )
     chunk_ref = outputs if on else run.reference
     outputs2 = _run_variant(run, no_chunk, "chunked prefill off")
-    _compare_variant(run, names[1], chunk_ref, outputs2, ("chunked prefill on", "off"),
-                     note="both sides with prefix caching off: vLLM requires chunked prefill for hybrid models' prefix-cache mode")  # fmt: skip
+    _compare_variant(
+        run,
+        names[1],
+        chunk_ref,
+        outputs2,
+        ("chunked prefill on", "off"),
+        note="both sides with prefix caching off: vLLM requires chunked prefill for hybrid models' prefix-cache mode",
+    )
     if not args.get("speculative-config"):
         report.add(Check(names[2], "skipped", "the profile does not use speculative decoding"))
         return

@@ -180,8 +180,10 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
         except InputError:
             spec = None
         if not isinstance(spec, dict):
-            raise RunError(f"profile flag --speculative-config {spec_raw!r} is not a JSON object; fix: e.g. "
-                           "'{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")  # fmt: skip
+            raise RunError(
+                f"profile flag --speculative-config {spec_raw!r} is not a JSON object; fix: e.g. "
+                '\'{"method": "mtp", "num_speculative_tokens": 2}\''
+            )
         num_spec = number(spec.get("num_speculative_tokens", 1), "speculative-config num_speculative_tokens")
         mtp = "mtp" in str(spec.get("method", "")).lower()
     limit = str(_flag(args, "limit-mm-per-prompt") or "")
@@ -252,11 +254,20 @@ def _plan_nodes(arch: Architecture, s: Settings, mem: NodeMemory) -> list[NodePl
         budget = sum(parts.values()) + s.cpu_kv_space if mem.kind == "cpu" else int(s.utilization * mem.total)
         kv = budget - sum(parts.values())
         request = spec.request_bytes(s.max_model_len)
-        plans.append(NodePlan(
-            node=node, stage=stage.stage, budget=budget, parts=parts, kv_bytes=kv, spec=spec,
-            request_bytes=request, concurrency=spec.max_concurrency(kv, s.max_model_len) if kv > 0 else 0.0,
-            longest=min(spec.longest(kv), arch.max_position) if kv > 0 else 0, weights=dict(stage.parts),
-        ))  # fmt: skip
+        plans.append(
+            NodePlan(
+                node=node,
+                stage=stage.stage,
+                budget=budget,
+                parts=parts,
+                kv_bytes=kv,
+                spec=spec,
+                request_bytes=request,
+                concurrency=spec.max_concurrency(kv, s.max_model_len) if kv > 0 else 0.0,
+                longest=min(spec.longest(kv), arch.max_position) if kv > 0 else 0,
+                weights=dict(stage.parts),
+            )
+        )
     return plans
 
 
@@ -269,27 +280,37 @@ def _judge(
     fixed = sum(worst.parts.values())
     host_left = mem.total - worst.budget
     if worst.kv_bytes <= 0:
-        reasons.append(f"node {worst.node}: weights {worst.parts['weights'] / GiB:.1f} GiB + activation, graphs and "
-                       f"workspace {(fixed - worst.parts['weights']) / GiB:.1f} GiB exceed vLLM's budget "
-                       f"{worst.budget / GiB:.1f} GiB: no room for any KV cache")  # fmt: skip
+        reasons.append(
+            f"node {worst.node}: weights {worst.parts['weights'] / GiB:.1f} GiB + activation, graphs and "
+            f"workspace {(fixed - worst.parts['weights']) / GiB:.1f} GiB exceed vLLM's budget "
+            f"{worst.budget / GiB:.1f} GiB: no room for any KV cache"
+        )
     elif worst.kv_bytes < worst.request_bytes:
-        reasons.append(f"node {worst.node}: the KV cache ({worst.kv_bytes / GiB:.1f} GiB) holds {worst.longest} "
-                       f"tokens, max-model-len {s.max_model_len} needs {worst.request_bytes / GiB:.1f} GiB (vLLM "
-                       "refuses to start)")  # fmt: skip
+        reasons.append(
+            f"node {worst.node}: the KV cache ({worst.kv_bytes / GiB:.1f} GiB) holds {worst.longest} "
+            f"tokens, max-model-len {s.max_model_len} needs {worst.request_bytes / GiB:.1f} GiB (vLLM "
+            "refuses to start)"
+        )
     if mem.kind != "cpu" and worst.budget > mem.total - mem.held_at_boot:
-        reasons.append(f"gpu-memory-utilization {s.utilization} asks {worst.budget / GiB:.1f} GiB of "
-                       f"{mem.total / GiB:.2f} GiB, more than a {mem.kind.upper()} has free at start "
-                       f"(~{(mem.total - mem.held_at_boot) / GiB:.1f} GiB): vLLM's start check refuses it")  # fmt: skip
+        reasons.append(
+            f"gpu-memory-utilization {s.utilization} asks {worst.budget / GiB:.1f} GiB of "
+            f"{mem.total / GiB:.2f} GiB, more than a {mem.kind.upper()} has free at start "
+            f"(~{(mem.total - mem.held_at_boot) / GiB:.1f} GiB): vLLM's start check refuses it"
+        )
     elif mem.kind != "cpu" and host_left < mem.reserve:
-        warnings.append(f"gpu-memory-utilization {s.utilization} leaves the host {host_left / GiB:.1f} GiB of unified "
-                        f"memory, less than its {mem.reserve / GiB:.0f} GiB reserve (OS, Docker, the server's CPU "
-                        "side, page cache): the host may run out while serving")  # fmt: skip
+        warnings.append(
+            f"gpu-memory-utilization {s.utilization} leaves the host {host_left / GiB:.1f} GiB of unified "
+            f"memory, less than its {mem.reserve / GiB:.0f} GiB reserve (OS, Docker, the server's CPU "
+            "side, page cache): the host may run out while serving"
+        )
     if reasons:
         return "does not fit", reasons, warnings
     if warnings or min(n.concurrency for n in nodes) < 2:
         if min(n.concurrency for n in nodes) < 2:
-            warnings.append(f"only {min(n.concurrency for n in nodes):.2f} requests of max-model-len "
-                            f"{s.max_model_len} fit the KV cache at once")  # fmt: skip
+            warnings.append(
+                f"only {min(n.concurrency for n in nodes):.2f} requests of max-model-len "
+                f"{s.max_model_len} fit the KV cache at once"
+            )
         return "tight", reasons, warnings
     return "fits", reasons, warnings
 
@@ -327,22 +348,33 @@ def _fixes(
     safe = safe_utilization(mem)
     if mem.kind != "cpu" and s.utilization > safe:
         lowered = plan_memory(profile, arch, replace(s, utilization=safe), mem, fixes=False)
-        out.append(f"lower gpu-memory-utilization to {safe} (leaves the host its {mem.reserve / GiB:.0f} GiB)"
-                   + ("" if lowered.fits else f"; then also max-model-len to {lowered.fit_max_model_len}"
-                      if lowered.fit_max_model_len else ""))  # fmt: skip
+        out.append(
+            f"lower gpu-memory-utilization to {safe} (leaves the host its {mem.reserve / GiB:.0f} GiB)"
+            + (
+                ""
+                if lowered.fits
+                else f"; then also max-model-len to {lowered.fit_max_model_len}"
+                if lowered.fit_max_model_len
+                else ""
+            )
+        )
         s = replace(s, utilization=min(s.utilization, safe))
         worst = min(lowered.nodes, key=lambda n: n.kv_bytes)
     if worst.kv_bytes <= 0 or worst.kv_bytes < worst.request_bytes:
         if worst.longest >= 1024:
-            out.append(f"max-model-len to {min(worst.longest // 1024 * 1024, s.max_model_len)} (the longest sequence "
-                       "the KV cache holds)")  # fmt: skip
+            out.append(
+                f"max-model-len to {min(worst.longest // 1024 * 1024, s.max_model_len)} (the longest sequence "
+                "the KV cache holds)"
+            )
         for tp in (2, 4, 8):
             if tp <= s.tp or arch.linear_value_heads % tp or arch.heads % tp:
                 continue
             wider = plan_memory(profile, arch, replace(s, tp=tp), mem, fixes=False)
             if wider.fits:
-                out.append(f"add nodes: tensor-parallel-size {tp} over {tp * s.pp} Sparks (nodes: {tp * s.pp}); "
-                           f"{wider.nodes[0].parts['weights'] / GiB:.1f} GiB of weights per node")  # fmt: skip
+                out.append(
+                    f"add nodes: tensor-parallel-size {tp} over {tp * s.pp} Sparks (nodes: {tp * s.pp}); "
+                    f"{wider.nodes[0].parts['weights'] / GiB:.1f} GiB of weights per node"
+                )
                 break
     if plan.verdict == "tight" and plan.fit_concurrency < 2 and plan.fit_max_model_len:
         half = max(1024, plan.fit_max_model_len // 2 // 1024 * 1024)

@@ -79,9 +79,12 @@ def share_weights(
     parent, folder = source.rstrip("/").rsplit("/", 1)
     manifests = f"{parent}/.{MANIFESTS}"  # beside the model folder, not in it: one cached manifest per folder
     server = _spec(
-        "sparkforge-weights-serve", image, serve_args("/weights", address, port, secret, f"/manifests/{folder}.json"),
-        (f"{source}:/weights:ro", f"{manifests}:/manifests"), "serve",
-    )  # fmt: skip
+        "sparkforge-weights-serve",
+        image,
+        serve_args("/weights", address, port, secret, f"/manifests/{folder}.json"),
+        (f"{source}:/weights:ro", f"{manifests}:/manifests"),
+        "serve",
+    )
     started: list[tuple[NodeEngine, str]] = []
     try:
         head.remove([server.name])

@@ -56,14 +56,23 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
     major, minor = _capability(lock)
     out: dict[str, Any] = {"b12x": _b12x_version(), "cutlass_dsl": version("nvidia-cutlass-dsl")}
     activity = multiprocessing.get_context("spawn").Array("q", (0, 0))
-    compile_pool._initialize_worker(0, (major, minor), "GPU-sparkforge-offline", GB10["name"], GB10["sm_count"],
-                                    GB10["smem_block"], GB10["smem_sm"], activity)  # fmt: skip
+    compile_pool._initialize_worker(
+        0,
+        (major, minor),
+        "GPU-sparkforge-offline",
+        GB10["name"],
+        GB10["sm_count"],
+        GB10["smem_block"],
+        GB10["smem_sm"],
+        activity,
+    )
     from cutlass.cutlass_dsl import CuTeDSL
 
     out["arch"] = str(CuTeDSL._get_dsl().envar.arch)
     print(MARKER + json.dumps(out), flush=True)  # what was set up, before the step that may abort
-    query = EmbeddingQuery(max_rows=16, table_rows=64, width=256, row_stride=256, weight_dtype="bfloat16",
-                           id_dtype="int32")  # fmt: skip
+    query = EmbeddingQuery(
+        max_rows=16, table_rows=64, width=256, row_stride=256, weight_dtype="bfloat16", id_dtype="int32"
+    )
     job = compile_pool.CompileJob.create(
         "b12x.sequence.embedding._preparation:compile_lookup", TUNING.encode_query(query), 0
     )
@@ -73,8 +82,12 @@ def child(lock: dict[str, Any]) -> dict[str, Any]:
 
     evict_planning_artifacts(plan.programs)  # a worker starts without the parent's planning artifacts
     _pid, cute, triton, programs = compile_pool._run_job(pickle.dumps(job, protocol=5), plan.programs)
-    out.update(compile_s=round(time.monotonic() - start, 1), cute_compiles=cute, triton_compiles=triton,
-               programs=[f"{p.dialect}:{p.name}" for p in programs])  # fmt: skip
+    out.update(
+        compile_s=round(time.monotonic() - start, 1),
+        cute_compiles=cute,
+        triton_compiles=triton,
+        programs=[f"{p.dialect}:{p.name}" for p in programs],
+    )
     cache = Path(os.environ.get("B12X_COMPILE_CACHE_DIR", "/nonexistent"))
     files = [p for p in cache.rglob("*") if p.is_file()]
     out["artifacts"] = len(files)
@@ -101,8 +114,13 @@ def check(lock: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
             json.dump(lock, handle)
         env = {**os.environ, "B12X_COMPILE_CACHE_DIR": cache, "CUTE_DSL_CACHE_DIR": cache}
         try:
-            done = subprocess.run([sys.executable, __file__, "--child", "--lock", handle.name], capture_output=True,
-                                  text=True, timeout=TIMEOUT_S, env=env)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", "--lock", handle.name],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                env=env,
+            )
             output = done.stdout + done.stderr
         except subprocess.TimeoutExpired:
             output = f"no result within {TIMEOUT_S} s"

@@ -82,8 +82,9 @@ def _attention(platform: Any, head_size: int, dtype: Any, kv_cache_dtype: str | 
     from vllm.v1.attention.selector import AttentionSelectorConfig, get_attn_backend
 
     chosen = get_attn_backend(head_size, dtype, kv_cache_dtype)
-    selector = AttentionSelectorConfig(head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                       block_size=None)  # fmt: skip
+    selector = AttentionSelectorConfig(
+        head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=None
+    )
     valid, invalid = platform.get_valid_backends(platform.get_device_capability(), selector)
     candidates = [
         {"name": c.backend.name, "priority": c.priority, "usable": True, "reasons": []} for c in valid
@@ -127,7 +128,7 @@ def _vision(platform: Any, head_size: int, dtype: Any) -> dict[str, Any]:
                     (cls.supports_dtype(dtype), f"dtype {dtype}"),
                     (cls.supports_compute_capability(platform.get_device_capability()), "capability"),
                 ):
-                    reasons += [] if ok else [f"{why} not supported"]  # fmt: skip
+                    reasons += [] if ok else [f"{why} not supported"]
             except ImportError as exc:
                 reasons.append(f"ImportError: {exc}")
         candidates.append(
@@ -146,16 +147,23 @@ def _moe_config(text: Any, dtype: Any) -> Any:
     from vllm.model_executor.layers.fused_moe.config import (
         FusedMoEConfig,
         FusedMoEParallelConfig,
-        RoutingMethodType,  # fmt: skip
+        RoutingMethodType,
     )
 
     experts = int(getattr(text, "num_experts", 0) or getattr(text, "n_routed_experts", 0))
     return FusedMoEConfig(
-        num_experts=experts, experts_per_token=int(text.num_experts_per_tok), hidden_dim=int(text.hidden_size),
-        intermediate_size=int(text.moe_intermediate_size), num_local_experts=experts, num_logical_experts=experts,
-        activation=MoEActivation.SILU, device="cuda", routing_method=RoutingMethodType.Renormalize,
-        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(), in_dtype=dtype,
-    )  # fmt: skip
+        num_experts=experts,
+        experts_per_token=int(text.num_experts_per_tok),
+        hidden_dim=int(text.hidden_size),
+        intermediate_size=int(text.moe_intermediate_size),
+        num_local_experts=experts,
+        num_logical_experts=experts,
+        activation=MoEActivation.SILU,
+        device="cuda",
+        routing_method=RoutingMethodType.Renormalize,
+        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+        in_dtype=dtype,
+    )
 
 
 def _walk(backends: list[Any], kernels: Any, config: Any, wkey: Any, akey: Any) -> list[dict[str, Any]]:
@@ -206,9 +214,12 @@ def _moe(kind: str, text: Any, dtype: Any) -> dict[str, Any]:
         wkey, akey = q.kFp8Static128BlockSym, q.kFp8Dynamic128Sym
         backend, _ = fp8.select_fp8_moe_backend(config, wkey, akey, allow_vllm_cutlass=False)
         order = fp8._get_priority_backends(config, wkey, akey)
-        candidates = _skipped_above(_walk(order, fp8.backend_to_kernel_cls, config, wkey, akey), backend.value,
-                                    "Fp8MoEMethod passes allow_vllm_cutlass=False; DeepGEMM off for this model "
-                                    "type (should_auto_disable_deep_gemm)")  # fmt: skip
+        candidates = _skipped_above(
+            _walk(order, fp8.backend_to_kernel_cls, config, wkey, akey),
+            backend.value,
+            "Fp8MoEMethod passes allow_vllm_cutlass=False; DeepGEMM off for this model "
+            "type (should_auto_disable_deep_gemm)",
+        )
     elif kind == "nvfp4":
         from vllm.model_executor.layers.fused_moe.oracle import nvfp4
 
@@ -217,14 +228,20 @@ def _moe(kind: str, text: Any, dtype: Any) -> dict[str, Any]:
         # select_nvfp4_moe_backend's own list is a local (oracle/nvfp4.py, "AVAILABLE_BACKENDS = [" after
         # "intentionally excluded from auto-selection"): mirrored here, pinned by tests/engine/test_kernels_vllm.py
         order = nvfp4.prioritize_humming([getattr(nvfp4.NvFp4MoeBackend, n) for n in NVFP4_MOE_ORDER])
-        candidates = _skipped_above(_walk(order, nvfp4.backend_to_kernel_cls, config, wkey, akey), backend.value,
-                                    "select_nvfp4_moe_backend")  # fmt: skip
+        candidates = _skipped_above(
+            _walk(order, nvfp4.backend_to_kernel_cls, config, wkey, akey),
+            backend.value,
+            "select_nvfp4_moe_backend",
+        )
     else:
         from vllm.model_executor.layers.fused_moe.oracle import unquantized as uq
 
         backend, _ = uq.select_unquantized_moe_backend(config)
-        candidates = _skipped_above(_walk(uq._get_priority_backends(config), uq.backend_to_kernel_cls, config, None,
-                                          None), backend.value, "select_unquantized_moe_backend")  # fmt: skip
+        candidates = _skipped_above(
+            _walk(uq._get_priority_backends(config), uq.backend_to_kernel_cls, config, None, None),
+            backend.value,
+            "select_unquantized_moe_backend",
+        )
     return {"selected": backend.value, "class": f"{kind} MoE oracle", "candidates": candidates}
 
 
@@ -233,9 +250,13 @@ def _linear(kind: str, dtype: Any, shape: tuple[int, int]) -> dict[str, Any]:
     from vllm.model_executor.layers.quantization.utils import quant_utils as q
 
     if kind == "fp8_block":
-        config = lin.FP8ScaledMMLinearLayerConfig(weight_quant_key=q.kFp8Static128BlockSym,
-                                                  activation_quant_key=q.kFp8Dynamic128Sym, input_dtype=dtype,
-                                                  out_dtype=dtype, weight_shape=shape)  # fmt: skip
+        config = lin.FP8ScaledMMLinearLayerConfig(
+            weight_quant_key=q.kFp8Static128BlockSym,
+            activation_quant_key=q.kFp8Dynamic128Sym,
+            input_dtype=dtype,
+            out_dtype=dtype,
+            weight_shape=shape,
+        )
         chosen = lin.init_fp8_linear_kernel(q.kFp8Dynamic128Sym, q.kFp8Static128BlockSym, dtype, dtype, shape)
         possible = lin._POSSIBLE_FP8_BLOCK_KERNELS
     else:
