@@ -376,7 +376,7 @@ def audit_image(
         )
     if layers is not None:
         digests = [str(d) for d in (engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or []]
-        report = _audit_layers(ref, layers, digests, gpu, require, only)
+        report = audit_layers(ref, layers, digests, gpu, require, only)
     else:
         with engine.ExportedFilesystem(ref) as stream:
             report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require, only=only)
@@ -388,7 +388,7 @@ def audit_image(
     return report
 
 
-def _audit_layers(
+def audit_layers(
     ref: str,
     layers: Sequence[Path],
     digests: Sequence[str],
