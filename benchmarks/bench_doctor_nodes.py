@@ -41,8 +41,13 @@ def _summary(report: dict[str, object]) -> dict[str, object]:
     checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
     per_node: dict[str, dict[str, object]] = {}
     for label, rank in checks.get("sanity", {}).get("details", {}).get("ranks", {}).items():
-        stages = {s["stage"]: s.get("seconds") for s in rank.get("stages", []) if s.get("event") == "done"}
-        per_node.setdefault(label, {})["sanity"] = {"seconds": rank.get("seconds"), **stages}
+        done = {s["stage"]: s for s in rank.get("stages", []) if s.get("event") == "done"}
+        stages = {name: event.get("seconds") for name, event in done.items()}
+        imports = {  # reported by the ranks since issue 48 (absent before)
+            "torch_import_s": done.get("rendezvous", {}).get("torch_import_s"),
+            "queue_import_s": done.get("message-queue", {}).get("import_s"),
+        }
+        per_node.setdefault(label, {})["sanity"] = {"seconds": rank.get("seconds"), **stages, **imports}
     for label, found in (checks.get("nccl-library", {}).get("details") or {}).items():
         if isinstance(found, dict) and "seconds" in found:
             per_node.setdefault(label, {})["nccl_library_s"] = found["seconds"]
