@@ -46,6 +46,8 @@ def _summary(report: dict[str, object]) -> dict[str, object]:
         imports = {  # reported by the ranks since issue 48 (absent before)
             "torch_import_s": done.get("rendezvous", {}).get("torch_import_s"),
             "queue_import_s": done.get("message-queue", {}).get("import_s"),
+            "vllm_init_run": done.get("message-queue", {}).get("vllm_init_run"),
+            "remote_subscribe_addr": done.get("message-queue", {}).get("remote_subscribe_addr"),
         }
         per_node.setdefault(label, {})["sanity"] = {"seconds": rank.get("seconds"), **stages, **imports}
     for label, found in (checks.get("nccl-library", {}).get("details") or {}).items():
