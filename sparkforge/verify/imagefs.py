@@ -255,18 +255,24 @@ def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | N
 
 
 def _scoped_layer(
-    root: str, keep: Callable[[str], bool], visible: Mapping[str, LayerFile], above: set[str]
+    root: str,
+    keep: Callable[[str], bool],
+    name: Callable[[str], bool],
+    visible: Mapping[str, LayerFile],
+    above: set[str],
 ) -> tuple[list[tuple[str, str]], list[str], int]:
     """One layer walked by directory entry type alone: (its files `keep` accepts, the paths where it hides lower
     files, how many regular files it holds). `above`: the directories holding the lower layers' kept files.
 
-    Nothing is stat'ed here, and only a directory holding a kept lower file has its opaque attribute read."""
+    Nothing is stat'ed here, only a directory holding a kept lower file has its opaque attribute read, and a
+    file's path is built only where it may matter (its directory holds kept lower files, or its name passes)."""
     kept: list[tuple[str, str]] = []
     hides: list[str] = []
     files = 0
     stack = [("", root)]
     while stack:
         rel_dir, real_dir = stack.pop()
+        watched = rel_dir in above if rel_dir else bool(visible)  # only here can an entry hide a kept file
         try:
             listing = os.scandir(real_dir)
         except OSError as exc:
@@ -276,25 +282,33 @@ def _scoped_layer(
             ) from exc
         with listing:
             for entry in listing:
-                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                 if entry.is_dir(follow_symlinks=False):
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                     stack.append((rel, entry.path))
-                    if rel in visible or (rel in above and _is_opaque(entry.path)):
+                    if watched and (rel in visible or (rel in above and _is_opaque(entry.path))):
                         hides.append(
                             rel
                         )  # a directory over a lower file; an opaque one over a lower directory
                     continue
-                if rel in visible or rel in above:
-                    hides.append(rel)  # a whiteout, file or link over a lower file or directory
+                rel = ""
+                if watched:
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    if rel in visible or rel in above:
+                        hides.append(rel)  # a whiteout, file or link over a lower file or directory
                 if entry.is_file(follow_symlinks=False):
                     files += 1
-                    if keep(rel):
-                        kept.append((rel, entry.path))
+                    if name(entry.name):
+                        rel = rel or (f"{rel_dir}/{entry.name}" if rel_dir else entry.name)
+                        if keep(rel):
+                            kept.append((rel, entry.path))
     return kept, hides, files
 
 
-def read_layers_scoped(layers: Sequence[Path], keep: Callable[[str], bool]) -> tuple[list[LayerFile], int]:
+def read_layers_scoped(
+    layers: Sequence[Path], keep: Callable[[str], bool], name: Callable[[str], bool] = lambda _: True
+) -> tuple[list[LayerFile], int]:
     """The image's visible regular files whose path `keep` accepts, and how many regular files the layers hold.
+    `name`: a first test of a file's base name that every kept file passes (e.g. audit.coverage.name_filter).
 
     The same overlayfs rules as `read_layers` (whiteouts, opaque directories, a directory or a link over a file),
     applied to the kept files only: each layer is walked by its directory entries' types, and only the kept
@@ -303,7 +317,7 @@ def read_layers_scoped(layers: Sequence[Path], keep: Callable[[str], bool]) -> t
     above: set[str] = set()
     total = 0
     for index, layer in enumerate(layers):
-        kept, hides, files = _scoped_layer(str(layer), keep, visible, above)
+        kept, hides, files = _scoped_layer(str(layer), keep, name, visible, above)
         total += files
         for path in hides:
             prefix = path + "/"
@@ -399,7 +413,7 @@ def audit_layers(
     """The audit from the layer directories: with `only`, a walk that stats and merges just the files in scope;
     each library's fatbin headers kept under its layer's digest and path (verify/auditcache.py)."""
     from sparkforge.audit.compat import parse_target
-    from sparkforge.audit.coverage import build_report, scope_filter
+    from sparkforge.audit.coverage import build_report, name_filter, scope_filter
     from sparkforge.audit.scan import audit_files, scan_one
     from sparkforge.verify import auditcache
 
@@ -413,7 +427,8 @@ def audit_layers(
         report = audit_files(wanted, ref, gpu=gpu, require=require)
         report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
         return report
-    files, total = read_layers_scoped(layers, lambda path: keep(path) and may_carry_device_code(path))
+    names = name_filter(only) or (lambda _: True)
+    files, total = read_layers_scoped(layers, lambda path: keep(path) and may_carry_device_code(path), names)
     if len(digests) == len(layers):
         scanned = auditcache.scan_known([(f.path, f.source, auditcache.layer_file_digest(digests[f.layer], f.path))
                                          for f in files])  # fmt: skip

@@ -188,7 +188,7 @@ def test_slim_venv_script_is_shipped_and_valid_python() -> None:
 def test_the_scoped_read_sees_what_the_full_merge_sees(tmp_path: Path, globs: list[str]) -> None:
     """Whiteouts (of a file, of a directory), an opaque directory, a file over a directory, a directory and a link
     over a file, hard links: the files in scope, merged from the kept files alone, are the full merge's."""
-    from sparkforge.audit.coverage import scope_filter
+    from sparkforge.audit.coverage import name_filter, scope_filter
 
     layers = _layers(tmp_path)
     low, mid, top = layers
@@ -207,6 +207,10 @@ def test_the_scoped_read_sees_what_the_full_merge_sees(tmp_path: Path, globs: li
     ]
     files, total = imagefs.read_layers_scoped(layers, keep)
     assert [(f.path, f.size, f.layer, f.inode) for f in files] == full
+    names = name_filter(globs)  # the audit's first test, on base names alone: the same files
+    if names is not None:
+        named, _ = imagefs.read_layers_scoped(layers, keep, names)
+        assert [(f.path, f.size, f.layer, f.inode) for f in named] == full
     assert total == sum(1 for layer in layers for p in layer.rglob("*") if p.is_file() and not p.is_symlink())
     # A hard link is listed once, under its first name in scope (the full merge's first name may be out of it)
     (only,) = imagefs.read_layers_scoped(layers, scope_filter(["b.so"]))[0]
