@@ -221,6 +221,20 @@ def _listing(root: Path, digest: str | None) -> LayerListing:
     return listing
 
 
+def _once_per_inode(visible: Mapping[str, LayerFile]) -> list[LayerFile]:
+    """The visible files sorted by path, a hard-linked file under its first name only (as the export lists it)."""
+    seen: set[tuple[int, int]] = set()
+    files: list[LayerFile] = []
+    for path in sorted(visible):
+        item = visible[path]
+        if item.links > 1:
+            if item.inode in seen:
+                continue  # a hard link: the export lists it as a link, not as a second file
+            seen.add(item.inode)
+        files.append(item)
+    return files
+
+
 def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | None = None) -> ImageTree:
     """Merge layer directories (bottom to top, overlayfs rules) into the image's visible regular files.
 
@@ -235,15 +249,7 @@ def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | N
     for index, layer in enumerate(layers):
         listing = _listing(layer, digests[index] if digests is not None else None)
         written.append(_apply_layer(index, layer, listing, visible, dirs))
-    seen: set[tuple[int, int]] = set()
-    files: list[LayerFile] = []
-    for path in sorted(visible):
-        item = visible[path]
-        if item.links > 1:
-            if item.inode in seen:
-                continue  # a hard link: the export lists it as a link, not as a second file
-            seen.add(item.inode)
-        files.append(item)
+    files = _once_per_inode(visible)
     shown = [0] * len(layers)
     for item in files:
         shown[item.layer] += item.size
@@ -329,16 +335,7 @@ def read_layers_scoped(
                 rel, location, info.st_size, index, (info.st_dev, info.st_ino), info.st_nlink
             )
         above = {path.rsplit("/", i)[0] for path in visible for i in range(1, path.count("/") + 1)}
-    seen: set[tuple[int, int]] = set()
-    out: list[LayerFile] = []
-    for path in sorted(visible):
-        item = visible[path]
-        if item.links > 1:
-            if item.inode in seen:
-                continue  # a hard link: the export lists it as a link, not as a second file
-            seen.add(item.inode)
-        out.append(item)
-    return out, total
+    return _once_per_inode(visible), total
 
 
 def image_tree(ref: str) -> ImageTree | None:

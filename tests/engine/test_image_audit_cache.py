@@ -24,7 +24,9 @@ def test_the_audit_of_an_image_is_kept_by_its_id_and_its_layers_by_digest(
     first = imagefs.audit_image(base_amd64, "sm_121", ["usr/lib/**/libc.so*"], only=["usr/lib/**/libc.so*"])
     layers = engine.inspect_image(base_amd64)["RootFS"]["Layers"]
     assert not (tmp_path / "cache" / "layers").exists()  # only the files in scope were stat'ed and merged
-    assert (tmp_path / "cache" / "kernels" / "files").is_dir()  # libc's answer (no device code), by layer digest
+    assert (
+        tmp_path / "cache" / "kernels" / "files"
+    ).is_dir()  # libc's answer (no device code), by layer digest
     (kept,) = (tmp_path / "cache" / "kernels" / "image-audit").iterdir()
     assert first.extra["summary"]["files_scanned"] > 1000 and first.extra["summary"]["scope"]
     data = json.loads(kept.read_text())
