@@ -21,11 +21,14 @@ from typing import Any
 from sparkforge.audit.coverage import ScannedFile
 from sparkforge.audit.fatbin import READER_VERSION, Container, Entry, FatbinFile
 from sparkforge.audit.scan import scan_one
-from sparkforge.cache import cache_path, write_atomic
+from sparkforge.boundary import read_json
+from sparkforge.cache import cache_path, cache_root, write_atomic
+from sparkforge.errors import InputError
 
 _FORMATS = ("elf", "fatbin")
 _VARIANTS = ("", "a", "f")
 _COMPRESSIONS = ("none", "zstd", "lz4")
+MAX_ENTRY_BYTES = 64 << 20  # torch 2.14's libtorch_cuda.so (2,558 entries) keeps ~200 kB
 MISS = object()  # load()'s answer when nothing usable is kept (None is a kept "no device code")
 
 
@@ -86,10 +89,20 @@ def _from_json(data: Any) -> FatbinFile | None:
 def load(digest: str) -> object:
     """The kept answer for the file of this content digest (a FatbinFile or None), else MISS."""
     path = _entry_path(digest)
+    if not path.is_file():
+        return MISS
     try:
-        return _from_json(json.loads(path.read_bytes()))
-    except (OSError, ValueError, TypeError, KeyError):
-        return MISS  # absent, unreadable or damaged: the file is read again and the entry rewritten
+        return _from_json(
+            read_json(
+                path,
+                "a kept kernel audit entry",
+                max_bytes=MAX_ENTRY_BYTES,
+                named=False,
+                within=(cache_root(),),
+            )
+        )
+    except (InputError, ValueError, TypeError, KeyError):
+        return MISS  # unreadable or damaged: the file is read again and the entry rewritten
 
 
 def store(digest: str, fatbin: FatbinFile | None) -> None:
