@@ -7,7 +7,12 @@ kept for the warm runs that follow.
   verify:  verify's kernels check (suite.check_kernels: the recipe's required libraries), as `invoke verify` runs it
   kernels: python -m invoke kernels --recipe R --image IMAGE  (the kernel report, audit-only without --profile)
 
-    python benchmarks/bench_image_check.py --image REF --code DIR [--code DIR2] [--runs 3] --out results/x.json
+    python benchmarks/bench_image_check.py --image REF --code DIR [--code DIR2] [--runs 3] [--recipe R] \
+        [--only verify --only kernels] [--bytecode] --out results/x.json
+
+The runs alternate between the checkouts (cold 1 of each, then cold 2 of each...), so that a change of the shared
+machine's load falls on all of them; each run's load average is kept beside its time. `--bytecode` lets Python
+write and use its compiled modules (as an installed package does) even where PYTHONDONTWRITEBYTECODE is set.
 """
 
 from __future__ import annotations
@@ -30,17 +35,17 @@ VERIFY = (
 )
 
 
-def commands(image: str, out: Path) -> dict[str, list[str]]:
+def commands(image: str, out: Path, recipe: str = RECIPE) -> dict[str, list[str]]:
     return {
-        "audit": [sys.executable, "-m", "invoke", "audit", image, "--recipe", RECIPE],
-        "verify": [sys.executable, "-c", VERIFY, RECIPE, image],
+        "audit": [sys.executable, "-m", "invoke", "audit", image, "--recipe", recipe],
+        "verify": [sys.executable, "-c", VERIFY, recipe, image],
         "kernels": [
             sys.executable,
             "-m",
             "invoke",
             "kernels",
             "--recipe",
-            RECIPE,
+            recipe,
             "--image",
             image,
             "--json",
@@ -64,25 +69,46 @@ def main() -> int:
     parser.add_argument("--code", type=Path, action="append", required=True)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--recipe", default=RECIPE, help="a name, or a path inside each checkout (run from its root)"
+    )
+    parser.add_argument("--only", action="append", choices=["audit", "verify", "kernels"])
+    parser.add_argument("--bytecode", action="store_true")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-image-check-"))
     results: dict[str, dict[str, dict[str, object]]] = {}
-    for code in args.code:
-        for name, argv in commands(args.image, out).items():
-            cache = out / "cache"
-            env = {**os.environ, "SPARKFORGE_CACHE": str(cache), "PYTHONPATH": str(code.resolve())}
-            cold = []
-            for _ in range(args.runs):
-                shutil.rmtree(cache, ignore_errors=True)
-                cold.append(timed(argv, code, env))
-            warm = [timed(argv, code, env) for _ in range(args.runs)]
-            results.setdefault(str(code), {})[name] = {
-                "cold_s": [round(t, 2) for t in cold],
-                "cold_median_s": round(statistics.median(cold), 2),
-                "warm_s": [round(t, 2) for t in warm],
-                "warm_median_s": round(statistics.median(warm), 2),
+    for name, argv in commands(args.image, out, args.recipe).items():
+        if args.only and name not in args.only:
+            continue
+        envs = {}
+        for code in args.code:
+            env = {
+                **os.environ,
+                "SPARKFORGE_CACHE": str(out / code.name / "cache"),
+                "PYTHONPATH": str(code.resolve()),
             }
-            print(code, name, results[str(code)][name], flush=True)
+            if args.bytecode:
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
+                timed(argv, code, env)  # writes the compiled modules, once
+            envs[code] = env
+        runs: dict[Path, dict[str, list[tuple[float, float]]]] = {
+            c: {"cold": [], "warm": []} for c in args.code
+        }
+        for kind in ("cold", "warm"):
+            for _ in range(args.runs):
+                for code, env in envs.items():
+                    if kind == "cold":
+                        shutil.rmtree(env["SPARKFORGE_CACHE"], ignore_errors=True)
+                    runs[code][kind].append((timed(argv, code, env), os.getloadavg()[0]))
+        for code in args.code:
+            found = {}
+            for kind in ("cold", "warm"):
+                times = [t for t, _ in runs[code][kind]]
+                found[f"{kind}_s"] = [round(t, 2) for t in times]
+                found[f"{kind}_median_s"] = round(statistics.median(times), 2)
+                found[f"{kind}_load"] = [round(load, 2) for _, load in runs[code][kind]]
+            results.setdefault(str(code), {})[name] = found
+            print(code, name, found, flush=True)
     shutil.rmtree(out, ignore_errors=True)
     data = {"image": args.image, "results": results, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip

@@ -137,6 +137,19 @@ def scope_filter(only: Sequence[str] | None) -> Callable[[str], bool] | None:
     return lambda path: combined.fullmatch(path) is not None
 
 
+def name_filter(only: Sequence[str] | None) -> Callable[[str], bool] | None:
+    """A test of a file's base name that every path `scope_filter(only)` accepts passes (the globs' last parts);
+    None when a glob's last part may cross directories (`**`) or every file is in scope."""
+    if only is None or any("**" in g.rsplit("/", 1)[-1] for g in only):
+        return None
+    if not only:
+        return lambda name: False
+    combined = re.compile(
+        "|".join(f"(?:{glob_regex(g.rsplit('/', 1)[-1]).pattern})" for g in sorted(set(only)))
+    )
+    return lambda name: combined.fullmatch(name) is not None
+
+
 def _listing(items: Sequence[str]) -> str:
     shown = ", ".join(items[:MAX_LISTED])
     return shown + (f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")

@@ -29,6 +29,8 @@ from sparkforge.audit.elf import (
 )
 from sparkforge.errors import AuditError
 
+# Part of every kept answer's key (verify/auditcache.py): bump it when the same bytes would be read differently.
+READER_VERSION = 1
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 

@@ -90,6 +90,11 @@ def _scanned(where: str, read: Callable[[], FatbinFile | None]) -> ScannedFile |
     return None if fatbin is None else ScannedFile(path=where, fatbin=fatbin)
 
 
+def scan_one(where: str, path: Path) -> ScannedFile | None:
+    """One file on disk reported as `where`: its device code, None when it has none, or the reason it is unreadable."""
+    return _scanned(where, lambda: read_fatbin_file(path, where))
+
+
 def _walk(root: Path) -> Iterator[Path]:
     """Regular files under `root`, not following links (an image's links point at files seen anyway)."""
     stack = [root]
@@ -127,7 +132,7 @@ def scan_files(files: Sequence[tuple[str, Path]], workers: int) -> ScanResult:
         for pair in batch:
             assert isinstance(pair, tuple)
             rel, path = pair
-            item = _scanned(rel, lambda p=path, r=rel: read_fatbin_file(p, r))
+            item = scan_one(rel, path)
             if item is not None:
                 found.append(item)
         return found

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,6 +221,20 @@ def _listing(root: Path, digest: str | None) -> LayerListing:
     return listing
 
 
+def _once_per_inode(visible: Mapping[str, LayerFile]) -> list[LayerFile]:
+    """The visible files sorted by path, a hard-linked file under its first name only (as the export lists it)."""
+    seen: set[tuple[int, int]] = set()
+    files: list[LayerFile] = []
+    for path in sorted(visible):
+        item = visible[path]
+        if item.links > 1:
+            if item.inode in seen:
+                continue  # a hard link: the export lists it as a link, not as a second file
+            seen.add(item.inode)
+        files.append(item)
+    return files
+
+
 def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | None = None) -> ImageTree:
     """Merge layer directories (bottom to top, overlayfs rules) into the image's visible regular files.
 
@@ -235,15 +249,7 @@ def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | N
     for index, layer in enumerate(layers):
         listing = _listing(layer, digests[index] if digests is not None else None)
         written.append(_apply_layer(index, layer, listing, visible, dirs))
-    seen: set[tuple[int, int]] = set()
-    files: list[LayerFile] = []
-    for path in sorted(visible):
-        item = visible[path]
-        if item.links > 1:
-            if item.inode in seen:
-                continue  # a hard link: the export lists it as a link, not as a second file
-            seen.add(item.inode)
-        files.append(item)
+    files = _once_per_inode(visible)
     shown = [0] * len(layers)
     for item in files:
         shown[item.layer] += item.size
@@ -252,6 +258,84 @@ def read_layers(layers: Sequence[Path], subject: str, digests: Sequence[str] | N
         for i, layer in enumerate(layers)
     )
     return ImageTree(subject=subject, layers=stats, files=tuple(files))
+
+
+def _scoped_layer(
+    root: str,
+    keep: Callable[[str], bool],
+    name: Callable[[str], bool],
+    visible: Mapping[str, LayerFile],
+    above: set[str],
+) -> tuple[list[tuple[str, str]], list[str], int]:
+    """One layer walked by directory entry type alone: (its files `keep` accepts, the paths where it hides lower
+    files, how many regular files it holds). `above`: the directories holding the lower layers' kept files.
+
+    Nothing is stat'ed here, only a directory holding a kept lower file has its opaque attribute read, and a
+    file's path is built only where it may matter (its directory holds kept lower files, or its name passes)."""
+    kept: list[tuple[str, str]] = []
+    hides: list[str] = []
+    files = 0
+    stack = [("", root)]
+    while stack:
+        rel_dir, real_dir = stack.pop()
+        watched = rel_dir in above if rel_dir else bool(visible)  # only here can an entry hide a kept file
+        try:
+            listing = os.scandir(real_dir)
+        except OSError as exc:
+            raise AuditError(
+                f"{real_dir}: cannot list a layer directory of the engine's store ({exc.strerror}); fix: run "
+                "as a user who can read the Docker root directory, or audit through the export stream"
+            ) from exc
+        with listing:
+            for entry in listing:
+                if entry.is_dir(follow_symlinks=False):
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    stack.append((rel, entry.path))
+                    if watched and (rel in visible or (rel in above and _is_opaque(entry.path))):
+                        hides.append(
+                            rel
+                        )  # a directory over a lower file; an opaque one over a lower directory
+                    continue
+                rel = ""
+                if watched:
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    if rel in visible or rel in above:
+                        hides.append(rel)  # a whiteout, file or link over a lower file or directory
+                if entry.is_file(follow_symlinks=False):
+                    files += 1
+                    if name(entry.name):
+                        rel = rel or (f"{rel_dir}/{entry.name}" if rel_dir else entry.name)
+                        if keep(rel):
+                            kept.append((rel, entry.path))
+    return kept, hides, files
+
+
+def read_layers_scoped(
+    layers: Sequence[Path], keep: Callable[[str], bool], name: Callable[[str], bool] = lambda _: True
+) -> tuple[list[LayerFile], int]:
+    """The image's visible regular files whose path `keep` accepts, and how many regular files the layers hold.
+    `name`: a first test of a file's base name that every kept file passes (e.g. audit.coverage.name_filter).
+
+    The same overlayfs rules as `read_layers` (whiteouts, opaque directories, a directory or a link over a file),
+    applied to the kept files only: each layer is walked by its directory entries' types, and only the kept
+    files are stat'ed, so an audit of three libraries does not pay a stat and a merge for each of 100k files."""
+    visible: dict[str, LayerFile] = {}
+    above: set[str] = set()
+    total = 0
+    for index, layer in enumerate(layers):
+        kept, hides, files = _scoped_layer(str(layer), keep, name, visible, above)
+        total += files
+        for path in hides:
+            prefix = path + "/"
+            for hidden in [p for p in visible if p == path or p.startswith(prefix)]:
+                del visible[hidden]
+        for rel, location in kept:
+            info = os.stat(location, follow_symlinks=False)
+            visible[rel] = LayerFile(
+                rel, location, info.st_size, index, (info.st_dev, info.st_ino), info.st_nlink
+            )
+        above = {path.rsplit("/", i)[0] for path in visible for i in range(1, path.count("/") + 1)}
+    return _once_per_inode(visible), total
 
 
 def image_tree(ref: str) -> ImageTree | None:
@@ -269,8 +353,7 @@ def audit_image(
     """Kernel coverage of an image: from its layers when readable (`reader` auto/layers), else its export.
 
     `only`: globs of the libraries to open (None: every file that may carry device code)."""
-    from sparkforge.audit.coverage import scope_filter
-    from sparkforge.audit.scan import audit_files, audit_tar_stream
+    from sparkforge.audit.scan import audit_tar_stream
     from sparkforge.errors import InputError
     from sparkforge.report import load_report
 
@@ -296,25 +379,58 @@ def audit_image(
         except InputError:
             pass  # a damaged cache file: audited again and rewritten
     start = time.monotonic()
-    tree = None if reader == "export" else image_tree(ref)
-    if tree is None and reader == "layers":
+    layers = None if reader == "export" else engine.image_layer_dirs(ref)
+    if layers is None and reader == "layers":
         raise AuditError(
             f"{ref}: the engine's layer store cannot be read from this host (not overlay2, remote, or no "
             "permission); fix: run as root on the engine's host, or use the export reader"
         )
-    if tree is not None:
-        keep = scope_filter(only) or (lambda _: True)
-        wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path) and keep(f.path)]
-        report = audit_files(wanted, ref, gpu=gpu, require=require, only=only)
-        report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
-        if only is not None:
-            report.extra["summary"]["not_opened"] += len(tree.files) - len(wanted)
+    if layers is not None:
+        digests = [str(d) for d in (engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or []]
+        report = audit_layers(ref, layers, digests, gpu, require, only)
     else:
         with engine.ExportedFilesystem(ref) as stream:
             report = audit_tar_stream(stream, subject=ref, gpu=gpu, require=require, only=only)
     report.extra["reader"] = {
-        "kind": "layers" if tree is not None else "export",
+        "kind": "layers" if layers is not None else "export",
         "duration_s": round(time.monotonic() - start, 3),
     }
     write_atomic(cached, json.dumps(report.to_dict(), sort_keys=True).encode())
     return report
+
+
+def audit_layers(
+    ref: str,
+    layers: Sequence[Path],
+    digests: Sequence[str],
+    gpu: str,
+    require: Sequence[str],
+    only: Sequence[str] | None,
+) -> Report:
+    """The audit from the layer directories: with `only`, a walk that stats and merges just the files in scope;
+    each library's fatbin headers kept under its layer's digest and path (verify/auditcache.py)."""
+    from sparkforge.audit.compat import parse_target
+    from sparkforge.audit.coverage import build_report, name_filter, scope_filter
+    from sparkforge.audit.scan import audit_files, scan_one
+    from sparkforge.verify import auditcache
+
+    start = time.monotonic()
+    keep = scope_filter(only)
+    if (
+        keep is None
+    ):  # every library: the full merge (its listings kept per layer), then every candidate opened
+        tree = read_layers(layers, ref, digests or None)
+        wanted = [(f.path, f.source) for f in tree.files if may_carry_device_code(f.path)]
+        report = audit_files(wanted, ref, gpu=gpu, require=require)
+        report.extra["summary"]["files_scanned"] = len(tree.files)  # every file was considered, by name
+        return report
+    names = name_filter(only) or (lambda _: True)
+    files, total = read_layers_scoped(layers, lambda path: keep(path) and may_carry_device_code(path), names)
+    if len(digests) == len(layers):
+        scanned = auditcache.scan_known([(f.path, f.source, auditcache.layer_file_digest(digests[f.layer], f.path))
+                                         for f in files])  # fmt: skip
+    else:  # no digest per layer: nothing names the files' content
+        scanned = [s for f in files if (s := scan_one(f.path, f.source)) is not None]
+    # files_scanned: the layers' regular files, considered by name (a file an upper layer hides counts too)
+    return build_report(ref, parse_target(gpu), scanned, require, total, time.monotonic() - start,
+                        only=only, not_opened=total - len(files))  # fmt: skip

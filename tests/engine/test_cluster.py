@@ -59,6 +59,25 @@ def _invoke(*args: str, netns: str | None = None, env: dict[str, str] | None = N
     return proc, time.monotonic() - start
 
 
+def _stage_times(report_path: Path) -> str:
+    """The doctor's seconds per stage and, per node, its sanity rank's (printed: figures go to benchmarks/cluster.md)."""
+    checks = json.loads(report_path.read_text())["checks"]
+    stages = ", ".join(f"{c['name']} {c['duration_s']:.2f}" for c in checks if c["status"] != "skipped")
+    nodes = []
+    for label, rank in (
+        (next(c for c in checks if c["name"] == "sanity").get("details") or {}).get("ranks") or {}
+    ).items():
+        done = {s["stage"]: s for s in rank["stages"] if s.get("event") == "done"}
+        imports = (
+            done.get("rendezvous", {}).get("torch_import_s"),
+            done.get("message-queue", {}).get("import_s"),
+        )
+        nodes.append(
+            f"{label}: rank {rank['seconds']} s (torch import {imports[0]}, queue import {imports[1]})"
+        )
+    return f"doctor stages (s): {stages}" + ("; " + "; ".join(nodes) if nodes else "")
+
+
 def _leftovers(cluster) -> dict[str, list[str]]:
     return {n.name: n.containers() for n in cluster.nodes if n.dockerd is not None}
 
@@ -71,7 +90,9 @@ def test_doctor_names_an_advertised_lan_address(two_nodes, tmp_path: Path) -> No
         "--json", str(report_path),
     )  # fmt: skip
     out = proc.stdout + proc.stderr
-    print(out, f"\ndoctor (misconfigured) wall: {seconds:.1f} s; set-up: {TIMINGS}")
+    print(
+        out, f"\ndoctor (misconfigured) wall: {seconds:.1f} s; set-up: {TIMINGS}\n{_stage_times(report_path)}"
+    )
     assert proc.returncode == 1 and "Traceback" not in out
     report = json.loads(report_path.read_text())
     checks = {c["name"]: c for c in report["checks"]}
@@ -102,7 +123,7 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
         "--interface", "fabric0", "--json", str(report_path),
     )  # fmt: skip
     out = proc.stdout + proc.stderr
-    print(out, f"\ndoctor (--interface) wall: {seconds:.1f} s")
+    print(out, f"\ndoctor (--interface) wall: {seconds:.1f} s\n{_stage_times(report_path)}")
     assert proc.returncode == 0, out
     checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
     nothing_to_do = ("paths", "transport", "nccl-library")  # no paths given, no RDMA, maybe a CPU torch
@@ -118,6 +139,7 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
         assert done["message-queue"]["remote_subscribe_addr"].startswith(
             "tcp://10.77.0.1:"
         )  # a remote reader
+        assert done["message-queue"]["vllm_init_run"] is False  # the queue's module alone, not vllm/__init__
     assert checks["sanity"]["duration_s"] < 60, checks["sanity"]["duration_s"]
     assert _leftovers(two_nodes) == {"a": [], "b": []}
 
@@ -163,7 +185,7 @@ def test_one_node_over_ssh(two_nodes, tmp_path: Path) -> None:
         netns=a.netns, env=env,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
-    print(out, f"\ndoctor over ssh wall: {seconds:.1f} s")
+    print(out, f"\ndoctor over ssh wall: {seconds:.1f} s\n{_stage_times(report_path)}")
     assert proc.returncode == 0, out
     checks = {c["name"]: c for c in json.loads(report_path.read_text())["checks"]}
     assert "node1 (ssh://root@10.77.0.2:2222)" in checks["engines"]["details"]  # reached through ssh

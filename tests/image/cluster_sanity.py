@@ -198,17 +198,51 @@ def nccl_library() -> int:
 # ---- sanity ---------------------------------------------------------------------------------------
 
 
+def vllm_message_queue() -> tuple[type, bool]:
+    """vLLM's MessageQueue class, and whether vllm/__init__.py ran to import it.
+
+    The package's __init__ runs vllm.env_override (torch inductor patches, CUDA-compat library paths: ~5 s of
+    the rank's imports, more than torch itself), which the queue does not use; the queue's module and everything
+    it imports are loaded as usual, only that one file is not run. An image whose queue module needs it gets the
+    plain import."""
+    import importlib
+    import importlib.util
+
+    if "vllm" not in sys.modules:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("no vllm package")
+        sys.modules["vllm"] = importlib.util.module_from_spec(spec)  # the package, its __init__ not run
+        try:
+            module = importlib.import_module("vllm.distributed.device_communicators.shm_broadcast")
+            return module.MessageQueue, False
+        except Exception:
+            for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+                del sys.modules[name]
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    return MessageQueue, True
+
+
 def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: bool, local_rank: int) -> int:
+    started = time.monotonic()
     import torch
     import torch.distributed as dist
 
     timeout = dt.timedelta(seconds=timeout_s)
+    imports = round(time.monotonic() - started, 3)  # torch's import: most of a rank's time before it dials
     emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
     start = time.monotonic()
     dist.init_process_group(
         "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world, timeout=timeout
     )
-    emit("done", stage="rendezvous", rank=rank, seconds=round(time.monotonic() - start, 3))
+    emit(
+        "done",
+        stage="rendezvous",
+        rank=rank,
+        seconds=round(time.monotonic() - start, 3),
+        torch_import_s=imports,
+    )
 
     emit("stage", stage="gloo-allreduce", rank=rank)
     start = time.monotonic()
@@ -265,11 +299,12 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
         emit("stage", stage="message-queue", rank=rank)
         start = time.monotonic()
         try:
-            from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+            MessageQueue, package_init = vllm_message_queue()
         except ImportError:
             emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
             mq = False
     if mq:
+        imported = round(time.monotonic() - start, 3)
         # vLLM's own construction: the writer advertises get_ip() (VLLM_HOST_IP or the default-route address).
         queue = MessageQueue.create_from_process_group(dist.group.WORLD, 1 << 20, 2, writer_rank=0)
         ready = round(time.monotonic() - start, 3)
@@ -288,6 +323,8 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
             rank=rank,
             seconds=round(time.monotonic() - start, 3),
             ready_s=ready,
+            import_s=imported,
+            vllm_init_run=package_init,
             remote_subscribe_addr=address,
         )
         dist.barrier()

@@ -133,3 +133,23 @@ def test_a_wheels_kernel_report_opens_what_its_verdicts_need_unless_asked_for_al
     assert len(list((tmp_path / "cache" / "kernels" / "audit").glob("*.json"))) == 2  # kept apart
     again = for_target(wheel, "sm_121", REQUIRED).to_dict()  # from the cache, scope and all
     assert again["libraries"] == scoped["libraries"] and again["summary"]["scope"] == REQUIRED
+
+
+@pytest.mark.parametrize(
+    "globs",
+    [
+        ["vllm/_C*.so", "vllm/_moe_C*.so", "torch/lib/libtorch_cuda.so"],
+        ["/usr/lib/[a-c]?.so"],
+        ["a/**/b*.so"],
+        [],
+    ],
+)
+def test_the_name_filter_passes_every_path_in_scope(globs: list[str]) -> None:
+    from sparkforge.audit.coverage import name_filter, scope_filter
+
+    paths = ["vllm/_C.abi3.so", "x/vllm/_moe_C.so", "vllm/_D.so", "torch/lib/libtorch_cuda.so", "usr/lib/ab.so",
+             "lib/ab.so", "a/x/y/bz.so", "a/b.so", "libtorch_cuda.so", "vllm/_C.so/inner"]  # fmt: skip
+    keep, names = scope_filter(globs), name_filter(globs)
+    assert names is not None
+    assert all(names(p.rsplit("/", 1)[-1]) for p in paths if keep(p))
+    assert not names("__init__.py") and name_filter(["**"]) is None and name_filter(["a/**"]) is None

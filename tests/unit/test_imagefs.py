@@ -178,3 +178,40 @@ def test_slim_venv_script_is_shipped_and_valid_python() -> None:
     script = REPO_ROOT / "dockerfiles" / "files" / "slim-venv.py"
     python = shutil.which("python3") or "python3"
     assert subprocess.run([python, str(script), "--help"], capture_output=True).returncode == 0
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "globs",
+    [["**"], ["usr/lib/lib*.so"], ["opaque/*.txt"], ["replaced.bin", "gone/**"], ["**/*.so"], ["a.so"], []],
+)
+def test_the_scoped_read_sees_what_the_full_merge_sees(tmp_path: Path, globs: list[str]) -> None:
+    """Whiteouts (of a file, of a directory), an opaque directory, a file over a directory, a directory and a link
+    over a file, hard links: the files in scope, merged from the kept files alone, are the full merge's."""
+    from sparkforge.audit.coverage import name_filter, scope_filter
+
+    layers = _layers(tmp_path)
+    low, mid, top = layers
+    _write(low, "gone/deep/x.so", b"x" * 3)
+    _write(low, "was_dir/inner.so", b"y" * 4)
+    _write(low, "was_file.so", b"z" * 5)
+    _write(low, "linked.so", b"l" * 6)
+    _write(mid, "gone/deep/y.so", b"x" * 7)
+    _whiteout(top, "gone")
+    _write(top, "was_dir", b"now a file")  # a file where a directory was: its contents are gone
+    _write(top, "was_file.so/inside.so", b"now a directory")
+    (top / "linked.so").symlink_to("usr/lib/libkeep.so")
+    keep = scope_filter(globs)
+    full = [
+        (f.path, f.size, f.layer, f.inode) for f in imagefs.read_layers(layers, "t").files if keep(f.path)
+    ]
+    files, total = imagefs.read_layers_scoped(layers, keep)
+    assert [(f.path, f.size, f.layer, f.inode) for f in files] == full
+    names = name_filter(globs)  # the audit's first test, on base names alone: the same files
+    if names is not None:
+        named, _ = imagefs.read_layers_scoped(layers, keep, names)
+        assert [(f.path, f.size, f.layer, f.inode) for f in named] == full
+    assert total == sum(1 for layer in layers for p in layer.rglob("*") if p.is_file() and not p.is_symlink())
+    # A hard link is listed once, under its first name in scope (the full merge's first name may be out of it)
+    (only,) = imagefs.read_layers_scoped(layers, scope_filter(["b.so"]))[0]
+    assert only.path == "hard/b.so" and only.inode[1] == (top / "hard/a.so").stat().st_ino
