@@ -155,8 +155,13 @@ def _listing(items: Sequence[str]) -> str:
     return shown + (f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
-def require_check(pattern: str, libraries: Sequence[LibraryAudit], unreadable: Sequence[ScannedFile],
-                  target: GpuTarget, scoped: bool = False) -> Check:  # fmt: skip
+def require_check(
+    pattern: str,
+    libraries: Sequence[LibraryAudit],
+    unreadable: Sequence[ScannedFile],
+    target: GpuTarget,
+    scoped: bool = False,
+) -> Check:
     """Failed when no library matches `pattern`, or a matched one has nothing that runs on `target`."""
     matched = [lib for lib in libraries if glob_matches(pattern, lib.path)]
     broken = [f for f in unreadable if glob_matches(pattern, f.path)]
@@ -229,9 +234,17 @@ def coverage_check(
     )
 
 
-def build_report(subject: str, target: GpuTarget, scanned: Sequence[ScannedFile], require: Sequence[str],
-                 files_scanned: int, duration_s: float, *, only: Sequence[str] | None = None,
-                 not_opened: int = 0) -> Report:  # fmt: skip
+def build_report(
+    subject: str,
+    target: GpuTarget,
+    scanned: Sequence[ScannedFile],
+    require: Sequence[str],
+    files_scanned: int,
+    duration_s: float,
+    *,
+    only: Sequence[str] | None = None,
+    not_opened: int = 0,
+) -> Report:
     """The audit report in the shape of every check report (sparkforge/report.py: JSON, JUnit XML, table).
 
     `only`: the globs the scan was limited to (None: every file); the summary says so, since the libraries and

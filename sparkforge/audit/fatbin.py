@@ -146,8 +146,22 @@ def parse_entries(buf: Buffer, start: int, end: int, where: str, budget: list[in
     while pos < end:
         if end - pos < _ENTRY.size:
             raise corrupt(where, f"entry header at offset {pos:#x} runs past the container end {end:#x}")
-        (kind, _, header_size, payload_size, _compressed, _options, _minor, _major, arch, name_offset,
-         name_len, flags, _, uncompressed) = unpack(buf, pos)  # fmt: skip
+        (
+            kind,
+            _,
+            header_size,
+            payload_size,
+            _compressed,
+            _options,
+            _minor,
+            _major,
+            arch,
+            name_offset,
+            name_len,
+            flags,
+            _,
+            uncompressed,
+        ) = unpack(buf, pos)
         if not _ENTRY.size <= header_size <= MAX_ENTRY_HEADER:
             raise corrupt(where, f"entry at offset {pos:#x} has header size {header_size}")
         if payload_size > end - pos - header_size:
@@ -273,8 +287,9 @@ def parse_elf(buf: Buffer, where: str) -> FatbinFile | None:
             and section.offset <= size
             and section.size <= size - section.offset
         ):
-            embedded.extend(scan_embedded(buf, section.offset, section.offset + section.size, section.name, where,
-                                          budget))  # fmt: skip
+            embedded.extend(
+                scan_embedded(buf, section.offset, section.offset + section.size, section.name, where, budget)
+            )
     if not embedded:
         return None
     return FatbinFile(format="elf", machine=machine, containers=tuple(embedded), embedded=True)

@@ -60,8 +60,9 @@ def _batches(items: Sequence[object], size: int) -> list[Sequence[object]]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
-def _run_batched(func: Callable[[Sequence[object]], list[ScannedFile]], batches: list[Sequence[object]],
-                 workers: int) -> list[ScannedFile]:  # fmt: skip
+def _run_batched(
+    func: Callable[[Sequence[object]], list[ScannedFile]], batches: list[Sequence[object]], workers: int
+) -> list[ScannedFile]:
     if workers <= 1 or len(batches) <= 1:
         return [found for batch in batches for found in func(batch)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -301,8 +302,16 @@ def audit_target(
         ) from exc
     except OSError as exc:
         raise AuditError(f"{path}: cannot be read ({exc}). Check the path and its permissions.") from exc
-    return build_report(str(path), target, result.files, require, result.files_scanned,
-                        time.monotonic() - start, only=only, not_opened=result.not_opened)  # fmt: skip
+    return build_report(
+        str(path),
+        target,
+        result.files,
+        require,
+        result.files_scanned,
+        time.monotonic() - start,
+        only=only,
+        not_opened=result.not_opened,
+    )
 
 
 def audit_tar_stream(
@@ -316,8 +325,16 @@ def audit_tar_stream(
     target = parse_target(gpu)
     start = time.monotonic()
     result = scan_tar_stream(fileobj, subject, only)
-    return build_report(subject, target, result.files, require, result.files_scanned,
-                        time.monotonic() - start, only=only, not_opened=result.not_opened)  # fmt: skip
+    return build_report(
+        subject,
+        target,
+        result.files,
+        require,
+        result.files_scanned,
+        time.monotonic() - start,
+        only=only,
+        not_opened=result.not_opened,
+    )
 
 
 def audit_files(
@@ -333,5 +350,13 @@ def audit_files(
     start = time.monotonic()
     wanted = in_scope(files, only)
     result = scan_files(wanted, workers or default_workers())
-    return build_report(subject, target, result.files, require, len(files), time.monotonic() - start,
-                        only=only, not_opened=len(files) - len(wanted))  # fmt: skip
+    return build_report(
+        subject,
+        target,
+        result.files,
+        require,
+        len(files),
+        time.monotonic() - start,
+        only=only,
+        not_opened=len(files) - len(wanted),
+    )

@@ -22,7 +22,7 @@ from sparkforge.audit.coverage import ScannedFile
 from sparkforge.audit.fatbin import READER_VERSION, Container, Entry, FatbinFile
 from sparkforge.audit.scan import scan_one
 from sparkforge.boundary import read_json
-from sparkforge.cache import cache_path, cache_root, write_atomic
+from sparkforge.context import cache_path, cache_root, write_atomic
 from sparkforge.errors import InputError
 
 _FORMATS = ("elf", "fatbin")
@@ -60,8 +60,13 @@ def _to_json(fatbin: FatbinFile | None) -> dict[str, Any]:
 def _entry(raw: Sequence[Any]) -> Entry:
     kind, arch, variant, compression, offset, header, payload, size, flags, name = raw
     ints = (arch, offset, header, payload, size, flags)
-    if not (isinstance(kind, str) and variant in _VARIANTS and compression in _COMPRESSIONS and isinstance(name, str)
-            and all(type(v) is int and v >= 0 for v in ints)):  # fmt: skip
+    if not (
+        isinstance(kind, str)
+        and variant in _VARIANTS
+        and compression in _COMPRESSIONS
+        and isinstance(name, str)
+        and all(type(v) is int and v >= 0 for v in ints)
+    ):
         raise ValueError("not a fatbin entry")
     return Entry(kind, arch, variant, compression, offset, header, payload, size, flags, name)
 

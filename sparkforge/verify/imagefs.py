@@ -427,10 +427,19 @@ def audit_layers(
     names = name_filter(only) or (lambda _: True)
     files, total = read_layers_scoped(layers, lambda path: keep(path) and may_carry_device_code(path), names)
     if len(digests) == len(layers):
-        scanned = auditcache.scan_known([(f.path, f.source, auditcache.layer_file_digest(digests[f.layer], f.path))
-                                         for f in files])  # fmt: skip
+        scanned = auditcache.scan_known(
+            [(f.path, f.source, auditcache.layer_file_digest(digests[f.layer], f.path)) for f in files]
+        )
     else:  # no digest per layer: nothing names the files' content
         scanned = [s for f in files if (s := scan_one(f.path, f.source)) is not None]
     # files_scanned: the layers' regular files, considered by name (a file an upper layer hides counts too)
-    return build_report(ref, parse_target(gpu), scanned, require, total, time.monotonic() - start,
-                        only=only, not_opened=total - len(files))  # fmt: skip
+    return build_report(
+        ref,
+        parse_target(gpu),
+        scanned,
+        require,
+        total,
+        time.monotonic() - start,
+        only=only,
+        not_opened=total - len(files),
+    )
