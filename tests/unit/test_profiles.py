@@ -202,7 +202,7 @@ def test_every_served_test_profile_checks_the_trained_models_right_answer(path: 
     assert expect.search(" ".join(right)) is not None, (path.name, check.expect)
 
     def off_by_one(i: int) -> str:
-        return " ".join(right[:i] + [str((int(right[i]) + 1) % 100)] + right[i + 1 :])
+        return " ".join([*right[:i], str((int(right[i]) + 1) % 100), *right[i + 1 :]])
 
     judged = [i for i in range(len(right)) if expect.search(off_by_one(i)) is None]
     assert judged == list(range(len(judged))) and len(judged) >= 4, (path.name, judged)
@@ -210,4 +210,7 @@ def test_every_served_test_profile_checks_the_trained_models_right_answer(path: 
         assert expect.search(" ".join(answer)) is None, (path.name, answer)
     if path.stem in SERVED_WHOLE:
         assert len(judged) == check.max_tokens, path.name
-        assert expect.search(" ".join(right[:-1])) is None and expect.search(" ".join(right + right[-1:])) is None
+        assert (
+            expect.search(" ".join(right[:-1])) is None
+            and expect.search(" ".join([*right, right[-1]])) is None
+        )
