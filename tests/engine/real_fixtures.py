@@ -1,9 +1,10 @@
-"""Session fixtures for the real-vLLM tests: the CPU twin image (built by sparkforge, cached) and a tiny model.
+"""Session fixtures for the real-vLLM tests: the CPU twin image (built by sparkforge, cached) and the tiny model.
 
 The twin (tests/recipes/ci-cpu-twin.yaml) is built through the same pipeline as every recipe; BuildKit's cache
-makes a rebuild on a reused machine seconds. The tiny Qwen3.5-MoE checkpoint is TRAINED (to count: every answer
-is right or wrong) INSIDE the twin image (it has torch and transformers) into sparkforge's cache, keyed by the
-content of what makes it, so this host needs neither; nothing is downloaded.
+makes a rebuild on a reused machine seconds. The tiny Qwen3.5-MoE checkpoint every served test uses (serve,
+bench, cluster, conform) is TRAINED (to count: every answer is right or wrong) INSIDE the twin image (it has
+torch and transformers) into sparkforge's cache, keyed by the content of what makes it, so this host needs
+neither; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ TWIN_RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
 TINY_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml")
 # Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
 TWIN_REF = "sparkforge-run-test/cpu-twin:vllm"
-MAKER = Path(__file__).with_name("tiny_qwen35moe.py")
 TRAINER = Path(__file__).with_name("tiny_trained_qwen35moe.py")
 REAL_TIMINGS: dict[str, float] = {}  # printed by the tests, recorded in benchmarks/serve-real.md
 
@@ -44,27 +44,6 @@ def cpu_twin(
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
-@pytest.fixture(scope="session")
-def tiny_model(cpu_twin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen3.5-MoE (fixed seed) and a local tokenizer, written by the twin image into a host dir."""
-    out = tmp_path_factory.mktemp("tiny-qwen35moe")
-    start = time.monotonic()
-    proc = sh(
-        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
-        "--volume", f"{MAKER}:/opt/tiny_qwen35moe.py:ro", "--volume", f"{out}:/out",
-        cpu_twin, "/opt/tiny_qwen35moe.py", "/out", timeout=900,
-    )  # fmt: skip
-    REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
-    made = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
-        made["files"]
-    )
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
-    sh("chmod", "-R", "a+rX", str(out))
-    return out
-
-
 TRAIN_STEPS = 400
 
 
@@ -76,7 +55,7 @@ def trained_model_key() -> str:
 
 @pytest.fixture(scope="session")
 def trained_model(cpu_twin: str) -> Path:
-    """The tiny Qwen3.5-MoE TRAINED (for conform) to count (fixed seed) with a local tokenizer, made by the twin image and cached
+    """The tiny Qwen3.5-MoE TRAINED to count (fixed seed) with a local tokenizer, made by the twin image and cached
     by content hash (sparkforge's cache: a second session reuses it; CI's fresh machine trains it, ~3-4 min)."""
     from sparkforge.context import cache_path
 

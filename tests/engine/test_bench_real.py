@@ -1,7 +1,7 @@
 """`invoke bench` for real, both suites, against one served CPU twin: vLLM's own client and llama-benchy.
 
-No mock: the twin image sparkforge built serves the tiny random-weight Qwen3.5-MoE through vLLM's OpenAI server
-(tests/profiles/cpu-tiny-qwen35moe-bench.yaml); `vllm bench serve` (default suite) and the pinned llama-benchy
+No mock: the twin image sparkforge built serves the tiny trained Qwen3.5-MoE (the conform tests' session model;
+serve checks its known answer) through vLLM's OpenAI server (tests/profiles/cpu-tiny-qwen35moe-bench.yaml); `vllm bench serve` (default suite) and the pinned llama-benchy
 wheel from PyPI (spark-arena-v2 suite) run inside it at small sizes (prompt 128 / generate 32, depth 0 and 512,
 concurrency 1 and 2, repeats 2); the files they write are read by their documented keys. Then the store,
 bench.history, bench.compare (equal results pass, a different suite is refused) and bench.report's page.
@@ -21,7 +21,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from real_fixtures import TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
+from real_fixtures import TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
 
@@ -75,14 +75,15 @@ def corpus(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(cpu_twin: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(cpu_twin: str, trained_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cache = tmp_path_factory.mktemp("bench-cache")
     code, out = invoke(
         "serve", "--recipe", TWIN_RECIPE, "--profile", PROFILE, "--image", cpu_twin, "--gpus", "none",
-        "--model-dir", str(tiny_model), "--cache-dir", str(cache), "--port", PORT, "--ulimit", "nofile=16384",
+        "--model-dir", str(trained_model), "--cache-dir", str(cache), "--port", PORT, "--ulimit", "nofile=16384",
     )  # fmt: skip
     try:
         assert code == 0, out[-3000:]
+        assert "answer: 48 47 46 45 44 43 42 41 40 39 38 37 36 35 34 33\n" in out, out[-3000:]
         yield cpu_twin
     finally:
         invoke("serve.down", "--profile", Path(PROFILE).stem)

@@ -2,7 +2,8 @@
 
 Node a and node b (each a network namespace with its own dockerd, tests/engine/cluster.py) run one vLLM rank
 each, pipeline parallel 2 over the `fabric0` link: the doctor passes, both ranks load their half of the tiny
-Qwen3.5-MoE (their logs say so), the head answers a chat completion, cluster.down leaves nothing. Then the
+trained Qwen3.5-MoE (their logs say so), the head answers a chat completion right (the progression's 16 next
+numbers, through both stages), cluster.down leaves nothing. Then the
 field hang: the same launch without the doctor and without the link address (vLLM advertises the address of
 its default route, the unreachable `lan0`), measured; and cluster.up naming it before anything is launched.
 """
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, tiny_model  # noqa: F401
+from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
 from sparkforge.recipe.loader import REPO_ROOT
@@ -56,10 +57,10 @@ def cluster_image() -> str:
 
 
 def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
-    twin_nodes, tiny_model: Path, tmp_path: Path
+    twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:
     a, b = twin_nodes.nodes
-    code, out, seconds = _up(twin_nodes, tiny_model, tmp_path / "cache", "--interface", "fabric0")
+    code, out, seconds = _up(twin_nodes, trained_model, tmp_path / "cache", "--interface", "fabric0")
     REAL_TIMINGS["cluster_up_s"] = round(seconds, 1)
     try:
         head_log = a.docker("logs", f"sparkforge-serve-{PROFILE}-0", check=False).stdout
@@ -73,6 +74,7 @@ def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
         assert "--nnodes 2 --node-rank 1 --master-addr 10.77.0.1 --master-port 29511 --headless" in out
         assert "healthy: http://10.77.0.1:18471/v1" in out
         assert "finish reason: length; usage: prompt" in out and "completion 16 tokens" in out
+        assert "answer: 44 46 48 50 52 54 56 58 60 62 64 66 68 70 72 74\n" in out, out[-3000:]
         assert LOADED.search(head_log), "the head rank did not log loading its weights"
         assert LOADED.search(worker_log), "the worker rank did not log loading its weights"
     finally:
@@ -83,11 +85,11 @@ def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
 
 
 def test_the_wrong_advertised_address_is_named_by_the_doctor_and_nothing_is_launched(
-    twin_nodes, tiny_model: Path, tmp_path: Path
+    twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:
     # Without --interface the fabric is chosen now (cluster.fabric); the field's mistake is the LAN named.
     start = time.monotonic()
-    code, out, seconds = _up(twin_nodes, tiny_model, tmp_path / "cache", "--interface", "lan0")
+    code, out, seconds = _up(twin_nodes, trained_model, tmp_path / "cache", "--interface", "lan0")
     REAL_TIMINGS["doctor_names_hang_s"] = round(seconds, 1)
     assert code == 1 and "cluster.doctor failed, nothing was launched" in out, out[-3000:]
     assert "10.78.1.1" in out and "--interface fabric0" in out, out[-3000:]
@@ -109,7 +111,7 @@ HANG_WATCH_S = 150
     cost_s=300, reason="watches upstream vLLM hang for 150 s by design (benchmarks/hang-real.md)"
 )
 def test_without_the_doctor_the_wrong_address_hangs_vllm_after_loading_weights(
-    twin_nodes, tiny_model: Path, tmp_path: Path
+    twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:
     """The field hang, with real vLLM: Gloo/NCCL told the link (GLOO/NCCL_SOCKET_IFNAME) but no VLLM_HOST_IP, so
     vLLM advertises its message queue on the default route's lan0 address, which the peer cannot reach."""
@@ -124,7 +126,7 @@ def test_without_the_doctor_the_wrong_address_hangs_vllm_after_loading_weights(
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(twin_nodes))]
     env = {"GLOO_SOCKET_IFNAME": "fabric0", "NCCL_SOCKET_IFNAME": "fabric0"}
     options = LaunchOptions(
-        image=cluster_image(), port=18472, master_port=29512, gpus=False, model_dir=tiny_model,
+        image=cluster_image(), port=18472, master_port=29512, gpus=False, model_dir=trained_model,
         cache_dir=str(tmp_path / "cache"), ulimits=("nofile=16384",),
     )  # fmt: skip
     plan = plan_launch(load_profile(PROFILE_PATH), [a.fabric_ip, b.fabric_ip], [env, env], options)

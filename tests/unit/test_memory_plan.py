@@ -160,7 +160,9 @@ def test_invoke_memory_writes_the_plan(tmp_path: Path) -> None:
 
 
 def test_the_twins_own_start_log_for_the_tiny_model(tmp_path: Path) -> None:
-    """vLLM 0.32.0 (the CPU twin) serving tests/profiles/cpu-tiny-qwen35moe.yaml logged (benchmarks/memory.md,
+    """vLLM 0.32.0 (the CPU twin) serving tests/profiles/cpu-tiny-qwen35moe.yaml with the random tiny model (the
+    fixture's config.json; the profile now serves the trained one: the same attention and gated-delta-net
+    shapes, so the same KV figures) logged (benchmarks/memory.md,
     benchmarks/results/memory_twin_vllm_lines.txt): 'Setting attention block size to 384 tokens', 'Padding mamba page
     size by 43.28%', 'CPU KV cache size: 699,008 tokens, Maximum concurrency for 512 tokens per request: 1365.25x'."""
     from sparkforge.run.memory.guard import node_memory

@@ -180,3 +180,37 @@ def test_the_twins_vllm_0_32_reads_its_frontend_flags_where_0_32_keeps_them() ->
     profile = load_profile(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml")
     check_serve_profiles(report, twin, [profile], lambda: found)
     assert [c.status for c in report.checks] == ["passed"], [c.reason for c in report.checks]
+
+
+TEST_PROFILES = sorted((REPO_ROOT / "tests" / "profiles").glob("cpu-tiny-qwen35moe*.yaml"))
+SERVED_WHOLE = {"cpu-tiny-qwen35moe", "cpu-tiny-qwen35moe-bench", "cpu-tiny-qwen35moe-pp2"}
+
+
+@pytest.mark.parametrize("path", TEST_PROFILES, ids=lambda p: p.stem)
+def test_every_served_test_profile_checks_the_trained_models_right_answer(path: Path) -> None:
+    """The served test vehicles (serve, bench, cluster, conform) ask the trained model a progression: their
+    `check.expect`, loaded through the profile schema, takes the right continuation and refuses it with any
+    judged number wrong, and the random model's kind of answer (words); serve's, bench's and the cluster's judge
+    all the tokens asked (one missing or one more fails too), conform's a leading part (its rows judge the rest)."""
+    from sparkforge.recipe.profile import expect_pattern
+    from sparkforge.run.conform.garble import progression_answer
+
+    check = load_profile(path).model.check
+    assert check is not None and not check.ignore_eos, path.name  # the model's own length, no forced decode
+    right = progression_answer(check.prompt, check.max_tokens, 100)
+    expect = expect_pattern(check.expect)
+    assert expect.search(" ".join(right)) is not None, (path.name, check.expect)
+
+    def off_by_one(i: int) -> str:
+        return " ".join([*right[:i], str((int(right[i]) + 1) % 100), *right[i + 1 :]])
+
+    judged = [i for i in range(len(right)) if expect.search(off_by_one(i)) is None]
+    assert judged == list(range(len(judged))) and len(judged) >= 4, (path.name, judged)
+    for answer in (["w12", "w40", "count", "the", *right[4:]], ["the", "answer", "is", *right], []):
+        assert expect.search(" ".join(answer)) is None, (path.name, answer)
+    if path.stem in SERVED_WHOLE:
+        assert len(judged) == check.max_tokens, path.name
+        assert (
+            expect.search(" ".join(right[:-1])) is None
+            and expect.search(" ".join([*right, right[-1]])) is None
+        )

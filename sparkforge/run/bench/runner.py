@@ -298,17 +298,17 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
     options = replace(options, wheel_cache=options.wheel_cache or session.cache_dir / "wheels")
     name, info = _served(engine, profile)
     args = [str(a) for a in info.get("Args") or []]
+    path = args[1] if len(args) > 1 and args[0] == "serve" else profile.model.model
     ctx = {
         "port": _flag(args, "--port", "8000"),
-        "tokenizer": args[1] if len(args) > 1 and args[0] == "serve" else profile.model.model,
+        # The clients count tokens with the server's own tokenizer (a profile may name one beside the weights).
+        "tokenizer": _flag(args, "--tokenizer", path),
         "model": _flag(args, "--served-model-name", profile.model.served_model_name or profile.model.model),
     }
     reading = json.loads(
-        engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, ctx["tokenizer"])
-        .strip()
-        .splitlines()[-1]
+        engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, path).strip().splitlines()[-1]
     )
-    model = model_identity(ctx["tokenizer"], ctx["model"], reading)
+    model = model_identity(path, ctx["model"], reading)
     hardware = {k: v for k, v in reading.items() if k != "model_config_sha256"}
     image = _inspect(engine, "image", str(info.get("Image")))
     engine.call("bench-dir", "exec", name, "mkdir", "-p", RESULT_DIR)
