@@ -185,3 +185,43 @@ def test_the_private_name_check_sees_both_spellings(tmp_path: Path) -> None:
         "again._third",
         "sparkforge.engine._fourth",
     ]
+
+
+TABLE = (ast.List, ast.Tuple, ast.Dict, ast.Set)
+
+
+def _fmt_skips_off_tables(path: Path) -> list[int]:
+    """Lines of `path` whose `# fmt: skip` is not on a table: an assignment or return of a list, tuple, dict or
+    set display (rows a reader scans by column). Everything else is laid out by the formatter."""
+    text = path.read_text()
+    marked = [i for i, line in enumerate(text.splitlines(), 1) if line.rstrip().endswith("# fmt: skip")]
+    if not marked:
+        return []
+    statements = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.stmt)]
+    found = []
+    for line in marked:
+        around = [n for n in statements if n.lineno <= line <= (n.end_lineno or n.lineno)]
+        node = min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if around else None
+        kinds = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)
+        if not (isinstance(node, kinds) and isinstance(getattr(node, "value", None), TABLE)):
+            found.append(line)
+    return found
+
+
+def test_fmt_skip_only_for_tables() -> None:
+    found = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in [*sorted(PACKAGE.rglob("*.py")), ROOT / "tasks.py"]
+        for line in _fmt_skips_off_tables(p)
+    ]
+    assert found == [], f"`# fmt: skip` off a table (let the formatter lay it out): {found}"
+
+
+def test_the_fmt_skip_check_tells_a_table_from_a_call(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "ROWS = [\n    (1, 'a'),\n    (22, 'bb'),\n]  # fmt: skip\n"
+        "def f(a, b):\n    return g(a,  b)  # fmt: skip\n"
+        "def h(a):\n    return [a,  a]  # fmt: skip\n"
+    )
+    assert _fmt_skips_off_tables(probe) == [6]

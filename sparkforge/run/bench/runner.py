@@ -136,15 +136,24 @@ def _vllm_levels(
             run, key = f"{level_name(*level)}-{tag}", level_name(*level)
             seeds[run] = suite.seed + nonce + len(seeds)
             sized = replace(suite, num_prompts=prompts.get(key, max(suite.num_prompts, level[0])))
-            runs.append({"name": run, "level": key, "argv": vllm_argv(sized, ctx["model"], ctx["tokenizer"],
-                         ctx["port"], level, run, seeds[run])})  # fmt: skip
+            runs.append(
+                {
+                    "name": run,
+                    "level": key,
+                    "argv": vllm_argv(
+                        sized, ctx["model"], ctx["tokenizer"], ctx["port"], level, run, seeds[run]
+                    ),
+                }
+            )
             if tag == "warmup" and options.min_duration_s:
                 runs[-1]["scale_to_s"] = options.min_duration_s
         return runs
 
-    echo(f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
-         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
-         f"each repeat at least {options.min_duration_s:g} s, seeds {suite.seed}+{nonce}+run ...")  # fmt: skip
+    echo(
+        f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
+        f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
+        f"each repeat at least {options.min_duration_s:g} s, seeds {suite.seed}+{nonce}+run ..."
+    )
     lines, output = _vllm_call(
         engine, name, runs_of(run_order(suite, options.repeats, options.warmup)), options
     )
@@ -230,9 +239,11 @@ def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str
 def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
     suite, started = options.suite, time.monotonic()
     pythonpath = _install_benchy(engine, name, options)
-    echo(f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
-         f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
-         f"{list(suite.depths)} ...")  # fmt: skip
+    echo(
+        f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
+        f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
+        f"{list(suite.depths)} ..."
+    )
     env = {"PYTHONPATH": pythonpath, "HOME": f"{RESULT_DIR}/home", "HF_HUB_OFFLINE": "1"}
     found: dict[tuple[int, int], list[dict[str, float]]] = {}
     errors: list[str] = []
@@ -241,8 +252,17 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
         out_file = f"{RESULT_DIR}/llama-benchy-r{index}.json"
         engine.call("bench-rm", "exec", name, "rm", "-f", out_file)
         argv = benchy_argv(suite, ctx["model"], ctx["tokenizer"], ctx["port"], options.warmup, out_file)
-        result = _exec(engine, name, "bench-llama-benchy", "python3", "-m", "llama_benchy", *argv, env=env,
-                       timeout=options.timeout_s)  # fmt: skip
+        result = _exec(
+            engine,
+            name,
+            "bench-llama-benchy",
+            "python3",
+            "-m",
+            "llama_benchy",
+            *argv,
+            env=env,
+            timeout=options.timeout_s,
+        )
         raw = _exec(engine, name, "bench-result", "cat", out_file, timeout=60)
         if result.returncode != 0 or raw.returncode != 0:
             errors.append(
@@ -263,10 +283,13 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
             return {level: ([], errors[:1], None) for level in suite.levels()}
         rounds = max((len(v) for v in found.values()), default=0)
         return {
-            level: (found.get(level, []), [] if len(found.get(level, [])) == rounds else
-                    ["llama-benchy reported no figures"], None)
+            level: (
+                found.get(level, []),
+                [] if len(found.get(level, [])) == rounds else ["llama-benchy reported no figures"],
+                None,
+            )
             for level in suite.levels()
-        }  # fmt: skip
+        }
 
     for i in range(options.repeats):
         one_round(i + 1)
@@ -339,8 +362,10 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
             check.reason = "; ".join(problems) or "no repeat measured"
         else:
             tok, ttft = summary["output_tok_s"], summary["ttft_ms"]
-            check.reason = (f"{tok['median']:.1f} out tok/s [{tok['min']:.1f}..{tok['max']:.1f}], "
-                            f"TTFT {ttft['median']:.1f} ms [{ttft['min']:.1f}..{ttft['max']:.1f}]")  # fmt: skip
+            check.reason = (
+                f"{tok['median']:.1f} out tok/s [{tok['min']:.1f}..{tok['max']:.1f}], "
+                f"TTFT {ttft['median']:.1f} ms [{ttft['min']:.1f}..{ttft['max']:.1f}]"
+            )
         echo(f"  {check.name}: {check.status}: {check.reason}")
         report.add(check)
     ident = identity(info, image, hardware, model)
