@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,9 +170,8 @@ def build_bases(runner: Runner, platforms: list[str], *, force: bool = False) ->
             f"no offline base for {', '.join(unknown)}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}"
         )
     _ensure_debootstrap(runner)  # once, before the threads: two apt-get runs would fight over dpkg's lock
-    with ThreadPoolExecutor(max_workers=len(platforms) or 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(platforms) or 1) as pool:  # leaving the block waits for all
         futures = [pool.submit(build_base, runner, platform, force=force) for platform in platforms]
-        wait(futures)
     return [future.result() for future in futures]
 
 

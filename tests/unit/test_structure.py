@@ -188,6 +188,7 @@ def test_the_private_name_check_sees_both_spellings(tmp_path: Path) -> None:
 
 
 TABLE = (ast.List, ast.Tuple, ast.Dict, ast.Set)
+HOLDS_A_VALUE = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)
 
 
 def _fmt_skips_off_tables(path: Path) -> list[int]:
@@ -202,8 +203,7 @@ def _fmt_skips_off_tables(path: Path) -> list[int]:
     for line in marked:
         around = [n for n in statements if n.lineno <= line <= (n.end_lineno or n.lineno)]
         node = min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if around else None
-        kinds = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)
-        if not (isinstance(node, kinds) and isinstance(getattr(node, "value", None), TABLE)):
+        if not (isinstance(node, HOLDS_A_VALUE) and isinstance(getattr(node, "value", None), TABLE)):
             found.append(line)
     return found
 
