@@ -104,22 +104,30 @@ class HeldRanks:
 
     def run(self) -> tuple[list[Outcome], dict[str, Any]]:
         """Open the gate on every node and wait for the ranks to end (the sanity deadline); then remove them.
-        Also: when the gate opened and how long each rank had waited at it."""
+        Also where the stage's time went: opening the gate, the ranks' run until their exit was seen, the
+        removal; per rank its head start, its imports before the gate, its wait there and its run after it."""
         outcomes = self.outcomes()
+        times: dict[str, float] = {}
         try:
             opened = time.monotonic()
             open_gate(outcomes, GATE)
+            times["open_s"] = round(time.monotonic() - opened, 2)
             wait_jobs(outcomes, self.options.deadlines.sanity, poll_s=POLL_S)
+            times["ran_s"] = round(time.monotonic() - opened - times["open_s"], 2)
         finally:
+            removing = time.monotonic()
             self.remove()
-        gate = {
+            times["remove_s"] = round(time.monotonic() - removing, 2)
+        ranks = {
             o.job.engine.node.label: {
                 "started_before_s": round(opened - o.started, 2),  # the rank's head start
                 "ready_s": (first_event(o, "gated") or {}).get("seconds"),  # its imports, before the gate
+                "waited_s": (first_event(o, "opened") or {}).get("waited_s"),  # then at the gate
+                "after_gate_s": _between(first_event(o, "opened"), first_event(o, "finished")),
             }
             for o in outcomes
         }
-        return outcomes, gate
+        return outcomes, {**times, "ranks": ranks}
 
     def remove(self) -> None:
         """Remove the ranks on every node that answers (a cheap stage failed, or they ran)."""
@@ -131,3 +139,10 @@ class HeldRanks:
         except Exception:  # the start itself failed: start_jobs removed what it had started
             return
         remove_jobs(outcomes)
+
+
+def _between(first: dict[str, Any] | None, last: dict[str, Any] | None) -> float | None:
+    """Seconds between two of a rank's events (its own clock), None when either is missing."""
+    if not first or not last:
+        return None
+    return round(float(last["t"]) - float(first["t"]), 3)
