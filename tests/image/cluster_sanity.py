@@ -258,6 +258,7 @@ def sanity(
     local_rank: int,
     gate: str | None = None,
     library: bool = False,
+    gate_timeout_s: float = 300.0,
 ) -> int:
     started = time.monotonic()
     import torch
@@ -278,9 +279,9 @@ def sanity(
             except ImportError:
                 pass
         emit("gated", rank=rank, path=gate, seconds=round(time.monotonic() - started, 3))
-        waited = wait_gate(gate, timeout_s)
+        waited = wait_gate(gate, gate_timeout_s)  # the doctor removes the rank first: this bounds an orphan
         if waited is None:
-            emit("failed", stage="gate", rank=rank, reason=f"{gate} not opened within {timeout_s:g} s")
+            emit("failed", stage="gate", rank=rank, reason=f"{gate} not opened within {gate_timeout_s:g} s")
             return 1
         emit("opened", rank=rank, waited_s=waited)
     emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
@@ -414,6 +415,7 @@ def main(argv: list[str]) -> int:
     p_sanity.add_argument("--local-rank", type=int, default=0)
     p_sanity.add_argument("--gate", help="import first, then dial nobody until this file exists")
     p_sanity.add_argument("--library", action="store_true", help="report the libnccl torch loads first")
+    p_sanity.add_argument("--gate-timeout", type=float, default=300.0, help="give up at the gate after this")
     args = parser.parse_args(argv)
     if args.mode == "probe":
         return probe(args.listen, args.path)
@@ -436,6 +438,7 @@ def main(argv: list[str]) -> int:
         args.local_rank,
         args.gate,
         args.library,
+        args.gate_timeout,
     )
 
 

@@ -82,6 +82,7 @@ def test_held_ranks_get_the_gate_the_library_report_and_no_name_server(tmp_path:
         args = list(job.args)
         assert args[: args.index("--gate")] == list(plain[fact.rank].args)  # the same rank, plus the gate
         assert args[args.index("--gate") + 1] == GATE and "--library" in args
+        assert args[args.index("--gate-timeout") + 1] == "110"  # reach's 30 s and twice the sanity's 40 s
         assert (
             args[args.index("--master") + 1] == "10.77.0.1:29501"
             and args[args.index("--timeout") + 1] == "35"

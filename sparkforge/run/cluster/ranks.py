@@ -42,7 +42,10 @@ def sanity_jobs(
     by_rank = {f.rank: f for f in facts}
     master = f"{by_rank[0].address}:{options.master_port}"
     timeout = max(options.deadlines.sanity - 5, 5)
-    held = ("--gate", GATE, "--library") if gated else ()
+    # The gate stays shut through the cheap stages after addresses (reach's deadline) and the nccl-library wait;
+    # the doctor removes the ranks itself, so the rank's own limit only ends a container the doctor left behind.
+    gate_timeout = options.deadlines.reach + 2 * options.deadlines.sanity
+    held = ("--gate", GATE, "--library", "--gate-timeout", f"{gate_timeout:g}") if gated else ()
     return [
         Job(
             engine,
