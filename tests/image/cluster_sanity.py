@@ -268,14 +268,14 @@ def sanity(
     imports = round(time.monotonic() - started, 3)  # torch's import: most of a rank's time before it dials
     if library:
         nccl_library(started)
-    queue: tuple[type, bool, float] | None = None
+    preloaded: tuple[type, bool, float] | None = None  # vLLM's queue class, imported before the gate
     if gate:
         # Everything that does not touch the network happens before the gate: vLLM's queue module too.
         if mq:
             start = time.monotonic()
             try:
                 found, package_init = vllm_message_queue()
-                queue = (found, package_init, round(time.monotonic() - start, 3))
+                preloaded = (found, package_init, round(time.monotonic() - start, 3))
             except ImportError:
                 pass
         emit("gated", rank=rank, path=gate, seconds=round(time.monotonic() - started, 3))
@@ -352,7 +352,7 @@ def sanity(
         emit("stage", stage="message-queue", rank=rank)
         start = time.monotonic()
         try:
-            MessageQueue, package_init, imported = queue or (*vllm_message_queue(), None)
+            MessageQueue, package_init, imported = preloaded or (*vllm_message_queue(), None)
         except ImportError:
             emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
             mq = False
