@@ -160,10 +160,9 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
         )  # a remote reader
         assert done["message-queue"]["vllm_init_run"] is False  # the queue's module alone, not vllm/__init__
     # Each rank imported torch and reported its libnccl before the gate, and waited there for the sanity stage.
-    gate = sanity["details"]["gate"]
-    assert sorted(gate) == sorted(sanity["details"]["ranks"]) and all(
-        g["waited_s"] is not None for g in gate.values()
-    )
+    gate = sanity["details"]["gate"]["ranks"]
+    assert sorted(gate) == sorted(sanity["details"]["ranks"])
+    assert all(g["waited_s"] is not None for g in gate.values())
     assert all(found["seconds"] for found in checks["nccl-library"]["details"].values())
     assert checks["sanity"]["duration_s"] < 60, checks["sanity"]["duration_s"]
     assert _leftovers(two_nodes) == {"a": [], "b": []}
