@@ -102,6 +102,7 @@ class Job:
     gpus: bool = False
     rdma: bool = False  # the node has RDMA devices: pass them in, with what NCCL needs to register memory
     mounts: tuple[str, ...] = ()
+    dns: tuple[str, ...] = ()  # the container's name servers (docker --dns); () keeps the node's
 
 
 @dataclass
@@ -148,6 +149,7 @@ def container_spec(job: Job, image: str, name: str, stage: str, session: str) ->
         devices=RDMA_DEVICES if job.rdma else (),
         ulimits=("memlock=-1",) if job.rdma else (),
         mounts=job.mounts,
+        dns=job.dns,
     )
 
 
@@ -170,34 +172,76 @@ def run_jobs(
     set) are killed (exit_code stays None). With `keep`, containers that are still running stay (the caller
     removes them with `remove_jobs`), unless something raised or the wait was cancelled.
     """
-    session = secrets.token_hex(4)
-    outcomes = [Outcome(job, f"sparkforge-doctor-{stage}-{session}-{i}") for i, job in enumerate(jobs)]
+    outcomes: list[Outcome] = []
     done = False
     try:
-        each_node(lambda o: _start(o, image, stage, session), outcomes)
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end and not (cancel is not None and cancel.is_set()):
-            # Every node's state and (when `until` reads them) its logs at once: over ssh:// each call is a session.
-            calls: list[Callable[[], bool | None]] = [lambda o=o: _poll(o) for o in outcomes]
-            if until is not None:
-                calls += [lambda o=o: _read_log(o) for o in outcomes if not o.node_lost]
-            pending = any(each_node(lambda call: call(), calls)[: len(outcomes)])
-            if any(o.node_lost for o in outcomes):
-                break
-            if until is not None and until(outcomes):
-                break
-            if not pending:
-                break
-            if cancel is not None:
-                cancel.wait(poll_s)
-            else:
-                time.sleep(poll_s)
-        _read_logs(outcomes)
-        done = not (cancel is not None and cancel.is_set())
+        outcomes = start_jobs(jobs, image, stage)
+        done = wait_jobs(outcomes, deadline_s, until=until, poll_s=poll_s, cancel=cancel)
     finally:
         if not (keep and done):
             remove_jobs(outcomes)
     return outcomes
+
+
+def start_jobs(jobs: Sequence[Job], image: str, stage: str) -> list[Outcome]:
+    """Start every job's container (all nodes at once); a node that refuses is recorded (`node_lost`). The
+    caller waits (`wait_jobs`) and always removes them (`remove_jobs`)."""
+    session = secrets.token_hex(4)
+    outcomes = [Outcome(job, f"sparkforge-doctor-{stage}-{session}-{i}") for i, job in enumerate(jobs)]
+    try:
+        each_node(lambda o: _start(o, image, stage, session), outcomes)
+    except BaseException:
+        remove_jobs(outcomes)
+        raise
+    return outcomes
+
+
+def wait_jobs(
+    outcomes: list[Outcome],
+    deadline_s: float,
+    *,
+    until: Callable[[list[Outcome]], bool] | None = None,
+    poll_s: float = 0.5,
+    cancel: threading.Event | None = None,
+) -> bool:
+    """Poll the started jobs until all exited, `until(outcomes)` holds, a node is lost, `deadline_s` passed or
+    `cancel` is set; then read their output. False when the wait was cancelled."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and not (cancel is not None and cancel.is_set()):
+        # Every node's state and (when `until` reads them) its logs at once: over ssh:// each call is a session.
+        calls: list[Callable[[], bool | None]] = [lambda o=o: _poll(o) for o in outcomes]
+        if until is not None:
+            calls += [lambda o=o: _read_log(o) for o in outcomes if not o.node_lost]
+        pending = any(each_node(lambda call: call(), calls)[: len(outcomes)])
+        if any(o.node_lost for o in outcomes):
+            break
+        if until is not None and until(outcomes):
+            break
+        if not pending:
+            break
+        if cancel is not None:
+            cancel.wait(poll_s)
+        else:
+            time.sleep(poll_s)
+    _read_logs(outcomes)
+    return not (cancel is not None and cancel.is_set())
+
+
+def open_gate(outcomes: Sequence[Outcome], path: str, timeout: float = 20) -> None:
+    """Create `path` in every running job's container (`docker exec`, all nodes at once): the file its helper
+    waits for before it dials anyone. A node whose engine does not answer within `timeout` is lost (named)."""
+
+    def open_one(outcome: Outcome) -> None:
+        if outcome.node_lost or outcome.exit_code is not None:
+            return
+        try:  # a container that ended meanwhile fails the exec: the wait that follows reads why it ended
+            outcome.job.engine.exec(
+                outcome.name, ("python3", "-c", f"open({path!r}, 'w').close()"), {}, timeout
+            )
+        except RunError as exc:
+            outcome.node_lost = str(exc)
+
+    each_node(open_one, outcomes)
 
 
 def exec_jobs(jobs: Sequence[Job], running: Sequence[Outcome], deadline_s: float) -> list[Outcome]:

@@ -219,6 +219,7 @@ class ContainerSpec:
     cap_add: tuple[str, ...] = ()
     workdir: str | None = None
     devices: tuple[str, ...] = ()  # docker --device values (a directory adds every device under it)
+    dns: tuple[str, ...] = ()  # docker --dns values: the container's resolv.conf (host network: its own copy)
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
@@ -240,6 +241,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--cap-add", cap]
     for device in spec.devices:
         argv += ["--device", device]
+    for server in spec.dns:
+        argv += ["--dns", server]
     for mount in spec.mounts:  # "type=bind,..." is a --mount (no source created), else a --volume
         argv += ["--mount" if mount.startswith("type=") else "--volume", mount]
     for key, value in sorted(spec.env.items()):

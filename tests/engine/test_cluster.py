@@ -85,10 +85,27 @@ def _leftovers(cluster) -> dict[str, list[str]]:
 def test_doctor_names_an_advertised_lan_address(two_nodes, tmp_path: Path) -> None:
     """The LAN named explicitly (without --interface the fabric is chosen: test_cluster_fabric.py)."""
     report_path = tmp_path / "doctor.json"
-    proc, seconds = _invoke(
-        "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--interface", "lan0",
-        "--json", str(report_path),
-    )  # fmt: skip
+    a, b = two_nodes.nodes
+    held: set[str] = set()  # the sanity ranks' containers seen while the cheap stages ran
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for node in (a, b):
+                found = node.docker("ps", "--filter", f"label={LABEL}.stage=sanity", "-q", check=False)
+                held.update(f"{node.name} {c}" for c in found.stdout.split())
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        proc, seconds = _invoke(
+            "cluster.doctor", "--image", VLLM_REF, "--nodes", _nodes(two_nodes), "--interface", "lan0",
+            "--json", str(report_path),
+        )  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
     out = proc.stdout + proc.stderr
     print(
         out, f"\ndoctor (misconfigured) wall: {seconds:.1f} s; set-up: {TIMINGS}\n{_stage_times(report_path)}"
@@ -108,6 +125,8 @@ def test_doctor_names_an_advertised_lan_address(two_nodes, tmp_path: Path) -> No
     assert "node0 10.78.1.1 (its VLLM_HOST_IP), unreachable from node1" in reach["reason"]
     assert "Fix: pass --interface fabric0" in reach["reason"]
     assert checks["sanity"]["status"] == "skipped"
+    # The ranks started once the addresses were chosen (held at their gate) and reach's failure removed them.
+    assert {h.split()[0] for h in held} == {"a", "b"}, held
     # A hang guard, not a benchmark: 31.0 s was seen with a conform suite beside it on the 2 cores; the doctor's
     # figures are measured in benchmarks/cluster.md.
     assert seconds < 90, f"the diagnosis took {seconds:.1f} s"
@@ -140,6 +159,11 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
             "tcp://10.77.0.1:"
         )  # a remote reader
         assert done["message-queue"]["vllm_init_run"] is False  # the queue's module alone, not vllm/__init__
+    # Each rank imported torch and reported its libnccl before the gate, and waited there for the sanity stage.
+    gate = sanity["details"]["gate"]["ranks"]
+    assert sorted(gate) == sorted(sanity["details"]["ranks"])
+    assert all(g["waited_s"] is not None for g in gate.values())
+    assert all(found["seconds"] for found in checks["nccl-library"]["details"].values())
     assert checks["sanity"]["duration_s"] < 60, checks["sanity"]["duration_s"]
     assert _leftovers(two_nodes) == {"a": [], "b": []}
 
@@ -260,19 +284,29 @@ def test_node_killed_mid_check_gives_a_clear_error_and_leaves_nothing(two_nodes)
     a, b = two_nodes.nodes
     engines = [NodeEngine(n) for n in parse_nodes(_nodes(two_nodes))]
     result: dict[str, object] = {}
+    opening = threading.Event()  # the doctor said the sanity stage began: it opens the ranks' gate now
+
+    def echo(line: str) -> None:
+        if line == "doctor: sanity ...":
+            opening.set()
+
     thread = threading.Thread(
         target=lambda: result.update(
-            doctor=run_doctor(engines, DoctorOptions(image=VLLM_REF, interface="fabric0"))
+            doctor=run_doctor(engines, DoctorOptions(image=VLLM_REF, interface="fabric0"), echo)
         )
     )
     thread.start()
-    # The stages before the sanity take ~35 s here (benchmarks/cluster.md); a slow machine gets 5 minutes. A doctor
-    # that ends first (a stage before the sanity failed) is shown stage by stage, not as a missing container.
+    # The stages before the sanity take ~10 s here (benchmarks/cluster.md); a slow machine gets 5 minutes. A doctor
+    # that ends first (a stage before the sanity failed) is shown stage by stage, not as a missing container. The
+    # ranks' containers run from the addresses stage on (held at their gate): b is killed once the sanity began.
     deadline = time.monotonic() + 300
     running: list[str] = []
     while time.monotonic() < deadline and thread.is_alive() and not running:
-        running = b.docker("ps", "--filter", f"label={LABEL}.stage=sanity", "-q", check=False).stdout.split()
-        time.sleep(0.2)
+        if opening.is_set():
+            running = b.docker(
+                "ps", "--filter", f"label={LABEL}.stage=sanity", "-q", check=False
+            ).stdout.split()
+        time.sleep(0.1)
     if not running:
         thread.join(timeout=180)
         checks = (

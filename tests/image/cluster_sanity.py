@@ -10,7 +10,10 @@ Modes (one JSON object per line on stdout, each with an "event" key, so the doct
   fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/cluster/fabric.py uses
   nccl-library           the libnccl torch really loads: path, version, sha256 (the node's own too, / mounted)
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
-                         where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers
+                         where GPUs exist, then vLLM's shared-memory-broadcast MessageQueue with remote readers;
+                         with --gate PATH it imports first (--library: and reports the libnccl, as
+                         nccl-library does) and dials nobody until PATH exists (the doctor opens it when every
+                         cheap stage passed)
 Standard library + what the image ships. The doctor passes this file's text and cluster_facts.py's with
 `python3 -c`, so it also runs on images built before it existed; it is the same script the GPU machine runs
 with torchrun-free ranks.
@@ -166,11 +169,13 @@ def connect(targets: list[str], timeout: float, df: list[str] | None = None) -> 
     return 0
 
 
-def nccl_library() -> int:
+def nccl_library(started: float | None = None) -> int:
     """The NCCL library this image's torch really loads (from /proc/self/maps after importing torch): path,
-    version, sha256; `host`: the node's own, when its / is mounted (None otherwise)."""
+    version, sha256; `host`: the node's own, when its / is mounted (None otherwise). `seconds`: from `started`
+    (default: now, so torch's import is counted, as in a sanity rank that imported it first) to the answer."""
     import hashlib
 
+    started = time.monotonic() if started is None else started
     import torch
 
     path = None
@@ -191,7 +196,15 @@ def nccl_library() -> int:
     if path:
         with open(path, "rb") as handle:
             digest = hashlib.sha256(handle.read()).hexdigest()
-    emit("nccl-library", path=path, version=version, sha256=digest, torch=torch.__version__, host=host_nccl())
+    emit(
+        "nccl-library",
+        path=path,
+        version=version,
+        sha256=digest,
+        torch=torch.__version__,
+        host=host_nccl(),
+        seconds=round(time.monotonic() - started, 3),
+    )
     return 0
 
 
@@ -224,13 +237,53 @@ def vllm_message_queue() -> tuple[type, bool]:
     return MessageQueue, True
 
 
-def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: bool, local_rank: int) -> int:
+def wait_gate(path: str, timeout_s: float, poll_s: float = 0.02) -> float | None:
+    """Wait until the file `path` exists (the doctor creates it with `docker exec`); the seconds waited, or None
+    when `timeout_s` passed first."""
+    start = time.monotonic()
+    while not os.path.exists(path):
+        if time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(poll_s)
+    return round(time.monotonic() - start, 3)
+
+
+def sanity(
+    rank: int,
+    world: int,
+    master: str,
+    timeout_s: float,
+    nccl: str,
+    mq: bool,
+    local_rank: int,
+    gate: str | None = None,
+    library: bool = False,
+    gate_timeout_s: float = 300.0,
+) -> int:
     started = time.monotonic()
     import torch
     import torch.distributed as dist
 
     timeout = dt.timedelta(seconds=timeout_s)
     imports = round(time.monotonic() - started, 3)  # torch's import: most of a rank's time before it dials
+    if library:
+        nccl_library(started)
+    preloaded: tuple[type, bool, float] | None = None  # vLLM's queue class, imported before the gate
+    if gate:
+        # Everything that does not touch the network happens before the gate: vLLM's queue module too.
+        if mq:
+            start = time.monotonic()
+            try:
+                found, package_init = vllm_message_queue()
+                preloaded = (found, package_init, round(time.monotonic() - start, 3))
+            except ImportError:
+                pass
+        emit("gated", rank=rank, path=gate, seconds=round(time.monotonic() - started, 3))
+        waited = wait_gate(gate, gate_timeout_s)  # the doctor removes the rank first: this bounds an orphan
+        if waited is None:
+            emit("failed", stage="gate", rank=rank, reason=f"{gate} not opened within {gate_timeout_s:g} s")
+            return 1
+        emit("opened", rank=rank, waited_s=waited)
     emit("stage", stage="rendezvous", rank=rank, world=world, master=master)
     start = time.monotonic()
     dist.init_process_group(
@@ -299,12 +352,13 @@ def sanity(rank: int, world: int, master: str, timeout_s: float, nccl: str, mq: 
         emit("stage", stage="message-queue", rank=rank)
         start = time.monotonic()
         try:
-            MessageQueue, package_init = vllm_message_queue()
+            MessageQueue, package_init, imported = preloaded or (*vllm_message_queue(), None)
         except ImportError:
             emit("skipped", stage="message-queue", rank=rank, reason="vLLM is not importable here")
             mq = False
     if mq:
-        imported = round(time.monotonic() - start, 3)
+        if imported is None:
+            imported = round(time.monotonic() - start, 3)
         # vLLM's own construction: the writer advertises get_ip() (VLLM_HOST_IP or the default-route address).
         queue = MessageQueue.create_from_process_group(dist.group.WORLD, 1 << 20, 2, writer_rank=0)
         ready = round(time.monotonic() - start, 3)
@@ -359,6 +413,9 @@ def main(argv: list[str]) -> int:
     p_sanity.add_argument("--nccl", choices=["auto", "yes", "no"], default="auto")
     p_sanity.add_argument("--no-mq", action="store_true")
     p_sanity.add_argument("--local-rank", type=int, default=0)
+    p_sanity.add_argument("--gate", help="import first, then dial nobody until this file exists")
+    p_sanity.add_argument("--library", action="store_true", help="report the libnccl torch loads first")
+    p_sanity.add_argument("--gate-timeout", type=float, default=300.0, help="give up at the gate after this")
     args = parser.parse_args(argv)
     if args.mode == "probe":
         return probe(args.listen, args.path)
@@ -372,13 +429,29 @@ def main(argv: list[str]) -> int:
     if args.mode == "nccl-library":
         return nccl_library()
     return sanity(
-        args.rank, args.world, args.master, args.timeout, args.nccl, not args.no_mq, args.local_rank
+        args.rank,
+        args.world,
+        args.master,
+        args.timeout,
+        args.nccl,
+        not args.no_mq,
+        args.local_rank,
+        args.gate,
+        args.library,
+        args.gate_timeout,
     )
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except Exception as exc:  # a crash is evidence: the doctor shows it as the rank's last line
         emit("crashed", error=f"{exc.__class__.__name__}: {exc}")
         raise
+    if "torch" in sys.modules:
+        # Everything is said (emit flushes each line): tearing down an interpreter that imported torch and vLLM's
+        # queue (zmq) took ~1.4 s of each rank's exit on the namespaced cluster, which the doctor waits for.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -9,8 +9,11 @@ NET/Socket, bus bandwidth floor). A stage that fails makes the later ones skip.
 
 The cheap stages (engines to versions) name the usual causes of a hang in seconds; the expensive ones (a torch
 import per node, then the ranks) run only after every cheap one passed, and `--quick` leaves them out. Every
-stage asks all nodes at once; the NCCL library probe (mostly a torch import) starts in the background as soon
-as the image is known to be on every node, so its time hides behind the cheap stages.
+stage asks all nodes at once. The sanity ranks' containers start as soon as the addresses stage chose each
+node's address (ranks.py): they import torch, report the libnccl it loads (the nccl-library stage's answer) and
+wait at a gate the sanity stage opens, so their imports hide behind the rest of the cheap stages and no rank dials
+before those passed. With --nccl host (the ranks need the node's library mounted) the image's library is probed
+in the background from the image stage on, and the ranks start in the sanity stage.
 
 The stages are declared once, in `STAGES` at the end of this module (name, one-line help, function, in order):
 the report's check names and the docs table come from it. A new stage is its function and one `Entry` line.
@@ -32,6 +35,7 @@ from sparkforge.run.cluster import stages
 from sparkforge.run.cluster.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.cluster.fabricstate import drift, state_dir
+from sparkforge.run.cluster.ranks import POLL_S, HeldRanks, sanity_jobs
 from sparkforge.run.cluster.reach import diagnose_reach
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import (
@@ -67,10 +71,16 @@ class DoctorRun:
     df: dict[str, Any] = field(default_factory=dict)  # the reach stage's don't-fragment probes, judged by mtu
     sanity: dict[str, Any] = field(default_factory=dict)
     early: list[Background] = field(default_factory=list)  # the NCCL library probe, from the image stage on
+    ranks: HeldRanks | None = None  # the sanity ranks, from the addresses stage on, held at their gate
 
     @property
     def expensive(self) -> bool:
         return self.options.sanity and not self.options.quick
+
+    @property
+    def held(self) -> bool:
+        """The sanity ranks start early and report the image's libnccl themselves (one torch import per node)."""
+        return self.expensive and self.options.nccl_source == "image"
 
 
 DoctorStage = Callable[[Check, DoctorRun], None]
@@ -95,6 +105,8 @@ def run_doctor(
     finally:
         for background in run.early:
             background.stop()  # a cheap stage failed first: its probes are removed, not waited for
+        if run.ranks:
+            run.ranks.remove()  # never opened when a cheap stage failed
         remove_jobs(run.probes)
     return DoctorResult(report, run.facts)
 
@@ -333,41 +345,28 @@ def _versions(check: Check, facts: Sequence[NodeFacts]) -> None:
 
 
 def _sanity(
-    check: Check, engines: Sequence[NodeEngine], facts: Sequence[NodeFacts], options: DoctorOptions
+    check: Check,
+    engines: Sequence[NodeEngine],
+    facts: Sequence[NodeFacts],
+    options: DoctorOptions,
+    held: HeldRanks | None = None,
 ) -> dict[str, Any]:
-    by_rank = {f.rank: f for f in facts}
-    master = f"{by_rank[0].address}:{options.master_port}"
-    world = len(engines)
-    timeout = max(options.deadlines.sanity - 5, 5)
-    jobs = [
-        Job(
-            engine,
-            (
-                "sanity",
-                "--rank",
-                str(engine.node.rank),
-                "--world",
-                str(world),
-                "--master",
-                master,
-                "--timeout",
-                str(timeout),
-                "--nccl",
-                options.nccl,
-            ),
-            {**by_rank[engine.node.rank].env, **(stages.NCCL_DEBUG_ENV if options.gpus else {})},
-            gpus=options.gpus,
-            rdma=by_rank[engine.node.rank].rdma,
-            mounts=tuple(by_rank[engine.node.rank].mounts),
-        )
-        for engine in engines
-    ]
+    """`held`: the ranks already started (imported, waiting at their gate): opened here; else started here."""
     start = time.monotonic()
-    outcomes = run_jobs(jobs, options.image, "sanity", options.deadlines.sanity)
+    if held is not None:
+        outcomes, gate = held.run()
+    else:
+        jobs = sanity_jobs(engines, facts, options, gated=False)
+        outcomes, gate = (
+            run_jobs(jobs, options.image, "sanity", options.deadlines.sanity, poll_s=POLL_S),
+            None,
+        )
+    by_rank = {f.rank: f for f in facts}
     check.details = {
-        "master": master,
+        "master": f"{by_rank[0].address}:{options.master_port}",
         "ranks": {o.job.engine.node.label: _rank_summary(o) for o in outcomes},
         "wall_s": round(time.monotonic() - start, 2),
+        **({"gate": gate} if gate else {}),
     }
     lost = [o for o in outcomes if o.node_lost]
     problems = [
@@ -380,6 +379,7 @@ def _sanity(
         check.reason = " ".join(problems)
         return check.details
     done = sorted({str(e["stage"]) for o in outcomes for e in o.events if e.get("event") == "done"})
+    world = len(engines)
     check.reason = f"{world} ranks passed {', '.join(done)} in {check.details['wall_s']} s"
     return check.details
 
@@ -422,13 +422,21 @@ def _rank_problem(outcome: Outcome, what: str, deadline: float) -> str:
 
 def _image_stage(check: Check, run: DoctorRun) -> None:
     _image(check, run.engines, run.options)
-    if check.status == "passed" and run.expensive:  # the NCCL library probe hides behind the cheap stages
+    if check.status == "passed" and run.expensive and not run.held:
+        # --nccl host: the ranks need the node's library mounted (known after the nccl-library stage), so they
+        # start there; the image's library is probed here, in the background, behind the cheap stages.
         engines, options = run.engines, run.options
         run.early.append(Background(lambda cancel: stages.nccl_probe(engines, options, {}, cancel=cancel)))
 
 
+def _addresses_stage(check: Check, run: DoctorRun) -> None:
+    run.facts.extend(_addresses(check, run.engines, run.options, run.probes))
+    if check.status == "passed" and run.held:  # their torch import hides behind the rest of the cheap stages
+        run.ranks = HeldRanks(run.engines, run.facts, run.options)
+
+
 def _nccl_library(check: Check, run: DoctorRun) -> None:
-    probed = run.early[0].result() if run.early else None
+    probed = run.ranks.library() if run.ranks else (run.early[0].result() if run.early else None)
     stages.nccl_library(check, run.engines, run.options, run.facts, probed)
 
 
@@ -445,7 +453,7 @@ STAGES: Registry[DoctorStage] = Registry(
         Entry(
             "addresses",
             "the address vLLM would advertise on each node; the fabric interface chosen",
-            lambda c, r: r.facts.extend(_addresses(c, r.engines, r.options, r.probes)),
+            _addresses_stage,
         ),
         Entry(
             "paths",
@@ -485,7 +493,7 @@ STAGES: Registry[DoctorStage] = Registry(
         Entry(
             "sanity",
             "one rank per node: Gloo all-reduce, NCCL with GPUs, vLLM's MessageQueue",
-            lambda c, r: r.sanity.update(_sanity(c, r.engines, r.facts, r.options)),
+            lambda c, r: r.sanity.update(_sanity(c, r.engines, r.facts, r.options, r.ranks)),
         ),
         Entry(
             "transport",

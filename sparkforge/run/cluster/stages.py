@@ -120,6 +120,9 @@ def host(check: Check, facts: Sequence[NodeFacts]) -> None:
         check.reason += "; warning: " + "; ".join(notes)
 
 
+NcclFound = tuple[dict[str, dict[str, Any]], list[str]]  # nccl_probe's answer: per node, and the problems
+
+
 def nccl_probe(
     engines: Sequence[NodeEngine],
     options: DoctorOptions,
@@ -127,7 +130,7 @@ def nccl_probe(
     *,
     host_root: bool = False,
     cancel: threading.Event | None = None,
-) -> tuple[dict[str, dict[str, Any]], list[str]]:
+) -> NcclFound:
     """Per node the libnccl the image's torch loads; with `host_root`, the node's own (`host`) read beside it.
 
     `cancel`: set to stop waiting and remove the probes (the doctor starts this probe early, in the background)."""
@@ -139,6 +142,11 @@ def nccl_probe(
         options.deadlines.sanity,
         cancel=cancel,
     )
+    return library_answers(outcomes)
+
+
+def library_answers(outcomes: Sequence[Outcome]) -> NcclFound:
+    """Each node's `nccl-library` event (from the probe, or a sanity rank that reported it before its gate)."""
     found: dict[str, dict[str, Any]] = {}
     problems = []
     for outcome in outcomes:
@@ -149,7 +157,7 @@ def nccl_probe(
             problems.append(f"{label}: the NCCL probe gave no answer ({tail})")
             continue
         found[label] = {k: event.get(k) for k in ("path", "version", "sha256", "torch", "error", "host")}
-        found[label]["seconds"] = outcome.seconds  # mostly the torch import
+        found[label]["seconds"] = event.get("seconds", outcome.seconds)  # mostly the torch import
     return found, problems
 
 
@@ -255,9 +263,6 @@ def host_mounts(
         else:
             problems.append(chosen.reason)
     return mounts, problems
-
-
-NcclFound = tuple[dict[str, dict[str, Any]], list[str]]  # nccl_probe's answer: per node, and the problems
 
 
 def nccl_library(
