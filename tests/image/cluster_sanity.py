@@ -6,7 +6,8 @@ Modes (one JSON object per line on stdout, each with an "event" key, so the doct
                          then, with --listen, accept connections on every address at PORT until killed
   listen HOST:PORT...    accept TCP connections on each address until killed (peers prove they reach it)
   connect HOST:PORT...   try each address once with a short timeout; --df HOST:PORT:SIZE sends a don't-fragment
-                         datagram of SIZE bytes that the peer's listener answers
+                         datagram of SIZE bytes that the peer's listener answers; --rdns-cap S times a reverse
+                         lookup of each address (what torch's c10d rendezvous does per peer socket), given up after S
   fabric                 the raw sysfs facts (RDMA devices, GIDs, net devices, routes) sparkforge/run/cluster/fabric.py uses
   nccl-library           the libnccl torch really loads: path, version, sha256 (the node's own too, / mounted)
   sanity                 torch.distributed across nodes: rendezvous, Gloo all-reduce on CPU, NCCL all-reduce
@@ -141,10 +142,54 @@ def df_probe(target: str, size: int, tries: int = 3) -> None:
         emit("df", target=target, size=size, ok=False, error=error)
 
 
-def connect(targets: list[str], timeout: float, df: list[str] | None = None) -> int:
+class ReverseLookups:
+    """One reverse lookup per host (getnameinfo, as torch's c10d formats each peer socket), each in a thread.
+
+    A resolver that does not answer makes every lookup wait out its timeout (5 s by default, per attempt); the
+    doctor waits at most `cap` seconds and says which lookups had not answered by then."""
+
+    def __init__(self, hosts: list[str], cap: float) -> None:
+        import threading
+
+        self.cap, self.start = cap, time.monotonic()
+        self.done: dict[str, tuple[float, str | None, str | None]] = {}
+        self.threads = {h: threading.Thread(target=self._lookup, args=(h,), daemon=True) for h in hosts}
+        for thread in self.threads.values() if cap > 0 else ():
+            thread.start()
+
+    def _lookup(self, host: str) -> None:
+        start = time.monotonic()
+        try:
+            name, error = socket.getnameinfo((host, 0), socket.NI_NAMEREQD)[0], None
+        except OSError as exc:
+            name, error = None, f"{exc.__class__.__name__}: {exc}"
+        self.done[host] = (round(time.monotonic() - start, 3), name, error)
+
+    def report(self) -> None:
+        """Wait for the lookups until the cap; one `rdns` event each, answered within the cap or not."""
+        if self.cap <= 0:
+            return
+        for thread in self.threads.values():
+            thread.join(max(0.0, self.start + self.cap - time.monotonic()))
+        for host in self.threads:
+            if host in self.done:
+                seconds, name, error = self.done[host]
+                emit("rdns", host=host, answered=True, seconds=seconds, name=name, error=error)
+            else:
+                emit(
+                    "rdns",
+                    host=host,
+                    answered=False,
+                    seconds=round(time.monotonic() - self.start, 3),
+                    cap=self.cap,
+                )
+
+
+def connect(targets: list[str], timeout: float, df: list[str] | None = None, rdns_cap: float = 0.0) -> int:
     import threading
 
     failed = []
+    lookups = ReverseLookups(list(dict.fromkeys(t.rpartition(":")[0] for t in targets)), rdns_cap)
 
     def attempt(target: str) -> None:
         host, _, port = target.rpartition(":")
@@ -165,6 +210,7 @@ def connect(targets: list[str], timeout: float, df: list[str] | None = None) -> 
         thread.start()
     for thread in threads:
         thread.join()
+    lookups.report()
     emit("connected", failed=len(failed))
     return 0
 
@@ -401,6 +447,9 @@ def main(argv: list[str]) -> int:
     p_connect.add_argument("targets", nargs="+")
     p_connect.add_argument("--timeout", type=float, default=3.0)
     p_connect.add_argument("--df", action="append", default=[], help="HOST:PORT:SIZE don't-fragment probe")
+    p_connect.add_argument(
+        "--rdns-cap", type=float, default=0.0, help="time reverse lookups, up to this many s"
+    )
     sub.add_parser("nccl-library")
     p_fabric = sub.add_parser("fabric")
     p_fabric.add_argument("--root", default="/sys")
@@ -425,7 +474,7 @@ def main(argv: list[str]) -> int:
         emit("fabric", facts=fabric(args.root, args.proc, args.root == "/sys"))
         return 0
     if args.mode == "connect":
-        return connect(args.targets, args.timeout, args.df)
+        return connect(args.targets, args.timeout, args.df, args.rdns_cap)
     if args.mode == "nccl-library":
         return nccl_library()
     return sanity(

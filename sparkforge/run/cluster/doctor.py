@@ -329,6 +329,8 @@ def _reach(
         check.status, check.reason = "failed", diagnosis.problem
     else:
         check.reason = diagnosis.summary
+        if diagnosis.warnings:
+            check.reason += "; warning: " + "; ".join(diagnosis.warnings)
     return dict(diagnosis.details.get("dont_fragment", {}))
 
 

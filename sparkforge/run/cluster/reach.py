@@ -18,12 +18,17 @@ if TYPE_CHECKING:
     from sparkforge.run.facts import DoctorOptions, NodeFacts
 
 ENV_FIX = "(it sets VLLM_HOST_IP, NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on each node)"
+# How long a node's reverse lookup of a peer address may take before the doctor warns: torch's c10d rendezvous
+# (vLLM's start on every node) reverse-resolves each peer socket, and a resolver that does not answer makes each
+# lookup wait out its timeout (6-9 s a rendezvous on the namespaced cluster, benchmarks/cluster.md).
+RDNS_CAP_S = 1.5
 
 
 @dataclass
 class ReachDiagnosis:
     problem: str | None = None
     summary: str = ""
+    warnings: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,6 +58,8 @@ def diagnose_reach(
                 "4",
                 *(f"{ip}:{port}" for f in facts if f.rank != engine.node.rank for _, ip in _addresses(f)),
                 *_df_args(by_rank.get(engine.node.rank), facts, port),
+                "--rdns-cap",
+                str(RDNS_CAP_S),
             ),
         )
         for engine in engines
@@ -92,7 +99,15 @@ def diagnose_reach(
                 if peer.rank != fact.rank
             }
     seconds = {o.job.engine.node.label: o.seconds for o in outcomes}
-    result.details = {"port": port, "matrix": matrix, "dont_fragment": df, "node_seconds": seconds}
+    lookups = reverse_lookups(outcomes)
+    result.details = {
+        "port": port,
+        "matrix": matrix,
+        "dont_fragment": df,
+        "reverse_dns": lookups,
+        "node_seconds": seconds,
+    }
+    result.warnings = slow_resolvers(lookups)
     problems = []
     reachable = []
     for fact in facts:
@@ -123,6 +138,34 @@ def diagnose_reach(
     else:
         result.summary = "every peer reaches " + ", ".join(f"node{f.rank} {f.address}:{port}" for f in facts)
     return result
+
+
+def reverse_lookups(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
+    """Each node's reverse lookup of each peer address: seconds, answered within the cap, the name or error."""
+    found: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        for event in outcome.events:
+            if event.get("event") == "rdns":
+                way = f"node{outcome.job.engine.node.rank} -> {event.get('host')}"
+                keys = ("answered", "seconds", "name", "error")
+                found[way] = {k: event.get(k) for k in keys if event.get(k) is not None}
+    return found
+
+
+def slow_resolvers(lookups: dict[str, dict[str, Any]]) -> list[str]:
+    """One warning per node whose resolver did not answer a reverse lookup within the cap."""
+    slow: dict[str, list[str]] = {}
+    for way, seen in lookups.items():
+        if not seen.get("answered"):
+            node, _, host = way.partition(" -> ")
+            slow.setdefault(node, []).append(host)
+    return [
+        f"{node}'s resolver did not answer a reverse lookup of {', '.join(hosts)} within {RDNS_CAP_S} s: torch's "
+        "c10d rendezvous (every vLLM start) reverse-resolves each peer and waits out the resolver's timeout; "
+        f"fix: a name server {node} reaches in its /etc/resolv.conf, or none (a lookup then fails at once; c10d looks "
+        "up the peers' IPv6-mapped socket addresses, so /etc/hosts entries do not help)"
+        for node, hosts in sorted(slow.items())
+    ]
 
 
 def _df_args(fact: NodeFacts | None, facts: Sequence[NodeFacts], port: int) -> list[str]:
