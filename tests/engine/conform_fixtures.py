@@ -20,6 +20,8 @@ PORT = "18481"
 FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
+SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
+SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
 
 
 def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
@@ -28,6 +30,21 @@ def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
     shutil.copy(FAULTS, context / "sparkforge_faults.py")
     (context / "Dockerfile").write_text(
         f"FROM {cpu_twin}\nCOPY sparkforge_faults.py {SITE}/sparkforge_faults.py\n"
+    )
+    sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
+    return tag
+
+
+def spec_faulty_image(cpu_twin: str, context: Path, tag: str = SPEC_FAULTY) -> str:
+    """The twin plus one layer holding tests/engine/planted_spec_fault.py and the .pth that plants it at every
+    interpreter start (the rejection sampler accepts every draft); the caller removes it."""
+    context.mkdir()
+    shutil.copy(SPEC_FAULT, context / "sparkforge_spec_fault.py")
+    (context / "sparkforge_spec_fault.pth").write_text(
+        "import sparkforge_spec_fault; sparkforge_spec_fault.install()\n"
+    )
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_spec_fault.py sparkforge_spec_fault.pth {SITE}/\n"
     )
     sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
     return tag
