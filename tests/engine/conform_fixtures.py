@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,25 @@ def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:
 
 def conform(profile: str, *args: str) -> tuple[int, str, float]:
     return invoke("conform", "--recipe", TWIN_RECIPE, "--profile", profile, *args, timeout=2400)
+
+
+def conform_faulty(
+    build: Callable[[Path], str], profile: Path, model_dir: Path, tmp_path: Path
+) -> tuple[int, str, float, dict]:
+    """`invoke conform` of `profile` on the faulty image `build` makes (in tmp_path/faulty-image); the deployment and
+    the image removed after: (exit status, output, seconds, the JSON report or {})."""
+    report = tmp_path / "conform.json"
+    image = ""
+    try:
+        image = build(tmp_path / "faulty-image")
+        code, out, seconds = conform(
+            str(profile), *launch_args(image, model_dir, tmp_path / "cache"), "--json", str(report)
+        )
+    finally:
+        invoke("serve.down", "--profile", profile.stem)
+        if image:
+            sh(DOCKER, "rmi", image, check=False)
+    return code, out, seconds, json.loads(report.read_text()) if report.exists() else {}
 
 
 @pytest.fixture(scope="session")

@@ -20,31 +20,10 @@ TARGET = "vllm.v1.sample.rejection_sampler"
 def accept_every_draft(original):
     """`rejection_sample` with each request's drafts all accepted and the bonus token appended."""
 
-    def rejection_sample(
-        draft_token_ids,
-        num_draft_tokens,
-        max_spec_len,
-        cu_num_draft_tokens,
-        draft_probs,
-        target_logits,
-        bonus_token_ids,
-        sampling_metadata,
-        *args,
-        **kwargs,
-    ):
-        out = original(
-            draft_token_ids,
-            num_draft_tokens,
-            max_spec_len,
-            cu_num_draft_tokens,
-            draft_probs,
-            target_logits,
-            bonus_token_ids,
-            sampling_metadata,
-            *args,
-            **kwargs,
-        )
-        bonus = bonus_token_ids.reshape(-1)
+    def rejection_sample(draft_token_ids, num_draft_tokens, *args, **kwargs):
+        out = original(draft_token_ids, num_draft_tokens, *args, **kwargs)
+        # vLLM 0.32 passes them in order: max_spec_len, cu_num_draft_tokens, draft_probs, target_logits, bonus ids
+        bonus = args[4].reshape(-1)
         start = 0
         for row, count in enumerate(num_draft_tokens):
             drafts = draft_token_ids[start : start + count]

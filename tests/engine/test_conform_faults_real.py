@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, FAULTY, conform, faulty_image, launch_args
+from conform_fixtures import CONFORM_PROFILE, conform_faulty, faulty_image
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
-from test_serve_real import invoke
 
 # In CI (not slow): three server starts, one of them crashing (benchmarks/conform.md).
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
@@ -52,20 +50,11 @@ def _profile(tmp_path: Path) -> Path:
 def test_mode_specific_faults_are_each_caught_by_their_row_and_a_crash_at_start_fails(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
-    report = tmp_path / "faults.json"
-    try:
-        image = faulty_image(cpu_twin, tmp_path / "faulty-image")
-        code, out, seconds = conform(
-            str(_profile(tmp_path)),
-            *launch_args(image, trained_model, tmp_path / "cache"),
-            "--json",
-            str(report),
-        )
-    finally:
-        invoke("serve.down", "--profile", PROFILE)
-        sh(DOCKER, "rmi", FAULTY, check=False)
+    code, out, seconds, doc = conform_faulty(
+        lambda where: faulty_image(cpu_twin, where), _profile(tmp_path), trained_model, tmp_path
+    )
     REAL_TIMINGS["conform_mode_faults_s"] = round(seconds, 1)
-    doc = json.loads(report.read_text())
+    assert doc, out[-5000:]
     rows = {c["name"]: c for c in doc["checks"]}
     print(json.dumps({n: (r["status"], r["reason"][:300]) for n, r in rows.items()}, indent=1))
     assert code == 1 and doc["status"] == "failed", out[-5000:]
