@@ -27,9 +27,13 @@ from sparkforge.run.conform.spec_acceptance import judge, speculative_acceptance
 from sparkforge.run.conform.spec_decode import SpecDecodeCounts, parse_spec_decode
 
 FIXTURES = Path(__file__).with_name("fixtures")
-# Captured from vLLM 0.32.0 (the CPU twin) after three greedy completions of 24 tokens, num_speculative_tokens 1.
-CLEAN = FIXTURES / "spec-decode-metrics-untrained-mtp.txt"  # the untrained MTP layer: its drafts rejected
-ACCEPT_ALL = FIXTURES / "spec-decode-metrics-accept-all.txt"  # the planted fault: every draft accepted
+# Captured from vLLM 0.32.0's /metrics (the CPU twin, the MTP profile, num_speculative_tokens 1) after six greedy
+# completions of 24 tokens (benchmarks/conform.md, "Speculative decoding's acceptance").
+CLEAN = (
+    FIXTURES / "spec-decode-metrics-untrained-mtp.txt"
+)  # the untrained MTP layer: 0 of 138 drafts accepted
+ACCEPT_ALL = FIXTURES / "spec-decode-metrics-accept-all.txt"  # the planted fault: 72 of 72 accepted
+CLEAN_DRAFT, CLEAN_ACCEPTED = 138, 0
 PROFILES = REPO_ROOT / "tests" / "profiles"
 MTP = PROFILES / "cpu-tiny-qwen35moe-conform-mtp.yaml"
 PLAIN = PROFILES / "cpu-tiny-qwen35moe-conform.yaml"
@@ -44,8 +48,8 @@ def test_the_real_counters_are_read_and_the_other_metrics_ignored() -> None:
         "accepted_tokens": CLEAN_ACCEPTED,
         "acceptance": round(CLEAN_ACCEPTED / CLEAN_DRAFT, 6),
     }
-    every = parse_spec_decode(ACCEPT_ALL.read_text(), WHERE)
-    assert every.draft_tokens > 0 and every.acceptance == 1.0
+    assert clean.acceptance == 0.0
+    assert parse_spec_decode(ACCEPT_ALL.read_text(), WHERE) == SpecDecodeCounts(72, 72)
 
 
 def test_counters_are_summed_over_engines_and_printed_as_floats() -> None:
@@ -119,7 +123,7 @@ def test_the_verdict_against_the_floor() -> None:
 class _Metrics(BaseHTTPRequestHandler):
     text = ""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         body = self.text.encode()
         self.send_response(200 if self.path == "/metrics" else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
