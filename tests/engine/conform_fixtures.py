@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from cluster import DOCKER, sh
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
 from test_serve_real import invoke
@@ -60,11 +61,18 @@ def conform(profile: str, *args: str) -> tuple[int, str, float]:
     return invoke("conform", "--recipe", TWIN_RECIPE, "--profile", profile, *args, timeout=2400)
 
 
+def write_profile(doc: dict, name: str, folder: Path) -> Path:
+    """A profile derived for a test, written as `folder/<name>.yaml` (the file's name is the profile's)."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def conform_faulty(
     build: Callable[[Path], str], profile: Path, model_dir: Path, tmp_path: Path
 ) -> tuple[int, str, float, dict]:
     """`invoke conform` of `profile` on the faulty image `build` makes (in tmp_path/faulty-image); the deployment and
-    the image removed after: (exit status, output, seconds, the JSON report or {})."""
+    the image removed after: (exit status, output, seconds, the JSON report or {}); each row's verdict printed."""
     report = tmp_path / "conform.json"
     image = ""
     try:
@@ -76,7 +84,10 @@ def conform_faulty(
         invoke("serve.down", "--profile", profile.stem)
         if image:
             sh(DOCKER, "rmi", image, check=False)
-    return code, out, seconds, json.loads(report.read_text()) if report.exists() else {}
+    doc = json.loads(report.read_text()) if report.exists() else {}
+    rows = {c["name"]: (c["status"], c["reason"][:400]) for c in doc.get("checks", [])}
+    print(json.dumps(rows, indent=1))
+    return code, out, seconds, doc
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,11 @@ speculative off; prefix caching on is the known-bad MTP combination, not started
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
-from conform_fixtures import conform_faulty, spec_faulty_image
+from conform_fixtures import conform_faulty, spec_faulty_image, write_profile
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
 from sparkforge.recipe.loader import REPO_ROOT
@@ -41,9 +40,7 @@ def _profile(tmp_path: Path) -> Path:
         "the MTP conform profile on the image whose rejection sampler accepts every draft (test)"
     )
     doc["conform"]["checks"] = ["equivalence", "speculative-acceptance"]
-    path = tmp_path / f"{PROFILE}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_profile(doc, PROFILE, tmp_path)
 
 
 def test_accepting_every_draft_is_caught_by_speculative_equivalence_alone(
@@ -54,7 +51,6 @@ def test_accepting_every_draft_is_caught_by_speculative_equivalence_alone(
     )
     REAL_TIMINGS["conform_spec_fault_s"] = round(seconds, 1)
     rows = {c["name"]: c for c in doc.get("checks", [])}
-    print(json.dumps({n: (r["status"], r["reason"][:400]) for n, r in rows.items()}, indent=1))
     assert rows, out[-5000:]
     assert code == 1 and doc["status"] == "failed", out[-5000:]
     # Caught by the row meant for it, naming the first divergence (speculative on vs off).
