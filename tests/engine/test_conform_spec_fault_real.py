@@ -28,7 +28,9 @@ from sparkforge.recipe.loader import REPO_ROOT
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.slow(cost_s=600, rank=8, reason="three twin servers with the drafter, one without"),
+    pytest.mark.slow(
+        cost_s=250, rank=2, reason="three twin servers, two drafting with the planted fault (200 s, load ~2)"
+    ),
 ]
 MTP_PROFILE = REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform-mtp.yaml"
 PROFILE = "cpu-tiny-qwen35moe-conform-spec-fault"
