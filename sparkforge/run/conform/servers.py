@@ -56,9 +56,8 @@ class Servers:
     started: list[dict[str, Any]] = field(default_factory=list)
     logs_kept_for: int = 0  # failed rows whose server log is kept
     client: OpenAIClient | None = None  # asks the server now up (its /metrics before it stops)
-    speculative: bool = (
-        False  # the server now up (the last started) drafts: its counters are read at its stop
-    )
+    # The server now up (the last started) drafts: its counters are read as it stops.
+    speculative: bool = False
 
     def start(self, engine: NodeEngine, profile: Profile, what: str) -> None:
         """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
