@@ -20,6 +20,7 @@ CHECKS = (
     "api",
     "golden",
     "equivalence",
+    "speculative-acceptance",
     "reference",
 )
 DEFAULT_PROMPTS = (
@@ -68,6 +69,15 @@ class KnownAnswers(BaseModel):
     recall_span: Annotated[int, Field(ge=2, le=2000)] = 12
 
 
+class Speculative(BaseModel):
+    """The `speculative-acceptance` row: the share of draft tokens vLLM's counters say the served configuration
+    accepted must reach `min_acceptance` (unset: the share is reported, only drafting is required)."""
+
+    model_config = STRICT
+
+    min_acceptance: Annotated[float, Field(gt=0, le=1)] | None = None
+
+
 class LongDecode(BaseModel):
     model_config = STRICT
 
@@ -104,4 +114,5 @@ class ConformSettings(BaseModel):
     )
     known_answer: KnownAnswer | None = None
     known_answers: KnownAnswers = Field(default_factory=KnownAnswers)
+    speculative: Speculative = Field(default_factory=Speculative)
     checks: list[Literal[CHECKS]] = Field(default_factory=lambda: list(CHECKS))  # type: ignore[valid-type]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from cluster import DOCKER, sh
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE
 from test_serve_real import invoke
@@ -20,6 +22,8 @@ PORT = "18481"
 FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
+SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
+SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
 
 
 def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
@@ -33,6 +37,21 @@ def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
     return tag
 
 
+def spec_faulty_image(cpu_twin: str, context: Path, tag: str = SPEC_FAULTY) -> str:
+    """The twin plus one layer holding tests/engine/planted_spec_fault.py and the .pth that plants it at every
+    interpreter start (the rejection sampler accepts every draft); the caller removes it."""
+    context.mkdir()
+    shutil.copy(SPEC_FAULT, context / "sparkforge_spec_fault.py")
+    (context / "sparkforge_spec_fault.pth").write_text(
+        "import sparkforge_spec_fault; sparkforge_spec_fault.install()\n"
+    )
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_spec_fault.py sparkforge_spec_fault.pth {SITE}/\n"
+    )
+    sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
+    return tag
+
+
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:
     return ["--image", image, "--gpus", "none", "--model-dir", str(model_dir), "--cache-dir", str(cache),
             "--port", PORT, "--ulimit", "nofile=16384", "--health-timeout", "900"]  # fmt: skip
@@ -40,6 +59,35 @@ def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:
 
 def conform(profile: str, *args: str) -> tuple[int, str, float]:
     return invoke("conform", "--recipe", TWIN_RECIPE, "--profile", profile, *args, timeout=2400)
+
+
+def write_profile(doc: dict, name: str, folder: Path) -> Path:
+    """A profile derived for a test, written as `folder/<name>.yaml` (the file's name is the profile's)."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def conform_faulty(
+    build: Callable[[Path], str], profile: Path, model_dir: Path, tmp_path: Path
+) -> tuple[int, str, float, dict]:
+    """`invoke conform` of `profile` on the faulty image `build` makes (in tmp_path/faulty-image); the deployment and
+    the image removed after: (exit status, output, seconds, the JSON report or {}); each row's verdict printed."""
+    report = tmp_path / "conform.json"
+    image = ""
+    try:
+        image = build(tmp_path / "faulty-image")
+        code, out, seconds = conform(
+            str(profile), *launch_args(image, model_dir, tmp_path / "cache"), "--json", str(report)
+        )
+    finally:
+        invoke("serve.down", "--profile", profile.stem)
+        if image:
+            sh(DOCKER, "rmi", image, check=False)
+    doc = json.loads(report.read_text()) if report.exists() else {}
+    rows = {c["name"]: (c["status"], c["reason"][:400]) for c in doc.get("checks", [])}
+    print(json.dumps(rows, indent=1))
+    return code, out, seconds, doc
 
 
 @pytest.fixture(scope="session")

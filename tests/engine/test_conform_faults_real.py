@@ -12,15 +12,12 @@ streaming pass: one request at a time, prefix caching off, the faults are silent
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
-from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, FAULTY, conform, faulty_image, launch_args
+from conform_fixtures import CONFORM_PROFILE, conform_faulty, faulty_image, write_profile
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
-from test_serve_real import invoke
 
 # In CI (not slow): three server starts, one of them crashing (benchmarks/conform.md).
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
@@ -44,30 +41,18 @@ def _profile(tmp_path: Path) -> Path:
     # request prefilled in chunks (test_conform_real.py's faulty profile says why).
     doc["args"]["max-num-batched-tokens"] = doc["args"]["max-model-len"]
     doc["conform"]["checks"] = ["determinism", "long-decode", "equivalence"]
-    path = tmp_path / f"{PROFILE}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_profile(doc, PROFILE, tmp_path)
 
 
 def test_mode_specific_faults_are_each_caught_by_their_row_and_a_crash_at_start_fails(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
-    report = tmp_path / "faults.json"
-    try:
-        image = faulty_image(cpu_twin, tmp_path / "faulty-image")
-        code, out, seconds = conform(
-            str(_profile(tmp_path)),
-            *launch_args(image, trained_model, tmp_path / "cache"),
-            "--json",
-            str(report),
-        )
-    finally:
-        invoke("serve.down", "--profile", PROFILE)
-        sh(DOCKER, "rmi", FAULTY, check=False)
+    code, out, seconds, doc = conform_faulty(
+        lambda where: faulty_image(cpu_twin, where), _profile(tmp_path), trained_model, tmp_path
+    )
     REAL_TIMINGS["conform_mode_faults_s"] = round(seconds, 1)
-    doc = json.loads(report.read_text())
+    assert doc, out[-5000:]
     rows = {c["name"]: c for c in doc["checks"]}
-    print(json.dumps({n: (r["status"], r["reason"][:300]) for n, r in rows.items()}, indent=1))
     assert code == 1 and doc["status"] == "failed", out[-5000:]
     # Silent where they must be: one request at a time, prefix caching off as profiled.
     for name in ("determinism", "long-decode", "equivalence:streaming"):

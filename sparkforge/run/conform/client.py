@@ -129,8 +129,8 @@ class OpenAIClient:
         tokens = self.post_json("/tokenize", {"model": self.model, "prompt": text}).get("tokens", [])
         return _ids(tokens, f"{self.base}/tokenize")
 
-    def metrics(self) -> str:
-        with self._open("/metrics") as reply:
+    def metrics(self, timeout: float | None = None) -> str:
+        with self._open("/metrics", timeout=timeout) as reply:
             return reply.read().decode("utf-8", "replace")
 
     def complete(self, prompt: str, max_tokens: int, **extra: Any) -> Completion:

@@ -4,7 +4,8 @@ held equal by a unit test: recipe/ sits below run/) and the table in docs/run.md
 
 A row is `row(run: ConformRun) -> None` (sparkforge/run/conform/conformrun.py): it asks the served model and adds
 its checks to `run.report`. Rows run in this order on the server as profiled; `equivalence` runs last because
-its server variants replace that server; `reference` after it, once the servers are stopped. Adding a row: its module, one line here, its name in CHECKS.
+its server variants replace that server; `speculative-acceptance` after it (it judges the counts read as the
+server as profiled stopped); `reference` last, once the servers are stopped. Adding a row: its module, one line here, its name in CHECKS.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sparkforge.run.conform.golden import golden_row
 from sparkforge.run.conform.known_answers import known_answers
 from sparkforge.run.conform.reference import reference_conform_row
 from sparkforge.run.conform.served_checks import determinism_row, long_decode_row, prefix_cache_row
+from sparkforge.run.conform.spec_acceptance import speculative_acceptance
 from sparkforge.run.conform.variants import equivalence
 
 Row = Callable[[ConformRun], None]
@@ -68,6 +70,13 @@ ROWS: Registry[Row] = Registry(
             "speculative decoding) give the reference pass's answers (the logprobs rule)",
             equivalence,
             key="conform.concurrency",
+        ),
+        Entry(
+            "speculative-acceptance",
+            "the share of draft tokens the server as profiled accepted (vLLM's spec-decode counters, read "
+            "before it stops) at the profile's floor; skipped without speculative decoding",
+            speculative_acceptance,
+            key="conform.speculative.min_acceptance",
         ),
         Entry(
             "reference",

@@ -1,5 +1,7 @@
 """The servers conform starts: one configuration after the other on one node, or the profile across nodes as
 `cluster.up` brings it up; each start timed, a failed request's server log kept, everything it started stopped.
+Before a server with speculative decoding stops, its draft and accepted token counts (vLLM's /metrics) go into
+its entry of the report (`spec_decode`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from typing import Any
 
 from sparkforge.boundary import linear_regex
 from sparkforge.context import Session
-from sparkforge.errors import RunError
+from sparkforge.errors import InputError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Report
 from sparkforge.run.cluster.cluster import UpOptions, cluster_up
 from sparkforge.run.conform.client import HeadExecClient, OpenAIClient
+from sparkforge.run.conform.spec_decode import parse_spec_decode, uses_speculative
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
@@ -52,6 +55,9 @@ class Servers:
     health_timeout_s: float = 1800
     started: list[dict[str, Any]] = field(default_factory=list)
     logs_kept_for: int = 0  # failed rows whose server log is kept
+    client: OpenAIClient | None = None  # asks the server now up (its /metrics before it stops)
+    # The server now up (the last started) drafts: its counters are read as it stops.
+    speculative: bool = False
 
     def start(self, engine: NodeEngine, profile: Profile, what: str) -> None:
         """The first start goes through serve (model class looked up, weights fetched); a variant only relaunches."""
@@ -63,12 +69,14 @@ class Servers:
             options = ServeOptions(self.launch, health_timeout_s=self.health_timeout_s, chat=False)
             serve_up(self.session, engine, profile, options)
         else:
+            self.note_spec_decode()
             serve_down(engine, profile.name)
             plan = plan_launch(profile, ["127.0.0.1"], [{}], self.launch)
             launch_plan(self.session, [engine], plan, health_timeout_s=self.health_timeout_s, dry=False)
         self.started.append(
             {"config": what, "start_s": round(time.monotonic() - start, 1), "args": profile.serve_args()}
         )
+        self.speculative = uses_speculative(profile)
 
     def start_cluster(self, engines: Sequence[NodeEngine], profile: Profile) -> OpenAIClient:
         """cluster.up's path (doctor, weights, workers then the head, health); the client asks from inside the
@@ -87,7 +95,22 @@ class Servers:
             }
         )
         served = profile.model.served_model_name or profile.model.model
-        return HeadExecClient(engines[0], up.plan.head.container.name, self.launch.port, served)
+        self.client = HeadExecClient(engines[0], up.plan.head.container.name, self.launch.port, served)
+        self.speculative = uses_speculative(profile)
+        return self.client
+
+    def note_spec_decode(self) -> None:
+        """The server now up, when it drafts: vLLM's draft and accepted token counts into its report entry
+        (`spec_decode`), read once, just before it stops; a server that does not answer leaves the reason."""
+        if not (self.speculative and self.started and self.client):
+            return
+        self.speculative = False  # read once: the next server is another configuration
+        entry, where = self.started[-1], f"{self.client.base}/metrics"
+        try:
+            entry["spec_decode"] = parse_spec_decode(self.client.metrics(timeout=60), where).as_report()
+        except (RunError, InputError) as exc:  # never masks stopping the server
+            entry["spec_decode_error"] = str(exc)[:600]
+            self.session.echo(f"  (speculative decoding's counters could not be read: {exc})")
 
     def keep_failed_logs(self, engines: Sequence[NodeEngine], profile: Profile, report: Report) -> None:
         """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback)."""
@@ -109,6 +132,7 @@ class Servers:
 
     def stop(self, engines: Sequence[NodeEngine], profile: Profile) -> None:
         """What conform started, it stops (an attached deployment is left as it was)."""
+        self.note_spec_decode()
         if self.started and len(engines) > 1:
             cluster_down(engines, profile.name)
         elif self.started:

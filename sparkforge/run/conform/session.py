@@ -75,6 +75,7 @@ def run_conform(
                 f"('invoke serve.down --profile {profile.name}')"
             )
         client = OpenAIClient(f"http://127.0.0.1:{options.launch.port}", served)
+        servers.client = client  # reads a drafting server's counters before it stops
     try:
         if len(engines) > 1:
             client = servers.start_cluster(engines, profile)

@@ -1,0 +1,61 @@
+"""A fault planted INSIDE the real vLLM that acts only with speculative decoding: the rejection sampler accepts
+every draft token unverified (a classic spec-decode bug: the output is the drafter's proposal, not the target
+model's greedy choice, wherever the two differ).
+
+vLLM refuses custom logits processors with speculative decoding, so this one wraps vLLM's own function instead:
+copied into a derived twin image (site-packages/sparkforge_spec_fault.py, loaded at every interpreter start by
+sparkforge_spec_fault.pth), it waits for `vllm.v1.sample.rejection_sampler` to be imported (the v1 model
+runner's, which vLLM's CPU runner inherits) and replaces the module's `rejection_sample`, which
+`RejectionSampler.forward` looks up by name. Without speculative decoding nothing calls it: the fault is silent.
+Never imported on the host (it is used only in the image by tests/engine/test_conform_spec_fault_real.py).
+"""
+
+import importlib.abc
+import importlib.util
+import sys
+
+TARGET = "vllm.v1.sample.rejection_sampler"
+
+
+def accept_every_draft(original):
+    """`rejection_sample` with each request's drafts all accepted and the bonus token appended."""
+
+    def rejection_sample(draft_token_ids, num_draft_tokens, *args, **kwargs):
+        out = original(draft_token_ids, num_draft_tokens, *args, **kwargs)
+        # vLLM 0.32 passes them in order: max_spec_len, cu_num_draft_tokens, draft_probs, target_logits, bonus ids
+        bonus = args[4].reshape(-1)
+        start = 0
+        for row, count in enumerate(num_draft_tokens):
+            drafts = draft_token_ids[start : start + count]
+            start += count
+            if count == 0 or bool((drafts < 0).any()):  # a padded draft (-1) stays rejected
+                continue
+            out[row, :count] = drafts.to(out.dtype)
+            out[row, count] = bonus[row].to(out.dtype)
+        return out
+
+    return rejection_sample
+
+
+class _PlantOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)  # once: the real finders locate the module
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            if not hasattr(module.rejection_sample, "planted"):  # the loader may run twice on one module
+                module.rejection_sample = accept_every_draft(module.rejection_sample)
+                module.rejection_sample.planted = True
+                print("sparkforge planted fault: the rejection sampler accepts every draft", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Called by the .pth at interpreter start: cheap (no vLLM import until vLLM itself imports the sampler)."""
+    sys.meta_path.insert(0, _PlantOnImport())
