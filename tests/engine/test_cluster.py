@@ -165,6 +165,13 @@ def test_doctor_with_interface_runs_gloo_and_vllm_message_queue_across_nodes(
     assert all(g["waited_s"] is not None for g in gate.values())
     assert all(found["seconds"] for found in checks["nccl-library"]["details"].values())
     assert checks["sanity"]["duration_s"] < 60, checks["sanity"]["duration_s"]
+    # Each node timed a reverse lookup of each peer's launch address; one the resolver left unanswered is warned.
+    lookups = checks["reach"]["details"]["reverse_dns"]
+    assert {"node0 -> 10.77.0.2", "node1 -> 10.77.0.1"} <= set(lookups), lookups
+    silent = [way for way, seen in lookups.items() if not seen["answered"]]
+    assert ("resolver did not answer a reverse lookup" in checks["reach"]["reason"]) == bool(silent), checks[
+        "reach"
+    ]
     assert _leftovers(two_nodes) == {"a": [], "b": []}
 
 
