@@ -172,13 +172,17 @@ def test_speculative_acceptance_from_vllms_counters() -> None:
         "# TYPE vllm:spec_decode_num_drafts_total counter\n"
         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
         'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20.0\n'
-        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 5.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 5.0\n',
+        "server",
     )
     after = {"drafts": 110.0, "draft_tokens": 220.0, "accepted": 155.0}
     spec = figures.acceptance(before, after)
     assert spec is not None and spec["acceptance_rate"] == pytest.approx(0.75)
     assert spec["mean_acceptance_length"] == pytest.approx(2.5)  # 1 verified + 1.5 accepted per step
-    assert figures.acceptance({}, figures.spec_counters("vllm:num_requests_running 0.0\n")) is None
+    assert figures.acceptance({}, figures.spec_counters("vllm:num_requests_running 0.0\n", "server")) is None
+    # The served text is untrusted: a malformed sample of an allow-listed counter is an error naming where.
+    with pytest.raises(RunError, match=r"server: not a counter sample: .*fix: check that the served image"):
+        figures.spec_counters("vllm:spec_decode_num_drafts_total 1.0 junk\n", "server")
 
 
 def test_rounds_interleave_the_levels_and_every_run_sends_its_own_full_set_of_prompts() -> None:

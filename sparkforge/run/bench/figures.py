@@ -14,11 +14,11 @@ chunks counts decode steps, so tokens/s and decode steps/s are reported apart.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from typing import Any
 
 from sparkforge.errors import RunError
+from sparkforge.run.promtext import read_counters
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -109,13 +109,12 @@ def benchy_levels(where: str, doc: Any, runs: int) -> dict[tuple[int, int], list
     return out
 
 
-def spec_counters(text: str) -> dict[str, float]:
-    """vLLM's speculative-decoding counters from its /metrics text (summed over label sets); {} when absent."""
-    found: dict[str, float] = {}
-    for key, name in SPEC_COUNTERS.items():
-        for match in re.finditer(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", text, re.M):
-            found[key] = found.get(key, 0.0) + float(match.group(1))
-    return found
+def spec_counters(text: str, where: str) -> dict[str, float]:
+    """vLLM's speculative-decoding counters from its /metrics text (summed over label sets, read strictly by
+    run/promtext.py: a malformed sample of them is an error naming `where`); {} when absent."""
+    fix = "fix: check that the served image is vLLM and its /metrics answers as vLLM's does"
+    totals = read_counters(text, SPEC_COUNTERS.values(), where, fix)
+    return {key: float(totals[name]) for key, name in SPEC_COUNTERS.items() if name in totals}
 
 
 def acceptance(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:

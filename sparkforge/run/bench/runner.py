@@ -312,7 +312,9 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
 
 def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
     got = _exec(engine, name, "bench-metrics", "python3", "-c", METRICS_SCRIPT, port, timeout=60)
-    return figures.spec_counters(got.output) if got.returncode == 0 else {}
+    return (
+        figures.spec_counters(got.output, f"{name}: /metrics on port {port}") if got.returncode == 0 else {}
+    )
 
 
 def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: BenchOptions) -> Report:

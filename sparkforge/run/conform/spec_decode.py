@@ -9,32 +9,17 @@ on such a line is an error naming the URL, never a guess. Every other metric is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from sparkforge.boundary import linear_regex
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
+from sparkforge.run.promtext import read_counters
 
 # vLLM's names (vllm/v1/spec_decode/metrics.py: Counter "vllm:spec_decode_num_draft_tokens"; prometheus_client
 # exports a counter's samples as <name>_total); summed over their label sets (one per engine).
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 COUNTERS = (DRAFT_TOKENS, ACCEPTED_TOKENS)
-MAX_METRICS_CHARS = 16 << 20  # a vLLM server's /metrics is tens of KiB
-MAX_COUNT = 2**63 - 1
-_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
-# name{label="v",...} value [timestamp]: a counter's value is a whole number, printed as 12.0 or 1.2e+06 (RE2 is
-# linear in the line, so the repetitions need no bound).
-_SAMPLE = (
-    rf"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{(?:{_LABEL}(?:,{_LABEL})*,?)?\}})?"
-    r" (?P<value>[0-9]{1,19}(?:\.0{1,20})?|[0-9](?:\.[0-9]{1,20})?e\+?[0-9]{1,2})(?: -?[0-9]{1,20})?"
-)
-
-
-@cache
-def _sample() -> object:
-    return linear_regex(_SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -72,22 +57,7 @@ def parse_spec_decode(text: str, where: str) -> SpecDecodeCounts:
     """The two counters of a Prometheus text exposition `where` answered; an error when they are missing or a
     line of theirs is not a plain sample (a whole number of tokens)."""
     fix = "fix: check that the server is vLLM serving with a speculative-config (its /metrics)"
-    if len(text) > MAX_METRICS_CHARS:
-        raise RunError(
-            f"{where}: {len(text)} characters, more than a vLLM /metrics ({MAX_METRICS_CHARS}); {fix}"
-        )
-    totals: dict[str, int] = {}
-    for line in text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]
-        if name not in COUNTERS:  # comments (# HELP, # TYPE), blank lines and every other metric
-            continue
-        sample = _sample().fullmatch(line)  # type: ignore[attr-defined]
-        if sample is None or sample.group("name") != name:
-            raise RunError(f"{where}: not a counter sample: {line[:200]!r}; {fix}")
-        value = float(sample.group("value"))
-        if not value.is_integer() or value > MAX_COUNT:
-            raise RunError(f"{where}: {name} is not a whole number of tokens: {line[:200]!r}; {fix}")
-        totals[name] = totals.get(name, 0) + int(value)
+    totals = read_counters(text, COUNTERS, where, fix)
     missing = [n for n in COUNTERS if n not in totals]
     if missing:
         raise RunError(
