@@ -29,7 +29,7 @@ from conform_fixtures import CONFORM_PROFILE, FAULTY, PORT, conform, faulty_imag
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
-# CI budget (tests/engine/ci_budget.py): 531 s here with the twin and the trained model cached (+ 3-4 min training
+# CI budget (tests/engine/ci_budget.py): 531 s here with the twin and the trained model cached (+ ~13 min training
 # on a fresh machine when test_serve_real did not run first); four server starts (benchmarks/conform.md, ci.md).
 pytestmark = [
     pytest.mark.engine,
