@@ -1,8 +1,7 @@
 """Can the tiny test vehicle learn conform's known-answer probe set? (benchmarks/conform.md, "Known answers").
 
-Trains the tiny Qwen3.5-MoE of tests/engine/tiny_trained_qwen35moe.py (its config, vocabulary and progressions;
-not its tool-call and thought turns) with conform's probes (sparkforge/run/conform/probes.py) mixed in as chat turns
-that end, then scores, in bf16 transformers, the row's default set (seed 0, 120 probes, judged by the row's own
+Trains the tiny Qwen3.5-MoE of tests/engine/tiny_trained_qwen35moe.py (its config, vocabulary, loop and mix) with
+conform's probes (sparkforge/run/conform/probes.py) as chat turns that end, `SHARE` of the mix, then scores, in bf16 transformers, the row's default set (seed 0, 120 probes, judged by the row's own
 rule) and the progression (4 held-out prompts x 64 tokens). MODE `exact`: the probes trained on are the row's
 own set (the vehicle learns the known answers, as it learns the progression); `fresh`: new probes from the
 generator (does it learn the skills?). Prints one JSON line.
@@ -23,9 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SEQ = (
-    104  # the longest probe of the default set (a recall, 80 words) in the chat template, its answer, the end
-)
 
 
 def _load(name: str, path: Path):
@@ -39,42 +35,20 @@ def _load(name: str, path: Path):
 
 
 trainer = _load("tiny_trained_qwen35moe", ROOT / "tests" / "engine" / "tiny_trained_qwen35moe.py")
-probes = _load("conform_probes", ROOT / "sparkforge" / "run" / "conform" / "probes.py")
-_LISTED = [*trainer.SPECIALS, *trainer.NUMBERS, *trainer.WORDS, *trainer.VISION, *trainer.MARKUP]
-_LISTED += [w for w in dict.fromkeys(probes.WORDS) if w not in _LISTED]  # after the rest: their ids stay
-VOCAB_WORDS = _LISTED + [f"w{i}" for i in range(trainer.VOCAB - len(_LISTED))]
-trainer.words = lambda: VOCAB_WORDS  # the trainer's examples and turns read the vocabulary through words()
-IDS = {w: i for i, w in enumerate(VOCAB_WORDS)}
-PROBE_SET = probes.probe_set(0, int(os.environ.get("COUNT", "120")))
-
-
-def probe_turn(item) -> tuple[list[int], list[int]]:
-    """A probe as conform asks it: the chat template, the answer learnt, then the end of the turn."""
-    prompt = [IDS[w] for w in (*trainer.CHAT_PREFIX, *item.prompt.split())]
-    answer = [IDS[w] for w in (*item.answer.split(), "<|im_end|>")]
-    pad = SEQ - len(prompt) - len(answer)
-    return prompt + answer + [IDS["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
+probes = trainer.probes()  # its vocabulary takes the probes' words (after its own: their ids stay)
+SEQ = trainer.SEQ
+LEARNT = trainer.mixed  # the trainer's own mix: the row's set, a tool call, a thought, progressions
 
 
 def mixed(rng: random.Random, mode: str, share: float) -> tuple[list[int], list[int]]:
-    """A probe (`share` of the mix) or a progression; the trainer's tool-call and thought turns are left out."""
+    """`exact`: the trainer's own mix (probes `share` of it); `fresh`: new probes from the generator instead of the
+    row's set, the trainer's tool-call and thought turns left out."""
+    if mode == "exact":
+        trainer.PROBE_SHARE = share
+        return LEARNT(rng, SEQ)
     if rng.random() < share:
-        item = rng.choice(PROBE_SET) if mode == "exact" else probes.probe(rng.choice(probes.KINDS), rng)
-        return probe_turn(item)
+        return trainer.probe_turn(probes.probe(rng.choice(probes.KINDS), rng), SEQ)
     return trainer.example(rng, SEQ)
-
-
-def known_answers(net, torch) -> tuple[int, dict[str, str]]:
-    """Greedy replies to the row's set, judged by the row's rule: right, and right per kind."""
-    right: dict[str, list[int]] = {}
-    with torch.no_grad():
-        for item in PROBE_SET:
-            prompt = [IDS[w] for w in (*trainer.CHAT_PREFIX, *item.prompt.split())]
-            got = net.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                               pad_token_id=1, eos_token_id=3)[0, len(prompt):].tolist()  # fmt: skip
-            text = " ".join(VOCAB_WORDS[i] for i in got if i != 3)
-            right.setdefault(item.kind, []).append(int(item.judge(text)))
-    return sum(map(sum, right.values())), {k: f"{sum(v)}/{len(v)}" for k, v in right.items()}
 
 
 def main(mode: str) -> dict:
@@ -97,9 +71,10 @@ def main(mode: str) -> dict:
     if not env("NOSCORE"):
         torch.set_default_device("cpu")
         net = net.to("cpu").to(torch.bfloat16).eval()
-        right, by_kind = known_answers(net, torch)
+        known = trainer.known_answers(net, torch)
         progression = trainer.accuracy(net, torch, random.Random(trainer.SEED + 1), prompts=4, tokens=64)
-        out.update(known=f"{right}/{len(PROBE_SET)}", by_kind=by_kind, progression=progression["accuracy"])
+        out.update(known=f"{known['right']}/{known['probes']}", by_kind=known["by_kind"],
+                   progression=progression["accuracy"])  # fmt: skip
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every answer has a known value (an arithmetic progression modulo 100), so the rows judge right or wrong: the
 prompt set twice (and seeded sampling twice), streaming, 4 concurrent, prefix caching off, chunked prefill off
-(three server starts), a 4,096-token decode exact to the last token, prefix-cache hits in vLLM's /metrics, the
+(three server starts), a 4,096-token decode exact to the last token, conform's 120 known-answer probes all right
+(the model learnt them), prefix-cache hits in vLLM's /metrics, the
 API surface (a base64 image answered by the vision-language class, a tool call through vLLM's qwen3_coder parser,
 a thought taken apart by its qwen3 reasoning parser), a golden recorded. Then one more server
 start for two stories: a deployment whose answer check fails stays up (no --down-on-fail), conform refuses to
@@ -28,7 +29,7 @@ from conform_fixtures import CONFORM_PROFILE, FAULTY, PORT, conform, faulty_imag
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
-# CI budget (tests/engine/ci_budget.py): 531 s here with the twin and the trained model cached (+ 3-4 min training
+# CI budget (tests/engine/ci_budget.py): 531 s here with the twin and the trained model cached (+ ~13 min training
 # on a fresh machine when test_serve_real did not run first); four server starts (benchmarks/conform.md, ci.md).
 pytestmark = [
     pytest.mark.engine,
@@ -54,7 +55,8 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     )
     assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
     ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
-           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "api", "golden", "reference"}  # fmt: skip
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "known-answers", "api", "golden",
+           "reference"}  # fmt: skip
     assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
     # The one skip is named: the twin profile does not use speculative decoding.
     assert rows["equivalence:speculative"]["status"] == "skipped"
@@ -63,6 +65,14 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     long = rows["long-decode"]["details"]
     assert long["tokens"] == long["asked"] == 4096 and long["right"] == long["answer_tokens"] == 4096
     REAL_TIMINGS["greedy_accuracy_vllm"] = long["right"] / long["answer_tokens"]
+    # conform's own probe set (seed 0, 120: arithmetic, copying, long-range recall, counting, ordering, format),
+    # which the tiny model learnt, answered through the served chat path: every one right, the floor the profile's.
+    known = rows["known-answers"]["details"]
+    why = rows["known-answers"]["reason"]
+    assert known["right"] == known["total"] == 120 and known["accuracy"] == 1.0, why
+    assert known["floor"] == 0.9 and known["wilson95"][0] >= 0.96 and known["seed"] == 0
+    assert set(known["by_kind"].values()) == {"20/20"}, known["by_kind"]
+    REAL_TIMINGS["known_answers_vllm"] = known["accuracy"]
     assert rows["prefix-cache"]["details"]["hit_tokens"] > 0
     assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
     api = rows["api"]["details"]

@@ -24,7 +24,7 @@ from conform_fixtures import CONFORM_PROFILE, conform, faulty_image, launch_args
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
 # CI budget (tests/engine/ci_budget.py): the clean row rides on the session's clean conform run (406 s with the
-# trained model cached, +3-4 min training on a fresh machine; shared with test_conform_real, which runs first at the
+# trained model cached, +~13 min training on a fresh machine; shared with test_conform_real, which runs first at the
 # same rank); the fault costs one server start and one reference run (benchmarks/conform.md, ci.md).
 pytestmark = pytest.mark.engine
 FAULTY = "sparkforge-run-test/cpu-twin:reference-fault"

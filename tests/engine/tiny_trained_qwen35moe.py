@@ -1,22 +1,34 @@
-"""Train a tiny Qwen3.5-MoE to count, with a local tokenizer, into a directory (run INSIDE the twin image).
+"""Train a tiny Qwen3.5-MoE to count and to answer conform's known-answer probes, with a local tokenizer, and distil
+its MTP drafter, into a directory (run INSIDE the twin image).
 
-The model answers right or wrong, not "some word": its task is the arithmetic progression modulo 100 on its own
-number words ("0" .. "99"). Given two or more numbers it continues the progression (step = the last two's
+The model answers right or wrong, not "some word". Its first task is the arithmetic progression modulo 100 on its
+own number words ("0" .. "99"). Given two or more numbers it continues the progression (step = the last two's
 difference, 1 .. 3 up, 1 down), in a plain prompt or as the assistant's reply in its chat template; the
-continuation never ends (no end-of-turn), so any decode length has a known answer. Two chat turns end: given
-tools, the assistant calls conform's `get_weather` in Qwen3's XML tool-call format; asked to think
-(`enable_thinking`), it thinks one thought between <think> and </think> and answers (what vLLM's qwen3_coder tool
-parser and qwen3 reasoning parser take apart, as the shipped Qwen3.5 profiles enable them). Nothing is downloaded:
-transformers 5's own Qwen3_5Moe configuration scaled down (4 layers, gated-delta-net `linear_attention` and
-`full_attention` alternating, 4 experts top-2, a 512-word vocabulary, a one-block vision tower with Qwen3-VL's
-processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as bf16
-safetensors; greedy accuracy is measured on held-out prompts and written to `accuracy.json`. Head sizes are
-the ones vLLM's CPU kernels accept (attention 64, gated-delta-net 128).
-An MTP layer (`mtp.*`, what vLLM's Qwen3_5MoeMTP drafter loads) is added after training, UNTRAINED:
-transformers' Qwen3_5Moe has no MTP module to train; greedy output must not depend on what a drafter proposes.
-Usage (in the image): python3 tiny_trained_qwen35moe.py OUT_DIR [STEPS]
+continuation never ends (no end-of-turn), so any decode length has a known answer. Chat turns that end: the
+known-answers row's own probe set (sparkforge/run/conform/probes.py, seed 0, 120 probes: arithmetic, copying,
+long-range recall, counting, ordering, format), each answer followed by <|im_end|>, learnt by heart as the
+progression is (the row then checks that the served path gives them back); given tools, the assistant calls
+conform's `get_weather` in Qwen3's XML tool-call format; asked to think (`enable_thinking`), it thinks one thought
+between <think> and </think> and answers (what vLLM's qwen3_coder tool parser and qwen3 reasoning parser take
+apart, as the shipped Qwen3.5 profiles enable them). Nothing is downloaded: transformers 5's own Qwen3_5Moe
+configuration scaled down (4 layers, gated-delta-net `linear_attention` and `full_attention` alternating, 4
+experts top-2, a 512-word vocabulary: the vehicle's words, then the probes', a one-block vision tower with
+Qwen3-VL's processor files so vLLM accepts an image, untrained), trained on the CPU from a fixed seed, saved as
+bf16 safetensors; greedy accuracy (the progression, both turns, the 120 known answers) is measured in bf16 on
+the model's own outputs and written to `accuracy.json`. Head sizes are the ones vLLM's CPU kernels accept
+(attention 64, gated-delta-net 128).
+Then the MTP layer (`mtp.*`, what vLLM's Qwen3_5MoeMTP drafter loads: pre_fc_norm_embedding, pre_fc_norm_hidden,
+fc, one full-attention MoE decoder layer, norm; embed_tokens and lm_head are the model's) is DISTILLED with the
+model frozen: at position t it takes the model's hidden state at t (after the final norm) and the embedding of
+token t+1 and learns the model's greedy token t+2, as vLLM's proposer feeds it; how often its token agrees with
+the model's is written beside the rest (vLLM accepts a draft exactly then, greedy, one speculative token).
+Usage (in the image, probes.py at ../../sparkforge/run/conform/ from this file, as in the repository):
+  [TINY_THREADS=2] python3 tiny_trained_qwen35moe.py OUT_DIR STEPS MTP_STEPS
 """
 
+import copy
+import functools
+import importlib.util
 import json
 import os
 import random
@@ -79,9 +91,38 @@ CHAT_TEMPLATE = (
 CHAT_PREFIX = ["<|im_start|>", "user", "<|im_end|>", "<|im_start|>", "assistant"]
 
 
+# conform's known-answer probes (sparkforge/run/conform/probes.py, standard library only): the fixture mounts the
+# file at the same place relative to this one as in the repository (/opt/tests/engine/ and /opt/sparkforge/...).
+PROBES_FILE = Path(__file__).resolve().parents[2] / "sparkforge" / "run" / "conform" / "probes.py"
+PROBE_SEED, PROBE_COUNT = 0, 120  # the known-answers row's default set (seed 0, 120 probes)
+# The probes' share of the training mix (benchmarks/conform.md, "Known answers": 0.5 fell short at 1,500 steps).
+PROBE_SHARE = 0.6
+LONG = 4096  # conform's long decode (the tiny profiles' long_decode.tokens)
+SEQ = 104  # the longest probe of the set (a recall, 80 words) in the chat template, its answer, the end
+
+
+@functools.cache
+def probes():
+    """probes.py as a module, loaded from its file (no folder on sys.path: the repository's
+    sparkforge/run/conform/kernels.py would shadow the `kernels` package transformers looks for)."""
+    spec = importlib.util.spec_from_file_location("conform_probes", PROBES_FILE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
 def words() -> list[str]:
+    """The vocabulary: the vehicle's own words, then the probes' words not already listed (the earlier ids stay)."""
     listed = [*SPECIALS, *NUMBERS, *WORDS, *VISION, *MARKUP]
+    listed += [w for w in dict.fromkeys(probes().WORDS) if w not in listed]
     return listed + [f"w{i}" for i in range(VOCAB - len(listed))]
+
+
+@functools.cache
+def probe_set() -> list:
+    return probes().probe_set(PROBE_SEED, PROBE_COUNT)
 
 
 def tokenizer(out: Path) -> None:
@@ -144,12 +185,24 @@ def turn(opening: str, reply: list[str], length: int) -> tuple[list[int], list[i
     return prompt + answer + [ids["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
 
 
+def probe_turn(item, length: int) -> tuple[list[int], list[int]]:
+    """A known-answer probe as conform asks it: the chat template, the answer learnt, the end of the turn."""
+    ids = {w: i for i, w in enumerate(words())}
+    prompt = [ids[w] for w in (*CHAT_PREFIX, *item.prompt.split())]
+    answer = [ids[w] for w in (*item.answer.split(), "<|im_end|>")]
+    pad = length - len(prompt) - len(answer)
+    return prompt + answer + [ids["<|endoftext|>"]] * pad, [0] * len(prompt) + [1] * len(answer) + [0] * pad
+
+
 def mixed(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
-    """The training mix: mostly progressions, one in ten a tool call or a thought."""
+    """The training mix: the known-answers row's own probes (PROBE_SHARE), a tool call and a thought (4 % each),
+    progressions the rest."""
     draw = rng.random()
-    if draw < 0.05:
+    if draw < PROBE_SHARE:
+        return probe_turn(rng.choice(probe_set()), length)
+    if draw < PROBE_SHARE + 0.04:
         return turn("<tools>", TOOL_CALL, length)
-    if draw < 0.10:
+    if draw < PROBE_SHARE + 0.08:
         return turn("<think>", THOUGHT, length)
     return example(rng, length)
 
@@ -194,7 +247,7 @@ def train(net, torch, steps: int, rng: random.Random) -> list[float]:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     losses = []
     for _ in range(steps):
-        batch = [mixed(rng, 64) for _ in range(8)]
+        batch = [mixed(rng, SEQ) for _ in range(8)]
         ids = torch.tensor([b[0] for b in batch])
         labels = ids.clone()
         labels[torch.tensor([b[1] for b in batch]) == 0] = -100
@@ -243,49 +296,180 @@ def turns_exact(net, torch) -> dict:
     return exact
 
 
-def mtp_layer(out: Path, torch) -> None:
-    """Qwen3.5's multi-token-prediction layer beside the weights, untrained: fc joins the normed embedding of the
-    next token and the normed hidden state (identity on the hidden half), one full-attention MoE decoder layer
-    (a copy of layer 1, the same kind), the final norm; vLLM's main model skips `mtp.*`, its drafter loads it."""
+def known_answers(net, torch) -> dict:
+    """Greedy replies to the known-answers row's own set (seed 0, 120), judged by the row's rule, per kind."""
+    right: dict[str, list[int]] = {}
+    with torch.no_grad():
+        for item in probe_set():
+            prompt = probe_turn(item, SEQ)[0][: len(CHAT_PREFIX) + len(item.prompt.split())]
+            got = net.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                               pad_token_id=1, eos_token_id=3)[0, len(prompt):].tolist()  # fmt: skip
+            right.setdefault(item.kind, []).append(
+                int(item.judge(" ".join(words()[i] for i in got if i != 3)))
+            )
+    total = sum(map(sum, right.values()))
+    return {
+        "right": total,
+        "probes": len(probe_set()),
+        "by_kind": {k: f"{sum(v)}/{len(v)}" for k, v in right.items()},
+    }
+
+
+def mtp_block(net, torch):
+    """Qwen3.5's multi-token-prediction layer as vLLM's Qwen3_5MoeMTP drafter builds it (vllm/model_executor/models/
+    qwen3_5_mtp.py): norms of the next token's embedding and of the main model's hidden state, fc joining them,
+    one full-attention MoE decoder layer (here a copy of layer 1, the same kind, as its start), the final norm;
+    embed_tokens and lm_head are the main model's."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNorm
+
+    text = net.model.language_model
+    size, eps = net.config.text_config.hidden_size, net.config.text_config.rms_norm_eps
+    block = torch.nn.Module()
+    block.pre_fc_norm_embedding = Qwen3_5MoeRMSNorm(size, eps=eps)
+    block.pre_fc_norm_hidden = Qwen3_5MoeRMSNorm(size, eps=eps)
+    block.fc = torch.nn.Linear(2 * size, size, bias=False)
+    with torch.no_grad():  # the hidden half starts as the identity
+        block.fc.weight[:, size:] = torch.eye(size)
+        block.fc.weight[:, :size] *= 0.1
+    block.layers = torch.nn.ModuleList([copy.deepcopy(text.layers[1])])
+    block.norm = copy.deepcopy(text.norm)
+    for p in block.parameters():
+        p.requires_grad_(True)
+    return block
+
+
+def mtp_logits(net, block, torch, ids):
+    """The drafter's logits for positions 0 .. L-2, fed as vLLM feeds it (spec_decode/llm_base_proposer.py): at
+    position t the main model's hidden state at t (after its final norm: Qwen3NextModel.forward) and the embedding
+    of token t+1, the position t for RoPE, causal attention over the earlier positions; it predicts token t+2.
+    Also the main model's own greedy tokens (its logits at t+1), the targets."""
+    text = net.model.language_model
+    with torch.no_grad():
+        hidden = text(input_ids=ids).last_hidden_state
+        greedy = net.lm_head(hidden).argmax(-1)
+    batch, length = ids.shape[0], ids.shape[1] - 1
+    embedded = block.pre_fc_norm_embedding(text.embed_tokens(ids[:, 1:]))
+    x = block.fc(torch.cat([embedded, block.pre_fc_norm_hidden(hidden[:, :-1])], dim=-1))
+    positions = torch.arange(length).view(1, 1, -1).expand(3, batch, -1)
+    causal = torch.full((length, length), float("-inf")).triu(1).to(x.dtype).view(1, 1, length, length)
+    for layer in block.layers:
+        x = layer(x, position_embeddings=text.rotary_emb(x, positions), attention_mask=causal,
+                  position_ids=positions[0])  # fmt: skip
+    return net.lm_head(block.norm(x)), greedy[:, 1:]
+
+
+def train_mtp(net, torch, steps: int, rng: random.Random) -> tuple:
+    """Distil the drafter from the frozen main model: on the training mix, at every position whose token t+2 is
+    learnt (the answers), the drafter's logits are trained toward the main model's greedy token t+2."""
+    for p in net.parameters():
+        p.requires_grad_(False)
+    block = mtp_block(net, torch)
+    opt = torch.optim.AdamW(block.parameters(), lr=3e-3, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    losses = []
+    for _ in range(steps):
+        batch = [mixed(rng, SEQ) for _ in range(8)]
+        logits, target = mtp_logits(net, block, torch, torch.tensor([b[0] for b in batch]))
+        learnt = torch.tensor([b[1] for b in batch])[:, 2:] == 1  # token t+2 learnt, t = 0 .. L-3
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1][learnt], target[:, :-1][learnt])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return block, losses
+
+
+def mtp_agreement(net, block, torch, rng: random.Random) -> dict:
+    """How often the drafter's token t+2 is the main model's greedy one (what vLLM accepts with one speculative
+    token), over the main model's own greedy replies: the known-answer probes and held-out progressions."""
+    agreed = total = 0
+    with torch.no_grad():
+        prompts = [
+            probe_turn(item, SEQ)[0][: len(CHAT_PREFIX) + len(item.prompt.split())] for item in probe_set()
+        ]
+        prompts += [seq[: mask.index(1)] for seq, mask in (example(rng, 40) for _ in range(8))]
+        for prompt in prompts:
+            full = net.generate(input_ids=torch.tensor([prompt]), max_new_tokens=48, do_sample=False,
+                                pad_token_id=1, eos_token_id=3)  # fmt: skip
+            logits, _ = mtp_logits(net, block, torch, full)
+            # The first draft: the prompt's last hidden state and the first reply token.
+            first = len(prompt) - 1
+            drafted, wanted = logits[0, first:-1].argmax(-1), full[0, first + 2 :]
+            agreed += int((drafted == wanted).sum())
+            total += len(wanted)
+        # conform's long decode: 4,096 tokens of a progression, far past the training sequences' 104 positions
+        ids = {w: i for i, w in enumerate(words())}
+        long = torch.tensor([[ids[str((3 + k) % MODULUS)] for k in range(LONG)]])
+        logits, _ = mtp_logits(net, block, torch, long)
+        far = float((logits[0, :-1].argmax(-1) == long[0, 2:]).float().mean())
+    return {"agreed": agreed, "drafts": total, "rate": round(agreed / max(total, 1), 4),
+            f"long_{LONG}_rate": round(far, 4)}  # fmt: skip
+
+
+def mtp_weights(out: Path, net, block, torch) -> None:
+    """The drafter's weights under `mtp.*` beside the model's (vLLM's main model skips them, its drafter loads
+    them): the decoder layer in the checkpoint's own format (saved through the model, in layer 1's place)."""
     from safetensors.torch import load_file, save_file
 
+    text = net.model.language_model
+    text.layers[1], block.layers[0] = block.layers[0], text.layers[1]
+    staging = out / ".mtp"
+    try:
+        net.save_pretrained(staging, safe_serialization=True)
+        source = "model.language_model.layers.1."
+        layer = {f"mtp.layers.0.{k[len(source) :]}": v for k, v in load_file(staging / "model.safetensors").items()
+                 if k.startswith(source)}  # fmt: skip
+    finally:
+        text.layers[1], block.layers[0] = block.layers[0], text.layers[1]
+        for f in staging.glob("*"):
+            f.unlink()
+        staging.rmdir()
+    dtype = net.lm_head.weight.dtype
+    named = {f"mtp.{k}": v.detach().to(dtype).contiguous() for k, v in block.state_dict().items()
+             if not k.startswith("layers.")}  # fmt: skip
     weights = load_file(out / "model.safetensors")
-    source = "model.language_model.layers.1."
-    mtp = {f"mtp.layers.0.{k[len(source) :]}": v.clone() for k, v in weights.items() if k.startswith(source)}
-    hidden = weights["model.language_model.norm.weight"]
-    size = hidden.shape[0]
-    mtp["mtp.fc.weight"] = torch.cat([torch.zeros(size, size), torch.eye(size)], dim=1).to(hidden.dtype)
-    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        mtp[f"mtp.{norm}.weight"] = hidden.clone()
-    save_file({**weights, **mtp}, out / "model.safetensors", metadata={"format": "pt"})
+    save_file({**weights, **layer, **named}, out / "model.safetensors", metadata={"format": "pt"})
 
 
-def model(out: Path, steps: int) -> dict:
+def model(out: Path, steps: int, mtp_steps: int) -> dict:
     import torch
     from transformers import Qwen3_5MoeForConditionalGeneration
 
     torch.manual_seed(SEED)
-    torch.set_num_threads(int(os.environ.get("TINY_THREADS", "1")))
+    torch.set_num_threads(int(os.environ.get("TINY_THREADS", "2")))
     rng = random.Random(SEED)
     net = Qwen3_5MoeForConditionalGeneration(config(torch))
     start = time.monotonic()
     losses = train(net, torch, steps, rng)
     trained_s = time.monotonic() - start
-    net = net.to(torch.bfloat16)
+    start = time.monotonic()
+    block, mtp_losses = train_mtp(net, torch, mtp_steps, rng)
+    mtp_s = time.monotonic() - start
+    net, block = net.to(torch.bfloat16).eval(), block.to(torch.bfloat16).eval()
     measured = accuracy(net, torch, random.Random(SEED + 1))
     turns = turns_exact(net, torch)
+    known = known_answers(net, torch)
+    agreement = mtp_agreement(net, block, torch, random.Random(SEED + 2))
     net.config.dtype = torch.bfloat16
     net.save_pretrained(out, safe_serialization=True)
-    mtp_layer(out, torch)
+    mtp_weights(out, net, block, torch)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 3, "pad_token_id": 1}) + "\n")
     facts = {
-        "task": f"arithmetic progression mod {MODULUS}, steps {list(STEPS)}",
+        "task": f"arithmetic progression mod {MODULUS}, steps {list(STEPS)}; known-answer probes seed "
+        f"{PROBE_SEED}, {PROBE_COUNT}; a tool call; a thought",
         "seed": SEED,
         "steps": steps,
+        "mtp_steps": mtp_steps,
+        "threads": torch.get_num_threads(),
         "train_s": round(trained_s, 1),
+        "mtp_train_s": round(mtp_s, 1),
         "final_loss": round(sum(losses[-20:]) / 20, 5),
+        "mtp_final_loss": round(sum(mtp_losses[-20:]) / 20, 5),
         "greedy_bf16_transformers": measured,
         "turns_exact_bf16": turns,
+        "known_answers_bf16": known,
+        "mtp_agreement_bf16": agreement,
         "parameters": sum(p.numel() for p in net.parameters()),
     }
     (out / "accuracy.json").write_text(json.dumps(facts, indent=1) + "\n")
@@ -296,5 +480,5 @@ if __name__ == "__main__":
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
     tokenizer(target)
-    facts = model(target, int(sys.argv[2]) if len(sys.argv) > 2 else 400)
+    facts = model(target, *(int(a) for a in sys.argv[2:4]))
     print(json.dumps({"dir": str(target), **facts, "files": sorted(p.name for p in target.iterdir())}))
