@@ -67,3 +67,5 @@ def test_speculative_decoding_on_and_off_give_the_same_tokens(
     print(json.dumps(doc["servers"][0].get("spec_decode")))
     assert doc["servers"][0]["spec_decode"]["acceptance"] > 0.5, doc["servers"][0]
     REAL_TIMINGS["mtp_acceptance_vllm"] = doc["servers"][0]["spec_decode"]["acceptance"]
+    accepted = rows["speculative-acceptance"]  # the profile's floor 0.5, judged by the row
+    assert accepted["status"] == "passed" and "floor 0.5" in accepted["reason"], accepted

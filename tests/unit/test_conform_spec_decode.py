@@ -212,9 +212,9 @@ def test_the_row_judges_the_recorded_entry_or_reads_the_live_server(metrics_serv
 
 @pytest.mark.parametrize("value", ["1.5", "0", "-0.2", '"0.5"', "true", "[0.5]"])
 def test_a_bad_floor_is_a_profile_error_naming_file_key_and_fix(tmp_path: Path, value: str) -> None:
-    text = MTP.read_text().replace(
-        "  concurrency: 4\n", f"  concurrency: 4\n  speculative:\n    min_acceptance: {value}\n"
-    )
+    text = MTP.read_text()
+    assert "    min_acceptance: 0.5\n" in text  # the MTP test profile's own floor, replaced
+    text = text.replace("    min_acceptance: 0.5\n", f"    min_acceptance: {value}\n")
     path = tmp_path / "bad-floor.yaml"
     path.write_text(text)
     with pytest.raises(ProfileError) as info:
@@ -224,13 +224,14 @@ def test_a_bad_floor_is_a_profile_error_naming_file_key_and_fix(tmp_path: Path, 
 
 
 def test_the_floor_is_read_from_the_profile(tmp_path: Path) -> None:
-    text = MTP.read_text().replace(
-        "  concurrency: 4\n", "  concurrency: 4\n  speculative:\n    min_acceptance: 0.6\n"
-    )
+    text = MTP.read_text().replace("    min_acceptance: 0.5\n", "    min_acceptance: 0.6\n")
     path = tmp_path / "floor.yaml"
     path.write_text(text)
     assert settings_of(load_profile(path)).speculative.min_acceptance == 0.6
-    assert settings_of(load_profile(MTP)).speculative.min_acceptance is None
+    assert settings_of(load_profile(MTP)).speculative.min_acceptance == 0.5
+    unset = tmp_path / "unset.yaml"
+    unset.write_text(text.replace("  speculative:\n    min_acceptance: 0.6\n", ""))
+    assert settings_of(load_profile(unset)).speculative.min_acceptance is None
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text(text.replace("min_acceptance", "min_accept"))
     with pytest.raises(ProfileError, match="min_accept"):
