@@ -16,6 +16,7 @@ CHECKS = (
     "determinism",
     "long-decode",
     "known-answers",
+    "sampled-answers",
     "prefix-cache",
     "api",
     "golden",
@@ -54,6 +55,20 @@ class KnownAnswer(BaseModel):
     modulus: Annotated[int, Field(ge=2, le=100000)]
 
 
+class SampledAnswers(BaseModel):
+    """The `sampled-answers` row: the known-answer probes asked again the way users serve (sampling: this
+    temperature and top-p, a seed per probe); the Wilson 95 % lower bound of the share right must reach `floor`.
+    Greedy rows cannot see a fault of the sampling path (a rejection sampler that garbles sampled drafts)."""
+
+    model_config = STRICT
+
+    # Qwen3's recommended sampling for its thinking-off chats (temperature 0.7, top-p 0.8) is near this; a
+    # competent model answers these probes right at it.
+    temperature: Annotated[float, Field(gt=0, le=2)] = 0.6
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    floor: Annotated[float, Field(gt=0, le=1)] = 0.8
+
+
 class KnownAnswers(BaseModel):
     """The `known-answers` row: how many shipped probes (sparkforge/run/conform/probes.py) from which seed, and the
     accuracy the Wilson 95 % interval's lower bound must reach."""
@@ -67,6 +82,7 @@ class KnownAnswers(BaseModel):
     max_tokens: Annotated[int, Field(ge=4, le=1024)] = 48
     # Filler sentences between the fact and the question of a recall probe (up to this many, at least half).
     recall_span: Annotated[int, Field(ge=2, le=2000)] = 12
+    sampled: SampledAnswers = Field(default_factory=SampledAnswers)
 
 
 class Speculative(BaseModel):

@@ -55,8 +55,8 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     )
     assert doc["command"] == "conform" and doc["status"] == "passed" and doc["vllm"] == "0.32.0"
     ran = {"determinism", "equivalence:streaming", "equivalence:concurrency", "equivalence:prefix-caching",
-           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "known-answers", "api", "golden",
-           "reference"}  # fmt: skip
+           "equivalence:chunked-prefill", "prefix-cache", "long-decode", "known-answers", "sampled-answers", "api",
+           "golden", "reference"}  # fmt: skip
     assert {n for n, r in rows.items() if r["status"] == "passed"} == ran
     # The one skip is named: the twin profile does not use speculative decoding.
     assert rows["equivalence:speculative"]["status"] == "skipped"
@@ -73,6 +73,12 @@ def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict
     assert known["floor"] == 0.9 and known["wilson95"][0] >= 0.96 and known["seed"] == 0
     assert set(known["by_kind"].values()) == {"20/20"}, known["by_kind"]
     REAL_TIMINGS["known_answers_vllm"] = known["accuracy"]
+    # The same probes sampled (temperature 1, a seed each): the sampling path gives the answers too.
+    sampled = rows["sampled-answers"]["details"]
+    assert sampled["temperature"] == 1.0 and sampled["floor"] == 0.8 and sampled["wilson95"][0] >= 0.8, (
+        sampled
+    )
+    REAL_TIMINGS["sampled_answers_vllm"] = sampled["accuracy"]
     assert rows["prefix-cache"]["details"]["hit_tokens"] > 0
     assert rows["equivalence:concurrency"]["details"]["tokens"] > 0
     api = rows["api"]["details"]

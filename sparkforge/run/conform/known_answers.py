@@ -3,6 +3,11 @@ as greedy chats, each reply right or wrong; accuracy with its Wilson 95 % interv
 lower bound reaches the profile's floor (`conform.known_answers.floor`): a deterministic fault that is identical
 in every mode (a scale off by a constant, wrong expert routing) fails here while every comparison of the server
 with itself passes.
+
+The `sampled-answers` row asks the same probes with sampling (`conform.known_answers.sampled`: temperature,
+top-p, a seed per probe from `conform.seed`), as users serve: a fault only on the sampling path (vLLM's rejection
+sampler garbling sampled requests under speculative decoding, measured on the twin) passes every greedy row and
+fails here.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from sparkforge.recipe.conformspec import KnownAnswers
+from sparkforge.recipe.conformspec import KnownAnswers, SampledAnswers
 from sparkforge.report import Check
 from sparkforge.run.conform.apisurface import chat, thinking_switch
 from sparkforge.run.conform.conformrun import ConformRun
@@ -29,8 +34,14 @@ def wilson(right: int, total: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
-    """The row's verdict from the replies (one per probe, in order)."""
+def score(
+    probes: list[Probe],
+    replies: list[str],
+    spec: KnownAnswers | SampledAnswers,
+    name: str = "known-answers",
+    seed: int | None = None,
+) -> Check:
+    """The row's verdict from the replies (one per probe, in order) against `spec.floor`."""
     right = [probe.judge(reply) for probe, reply in zip(probes, replies, strict=True)]
     total, hits = len(probes), sum(right)
     low, high = wilson(hits, total)
@@ -45,7 +56,7 @@ def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
     ]
     details = {
         "right": hits, "total": total, "accuracy": round(hits / total, 4), "wilson95": [round(low, 4), round(high, 4)],
-        "floor": spec.floor, "seed": spec.seed, "by_kind": {k: f"{kinds_right[k]}/{n}" for k, n in kinds.items()},
+        "floor": spec.floor, "seed": spec.seed if isinstance(spec, KnownAnswers) else seed, "by_kind": {k: f"{kinds_right[k]}/{n}" for k, n in kinds.items()},
         "wrong": wrong[:10],
     }  # fmt: skip
     summary = (
@@ -53,7 +64,7 @@ def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
         f"{spec.floor:g}; by kind {details['by_kind']}"
     )
     if low >= spec.floor:
-        return Check("known-answers", "passed", summary, details)
+        return Check(name, "passed", summary, details)
     first = wrong[0] if wrong else None
     shown = (
         f"; first wrong: {first['prompt'][:120]!r} -> {first['reply'][:80]!r}, want {first['answer']!r}"
@@ -63,7 +74,7 @@ def score(probes: list[Probe], replies: list[str], spec: KnownAnswers) -> Check:
     why = "the interval's lower bound is below the floor" + (
         " (too few probes to tell)" if hits == total else ""
     )
-    return Check("known-answers", "failed", f"{summary}: {why}{shown}", details)
+    return Check(name, "failed", f"{summary}: {why}{shown}", details)
 
 
 def reply_text(doc: object) -> str:
@@ -88,3 +99,37 @@ def known_answers(run: ConformRun) -> None:
         return score(probes, replies, spec)
 
     run.timed("known-answers", row)
+
+
+def sampled_answers(run: ConformRun) -> None:
+    spec = run.settings.known_answers
+    sampled = spec.sampled
+    probes = probe_set(spec.seed, spec.count, spec.recall_span)
+    args = {k.replace("_", "-"): v for k, v in run.profile.model.args.items()}
+    first_seed = run.settings.seed
+
+    def row() -> Check:
+        thinking = thinking_switch(args, False)
+        knobs = {"temperature": sampled.temperature, "top_p": sampled.top_p}
+        replies = [
+            reply_text(
+                chat(
+                    run.client, p.prompt, max_tokens=spec.max_tokens, seed=first_seed + i, **knobs, **thinking
+                )
+            )
+            for i, p in enumerate(probes)
+        ]
+        check = score(probes, replies, sampled, "sampled-answers", first_seed)
+        check.details.update(knobs)
+        check.reason = f"temperature {sampled.temperature:g}, top-p {sampled.top_p:g}: {check.reason}"
+        greedy = next((c for c in run.report.checks if c.name == "known-answers"), None)
+        if check.status == "failed" and greedy is not None and greedy.status == "passed":
+            check.reason += "; the greedy probes passed, so the sampling path is at fault" + (
+                " (speculative decoding is on: compare with its speculative-config off; vLLM's rejection "
+                "sampler decides sampled drafts)"
+                if args.get("speculative-config")
+                else ""
+            )
+        return check
+
+    run.timed("sampled-answers", row)

@@ -17,7 +17,7 @@ from sparkforge.extensions import Entry, Registry
 from sparkforge.run.conform.apisurface import api_row
 from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.golden import golden_row
-from sparkforge.run.conform.known_answers import known_answers
+from sparkforge.run.conform.known_answers import known_answers, sampled_answers
 from sparkforge.run.conform.reference import reference_conform_row
 from sparkforge.run.conform.served_checks import determinism_row, long_decode_row, prefix_cache_row
 from sparkforge.run.conform.spec_acceptance import speculative_acceptance
@@ -48,6 +48,13 @@ ROWS: Registry[Row] = Registry(
             "as greedy chats: accuracy's Wilson 95 % lower bound at the floor",
             known_answers,
             key="conform.known_answers",
+        ),
+        Entry(
+            "sampled-answers",
+            "the same probes sampled as users serve (temperature, top-p, a seed each): the sampling path, "
+            "which greedy rows never take (a rejection sampler garbling sampled drafts)",
+            sampled_answers,
+            key="conform.known_answers.sampled",
         ),
         Entry(
             "prefix-cache",

@@ -1,0 +1,127 @@
+"""The `sampled-answers` row: the known-answer probes asked with sampling, as users serve, each with its own seed.
+
+A real HTTP server on 127.0.0.1 answers conform's chat requests as an OpenAI-compatible server does, from the
+probes' own answers: right in both modes, or right only when greedy (a fault of the sampling path, as vLLM's
+rejection sampler garbling sampled drafts under speculative decoding, measured on the twin and caught there by
+tests/engine/test_conform_mtp_real.py). The row's requests, verdicts and the hint that names the sampling path
+are checked; the profile keys are strict."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sparkforge.commands import Runner
+from sparkforge.context import Session
+from sparkforge.recipe.conformspec import ConformSettings
+from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.profile import load_profile
+from sparkforge.report import Report
+from sparkforge.run.conform.client import OpenAIClient
+from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
+from sparkforge.run.conform.known_answers import known_answers, sampled_answers
+from sparkforge.run.conform.probes import probe_set
+from sparkforge.run.conform.servers import Servers
+from sparkforge.run.conform.session import settings_of
+
+PROFILES = REPO_ROOT / "tests" / "profiles"
+MTP = PROFILES / "cpu-tiny-qwen35moe-conform-mtp.yaml"
+PLAIN = PROFILES / "cpu-tiny-qwen35moe-conform.yaml"
+
+
+class _Chats(BaseHTTPRequestHandler):
+    answers: dict[str, str] = {}
+    garble_sampled = False
+    bodies: list[dict] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.bodies.append(body)
+        answer = self.answers.get(body["messages"][0]["content"], "")
+        if self.garble_sampled and body.get("temperature", 1.0) > 0:
+            answer = "w155 55 14 w120"
+        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def chats() -> Iterator[tuple[str, type[_Chats]]]:
+    probes = probe_set(0, 120)
+    handler = type("Handler", (_Chats,), {"answers": {p.prompt: p.answer for p in probes}, "bodies": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def _run(profile: Path, base: str) -> ConformRun:
+    loaded = load_profile(profile)
+    session = Session(echo=lambda _: None, runner=Runner(stream=False))
+    return ConformRun(
+        Report(command="conform", subject=loaded.name),
+        OpenAIClient(base, "tiny-qwen35moe"),
+        [],
+        loaded,
+        settings_of(loaded),
+        ConformOptions(),
+        Servers(session, None, started=[]),
+        session,
+        [],
+        [],
+    )
+
+
+def test_right_answers_sampled_pass_with_a_seed_per_probe(chats) -> None:
+    base, handler = chats
+    run = _run(PLAIN, base)
+    sampled_answers(run)
+    (row,) = run.report.checks
+    assert row.name == "sampled-answers" and row.status == "passed", row.reason
+    assert row.details["right"] == 120 and row.details["temperature"] == 0.6 and row.details["top_p"] == 0.95
+    assert row.reason.startswith("temperature 0.6, top-p 0.95: 120/120 right")
+    seeds = [b["seed"] for b in handler.bodies]
+    assert seeds == list(range(run.settings.seed, run.settings.seed + 120))  # reproducible, each its own
+    assert {(b["temperature"], b["top_p"]) for b in handler.bodies} == {(0.6, 0.95)}
+
+
+def test_a_sampling_only_garble_fails_and_names_the_sampling_path(chats) -> None:
+    base, handler = chats
+    handler.garble_sampled = True
+    run = _run(MTP, base)  # speculative decoding on
+    known_answers(run)
+    sampled_answers(run)
+    greedy, sampled = run.report.checks
+    assert greedy.status == "passed" and greedy.details["right"] == 120
+    assert sampled.status == "failed" and sampled.details["right"] == 0
+    assert "the greedy probes passed, so the sampling path is at fault" in sampled.reason
+    assert "speculative decoding is on" in sampled.reason and "rejection sampler" in sampled.reason
+    # Without speculative decoding the hint stops at the sampling path.
+    plain = _run(PLAIN, base)
+    known_answers(plain)
+    sampled_answers(plain)
+    assert plain.report.checks[1].status == "failed" and "speculative" not in plain.report.checks[1].reason
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"temperature": 0}, {"temperature": 2.5}, {"top_p": 0}, {"floor": 1.2}, {"floor": "0.8"}, {"seed": 1}],
+)
+def test_the_sampled_keys_are_strict(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        ConformSettings.model_validate({"known_answers": {"sampled": bad}})
+    assert ConformSettings.model_validate({"known_answers": {"sampled": {"temperature": 1.0}}})
