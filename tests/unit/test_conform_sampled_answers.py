@@ -92,11 +92,12 @@ def test_right_answers_sampled_pass_with_a_seed_per_probe(chats) -> None:
     sampled_answers(run)
     (row,) = run.report.checks
     assert row.name == "sampled-answers" and row.status == "passed", row.reason
-    assert row.details["right"] == 120 and row.details["temperature"] == 0.6 and row.details["top_p"] == 0.95
-    assert row.reason.startswith("temperature 0.6, top-p 0.95: 120/120 right")
+    assert run.settings.known_answers.sampled.temperature == 1.0  # the profile's, over the default 0.6
+    assert row.details["right"] == 120 and row.details["temperature"] == 1.0 and row.details["top_p"] == 1.0
+    assert row.reason.startswith("temperature 1, top-p 1: 120/120 right")
     seeds = [b["seed"] for b in handler.bodies]
     assert seeds == list(range(run.settings.seed, run.settings.seed + 120))  # reproducible, each its own
-    assert {(b["temperature"], b["top_p"]) for b in handler.bodies} == {(0.6, 0.95)}
+    assert {(b["temperature"], b["top_p"]) for b in handler.bodies} == {(1.0, 1.0)}
 
 
 def test_a_sampling_only_garble_fails_and_names_the_sampling_path(chats) -> None:
@@ -124,4 +125,5 @@ def test_a_sampling_only_garble_fails_and_names_the_sampling_path(chats) -> None
 def test_the_sampled_keys_are_strict(bad: dict) -> None:
     with pytest.raises(ValidationError):
         ConformSettings.model_validate({"known_answers": {"sampled": bad}})
-    assert ConformSettings.model_validate({"known_answers": {"sampled": {"temperature": 1.0}}})
+    defaults = ConformSettings.model_validate({}).known_answers.sampled
+    assert (defaults.temperature, defaults.top_p, defaults.floor) == (0.6, 0.95, 0.8)
