@@ -20,6 +20,7 @@ from sparkforge.report import Check
 from sparkforge.run.conform.apisurface import chat, thinking_switch
 from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.probes import Probe, probe_set
+from sparkforge.run.conform.spec_decode import uses_speculative
 
 Z95 = 1.959964
 
@@ -86,48 +87,45 @@ def reply_text(doc: object) -> str:
     return content if isinstance(content, str) else ""
 
 
-def known_answers(run: ConformRun) -> None:
+def _asked(run: ConformRun, sampled: bool) -> tuple[list[Probe], list[str]]:
+    """The probe set and each reply: greedy, or sampled with the profile's knobs and a seed per probe."""
     spec = run.settings.known_answers
     probes = probe_set(spec.seed, spec.count, spec.recall_span)
-    args = {k.replace("_", "-"): v for k, v in run.profile.model.args.items()}
+    thinking = thinking_switch({k.replace("_", "-"): v for k, v in run.profile.model.args.items()}, False)
+    knobs = {"temperature": spec.sampled.temperature, "top_p": spec.sampled.top_p} if sampled else {}
+    replies = [
+        reply_text(
+            chat(
+                run.client,
+                p.prompt,
+                max_tokens=spec.max_tokens,
+                **({"seed": run.settings.seed + i} if sampled else {}),
+                **knobs,
+                **thinking,
+            )
+        )
+        for i, p in enumerate(probes)
+    ]
+    return probes, replies
 
-    def row() -> Check:
-        thinking = thinking_switch(args, False)
-        replies = [
-            reply_text(chat(run.client, p.prompt, max_tokens=spec.max_tokens, **thinking)) for p in probes
-        ]
-        return score(probes, replies, spec)
 
-    run.timed("known-answers", row)
+def known_answers(run: ConformRun) -> None:
+    run.timed("known-answers", lambda: score(*_asked(run, False), run.settings.known_answers))
 
 
 def sampled_answers(run: ConformRun) -> None:
-    spec = run.settings.known_answers
-    sampled = spec.sampled
-    probes = probe_set(spec.seed, spec.count, spec.recall_span)
-    args = {k.replace("_", "-"): v for k, v in run.profile.model.args.items()}
-    first_seed = run.settings.seed
+    sampled = run.settings.known_answers.sampled
 
     def row() -> Check:
-        thinking = thinking_switch(args, False)
-        knobs = {"temperature": sampled.temperature, "top_p": sampled.top_p}
-        replies = [
-            reply_text(
-                chat(
-                    run.client, p.prompt, max_tokens=spec.max_tokens, seed=first_seed + i, **knobs, **thinking
-                )
-            )
-            for i, p in enumerate(probes)
-        ]
-        check = score(probes, replies, sampled, "sampled-answers", first_seed)
-        check.details.update(knobs)
+        check = score(*_asked(run, True), sampled, "sampled-answers", run.settings.seed)
+        check.details.update(temperature=sampled.temperature, top_p=sampled.top_p)
         check.reason = f"temperature {sampled.temperature:g}, top-p {sampled.top_p:g}: {check.reason}"
         greedy = next((c for c in run.report.checks if c.name == "known-answers"), None)
         if check.status == "failed" and greedy is not None and greedy.status == "passed":
             check.reason += "; the greedy probes passed, so the sampling path is at fault" + (
                 " (speculative decoding is on: compare with its speculative-config off; vLLM's rejection "
                 "sampler decides sampled drafts)"
-                if args.get("speculative-config")
+                if uses_speculative(run.profile)
                 else ""
             )
         return check
