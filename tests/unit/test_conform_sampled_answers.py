@@ -9,26 +9,17 @@ are checked; the profile keys are strict."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conform_http import conform_run, http_server
 from pydantic import ValidationError
 
-from sparkforge.commands import Runner
-from sparkforge.context import Session
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.recipe.profile import load_profile
-from sparkforge.report import Report
-from sparkforge.run.conform.client import OpenAIClient
-from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
 from sparkforge.run.conform.known_answers import known_answers, sampled_answers
 from sparkforge.run.conform.probes import probe_set
-from sparkforge.run.conform.servers import Servers
-from sparkforge.run.conform.session import settings_of
 
 PROFILES = REPO_ROOT / "tests" / "profiles"
 MTP = PROFILES / "cpu-tiny-qwen35moe-conform-mtp.yaml"
@@ -61,34 +52,13 @@ class _Chats(BaseHTTPRequestHandler):
 def chats() -> Iterator[tuple[str, type[_Chats]]]:
     probes = probe_set(0, 120)
     handler = type("Handler", (_Chats,), {"answers": {p.prompt: p.answer for p in probes}, "bodies": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
-
-
-def _run(profile: Path, base: str) -> ConformRun:
-    loaded = load_profile(profile)
-    session = Session(echo=lambda _: None, runner=Runner(stream=False))
-    return ConformRun(
-        Report(command="conform", subject=loaded.name),
-        OpenAIClient(base, "tiny-qwen35moe"),
-        [],
-        loaded,
-        settings_of(loaded),
-        ConformOptions(),
-        Servers(session, None, started=[]),
-        session,
-        [],
-        [],
-    )
+    with http_server(handler) as base:
+        yield base, handler
 
 
 def test_right_answers_sampled_pass_with_a_seed_per_probe(chats) -> None:
     base, handler = chats
-    run = _run(PLAIN, base)
+    run = conform_run(PLAIN, base)
     sampled_answers(run)
     (row,) = run.report.checks
     assert row.name == "sampled-answers" and row.status == "passed", row.reason
@@ -103,7 +73,7 @@ def test_right_answers_sampled_pass_with_a_seed_per_probe(chats) -> None:
 def test_a_sampling_only_garble_fails_and_names_the_sampling_path(chats) -> None:
     base, handler = chats
     handler.garble_sampled = True
-    run = _run(MTP, base)  # speculative decoding on
+    run = conform_run(MTP, base)  # speculative decoding on
     known_answers(run)
     sampled_answers(run)
     greedy, sampled = run.report.checks
@@ -112,7 +82,7 @@ def test_a_sampling_only_garble_fails_and_names_the_sampling_path(chats) -> None
     assert "the greedy probes passed, so the sampling path is at fault" in sampled.reason
     assert "speculative decoding is on" in sampled.reason and "rejection sampler" in sampled.reason
     # Without speculative decoding the hint stops at the sampling path.
-    plain = _run(PLAIN, base)
+    plain = conform_run(PLAIN, base)
     known_answers(plain)
     sampled_answers(plain)
     assert plain.report.checks[1].status == "failed" and "speculative" not in plain.report.checks[1].reason

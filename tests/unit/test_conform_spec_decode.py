@@ -6,22 +6,16 @@ servers on 127.0.0.1 answering /metrics with the captured text."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conform_http import conform_run, http_server
 
-from sparkforge.commands import Runner
-from sparkforge.context import Session
 from sparkforge.errors import ProfileError, RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
-from sparkforge.report import Report
-from sparkforge.run.conform.client import OpenAIClient
-from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
-from sparkforge.run.conform.servers import Servers
 from sparkforge.run.conform.session import settings_of
 from sparkforge.run.conform.spec_acceptance import judge, speculative_acceptance
 from sparkforge.run.conform.spec_decode import SpecDecodeCounts, parse_spec_decode
@@ -138,36 +132,13 @@ class _Metrics(BaseHTTPRequestHandler):
 @pytest.fixture
 def metrics_server() -> Iterator[tuple[str, type[_Metrics]]]:
     handler = type("Handler", (_Metrics,), {"text": CLEAN.read_text()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
-
-
-def _run(profile: Path, base: str, started: list[dict] | None = None) -> ConformRun:
-    loaded = load_profile(profile)
-    session = Session(echo=lambda _: None, runner=Runner(stream=False))
-    servers = Servers(session, None, started=started or [])
-    client = OpenAIClient(base, "tiny-qwen35moe")
-    return ConformRun(
-        Report(command="conform", subject=loaded.name),
-        client,
-        [],
-        loaded,
-        settings_of(loaded),
-        ConformOptions(),
-        servers,
-        session,
-        [],
-        [],
-    )
+    with http_server(handler) as base:
+        yield base, handler
 
 
 def test_a_drafting_server_gets_its_counts_in_its_entry_before_it_stops(metrics_server) -> None:
     base, handler = metrics_server
-    run = _run(MTP, base, [{"config": "as profiled"}])
+    run = conform_run(MTP, base, [{"config": "as profiled"}])
     run.servers.client, run.servers.speculative = run.client, True
     run.servers.note_spec_decode()
     entry = run.servers.started[0]["spec_decode"]
@@ -186,7 +157,7 @@ def test_a_drafting_server_gets_its_counts_in_its_entry_before_it_stops(metrics_
 def test_the_row_judges_the_recorded_entry_or_reads_the_live_server(metrics_server) -> None:
     base, _ = metrics_server
     recorded = {"config": "as profiled", "spec_decode": SpecDecodeCounts(10, 9).as_report()}
-    run = _run(MTP, base, [recorded])
+    run = conform_run(MTP, base, [recorded])
     speculative_acceptance(run)
     row = run.report.checks[-1]
     assert (
@@ -195,7 +166,7 @@ def test_the_row_judges_the_recorded_entry_or_reads_the_live_server(metrics_serv
         and row.details["accepted_tokens"] == 9
     )
     # Still serving (attached or no variant): read now from its /metrics, the profile's floor applied.
-    live = _run(MTP, base)
+    live = conform_run(MTP, base)
     floor = live.settings.model_copy(
         update={"speculative": live.settings.speculative.model_copy(update={"min_acceptance": 0.5})}
     )
@@ -204,7 +175,7 @@ def test_the_row_judges_the_recorded_entry_or_reads_the_live_server(metrics_serv
     row = live.report.checks[-1]
     assert row.status == "failed" and f"{CLEAN_ACCEPTED} of {CLEAN_DRAFT} draft tokens accepted" in row.reason
     # No speculative decoding in the profile: skipped, saying so.
-    plain = _run(PLAIN, base)
+    plain = conform_run(PLAIN, base)
     speculative_acceptance(plain)
     assert plain.report.checks[-1].status == "skipped"
     assert "sets no speculative decoding" in plain.report.checks[-1].reason
