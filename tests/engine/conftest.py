@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import ci_budget
+import ci_record
 import pytest
 from buildx_fixtures import buildx_published  # noqa: F401 - fixtures, registered for every engine test
 from cluster_fixtures import two_nodes, vllm_image  # noqa: F401 - one cluster per session, shared by its modules
@@ -165,6 +166,12 @@ def sdist_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.shutdown()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """.ci/run's record of what this run did (tests/engine/ci_record.py; nothing unless its variables are set)."""
+    ci_record.register(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """.ci/run's budget: slow engine tests run only while their stated cost fits (tests/engine/ci_budget.py)."""
+    """.ci/run's tiers: the must-run tests always, the rotating ones when due or while they fit
+    (tests/engine/ci_budget.py)."""
     ci_budget.apply(config, items)

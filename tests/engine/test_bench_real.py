@@ -28,11 +28,6 @@ from sparkforge.recipe.loader import REPO_ROOT
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the core suite built the twin; benchmarks/ci.md.
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.slow(
-        cost_s=300,
-        rank=5,
-        reason="a served twin (86 s), then both suites measured, compared and charted (157 s)",
-    ),
 ]
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-bench.yaml")
 PORT = "18481"
@@ -125,6 +120,10 @@ class _Page(HTMLParser):
         self.cells.append(data)
 
 
+@pytest.mark.must_run
+@pytest.mark.slow(
+    cost_s=300, rank=5, reason="a served twin (86 s), then both suites measured, compared and charted (157 s)"
+)
 def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     # --duration 3: each level's prompts scaled from its warm-up; --target-detect 11 cannot be reached with a few

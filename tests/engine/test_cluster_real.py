@@ -24,9 +24,6 @@ from sparkforge.recipe.loader import REPO_ROOT
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.slow(
-        cost_s=660, reason="the 5.95 GB twin streamed into two namespaced nodes, then TP=2 serving (655 s)"
-    ),
 ]
 PROFILE = "cpu-tiny-qwen35moe-pp2"
 PROFILE_PATH = str(REPO_ROOT / "tests" / "profiles" / f"{PROFILE}.yaml")
@@ -56,6 +53,12 @@ def cluster_image() -> str:
     return TWIN_REF
 
 
+@pytest.mark.must_run
+@pytest.mark.slow(
+    cost_s=600,
+    rank=3,
+    reason="the 5.95 GB twin streamed into two namespaced nodes, then PP=2 serving (655 s)",
+)
 def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
     twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:
@@ -84,6 +87,8 @@ def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
     print(f"real cluster timings: {REAL_TIMINGS}")
 
 
+@pytest.mark.must_run
+@pytest.mark.slow(cost_s=60, rank=3, reason="the doctor on the two nodes, nothing launched")
 def test_the_wrong_advertised_address_is_named_by_the_doctor_and_nothing_is_launched(
     twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:

@@ -33,9 +33,6 @@ from test_serve_real import invoke
 # on a fresh machine when test_serve_real did not run first); four server starts (benchmarks/conform.md, ci.md).
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.slow(
-        cost_s=600, rank=2, reason="three servers and the reference (334 s), the attached faults (197 s)"
-    ),
 ]
 PROFILE = "cpu-tiny-qwen35moe-conform"
 
@@ -44,6 +41,8 @@ def _rows(doc: dict) -> dict[str, dict]:
     return {c["name"]: c for c in doc["checks"]}
 
 
+@pytest.mark.must_run
+@pytest.mark.slow(cost_s=400, rank=2, reason="the clean conform run: three servers and the reference (334 s)")
 def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict, Path]) -> None:
     doc, golden = clean_conform
     rows = _rows(doc)
@@ -113,6 +112,8 @@ def _running() -> list[str]:
     ).stdout.split()  # fmt: skip
 
 
+@pytest.mark.must_run
+@pytest.mark.slow(cost_s=220, rank=2, reason="one faulty twin server kept and attached to (197 s)")
 def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_caught(
     cpu_twin: str, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
 ) -> None:
