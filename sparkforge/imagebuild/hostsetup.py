@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,6 +21,28 @@ DOCKER_LOG = Path("/var/log/sparkforge-dockerd.log")
 BASE_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates", "git", "bash")
 DEFAULT_SUITE = "bookworm"
 ARCH_OF_PLATFORM = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+BASE_DOCKERFILE = 'FROM scratch\nADD rootfs.tar /\nLABEL {label}="{inputs}"\nCMD ["/bin/bash"]\n'
+BASE_INPUTS_LABEL = "dev.sparkforge.base.inputs"
+
+
+def base_inputs(platform: str, suite: str = DEFAULT_SUITE) -> str:
+    """What makes an offline base (suite, architecture, packages, how it is imported): a base whose label says
+    otherwise is made again. The mirror is not an input: every Debian mirror serves the same archive."""
+    made = json.dumps([suite, ARCH_OF_PLATFORM[platform], BASE_PACKAGES, BASE_DOCKERFILE, "minbase"])
+    return hashlib.sha256(made.encode()).hexdigest()[:16]
+
+
+def _base_label(runner: Runner, name: str) -> str | None:
+    """The inputs label of the engine's image `name` ("" when it has none), or None when there is no such image."""
+    found = runner.capture(
+        Command.of(engine.docker_cli(), "image", "inspect", "--format",
+                   f'{{{{ index .Config.Labels "{BASE_INPUTS_LABEL}" }}}}', name),
+        "image-inspect", check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return None
+    label = found.output.strip()
+    return "" if label == "<no value>" else label
 
 
 @dataclass(frozen=True)
@@ -114,9 +137,16 @@ def build_base(
     if platform not in ARCH_OF_PLATFORM:
         raise EngineError(f"no offline base for {platform}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}")
     name = base_image_name(platform, suite)
-    if not force and engine.cli_has_image(runner, name):
-        return SetupStep(f"base-{ARCH_OF_PLATFORM[platform]}", f"{name} already exists")
     arch = ARCH_OF_PLATFORM[platform]
+    inputs = base_inputs(platform, suite)
+    label = None if force else _base_label(runner, name)
+    if label == inputs:
+        return SetupStep(f"base-{arch}", f"{name} already exists (inputs {inputs})")
+    if label == "":
+        # Made before bases recorded their inputs: kept (its dependents' caches stay valid); --force remakes it.
+        return SetupStep(
+            f"base-{arch}", f"{name} already exists (inputs not recorded; --force makes it again)"
+        )
     if arch != "amd64" and os.uname().machine == "x86_64":
         register_qemu(runner)
     _ensure_debootstrap(runner)
@@ -139,7 +169,7 @@ def build_base(
             Command.of("tar", "-C", str(rootfs), "-cf", str(Path(tmp) / "rootfs.tar"), "."), f"tar-{arch}"
         )
         shutil.rmtree(rootfs, ignore_errors=True)
-        (Path(tmp) / "Dockerfile").write_text('FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n')
+        (Path(tmp) / "Dockerfile").write_text(BASE_DOCKERFILE.format(label=BASE_INPUTS_LABEL, inputs=inputs))
         # The CLI the engine's rule picks for builds (one with BuildKit), like every other build.
         docker = engine.detect_engine(runner).docker
         runner.run(
@@ -148,7 +178,8 @@ def build_base(
             ),
             f"import-{arch}",
         )
-    return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform})")
+    why = "" if label is None or force else f", its inputs changed ({label} -> {inputs})"
+    return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform}{why})")
 
 
 def _ensure_debootstrap(runner: Runner) -> None:

@@ -1,7 +1,9 @@
-"""A fault that acts only with speculative decoding, planted INSIDE the real vLLM: the rejection sampler accepts
-every draft token unverified (tests/engine/planted_spec_fault.py, in the twin plus one layer; vLLM refuses
-`--logits-processors` with speculative decoding, so it wraps vLLM's own `rejection_sample`). The tiny model's
-drafter proposes tokens the target would not choose, so the greedy answers change only while it drafts.
+"""A fault that acts only with speculative decoding, planted INSIDE the real vLLM: drafts off by one token id and
+every draft accepted unverified (tests/engine/planted_spec_fault.py, in the twin plus one layer; vLLM refuses
+`--logits-processors` with speculative decoding, so it wraps vLLM's own `rejection_sample`). The distilled drafter
+agrees with the model, so accepting its drafts alone changed nothing (the test failed on main for that reason:
+672 of 672 drafts accepted, identical output); shifted, every draft disagrees with the target's choice, so the
+greedy answers change exactly where it drafts.
 
 One `invoke conform` of the MTP profile (tests/profiles/cpu-tiny-qwen35moe-conform-mtp.yaml, copied, rows cut to
 `equivalence` and `speculative-acceptance`) on the faulty image: `equivalence:speculative` (the same prompts on a
