@@ -9,7 +9,6 @@ neither; nothing is downloaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import tiny_fixture
 from cluster import DOCKER, sh
 from cluster_fixtures import build_test_image
+from tiny_fixture import MTP_STEPS, TRAIN_STEPS, trained_model_key
 
 from sparkforge.recipe.loader import REPO_ROOT
 
@@ -26,9 +27,9 @@ TWIN_RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
 TINY_PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe.yaml")
 # Not under sparkforge-test/: the engine conftest of any concurrent pytest session removes those tags at its end.
 TWIN_REF = "sparkforge-run-test/cpu-twin:vllm"
-TRAINER = Path(__file__).with_name("tiny_trained_qwen35moe.py")
+TRAINER = tiny_fixture.TRAINER
 # conform's known answers, which the tiny model learns
-PROBES = REPO_ROOT / "sparkforge" / "run" / "conform" / "probes.py"
+PROBES = tiny_fixture.PROBES
 REAL_TIMINGS: dict[str, float] = {}  # printed by the tests, recorded in benchmarks/serve-real.md
 
 
@@ -46,49 +47,28 @@ def cpu_twin(
     sh(DOCKER, "rmi", TWIN_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
-# 2,000 steps: 120/120 known answers on the CPU (1,500 reached it on a GPU; benchmarks/conform.md, "Known
-# answers"); then 1,000 steps distilling the MTP drafter from the frozen model.
-TRAIN_STEPS, MTP_STEPS = 2000, 1000
+def train(cpu_twin: str, out: Path) -> None:
+    """Train the tiny model in the twin into `out` (atomic: a concurrent session sees the whole model or none)."""
+    work = out.with_name(f".{out.name}.{os.getpid()}.part")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    sh(
+        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
+        # The trainer finds probes.py where it lies in the repository, relative to itself.
+        "--volume", f"{TRAINER}:/opt/tests/engine/{TRAINER.name}:ro",
+        "--volume", f"{PROBES}:/opt/sparkforge/run/conform/probes.py:ro", "--volume", f"{work}:/out",
+        cpu_twin, f"/opt/tests/engine/{TRAINER.name}", "/out", str(TRAIN_STEPS), str(MTP_STEPS), timeout=2400,
+    )  # fmt: skip
+    sh("chmod", "-R", "a+rX", str(work))
+    if not out.exists():
+        work.rename(out)
+    shutil.rmtree(work, ignore_errors=True)
 
 
-def trained_model_key() -> str:
-    """The trained model's content key: the maker (task, config, seed, steps), the probes it learns and the twin
-    recipe (torch)."""
-    made = TRAINER.read_bytes() + PROBES.read_bytes() + Path(TWIN_RECIPE).read_bytes()
-    return hashlib.sha256(made + f"{TRAIN_STEPS} {MTP_STEPS}".encode()).hexdigest()[:24]
-
-
-@pytest.fixture(scope="session")
-def trained_model(cpu_twin: str) -> Path:
-    """The tiny Qwen3.5-MoE TRAINED (fixed seed) to count, to answer conform's known-answer probes, to call a tool
-    and to think, its MTP drafter distilled, with a local tokenizer: made by the twin image and cached by content
-    hash (sparkforge's cache: a second session reuses it; CI's fresh machine trains it once: 2,000 + 1,000
-    steps, 13.2 min measured on this 2-core machine under load 2-5, benchmarks/conform.md)."""
-    from sparkforge.context import cache_path
-
-    out = cache_path("tiny-models", trained_model_key())
-    start = time.monotonic()
-    if not (out / "accuracy.json").is_file():
-        work = out.with_name(f".{out.name}.{os.getpid()}.part")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        sh(
-            DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
-            # The trainer finds probes.py where it lies in the repository, relative to itself.
-            "--volume", f"{TRAINER}:/opt/tests/engine/{TRAINER.name}:ro",
-            "--volume", f"{PROBES}:/opt/sparkforge/run/conform/probes.py:ro", "--volume", f"{work}:/out",
-            cpu_twin, f"/opt/tests/engine/{TRAINER.name}", "/out", str(TRAIN_STEPS), str(MTP_STEPS), timeout=2400,
-        )  # fmt: skip
-        sh("chmod", "-R", "a+rX", str(work))
-        if not out.exists():
-            work.rename(out)  # atomic: a concurrent session sees the whole model or none
-        shutil.rmtree(work, ignore_errors=True)
-    REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
+def check_trained(out: Path) -> dict:
+    """What the model learnt, in bf16 transformers (its accuracy.json): the progression, both turns and every known
+    answer of conform's row, exact; the drafter's token agrees with the model's on most positions."""
     facts = json.loads((out / "accuracy.json").read_text())
-    REAL_TIMINGS["tiny_model_train_s"] = facts["train_s"]
-    REAL_TIMINGS["tiny_model_mtp_train_s"] = facts["mtp_train_s"]
-    # What it learnt, in bf16 transformers: the progression, both turns and every known answer of conform's row,
-    # exact; the drafter's token agrees with the model's on most positions (what vLLM then accepts).
     assert facts["greedy_bf16_transformers"]["accuracy"] == 1.0, facts
     assert facts["turns_exact_bf16"] == {"tool_call": True, "thought": True}, facts
     assert facts["known_answers_bf16"]["right"] == facts["known_answers_bf16"]["probes"] == 120, facts
@@ -98,4 +78,36 @@ def trained_model(cpu_twin: str) -> Path:
     }
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    return facts
+
+
+@pytest.fixture(scope="session")
+def trained_model(cpu_twin: str) -> Path:
+    """The tiny Qwen3.5-MoE TRAINED (fixed seed) to count, to answer conform's known-answer probes, to call a tool
+    and to think, its MTP drafter distilled, with a local tokenizer. The committed fixture
+    (tests/fixtures/tiny-qwen35moe, tests/engine/tiny_fixture.py) when it is current and its sums verify, copied
+    into sparkforge's cache; otherwise made by the twin image and cached by content key (2,000 + 1,000 steps,
+    13.2 min on this 2-core machine under load 2-5, benchmarks/conform.md), the reason printed."""
+    from sparkforge.context import cache_path
+
+    out = cache_path("tiny-models", trained_model_key())
+    start = time.monotonic()
+    if not (out / "accuracy.json").is_file():
+        stale = tiny_fixture.problems()
+        if not stale:
+            work = out.with_name(f".{out.name}.{os.getpid()}.part")
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.copytree(tiny_fixture.FIXTURE, work)
+            if not out.exists():
+                work.rename(out)
+            shutil.rmtree(work, ignore_errors=True)
+            REAL_TIMINGS["tiny_model_from"] = "the committed fixture"
+        else:
+            print("the committed tiny model cannot be used, training it (~13 min):\n  " + "\n  ".join(stale))
+            train(cpu_twin, out)
+            REAL_TIMINGS["tiny_model_from"] = "trained now"
+    REAL_TIMINGS["tiny_model_s"] = round(time.monotonic() - start, 1)
+    facts = check_trained(out)
+    REAL_TIMINGS["tiny_model_train_s"] = facts["train_s"]
+    REAL_TIMINGS["tiny_model_mtp_train_s"] = facts["mtp_train_s"]
     return out
