@@ -35,7 +35,7 @@ MAX_THRESHOLD = 1000  # percent
         "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "
         "per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
         "target_detect": "keep running rounds until a comparison with an equal bench could detect a slowdown of "
-        "this percent in every metric (80%% power, at --threshold), or --budget ends; says which",
+        "this percent in every metric (80% power, at --threshold), or --budget ends; says which",
         "budget": "with --target-detect: the most seconds the bench runs (default 1800)",
         "threshold": "with --target-detect: the threshold bench.compare will use (default 10)",
         "concurrency": "comma-separated concurrencies (default: the suite's)",
@@ -209,9 +209,10 @@ def _result_paths(option: str, text: str) -> list[Path]:
     name="compare",
     help={
         "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
-        "95%% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        "95% interval of new/old is worse than it, inconclusive when the interval straddles it",
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
+        "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
         "allow_different": "compare results measured with different settings, hardware or serve command "
         "(the differences are printed first)",
         "json": "write the comparison report here",

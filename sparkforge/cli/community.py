@@ -54,8 +54,10 @@ def import_(
     set: list[str] | None = None,
     allow: list[str] | None = None,
 ) -> None:
-    """A community recipe becomes a serve profile; what it cannot carry as is, it names; code loading and trust
-    settings off the allow-list are left out, named, and the task exits 1 unless each is opted in with --allow."""
+    """A community recipe becomes a serve profile; what it cannot carry as is, it names.
+
+    Code loading and trust settings off the allow-list are left out, named, and the task exits 1 unless each is
+    opted in with --allow."""
     from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
         ImportOptions,
