@@ -35,6 +35,17 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class LazyHelp:
+    """An option's help computed when help is shown: a registry's rows (conform rows, bench suites, preflight
+    checks) would otherwise be imported, with everything they import, by every command, `invoke --list` too."""
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+
 class ShortFlagTask(invoke.Task):
     """Invoke's Task with the project's short flags: only those in `parsing.SHORT_FLAGS` (one meaning in every
     task), never one Invoke picks from the name's first free letter (which gave `-h` to --push-by-digest on

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import echo, finish_report, session, task, user_errors
+from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
-from sparkforge.run.bench.suites import SUITES
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -22,6 +21,13 @@ MAX_RESULTS = 32  # result files in one compare or report
 MAX_THRESHOLD = 1000  # percent
 
 
+def suites():
+    """The bench suites' registry, imported when asked."""
+    from sparkforge.run.bench.suites import SUITES
+
+    return SUITES
+
+
 @task(
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
@@ -29,7 +35,7 @@ MAX_THRESHOLD = 1000  # percent
         "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
         "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "suite": SUITES.help_text("the load profile (default: default):"),
+        "suite": LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
         "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
         "interval); their spread is the noise the comparison reads",
         "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "

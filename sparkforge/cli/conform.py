@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import Whole, finish_report, session, task, user_errors
+from sparkforge.cli import LazyHelp, Whole, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
@@ -19,7 +19,13 @@ from sparkforge.cli.run import (
     node_engine,
     node_engines,
 )
-from sparkforge.run.conform.rows import ROWS
+
+
+def conform_rows():
+    """The conform rows' registry, imported when asked (it imports the rows and their clients)."""
+    from sparkforge.run.conform.rows import ROWS
+
+    return ROWS
 
 
 @task(
@@ -31,8 +37,10 @@ from sparkforge.run.conform.rows import ROWS
             if k not in ("no_preflight", "dry", "weights", "trust_remote_code")
         },
         "attach": "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-        "checks": ROWS.help_text(
-            "comma-separated rows to run (default: the profile's conform.checks, else all):"
+        "checks": LazyHelp(
+            lambda: conform_rows().help_text(
+                "comma-separated rows to run (default: the profile's conform.checks, else all):"
+            )
         ),
         "record": "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
         "golden": "the golden file (default: golden/<profile>.json)",

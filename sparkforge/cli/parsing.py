@@ -58,7 +58,7 @@ def task_help_for(context: ParserContext, flag: str) -> tuple[str, str]:
         short = len(name.strip("-")) == 1
         spec = f" [{value}]" if short and arg.optional else f" {value}" if short else f"={value}"
         specs.append(name + (f"[{spec}]" if arg.optional and not short else spec))
-    help_text = arg.help or ""
+    help_text = str(arg.help or "")  # a LazyHelp becomes its text here
     if arg.kind is list and "repeatable" not in help_text:
         help_text += " (repeatable)"
     return ", ".join(sorted(specs, key=len)), help_text
@@ -114,9 +114,11 @@ def route_through_project() -> None:
 
     def checked_help_for(self: ParserContext, flag: str) -> tuple[str, str]:
         arg = self.flags.get(flag)
-        if isinstance(arg, TaskArgument) and arg.takes_value:
+        if not isinstance(arg, TaskArgument):
+            return help_for(self, flag)
+        if arg.takes_value:
             return task_help_for(self, flag)
-        return help_for(self, flag)
+        return help_for(self, flag)[0], str(arg.help or "")  # a LazyHelp becomes its text here
 
     def checked_handle(self: ParseMachine, token: str) -> None:
         context = self.context
