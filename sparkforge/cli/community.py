@@ -137,8 +137,8 @@ def import_(
 def _memory_plan(path: Path, imported, device: str) -> None:
     """The imported profile's memory plan when a checkpoint config is reachable without the network."""
     from sparkforge.errors import SparkforgeError
-    from sparkforge.preflight.catalog import reachable_config
     from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.memory.checkpoint import reachable_config
     from sparkforge.run.memory.guard import node_memory, plan_profile
     from sparkforge.run.memory.text import plan_lines
 

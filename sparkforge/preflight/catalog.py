@@ -237,25 +237,6 @@ def cached_configs(model: str, revision: str | None) -> list[Path]:
     return found
 
 
-def reachable_config(model: str, revision: str | None, name: str) -> tuple[Path, str] | None:
-    """A checkpoint config.json of `model` reachable without the network, and where it came from: the profile's
-    own (profiles/checkpoints/NAME.json), the local HF cache, or a shipped profile's for the same model."""
-    from sparkforge.recipe.profile import PROFILES_DIR, list_profile_names, load_profile
-    from sparkforge.run.memory.checkpoint import CHECKPOINTS_DIR
-
-    own = PROFILES_DIR / CHECKPOINTS_DIR / f"{name}.json"
-    if own.is_file():
-        return own, "the profile's own checkpoint config"
-    cached = cached_configs(model, revision)
-    if cached:
-        return cached[0], f"the HF cache ({cached[0].parent.name[:12]})"
-    for other in list_profile_names():
-        shipped = PROFILES_DIR / CHECKPOINTS_DIR / f"{other}.json"
-        if other != name and shipped.is_file() and load_profile(other).model.model == model:
-            return shipped, f"profile {other}'s checkpoint config (the same model)"
-    return None
-
-
 def model_class(
     model: str, revision: str | None, fetcher: Fetcher | None, no_hub: str = "offline: the hub was not asked"
 ) -> tuple[str | None, str]:

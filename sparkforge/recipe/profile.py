@@ -231,6 +231,8 @@ def _profile_files(
 ) -> tuple[ProfileFile, ...]:
     import hashlib
 
+    from sparkforge.boundary import read_bytes
+
     files = []
     for key, value in model.args.items():
         flag = norm_flag(key)
@@ -240,9 +242,8 @@ def _profile_files(
         beside = path.parent / str(value)
         if "/" in str(value) or not beside.is_file() or beside.is_symlink():
             raise ProfileError(f"{where}: {file_refusal(path, flag, str(value))}")
-        data = beside.read_bytes()
-        if len(data) > MAX_PROFILE_FILE:
-            raise ProfileError(f"{where}: {beside} is over 1 MiB; fix: a chat template is a few kilobytes")
+        # Through the boundary: a regular file inside the profile's folder (symlinks resolved), at most 1 MiB.
+        data = read_bytes(beside, where, MAX_PROFILE_FILE, named=False, within=[path.parent])
         files.append(ProfileFile(flag, beside.resolve(), hashlib.sha256(data).hexdigest()))
     return tuple(files)
 
