@@ -95,9 +95,9 @@ class Imported:
             f"# Imported by sparkforge from {self.recipe.where} ({self.recipe.format} format).",
             f"# Next: {self.next_command(recipe)}",
         ]
-        head += [f"# left out: {a}"[:600] for a in self.unmountable]
-        head += [f"# refused, left out: {a}"[:400] for a in self.refused]
-        head += [f"# needs attention: {a}"[:400] for a in self.attention]
+        head += [f"# left out: {a}" for a in self.unmountable]
+        head += [f"# refused, left out: {a}" for a in self.refused]
+        head += [f"# needs attention: {a}" for a in self.attention]
         body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=False, width=4096)
         return "\n".join(comment_line(line) for line in head) + "\n" + body
 
