@@ -375,6 +375,9 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such image" in result.output or "no such image" in result.output.lower():
                 return None
+            transport = ssh_failure(self.node, result.output)
+            if transport:
+                raise RunError(transport)
             raise RunError(f"{self.node.label}: cannot inspect image {ref}: {result.output.strip()[-400:]}")
         return result.output.strip().splitlines()[-1]
 
@@ -391,6 +394,9 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such" in result.output:
                 return ContainerState("missing", None)
+            transport = ssh_failure(self.node, result.output)
+            if transport:
+                raise RunError(transport)
             raise RunError(
                 f"{self.node.label}: {engine_stopped_message(self.node.target, f'the wait for {name}')} "
                 f"({result.output.strip()[-300:]})"
