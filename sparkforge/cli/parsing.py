@@ -85,19 +85,17 @@ def usage_error(context: ParserContext | None, invoke_message: str, token: str =
     missing = context.missing_positional_args
     if not missing:
         return invoke_message
-    parts = []
+    parts: list[str] = []
+    specs: list[str] = []
     for arg in missing:
         name = arg.name or ""
-        value = placeholder(arg)
+        # A one-letter option (diff's a and b) reads best by position; any other by its flag, always valid.
+        spec = placeholder(arg) if len(name) == 1 else f"--{flag_names(name)[0]} {placeholder(arg)}"
         hint = REQUIRED_HINTS.get(name)
-        spec = f"--{flag_names(name)[0]} {value}" if hint else value
         parts.append(spec + (f" ({hint})" if hint else ""))
-    usage = " ".join(
-        f"--{flag_names(a.name or '')[0]} {placeholder(a)}" if a.name in REQUIRED_HINTS else placeholder(a)
-        for a in missing
-    )
+        specs.append(spec)
     return (
-        f"sparkforge: `invoke {task}` needs {' and '.join(parts)}; fix: `invoke {task} {usage} ...` "
+        f"sparkforge: `invoke {task}` needs {' and '.join(parts)}; fix: `invoke {task} {' '.join(specs)} ...` "
         f"(`invoke --help {task}` explains every option)"
     )
 
