@@ -53,6 +53,8 @@ def suites():
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
         "no_warmup": "skip the warm-up run of each level",
         "force": FORCE_HELP,
+        "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
+        "contact nothing",
     }
 )
 @user_errors
@@ -78,6 +80,7 @@ def bench(
     store: str = "",
     no_warmup: bool = False,
     force: bool = False,
+    dry: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
@@ -152,6 +155,8 @@ def bench(
     loaded = load_recipe(recipe)
     served = load_profile(profile)
     memory_check(recipe, served, "", force)  # before any engine or server is contacted
+    if dry:
+        return _dry_run(options, engine.node.label, served.name)
     report = run_bench(session(), engine, served, replace(options, recipe_hash=loaded.hash))
     for line in table(report):
         echo(line)
@@ -175,6 +180,31 @@ def bench(
     stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
     echo(f"stored: {stored}")
     finish_report(report, json, hint="a level failed; see its reason above")
+
+
+def _dry_run(options, node: str, profile: str) -> None:
+    """bench --dry: what would run against which server, every input already checked; nothing contacted."""
+    from sparkforge.run.bench.runner import head_container
+
+    suite = options.suite
+    levels = ", ".join(f"c{c}-d{d}" for c, d in suite.levels())
+    echo(
+        f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
+    )
+    echo(
+        f"suite {suite.name} ({suite.client}): prompt {suite.input_len} / generate {suite.output_len} tokens; "
+        f"levels {levels}; per level {'a warm-up, then ' if options.warmup else ''}{options.repeats} repeats"
+        + (
+            f" of at least {options.min_duration_s:g} s each"
+            if options.min_duration_s and suite.client == "vllm bench serve"
+            else ""
+        )
+    )
+    if options.target is not None:
+        echo(
+            f"--target-detect {options.target.pct:g}%: more rounds until the smallest detectable slowdown is below "
+            f"it at --threshold {options.target.threshold_pct:g}%, or {options.target.budget_s:g} s"
+        )
 
 
 def _threshold(text: str) -> None:

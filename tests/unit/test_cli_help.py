@@ -76,8 +76,8 @@ def invoke(*argv: str) -> subprocess.CompletedProcess[str]:
         (["build"], "`invoke build` needs --recipe RECIPE"),
         (["build", "--recipee", "vllm-qwen35"], "has no option --recipee; fix: did you mean --recipe?"),
         (
-            ["bench", "--recipe", "vllm-qwen35-wheels", "--profile", "qwen35-35b-a3b-fp8", "--dry"],
-            "`invoke bench` has no option --dry",
+            ["memory", "--recipe", "vllm-qwen35-wheels", "--profile", "qwen35-35b-a3b-fp8", "--dry"],
+            "`invoke memory` has no option --dry",
         ),
         (["diff", "a"], "`invoke diff` needs B"),
         (["serve", "--recipe", "vllm-qwen35-wheels"], "`invoke serve` needs --profile PROFILE"),

@@ -3,9 +3,9 @@ not start with an error.
 
 Each command is taken from the README's ```bash blocks (chains split at && and ;, comments dropped) and run
 through the real CLI:
-- a task with a --dry option runs with --dry (serve, cluster.up, conform, build, engine.up): it must exit 0;
+- a task with a --dry option runs with --dry (serve, cluster.up, conform, bench, build, engine.up): it must exit 0;
 - a task that only reads and prints (memory, recipes, show, render, import to a temporary --out) runs as is;
-- any other (pull, verify, bench, the doctor, the downs: they need a registry, an image or a running
+- any other (pull, verify, the doctor, the downs: they need a registry, an image or a running
   server) is parsed by Invoke with the project's parser: every option must exist and every required one be given.
 A profile that the README imports is written to a temporary folder and later commands name that file."""
 
