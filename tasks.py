@@ -7,13 +7,13 @@ from pathlib import Path
 
 from invoke import Collection, Context
 
+from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
 from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
-from sparkforge.cli import echo, finish_report, session, task, user_errors
 from sparkforge.cli import memory as cli_memory
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
@@ -21,9 +21,15 @@ from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
-from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+
+
+def preflight_checks():
+    """Preflight's checks registry, imported when asked (help or a preflight run), not by every command."""
+    from sparkforge.preflight.checks import CHECKS
+
+    return CHECKS
 
 
 @task(
@@ -79,7 +85,11 @@ def render(c: Context, recipe: str, out: str = "") -> None:
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
         "offline": "use only the download cache; skip checks that need a registry",
         "github_base": "GitHub (or mirror) base URL for source archives",
-        "checks": PREFLIGHT_CHECKS.help_text("comma-separated rows to run (default: all; others skipped):"),
+        "checks": LazyHelp(
+            lambda: preflight_checks().help_text(
+                "comma-separated rows to run (default: all; others skipped):"
+            )
+        ),
     },
 )
 @user_errors
@@ -103,7 +113,7 @@ def preflight(
     options = PreflightOptions(
         source=source or None,
         github_base=github_base,
-        checks=PREFLIGHT_CHECKS.parse(checks) if checks else (),
+        checks=preflight_checks().parse(checks) if checks else (),
         profiles=tuple(load_profile(p) for p in profile or []),
     )
     report = run_preflight(session(offline=offline), load_recipe(recipe), options)

@@ -200,7 +200,7 @@ class Runner:
         except FileNotFoundError as exc:
             raise CommandError(
                 f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH). "
-                f"Install it, or see README.md 'Setting up'."
+                f"Install it, or see README.md 'Quick start'."
             ) from exc
         logf = log.open("w") if log is not None else None
         try:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
 Echo = Callable[[str], None]
 
@@ -63,3 +67,61 @@ def say(line: str) -> None:
 def warn(line: str) -> None:
     """A warning the user must see even when stdout is piped or parsed: stderr."""
     print(terminal(str(line)), file=sys.stderr, flush=True)
+
+
+class Stages:
+    """The wait of a step made of stages, shown: what runs now, the elapsed time and the stage count. On a
+    terminal a live rich line (gone when the step ends); elsewhere (logs, CI, pipes) one plain line per stage.
+    `stage` may be called from another thread (a container's output follower)."""
+
+    def __init__(self, title: str, total: int, *, echo: Echo | None = None, live: bool | None = None) -> None:
+        self.title = printable(title)
+        self.total = total
+        self.echo = echo or say
+        self.live = sys.stdout.isatty() if live is None else live
+        self.started = time.monotonic()
+        self.current = ""
+        self._lock = threading.Lock()
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Stages:
+        if self.live:
+            from rich.progress import (
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            columns = (
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            self._progress = Progress(*columns, transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.title, total=self.total)
+        return self
+
+    def stage(self, index: int, name: str) -> None:
+        """Stage `index` (1-based) of the total, named `name` (untrusted text: escaped), starts now."""
+        name = printable(name)[:80]
+        with self._lock:
+            self.current = name
+            if self._progress is not None:
+                self._progress.update(self._task, description=f"{self.title}: {name}", completed=index - 1)
+            else:
+                elapsed = time.monotonic() - self.started
+                self.echo(f"{self.title}: {index}/{self.total} {name} (at {elapsed:.1f} s)")
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with self._lock:
+            if self._progress is not None:
+                self._progress.stop()
+            elapsed = time.monotonic() - self.started
+            self.echo(f"{self.title}: {'done' if kind is None else 'stopped'} in {elapsed:.1f} s")

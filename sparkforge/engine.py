@@ -9,7 +9,8 @@ import os
 import re
 import shutil
 import tarfile
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -210,8 +211,10 @@ def run_container(
     platform: str | None = None,
     timeout_s: int = 1800,
     volumes: Mapping[str, str] | None = None,
+    on_stderr_line: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Run a throwaway container and collect its exit code and output."""
+    """Run a throwaway container and collect its exit code and output; `on_stderr_line` sees each line the
+    container writes to stderr as it comes (progress), from a follower thread."""
     import docker.types
 
     client = _client()
@@ -233,8 +236,11 @@ def run_container(
     try:
         with sdk_errors(f"run {image}"):  # a start that fails (no GPU driver) still removes it below
             container.start()
+        follower = _follow_stderr(container, on_stderr_line) if on_stderr_line is not None else None
         try:
             result = container.wait(timeout=timeout_s)
+            if follower is not None:
+                follower.join(timeout=5)  # the stream ends with the container
         except Exception as exc:  # the SDK raises a requests timeout/connection error when the wait runs out
             # Over a unix socket the wait's read timeout arrives as a ConnectionError too: ask the engine itself.
             if not _answers():
@@ -249,6 +255,23 @@ def run_container(
     finally:
         with contextlib.suppress(Exception):  # an engine that went away takes its containers with it
             container.remove(force=True)
+
+
+def _follow_stderr(container: Any, on_line: Callable[[str], None]) -> threading.Thread:
+    """A daemon thread handing each stderr line of a running container to `on_line` until the stream ends."""
+
+    def follow() -> None:
+        pending = b""
+        with contextlib.suppress(Exception):  # the engine or the container going away ends the stream
+            for chunk in container.logs(stream=True, follow=True, stdout=False, stderr=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode(errors="replace"))
+
+    thread = threading.Thread(target=follow, name="container-stderr", daemon=True)
+    thread.start()
+    return thread
 
 
 def _answers() -> bool:

@@ -35,17 +35,38 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class LazyHelp:
+    """An option's help computed when help is shown: a registry's rows (conform rows, bench suites, preflight
+    checks) would otherwise be imported, with everything they import, by every command, `invoke --list` too."""
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+
 class ShortFlagTask(invoke.Task):
-    """Invoke's Task, except that a dash is never a short flag. Invoke gives a flag the first free character of
-    its dashed name: once c, a, h and e were taken, `--cache-dir` got `-` (help showed `--=STRING`). Such a flag
-    gets no short form, so every other flag keeps the short form it had."""
+    """Invoke's Task with the project's short flags: only those in `parsing.SHORT_FLAGS` (one meaning in every
+    task), never one Invoke picks from the name's first free letter (which gave `-h` to --push-by-digest on
+    build and `-t` to different options on different tasks)."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        from sparkforge.cli.parsing import flag_names
+
         opts = super().arg_opts(name, default, taken_names)
-        if "-" in opts["names"]:
-            opts["names"].remove("-")
-            taken_names.add("-")  # still taken (Invoke's own set), so the flags after it choose as they did
+        dashed, *short = flag_names(name)
+        opts["names"] = [dashed, *(s for s in short if s not in taken_names)]
         return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[invoke.Argument]:
+        from sparkforge.cli.parsing import TaskArgument, route_through_project
+
+        route_through_project()
+        args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        for arg in args:
+            arg.__class__ = TaskArgument  # the same object, marked as a sparkforge option
+        return args
 
 
 def task(*args: Any, **kwargs: Any) -> Any:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import echo, finish_report, session, task, user_errors
+from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
-from sparkforge.run.bench.suites import SUITES
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -22,6 +21,13 @@ MAX_RESULTS = 32  # result files in one compare or report
 MAX_THRESHOLD = 1000  # percent
 
 
+def suites():
+    """The bench suites' registry, imported when asked."""
+    from sparkforge.run.bench.suites import SUITES
+
+    return SUITES
+
+
 @task(
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
@@ -29,13 +35,13 @@ MAX_THRESHOLD = 1000  # percent
         "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
         "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "suite": SUITES.help_text("the load profile (default: default):"),
+        "suite": LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
         "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
         "interval); their spread is the noise the comparison reads",
         "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "
         "per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
         "target_detect": "keep running rounds until a comparison with an equal bench could detect a slowdown of "
-        "this percent in every metric (80%% power, at --threshold), or --budget ends; says which",
+        "this percent in every metric (80% power, at --threshold), or --budget ends; says which",
         "budget": "with --target-detect: the most seconds the bench runs (default 1800)",
         "threshold": "with --target-detect: the threshold bench.compare will use (default 10)",
         "concurrency": "comma-separated concurrencies (default: the suite's)",
@@ -47,6 +53,8 @@ MAX_THRESHOLD = 1000  # percent
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
         "no_warmup": "skip the warm-up run of each level",
         "force": FORCE_HELP,
+        "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
+        "contact nothing",
     }
 )
 @user_errors
@@ -72,6 +80,7 @@ def bench(
     store: str = "",
     no_warmup: bool = False,
     force: bool = False,
+    dry: bool = False,
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
@@ -146,6 +155,8 @@ def bench(
     loaded = load_recipe(recipe)
     served = load_profile(profile)
     memory_check(recipe, served, "", force)  # before any engine or server is contacted
+    if dry:
+        return _dry_run(options, engine.node.label, served.name)
     report = run_bench(session(), engine, served, replace(options, recipe_hash=loaded.hash))
     for line in table(report):
         echo(line)
@@ -169,6 +180,31 @@ def bench(
     stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
     echo(f"stored: {stored}")
     finish_report(report, json, hint="a level failed; see its reason above")
+
+
+def _dry_run(options, node: str, profile: str) -> None:
+    """bench --dry: what would run against which server, every input already checked; nothing contacted."""
+    from sparkforge.run.bench.runner import head_container
+
+    suite = options.suite
+    levels = ", ".join(f"c{c}-d{d}" for c, d in suite.levels())
+    echo(
+        f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
+    )
+    echo(
+        f"suite {suite.name} ({suite.client}): prompt {suite.input_len} / generate {suite.output_len} tokens; "
+        f"levels {levels}; per level {'a warm-up, then ' if options.warmup else ''}{options.repeats} repeats"
+        + (
+            f" of at least {options.min_duration_s:g} s each"
+            if options.min_duration_s and suite.client == "vllm bench serve"
+            else ""
+        )
+    )
+    if options.target is not None:
+        echo(
+            f"--target-detect {options.target.pct:g}%: more rounds until the smallest detectable slowdown is below "
+            f"it at --threshold {options.target.threshold_pct:g}%, or {options.target.budget_s:g} s"
+        )
 
 
 def _threshold(text: str) -> None:
@@ -209,9 +245,10 @@ def _result_paths(option: str, text: str) -> list[Path]:
     name="compare",
     help={
         "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
-        "95%% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        "95% interval of new/old is worse than it, inconclusive when the interval straddles it",
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
+        "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
         "allow_different": "compare results measured with different settings, hardware or serve command "
         "(the differences are printed first)",
         "json": "write the comparison report here",

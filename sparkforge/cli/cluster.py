@@ -80,7 +80,7 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         json="write the JSON report here",
         master_port="the rendezvous port the launch uses (checked for reachability)",
         gpus="all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
-        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 %% of "
+        min_busbw="GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 % of "
         "the port rate sysfs reports; 0 disables)",
         gid_index="pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself; checked against the table)",
         nccl="image (default): the image's libnccl; host: bind-mount each node's own libnccl over it (ABI checked)",

@@ -54,8 +54,10 @@ def import_(
     set: list[str] | None = None,
     allow: list[str] | None = None,
 ) -> None:
-    """A community recipe becomes a serve profile; what it cannot carry as is, it names; code loading and trust
-    settings off the allow-list are left out, named, and the task exits 1 unless each is opted in with --allow."""
+    """A community recipe becomes a serve profile; what it cannot carry as is, it names.
+
+    Code loading and trust settings off the allow-list are left out, named, and the task exits 1 unless each is
+    opted in with --allow."""
     from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
         ImportOptions,
@@ -100,14 +102,25 @@ def import_(
     target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
     path = write_profile(imported, target, force=force, recipe=serving)
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
-    echo("serve: " + imported.text(serving).splitlines()[1].removeprefix("# Serve: "))
     for fact in facts:
         echo(fact)
+    _memory_plan(path, imported, pinned.recipe.model.device if pinned else "gpu")
     echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
     for note in notes:
         warn(f"needs attention: {note}")
     for note in imported.refused:
         warn(f"refused: {note}")
+    for note in imported.unmountable:
+        warn(f"left out: {note}")
+    ref = imported.name if path.resolve().parent == PROFILES_DIR.resolve() else str(path)
+    echo(f"next: {imported.next_command(serving, ref)}")
+    if imported.unmountable:
+        raise Exit(
+            f"sparkforge: {where}: {len(imported.unmountable)} flag(s) name files the container would not have; "
+            f"{path} was written without them; fix: put each file beside the profile and add it back under args "
+            "(the lines above say how); serve then mounts it read-only and records its sha256",
+            code=1,
+        )
     if imported.refused:
         count = len(imported.refused)
         raise Exit(
@@ -119,6 +132,33 @@ def import_(
     if not notes:
         checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
         echo(f"imports cleanly: nothing needs attention{checked}")
+
+
+def _memory_plan(path: Path, imported, device: str) -> None:
+    """The imported profile's memory plan when a checkpoint config is reachable without the network."""
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.recipe.profile import load_profile
+    from sparkforge.run.memory.checkpoint import reachable_config
+    from sparkforge.run.memory.guard import node_memory, plan_profile
+    from sparkforge.run.memory.text import plan_lines
+
+    revision = imported.document.get("args", {}).get("revision")
+    found = reachable_config(str(imported.document["model"]), revision, imported.name)
+    if found is None:
+        echo(
+            f"memory plan: no checkpoint config of {imported.document['model']} here (HF cache, profiles/checkpoints/); "
+            f"save its config.json as profiles/checkpoints/{imported.name}.json and run invoke memory"
+        )
+        return
+    config, source = found
+    try:
+        plan = plan_profile(load_profile(path), None, node_memory(device), config=config)
+    except SparkforgeError as exc:
+        warn(f"memory plan: not counted from {config} ({exc})")
+        return
+    echo(f"memory plan from {source} ({config}):")
+    for line in plan_lines(plan):
+        echo(line)
 
 
 @task(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import Whole, finish_report, session, task, user_errors
+from sparkforge.cli import LazyHelp, Whole, echo, finish_report, session, task, user_errors
 from sparkforge.cli.memory import FORCE_HELP, memory_check
 from sparkforge.cli.run import (
     COMMON_HELP,
@@ -19,7 +19,38 @@ from sparkforge.cli.run import (
     node_engine,
     node_engines,
 )
-from sparkforge.run.conform.rows import ROWS
+
+
+def _dry_run(
+    loaded, engines, launch, doctor, health_timeout: int, selected: tuple[str, ...], attach: str
+) -> None:
+    """conform --dry: what would start (the profile as profiled; each row starts its own variants after it) and
+    which rows would run, in order; no engine is contacted."""
+    from sparkforge.run.conform.session import settings_of
+
+    rows = selected or tuple(settings_of(loaded).checks) or conform_rows().names()
+    if attach:
+        echo(f"conform --dry: would ask {attach}, the running deployment (no server started)")
+    else:
+        echo(f"conform --dry: would start {loaded.name} as profiled, then each row's server variants")
+        if len(engines) > 1:
+            from sparkforge.run.cluster.cluster import UpOptions, cluster_up
+
+            cluster_up(session(), engines, loaded, UpOptions(launch, doctor, health_timeout, True))
+        else:
+            from sparkforge.run.serve.serve import ServeOptions, serve_up
+
+            serve_up(session(), engines[0], loaded, ServeOptions(launch, chat=False, dry=True))
+    registry = conform_rows()
+    for index, name in enumerate(n for n in registry.names() if n in rows):
+        echo(f"row {index + 1}/{len(rows)} {name}: {registry.get(name).help}")
+
+
+def conform_rows():
+    """The conform rows' registry, imported when asked (it imports the rows and their clients)."""
+    from sparkforge.run.conform.rows import ROWS
+
+    return ROWS
 
 
 @task(
@@ -30,9 +61,13 @@ from sparkforge.run.conform.rows import ROWS
             for k, v in COMMON_HELP.items()
             if k not in ("no_preflight", "dry", "weights", "trust_remote_code")
         },
+        "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "
+        "that would run; start nothing",
         "attach": "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-        "checks": ROWS.help_text(
-            "comma-separated rows to run (default: the profile's conform.checks, else all):"
+        "checks": LazyHelp(
+            lambda: conform_rows().help_text(
+                "comma-separated rows to run (default: the profile's conform.checks, else all):"
+            )
         ),
         "record": "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
         "golden": "the golden file (default: golden/<profile>.json)",
@@ -73,6 +108,7 @@ def conform(
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
     force: bool = False,
+    dry: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     from sparkforge.boundary import check_output
@@ -113,6 +149,8 @@ def conform(
         launch = launch_options(flags)
         if nodes:
             doctor = doctor_options(flags)
+    if dry:
+        return _dry_run(loaded, engines, launch, doctor, health_timeout, selected, attach)
     options = ConformOptions(
         checks=selected,
         attach=attach or None,

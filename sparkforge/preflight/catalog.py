@@ -228,20 +228,26 @@ def hf_cache_dirs() -> list[Path]:
     return [Path(hub).expanduser()]
 
 
+def cached_configs(model: str, revision: str | None) -> list[Path]:
+    """The checkpoint's config.json files in the local HF caches (at `revision`, else any snapshot)."""
+    found: list[Path] = []
+    for hub in hf_cache_dirs():
+        snapshots = hub / f"models--{model.replace('/', '--')}" / "snapshots"
+        found += sorted(snapshots.glob(f"{revision or '*'}/config.json")) if snapshots.is_dir() else []
+    return found
+
+
 def model_class(
     model: str, revision: str | None, fetcher: Fetcher | None, no_hub: str = "offline: the hub was not asked"
 ) -> tuple[str | None, str]:
     """The checkpoint's model class (config.json `architectures[0]`) and where it was read, or None and why."""
-    for hub in hf_cache_dirs():
-        snapshots = hub / f"models--{model.replace('/', '--')}" / "snapshots"
-        found = sorted(snapshots.glob(f"{revision or '*'}/config.json")) if snapshots.is_dir() else []
-        for config in found:
-            try:
-                archs = json.loads(config.read_text()).get("architectures") or []
-            except (OSError, ValueError):
-                continue
-            if archs:
-                return str(archs[0]), f"the HF cache ({config.parent.name[:12]})"
+    for config in cached_configs(model, revision):
+        try:
+            archs = json.loads(config.read_text()).get("architectures") or []
+        except (OSError, ValueError):
+            continue
+        if archs:
+            return str(archs[0]), f"the HF cache ({config.parent.name[:12]})"
     if fetcher is None:
         return None, f"config.json is not in the HF cache ({no_hub})"
     hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip(
@@ -251,7 +257,7 @@ def model_class(
     try:
         archs = fetcher.get_json(url, what=f"{model}'s config.json").get("architectures") or []
     except (PreflightError, AttributeError) as exc:
-        return None, f"config.json is not in the HF cache and the hub did not answer ({str(exc)[:120]})"
+        return None, f"config.json is not in the HF cache and the hub did not answer ({exc})"
     return (str(archs[0]), "the hub") if archs else (None, "config.json names no architectures")
 
 

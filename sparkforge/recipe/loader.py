@@ -228,7 +228,7 @@ def explain_errors(
         return f"{where}: {key_path}: unknown key; fix: remove it or use one of: {', '.join(allowed)}"
     if kind == "value_error":
         return f"{where}: {key_path}: {message}"
-    fix = _TYPE_FIXES.get(kind, "see README.md 'Recipe reference'")
+    fix = _TYPE_FIXES.get(kind, "see docs/reference.md 'Recipe reference'")
     if kind == "literal_error":
         fix = message.replace("Input should be", "use")
     return f"{where}: {key_path}: {message}; fix: {fix}"

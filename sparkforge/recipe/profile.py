@@ -190,12 +190,71 @@ class ProfileModel(BaseModel):
         return self
 
 
+# vLLM flags whose value may name a file the server reads: such a file must sit beside the profile, which
+# mounts it read-only into the container (at PROFILE_FILES_MOUNT) and records its sha256.
+FILE_FLAGS = frozenset({"chat-template"})
+PROFILE_FILES_MOUNT = "/etc/sparkforge/profile"
+MAX_PROFILE_FILE = 1 << 20  # a chat template is kilobytes
+
+
+def names_a_file(value: object) -> bool:
+    """A chat-template value that is a file name or path, not an inline Jinja template."""
+    return isinstance(value, str) and "{" not in value and ("/" in value or value.endswith((".jinja", ".j2")))
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    """A file beside the profile that a flag names: mounted read-only, identified by its sha256."""
+
+    flag: str
+    path: Path  # on this machine, beside the profile
+    sha256: str
+
+    @property
+    def target(self) -> str:
+        return f"{PROFILE_FILES_MOUNT}/{self.path.name}"
+
+
+def file_refusal(profile_path: Path, flag: str, value: str) -> str:
+    """Why a file-valued flag cannot be served as written, and the fix (import and load say the same)."""
+    name = Path(value).name or "FILE"
+    return (
+        f"--{flag} {value}: names a file outside the profile's folder, which nothing puts in the container; "
+        f"fix: put the file beside the profile ({profile_path.parent / name}) and write "
+        f"'{flag}: {name}' under args: serve then mounts it read-only at {PROFILE_FILES_MOUNT}/{name} and "
+        "records its sha256; or give the template inline"
+    )
+
+
+def _profile_files(
+    path: Path, model: ProfileModel, lines: dict[tuple[str, ...], int]
+) -> tuple[ProfileFile, ...]:
+    import hashlib
+
+    from sparkforge.boundary import read_bytes
+
+    files = []
+    for key, value in model.args.items():
+        flag = norm_flag(key)
+        if flag not in FILE_FLAGS or not names_a_file(value):
+            continue
+        where = f"{path}:{lines.get(('args', key), 1)}: args.{key}"
+        beside = path.parent / str(value)
+        if "/" in str(value) or not beside.is_file() or beside.is_symlink():
+            raise ProfileError(f"{where}: {file_refusal(path, flag, str(value))}")
+        # Through the boundary: a regular file inside the profile's folder (symlinks resolved), at most 1 MiB.
+        data = read_bytes(beside, where, MAX_PROFILE_FILE, named=False, within=[path.parent])
+        files.append(ProfileFile(flag, beside.resolve(), hashlib.sha256(data).hexdigest()))
+    return tuple(files)
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
     path: Path
     model: ProfileModel
     lines: dict[tuple[str, ...], int]
+    files: tuple[ProfileFile, ...] = ()
 
     def line_of(self, *key: str) -> int:
         return self.lines.get(tuple(key), self.lines.get(tuple(key[:1]), 1))
@@ -207,8 +266,11 @@ class Profile:
     def serve_args(self) -> list[str]:
         """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false)."""
         argv: list[str] = []
+        mounted = {f.flag: f.target for f in self.files}
         for key, value in self.model.args.items():
-            if value is True:
+            if norm_flag(key) in mounted:
+                argv += [f"--{key}", mounted[norm_flag(key)]]
+            elif value is True:
                 argv.append(f"--{key}")
             elif value is False:
                 argv.append(f"--no-{key}")
@@ -251,7 +313,7 @@ def load_profile(ref: str | Path) -> Profile:
     except ValidationError as exc:
         problems = [explain_errors(e, origins, path, ProfileModel) for e in exc.errors()]
         raise ProfileError(f"profile {path.stem} is invalid:\n  " + "\n  ".join(problems)) from None
-    return Profile(path.stem, path, model, dict(doc.lines))
+    return Profile(path.stem, path, model, dict(doc.lines), _profile_files(path, model, dict(doc.lines)))
 
 
 def _off_the_list(data: object) -> list[tuple[str, str, Verdict]]:

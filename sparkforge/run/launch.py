@@ -220,8 +220,15 @@ def plan_launch(
             f"profile {profile.name} runs on {profile.model.nodes} node(s) but {count} were given; "
             f"fix: pass {profile.model.nodes} nodes in --nodes, or use a profile for {count}"
         )
+    if profile.files and count > 1:
+        raise RunError(
+            f"profile {profile.name}: {', '.join(f.path.name for f in profile.files)} beside the profile is on this "
+            "machine only, and the other nodes' engines would mount their own disk's path; fix: give the template "
+            "inline, or bake the file into the image"
+        )
     model, model_extra = _model_arg(profile, options)
     head = addresses[0]
+    files_label = ",".join(f"{f.path.name}@sha256:{f.sha256}" for f in profile.files)
     launches = []
     for rank in range(count):
         env = {**profile.model.env, **node_env[rank]}
@@ -276,18 +283,29 @@ def plan_launch(
             entrypoint=entrypoint,
             args=args,
             env=env,
-            labels={LABEL: "serve", f"{LABEL}.profile": profile.name, f"{LABEL}.rank": str(rank)},
+            labels={
+                LABEL: "serve",
+                f"{LABEL}.profile": profile.name,
+                f"{LABEL}.rank": str(rank),
+                **({f"{LABEL}.files": files_label} if files_label else {}),
+            },
             host_network=True,
             ipc_host=True,
             gpus=options.gpus,
             ulimits=_ulimits(options.ulimits, rank < len(node_rdma) and node_rdma[rank]),
             cap_add=("IPC_LOCK",),
-            mounts=(*_mounts(options), *(node_mounts[rank] if rank < len(node_mounts) else ())),
+            mounts=(
+                *_mounts(options),
+                *(f"{f.path}:{f.target}:ro" for f in profile.files),
+                *(node_mounts[rank] if rank < len(node_mounts) else ()),
+            ),
             devices=RDMA_DEVICES if rank < len(node_rdma) and node_rdma[rank] else (),
         )
         launches.append(NodeLaunch(rank, container, exec_argv))
     notes = (
         () if options.gpus else ("--gpus none: the containers see no GPU; vLLM stops at device detection",)
+    ) + tuple(
+        f"--{f.flag}: {f.path} (sha256 {f.sha256}) mounted read-only at {f.target}" for f in profile.files
     )
     listens, warnings = _listens(profile, addresses, options)
     return LaunchPlan(

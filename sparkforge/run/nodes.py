@@ -262,6 +262,73 @@ class ContainerState:
     exit_code: int | None
 
 
+# The docker CLI's words when its ssh:// transport fails: ssh (or the remote shell) exited before the engine
+# answered, its stderr quoted after `stderr=`.
+_SSH_FAILED = re.compile(r"command \[ssh [^\]]*\] has exited with exit status (\d+).*?stderr=(.*)", re.DOTALL)
+# What ssh said -> the fix (first match wins); ssh's own text is always quoted as it came.
+_SSH_FIXES: tuple[tuple[str, str], ...] = (
+    (
+        "Could not resolve hostname",
+        "the name does not resolve from this machine: use the node's IP address (ssh://{user}@ADDRESS) or add "
+        "{host} to DNS or /etc/hosts",
+    ),
+    (
+        "Connection refused",
+        "nothing accepts ssh at {host} port {port}: start the ssh server there (sudo systemctl enable --now ssh) "
+        "or name the port it listens on (ssh://{user}@{host}:PORT)",
+    ),
+    (
+        "timed out",
+        "{host} does not answer: check that it is powered on and on a network this machine reaches "
+        "(ping {host})",
+    ),
+    ("No route to host", "{host} is not reachable from this machine: check the cable, address and routes"),
+    (
+        "Permission denied",
+        "{user} may not log in with this machine's keys: ssh-copy-id -p {port} {user}@{host}, then try "
+        "ssh -p {port} {user}@{host} true",
+    ),
+    (
+        "Host key verification failed",
+        "{host}'s host key is not known here (or changed): connect once by hand (ssh -p {port} {user}@{host}) "
+        "and check the fingerprint",
+    ),
+    (
+        "command not found",
+        "the docker CLI is not on {user}'s PATH on {host}: install Docker there (invoke engine.up on that node)",
+    ),
+    (
+        "permission denied while trying to connect",
+        "{user} may not use the engine on {host}: add them to the docker group there (sudo usermod -aG docker "
+        "{user}, then log in again)",
+    ),
+)
+
+
+def ssh_failure(node: Node, output: str) -> str | None:
+    """For a failed docker command on an ssh:// node: the transport's failure in one paragraph (host, user, port,
+    ssh's own message, the fix), or None when ssh itself got through."""
+    if node.kind != "ssh":
+        return None
+    match = _SSH_FAILED.search(output)
+    if not match:
+        return None
+    said = " ".join(match.group(2).split()).rstrip(".")[:400] or f"exit status {match.group(1)}"
+    rest = node.target.removeprefix("ssh://")
+    user, at, hostport = rest.rpartition("@")
+    user = user if at else os.environ.get("USER", "you")
+    host, port = _host_port(node.spec, "ssh", hostport)
+    values = {"user": user, "host": host, "port": port or _DEFAULT_PORTS["ssh"]}
+    fix = next(
+        (text for needle, text in _SSH_FIXES if needle.lower() in said.lower()),
+        "run ssh -p {port} {user}@{host} docker version by hand: it says the same, with -v the detail",
+    )
+    return (
+        f"{node.label}: ssh to {user}@{host} port {values['port']} failed before the engine answered: "
+        f"ssh said {said!r}; fix: {fix.format(**values)}"
+    )
+
+
 class NodeEngine:
     """A node's Docker engine through the docker CLI and the command seam."""
 
@@ -282,6 +349,9 @@ class NodeEngine:
                 f"{self.node.label}: {exc}; fix: check that the node is up and its engine answers"
             ) from None
         if result.returncode != 0:
+            transport = ssh_failure(self.node, result.output)
+            if transport:
+                raise RunError(transport)
             lost = engine_lost(self.command(*args), result.output)
             if lost:
                 raise RunError(
@@ -305,6 +375,9 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such image" in result.output or "no such image" in result.output.lower():
                 return None
+            transport = ssh_failure(self.node, result.output)
+            if transport:
+                raise RunError(transport)
             raise RunError(f"{self.node.label}: cannot inspect image {ref}: {result.output.strip()[-400:]}")
         return result.output.strip().splitlines()[-1]
 
@@ -321,6 +394,9 @@ class NodeEngine:
         if result.returncode != 0:
             if "No such" in result.output:
                 return ContainerState("missing", None)
+            transport = ssh_failure(self.node, result.output)
+            if transport:
+                raise RunError(transport)
             raise RunError(
                 f"{self.node.label}: {engine_stopped_message(self.node.target, f'the wait for {name}')} "
                 f"({result.output.strip()[-300:]})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine
+from sparkforge.console import Stages
 from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
 from sparkforge.recipe.budget import size_check
@@ -134,6 +136,7 @@ def run_image_suite(
     model_dir: Path | None = None,
     suite: Path = SUITE_DIR,
     log_dir: Path | None = None,
+    on_stderr_line: Callable[[str], None] | None = None,
 ) -> tuple[list[Check], dict[str, Any]]:
     """The checkout's suite, mounted read-only into a throwaway container of the image: (checks, the suite's
     own document: GPU, env). A report that is empty, lacks an expected check or has an unknown status fails."""
@@ -170,6 +173,7 @@ def run_image_suite(
         timeout_s=emulation.suite_timeout(platform, timeout_s),
         environment=run.environment,
         volumes=run.volumes,
+        on_stderr_line=on_stderr_line,
     )
     if log_dir is not None:
         (log_dir / "image-suite.log").write_text(result.stdout + result.stderr)
@@ -180,6 +184,20 @@ def run_image_suite(
             )
         ], {}
     return read_suite_output(result.stdout, result.stderr, result.exit_code, nonce)
+
+
+PROGRESS = re.compile(r"SPARKFORGE-PROGRESS: (\d{1,3})/\d{1,3} ([A-Za-z0-9_.-]{1,64})")
+
+
+def suite_progress(stages: Stages) -> Callable[[str], None]:
+    """The in-image suite's stderr line -> the stage that starts now (every other line is ignored here)."""
+
+    def on_line(line: str) -> None:
+        found = PROGRESS.fullmatch(line.strip())
+        if found:
+            stages.stage(int(found.group(1)), found.group(2))
+
+    return on_line
 
 
 def read_suite_output(
@@ -343,7 +361,15 @@ def verify_image(
     platform = engine.image_platform(image_id)
     gpu, probe = host_gpu(plan.bases(recipe).runtime, use_gpus, platform)
     report.add(probe)
-    checks, document = run_image_suite(image_id, use_gpus, platform, model_dir=model_dir, log_dir=log_dir)
+    with Stages("verify: in-image suite", len(evidence.EXPECTED_IMAGE_CHECKS)) as stages:
+        checks, document = run_image_suite(
+            image_id,
+            use_gpus,
+            platform,
+            model_dir=model_dir,
+            log_dir=log_dir,
+            on_stderr_line=suite_progress(stages),
+        )
     if gpus == "all":
         checks = [Check.from_dict(c) for c in evidence.require_gpu_checks([c.to_dict() for c in checks])]
     for check in checks:

@@ -294,7 +294,7 @@ def test_node_killed_mid_check_gives_a_clear_error_and_leaves_nothing(two_nodes)
     opening = threading.Event()  # the doctor said the sanity stage began: it opens the ranks' gate now
 
     def echo(line: str) -> None:
-        if line == "doctor: sanity ...":
+        if line.startswith("doctor: ") and line.endswith(" sanity ..."):
             opening.set()
 
     thread = threading.Thread(

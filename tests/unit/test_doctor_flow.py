@@ -102,9 +102,9 @@ def test_stages_run_in_order_and_the_first_failure_skips_the_rest() -> None:
     ]
     assert report.checks[-1].reason == "not run: stage 'mtu' failed"
     assert [line.split(" (")[0] for line in echoed] == [
-        "doctor: engines ...", "doctor: engines passed",
-        "doctor: reach ...", "doctor: reach passed",
-        "doctor: mtu ...", "doctor: mtu failed",
+        "doctor: 1/5 engines ...", "doctor: engines passed",
+        "doctor: 2/5 reach ...", "doctor: reach passed",
+        "doctor: 3/5 mtu ...", "doctor: mtu failed",
     ]  # fmt: skip
 
 

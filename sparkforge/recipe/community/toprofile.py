@@ -27,8 +27,8 @@ from sparkforge.recipe.community.vllmargv import (
     parse_serve,
     split_command,
 )
-from sparkforge.recipe.profile import PROFILE_NAME, load_profile
-from sparkforge.recipe.serveargs import check_env, check_flag, check_value
+from sparkforge.recipe.profile import FILE_FLAGS, PROFILE_NAME, file_refusal, load_profile, names_a_file
+from sparkforge.recipe.serveargs import check_env, check_flag, check_value, norm_flag
 
 SPARKFORGE_HOST = "0.0.0.0"
 _BUILD_ARG_HINTS = {
@@ -67,21 +67,37 @@ class Imported:
     recipe: CommunityRecipe
     # Entries off the allow-list that load code or change trust, without an opt-in: never carried, each named.
     refused: tuple[Attention, ...] = ()
+    # Flags naming a file the container would not have (a chat template on the source's disk): left out, named.
+    unmountable: tuple[Attention, ...] = ()
+
+    def next_command(self, recipe: str = "R", profile: str = "") -> str:
+        """What to run after the import: serve for one node, cluster.up with as many nodes for more (`profile`:
+        how to name the written profile, its path when it is not in profiles/)."""
+        nodes = int(self.document.get("nodes", 1))  # type: ignore[call-overload]
+        ref = f"--recipe {recipe} --profile {profile or self.name}"
+        args = self.document.get("args") or {}
+        extra = f" --port {self.port}" if self.port != 8000 else ""
+        extra += " --trust-remote-code" if self.trust_remote_code else ""
+        extra += "" if "revision" in args else " --allow-unpinned-model"  # type: ignore[operator]
+        if nodes == 1:
+            return f"invoke serve {ref}{extra}"
+        names = ",".join(f"NODE{i}" for i in range(nodes))
+        extra += " --backend ray" if self.backend == "ray" else ""
+        return (
+            f"invoke cluster.up {ref} --nodes {names} --interface IFACE{extra}  (NODE0: this machine's engine, "
+            "e.g. unix:///var/run/docker.sock; the others ssh://user@host; IFACE: the cluster link; check them "
+            "first with invoke cluster.doctor)"
+        )
 
     def text(self, recipe: str = "R") -> str:
         """The profile file: a header naming the source, how to serve it and what needs attention, then YAML."""
         head = [
             f"# Imported by sparkforge from {self.recipe.where} ({self.recipe.format} format).",
-            f"# Serve: invoke serve --recipe {recipe} --profile {self.name} --port {self.port}"
-            + (" --trust-remote-code" if self.trust_remote_code else "")
-            + (
-                f"  (cluster.up --backend {self.backend} for the source's own launch)"
-                if self.backend == "ray"
-                else ""
-            ),
+            f"# Next: {self.next_command(recipe)}",
         ]
-        head += [f"# refused, left out: {a}"[:400] for a in self.refused]
-        head += [f"# needs attention: {a}"[:400] for a in self.attention]
+        head += [f"# left out: {a}" for a in self.unmountable]
+        head += [f"# refused, left out: {a}" for a in self.refused]
+        head += [f"# needs attention: {a}" for a in self.attention]
         body = yaml.safe_dump(self.document, sort_keys=False, allow_unicode=False, width=4096)
         return "\n".join(comment_line(line) for line in head) + "\n" + body
 
@@ -225,6 +241,7 @@ def import_recipe(
     `allow` (entry -> the reviewer's reason) is carried and the opt-in written into the profile."""
     allow = dict(allow or {})
     refused: list[Attention] = []
+    unmountable: list[Attention] = []
     used: set[str] = set()
 
     def listed(verdict: Verdict, where: str) -> bool:
@@ -270,6 +287,10 @@ def import_recipe(
             attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
             if "secret" in problem:  # the source's argv is printed: never its secret
                 kept[-1] = Option(option.flag, tuple("***" for _ in option.values), option.spelled)
+            continue
+        if norm_flag(key) in FILE_FLAGS and names_a_file(value):
+            beside = Path("<the profile's folder>") / "profile.yaml"
+            unmountable.append(Attention(where, file_refusal(beside, norm_flag(key), str(value))))
             continue
         args[key] = value
         attention += _flag_notes(option, where)
@@ -348,6 +369,7 @@ def import_recipe(
         tuple(attention),
         recipe,
         tuple(refused),
+        tuple(unmountable),
     )
 
 
@@ -356,13 +378,6 @@ def _flag_notes(option: Option, where: str) -> list[Attention]:
     if option.flag == "load-format" and value == "fastsafetensors":
         return [
             Attention(where, "--load-format fastsafetensors needs the fastsafetensors package in the image")
-        ]
-    if option.flag == "chat-template" and ("/" in value or value.endswith((".jinja", ".j2"))):
-        return [
-            Attention(
-                where,
-                f"--chat-template {value}: a file that must exist inside the container (bake it into the image or pass the template inline)",
-            )
         ]
     return []
 

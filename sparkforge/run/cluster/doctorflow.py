@@ -32,11 +32,11 @@ def run_stages(
     stage's name (None when all passed). `after[name]` runs once that stage ended; `left_out` (names, why) adds
     stages that were not asked for as skipped, after the rest."""
     blocked: str | None = None
-    for stage in steps:
+    for index, stage in enumerate(steps, 1):
         if blocked:
             report.add(Check(stage.name, "skipped", f"not run: stage '{blocked}' failed"))
             continue
-        echo(f"doctor: {stage.name} ...")
+        echo(f"doctor: {index}/{len(steps)} {stage.name} ...")  # the stage count: how far the wait has come
         with report.timed(stage.name) as check:
             try:
                 stage.run(check)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sparkforge.console import Stages
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import ConformSettings
@@ -96,8 +97,10 @@ def run_conform(
         run = ConformRun(
             report, client, engines, profile, settings, options, servers, session, prompts, reference, inputs
         )
-        for row in ROWS:
-            if row.name in selected:
+        chosen = [row for row in ROWS if row.name in selected]
+        with Stages("conform", len(chosen), echo=session.echo) as stages:
+            for index, row in enumerate(chosen, 1):
+                stages.stage(index, row.name)
                 row.run(run)
     finally:
         servers.keep_failed_logs(engines, profile, report)

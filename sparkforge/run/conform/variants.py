@@ -34,7 +34,7 @@ def variant(profile: Profile, **changes: Any) -> Profile:
     args = {k: v for k, v in norm(profile.model.args).items() if k not in changes}
     args.update({k: v for k, v in changes.items() if v is not None})
     model = profile.model.model_copy(update={"args": args})
-    return Profile(profile.name, profile.path, model, profile.lines)
+    return Profile(profile.name, profile.path, model, profile.lines, profile.files)
 
 
 def batch_invariant(profile: Profile) -> bool:

@@ -218,3 +218,22 @@ def load_architecture(path: Path) -> Architecture:
     return parse_architecture(
         read_json(path, "checkpoint config", fix="the checkpoint's config.json"), str(path)
     )
+
+
+def reachable_config(model: str, revision: str | None, name: str) -> tuple[Path, str] | None:
+    """A checkpoint config.json of `model` reachable without the network, and where it came from: the profile's
+    own (profiles/checkpoints/NAME.json), the local HF cache, or a shipped profile's for the same model."""
+    from sparkforge.preflight.catalog import cached_configs
+    from sparkforge.recipe.profile import PROFILES_DIR, list_profile_names, load_profile
+
+    own = PROFILES_DIR / CHECKPOINTS_DIR / f"{name}.json"
+    if own.is_file():
+        return own, "the profile's own checkpoint config"
+    cached = cached_configs(model, revision)
+    if cached:
+        return cached[0], f"the HF cache ({cached[0].parent.name[:12]})"
+    for other in list_profile_names():
+        shipped = PROFILES_DIR / CHECKPOINTS_DIR / f"{other}.json"
+        if other != name and shipped.is_file() and load_profile(other).model.model == model:
+            return shipped, f"profile {other}'s checkpoint config (the same model)"
+    return None

@@ -22,9 +22,12 @@ def node_memory(device: str, host_total: int | None = None) -> NodeMemory:
     return GB10
 
 
-def plan_profile(profile: Profile, model_dir: Path | None, mem: NodeMemory = GB10) -> MemoryPlan:
-    """The profile's plan from its checkpoint config (RunError when there is none or it is not countable)."""
-    arch = load_architecture(checkpoint_path(profile.name, PROFILES_DIR, model_dir))
+def plan_profile(
+    profile: Profile, model_dir: Path | None, mem: NodeMemory = GB10, *, config: Path | None = None
+) -> MemoryPlan:
+    """The profile's plan from its checkpoint config (RunError when there is none or it is not countable);
+    `config`: that config.json, wherever it is (import's plan, before the profile has its own)."""
+    arch = load_architecture(config or checkpoint_path(profile.name, PROFILES_DIR, model_dir))
     args = {norm_flag(k): v for k, v in profile.model.args.items()}
     return plan_memory(profile.name, arch, read_settings(args, dict(profile.model.env), arch), mem)
 

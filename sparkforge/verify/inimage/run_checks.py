@@ -24,6 +24,8 @@ import checklist
 import checks_fp8
 
 MARKER = "SPARKFORGE-CHECKS-JSON:"
+# One stderr line as each check starts ("SPARKFORGE-PROGRESS: 3/14 pip-check"): the host shows what runs now.
+PROGRESS = "SPARKFORGE-PROGRESS:"
 
 
 def _check(
@@ -280,7 +282,11 @@ def main() -> int:
     if unknown:  # a typo would run nothing and report nothing failed
         parser.error(f"--only: unknown check {', '.join(unknown)}; choose from {', '.join(names)}")
     lock = json.loads(args.lock.read_text())
-    results = [_check(name, fn, lock) for name, fn in suite() if not args.only or name in args.only]
+    chosen = [(name, fn) for name, fn in suite() if not args.only or name in args.only]
+    results = []
+    for index, (name, fn) in enumerate(chosen, 1):
+        print(f"{PROGRESS} {index}/{len(chosen)} {name}", file=sys.stderr, flush=True)
+        results.append(_check(name, fn, lock))
     document = {
         "nonce": args.nonce,
         "checks": results,
