@@ -107,7 +107,9 @@ def test_fork_at_equal_version_is_refused(tuf_world: TufWorld) -> None:
         tuf_world.delete_tag(tag)
     tuf_world.put_old_timestamp(3)
     tuf_world.use_checkout(stale)
-    tuf_world.machine("fresh-publisher")  # never saw v4: TUF alone cannot tell it (docs/trust.md: freeze window)
+    tuf_world.machine(
+        "fresh-publisher"
+    )  # never saw v4: TUF alone cannot tell it (docs/trust.md: freeze window)
     tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))  # the forked v4
     tuf_world.machine("seen")
     with pytest.raises(PublishError, match="a fork"):
@@ -115,7 +117,9 @@ def test_fork_at_equal_version_is_refused(tuf_world: TufWorld) -> None:
     tuf_world.machine("fresh-publisher")
     tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))  # fork v5 on top
     tuf_world.machine("seen")
-    with pytest.raises(PublishError, match="refused before|does not descend from the targets v4 this machine"):
+    with pytest.raises(
+        PublishError, match=r"refused before|does not descend from the targets v4 this machine"
+    ):
         tufclient.refresh(tuf_world.repository)
 
 
@@ -137,7 +141,9 @@ def test_a_writer_on_a_rolled_back_registry_writes_on_the_committed_metadata(
 def test_a_write_refuses_a_later_version_it_did_not_write(tuf_world: TufWorld) -> None:
     """A checkout that fell behind (another job wrote since) refuses to sign on top of its stale base."""
     stale = tuf_world.stale_checkout("behind")
-    tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE))  # v2, from the main checkout
+    tufrepo.move_tag(
+        tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE)
+    )  # v2, from the main checkout
     tuf_world.use_checkout(stale)
     with pytest.raises(PublishError, match=r"registry holds timestamp v2.*did not write; nothing was signed"):
         tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))

@@ -1,0 +1,141 @@
+"""Trust, round 5: nothing a registry writer serves can roll a revocation back, for real.
+
+A real local registry (Debian's docker-registry), TUF metadata signed with ed25519 keys made here, the committed
+metadata of the publisher's checkout in a folder (git is the truth). The pull scenario signs and attests
+synthetic images with real cosign (test_trust_round4's world).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_trust_round4 import World, _attest, _check, _push_index
+from test_trust_round4 import world as world
+from tuf.api.metadata import Metadata, Targets
+
+from sparkforge.errors import PublishError
+from sparkforge.registry import publish, pull, tufclient, tufrepo
+from sparkforge.registry.cosign import SigningError
+from tests.unit.tuf_fixtures import TufWorld, digest
+from tests.unit.tuf_fixtures import tuf_world as tuf_world
+
+pytestmark = pytest.mark.engine
+X, X_IMAGE, Y, Y_IMAGE = digest(1), digest(2), digest(3), digest(4)
+
+
+def _history_with_a_revocation(world: TufWorld) -> None:
+    """latest -> Y (v2), latest -> X (v3), X revoked (v4); a checkout kept at v3 ('stale') and every timestamp."""
+    tufrepo.move_tag(world.repository, world.target("latest", Y, Y_IMAGE))
+    world.keep_timestamp()
+    tufrepo.move_tag(world.repository, world.target("latest", X, X_IMAGE))
+    world.keep_timestamp()
+    world.stale_checkout("stale")
+    tufrepo.revoke(world.repository, {X_IMAGE: "verify failed: fp8.cutlass_block"})
+    world.keep_timestamp()
+
+
+def _fork_from_v3(world: TufWorld, versions: int) -> None:
+    """The registry writer deletes v4 and serves v3 again; a writer with the stale checkout (or the online key)
+    then signs `versions` forked versions on top of v3 (v4', v5', ...), each naming X as latest."""
+    for tag in ("tuf-timestamp", "tuf-targets-4", "tuf-snapshot-4"):
+        world.delete_tag(tag)
+    world.put_old_timestamp(3)
+    world.use_checkout(world.tmp / "checkouts" / "stale" / "tuf")
+    world.machine("forker")
+    for _ in range(versions):
+        tufrepo.move_tag(world.repository, world.target("latest", X, X_IMAGE))
+
+
+def _trusted_version(world: TufWorld) -> tuple[int, bool]:
+    data = (world.trusted_dir() / "targets.json").read_bytes()
+    state = tufclient.state_of_targets(world.repository, data)
+    return Metadata[Targets].from_bytes(data).signed.version, X_IMAGE in state.revoked
+
+
+def test_a_fork_is_refused_three_refreshes_in_a_row(tuf_world: TufWorld) -> None:
+    _history_with_a_revocation(tuf_world)
+    tuf_world.machine("seen")
+    assert tufclient.refresh(tuf_world.repository).version == 4
+    _fork_from_v3(tuf_world, 2)  # v4', v5': the head is one version ahead of the trusted v4
+    tuf_world.machine("seen")
+    for attempt in range(3):
+        with pytest.raises(PublishError, match=r"a fork|refused before"):
+            tufclient.refresh(tuf_world.repository)
+        assert _trusted_version(tuf_world) == (4, True), attempt  # nothing of the fork was kept
+
+
+def test_a_fork_two_versions_ahead_is_refused(tuf_world: TufWorld) -> None:
+    _history_with_a_revocation(tuf_world)
+    tuf_world.machine("seen")
+    tufclient.refresh(tuf_world.repository)
+    _fork_from_v3(tuf_world, 3)  # v4', v5', v6': the head is two versions ahead of the trusted v4
+    tuf_world.machine("seen")
+    with pytest.raises(
+        PublishError, match=r"targets v5 does not descend from the targets v4 this machine trusts"
+    ):
+        tufclient.refresh(tuf_world.repository)
+    with pytest.raises(PublishError, match="refused before"):
+        tufclient.refresh(tuf_world.repository)
+    assert _trusted_version(tuf_world) == (4, True)
+
+
+def test_a_dev_root_never_speaks_for_the_real_root(
+    tuf_world: TufWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The registry holds a repository made with a developer's root; the machine trusted it in dev mode (warned
+    on every use). Once the real root ships, the cached dev root is not used: the real one refuses it."""
+    for _ in range(2):
+        tufclient.refresh(tuf_world.repository)
+        assert capsys.readouterr().err.count("TEST/DEV MODE") == 1
+    from securesystemslib.signer import CryptoSigner
+
+    real = tufrepo.new_root([CryptoSigner.generate_ed25519().public_key], [tuf_world.online.public_key])
+    real.sign(CryptoSigner.generate_ed25519())
+    shipped = tuf_world.tmp / "shipped"
+    shipped.mkdir()
+    (shipped / tufclient.root_file_name(tuf_world.repository)).write_bytes(real.to_bytes())
+    monkeypatch.setattr(tufclient, "ROOTS_DIR", shipped)
+    with pytest.raises(PublishError, match="does not verify"):
+        tufclient.refresh(tuf_world.repository)
+    assert "TEST/DEV MODE" not in capsys.readouterr().err  # the shipped root wins over the dev root
+
+
+def test_a_writers_rollback_survives_the_daily_resign_and_a_promote_on_fresh_runners(world: World) -> None:
+    """Review finding 1: latest -> Y, latest -> X, X revoked; the registry writer re-points tuf-timestamp at the
+    pre-revocation copy and erases X's failed claim; the daily re-sign and a promote run on fresh CI runners
+    (empty caches, the committed metadata checked out). A new owner's pull of latest and of X's digest is
+    refused."""
+    tuf = world.tuf
+    y, y_platforms = _push_index(world, "y", [pull.default_tag(world.recipe)])
+    x, x_platforms = _push_index(world, "x", ["x-immutable"])
+    for platforms in (y_platforms, x_platforms):
+        for platform, image in platforms.items():
+            _attest(world, f"{world.repo}@{image}", platform)
+    runner, eng = world.tools.runner, world.tools.engine
+    publish.promote(world.recipe, y, runner=runner, eng=eng)
+    tuf.keep_timestamp()
+    publish.promote(world.recipe, x, runner=runner, eng=eng)
+    tuf.keep_timestamp()
+    pre_revocation = Metadata.from_bytes(
+        tuf.registry.artifact("tuf-timestamp", 1 << 20) or b""
+    ).signed.version
+    x_image = f"{world.repo}@{x_platforms['linux/arm64']}"
+    _attest(world, x_image, "linux/arm64", status="failed")  # the GPU job's failed verify revokes X
+    assert "latest" not in tufclient.refresh(world.repo).tags
+    # the registry writer: the pre-revocation timestamp back, X's claims erased
+    tuf.put_old_timestamp(pre_revocation)
+    tuf.delete_tag(x_platforms["linux/arm64"].replace(":", "-") + ".att")
+    tuf.machine("ci-daily")
+    tufrepo.resign_timestamp(world.repo)
+    tuf.machine("new-owner")
+    seen = tufclient.refresh(world.repo)
+    assert "latest" not in seen.tags and seen.revoked_of(x_image.rpartition("@")[2])
+    with pytest.raises(SigningError, match="no longer name it"):
+        _check(world, f"{world.repo}:latest", x_image)
+    with pytest.raises(SigningError, match="revoked by the signed TUF targets"):
+        _check(world, x_image, x_image, allow_unverified=True)
+    tuf.machine("ci-promote")
+    publish.promote(world.recipe, y, runner=runner, eng=eng)
+    tuf.machine("another-new-owner")
+    assert _check(world, f"{world.repo}:latest", f"{world.repo}@{y_platforms['linux/arm64']}").top == y
+    with pytest.raises(SigningError, match="revoked by the signed TUF targets"):
+        _check(world, x_image, x_image, allow_unverified=True)
