@@ -223,8 +223,8 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge.boundary import check_output
     from sparkforge.oci import check_reference
-    from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.pulled import resolve
     from sparkforge.registry.releases import carried_with_kernels
     from sparkforge.verify.suite import VerifyOptions, gpu_mode, verify_recorded
 
@@ -233,7 +233,9 @@ def verify(
     check_output(report, "--report")
     check_output(junit, "--junit")
     loaded = load_recipe(recipe)
-    ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
+    found = resolve(loaded, image, subject=True)  # the local build, else the digest pull verified
+    echo(f"sparkforge: image {found.image}: {found.why}")
+    ref = found.image
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
     options = VerifyOptions(gpu_mode(gpus), not no_kernels, model, carried=carried_with_kernels)

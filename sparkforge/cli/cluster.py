@@ -183,6 +183,7 @@ def up(
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
     force: bool = False,
+    allow_unverified: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -192,7 +193,7 @@ def up(
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    ref = image_ref(recipe, image)
+    ref = image_ref(recipe, image, allow_unverified, dry)
     flags = NodeFlags.of(ref, locals())
     launch = launch_options(flags)
     doctor_settings = doctor_options(flags)
