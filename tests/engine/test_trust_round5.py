@@ -139,3 +139,34 @@ def test_a_writers_rollback_survives_the_daily_resign_and_a_promote_on_fresh_run
     assert _check(world, f"{world.repo}:latest", f"{world.repo}@{y_platforms['linux/arm64']}").top == y
     with pytest.raises(SigningError, match="revoked by the signed TUF targets"):
         _check(world, x_image, x_image, allow_unverified=True)
+
+
+def test_the_run_tasks_run_the_local_build_else_the_digest_pull_verified(world: World) -> None:
+    """The resolver asks the real engine for the recipe's local build; without it, the digest pull recorded;
+    a tag of the repository pull never verified is refused; the engine never fetches it (--pull never)."""
+    import subprocess
+
+    from sparkforge import engine
+    from sparkforge.recipe import plan
+    from sparkforge.registry import pulled
+    from sparkforge.run.nodes import ContainerSpec, run_argv
+
+    platform = "linux/amd64"
+    build = plan.candidate_tag(world.recipe, platform)
+    with pytest.raises(PublishError, match="neither built nor pulled"):
+        pulled.resolve(world.recipe, platform=platform)
+    index, platforms = _push_index(world, "seam", ["seam"])
+    pulled.record(world.recipe, f"{world.repo}:seam", platform, platforms[platform], index, gpu_verified=True)
+    assert pulled.resolve(world.recipe, platform=platform).image == f"{world.repo}@{platforms[platform]}"
+    engine.tag_image("sparkforge-base/debian-bookworm:amd64", build)
+    try:
+        assert pulled.resolve(world.recipe, platform=platform).image == build
+    finally:
+        subprocess.run(["docker", "rmi", build], check=True, capture_output=True)  # only the tag made here
+    with pytest.raises(PublishError, match="names no digest 'invoke pull' verified"):
+        pulled.resolve(world.recipe, f"{world.repo}:latest", platform=platform)
+    argv = run_argv(ContainerSpec("sparkforge-test-seam", f"{world.repo}:seam"))
+    ran = subprocess.run(["docker", *argv], capture_output=True, text=True)
+    assert (
+        ran.returncode != 0 and "No such image" in ran.stderr
+    )  # the registry has it; the engine did not fetch it
