@@ -393,6 +393,7 @@ ns.add_task(cli_probe.probe)
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
+ns.add_task(cli_publish.images)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_task(cli_size.size)
 ns.add_task(cli_diff.diff)

@@ -176,3 +176,30 @@ def signed_claims(recipe: Recipe, tools: Manifests, images: Mapping[str, str]) -
             "attest it ('invoke sign.attest'), then promote"
         )
     return out
+
+
+def published(state: TrustedState) -> list[dict[str, Any]]:
+    """Every index the signed targets name or named (`invoke images`), newest move first: tag, index, platform
+    images, GPU claims, date, action and the verdict the signed metadata gives (revoked, or GPU-verified when
+    it moved: a moving tag names only GPU-verified images)."""
+    rows = []
+    for tag, target in [*state.tags.items(), *state.removed.items()]:
+        current = tag in state.tags
+        for n, move in enumerate(reversed([*target.history, {**target.custom(), "index": target.index}])):
+            platforms = dict(move.get("platforms") or {})
+            revoked = state.revoked_of(str(move.get("index")), *platforms.values())
+            rows.append(
+                {
+                    "tag": tag,
+                    "index": str(move.get("index")),
+                    "platforms": platforms,
+                    "claims": target.claims if n == 0 else {},
+                    "date": str(move.get("date") or ""),
+                    "action": str(move.get("action") or ""),
+                    "names_now": current and n == 0,
+                    "verdict": f"REVOKED: {revoked}"
+                    if revoked
+                    else "GPU-verified when it moved (signed claim)",
+                }
+            )
+    return sorted(rows, key=lambda r: r["date"], reverse=True)

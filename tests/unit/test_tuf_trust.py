@@ -226,3 +226,17 @@ def test_the_keyless_online_key_of_ci(tuf_world: TufWorld, monkeypatch: pytest.M
         tufrepo.online_signer(root, "targets", "sigstore:?ambient=true")
     with pytest.raises(PublishError, match="names no key"):  # an ed25519 file is not the keyless key
         tufrepo.online_signer(root, "targets", tuf_world.online_uri)
+
+
+def test_images_lists_every_signed_move_with_its_verdict(tuf_world: TufWorld) -> None:
+    """`invoke images`: what the signed targets say was published, a revoked index named as such."""
+    from sparkforge.registry import tagtrust
+
+    _promote_then_revoke(tuf_world)
+    tuf_world.machine("owner")
+    rows = tagtrust.published(tufclient.refresh(tuf_world.repository))
+    assert [(r["index"], r["names_now"], r["verdict"].split(":")[0]) for r in rows] == [
+        (X, False, "REVOKED"),
+        (Y, False, "GPU-verified when it moved (signed claim)"),
+    ]
+    assert rows[0]["claims"] == {"linux/arm64": ["f" * 64]}
