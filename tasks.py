@@ -21,6 +21,7 @@ from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
+from sparkforge.cli import trust as cli_trust
 from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -395,6 +396,7 @@ ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
 ns.add_task(cli_publish.images)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
+ns.add_collection(cli_trust.ns)  # a publisher's TUF root: trust.init, rotate, recover, status
 ns.add_task(cli_size.size)
 ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)

@@ -156,15 +156,20 @@ def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
     """
     from sparkforge.recipe.loader import RECIPES_DIR, load_recipe
     from sparkforge.registry.cosign import Policy
-    from sparkforge.registry.tufrepo import resign_timestamp
+    from sparkforge.registry.tagtrust import root_file_of
+    from sparkforge.registry.tufrepo import committed_dir, resign_timestamp
 
     names = recipe or sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if not p.name.startswith("_"))
-    repositories = sorted(
-        {r.model.publish.repository for r in map(load_recipe, names) if Policy.for_verify(r) is not None}
-    )
+    signing = {
+        r.model.publish.repository: r for r in map(load_recipe, names) if Policy.for_verify(r) is not None
+    }
+    repositories = sorted(signing)
     for repository in repositories:
-        resign_timestamp(repository)
-        echo(f"sparkforge: re-signed the TUF snapshot and timestamp of {repository}")
+        resign_timestamp(repository, root_file=root_file_of(signing[repository]))
+        echo(
+            f"sparkforge: re-signed the TUF metadata of {repository} from the committed metadata; commit and push "
+            f"{committed_dir(repository)} (git is the source of truth)"
+        )
     if not repositories:
         echo("sparkforge: no signing recipe: nothing to re-sign")
 

@@ -24,9 +24,20 @@ from sparkforge.registry.ocidist import Registry
 from sparkforge.registry.tufclient import TagTarget, TrustedState
 
 
-def state_of(tools: Manifests) -> TrustedState:
+def root_file_of(recipe: Recipe) -> Path | None:
+    """The TUF root the recipe names (publish.signing.trust_root; relative to this checkout), else None."""
+    from sparkforge.recipe.loader import REPO_ROOT
+
+    signing = recipe.model.publish.signing
+    if signing is None or signing.trust_root is None:
+        return None
+    path = Path(signing.trust_root)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def state_of(tools: Manifests, recipe: Recipe) -> TrustedState:
     """The repository's trusted TUF targets, refreshed from the registry now."""
-    return tufclient.refresh(tools.repository, Registry(tools.repository))
+    return tufclient.refresh(tools.repository, Registry(tools.repository), root_file=root_file_of(recipe))
 
 
 def moving_tags_of(recipe: Recipe) -> list[str]:
@@ -64,7 +75,7 @@ def read_log(recipe: Recipe, tools: Manifests, tag: str) -> TagHistory:
     if Policy.for_verify(recipe) is None:
         return history.read(tools, tag)
     bare = history.tag_of(tools.repository, tag)
-    return log_of(state_of(tools).moves_of(bare), tools.repository)
+    return log_of(state_of(tools, recipe).moves_of(bare), tools.repository)
 
 
 def current_of(recipe: Recipe, tools: Manifests, tag: str) -> str | None:
@@ -74,7 +85,7 @@ def current_of(recipe: Recipe, tools: Manifests, tag: str) -> str | None:
     if Policy.for_verify(recipe) is None:
         ref = f"{tools.repository}:{bare}"
         return tools.digest_of(ref) if tools.fetch(ref) else None
-    target = state_of(tools).tags.get(bare)
+    target = state_of(tools, recipe).tags.get(bare)
     return target.index if target else None
 
 
@@ -93,7 +104,7 @@ def before_move(
             f"refusing to move tags to {repo}@{index}: the index has no valid signature by {policy.describe()} "
             f"(cosign: {signed.reason}); nothing was moved. fix: move tags only to an index 'invoke sign' signed"
         )
-    state = state_of(tools)
+    state = state_of(tools, recipe)
     why = state.revoked_of(index, *images.values())
     if why:
         raise PublishError(
@@ -123,7 +134,7 @@ def record_move(
             when,
             move.action,
         )
-        tufrepo.move_tag(tools.repository, target, Registry(tools.repository))
+        tufrepo.move_tag(tools.repository, target, Registry(tools.repository), root_file_of(recipe))
 
 
 def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: Manifests) -> list[str]:
@@ -134,9 +145,9 @@ def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: 
     failed = [c.get("name") for c in report.get("checks") or [] if c.get("status") == "failed"]
     reason = "verify failed: " + (", ".join(str(f) for f in failed) or "no check passed")
     digest = image.rpartition("@")[2]
-    before = state_of(tools)
+    before = state_of(tools, recipe)
     removed = [t for t, target in before.tags.items() if digest in {target.index, *target.platforms.values()}]
-    tufrepo.revoke(tools.repository, {digest: reason}, Registry(tools.repository))
+    tufrepo.revoke(tools.repository, {digest: reason}, Registry(tools.repository), root_file_of(recipe))
     return removed
 
 

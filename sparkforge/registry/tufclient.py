@@ -48,8 +48,17 @@ def root_file_name(repository: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", repository) + ".root.json"
 
 
-def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
-    """The root this machine starts from: the packaged one for `repository`, else the dev root (warned)."""
+def trusted_root(repository: str, warn: console.Echo = console.warn, root_file: Path | None = None) -> bytes:
+    """The root this machine starts from: the recipe's (`root_file`, publish.signing.trust_root), else the
+    packaged one for `repository`, else the dev root (warned on every use)."""
+    if root_file is not None:
+        return read_bytes(
+            root_file,
+            "the recipe's TUF root (publish.signing.trust_root)",
+            MAX_ROOT_BYTES,
+            named=False,
+            within=(root_file.parent,),
+        )
     shipped = ROOTS_DIR / root_file_name(repository)
     if shipped.is_file():
         return read_bytes(shipped, "the shipped TUF root", MAX_ROOT_BYTES, named=False, within=(ROOTS_DIR,))
@@ -208,7 +217,10 @@ REVOKED_FILE = (
 
 
 def refresh(
-    repository: str, registry: Registry | None = None, warn: console.Echo = console.warn
+    repository: str,
+    registry: Registry | None = None,
+    warn: console.Echo = console.warn,
+    root_file: Path | None = None,
 ) -> TrustedState:
     """Bring this machine's trusted TUF metadata up to date from the registry; refuse what TUF refuses.
 
@@ -217,9 +229,11 @@ def refresh(
     replaced only when every check passed. A refused head is remembered and refused on sight from then on.
     """
     registry = registry or Registry(repository)
-    start = trusted_root(repository, warn)  # required even with a cached root: no configured root, no run
+    start = trusted_root(
+        repository, warn, root_file
+    )  # required even with a cached root: no configured root, no run
     folder = metadata_dir(repository, start)
-    refused = _json_list(folder / REFUSED_FILE)
+    refused = json_list(folder / REFUSED_FILE)
     fetcher = tufstore.RegistryFetcher(registry)
     old_ts, old_targets = _read(folder / "timestamp.json"), _read(folder / "targets.json")
     scratch = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder.parent))
@@ -261,7 +275,7 @@ def refresh(
             )
             raise
         state = state_of_targets(repository, new_targets)
-        seen = _json_list(folder / REVOKED_FILE)
+        seen = json_list(folder / REVOKED_FILE)
         revoked = {
             **dict.fromkeys(seen, "revoked by a targets version this machine trusted"),
             **state.revoked,
@@ -347,7 +361,7 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest() if data else ""
 
 
-def _json_list(path: Path) -> list[str]:
+def json_list(path: Path) -> list[str]:
     data = _read(path)
     try:
         found = json.loads(data) if data else []

@@ -184,7 +184,7 @@ class Committed:
 
     @property
     def timestamp_version(self) -> int:
-        return int(Metadata.from_bytes(self.timestamp).signed.version)
+        return tufclient.version_of(self.timestamp)
 
 
 def committed_dir(repository: str) -> Path:
@@ -193,7 +193,7 @@ def committed_dir(repository: str) -> Path:
     return base / tufclient.root_file_name(repository).removesuffix(".root.json")
 
 
-def _newest(folder: Path, role: str) -> tuple[int, bytes]:
+def newest(folder: Path, role: str) -> tuple[int, bytes]:
     found = [
         (int(p.name.split(".", 1)[0]), p)
         for p in folder.glob(f"*.{role}.json")
@@ -211,10 +211,14 @@ def load_committed(repository: str) -> Committed:
     """The committed metadata, checked: signed by the keys its newest root names, versions consistent."""
     folder = committed_dir(repository)
     where = f"the committed TUF metadata of {repository} ({folder})"
-    _, root_bytes = _newest(folder, "root")
-    targets_v, targets = _newest(folder, "targets")
-    snapshot_v, snapshot = _newest(folder, "snapshot")
+    _, root_bytes = newest(folder, "root")
+    targets_v, targets = newest(folder, "targets")
+    snapshot_v, snapshot = newest(folder, "snapshot")
     stamp = folder / "timestamp.json"
+    if root_bytes and not (
+        targets or snapshot or stamp.exists()
+    ):  # trust.init with a keyless online identity:
+        return Committed(folder, Metadata[Root].from_bytes(root_bytes), b"", 0, b"")  # CI signs the first
     if not (root_bytes and targets and snapshot and stamp.is_file()):
         raise PublishError(
             f"{where} is missing or incomplete (it needs N.root.json, N.targets.json, N.snapshot.json and "
@@ -227,7 +231,7 @@ def load_committed(repository: str) -> Committed:
     root = Metadata[Root].from_bytes(root_bytes)
     try:
         for role, data in (("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp)):
-            root.verify_delegate(role, Metadata.from_bytes(data))
+            _verify_by_a_committed_root(folder, root, role, data)
         snap = Metadata[Snapshot].from_bytes(snapshot).signed
         if snap.version != snapshot_v or snap.meta["targets.json"].version != targets_v:
             raise ValueError(f"snapshot v{snap.version} does not name targets v{targets_v}")
@@ -236,6 +240,23 @@ def load_committed(repository: str) -> Committed:
     except Exception as exc:  # a signature or a version that does not hold: nothing is signed on top of it
         raise PublishError(f"{where} does not verify ({exc}); fix: restore it from git history") from None
     return Committed(folder, root, targets, snapshot_v, timestamp)
+
+
+def _verify_by_a_committed_root(folder: Path, newest_root: Metadata[Root], role: str, data: bytes) -> None:
+    """Signed by the newest root's keys for `role`, or (after a rotation of the online key: trust.recover) by
+    an earlier committed root's; the next write signs with the newest root's key either way."""
+    md = Metadata.from_bytes(data)
+    roots = [newest_root] + [
+        Metadata[Root].from_file(str(p))
+        for p in sorted(folder.glob("*.root.json"), key=lambda p: -int(p.name.split(".")[0]))[1:]
+    ]
+    for n, root in enumerate(roots):
+        try:
+            root.verify_delegate(role, md)
+            return
+        except Exception:
+            if n == len(roots) - 1:
+                raise
 
 
 def _check_registry(registry: Registry, base: Committed, warn: console.Echo) -> None:
@@ -281,24 +302,32 @@ def change_targets(
     change: Callable[[Targets, TrustedState], None],
     registry: Registry | None = None,
     warn: console.Echo = console.warn,
+    root_file: Path | None = None,
+    signer_uri: str | None = None,
 ) -> TrustedState:
     """Apply `change` to the committed targets as version+1, sign, commit to the folder, mirror to the registry."""
     registry = registry or Registry(repository)
     base = load_committed(repository)
     _check_registry(registry, base, warn)
-    state = tufclient.state_of_targets(repository, base.targets)
-    nxt = Metadata[Targets].from_bytes(base.targets)
-    nxt.signatures.clear()
-    nxt.signed.version += 1
-    nxt.signed.expires = _expires("targets")
-    nxt.signed.unrecognized_fields[PREVIOUS] = {"version": state.version, "sha256": state.sha256}
+    if base.targets:
+        state = tufclient.state_of_targets(repository, base.targets)
+        nxt = Metadata[Targets].from_bytes(base.targets)
+        nxt.signatures.clear()
+        nxt.signed.version += 1
+        nxt.signed.expires = _expires("targets")
+        nxt.signed.unrecognized_fields[PREVIOUS] = {"version": state.version, "sha256": state.sha256}
+    else:  # the first online metadata of a new repository
+        state = TrustedState(repository, 0, "")
+        nxt = Metadata(Targets(version=1, expires=_expires("targets")))
     change(nxt.signed, state)
-    signers = {role: online_signer(base.root.signed, role) for role in ONLINE}
+    signers = {role: online_signer(base.root.signed, role, signer_uri) for role in ONLINE}
     _write(registry, nxt, base.snapshot_version + 1, base.timestamp_version + 1, signers)
-    return tufclient.refresh(repository, registry, warn)
+    return tufclient.refresh(repository, registry, warn, root_file)
 
 
-def move_tag(repository: str, target: TagTarget, registry: Registry | None = None) -> TrustedState:
+def move_tag(
+    repository: str, target: TagTarget, registry: Registry | None = None, root_file: Path | None = None
+) -> TrustedState:
     """The tag names `target.index` from the next targets version on (its earlier moves kept in history)."""
 
     def change(targets: Targets, state: TrustedState) -> None:
@@ -311,10 +340,15 @@ def move_tag(repository: str, target: TagTarget, registry: Registry | None = Non
         targets.targets.pop(REMOVED + target.tag, None)
         targets.targets[TAGS + target.tag] = _target_file(TAGS + target.tag, moved.index, moved.custom())
 
-    return change_targets(repository, change, registry)
+    return change_targets(repository, change, registry, root_file=root_file)
 
 
-def revoke(repository: str, digests: Mapping[str, str], registry: Registry | None = None) -> TrustedState:
+def revoke(
+    repository: str,
+    digests: Mapping[str, str],
+    registry: Registry | None = None,
+    root_file: Path | None = None,
+) -> TrustedState:
     """Revoke each digest (digest -> reason): listed under revoked/, and every tag naming it moves from tags/
     to removed/ (no longer pullable; its moves kept for rollback)."""
 
@@ -328,12 +362,14 @@ def revoke(repository: str, digests: Mapping[str, str], registry: Registry | Non
                 del targets.targets[TAGS + tag]
                 targets.targets[REMOVED + tag] = _target_file(REMOVED + tag, target.index, target.custom())
 
-    return change_targets(repository, change, registry)
+    return change_targets(repository, change, registry, root_file=root_file)
 
 
-def resign_timestamp(repository: str, registry: Registry | None = None) -> None:
+def resign_timestamp(
+    repository: str, registry: Registry | None = None, root_file: Path | None = None
+) -> None:
     """The daily re-sign: the committed targets as version+1 with no change, a new snapshot and timestamp."""
-    change_targets(repository, lambda targets, state: None, registry)
+    change_targets(repository, lambda targets, state: None, registry, root_file=root_file)
 
 
 def _summary(target: TagTarget) -> dict[str, object]:

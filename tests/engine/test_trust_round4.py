@@ -25,7 +25,7 @@ from sparkforge.engine import detect_engine
 from sparkforge.recipe.loader import Recipe, load_recipe
 from sparkforge.registry import publish, pull, tagtrust, trust
 from sparkforge.registry.attest import attest_report
-from sparkforge.registry.cosign import Cosign, Signer, SigningError, Source, sign_published
+from sparkforge.registry.cosign import Cosign, Signer, SigningError, Source, sign_published, source_of
 from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.ocidist import Registry
 from sparkforge.report import Check, Report
@@ -95,7 +95,7 @@ def _push_index(world: World, unique: str, tags: list[str]) -> tuple[str, dict[s
         platforms,
         Cosign(world.tools.runner),
         world.signer(),
-        Source.detect(world.tools.runner),
+        Source.detect(world.tools.runner, source_of(world.recipe)),
     )
     return index, platforms
 

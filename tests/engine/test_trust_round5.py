@@ -170,3 +170,123 @@ def test_the_run_tasks_run_the_local_build_else_the_digest_pull_verified(world: 
     assert (
         ran.returncode != 0 and "No such image" in ran.stderr
     )  # the registry has it; the engine did not fetch it
+
+
+def _invoke(*argv: str) -> str:
+    """The real command line (no code edited, no dev root): `python -m invoke ...` in this checkout."""
+    import os
+    import subprocess
+    import sys
+
+    from sparkforge.recipe.loader import REPO_ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", *argv],
+        cwd=REPO_ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.fixture
+def fork(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A fork's recipe: its own repository, cosign key, TUF root file and source repository; no dev root, no
+    shipped root: the recipe names everything."""
+    import os
+    import shutil
+    import subprocess
+
+    from registry import local_registry, unavailable_reason
+    from test_trust_round4 import PASSWORD
+
+    from sparkforge.commands import Runner
+    from sparkforge.engine import detect_engine
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.manifests import Manifests
+    from tests.prerequisites import skip_or_fail
+    from tests.recipe_files import smoke_recipe_file
+    from tests.unit.tuf_fixtures import TufWorld, ed25519_key_file
+
+    for reason in (unavailable_reason(), None if shutil.which("cosign") else "cosign is not installed"):
+        if reason:
+            skip_or_fail(reason)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    env = {**os.environ, "COSIGN_PASSWORD": PASSWORD}
+    subprocess.run(["cosign", "generate-key-pair"], cwd=keys, env=env, check=True, capture_output=True)
+    for name in ("root1", "root2", "root3", "root4", "online", "online2"):
+        ed25519_key_file(keys / f"{name}.pem")
+    with local_registry(tmp_path / "registry") as local:
+        path = smoke_recipe_file(
+            tmp_path / "recipe",
+            local.host,
+            repository="fork/vllm",
+            name="smoke-fork",
+            signing_key=keys / "cosign.pub",
+        )
+        root_file = tmp_path / "fork-checkout" / "trust" / "fork.root.json"
+        path.write_text(
+            path.read_text().replace(
+                f"    key: {keys / 'cosign.pub'}\n",
+                f"    key: {keys / 'cosign.pub'}\n    trust_root: {root_file}\n"
+                "    source: https://github.com/fork/sparkforge\n",
+            )
+        )
+        recipe = load_recipe(path)
+        monkeypatch.delenv(tufclient.DEV_ROOT_ENV, raising=False)
+        monkeypatch.delenv("SPARKFORGE_REGISTRY_USER", raising=False)
+        monkeypatch.setattr(tufclient, "ROOTS_DIR", tmp_path / "no-shipped-roots")
+        monkeypatch.setenv(tufrepo.METADATA_ENV, str(tmp_path / "fork-checkout" / "tuf"))
+        monkeypatch.setenv(tufrepo.SIGNER_ENV, f"file2:{keys / 'online.pem'}")
+        tuf = TufWorld(local, recipe.model.publish.repository, tmp_path, None, None, root_file, monkeypatch)  # type: ignore[arg-type]
+        tuf.machine("publisher")
+        tools = Manifests(detect_engine(), Runner(log_dir=tmp_path / "logs", stream=False), tuf.repository)
+        yield World(recipe, tuf, keys, tools), path
+
+
+def test_a_fork_publishes_and_pulls_with_its_own_root(fork) -> None:
+    """trust.init -> publish -> pull -> trust.rotate -> trust.recover, through the command line, with the
+    fork's recipe naming its root file and source repository (no code edited, no dev root)."""
+    world, path = fork
+    keys, runner, eng = world.keys, world.tools.runner, world.tools.engine
+    said = _invoke(
+        "trust.init", "--recipe", str(path), "--root-key", str(keys / "root1.pem"), "--root-key",
+        str(keys / "root2.pem"), "--threshold", "2", "--online-key", str(keys / "online.pem"),
+    )  # fmt: skip
+    fingerprint = tufclient.root_fingerprint(world.tuf.root_path.read_bytes())
+    assert f"fingerprint {fingerprint}" in said
+    index, platforms = _push_index(world, "fork", [pull.default_tag(world.recipe)])
+    for platform, image in platforms.items():
+        _attest(world, f"{world.repo}@{image}", platform)
+    publish.promote(world.recipe, index, runner=runner, eng=eng)
+    image = f"{world.repo}@{platforms['linux/arm64']}"
+    world.tuf.machine("owner")
+    trusted = _check(world, f"{world.repo}:latest", image)
+    assert (trusted.top, trusted.repository) == (index, "https://github.com/fork/sparkforge")
+    status = _invoke("trust.status", "--recipe", str(path))
+    assert f"fingerprint {fingerprint}" in status and "DEV" not in status and "trusted targets" in status
+    # a maintainer leaves: new root keys, signed by the old threshold and the new keys
+    _invoke(
+        "trust.rotate", "--recipe", str(path), "--sign-key", str(keys / "root1.pem"), "--sign-key",
+        str(keys / "root2.pem"), "--root-key", str(keys / "root3.pem"), "--root-key", str(keys / "root4.pem"),
+    )  # fmt: skip
+    for machine in ("owner", "fresh-owner"):
+        world.tuf.machine(machine)
+        assert _check(world, f"{world.repo}:latest", image).top == index
+    # the online key leaks: recover with the new root keys; the leaked key can no longer write
+    _invoke(
+        "trust.recover", "--recipe", str(path), "--sign-key", str(keys / "root3.pem"), "--sign-key",
+        str(keys / "root4.pem"), "--online-key", str(keys / "online2.pem"),
+    )  # fmt: skip
+    world.tuf.machine("publisher")
+    with pytest.raises(PublishError, match="names no key of the TUF role"):
+        publish.promote(world.recipe, index, runner=runner, eng=eng)
+    world.tuf.patch.setenv(tufrepo.SIGNER_ENV, f"file2:{keys / 'online2.pem'}")
+    publish.promote(world.recipe, index, runner=runner, eng=eng)
+    for machine in ("owner", "another-fresh-owner"):
+        world.tuf.machine(machine)
+        assert _check(world, f"{world.repo}:latest", image).top == index
+    assert tufclient.refresh(world.repo, root_file=world.tuf.root_path).version >= 4
