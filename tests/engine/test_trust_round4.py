@@ -110,6 +110,15 @@ def _put(world: World, body: bytes, media: str, tag: str) -> str:
 
 
 def _attest(world: World, image: str, platform: str, status: str = "passed") -> None:
+    data = _report(world, image, platform, status)
+    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    attest_report(world.recipe, image, data, Cosign(world.tools.runner), world.signer(), world.tools)
+    if status == "failed":
+        tagtrust.revoke_failed(world.recipe, image, data, world.tools)
+
+
+def _report(world: World, image: str, platform: str, status: str = "passed") -> dict:
+    """The verify report a GB10 run of `image` writes (passed, or its last check failed)."""
     report = Report(command="verify", subject=image, recipe=world.recipe.name)
     for check in passing_checks():
         report.add(Check.from_dict(check))
@@ -125,11 +134,7 @@ def _attest(world: World, image: str, platform: str, status: str = "passed") -> 
             "platform": platform,
         }
     )
-    data = json.loads(json.dumps(report.to_dict()))
-    os.environ["COSIGN_PASSWORD"] = PASSWORD
-    attest_report(world.recipe, image, data, Cosign(world.tools.runner), world.signer(), world.tools)
-    if status == "failed":
-        tagtrust.revoke_failed(world.recipe, image, data, world.tools)
+    return json.loads(json.dumps(report.to_dict()))
 
 
 def _check(world: World, ref: str, image: str, platform: str = "linux/arm64", **kw) -> trust.Trusted:

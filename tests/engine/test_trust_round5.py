@@ -172,8 +172,9 @@ def test_the_run_tasks_run_the_local_build_else_the_digest_pull_verified(world: 
     )  # the registry has it; the engine did not fetch it
 
 
-def _invoke(*argv: str) -> str:
-    """The real command line (no code edited, no dev root): `python -m invoke ...` in this checkout."""
+def _invoke(*argv: str, ok: bool = True) -> str:
+    """The real command line (no code edited, no dev root): `python -m invoke ...` in this checkout; its output,
+    asserting it succeeded (`ok`) or failed."""
     import os
     import subprocess
     import sys
@@ -187,7 +188,7 @@ def _invoke(*argv: str) -> str:
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert (done.returncode == 0) == ok, done.stdout + done.stderr
     return done.stdout + done.stderr
 
 
@@ -290,3 +291,33 @@ def test_a_fork_publishes_and_pulls_with_its_own_root(fork) -> None:
         world.tuf.machine(machine)
         assert _check(world, f"{world.repo}:latest", image).top == index
     assert tufclient.refresh(world.repo, root_file=world.tuf.root_path).version >= 4
+
+
+def _invoke_refused(*argv: str) -> str:
+    return _invoke(*argv, ok=False)
+
+
+def test_the_sign_job_signs_only_what_the_merge_job_published(world: World, tmp_path) -> None:
+    """Review finding 3: the GPU job names another index (a v* build that never ran on a GPU) and hands over a
+    report about it. The sign job derives the image from the merge job's own record and refuses."""
+    import json
+    import os
+
+    from test_trust_round4 import PASSWORD, _report
+
+    published, published_platforms = _push_index(world, "merged", ["merged"])
+    _, never_ran = _push_index(world, "never-ran", ["v9.9.9"])
+    record = tmp_path / "published.json"
+    record.write_text(json.dumps({"index": published, "platforms": published_platforms, "date": "20261204"}))
+    other = f"{world.repo}@{never_ran['linux/arm64']}"
+    report = tmp_path / "verify.json"
+    report.write_text(json.dumps(_report(world, other, "linux/arm64")))
+    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    base = ["sign.attest", "--recipe", str(world.recipe.path), "--key", str(world.keys / "cosign.key")]
+    said = _invoke_refused(*base, "--published", str(record), "--report", str(report))
+    assert f"the report is about '{other}'" in said and "nothing was signed" in said
+    said = _invoke_refused(*base, "--published", str(record), "--image", other, "--report", str(report))
+    assert "is not the linux/arm64 image of the published index" in said
+    mine = f"{world.repo}@{published_platforms['linux/arm64']}"
+    report.write_text(json.dumps(_report(world, mine, "linux/arm64")))
+    assert f"attested {mine}" in _invoke(*base, "--published", str(record), "--report", str(report))
