@@ -159,7 +159,9 @@ def verify_remote(
     assert verifier is not None
     found = cosign.attestations(f"{repo}@{digest}", verifier, VERIFY_CLAIM)
     config = tools.config_digest(f"{repo}@{digest}")
-    times = tlogtime.integrated_times(Registry(repo), digest)
+    # the log's time only where cosign verified the bundle (keyless: the tlog entry is required and checked);
+    # a key verified with --insecure-ignore-tlog has unverified bundle bytes: the signer's clock, labelled so
+    times = tlogtime.integrated_times(Registry(repo), digest) if verifier.identity else {}
     statements = found.statements
     if pinned and not any(s.predicate.get("status") != "passed" for s in statements):
         statements = tuple(s for s in statements if s.digest in pinned)  # the claims the targets moved on

@@ -321,3 +321,30 @@ def test_the_sign_job_signs_only_what_the_merge_job_published(world: World, tmp_
     mine = f"{world.repo}@{published_platforms['linux/arm64']}"
     report.write_text(json.dumps(_report(world, mine, "linux/arm64")))
     assert f"attested {mine}" in _invoke(*base, "--published", str(record), "--report", str(report))
+
+
+def test_attested_at_is_the_logs_time_only_when_cosign_verified_the_bundle(world: World) -> None:
+    """Review item 6: a registry writer adds a Rekor bundle annotation with a made-up integrated time to a
+    key-signed claim (cosign ignores the log for keys): it is not taken as the log's time."""
+    import json
+
+    import requests
+    from test_trust_round4 import _put
+
+    from sparkforge.registry.tlogtime import BUNDLE, SIGNER
+
+    _, platforms = _push_index(world, "clock", ["clock"])
+    image = f"{world.repo}@{platforms['linux/arm64']}"
+    _attest(world, image, "linux/arm64")
+    host, name = world.repo.split("/", 1)
+    tag = platforms["linux/arm64"].replace(":", "-") + ".att"
+    got = requests.get(
+        f"http://{host}/v2/{name}/manifests/{tag}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        timeout=10,
+    )
+    manifest = got.json()
+    for layer in manifest["layers"]:
+        layer.setdefault("annotations", {})[BUNDLE] = json.dumps({"Payload": {"integratedTime": 4102444800}})
+    _put(world, json.dumps(manifest).encode(), got.headers["Content-Type"], tag)
+    assert _check(world, image, image).verified["attestedAtSource"] == SIGNER
