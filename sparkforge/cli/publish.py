@@ -175,7 +175,7 @@ def images(c: Context, recipe: str, json: str = "") -> None:
 
     check_output(json, "--json")
     loaded = load_recipe(recipe)
-    state = tufclient.refresh(loaded.model.publish.repository, root_file=tagtrust.root_file_of(loaded))
+    state = tufclient.refresh(loaded.model.publish.repository, root_file=tufclient.root_file_of(loaded))
     rows = tagtrust.published(state)
     echo(f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)")
     for row in rows:

@@ -184,7 +184,7 @@ def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
     """
     from sparkforge.recipe.loader import RECIPES_DIR, load_recipe
     from sparkforge.registry.cosign import Policy
-    from sparkforge.registry.tagtrust import root_file_of
+    from sparkforge.registry.tufclient import root_file_of
     from sparkforge.registry.tufrepo import committed_dir, resign_timestamp
 
     names = recipe or sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if not p.name.startswith("_"))

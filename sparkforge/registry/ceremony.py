@@ -21,7 +21,7 @@ from sparkforge import console
 from sparkforge.boundary import read_bytes, write_output
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
-from sparkforge.registry import tagtrust, tufclient, tufrepo, tufstore
+from sparkforge.registry import tufclient, tufrepo, tufstore
 from sparkforge.registry.ocidist import Registry
 
 MAX_KEY_BYTES = 64 << 10
@@ -67,7 +67,7 @@ class Online:
 
 
 def _root_file(recipe: Recipe) -> Path:
-    found = tagtrust.root_file_of(recipe)
+    found = tufclient.root_file_of(recipe)
     if found is None:
         raise PublishError(
             f"recipe {recipe.name} names no TUF root file; fix: add publish.signing.trust_root: "
@@ -156,7 +156,7 @@ def recover(
             recipe.model.publish.repository,
             lambda targets, state: None,
             warn=warn,
-            root_file=tagtrust.root_file_of(recipe),
+            root_file=tufclient.root_file_of(recipe),
             signer_uri=online.uri(),
         )
     return version
@@ -165,7 +165,7 @@ def recover(
 def status(recipe: Recipe, warn: console.Echo = console.warn) -> dict[str, Any]:
     """What this machine trusts for the recipe's repository, and what the committed metadata holds."""
     repository = recipe.model.publish.repository
-    root_file = tagtrust.root_file_of(recipe)
+    root_file = tufclient.root_file_of(recipe)
     start = tufclient.trusted_root(repository, warn, root_file)
     folder = tufclient.metadata_dir(repository, start)
     shipped = tufclient.ROOTS_DIR / tufclient.root_file_name(repository)

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparkforge import console, oci
-from sparkforge.boundary import read_bytes
+from sparkforge.boundary import parse_json, read_bytes
 from sparkforge.context import cache_path, write_atomic
-from sparkforge.errors import PublishError
+from sparkforge.errors import InputError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
 
@@ -62,9 +62,10 @@ def _all(recipe: Recipe) -> dict[str, PulledRecord]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(read_bytes(path, "pull record", MAX_BYTES, named=False, within=(path.parent,)))
+        text = read_bytes(path, "pull record", MAX_BYTES, named=False, within=(path.parent,)).decode()
+        data = parse_json(text, str(path))
         return {platform: PulledRecord(**fields) for platform, fields in data.items()}
-    except (ValueError, TypeError) as exc:
+    except (InputError, ValueError, TypeError, AttributeError) as exc:
         raise PublishError(f"{path}: not a pull record ({exc}); fix: delete it and pull again") from None
 
 
@@ -74,10 +75,10 @@ def record(
     """Remember what pull verified (replacing the platform's earlier record)."""
     when = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     found = _all(recipe)
+    repository = recipe.model.publish.repository
     found[platform] = PulledRecord(
-        recipe.name, recipe.hash, platform, recipe.model.publish.repository, digest, index, reference,
-        gpu_verified, when,
-    )  # fmt: skip
+        recipe.name, recipe.hash, platform, repository, digest, index, reference, gpu_verified, when
+    )
     write_atomic(_path(recipe), json.dumps({p: asdict(r) for p, r in found.items()}, indent=1).encode())
 
 

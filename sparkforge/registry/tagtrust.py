@@ -24,20 +24,11 @@ from sparkforge.registry.ocidist import Registry
 from sparkforge.registry.tufclient import TagTarget, TrustedState
 
 
-def root_file_of(recipe: Recipe) -> Path | None:
-    """The TUF root the recipe names (publish.signing.trust_root; relative to this checkout), else None."""
-    from sparkforge.recipe.loader import REPO_ROOT
-
-    signing = recipe.model.publish.signing
-    if signing is None or signing.trust_root is None:
-        return None
-    path = Path(signing.trust_root)
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
 def state_of(tools: Manifests, recipe: Recipe) -> TrustedState:
     """The repository's trusted TUF targets, refreshed from the registry now."""
-    return tufclient.refresh(tools.repository, Registry(tools.repository), root_file=root_file_of(recipe))
+    return tufclient.refresh(
+        tools.repository, Registry(tools.repository), root_file=tufclient.root_file_of(recipe)
+    )
 
 
 def moving_tags_of(recipe: Recipe) -> list[str]:
@@ -134,7 +125,7 @@ def record_move(
             when,
             move.action,
         )
-        tufrepo.move_tag(tools.repository, target, Registry(tools.repository), root_file_of(recipe))
+        tufrepo.move_tag(tools.repository, target, Registry(tools.repository), tufclient.root_file_of(recipe))
 
 
 def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: Manifests) -> list[str]:
@@ -147,7 +138,9 @@ def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: 
     digest = image.rpartition("@")[2]
     before = state_of(tools, recipe)
     removed = [t for t, target in before.tags.items() if digest in {target.index, *target.platforms.values()}]
-    tufrepo.revoke(tools.repository, {digest: reason}, Registry(tools.repository), root_file_of(recipe))
+    tufrepo.revoke(
+        tools.repository, {digest: reason}, Registry(tools.repository), tufclient.root_file_of(recipe)
+    )
     return removed
 
 

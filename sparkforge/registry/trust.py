@@ -19,7 +19,7 @@ from sparkforge.console import Echo
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
-from sparkforge.registry import tagtrust, tlogtime, tufclient
+from sparkforge.registry import tlogtime, tufclient
 from sparkforge.registry.cosign import (
     PROVENANCE,
     VERIFY_CLAIM,
@@ -109,7 +109,7 @@ def verify_remote(
     state, pinned = None, None
     if policy is not None and Policy.for_verify(recipe) is not None:
         try:
-            state = tufclient.refresh(repo, Registry(repo), root_file=tagtrust.root_file_of(recipe))
+            state = tufclient.refresh(repo, Registry(repo), root_file=tufclient.root_file_of(recipe))
             if moving:  # the signed targets, not the registry tag, say what a moving tag names
                 top, digest, pinned = state.pullable(tag, platform, top, warn)
         except PublishError as exc:

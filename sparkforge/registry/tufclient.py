@@ -21,18 +21,21 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, Root, Targets
 from tuf.ngclient import Updater
 
 from sparkforge import console
-from sparkforge.boundary import read_bytes
+from sparkforge.boundary import parse_json, read_bytes
 from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, PublishError
 from sparkforge.registry import tufstore
 from sparkforge.registry.ocidist import Registry
+
+if TYPE_CHECKING:
+    from sparkforge.recipe.loader import Recipe
 
 MAX_ROOT_BYTES = (
     32 << 20
@@ -75,6 +78,17 @@ def trusted_root(repository: str, warn: console.Echo = console.warn, root_file: 
         "sparkforge release that ships the root of this repository (docs/trust.md: how maintainers create it), "
         f"or, for tests and development only, {DEV_ROOT_ENV}=PATH of a root you made"
     )
+
+
+def root_file_of(recipe: Recipe) -> Path | None:
+    """The TUF root the recipe names (publish.signing.trust_root; relative to this checkout), else None."""
+    from sparkforge.recipe.loader import REPO_ROOT
+
+    signing = recipe.model.publish.signing
+    if signing is None or signing.trust_root is None:
+        return None
+    path = Path(signing.trust_root)
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def root_fingerprint(root: bytes) -> str:
@@ -364,8 +378,8 @@ def _sha(data: bytes) -> str:
 def json_list(path: Path) -> list[str]:
     data = _read(path)
     try:
-        found = json.loads(data) if data else []
-    except ValueError:
+        found = parse_json(data.decode(), str(path)) if data else []
+    except (InputError, UnicodeDecodeError):
         return []
     return [str(x) for x in found] if isinstance(found, list) else []
 
