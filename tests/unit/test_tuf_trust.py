@@ -240,3 +240,21 @@ def test_images_lists_every_signed_move_with_its_verdict(tuf_world: TufWorld) ->
         (Y, False, "GPU-verified when it moved (signed claim)"),
     ]
     assert rows[0]["claims"] == {"linux/arm64": ["f" * 64]}
+
+
+def test_a_root_alone_is_completed_by_the_first_online_write(tuf_world: TufWorld) -> None:
+    """trust.init with a keyless online identity commits the root only; the first online write (CI's
+    sign.tuf-timestamp) signs targets, snapshot and timestamp v1 on it, and a machine starting from that root
+    file (a recipe's trust_root) trusts them."""
+    from sparkforge.registry.ocidist import Registry
+
+    repository = tuf_world.repository + "-keyless"
+    root = tufrepo.new_root([tuf_world.root_signer.public_key], [tuf_world.online.public_key])
+    data = tufrepo.publish_root(Registry(repository), root, [tuf_world.root_signer])
+    root_file = tuf_world.tmp / "keyless.root.json"
+    root_file.write_bytes(data)
+    tuf_world.machine("ci-first-run")
+    state = tufrepo.move_tag(repository, tuf_world.target("latest", Y, Y_IMAGE), root_file=root_file)
+    assert (state.version, state.tags["latest"].index) == (1, Y)
+    tuf_world.machine("owner")
+    assert tufclient.refresh(repository, root_file=root_file).tags["latest"].index == Y
