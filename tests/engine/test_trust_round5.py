@@ -267,6 +267,8 @@ def test_a_fork_publishes_and_pulls_with_its_own_root(fork) -> None:
     world.tuf.machine("owner")
     trusted = _check(world, f"{world.repo}:latest", image)
     assert (trusted.top, trusted.repository) == (index, "https://github.com/fork/sparkforge")
+    listed = _invoke("images", "--recipe", str(path))  # what is published, from the signed metadata
+    assert f"now latest       {index[:19]}" in listed and "GPU-verified when it moved" in listed
     status = _invoke("trust.status", "--recipe", str(path))
     assert f"fingerprint {fingerprint}" in status and "DEV" not in status and "trusted targets" in status
     # a maintainer leaves: new root keys, signed by the old threshold and the new keys
