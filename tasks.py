@@ -21,6 +21,7 @@ from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
+from sparkforge.cli import trust as cli_trust
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -233,8 +234,8 @@ def verify(
     """Verify an image against its recipe: labels, lock, kernels, then the in-image suite."""
     from sparkforge.boundary import check_output
     from sparkforge.oci import check_reference
-    from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.pulled import resolve
     from sparkforge.registry.releases import carried_with_kernels
     from sparkforge.verify.suite import VerifyOptions, gpu_mode, verify_recorded
 
@@ -243,7 +244,9 @@ def verify(
     check_output(report, "--report")
     check_output(junit, "--junit")
     loaded = load_recipe(recipe)
-    ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
+    found = resolve(loaded, image, subject=True)  # the local build, else the digest pull verified
+    echo(f"sparkforge: image {found.image}: {found.why}")
+    ref = found.image
     model = Path(model_dir) if model_dir else None
     # The result is kept per image ID; a failure revokes an earlier pass of the same image.
     options = VerifyOptions(gpu_mode(gpus), not no_kernels, model, carried=carried_with_kernels)
@@ -401,7 +404,9 @@ ns.add_task(cli_probe.probe)
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)
 ns.add_task(cli_publish.pull)
+ns.add_task(cli_publish.images)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
+ns.add_collection(cli_trust.ns)  # a publisher's TUF root: trust.init, rotate, recover, status
 ns.add_task(cli_size.size)
 ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)

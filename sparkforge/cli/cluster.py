@@ -121,7 +121,8 @@ def doctor(
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
-    flags = NodeFlags.of(image_ref(recipe, image), locals())
+    # dry: with nothing built or pulled the doctor's own image stage names what each node lacks
+    flags = NodeFlags.of(image_ref(recipe, image, dry=True), locals())
     options = doctor_options(flags)
     options = replace(
         options,
@@ -183,6 +184,7 @@ def up(
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
     force: bool = False,
+    allow_unverified: bool = False,
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -192,7 +194,7 @@ def up(
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    ref = image_ref(recipe, image)
+    ref = image_ref(recipe, image, allow_unverified, dry)
     flags = NodeFlags.of(ref, locals())
     launch = launch_options(flags)
     doctor_settings = doctor_options(flags)
@@ -274,14 +276,11 @@ def fabric(
                 "sparkforge: cluster.fabric --nodes needs --recipe R (or --image REF) to read sysfs", code=2
             )
         engines = node_engines(nodes)
-        labels, raws = [e.node.label for e in engines], remote_facts(engines, image_ref(recipe, image))
+        ref = image_ref(recipe, image, dry=True)
+        labels, raws = [e.node.label for e in engines], remote_facts(engines, ref)
     else:
-        engines, labels, raws = [], ["local"], [local_facts()]
-    libraries = (
-        (remote_nccl(engines, image_ref(recipe, image)) if nodes else [local_nccl()])
-        if source == "host"
-        else []
-    )
+        engines, labels, raws, ref = [], ["local"], [local_facts()], ""
+    libraries = (remote_nccl(engines, ref) if nodes else [local_nccl()]) if source == "host" else []
     sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
     report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
@@ -292,7 +291,7 @@ def fabric(
 
         with report.timed("link-test") as check:
             parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
-            link_check(check, engines, parsed, choices, raws, image_ref(recipe, image) if nodes else "")
+            link_check(check, engines, parsed, choices, raws, ref if nodes else "")
         echo(f"link-test {check.status}: {check.reason}")
     finish_report(report, json, hint="the table above names the device and the fix")
 

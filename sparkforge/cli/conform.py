@@ -108,6 +108,7 @@ def conform(
     hf_endpoint: str = "",
     allow_unpinned_model: bool = False,
     force: bool = False,
+    allow_unverified: bool = False,
     dry: bool = False,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
@@ -145,7 +146,7 @@ def conform(
     launch = doctor = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        flags = NodeFlags.of(image_ref(recipe, image), locals())
+        flags = NodeFlags.of(image_ref(recipe, image, allow_unverified), locals())
         launch = launch_options(flags)
         if nodes:
             doctor = doctor_options(flags)

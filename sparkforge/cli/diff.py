@@ -200,7 +200,6 @@ def kernels(
     from sparkforge.boundary import check_input, check_output, read_json, read_text
     from sparkforge.errors import SparkforgeError
     from sparkforge.oci import check_reference
-    from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.kernels_report import to_markdown
     from sparkforge.verify.kernels_run import for_target, selection_input
@@ -213,7 +212,12 @@ def kernels(
     check_output(json, "--json")
     check_output(markdown, "--markdown")
     loaded = load_recipe(recipe)
-    ref = image or plan.candidate_tag(loaded, loaded.model.platforms[0])
+    if not image:
+        from sparkforge.registry.pulled import resolve
+
+        found = resolve(loaded)  # the local build, else the digest pull verified
+        echo(f"sparkforge: image {found.image}: {found.why}")
+    ref = image or found.image
     checks = None
     if verify_report:
         from sparkforge.registry.signinputs import parse_verify_report

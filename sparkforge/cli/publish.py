@@ -165,6 +165,33 @@ def _check_pull_tag(tag: str) -> None:
         )
 
 
+@task(help={"recipe": RECIPE_HELP, "json": "write the listing (JSON) here"})
+@user_errors
+def images(c: Context, recipe: str, json: str = "") -> None:
+    """The published images of a recipe from its signed TUF metadata: tags, digests, verdicts, GPU claims, dates."""
+    from sparkforge.boundary import check_output
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import tagtrust, tufclient
+
+    check_output(json, "--json")
+    loaded = load_recipe(recipe)
+    state = tufclient.refresh(loaded.model.publish.repository, root_file=tufclient.root_file_of(loaded))
+    rows = tagtrust.published(state)
+    echo(f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)")
+    for row in rows:
+        now = "now " if row["names_now"] else "was "
+        images_ = ", ".join(f"{p} {d[:19]}" for p, d in sorted(row["platforms"].items()))
+        claims = sum(len(c) for c in row["claims"].values())
+        echo(f"  {row['date'][:10]}  {now}{row['tag']:12} {row['index'][:19]}  {images_}  {row['verdict']}")
+        if claims:
+            echo(
+                f"      {claims} signed GPU claim(s) pinned; pull: invoke pull --recipe {recipe} --tag {row['tag']}"
+            )
+    _write_json(
+        json, {"repository": loaded.model.publish.repository, "version": state.version, "images": rows}
+    )
+
+
 @task(
     help={
         "recipe": RECIPE_HELP,

@@ -28,16 +28,20 @@ NODES_HELP = (
 IFACE_HELP = "the cluster-link interface on every node (sets VLLM_HOST_IP, NCCL/GLOO_SOCKET_IFNAME, ...)"
 
 
-def image_ref(recipe: str, image: str) -> str:
-    """The image a node task runs: `--image` checked as a reference, else the recipe's first candidate tag."""
-    from sparkforge.recipe import plan
+def image_ref(recipe: str, image: str, allow_unverified: bool = False, dry: bool = False) -> str:
+    """The image a node task runs, through the one resolver (registry/pulled.py), said with the reason."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry.pulled import resolve
 
     if image:
-        return plan.check_reference("--image", image)
-    from sparkforge.recipe.loader import load_recipe
+        from sparkforge.recipe import plan
 
-    loaded = load_recipe(recipe)
-    return plan.candidate_tag(loaded, loaded.model.platforms[0])
+        plan.check_reference("--image", image)  # the boundary: before the recipe or the engine
+        if not recipe:  # cluster.doctor/fabric without a recipe: the image as named (run with --pull never)
+            return image
+    found = resolve(load_recipe(recipe), image, allow_unverified=allow_unverified, dry=dry, warn=warn)
+    echo(f"sparkforge: image {found.image}: {found.why}")
+    return found.image
 
 
 def preflight_profile(recipe: str, profile, skip: bool) -> None:
@@ -220,7 +224,8 @@ def _unpinned(allowed: bool) -> bool:
 COMMON_HELP = {
     "recipe": RECIPE_HELP,
     "profile": PROFILE_HELP,
-    "image": "image reference to run (default: the recipe's candidate tag)",
+    "image": "image reference to run (default: the recipe's local build, else the digest 'invoke pull' verified)",
+    "allow_unverified": "run an --image of a registry that 'invoke pull' did not verify (a loud warning)",
     "port": "the OpenAI API port on the head (default 8000)",
     "model_dir": "a directory holding the model (the same path on every node), mounted read-only; default: the HF cache",
     "hf_token_file": "file holding a Hugging Face token, mounted read-only (never on a command line or in docker inspect)",
@@ -272,6 +277,7 @@ def serve(
     force: bool = False,
     watchdog: str = "auto",
     watchdog_floor: float = 4.0,
+    allow_unverified: bool = False,
 ) -> None:
     """Serve a profile on one node: GPU, host IPC, caches mounted, health wait, one chat completion."""
     from sparkforge.recipe.profile import load_profile
@@ -279,7 +285,7 @@ def serve(
 
     engine = node_engine(node)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
-    flags = NodeFlags.of(image_ref(recipe, image), locals())
+    flags = NodeFlags.of(image_ref(recipe, image, allow_unverified, dry), locals())
     options = launch_options(flags)
     guard = watchdog_options(watchdog, watchdog_floor)
     memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download

@@ -55,27 +55,48 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
         echo(f"sparkforge: signed {signed.reference} ({signed.what})")
 
 
+def _decided(loaded, tools, published: str, platform: str, image: str) -> str:
+    """The image to attest: derived from the merge job's record when --published is given (and --image, if
+    given too, must be it), else --image."""
+    if not published:
+        return image
+    from sparkforge.errors import SparkforgeError
+    from sparkforge.registry.signinputs import published_image
+
+    record = _read_json(published, "'invoke publish --json'")
+    _, derived = published_image(loaded.model.publish.repository, record, published, platform, tools.fetch)
+    if image and image != derived:
+        raise SparkforgeError(
+            f"--image {image} is not the {platform} image of the published index ({derived}); nothing was "
+            "signed. fix: attest the image this run's merge job published"
+        )
+    return derived
+
+
 @task(
     help={
         "recipe": RECIPE_HELP,
         "image": "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
+        "published": "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the "
+        "registry (the sign job decides what it signs); with --image, they must agree",
         "report": "the verify report ('invoke verify --report')",
         "key": KEY_HELP,
         "crashed": "verify crashed and wrote no report: attest a failed report carrying this error instead",
         "kernels": "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
-        "platform": "with --crashed: the platform of --image (default: linux/arm64, the GPU job's)",
+        "platform": "the platform of the image (default: linux/arm64, the GPU job's)",
     }
 )
 @user_errors
 def attest(
     c: Context,
     recipe: str,
-    image: str,
+    image: str = "",
     report: str = "",
     key: str = "",
     crashed: str = "",
     platform: str = "linux/arm64",
     kernels: str = "",
+    published: str = "",
 ) -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified.
 
@@ -88,9 +109,12 @@ def attest(
     from sparkforge.registry import tagtrust
     from sparkforge.registry.attest import attest_report
     from sparkforge.registry.publish import tools_for
-    from sparkforge.registry.signinputs import parse_verify_report
+    from sparkforge.registry.signinputs import check_subject, parse_verify_report
 
-    check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
+    if image:
+        check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
+    elif not published:
+        raise SparkforgeError("pass --published (the merge job's record) or --image REPOSITORY@sha256:...")
     if sum(map(bool, (report, crashed, kernels))) != 1:
         raise SparkforgeError(
             "pass one of --report (the verify report), --crashed ERROR (verify wrote none) or --kernels (a "
@@ -103,6 +127,7 @@ def attest(
         data = _read_json(kernels, "'invoke kernels --json'")  # the image ID binding is checked on attest
         cosign, signer = _tools(key)
         tools = tools_for(loaded, cosign.runner, None, echo, "attest")
+        image = _decided(loaded, tools, published, platform, image)
         signed = attest_kernels(loaded, image, data, cosign, signer, tools)
         echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
         return
@@ -115,6 +140,9 @@ def attest(
         data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
     cosign, signer = _tools(key)
     tools = tools_for(loaded, cosign.runner, None, echo, "attest")
+    image = _decided(loaded, tools, published, platform, image)
+    if published and report:
+        check_subject(data, image, report)
     if crashed:
         data = tagtrust.crashed_report(loaded, image, platform, crashed, tools)
     signed = attest_report(loaded, image, data, cosign, signer, tools)
@@ -156,15 +184,20 @@ def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
     """
     from sparkforge.recipe.loader import RECIPES_DIR, load_recipe
     from sparkforge.registry.cosign import Policy
-    from sparkforge.registry.tufrepo import resign_timestamp
+    from sparkforge.registry.tufclient import root_file_of
+    from sparkforge.registry.tufrepo import committed_dir, resign_timestamp
 
     names = recipe or sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if not p.name.startswith("_"))
-    repositories = sorted(
-        {r.model.publish.repository for r in map(load_recipe, names) if Policy.for_verify(r) is not None}
-    )
+    signing = {
+        r.model.publish.repository: r for r in map(load_recipe, names) if Policy.for_verify(r) is not None
+    }
+    repositories = sorted(signing)
     for repository in repositories:
-        resign_timestamp(repository)
-        echo(f"sparkforge: re-signed the TUF snapshot and timestamp of {repository}")
+        resign_timestamp(repository, root_file=root_file_of(signing[repository]))
+        echo(
+            f"sparkforge: re-signed the TUF metadata of {repository} from the committed metadata; commit and push "
+            f"{committed_dir(repository)} (git is the source of truth)"
+        )
     if not repositories:
         echo("sparkforge: no signing recipe: nothing to re-sign")
 

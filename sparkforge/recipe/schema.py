@@ -73,6 +73,14 @@ _PATTERNS: dict[str, tuple[str, str]] = {
         r"[A-Za-z0-9_./-]+\.pub",
         "use the path of a cosign public key file, e.g. 'keys/cosign.pub'",
     ),
+    "trust_root": (
+        r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9_./-]+\.root\.json",
+        "use the path (in this repository) of the TUF root file, e.g. 'trust/ghcr.io_me_vllm.root.json'",
+    ),
+    "source": (
+        r"https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+",
+        "use the source repository's URL, e.g. 'https://github.com/me/sparkforge'",
+    ),
     "identity": (
         r"[A-Za-z0-9_.:/@^$*+?()|\[\]\\-]{1,300}",
         "use the signer's certificate identity (a regexp), e.g. "
@@ -300,6 +308,10 @@ class Signing(StrictModel):
     # The key whose verify attestations count (GPU-verified); default: `key` itself.
     verify_key: _pattern("key_path") | None = None
     keyless: Keyless | None = None
+    # The TUF root this recipe's tags are trusted with (a file in this repository; default: the root sparkforge
+    # ships for the repository) and the source repository its signed provenance must name (default: sparkforge's).
+    trust_root: _pattern("trust_root") | None = None
+    source: _pattern("source") | None = None
 
     @model_validator(mode="after")
     def _one_way(self) -> Signing:

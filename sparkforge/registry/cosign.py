@@ -138,8 +138,9 @@ class Source:
     invocation: str
 
     @classmethod
-    def detect(cls, runner: Runner) -> Source:
-        """From GitHub Actions' environment in CI, else this checkout (git) and the project's URL."""
+    def detect(cls, runner: Runner, local: str = "") -> Source:
+        """From GitHub Actions' environment in CI, else this checkout (git) and `local` (the recipe's source
+        repository, default the project's URL)."""
         env = os.environ
         if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_SHA"):
             server = env.get("GITHUB_SERVER_URL", "https://github.com")
@@ -152,7 +153,14 @@ class Source:
                 f"{repo}/actions/runs/{env.get('GITHUB_RUN_ID', '')}",
             )
         head = runner.capture(Command.of("git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"), "git-revision")
-        return cls(plan.PROJECT_SOURCE, head.output.strip(), "sparkforge-local", "")
+        return cls(local or plan.PROJECT_SOURCE, head.output.strip(), "sparkforge-local", "")
+
+
+def source_of(recipe: Recipe) -> str:
+    """The source repository a recipe's images are built from (and pull requires in the signed provenance):
+    publish.signing.source, else sparkforge's own."""
+    signing = recipe.model.publish.signing
+    return (signing.source if signing and signing.source else None) or plan.PROJECT_SOURCE
 
 
 def provenance(recipe: Recipe, platform: str, source: Source) -> dict[str, Any]:
@@ -356,7 +364,7 @@ def sign_published(
             f"refusing to sign {repo}@{index}: it has {', '.join(sorted(platforms)) or 'no platforms'}, the "
             f"recipe builds {', '.join(sorted(plan_platforms))}; fix: sign what 'invoke publish' wrote"
         )
-    source = source or Source.detect(cosign.runner)
+    source = source or Source.detect(cosign.runner, source_of(recipe))
     done = []
     for platform, digest in sorted(platforms.items()):
         ref = f"{repo}@{digest}"

@@ -162,4 +162,8 @@ def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled
         echo(
             f"sparkforge: {local} ({platform}) matches recipe {recipe.name} (hash {recipe.hash[:12]}, all pins)"
         )
+    from sparkforge.registry import pulled  # serve, cluster.up, verify, conform, kernels then run this digest
+
+    verified = bool(trusted.verified) and not trusted.unsigned
+    pulled.record(recipe, ref, platform, trusted.digest, trusted.top, verified)
     return Pulled(ref, platform, local, drift, trusted.to_json())

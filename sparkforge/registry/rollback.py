@@ -51,7 +51,7 @@ def roll_back(
     tools = pub.session_tools(session, recipe, "rollback")
     policy = Policy.of(recipe)
     signing = policy is not None and Policy.for_verify(recipe) is not None
-    state = tagtrust.state_of(tools) if signing else None
+    state = tagtrust.state_of(tools, recipe) if signing else None
     # signing recipes: the signed TUF targets (what the tag names there, its moves, the revoked list)
     bare = history.tag_of(repo, tag)
     target = state.moves_of(bare) if state else None

@@ -119,3 +119,33 @@ def parse_verify_report(data: object, where: str) -> dict[str, Any]:
                 f"skipped and an object 'details'; {fix}"
             )
     return data
+
+
+def published_image(
+    repository: str, published: object, where: str, platform: str, fetch: Any
+) -> tuple[str, str]:
+    """The sign job decides what it signs: (index, repository@platform image) from the merge job's own record
+    ('invoke publish --json'), the platform image read from that index in the registry (`fetch`: Manifests.fetch),
+    never from what the GPU job names."""
+    from sparkforge.registry.manifests import index_platforms
+
+    index, recorded = parse_published(published, where)
+    manifest = fetch(f"{repository}@{index}") or {}
+    images = dict(index_platforms(manifest)) if "manifests" in manifest else {}
+    if platform not in recorded or images.get(platform) != recorded[platform]:
+        raise SigningError(
+            f"{where}: the published index {index[:19]} has {platform} image {images.get(platform)!r:.80} in the "
+            f"registry, the record names {recorded.get(platform)!r:.80}; nothing was signed. fix: sign the index "
+            "this run's merge job published"
+        )
+    return index, f"{repository}@{recorded[platform]}"
+
+
+def check_subject(report: dict[str, Any], image: str, where: str) -> None:
+    """A verify report about another image than `image` (its subject names another digest) is refused."""
+    subject = str(report.get("subject") or "")
+    if subject.rpartition("@")[2] != image.rpartition("@")[2]:
+        raise SigningError(
+            f"{where}: the report is about {subject[:120]!r}, not {image} (the image this run published); nothing "
+            "was signed. fix: verify the published image and attest that report"
+        )

@@ -24,9 +24,11 @@ from sparkforge.registry.ocidist import Registry
 from sparkforge.registry.tufclient import TagTarget, TrustedState
 
 
-def state_of(tools: Manifests) -> TrustedState:
+def state_of(tools: Manifests, recipe: Recipe) -> TrustedState:
     """The repository's trusted TUF targets, refreshed from the registry now."""
-    return tufclient.refresh(tools.repository, Registry(tools.repository))
+    return tufclient.refresh(
+        tools.repository, Registry(tools.repository), root_file=tufclient.root_file_of(recipe)
+    )
 
 
 def moving_tags_of(recipe: Recipe) -> list[str]:
@@ -64,7 +66,7 @@ def read_log(recipe: Recipe, tools: Manifests, tag: str) -> TagHistory:
     if Policy.for_verify(recipe) is None:
         return history.read(tools, tag)
     bare = history.tag_of(tools.repository, tag)
-    return log_of(state_of(tools).moves_of(bare), tools.repository)
+    return log_of(state_of(tools, recipe).moves_of(bare), tools.repository)
 
 
 def current_of(recipe: Recipe, tools: Manifests, tag: str) -> str | None:
@@ -74,7 +76,7 @@ def current_of(recipe: Recipe, tools: Manifests, tag: str) -> str | None:
     if Policy.for_verify(recipe) is None:
         ref = f"{tools.repository}:{bare}"
         return tools.digest_of(ref) if tools.fetch(ref) else None
-    target = state_of(tools).tags.get(bare)
+    target = state_of(tools, recipe).tags.get(bare)
     return target.index if target else None
 
 
@@ -93,7 +95,7 @@ def before_move(
             f"refusing to move tags to {repo}@{index}: the index has no valid signature by {policy.describe()} "
             f"(cosign: {signed.reason}); nothing was moved. fix: move tags only to an index 'invoke sign' signed"
         )
-    state = state_of(tools)
+    state = state_of(tools, recipe)
     why = state.revoked_of(index, *images.values())
     if why:
         raise PublishError(
@@ -123,7 +125,7 @@ def record_move(
             when,
             move.action,
         )
-        tufrepo.move_tag(tools.repository, target, Registry(tools.repository))
+        tufrepo.move_tag(tools.repository, target, Registry(tools.repository), tufclient.root_file_of(recipe))
 
 
 def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: Manifests) -> list[str]:
@@ -134,9 +136,11 @@ def revoke_failed(recipe: Recipe, image: str, report: Mapping[str, Any], tools: 
     failed = [c.get("name") for c in report.get("checks") or [] if c.get("status") == "failed"]
     reason = "verify failed: " + (", ".join(str(f) for f in failed) or "no check passed")
     digest = image.rpartition("@")[2]
-    before = state_of(tools)
+    before = state_of(tools, recipe)
     removed = [t for t, target in before.tags.items() if digest in {target.index, *target.platforms.values()}]
-    tufrepo.revoke(tools.repository, {digest: reason}, Registry(tools.repository))
+    tufrepo.revoke(
+        tools.repository, {digest: reason}, Registry(tools.repository), tufclient.root_file_of(recipe)
+    )
     return removed
 
 
@@ -176,3 +180,30 @@ def signed_claims(recipe: Recipe, tools: Manifests, images: Mapping[str, str]) -
             "attest it ('invoke sign.attest'), then promote"
         )
     return out
+
+
+def published(state: TrustedState) -> list[dict[str, Any]]:
+    """Every index the signed targets name or named (`invoke images`), newest move first: tag, index, platform
+    images, GPU claims, date, action and the verdict the signed metadata gives (revoked, or GPU-verified when
+    it moved: a moving tag names only GPU-verified images)."""
+    rows = []
+    for tag, target in [*state.tags.items(), *state.removed.items()]:
+        current = tag in state.tags
+        for n, move in enumerate(reversed([*target.history, {**target.custom(), "index": target.index}])):
+            platforms = dict(move.get("platforms") or {})
+            revoked = state.revoked_of(str(move.get("index")), *platforms.values())
+            rows.append(
+                {
+                    "tag": tag,
+                    "index": str(move.get("index")),
+                    "platforms": platforms,
+                    "claims": target.claims if n == 0 else {},
+                    "date": str(move.get("date") or ""),
+                    "action": str(move.get("action") or ""),
+                    "names_now": current and n == 0,
+                    "verdict": f"REVOKED: {revoked}"
+                    if revoked
+                    else "GPU-verified when it moved (signed claim)",
+                }
+            )
+    return sorted(rows, key=lambda r: r["date"], reverse=True)

@@ -3,8 +3,9 @@
 cosign stores each attestation as a layer of the image's `sha256-<hex>.att` manifest; a keyless (or
 tlog-uploaded) one carries its Rekor bundle in the layer annotation `dev.sigstore.cosign/bundle`, whose
 `Payload.integratedTime` is the log's clock (cosign verified the bundle's signed entry timestamp when it
-accepted the attestation). Attestations without a bundle (keys with --tlog-upload=false) only have the time
-the signer wrote into the predicate (`attestedAt`): labelled "signer clock" wherever it is shown.
+accepted a keyless attestation). Key-signed attestations are verified with `--insecure-ignore-tlog`, so a bundle
+annotation on them is unverified bytes: trust.verify_remote reads times for keyless policies only, and key claims
+have only the time the signer wrote into the predicate (`attestedAt`): labelled "signer clock" wherever shown.
 """
 
 from __future__ import annotations

@@ -20,7 +20,15 @@ from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import tlogtime, tufclient
-from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy, SigningError, Statement
+from sparkforge.registry.cosign import (
+    PROVENANCE,
+    VERIFY_CLAIM,
+    Cosign,
+    Policy,
+    SigningError,
+    Statement,
+    source_of,
+)
 from sparkforge.registry.manifests import DIGEST, Manifests, index_platforms
 from sparkforge.registry.ocidist import Registry
 from sparkforge.report import Check
@@ -101,7 +109,7 @@ def verify_remote(
     state, pinned = None, None
     if policy is not None and Policy.for_verify(recipe) is not None:
         try:
-            state = tufclient.refresh(repo, Registry(repo))
+            state = tufclient.refresh(repo, Registry(repo), root_file=tufclient.root_file_of(recipe))
             if moving:  # the signed targets, not the registry tag, say what a moving tag names
                 top, digest, pinned = state.pullable(tag, platform, top, warn)
         except PublishError as exc:
@@ -151,7 +159,9 @@ def verify_remote(
     assert verifier is not None
     found = cosign.attestations(f"{repo}@{digest}", verifier, VERIFY_CLAIM)
     config = tools.config_digest(f"{repo}@{digest}")
-    times = tlogtime.integrated_times(Registry(repo), digest)
+    # the log's time only where cosign verified the bundle (keyless: the tlog entry is required and checked);
+    # a key verified with --insecure-ignore-tlog has unverified bundle bytes: the signer's clock, labelled so
+    times = tlogtime.integrated_times(Registry(repo), digest) if verifier.identity else {}
     statements = found.statements
     if pinned and not any(s.predicate.get("status") != "passed" for s in statements):
         statements = tuple(s for s in statements if s.digest in pinned)  # the claims the targets moved on
@@ -252,11 +262,13 @@ def _provenance(
             "check out the sparkforge revision whose recipe built this image, or pull the tag of this recipe",
         )
     source = match[0].get("source") or {}
-    if source.get("repository") != plan.PROJECT_SOURCE:
+    expected = source_of(recipe)
+    if source.get("repository") != expected:
         raise _refuse(
             ref,
             platform,
-            f"its signed provenance names repository {source.get('repository')}, not {plan.PROJECT_SOURCE}",
+            f"its signed provenance names repository {source.get('repository')}, not {expected} (the recipe's "
+            "publish.signing.source, default sparkforge's)",
             "pull images built from this repository",
         )
     return {"repository": str(source.get("repository")), "revision": str(source.get("revision"))}

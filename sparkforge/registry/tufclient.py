@@ -14,22 +14,28 @@ Targets layout: `tags/<tag>` (custom: index, platforms, claims, history), `revok
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuf.api import exceptions as tuf_errors
-from tuf.api.metadata import Metadata, Targets, Timestamp
+from tuf.api.metadata import Metadata, Root, Targets
 from tuf.ngclient import Updater
 
 from sparkforge import console
-from sparkforge.boundary import read_bytes
-from sparkforge.context import cache_path
+from sparkforge.boundary import parse_json, read_bytes
+from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, PublishError
 from sparkforge.registry import tufstore
 from sparkforge.registry.ocidist import Registry
+
+if TYPE_CHECKING:
+    from sparkforge.recipe.loader import Recipe
 
 MAX_ROOT_BYTES = (
     32 << 20
@@ -45,8 +51,17 @@ def root_file_name(repository: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", repository) + ".root.json"
 
 
-def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
-    """The root this machine starts from: the packaged one for `repository`, else the dev root (warned)."""
+def trusted_root(repository: str, warn: console.Echo = console.warn, root_file: Path | None = None) -> bytes:
+    """The root this machine starts from: the recipe's (`root_file`, publish.signing.trust_root), else the
+    packaged one for `repository`, else the dev root (warned on every use)."""
+    if root_file is not None:
+        return read_bytes(
+            root_file,
+            "the recipe's TUF root (publish.signing.trust_root)",
+            MAX_ROOT_BYTES,
+            named=False,
+            within=(root_file.parent,),
+        )
     shipped = ROOTS_DIR / root_file_name(repository)
     if shipped.is_file():
         return read_bytes(shipped, "the shipped TUF root", MAX_ROOT_BYTES, named=False, within=(ROOTS_DIR,))
@@ -65,8 +80,27 @@ def trusted_root(repository: str, warn: console.Echo = console.warn) -> bytes:
     )
 
 
-def metadata_dir(repository: str) -> Path:
-    path = cache_path("tuf", re.sub(r"[^A-Za-z0-9._-]", "_", repository), "root.json").parent
+def root_file_of(recipe: Recipe) -> Path | None:
+    """The TUF root the recipe names (publish.signing.trust_root; relative to this checkout), else None."""
+    from sparkforge.recipe.loader import REPO_ROOT
+
+    signing = recipe.model.publish.signing
+    if signing is None or signing.trust_root is None:
+        return None
+    path = Path(signing.trust_root)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def root_fingerprint(root: bytes) -> str:
+    """What a trust cache is keyed by: the sha256 of the root this machine starts from (16 hex digits)."""
+    return hashlib.sha256(root).hexdigest()[:16]
+
+
+def metadata_dir(repository: str, root: bytes) -> Path:
+    """The trusted metadata of `repository` started from `root`: one folder per starting root, so a development
+    root never speaks for a real one (and a real one never inherits what a dev root made this machine trust)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", repository)
+    path = cache_path("tuf", name, root_fingerprint(root), "root.json").parent
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -164,7 +198,7 @@ class TrustedState:
         return Metadata[Targets].from_file(str(folder / "targets.json"))
 
 
-def _version_of(data: bytes | None) -> int:
+def version_of(data: bytes | None) -> int:
     if not data:
         return 0
     return int(Metadata.from_bytes(data).signed.version)
@@ -187,55 +221,182 @@ _REFUSALS = (
 )
 
 
+TRUSTED_FILES = ("root.json", "timestamp.json", "snapshot.json", "targets.json")
+REFUSED_FILE = (
+    "refused.json"  # heads (sha256 of timestamp or targets bytes) this machine refused: never trusted
+)
+REVOKED_FILE = (
+    "revoked.json"  # every digest a trusted targets ever revoked: refused whatever the registry serves
+)
+
+
 def refresh(
-    repository: str, registry: Registry | None = None, warn: console.Echo = console.warn
+    repository: str,
+    registry: Registry | None = None,
+    warn: console.Echo = console.warn,
+    root_file: Path | None = None,
 ) -> TrustedState:
-    """Bring this machine's trusted TUF metadata up to date from the registry; refuse what TUF refuses."""
+    """Bring this machine's trusted TUF metadata up to date from the registry; refuse what TUF refuses.
+
+    python-tuf updates a scratch copy of the trusted folder; the chain of targets from the trusted version to the
+    new one is then checked version by version (each names its predecessor's hash), and the trusted folder is
+    replaced only when every check passed. A refused head is remembered and refused on sight from then on.
+    """
     registry = registry or Registry(repository)
-    folder = metadata_dir(repository)
+    start = trusted_root(
+        repository, warn, root_file
+    )  # required even with a cached root: no configured root, no run
+    folder = metadata_dir(repository, start)
+    refused = json_list(folder / REFUSED_FILE)
     fetcher = tufstore.RegistryFetcher(registry)
-    shipped = trusted_root(repository, warn)  # required even with a cached root: no configured root, no run
-    bootstrap = None if (folder / "root.json").is_file() else shipped
-    old_ts = _read(folder / "timestamp.json")
-    old_targets = _read(folder / "targets.json")
+    old_ts, old_targets = _read(folder / "timestamp.json"), _read(folder / "targets.json")
+    scratch = Path(tempfile.mkdtemp(prefix=".refresh-", dir=folder.parent))
     try:
-        updater = Updater(str(folder), tufstore.base_url(repository), fetcher=fetcher, bootstrap=bootstrap)
-        updater.refresh()
-    except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
-        for kind, what, restore in _REFUSALS:
-            if isinstance(exc, kind):
-                why = what.format(exc=exc, kind=type(exc).__name__)
-                raise _refused(repository, why, restore) from None
-        raise PublishError(
-            f"cannot read the TUF metadata of {repository} ({exc}); fix: check the registry"
-        ) from None
-    served_ts = fetcher.served.get("timestamp.json")
-    if served_ts and old_ts and served_ts != old_ts and _version_of(served_ts) == _version_of(old_ts):
-        raise _refused(
-            repository,
-            f"the registry serves another timestamp v{_version_of(old_ts)} than the one this machine trusts: a fork",
-            "the metadata this machine trusts",
-        )
-    new_targets = _read(folder / "targets.json") or b""
-    state = state_of_targets(repository, new_targets)
-    _check_chain(repository, old_targets, new_targets, state)
-    return state
+        for name in TRUSTED_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, scratch / name)
+        bootstrap = None if (scratch / "root.json").is_file() else start
+        try:
+            updater = Updater(
+                str(scratch), tufstore.base_url(repository), fetcher=fetcher, bootstrap=bootstrap
+            )
+            updater.refresh()
+        except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
+            for kind, what, restore in _REFUSALS:
+                if isinstance(exc, kind):
+                    why = what.format(exc=exc, kind=type(exc).__name__)
+                    raise _refused(repository, why, restore) from None
+            raise PublishError(
+                f"cannot read the TUF metadata of {repository} ({exc}); fix: check the registry"
+            ) from None
+        served_ts = fetcher.served.get("timestamp.json") or b""
+        new_targets = _read(scratch / "targets.json") or b""
+        heads = [_sha(served_ts), _sha(new_targets)]
+        if any(h in refused for h in heads if h):
+            raise _refused(repository, "the registry serves metadata this machine refused before", _TRUSTED)
+        try:
+            if old_ts and served_ts and served_ts != old_ts and version_of(served_ts) == version_of(old_ts):
+                raise _fork(
+                    repository,
+                    f"the registry serves another timestamp v{version_of(old_ts)} than the one this machine "
+                    "trusts: a fork",
+                    _TRUSTED,
+                )
+            _check_chain(repository, fetcher, _read(folder / "root.json"), scratch, old_targets, new_targets)
+        except _Fork:
+            _remember(
+                folder / REFUSED_FILE, refused, [h for h in heads if h and h != _sha(old_targets or b"")]
+            )
+            raise
+        state = state_of_targets(repository, new_targets)
+        seen = json_list(folder / REVOKED_FILE)
+        revoked = {
+            **dict.fromkeys(seen, "revoked by a targets version this machine trusted"),
+            **state.revoked,
+        }
+        _remember(scratch / REVOKED_FILE, [], sorted(revoked))
+        if refused:
+            shutil.copyfile(folder / REFUSED_FILE, scratch / REFUSED_FILE)
+        _replace(folder, scratch)
+        return TrustedState(repository, state.version, state.sha256, state.tags, revoked, state.removed)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _check_chain(repository: str, old: bytes | None, new: bytes, state: TrustedState) -> None:
-    """A next targets version must name the one this machine trusted as its predecessor (no fork)."""
+_TRUSTED = "the metadata this machine trusts"
+
+
+class _Fork(PublishError):
+    """Signed metadata that contradicts what this machine trusts: its head is remembered and never trusted."""
+
+
+def _check_chain(
+    repository: str,
+    fetcher: tufstore.RegistryFetcher,
+    old_root: bytes | None,
+    scratch: Path,
+    old: bytes | None,
+    new: bytes,
+) -> None:
+    """Every targets version after the trusted one, up to the new one, is signed and names its predecessor's
+    hash: one fork anywhere in between (or a missing version) refuses the new head."""
     if not old or old == new:
         return
-    old_version = _version_of(old)
-    previous = Metadata[Targets].from_bytes(new).signed.unrecognized_fields.get(PREVIOUS) or {}
-    if state.version == old_version or (
-        state.version == old_version + 1 and previous.get("sha256") != hashlib.sha256(old).hexdigest()
-    ):
-        raise _refused(
+    old_version, new_version = version_of(old), version_of(new)
+    if new_version <= old_version:
+        raise _fork(
             repository,
-            f"targets v{state.version} does not descend from the targets v{old_version} this machine trusts: a fork",
-            "the metadata this machine trusts",
+            f"targets v{new_version} does not descend from the targets v{old_version} this machine trusts: a fork",
+            _TRUSTED,
         )
+    roots = [Metadata[Root].from_bytes(r) for r in (_read(scratch / "root.json"), old_root) if r]
+    previous = old
+    for version in range(old_version + 1, new_version + 1):
+        data = new if version == new_version else _fetch(fetcher, f"{version}.targets.json")
+        if data is None:
+            raise _refused(
+                repository, f"targets v{version} is missing from the registry (deleted?)", _TRUSTED
+            )
+        md = Metadata[Targets].from_bytes(data)
+        if md.signed.version != version or not _signed_by_any(roots, md):
+            raise _fork(
+                repository, f"targets v{version} does not verify: not signed by the root's keys", _TRUSTED
+            )
+        named = md.signed.unrecognized_fields.get(PREVIOUS) or {}
+        if named.get("sha256") != _sha(previous) or named.get("version") != version - 1:
+            raise _fork(
+                repository,
+                f"targets v{version} does not descend from the targets v{version - 1} "
+                + ("this machine trusts" if version - 1 == old_version else "before it")
+                + ": a fork",
+                _TRUSTED,
+            )
+        previous = data
+
+
+def _signed_by_any(roots: list[Metadata[Root]], md: Metadata[Targets]) -> bool:
+    for root in roots:
+        try:
+            root.verify_delegate("targets", md)
+            return True
+        except tuf_errors.UnsignedMetadataError:
+            continue
+    return False
+
+
+def _fetch(fetcher: tufstore.RegistryFetcher, name: str) -> bytes | None:
+    try:
+        return b"".join(fetcher.fetch(tufstore.base_url(fetcher.registry.repository) + name))
+    except tuf_errors.DownloadError:
+        return None
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest() if data else ""
+
+
+def json_list(path: Path) -> list[str]:
+    data = _read(path)
+    try:
+        found = parse_json(data.decode(), str(path)) if data else []
+    except (InputError, UnicodeDecodeError):
+        return []
+    return [str(x) for x in found] if isinstance(found, list) else []
+
+
+def _remember(path: Path, known: list[str], new: list[str]) -> None:
+    merged = sorted(set(known) | set(new))
+    if merged != sorted(known) or not path.is_file():
+        write_atomic(path, json.dumps(merged, indent=0).encode())
+
+
+def _replace(folder: Path, scratch: Path) -> None:
+    """The trusted folder becomes `scratch` in one rename (the old one is kept aside until then)."""
+    aside = folder.with_name(folder.name + ".old")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    scratch.rename(folder)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def state_of_targets(repository: str, data: bytes) -> TrustedState:
@@ -265,17 +426,13 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+def _fork(repository: str, what: str, restore: str) -> _Fork:
+    return _Fork(str(_refused(repository, what, restore)))
+
+
 def _refused(repository: str, what: str, restore: str) -> PublishError:
     return PublishError(
         f"refusing the tags of {repository}: {what}; nothing was trusted or changed. fix: ask the maintainers to "
         f"restore {restore} in the registry (or re-sign it: 'invoke sign.tuf-timestamp'); a registry writer may be "
         "hiding a later move or revocation"
     )
-
-
-def timestamp_expiry(repository: str) -> str:
-    """When the timestamp this machine trusts expires (for messages); '' when none is trusted."""
-    data = _read(metadata_dir(repository) / "timestamp.json")
-    if not data:
-        return ""
-    return Metadata[Timestamp].from_bytes(data).signed.expires.isoformat()

@@ -1,10 +1,13 @@
 """The writing side of sparkforge's TUF repository: create and rotate the root, move a tag, revoke, re-sign.
 
-Every write starts from what this machine trusts after `tufclient.refresh` (so a writer whose cache saw a later
-version refuses a rolled-back registry), bumps targets, snapshot and timestamp by one, names the replaced
-targets' hash in the new one (a fork is then visible to every client that trusted the old one), signs with the
-online key URI in SPARKFORGE_TUF_SIGNER (securesystemslib: `file2:PATH` of an ed25519 key in tests,
-`sigstore:?ambient=true` keyless in CI), writes targets, then snapshot, then the timestamp last, and reads back.
+Git is the source of truth, the registry a mirror (the tuf-on-ci model): the metadata of each repository is
+committed under `tuf/<repository as file name>/` (SPARKFORGE_TUF_METADATA names another folder of such folders).
+Every write starts from that committed metadata (never from what the registry serves, never from an expired
+timestamp), signs targets, snapshot and timestamp at version+1 (the new targets naming the replaced one's hash),
+writes them into the folder (CI commits and pushes it) and then to the registry, timestamp last. A write
+refuses when the registry holds a later version than the committed one: someone the repository does not know
+wrote it. Signs with the online key URI in SPARKFORGE_TUF_SIGNER (securesystemslib: `file2:PATH` of an ed25519
+key in tests and forks, `sigstore:?ambient=true` keyless in CI).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import datetime as dt
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from securesystemslib.signer import Key, Signer
@@ -29,12 +33,16 @@ from tuf.api.metadata import (
 from tuf.api.serialization.json import JSONSerializer
 
 from sparkforge import console
-from sparkforge.boundary import write_output
+from sparkforge.boundary import read_bytes, write_output
 from sparkforge.errors import PublishError
+from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.registry import tufclient, tufstore
 from sparkforge.registry.ocidist import Registry
 from sparkforge.registry.tufclient import PREVIOUS, REMOVED, REVOKED, TAGS, TagTarget, TrustedState
 
+METADATA_ENV = (
+    "SPARKFORGE_TUF_METADATA"  # folder of committed metadata folders (default: tuf/ of this checkout)
+)
 SIGNER_ENV = "SPARKFORGE_TUF_SIGNER"  # private key URI of the online roles (targets, snapshot, timestamp)
 TTL = {  # how long each role's metadata is valid; the timestamp is re-signed daily (images.yml schedule)
     "root": dt.timedelta(days=365),
@@ -43,7 +51,6 @@ TTL = {  # how long each role's metadata is valid; the timestamp is re-signed da
     "timestamp": dt.timedelta(days=2),
 }
 ONLINE = ("targets", "snapshot", "timestamp")
-ATTEMPTS = 5  # compare-and-swap retries when another writer lands between read and write
 
 
 def _expires(role: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -81,7 +88,9 @@ def publish_root(registry: Registry, root: Metadata[Root], signers: Sequence[Sig
     for signer in signers:
         root.sign(signer, append=True)
     data = _bytes(root)
-    tufstore.upload(registry, f"{root.signed.version}.root.json", data)
+    name = f"{root.signed.version}.root.json"
+    write_output(committed_dir(registry.repository) / name, data, "TUF root metadata")
+    tufstore.upload(registry, name, data)
     return data
 
 
@@ -150,9 +159,142 @@ def _write(
     timestamp = Metadata(Timestamp(version=timestamp_v, expires=_expires("timestamp")))
     timestamp.signed.snapshot_meta = _meta(s_bytes, snapshot_v)
     timestamp.sign(signers["timestamp"])
-    tufstore.upload(registry, f"{targets.signed.version}.targets.json", t_bytes)
-    tufstore.upload(registry, f"{snapshot_v}.snapshot.json", s_bytes)
-    tufstore.upload(registry, "timestamp.json", _bytes(timestamp))
+    folder = committed_dir(registry.repository)
+    files = {
+        f"{targets.signed.version}.targets.json": t_bytes,
+        f"{snapshot_v}.snapshot.json": s_bytes,
+        "timestamp.json": _bytes(timestamp),
+    }
+    for name, data in files.items():  # the commit first: git is the truth, the registry its mirror
+        write_output(folder / name, data, f"TUF metadata {name}")
+    mirror(registry, folder)
+    for name, data in files.items():
+        tufstore.upload(registry, name, data)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The newest committed metadata of one repository (what every write starts from)."""
+
+    folder: Path
+    root: Metadata[Root]
+    targets: bytes
+    snapshot_version: int
+    timestamp: bytes
+
+    @property
+    def timestamp_version(self) -> int:
+        return tufclient.version_of(self.timestamp)
+
+
+def committed_dir(repository: str) -> Path:
+    """The folder of `repository`'s committed TUF metadata (created empty for a new repository)."""
+    base = Path(os.environ.get(METADATA_ENV) or REPO_ROOT / "tuf")
+    return base / tufclient.root_file_name(repository).removesuffix(".root.json")
+
+
+def newest(folder: Path, role: str) -> tuple[int, bytes]:
+    found = [
+        (int(p.name.split(".", 1)[0]), p)
+        for p in folder.glob(f"*.{role}.json")
+        if p.name.split(".")[0].isdigit()
+    ]
+    if not found:
+        return 0, b""
+    version, path = max(found)
+    return version, read_bytes(
+        path, f"committed TUF {role}", tufclient.MAX_ROOT_BYTES, named=False, within=(folder,)
+    )
+
+
+def load_committed(repository: str) -> Committed:
+    """The committed metadata, checked: signed by the keys its newest root names, versions consistent."""
+    folder = committed_dir(repository)
+    where = f"the committed TUF metadata of {repository} ({folder})"
+    _, root_bytes = newest(folder, "root")
+    targets_v, targets = newest(folder, "targets")
+    snapshot_v, snapshot = newest(folder, "snapshot")
+    stamp = folder / "timestamp.json"
+    if root_bytes and not (
+        targets or snapshot or stamp.exists()
+    ):  # trust.init with a keyless online identity:
+        return Committed(folder, Metadata[Root].from_bytes(root_bytes), b"", 0, b"")  # CI signs the first
+    if not (root_bytes and targets and snapshot and stamp.is_file()):
+        raise PublishError(
+            f"{where} is missing or incomplete (it needs N.root.json, N.targets.json, N.snapshot.json and "
+            "timestamp.json); fix: check out the branch that holds it (git is the source of truth), or create "
+            "the repository with 'invoke trust.init'"
+        )
+    timestamp = read_bytes(
+        stamp, "committed TUF timestamp", tufclient.MAX_ROOT_BYTES, named=False, within=(folder,)
+    )
+    root = Metadata[Root].from_bytes(root_bytes)
+    try:
+        for role, data in (("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp)):
+            _verify_by_a_committed_root(folder, root, role, data)
+        snap = Metadata[Snapshot].from_bytes(snapshot).signed
+        if snap.version != snapshot_v or snap.meta["targets.json"].version != targets_v:
+            raise ValueError(f"snapshot v{snap.version} does not name targets v{targets_v}")
+        if Metadata[Timestamp].from_bytes(timestamp).signed.snapshot_meta.version != snapshot_v:
+            raise ValueError(f"the timestamp does not name snapshot v{snapshot_v}")
+    except Exception as exc:  # a signature or a version that does not hold: nothing is signed on top of it
+        raise PublishError(f"{where} does not verify ({exc}); fix: restore it from git history") from None
+    return Committed(folder, root, targets, snapshot_v, timestamp)
+
+
+def _verify_by_a_committed_root(folder: Path, newest_root: Metadata[Root], role: str, data: bytes) -> None:
+    """Signed by the newest root's keys for `role`, or (after a rotation of the online key: trust.recover) by
+    an earlier committed root's; the next write signs with the newest root's key either way."""
+    md = Metadata.from_bytes(data)
+    roots = [newest_root] + [
+        Metadata[Root].from_file(str(p))
+        for p in sorted(folder.glob("*.root.json"), key=lambda p: -int(p.name.split(".")[0]))[1:]
+    ]
+    for n, root in enumerate(roots):
+        try:
+            root.verify_delegate(role, md)
+            return
+        except Exception:
+            if n == len(roots) - 1:
+                raise
+
+
+def _check_registry(registry: Registry, base: Committed, warn: console.Echo) -> None:
+    """The registry holds no later version than the committed one (else someone else wrote it: refuse)."""
+    served = registry.artifact(tufstore.tag_for("timestamp.json"), tufstore.MAX_BYTES)
+    later_targets = f"{tufclient.version_of(base.targets) + 1}.targets.json"
+    stranger = ""
+    if served and served != base.timestamp and tufclient.version_of(served) >= base.timestamp_version:
+        stranger = (
+            f"timestamp v{tufclient.version_of(served)} (the committed one is v{base.timestamp_version})"
+        )
+    elif registry.artifact(tufstore.tag_for(later_targets), tufstore.MAX_BYTES) is not None:
+        stranger = f"{later_targets} (the committed targets are v{tufclient.version_of(base.targets)})"
+    if stranger:
+        raise PublishError(
+            f"refusing to write the TUF metadata of {registry.repository}: the registry holds {stranger}, which "
+            f"the committed metadata ({base.folder}) did not write; nothing was signed. fix: if another job wrote "
+            "it, pull the branch and re-run; otherwise the online key or the registry is compromised: an incident "
+            "for the maintainers (docs/trust.md: Recovering)"
+        )
+    if served:
+        ts = Metadata[Timestamp].from_bytes(served).signed
+        if ts.is_expired():
+            warn(
+                f"sparkforge: WARNING (INCIDENT): the registry's TUF timestamp v{ts.version} of {registry.repository} "
+                f"expired at {ts.expires.isoformat()}: clients refused its tags until now. It is not a base for "
+                "anything: this write starts from the committed metadata; find out why the daily re-sign stopped"
+            )
+
+
+def mirror(registry: Registry, folder: Path) -> None:
+    """Upload every committed root, targets and snapshot the registry lacks (the mirror repaired)."""
+    for path in sorted(folder.glob("*.json")):
+        if path.name != "timestamp.json" and registry.manifest(tufstore.tag_for(path.name)) is None:
+            data = read_bytes(
+                path, "committed TUF metadata", tufclient.MAX_ROOT_BYTES, named=False, within=(folder,)
+            )
+            tufstore.upload(registry, path.name, data)
 
 
 def change_targets(
@@ -160,45 +302,32 @@ def change_targets(
     change: Callable[[Targets, TrustedState], None],
     registry: Registry | None = None,
     warn: console.Echo = console.warn,
-    expired_ok: bool = False,
+    root_file: Path | None = None,
+    signer_uri: str | None = None,
 ) -> TrustedState:
-    """Refresh, apply `change` to the next targets version, sign and write; compare-and-swap with retry.
-
-    `expired_ok` (the re-sign only): metadata that is valid but for its expiry is taken as the base, so that a
-    timestamp the daily job let expire can be renewed; rollback, deletion and forks are still refused.
-    """
+    """Apply `change` to the committed targets as version+1, sign, commit to the folder, mirror to the registry."""
     registry = registry or Registry(repository)
-    folder = tufclient.metadata_dir(repository)
-    for _ in range(ATTEMPTS):
-        try:
-            state = tufclient.refresh(repository, registry, warn)
-        except PublishError as exc:
-            if not (expired_ok and "a freeze" in str(exc)):
-                raise
-            state = _expired_base(repository, registry, folder)
-        served = registry.manifest(tufstore.tag_for("timestamp.json"))
-        root = Metadata[Root].from_file(str(folder / "root.json")).signed
-        current = state.metadata(folder)
-        nxt = Metadata[Targets].from_bytes(_bytes(current))
+    base = load_committed(repository)
+    _check_registry(registry, base, warn)
+    if base.targets:
+        state = tufclient.state_of_targets(repository, base.targets)
+        nxt = Metadata[Targets].from_bytes(base.targets)
         nxt.signatures.clear()
         nxt.signed.version += 1
         nxt.signed.expires = _expires("targets")
         nxt.signed.unrecognized_fields[PREVIOUS] = {"version": state.version, "sha256": state.sha256}
-        change(nxt.signed, state)
-        snapshot_v = Metadata[Snapshot].from_file(str(folder / "snapshot.json")).signed.version + 1
-        timestamp_v = Metadata[Timestamp].from_file(str(folder / "timestamp.json")).signed.version + 1
-        signers = {role: online_signer(root, role) for role in ONLINE}
-        if registry.manifest(tufstore.tag_for("timestamp.json")) != served:
-            continue  # another writer landed since the refresh
-        _write(registry, nxt, snapshot_v, timestamp_v, signers)
-        return tufclient.refresh(repository, registry, warn)
-    raise PublishError(
-        f"could not write the TUF targets of {repository}: they changed under each of {ATTEMPTS} attempts; fix: "
-        "wait for the other move to finish and re-run"
-    )
+    else:  # the first online metadata of a new repository
+        state = TrustedState(repository, 0, "")
+        nxt = Metadata(Targets(version=1, expires=_expires("targets")))
+    change(nxt.signed, state)
+    signers = {role: online_signer(base.root.signed, role, signer_uri) for role in ONLINE}
+    _write(registry, nxt, base.snapshot_version + 1, base.timestamp_version + 1, signers)
+    return tufclient.refresh(repository, registry, warn, root_file)
 
 
-def move_tag(repository: str, target: TagTarget, registry: Registry | None = None) -> TrustedState:
+def move_tag(
+    repository: str, target: TagTarget, registry: Registry | None = None, root_file: Path | None = None
+) -> TrustedState:
     """The tag names `target.index` from the next targets version on (its earlier moves kept in history)."""
 
     def change(targets: Targets, state: TrustedState) -> None:
@@ -211,10 +340,15 @@ def move_tag(repository: str, target: TagTarget, registry: Registry | None = Non
         targets.targets.pop(REMOVED + target.tag, None)
         targets.targets[TAGS + target.tag] = _target_file(TAGS + target.tag, moved.index, moved.custom())
 
-    return change_targets(repository, change, registry)
+    return change_targets(repository, change, registry, root_file=root_file)
 
 
-def revoke(repository: str, digests: Mapping[str, str], registry: Registry | None = None) -> TrustedState:
+def revoke(
+    repository: str,
+    digests: Mapping[str, str],
+    registry: Registry | None = None,
+    root_file: Path | None = None,
+) -> TrustedState:
     """Revoke each digest (digest -> reason): listed under revoked/, and every tag naming it moves from tags/
     to removed/ (no longer pullable; its moves kept for rollback)."""
 
@@ -228,46 +362,14 @@ def revoke(repository: str, digests: Mapping[str, str], registry: Registry | Non
                 del targets.targets[TAGS + tag]
                 targets.targets[REMOVED + tag] = _target_file(REMOVED + tag, target.index, target.custom())
 
-    return change_targets(repository, change, registry)
+    return change_targets(repository, change, registry, root_file=root_file)
 
 
-def resign_timestamp(repository: str, registry: Registry | None = None) -> None:
-    """A new timestamp (and snapshot) over the same targets (daily job); also renews one that expired."""
-    change_targets(repository, lambda targets, state: None, registry, expired_ok=True)
-
-
-def _expired_base(repository: str, registry: Registry, folder: Path) -> TrustedState:
-    """The registry's timestamp, snapshot and targets verified like the client does (signatures by the keys of
-    the root chain refresh already followed, hashes, versions not below this machine's) except for expiry;
-    written to this machine's trusted metadata as the base of the re-sign."""
-    root = Metadata[Root].from_file(str(folder / "root.json"))
-    if root.signed.is_expired():
-        raise PublishError(
-            f"the TUF root of {repository} has expired: only the maintainers can renew it (a new root version, "
-            "docs/trust.md: Rotating); fix: ask them"
-        )
-
-    def load(name: str, role: str, meta: MetaFile | None) -> bytes:
-        data = registry.artifact(tufstore.tag_for(name), tufstore.MAX_BYTES)
-        if data is None:
-            raise PublishError(f"{repository}: {name} is missing from the registry; fix: ask the maintainers")
-        if meta is not None:
-            meta.verify_length_and_hashes(data)
-        md = Metadata.from_bytes(data)
-        root.verify_delegate(role, md)
-        cached = folder / f"{role}.json"
-        if cached.is_file() and Metadata.from_file(str(cached)).signed.version > md.signed.version:
-            raise PublishError(f"{repository}: the registry serves an older {role} than this machine trusts")
-        return data
-
-    ts = load("timestamp.json", "timestamp", None)
-    snapshot_meta = Metadata[Timestamp].from_bytes(ts).signed.snapshot_meta
-    snap = load(f"{snapshot_meta.version}.snapshot.json", "snapshot", snapshot_meta)
-    targets_meta = Metadata[Snapshot].from_bytes(snap).signed.meta["targets.json"]
-    targets = load(f"{targets_meta.version}.targets.json", "targets", targets_meta)
-    for role, data in (("timestamp", ts), ("snapshot", snap), ("targets", targets)):
-        write_output(folder / f"{role}.json", data, f"TUF {role} metadata")
-    return tufclient.state_of_targets(repository, targets)
+def resign_timestamp(
+    repository: str, registry: Registry | None = None, root_file: Path | None = None
+) -> None:
+    """The daily re-sign: the committed targets as version+1 with no change, a new snapshot and timestamp."""
+    change_targets(repository, lambda targets, state: None, registry, root_file=root_file)
 
 
 def _summary(target: TagTarget) -> dict[str, object]:

@@ -1,10 +1,13 @@
 """Our own workflow check (`invoke lint`, beside zizmor): what may reach the GPU runner, sign, or feed a
 published image, read as an allow-list: what it cannot prove safe is refused.
 
-- `runs-on` is proven GitHub-hosted only when every label is a hosted image (HOSTED) or it is `${{ matrix.runner }}`
-  of a matrix made by `invoke ci.matrix` (whose runners are oci.PLATFORMS' hosted runners). Anything else (a
-  self-hosted label with or without `self-hosted`, a runner-group object, another expression) may reach the GPU
-  runner, so its job must be provably main only.
+- `runs-on` is proven GitHub-hosted only when every label is a hosted image (HOSTED), or an expression whose every
+  possible value is a quoted hosted label (`${{ matrix.arch == 'arm64' && 'ubuntu-24.04-arm' || 'ubuntu-24.04' }}`:
+  comparisons choose, literals are the result). A runner named by data (`${{ matrix.runner }}`, even of the plan
+  job's matrix: a dispatched branch's or a pull request's `ci.matrix` computes it), a self-hosted label with or
+  without `self-hosted`, a runner-group object, may reach the GPU runner, so its job must be provably main only.
+- A job that reaches the GPU runner or holds an OIDC token checks out no ref chosen by an expression
+  (`ref: ${{ inputs.ref }}`): a main-only job would run another ref's code.
 - "Main only": `github.ref == 'refs/heads/main'` is a top-level `&&` term of `if:` and the condition has no
   top-level `||` (`main && x || y` runs for any ref when y holds).
 - A reusable workflow is followed whether called as `./.github/workflows/F` or `OWNER/REPO/.github/workflows/F@REF`
@@ -37,8 +40,7 @@ UNSAFE_TRIGGERS = (
 )
 MAIN_ONLY = "github.ref == 'refs/heads/main'"
 HOSTED = re.compile(r"(ubuntu|windows|macos)-(latest|\d[\w.]*)(-arm)?")  # GitHub-hosted runner images
-MATRIX_RUNNER = "${{ matrix.runner }}"
-MATRIX_FROM_PLAN = "${{ fromJSON(needs.plan.outputs.matrix) }}"
+CHOICE = re.compile(r"\(?\s*(matrix|inputs|github)\.[\w.-]+\s*[!=]=\s*'[^']*'\s*\)?")
 CACHE_WORDS = re.compile(
     r"type=(registry|gha|local|s3|azblob)|cache-(from|to)(?!\s+\"?\$\{CACHE_(FROM|TO)\})"
 )
@@ -84,17 +86,24 @@ def _triggers(data: Mapping[Any, Any]) -> dict[str, Any]:
     return dict(on or {})
 
 
-def _hosted_matrix_runners() -> bool:
-    from sparkforge import oci
-
-    return all(HOSTED.fullmatch(oci.get(p).runner) for p in oci.PLATFORMS)
+def _literal_hosted(expression: str) -> bool:
+    """An expression whose every value is a quoted hosted label: `||` alternatives, each `&&` comparisons
+    (matrix/inputs/github X == 'v') ending in a quoted hosted label."""
+    for term in _split(expression, "||"):
+        *conditions, value = _split(term, "&&")
+        quoted = re.fullmatch(r"\(?'([^']*)'\)?", value.strip())
+        if not quoted or not HOSTED.fullmatch(quoted.group(1)):
+            return False
+        if not all(CHOICE.fullmatch(c) for c in conditions):
+            return False
+    return True
 
 
 def _hosted(job: Mapping[str, Any]) -> bool:
     """True only when the job's runner is provably GitHub-hosted (never the GPU runner)."""
     labels = job.get("runs-on")
-    if labels == MATRIX_RUNNER:
-        return (job.get("strategy") or {}).get("matrix") == MATRIX_FROM_PLAN and _hosted_matrix_runners()
+    if isinstance(labels, str) and labels.strip().startswith("${{"):
+        return _literal_hosted(labels)
     if isinstance(labels, str):
         labels = [labels]
     if not isinstance(labels, list) or not labels:
@@ -142,6 +151,15 @@ def workflow_problems(workflows: Mapping[str, Mapping[Any, Any]], repository: st
                         f'provably GitHub-hosted) from refs other than main; fix: make "{MAIN_ONLY}" a top-level '
                         "&& condition of its if: with no top-level ||, or run it on a GitHub-hosted label"
                     )
+            if gpu or token:
+                for step in job.get("steps") or []:
+                    ref = str(((step or {}).get("with") or {}).get("ref") or "")
+                    if str((step or {}).get("uses") or "").startswith("actions/checkout@") and "${{" in ref:
+                        problems.append(
+                            f"{where} checks out a ref chosen by an expression ({ref!r}) and "
+                            + ("may reach the GPU runner" if gpu else "holds an OIDC token")
+                            + ": it would run another ref's code; fix: check out the triggering commit (no ref:)"
+                        )
             if (
                 "workflow_call" in triggers
                 and (gpu or token)

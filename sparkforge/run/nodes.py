@@ -223,8 +223,9 @@ class ContainerSpec:
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
-    """`docker run --detach ...` arguments (after the engine flags) for a container spec."""
-    argv = ["run", "--detach", "--name", spec.name]
+    """`docker run --detach ...` arguments (after the engine flags) for a container spec; `--pull never`: the
+    image was resolved and checked before (registry/pulled.py), the engine never fetches a tag by itself."""
+    argv = ["run", "--detach", "--pull", "never", "--name", spec.name]
     for key, value in sorted(spec.labels.items()):
         argv += ["--label", f"{key}={value}"]
     if spec.host_network:

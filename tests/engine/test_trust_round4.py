@@ -25,7 +25,7 @@ from sparkforge.engine import detect_engine
 from sparkforge.recipe.loader import Recipe, load_recipe
 from sparkforge.registry import publish, pull, tagtrust, trust
 from sparkforge.registry.attest import attest_report
-from sparkforge.registry.cosign import Cosign, Signer, SigningError, Source, sign_published
+from sparkforge.registry.cosign import Cosign, Signer, SigningError, Source, sign_published, source_of
 from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.ocidist import Registry
 from sparkforge.report import Check, Report
@@ -95,7 +95,7 @@ def _push_index(world: World, unique: str, tags: list[str]) -> tuple[str, dict[s
         platforms,
         Cosign(world.tools.runner),
         world.signer(),
-        Source.detect(world.tools.runner),
+        Source.detect(world.tools.runner, source_of(world.recipe)),
     )
     return index, platforms
 
@@ -110,6 +110,15 @@ def _put(world: World, body: bytes, media: str, tag: str) -> str:
 
 
 def _attest(world: World, image: str, platform: str, status: str = "passed") -> None:
+    data = _report(world, image, platform, status)
+    os.environ["COSIGN_PASSWORD"] = PASSWORD
+    attest_report(world.recipe, image, data, Cosign(world.tools.runner), world.signer(), world.tools)
+    if status == "failed":
+        tagtrust.revoke_failed(world.recipe, image, data, world.tools)
+
+
+def _report(world: World, image: str, platform: str, status: str = "passed") -> dict:
+    """The verify report a GB10 run of `image` writes (passed, or its last check failed)."""
     report = Report(command="verify", subject=image, recipe=world.recipe.name)
     for check in passing_checks():
         report.add(Check.from_dict(check))
@@ -125,11 +134,7 @@ def _attest(world: World, image: str, platform: str, status: str = "passed") -> 
             "platform": platform,
         }
     )
-    data = json.loads(json.dumps(report.to_dict()))
-    os.environ["COSIGN_PASSWORD"] = PASSWORD
-    attest_report(world.recipe, image, data, Cosign(world.tools.runner), world.signer(), world.tools)
-    if status == "failed":
-        tagtrust.revoke_failed(world.recipe, image, data, world.tools)
+    return json.loads(json.dumps(report.to_dict()))
 
 
 def _check(world: World, ref: str, image: str, platform: str = "linux/arm64", **kw) -> trust.Trusted:

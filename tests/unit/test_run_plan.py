@@ -78,13 +78,15 @@ def test_two_node_mp_plan_is_exact(tmp_path: Path) -> None:
         "--label", "dev.sparkforge.run=serve",
         "--label", "dev.sparkforge.run.profile=qwen35-122b-a10b-fp8-tp2",
     ]  # fmt: skip
-    assert worker.docker_argv()[:4] == [
+    assert worker.docker_argv()[:6] == [
         "run",
         "--detach",
+        "--pull",
+        "never",  # the image was resolved and checked before: the engine never fetches a tag itself
         "--name",
         "sparkforge-serve-qwen35-122b-a10b-fp8-tp2-1",
     ]
-    assert worker.docker_argv()[4:8] == common
+    assert worker.docker_argv()[6:10] == common
     argv = worker.docker_argv()
     tail = argv[argv.index("img:1") :]
     assert tail == [

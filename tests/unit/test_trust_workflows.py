@@ -102,10 +102,35 @@ def test_a_hosted_runner_and_the_plan_matrix_runner_are_proven_safe() -> None:
 
     assert _broken(hosted) == []
 
-    def other_matrix(flows: dict) -> None:  # the same expression over a matrix not made by ci.matrix
-        flows["images.yml"]["jobs"]["build"]["strategy"]["matrix"] = {"runner": ["dgx-spark"]}
+    def other_matrix(flows: dict) -> None:  # the platform chooses between literals: the matrix cannot add one
+        flows["images.yml"]["jobs"]["build"]["strategy"]["matrix"] = {"platform": ["dgx-spark"]}
 
-    assert any("images.yml job build may reach the GPU runner" in p for p in _broken(other_matrix))
+    assert _broken(other_matrix) == []
+
+
+def test_round5_a_runner_the_matrix_names_and_a_checkout_of_an_input_ref_fail() -> None:
+    """Review item 6: the plan job's matrix is computed by the dispatched branch's (or a pull request's) own
+    code, so `${{ matrix.runner }}` may name the GPU runner; a main-only GPU job checking out `inputs.ref` runs
+    another ref's code. Both passed `invoke lint` before."""
+
+    def matrix_runner(flows: dict) -> None:
+        flows["images.yml"]["jobs"]["build"]["runs-on"] = "${{ matrix.runner }}"
+
+    def data_in_the_choice(flows: dict) -> None:
+        flows["images.yml"]["jobs"]["build"]["runs-on"] = (
+            "${{ matrix.arm && matrix.runner || 'ubuntu-24.04' }}"
+        )
+
+    def checkout_input_ref(flows: dict) -> None:
+        job = _gpu_job(flows)
+        job["steps"][0] = {
+            **job["steps"][0],
+            "with": {"ref": "${{ inputs.ref }}", "persist-credentials": False},
+        }
+
+    assert any("images.yml job build may reach the GPU runner" in p for p in _broken(matrix_runner))
+    assert any("images.yml job build may reach the GPU runner" in p for p in _broken(data_in_the_choice))
+    assert any("checks out a ref chosen by an expression" in p for p in _broken(checkout_input_ref))
 
 
 def test_a_build_cache_in_a_workflow_or_for_main_fails(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,23 +82,31 @@ def test_freeze_an_expired_timestamp_is_refused(tuf_world: TufWorld, monkeypatch
     tuf_world.machine("fresh")
     with pytest.raises(PublishError, match=r"expired.*a freeze"):
         tufclient.refresh(tuf_world.repository)
-    # the daily re-sign (sign.tuf-timestamp) renews it, from any machine: the moves are all kept
+    # the daily re-sign (sign.tuf-timestamp) starts from the committed metadata, from any machine; the expired
+    # timestamp in the registry is reported as an incident, never taken as a base
     monkeypatch.setitem(tufrepo.TTL, "timestamp", dt.timedelta(days=2))
     tuf_world.machine("ci-runner")
-    tufrepo.resign_timestamp(tuf_world.repository)
+    said: list[str] = []
+    tufrepo.change_targets(tuf_world.repository, lambda targets, state: None, warn=said.append)
+    assert any("INCIDENT" in line and "not a base" in line for line in said)
     tuf_world.machine("fresh2")
     state = tufclient.refresh(tuf_world.repository)
     assert (state.version, state.tags["latest"].index) == (3, Y)
 
 
 def test_fork_at_equal_version_is_refused(tuf_world: TufWorld) -> None:
-    """A publisher on a rolled-back registry (a fresh cache) writes v4 again with other content."""
-    _promote_then_revoke(tuf_world)  # v4 revokes X
+    """A publisher with a stale checkout (v3) on a rolled-back registry writes v4 again with other content."""
+    tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE))  # v2
+    tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))  # v3
+    stale = tuf_world.stale_checkout("stale")
+    tuf_world.keep_timestamp()
+    tufrepo.revoke(tuf_world.repository, {X_IMAGE: "verify failed"})  # v4 revokes X
     tuf_world.machine("seen")
     tufclient.refresh(tuf_world.repository)
     for tag in ("tuf-timestamp", "tuf-targets-4", "tuf-snapshot-4"):
         tuf_world.delete_tag(tag)
     tuf_world.put_old_timestamp(3)
+    tuf_world.use_checkout(stale)
     tuf_world.machine(
         "fresh-publisher"
     )  # never saw v4: TUF alone cannot tell it (docs/trust.md: freeze window)
@@ -110,20 +118,36 @@ def test_fork_at_equal_version_is_refused(tuf_world: TufWorld) -> None:
     tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))  # fork v5 on top
     tuf_world.machine("seen")
     with pytest.raises(
-        PublishError, match="does not descend from the targets v4 this machine trusts: a fork"
+        PublishError, match=r"refused before|does not descend from the targets v4 this machine"
     ):
         tufclient.refresh(tuf_world.repository)
 
 
-def test_a_writer_whose_cache_saw_the_revocation_refuses_to_promote_on_a_rolled_back_registry(
+def test_a_writer_on_a_rolled_back_registry_writes_on_the_committed_metadata(
     tuf_world: TufWorld,
 ) -> None:
+    """The registry writer puts back the pre-revocation timestamp; a writer on a fresh runner starts from git
+    (v4, with the revocation), writes v5 on top of it, and repairs the mirror: the revocation stays."""
     _promote_then_revoke(tuf_world)
     tuf_world.delete_tag("tuf-timestamp")
     tuf_world.put_old_timestamp(3)
-    with pytest.raises(PublishError, match="a rollback"):
-        tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE))
-    assert tuf_world.registry.artifact("tuf-targets-5", 1 << 20) is None
+    tuf_world.machine("fresh-ci-runner")
+    with pytest.raises(PublishError, match="revoked by the signed TUF targets"):
+        tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))
+    state = tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE))
+    assert state.version == 5 and "verify failed" in state.revoked_of(X_IMAGE)
+
+
+def test_a_write_refuses_a_later_version_it_did_not_write(tuf_world: TufWorld) -> None:
+    """A checkout that fell behind (another job wrote since) refuses to sign on top of its stale base."""
+    stale = tuf_world.stale_checkout("behind")
+    tufrepo.move_tag(
+        tuf_world.repository, tuf_world.target("latest", Y, Y_IMAGE)
+    )  # v2, from the main checkout
+    tuf_world.use_checkout(stale)
+    with pytest.raises(PublishError, match=r"registry holds timestamp v2.*did not write; nothing was signed"):
+        tufrepo.move_tag(tuf_world.repository, tuf_world.target("latest", X, X_IMAGE))
+    assert not (tufrepo.committed_dir(tuf_world.repository) / "2.targets.json").exists()
 
 
 def test_revoked_image_cannot_be_promoted_again(tuf_world: TufWorld) -> None:
@@ -170,7 +194,7 @@ def test_root_rotation_through_the_chain(tuf_world: TufWorld) -> None:
     v2 = tufrepo.rotate_root(tuf_world.registry, current, change, [tuf_world.root_signer, new_root_key])
     tuf_world.machine("fresh")
     tufclient.refresh(tuf_world.repository)
-    trusted = Metadata[Root].from_file(str(tufclient.metadata_dir(tuf_world.repository) / "root.json"))
+    trusted = Metadata[Root].from_file(str(tuf_world.trusted_dir() / "root.json"))
     assert (trusted.signed.version, list(trusted.signed.roles["root"].keyids)) == (
         2,
         [new_root_key.public_key.keyid],
@@ -202,3 +226,35 @@ def test_the_keyless_online_key_of_ci(tuf_world: TufWorld, monkeypatch: pytest.M
         tufrepo.online_signer(root, "targets", "sigstore:?ambient=true")
     with pytest.raises(PublishError, match="names no key"):  # an ed25519 file is not the keyless key
         tufrepo.online_signer(root, "targets", tuf_world.online_uri)
+
+
+def test_images_lists_every_signed_move_with_its_verdict(tuf_world: TufWorld) -> None:
+    """`invoke images`: what the signed targets say was published, a revoked index named as such."""
+    from sparkforge.registry import tagtrust
+
+    _promote_then_revoke(tuf_world)
+    tuf_world.machine("owner")
+    rows = tagtrust.published(tufclient.refresh(tuf_world.repository))
+    assert [(r["index"], r["names_now"], r["verdict"].split(":")[0]) for r in rows] == [
+        (X, False, "REVOKED"),
+        (Y, False, "GPU-verified when it moved (signed claim)"),
+    ]
+    assert rows[0]["claims"] == {"linux/arm64": ["f" * 64]}
+
+
+def test_a_root_alone_is_completed_by_the_first_online_write(tuf_world: TufWorld) -> None:
+    """trust.init with a keyless online identity commits the root only; the first online write (CI's
+    sign.tuf-timestamp) signs targets, snapshot and timestamp v1 on it, and a machine starting from that root
+    file (a recipe's trust_root) trusts them."""
+    from sparkforge.registry.ocidist import Registry
+
+    repository = tuf_world.repository + "-keyless"
+    root = tufrepo.new_root([tuf_world.root_signer.public_key], [tuf_world.online.public_key])
+    data = tufrepo.publish_root(Registry(repository), root, [tuf_world.root_signer])
+    root_file = tuf_world.tmp / "keyless.root.json"
+    root_file.write_bytes(data)
+    tuf_world.machine("ci-first-run")
+    state = tufrepo.move_tag(repository, tuf_world.target("latest", Y, Y_IMAGE), root_file=root_file)
+    assert (state.version, state.tags["latest"].index) == (1, Y)
+    tuf_world.machine("owner")
+    assert tufclient.refresh(repository, root_file=root_file).tags["latest"].index == Y

@@ -54,6 +54,22 @@ class TufWorld:
             tag, index, {"linux/arm64": image}, {"linux/arm64": [claim or "f" * 64]}, "smoke", "0" * 64
         )
 
+    def trusted_dir(self) -> Path:
+        """This machine's trusted metadata folder (keyed by the dev root's fingerprint)."""
+        return tufclient.metadata_dir(self.repository, self.root_path.read_bytes())
+
+    def stale_checkout(self, name: str) -> Path:
+        """A copy of the committed metadata as it is now (a checkout that will fall behind); see `use_checkout`."""
+        import shutil
+
+        folder = self.tmp / "checkouts" / name / "tuf"
+        shutil.copytree(self.tmp / "git" / "tuf", folder)
+        return folder
+
+    def use_checkout(self, folder: Path) -> None:
+        """Write from this checkout's committed metadata from now on."""
+        self.patch.setenv(tufrepo.METADATA_ENV, str(folder))
+
     def keep_timestamp(self) -> None:
         """What a registry writer can always do: keep a copy of each timestamp it was served."""
         data = self.registry.artifact("tuf-timestamp", tufstore.MAX_BYTES)
@@ -94,6 +110,7 @@ def ed25519_key_file(path: Path) -> tuple[CryptoSigner, str]:
 def start_tuf(local: LocalRegistry, repository: str, tmp: Path, patch: pytest.MonkeyPatch) -> TufWorld:
     """A new TUF repository in `repository`: root v1 (one ed25519 root key) and one online key; this process
     trusts that root in dev mode, signs with the online key, and acts as machine "publisher"."""
+    patch.setenv(tufrepo.METADATA_ENV, str(tmp / "git" / "tuf"))  # the publisher's checkout (git: the truth)
     root_signer = CryptoSigner.generate_ed25519()
     online, online_uri = ed25519_key_file(tmp / "online.pem")
     root = tufrepo.new_root([root_signer.public_key], [online.public_key])

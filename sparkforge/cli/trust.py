@@ -1,0 +1,152 @@
+"""Invoke tasks for a publisher's own TUF root: trust.init, trust.rotate, trust.recover, trust.status (thin: the
+work is in sparkforge.registry.ceremony; docs/trust.md: Publishers own their roots)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from pathlib import Path
+
+from invoke import Collection, Context
+
+from sparkforge.cli import Whole, echo, task, user_errors, warn
+
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (it names publish.signing.trust_root)"
+ONLINE_HELP = {
+    "online_key": "PATH: the online roles' private key file (PEM); CI holds it as SPARKFORGE_TUF_SIGNER=file2:PATH",
+    "online_identity": "URL: keyless online roles: the signing workflow at its ref, e.g. "
+    "https://github.com/ME/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main",
+}
+
+
+def _online(online_key: str, online_identity: str):
+    from sparkforge.errors import PublishError
+    from sparkforge.registry.ceremony import Online
+
+    if bool(online_key) == bool(online_identity):
+        raise PublishError("give exactly one of --online-key PATH or --online-identity URL")
+    return Online(Path(online_key) if online_key else None, online_identity)
+
+
+@task(
+    iterable=["root_key"],
+    help={
+        "recipe": RECIPE_HELP,
+        "root_key": "PATH: an offline root private key file (PEM); repeat for each maintainer",
+        "threshold": "N: how many root keys must sign a root (default 1)",
+        **ONLINE_HELP,
+    },
+)
+@user_errors
+def init(
+    c: Context,
+    recipe: str,
+    root_key: list[str] | None = None,
+    threshold: int = Whole(1),
+    online_key: str = "",
+    online_identity: str = "",
+) -> None:
+    """The root ceremony: root v1 of the recipe's repository, written to its trust_root file and the registry."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import ceremony, tufrepo
+
+    loaded = load_recipe(recipe)
+    online = _online(online_key, online_identity)
+    fingerprint = ceremony.init(loaded, [Path(p) for p in root_key or []], threshold, online)
+    repository = loaded.model.publish.repository
+    echo(
+        f"sparkforge: TUF root v1 of {repository} (fingerprint {fingerprint}) written to "
+        f"{loaded.model.publish.signing.trust_root if loaded.model.publish.signing else '?'}; commit it and "
+        f"{tufrepo.committed_dir(repository)} (git is the source of truth), keep the root keys offline"
+    )
+
+
+@task(
+    iterable=["sign_key", "root_key"],
+    help={
+        "recipe": RECIPE_HELP,
+        "sign_key": "PATH: a current root private key that signs the new root (repeat up to the threshold)",
+        "root_key": "PATH: a new root private key (repeat; replaces the root keys); it signs too",
+        "threshold": "N: the new root threshold (default: unchanged)",
+        **ONLINE_HELP,
+    },
+)
+@user_errors
+def rotate(
+    c: Context,
+    recipe: str,
+    sign_key: list[str] | None = None,
+    root_key: list[str] | None = None,
+    threshold: int = Whole(0),
+    online_key: str = "",
+    online_identity: str = "",
+) -> None:
+    """Root N+1: new root keys, threshold or online key, signed by the current and the new root keys."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import ceremony
+
+    online = _online(online_key, online_identity) if (online_key or online_identity) else None
+    version = ceremony.rotate(
+        load_recipe(recipe),
+        [Path(p) for p in sign_key or []],
+        [Path(p) for p in root_key or []],
+        threshold,
+        online,
+    )
+    echo(f"sparkforge: TUF root v{version} written; commit the metadata folder (clients follow the chain)")
+
+
+@task(
+    iterable=["sign_key"],
+    help={
+        "recipe": RECIPE_HELP,
+        "sign_key": "PATH: a root private key (repeat up to the threshold)",
+        **ONLINE_HELP,
+    },
+)
+@user_errors
+def recover(
+    c: Context,
+    recipe: str,
+    sign_key: list[str] | None = None,
+    online_key: str = "",
+    online_identity: str = "",
+) -> None:
+    """After an online-key leak: a root naming the new online key, and the metadata signed again with it."""
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import ceremony
+
+    version = ceremony.recover(
+        load_recipe(recipe), [Path(p) for p in sign_key or []], _online(online_key, online_identity), warn
+    )
+    echo(
+        f"sparkforge: TUF root v{version} names the new online key; what the leaked key signed no longer "
+        "verifies. Commit the metadata folder; revoke the leaked key wherever else it was used"
+    )
+
+
+@task(help={"recipe": RECIPE_HELP, "json": "PATH: write the status (JSON) here"})
+@user_errors
+def status(c: Context, recipe: str, json: str = "") -> None:
+    """What this machine trusts for the recipe's repository: root, fingerprint, versions, expiries."""
+    from sparkforge.boundary import check_output, write_output
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.registry import ceremony
+
+    check_output(json, "--json")
+    found = ceremony.status(load_recipe(recipe), warn)
+    echo(f"{found['repository']}: root {found['root']} (fingerprint {found['fingerprint']})")
+    for role, seen in found["trusted"].items():
+        echo(f"  trusted {role:9} v{seen['version']:<5} expires {seen['expires']}")
+    if not found["trusted"]:
+        echo("  nothing trusted yet on this machine (the first pull starts from the root above)")
+    echo(f"  refused heads {found['refused_heads']}, revocations remembered {found['revoked_seen']}")
+    echo(f"  committed metadata: {found['committed']}")
+    if json:
+        write_output(Path(json), jsonlib.dumps(found, indent=1).encode(), "--json")
+
+
+ns = Collection("trust")
+ns.add_task(init)
+ns.add_task(rotate)
+ns.add_task(recover)
+ns.add_task(status)
