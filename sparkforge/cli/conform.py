@@ -146,7 +146,7 @@ def conform(
     launch = doctor = None
     if not attach:
         memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        flags = NodeFlags.of(image_ref(recipe, image, allow_unverified), locals())
+        flags = NodeFlags.of(image_ref(recipe, image, allow_unverified, dry=dry), locals())
         launch = launch_options(flags)
         if nodes:
             doctor = doctor_options(flags)

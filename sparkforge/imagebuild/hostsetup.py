@@ -34,11 +34,9 @@ def base_inputs(platform: str, suite: str = DEFAULT_SUITE) -> str:
 
 def _base_label(runner: Runner, name: str) -> str | None:
     """The inputs label of the engine's image `name` ("" when it has none), or None when there is no such image."""
-    found = runner.capture(
-        Command.of(engine.docker_cli(), "image", "inspect", "--format",
-                   f'{{{{ index .Config.Labels "{BASE_INPUTS_LABEL}" }}}}', name),
-        "image-inspect", check=False,
-    )  # fmt: skip
+    template = f'{{{{ index .Config.Labels "{BASE_INPUTS_LABEL}" }}}}'
+    inspect = Command.of(engine.docker_cli(), "image", "inspect", "--format", template, name)
+    found = runner.capture(inspect, "image-inspect", check=False)
     if found.returncode != 0:
         return None
     label = found.output.strip()

@@ -25,7 +25,7 @@ def test_dry_prints_the_plan_and_the_rows_and_starts_nothing() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "verdict: fits" in out  # the memory plan first
-    assert "docker run --detach --name sparkforge-serve-qwen35-35b-a3b-fp8-0" in out
+    assert "docker run --detach --pull never --name sparkforge-serve-qwen35-35b-a3b-fp8-0" in out
     rows = [line for line in out.splitlines() if line.startswith("row ")]
     assert rows == [
         f"row 1/2 determinism: {ROWS.get('determinism').help}",
