@@ -52,13 +52,17 @@ def train(cpu_twin: str, out: Path) -> None:
     work = out.with_name(f".{out.name}.{os.getpid()}.part")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    sh(
-        DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "python3",
-        # The trainer finds probes.py where it lies in the repository, relative to itself.
-        "--volume", f"{TRAINER}:/opt/tests/engine/{TRAINER.name}:ro",
-        "--volume", f"{PROBES}:/opt/sparkforge/run/conform/probes.py:ro", "--volume", f"{work}:/out",
-        cpu_twin, f"/opt/tests/engine/{TRAINER.name}", "/out", str(TRAIN_STEPS), str(MTP_STEPS), timeout=2400,
-    )  # fmt: skip
+    name = f"sparkforge-train-{os.getpid()}"
+    try:
+        sh(
+            DOCKER, "run", "--rm", "--name", name, "--network", "none", "--entrypoint", "python3",
+            # The trainer finds probes.py where it lies in the repository, relative to itself.
+            "--volume", f"{TRAINER}:/opt/tests/engine/{TRAINER.name}:ro",
+            "--volume", f"{PROBES}:/opt/sparkforge/run/conform/probes.py:ro", "--volume", f"{work}:/out",
+            cpu_twin, f"/opt/tests/engine/{TRAINER.name}", "/out", str(TRAIN_STEPS), str(MTP_STEPS), timeout=5400,
+        )  # fmt: skip
+    finally:
+        sh(DOCKER, "rm", "--force", name, check=False)  # a timed-out client leaves its container running
     sh("chmod", "-R", "a+rX", str(work))
     if not out.exists():
         work.rename(out)
