@@ -164,6 +164,10 @@ REFUSED_ENV = {
     "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "copies more variables to every Ray worker, past this list",
     "VLLM_API_KEY": "the OpenAI API's key: a secret (the owner's)",
     "VLLM_HOST_IP": "the address vLLM's internode traffic uses: the launch plan's",
+    "VLLM_LOGGING_STREAM": "Python's logging configuration imports the object an ext:// value names",
+    "VLLM_NIC_SELECTION_VARS": "vLLM sets the variables it names inside every worker (through its parser a value "
+    "produced LD_PRELOAD=... pointing at a file of the model repository)",
+    "VLLM_GPU_NIC_PCIE_MAPPING": "free text vLLM turns into per-worker NIC variables",
     "VLLM_LOOPBACK_IP": "the address vLLM's local traffic uses: the launch plan's",
 }
 # Families refused by a name rule: (pattern, what they would do). The first match names the reason.
@@ -302,9 +306,32 @@ def owner_only(name: str) -> str:
     return OWNER_FIX if _OWNER_ONLY.fullmatch(name) else ""
 
 
+def value_verdicts(key: str, value: object) -> list[Verdict]:
+    """The fields of a JSON-valued flag's value that are off the value allow-list (sparkforge/recipe/values.py),
+    each its own entry (`compilation-config.backend`): none for other flags."""
+    from sparkforge.recipe.values import flag_findings
+
+    return [Verdict("flag", f.entry, f.status, f.reason) for f in flag_findings(key, value)]  # type: ignore[arg-type]
+
+
+def env_value_verdict(name: str, value: object) -> Verdict:
+    """A variable by name and then by value: a name on the list passes only with a value of its grammar."""
+    from sparkforge.recipe.values import env_finding
+
+    verdict = env_verdict(name)
+    if verdict.status != "allowed":
+        return verdict
+    finding = env_finding(name, str(value), RESOURCE_ENV)
+    return verdict if finding is None else Verdict("env", name, finding.status, finding.reason)  # type: ignore[arg-type]
+
+
 def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verdict]:
-    """Every flag and variable of a profile (or an imported recipe), in order."""
-    return [flag_verdict(k) for k in args] + [env_verdict(str(k)) for k in env]
+    """Every flag (and every field of a JSON-valued flag's value) and variable (by name and value), in order."""
+    out = []
+    for key, value in args.items():
+        out.append(flag_verdict(key))
+        out += value_verdicts(key, value)
+    return out + [env_value_verdict(str(k), v) for k, v in env.items()]
 
 
 def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mapping[str, str]) -> list[Verdict]:
@@ -316,11 +343,14 @@ def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mappin
     ]
 
 
-def opt_in_warnings(allow: Mapping[str, str], env: Mapping[str, object], where: str) -> list[str]:
+def opt_in_warnings(
+    allow: Mapping[str, str], env: Mapping[str, object], where: str, args: Mapping[str, object] | None = None
+) -> list[str]:
     """One line per opt-in: printed by every task that starts a container."""
     lines = []
+    found = {v.allow_key: v for v in verdicts(args or {}, env) if v.status != "allowed"}
     for key, why in allow.items():
-        verdict = env_verdict(key) if key in env else flag_verdict(key)
+        verdict = found.get(key) or (env_verdict(key) if key in env else flag_verdict(key))
         lines.append(
             f"warning: {where} opts in to {verdict.entry} off the allow-list ({verdict.status}: {verdict.reason}); "
             f"the reason it gives: {why}"

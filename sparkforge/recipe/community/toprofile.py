@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from sparkforge.errors import RecipeError, SparkforgeError
-from sparkforge.recipe.allowlist import Verdict, env_verdict, flag_verdict, owner_only
+from sparkforge.recipe.allowlist import Verdict, env_value_verdict, flag_verdict, owner_only, value_verdicts
 from sparkforge.recipe.community.formats import CommunityRecipe
 from sparkforge.recipe.community.vllmargv import (
     Option,
@@ -266,6 +266,9 @@ def import_recipe(
         kept.append(option)
         if not problem and not listed(flag_verdict(key), where):
             continue
+        # Each field of a JSON value on its own: the flag is carried only when every field is on the list.
+        if not problem and not all([listed(v, where) for v in value_verdicts(key, value)]):
+            continue
         if problem:
             attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
             if "secret" in problem:  # the source's argv is printed: never its secret
@@ -284,7 +287,7 @@ def import_recipe(
         )
         if problem:
             attention.append(Attention(recipe.at("env", str(key)), f"dropped: {problem}"))
-        elif listed(env_verdict(str(key)), recipe.at("env", str(key))):
+        elif listed(env_value_verdict(str(key), value), recipe.at("env", str(key))):
             env[str(key)] = value
     if recipe.model and recipe.model != argv.model:
         attention.append(
