@@ -20,6 +20,11 @@ ARG_UTILS = "vllm/engine/arg_utils.py"
 ENVS = "vllm/envs.py"
 CONFIG_DIR = "vllm/config/"
 ARGS_CLASSES = ("EngineArgs", "AsyncEngineArgs", "BaseFrontendArgs", "FrontendArgs")
+CLI_ARGS = (
+    "vllm/entrypoints/launchers/cli_args.py",
+    "vllm/entrypoints/common/cli_args.py",
+    "vllm/entrypoints/openai/cli_args.py",
+)  # as preflight's flag reader (serveflags.CLI_ARGS)
 
 
 @dataclass(frozen=True)
@@ -191,13 +196,15 @@ def read_values(read_text: Callable[[str], str | None], listing: Iterable[str]) 
     if text is None:
         raise ValueError(f"{ARG_UTILS} is missing from the vLLM tree")
     tree = ast.parse(text)
+    frontend = next((t for t in map(read_text, CLI_ARGS) if t), None)  # the serve entrypoint's FrontendArgs
+    trees = [tree, ast.parse(frontend)] if frontend else [tree]
     built = {}  # `self.x = Class(**self.x)` / `Class(**self.x)`: the class vLLM builds from a dict field
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in classes:
             for kw in node.keywords:
                 if kw.arg is None and isinstance(kw.value, ast.Attribute) and ast.unparse(kw.value.value) == "self":
                     built[kw.value.attr] = node.func.id
-    for node in ast.walk(tree):
+    for node in (n for t in trees for n in ast.walk(t)):
         if isinstance(node, ast.ClassDef) and node.name in ARGS_CLASSES:
             for name, annotation in _fields(node).items():
                 kind = kind_of(annotation, enums, classes)

@@ -216,6 +216,10 @@ OWNER_FIX = (
     "it is the machine owner's setting, never a recipe's or profile's (no opt-in): the hub endpoint comes from "
     "your environment or --hf-endpoint, the token from --hf-token-file, proxies and CA bundles from your machine"
 )
+FINAL_FIX = (
+    "revisions come from the profile's pinned model revision; files a profile needs live beside it, never in "
+    "the secrets, the caches or the snapshot"
+)
 ENV_FIX = "remove it from env (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
 FLAG_FIX = (
     "remove it from the command (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
@@ -230,6 +234,7 @@ class Verdict:
     name: str  # the flag's long name without dashes, or the variable's name
     status: Status
     reason: str
+    final: bool = False  # refused whatever the opt-ins say (a path into the secrets, a branch ref)
 
     @property
     def entry(self) -> str:
@@ -245,6 +250,8 @@ class Verdict:
         fix = owner_only(self.allow_key) or (FLAG_FIX if self.kind == "flag" else ENV_FIX).format(
             entry=self.allow_key
         )
+        if self.final:
+            return f"{self.entry}: refused: {self.reason}; fix: remove it (no opt-in: {FINAL_FIX})"
         if self.status == "unknown":
             return f"{self.entry}: needs attention: {self.reason}; fix: {fix}"
         return f"{self.entry}: refused: {self.reason}; fix: {fix}"
@@ -306,12 +313,17 @@ def owner_only(name: str) -> str:
     return OWNER_FIX if _OWNER_ONLY.fullmatch(name) else ""
 
 
-def value_verdicts(key: str, value: object) -> list[Verdict]:
-    """The fields of a JSON-valued flag's value that are off the value allow-list (sparkforge/recipe/values.py),
-    each its own entry (`compilation-config.backend`): none for other flags."""
-    from sparkforge.recipe.values import flag_findings
+def value_verdicts(key: str, value: object, args: Mapping[str, object] | None = None) -> list[Verdict]:
+    """A flag's value against the value allow-list (sparkforge/recipe/values.py): each field of a JSON value off
+    the list as its own entry (`compilation-config.backend`); a revision that is no full commit or differs from
+    the pin in `args`; another repository; a file the recipe picks."""
+    from sparkforge.recipe.values import flag_findings, plain_findings
 
-    return [Verdict("flag", f.entry, f.status, f.reason) for f in flag_findings(key, value)]  # type: ignore[arg-type]
+    out = [Verdict("flag", f.entry, f.status, f.reason) for f in flag_findings(key, value)]  # type: ignore[arg-type]
+    return out + [
+        Verdict("flag", f.entry, f.status, f.reason, f.final)  # type: ignore[arg-type]
+        for f in plain_findings(key, value, args or {})
+    ]
 
 
 def env_value_verdict(name: str, value: object) -> Verdict:
@@ -330,7 +342,7 @@ def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verd
     out = []
     for key, value in args.items():
         out.append(flag_verdict(key))
-        out += value_verdicts(key, value)
+        out += value_verdicts(key, value, args)
     return out + [env_value_verdict(str(k), v) for k, v in env.items()]
 
 
@@ -339,7 +351,7 @@ def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mappin
     return [
         v
         for v in verdicts(args, env)
-        if v.status != "allowed" and (v.allow_key not in allow or owner_only(v.allow_key))
+        if v.status != "allowed" and (v.allow_key not in allow or owner_only(v.allow_key) or v.final)
     ]
 
 

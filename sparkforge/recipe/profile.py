@@ -26,6 +26,7 @@ from pydantic import (
 
 from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.allowlist import Verdict, blocked, opt_in_warnings, owner_only, verdicts
+from sparkforge.recipe.values import model_finding
 from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
@@ -167,9 +168,13 @@ class ProfileModel(BaseModel):
     @model_validator(mode="after")
     def _allow_list(self) -> ProfileModel:
         refused = blocked(self.args, self.env, self.allow)
+        uri = model_finding(self.model)
+        if uri is not None and "model" not in self.allow:
+            refused.append(Verdict("flag", "model", "refused", uri.reason))
         if refused:
             raise ValueError("; ".join(v.message() for v in refused))
         used = {v.allow_key for v in verdicts(self.args, self.env)} | set(self.args) | set(self.env)
+        used |= {"model"} if uri is not None else set()
         stale = sorted(k for k in self.allow if k not in used)
         if stale:
             raise ValueError(

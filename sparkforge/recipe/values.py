@@ -286,3 +286,80 @@ def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding |
     if re.fullmatch(pattern, value):
         return None
     return Finding(name, "unknown", f"{value[:60]!r} is not what vllm/envs.py reads from {name} ({kind[:80]})")
+
+
+HEX40 = re.compile(r"[0-9a-f]{40}")
+REVISION_FLAGS = ("revision", "code-revision", "tokenizer-revision")
+# Flags whose value is another repository (or a local copy of one): every artefact is pinned by the profile.
+REPOSITORY_FLAGS = {
+    "tokenizer": "loads the tokenizer (and its code, with remote code) from another repository at no pinned commit",
+    "hf-config-path": "reads the model's config from another repository or folder",
+    "lora-modules": "loads LoRA adapters from other repositories or folders at no pinned commit",
+    "spec-model": "loads a drafter from another repository at no pinned commit",
+}
+# Flags whose value is a file the container reads: the recipe never picks one (files live beside the profile).
+PATH_FLAGS = {
+    "chat-template": r"[^/]*\{[\s\S]*",  # an inline template passes; a path does not
+    "generation-config": r"auto|vllm",
+    "mm-encoder-fp8-scale-path": r"(?!)",
+    "root-path": r"/[A-Za-z0-9_./-]{0,64}",  # an URL prefix of the API, not a file
+}
+# Files import's own check places beside the profile (mounted read-only at a fixed path): here only a path into
+# the secrets, the caches or the snapshot is refused.
+BESIDE_PROFILE = ("chat-template",)
+_OWNER_MODELS = re.compile(r"/models(/[A-Za-z0-9_.-]{1,128}){0,8}")  # the owner's --model-dir (run.launch.MODEL_MOUNT)
+# Where no recipe-chosen path may point: the token mount, the caches (the HF snapshot holds the repository's
+# own files), the home folder. Refused whatever the opt-ins say.
+_PRIVATE = re.compile(r"/run/secrets(/.*)?|/root(/.*)?|/home(/.*)?|.*/(snapshots|blobs|models--[^/]*|\.cache)(/.*)?|/proc(/.*)?")
+
+
+@dataclass(frozen=True)
+class PlainFinding(Finding):
+    final: bool = False  # no opt-in lets it through
+
+
+def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[PlainFinding]:
+    """A non-JSON flag's value: revisions are full commits agreeing with the profile's pin, repositories and
+    files are never the recipe's choice."""
+    import posixpath
+
+    flag = key.replace("_", "-")
+    text = value if isinstance(value, str) else None
+    if flag in REVISION_FLAGS:
+        if text is None or not HEX40.fullmatch(text):
+            return [PlainFinding(flag, "refused", f"{str(value)[:60]!r} is a branch, tag or PR ref, not a full "
+                                 "commit: the repository's owner can change what it names", final=True)]  # fmt: skip
+        pin = args.get("revision")
+        if flag != "revision" and isinstance(pin, str) and text != pin:
+            return [PlainFinding(flag, "refused", f"{text} is not the profile's pinned revision {pin}: every "
+                                 "revision is derived from the pin", final=True)]  # fmt: skip
+        return []
+    if flag in REPOSITORY_FLAGS:
+        if text is not None and _OWNER_MODELS.fullmatch(text) and ".." not in text.split("/"):
+            return []  # a folder of the owner's --model-dir mount, not a repository
+        return [PlainFinding(flag, "refused", REPOSITORY_FLAGS[flag])]
+    pattern = PATH_FLAGS.get(flag)
+    if flag.split(".", 1)[0] in vllmvalues.FLAGS:
+        return []  # a JSON value: judged field by field (flag_findings)
+    if pattern is None and not re.fullmatch(r".*(path|file|dir|template).*", flag):
+        return []
+    if text is not None and pattern is not None and re.fullmatch(pattern, text):
+        return []
+    words = value if isinstance(value, list) else [value]
+    for word in (str(w) for w in words):
+        norm = posixpath.normpath(word) if word.startswith(("/", "~", ".")) else word
+        if norm.startswith("~") or _PRIVATE.fullmatch(norm):
+            return [PlainFinding(flag, "refused", f"{word[:80]} points into the secrets, the caches or the model "
+                                 "snapshot", final=True)]  # fmt: skip
+    if flag in BESIDE_PROFILE:
+        return []  # whether the file exists in the container is import's file check (files beside the profile)
+    return [PlainFinding(flag, "unknown", f"{str(value)[:80]!r}: a file the recipe picks inside the container; "
+                         "the files a profile needs live beside it")]  # fmt: skip
+
+
+def model_finding(model: str) -> Finding | None:
+    """A model that is not a Hugging Face id (or a path the owner mounts): `s3://...`, `gs://...`, any URI."""
+    if "://" in model or re.match(r"[a-z0-9]+:", model):
+        return Finding("model", "refused", f"{model[:80]}: not a Hugging Face repository id (a URI the loader "
+                       "fetches from elsewhere, where a 40-hex revision pins nothing)")  # fmt: skip
+    return None

@@ -29,6 +29,7 @@ from sparkforge.recipe.community.vllmargv import (
 )
 from sparkforge.recipe.profile import PROFILE_NAME, load_profile
 from sparkforge.recipe.serveargs import check_env, check_flag, check_value
+from sparkforge.recipe.values import HEX40, model_finding
 
 SPARKFORGE_HOST = "0.0.0.0"
 _BUILD_ARG_HINTS = {
@@ -230,7 +231,9 @@ def import_recipe(
     def listed(verdict: Verdict, where: str) -> bool:
         """True when the entry may be carried; otherwise it is named (refused or needs attention)."""
         used.add(verdict.allow_key)
-        if verdict.status == "allowed" or (verdict.allow_key in allow and not owner_only(verdict.allow_key)):
+        if verdict.status == "allowed" or (
+            verdict.allow_key in allow and not owner_only(verdict.allow_key) and not verdict.final
+        ):
             return True
         if verdict.status == "refused":
             refused.append(Attention(where, verdict.message()))
@@ -298,17 +301,24 @@ def import_recipe(
         )
     if argv.model.startswith("/"):
         attention.append(Attention(where, f"the model is a path ({argv.model}): serve it with --model-dir"))
-    if recipe.model_revision and "revision" not in args:
-        args["revision"] = recipe.model_revision
-        kept.append(Option("revision", (recipe.model_revision,), "model_revision"))
-    pin = args.get("revision")
-    for flag in (
-        "tokenizer-revision",
-        "code-revision",
-    ):  # --revision alone leaves these at main (GHSA-3ww4-5jv9-j5gm)
-        if isinstance(pin, str) and flag not in args:
+    if (uri := model_finding(argv.model)) is not None:
+        listed(Verdict("flag", "model", "refused", uri.reason), where)
+    # Every revision is derived from the one pin (the recipe's model_revision, else a full-commit --revision);
+    # a --revision, --code-revision or --tokenizer-revision that says otherwise is refused, never carried.
+    pin = recipe.model_revision if HEX40.fullmatch(recipe.model_revision or "") else args.get("revision")
+    for flag in ("revision", "tokenizer-revision", "code-revision"):
+        given = args.get(flag)
+        if given is not None and given != pin:
+            refused.append(
+                Attention(where, f"--{flag} {given}: refused: not the pinned model_revision {pin}; fix: remove it "
+                          "(every revision is derived from the profile's pin)")  # fmt: skip
+            )
+            del args[flag]
+            kept = [o for o in kept if o.flag != flag]
+        if isinstance(pin, str):  # --revision alone leaves the others at main (GHSA-3ww4-5jv9-j5gm)
             args[flag] = pin
-            kept.append(Option(flag, (pin,), "model_revision"))
+            if not any(o.flag == flag for o in kept):
+                kept.append(Option(flag, (pin,), "model_revision"))
     attention += _mods(recipe) + _build_args(recipe)
     attention += [
         Attention(
