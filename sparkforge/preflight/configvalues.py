@@ -16,6 +16,9 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+
 ARG_UTILS = "vllm/engine/arg_utils.py"
 ENVS = "vllm/envs.py"
 CONFIG_DIR = "vllm/config/"
@@ -272,3 +275,21 @@ def stale_values(surface: ValueSurface) -> list[str]:
         out += [f"{name}.{f}" for f, k in fields.items() if known.get(f) != k]
     out += [v for v, k in surface.env.items() if vllmvalues.ENV.get(v) != k]
     return sorted(out)
+
+
+def wheel_values(fetcher: Fetcher, package: str, version: str, target: WheelTarget) -> ValueSurface:
+    """The value surface of a PyPI wheel, reading only vllm/config/*.py, arg_utils, the serve entrypoint's
+    arguments and envs.py (HTTP range requests)."""
+    dist = resolve_file(fetcher, package, version, wheel=target)
+    root = wheel_members(fetcher, dist, [ARG_UTILS])
+    listing = (root / WHEEL_FILE_LIST).read_text().split()
+    wanted = [
+        n for n in listing if n in (ARG_UTILS, ENVS, *CLI_ARGS) or (n.startswith(CONFIG_DIR) and n.endswith(".py"))
+    ]
+    members = wheel_members(fetcher, dist, wanted)
+
+    def read_text(rel: str) -> str | None:
+        path = members / rel
+        return path.read_text(errors="replace") if path.is_file() else None
+
+    return read_values(read_text, listing)

@@ -319,11 +319,8 @@ def value_verdicts(key: str, value: object, args: Mapping[str, object] | None = 
     the pin in `args`; another repository; a file the recipe picks."""
     from sparkforge.recipe.values import flag_findings, plain_findings
 
-    out = [Verdict("flag", f.entry, f.status, f.reason) for f in flag_findings(key, value)]  # type: ignore[arg-type]
-    return out + [
-        Verdict("flag", f.entry, f.status, f.reason, f.final)  # type: ignore[arg-type]
-        for f in plain_findings(key, value, args or {})
-    ]
+    found = flag_findings(key, value) + plain_findings(key, value, args or {})
+    return [Verdict("flag", f.entry, f.status, f.reason, f.final) for f in found]  # type: ignore[arg-type]
 
 
 def env_value_verdict(name: str, value: object) -> Verdict:

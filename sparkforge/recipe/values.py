@@ -128,6 +128,7 @@ class Finding:
     entry: str  # the opt-in key: flag.field.sub (the flag without dashes), or the variable
     status: str  # "refused" or "unknown"
     reason: str
+    final: bool = False  # no opt-in lets it through (a path into the secrets, a branch ref)
 
 
 def json_value(key: str, value: object) -> tuple[str, object] | None:
@@ -177,7 +178,10 @@ def _typed(kind: str, value: object) -> bool:
     return False
 
 
-def _free(entry: str, field: str, why_unknown: str) -> Finding:
+def _free(entry: str, field: str, why_unknown: str, value: object = None) -> Finding:
+    if isinstance(value, str) and _private(value):
+        return Finding(entry, "refused", f"{value[:80]} points into the secrets, the caches or the model snapshot",
+                       final=True)  # fmt: skip
     for rule, why in _RISKY:
         if rule.fullmatch(field.lower()):
             return Finding(entry, "refused", why)
@@ -220,7 +224,7 @@ def _judge(entry: str, cls: str, value: object, depth: int) -> Iterator[Finding]
                 yield Finding(sub, "refused" if _free(sub, name, "").status == "refused" else "unknown",
                               f"{str(item)[:60]!r} is outside the reviewed grammar of {cls}.{name} ({what})")  # fmt: skip
         else:
-            yield _free(sub, name, f"vLLM's {cls}.{name} takes free text or a structure ({kind}): not reviewed")
+            yield _free(sub, name, f"vLLM's {cls}.{name} takes free text or a structure ({kind}): not reviewed", item)
 
 
 def _judge_free_dict(entry: str, value: object) -> Iterator[Finding]:
@@ -233,7 +237,7 @@ def _judge_free_dict(entry: str, value: object) -> Iterator[Finding]:
         kind = reviewed.get(str(name))
         sub = f"{entry}.{name}"
         if kind is None:
-            yield _free(sub, str(name), f"a key of free-form --{flag} (vLLM hands the dict on): not reviewed")
+            yield _free(sub, str(name), f"a key of free-form --{flag} (vLLM hands the dict on): not reviewed", item)
         elif not _typed(kind, item):
             yield Finding(sub, "unknown", f"{str(item)[:60]!r} is not the {kind} the reviewed key takes")
 
@@ -313,31 +317,24 @@ _OWNER_MODELS = re.compile(r"/models(/[A-Za-z0-9_.-]{1,128}){0,8}")  # the owner
 _PRIVATE = re.compile(r"/run/secrets(/.*)?|/root(/.*)?|/home(/.*)?|.*/(snapshots|blobs|models--[^/]*|\.cache)(/.*)?|/proc(/.*)?")
 
 
-@dataclass(frozen=True)
-class PlainFinding(Finding):
-    final: bool = False  # no opt-in lets it through
-
-
-def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[PlainFinding]:
+def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[Finding]:
     """A non-JSON flag's value: revisions are full commits agreeing with the profile's pin, repositories and
     files are never the recipe's choice."""
-    import posixpath
-
     flag = key.replace("_", "-")
     text = value if isinstance(value, str) else None
     if flag in REVISION_FLAGS:
         if text is None or not HEX40.fullmatch(text):
-            return [PlainFinding(flag, "refused", f"{str(value)[:60]!r} is a branch, tag or PR ref, not a full "
+            return [Finding(flag, "refused", f"{str(value)[:60]!r} is a branch, tag or PR ref, not a full "
                                  "commit: the repository's owner can change what it names", final=True)]  # fmt: skip
         pin = args.get("revision")
         if flag != "revision" and isinstance(pin, str) and text != pin:
-            return [PlainFinding(flag, "refused", f"{text} is not the profile's pinned revision {pin}: every "
+            return [Finding(flag, "refused", f"{text} is not the profile's pinned revision {pin}: every "
                                  "revision is derived from the pin", final=True)]  # fmt: skip
         return []
     if flag in REPOSITORY_FLAGS:
         if text is not None and _OWNER_MODELS.fullmatch(text) and ".." not in text.split("/"):
             return []  # a folder of the owner's --model-dir mount, not a repository
-        return [PlainFinding(flag, "refused", REPOSITORY_FLAGS[flag])]
+        return [Finding(flag, "refused", REPOSITORY_FLAGS[flag])]
     pattern = PATH_FLAGS.get(flag)
     if flag.split(".", 1)[0] in vllmvalues.FLAGS:
         return []  # a JSON value: judged field by field (flag_findings)
@@ -347,14 +344,21 @@ def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[
         return []
     words = value if isinstance(value, list) else [value]
     for word in (str(w) for w in words):
-        norm = posixpath.normpath(word) if word.startswith(("/", "~", ".")) else word
-        if norm.startswith("~") or _PRIVATE.fullmatch(norm):
-            return [PlainFinding(flag, "refused", f"{word[:80]} points into the secrets, the caches or the model "
+        if _private(word):
+            return [Finding(flag, "refused", f"{word[:80]} points into the secrets, the caches or the model "
                                  "snapshot", final=True)]  # fmt: skip
     if flag in BESIDE_PROFILE:
         return []  # whether the file exists in the container is import's file check (files beside the profile)
-    return [PlainFinding(flag, "unknown", f"{str(value)[:80]!r}: a file the recipe picks inside the container; "
+    return [Finding(flag, "unknown", f"{str(value)[:80]!r}: a file the recipe picks inside the container; "
                          "the files a profile needs live beside it")]  # fmt: skip
+
+
+def _private(word: str) -> bool:
+    """Whether a path-like word points into the secrets, the caches, the snapshot or a home folder."""
+    import posixpath
+
+    norm = posixpath.normpath(word) if word.startswith(("/", "~", ".")) else word
+    return norm.startswith("~") or _PRIVATE.fullmatch(norm) is not None
 
 
 def model_finding(model: str) -> Finding | None:

@@ -18,7 +18,14 @@ from pathlib import Path
 import yaml
 
 from sparkforge.errors import RecipeError, SparkforgeError
-from sparkforge.recipe.allowlist import Verdict, env_value_verdict, flag_verdict, owner_only, value_verdicts
+from sparkforge.recipe.allowlist import (
+    Verdict,
+    env_value_verdict,
+    flag_verdict,
+    owner_only,
+    value_verdicts,
+    verdicts,
+)
 from sparkforge.recipe.community.formats import CommunityRecipe
 from sparkforge.recipe.community.vllmargv import (
     Option,
@@ -345,7 +352,11 @@ def import_recipe(
         )
     if bad := sorted(k for k in allow if owner_only(k)):
         raise RecipeError(f"{recipe.where}: --allow {', '.join(bad)}: {owner_only(bad[0])}")
-    document.update({"allow": {k: allow[k] for k in sorted(allow)}} if allow else {})
+    # The opt-ins the written profile needs: an entry left out for another of its fields needs none.
+    needed = {v.allow_key for v in verdicts(args, env) if v.status != "allowed"}
+    needed |= {"model"} if model_finding(argv.model) is not None else set()
+    kept_allow = {k: allow[k] for k in sorted(allow) if k in needed}
+    document.update({"allow": kept_allow} if kept_allow else {})
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
     source += ["--served-model-name", launch.served] if launch.served else []
     source += ["--trust-remote-code"] if launch.trust else []
