@@ -133,7 +133,8 @@ def _fields(node: ast.ClassDef) -> dict[str, str]:
             continue
         value = item.value
         if isinstance(value, ast.Call) and any(
-            k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords
+            k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in value.keywords
         ):
             continue
         out[item.target.id] = text
@@ -144,7 +145,9 @@ def _env_kind(name: str, node: ast.expr, functions: dict[str, ast.FunctionDef] |
     """The kind of one vllm/envs.py entry from the expression that reads it (a module function: what it returns)."""
     body = node.body if isinstance(node, ast.Lambda) else node
     if isinstance(body, ast.Name) and functions and body.id in functions:
-        returns = [n for n in ast.walk(functions[body.id]) if isinstance(n, ast.Return) and n.value is not None]
+        returns = [
+            n for n in ast.walk(functions[body.id]) if isinstance(n, ast.Return) and n.value is not None
+        ]
         if len(returns) == 1:
             body = returns[0].value  # type: ignore[assignment]
     if isinstance(body, ast.IfExp):  # `int(os.getenv(X)) if X in os.environ else None`
@@ -162,7 +165,9 @@ def _env_kind(name: str, node: ast.expr, functions: dict[str, ast.FunctionDef] |
         choices = next((k.value for k in body.keywords if k.arg == "choices"), None)
         if choices is None and len(body.args) >= 3:
             choices = body.args[2]
-        if isinstance(choices, ast.List | ast.Tuple) and all(isinstance(e, ast.Constant) for e in choices.elts):
+        if isinstance(choices, ast.List | ast.Tuple) and all(
+            isinstance(e, ast.Constant) for e in choices.elts
+        ):
             values = "|".join(str(e.value) for e in choices.elts)
             return ("enum:" if head == "env_with_choices" else "set:") + values
         return "str"
@@ -172,7 +177,9 @@ def _env_kind(name: str, node: ast.expr, functions: dict[str, ast.FunctionDef] |
             return f"truthy:{other.value}"  # only compared with a constant: any word reads as true or false
     if isinstance(body, ast.Compare) and len(body.ops) == 1 and isinstance(body.ops[0], ast.In):
         options = body.comparators[0]
-        if isinstance(options, ast.Tuple | ast.List) and all(isinstance(e, ast.Constant) for e in options.elts):
+        if isinstance(options, ast.Tuple | ast.List) and all(
+            isinstance(e, ast.Constant) for e in options.elts
+        ):
             return "truthy:" + "|".join(str(e.value) for e in options.elts)
     return "str"
 
@@ -189,7 +196,11 @@ def read_values(read_text: Callable[[str], str | None], listing: Iterable[str]) 
     for tree in modules.values():
         enums.update(_enums(tree))
         for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name.endswith(("Config", "Args")) and node.name not in enums:
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.name.endswith(("Config", "Args"))
+                and node.name not in enums
+            ):
                 raw[node.name] = _fields(node)
     classes = {
         name: {f: kind_of(a, enums, raw) for f, a in fields.items()} for name, fields in raw.items() if fields
@@ -205,7 +216,11 @@ def read_values(read_text: Callable[[str], str | None], listing: Iterable[str]) 
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in classes:
             for kw in node.keywords:
-                if kw.arg is None and isinstance(kw.value, ast.Attribute) and ast.unparse(kw.value.value) == "self":
+                if (
+                    kw.arg is None
+                    and isinstance(kw.value, ast.Attribute)
+                    and ast.unparse(kw.value.value) == "self"
+                ):
                     built[kw.value.attr] = node.func.id
     for node in (n for t in trees for n in ast.walk(t)):
         if isinstance(node, ast.ClassDef) and node.name in ARGS_CLASSES:
@@ -227,12 +242,18 @@ def read_values(read_text: Callable[[str], str | None], listing: Iterable[str]) 
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
         value = getattr(node, "value", None)
-        if isinstance(target, ast.Name) and target.id == "environment_variables" and isinstance(value, ast.Dict):
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "environment_variables"
+            and isinstance(value, ast.Dict)
+        ):
             for key, entry in zip(value.keys, value.values, strict=True):
                 if isinstance(key, ast.Constant) and isinstance(key.value, str):
                     env[key.value] = _env_kind(key.value, entry, functions)
     used = _reachable(flags, classes)
-    return ValueSurface(dict(sorted(flags.items())), {k: classes[k] for k in sorted(used)}, dict(sorted(env.items())))
+    return ValueSurface(
+        dict(sorted(flags.items())), {k: classes[k] for k in sorted(used)}, dict(sorted(env.items()))
+    )
 
 
 def _reachable(flags: dict[str, str], classes: dict[str, dict[str, str]]) -> set[str]:
@@ -260,7 +281,9 @@ def render_values(surface: ValueSurface, version: str) -> str:
         "Generated from the wheel by sparkforge.preflight.configvalues.render_values (`invoke preflight` checks it "
         "against the\nrecipe's pinned vLLM). Edit the value allow-list (sparkforge/recipe/values.py), not this file.\n"
         '"""\n\n'
-        f"VERSION = {version!r}\n" + block("FLAGS", surface.flags) + block("CLASSES", surface.classes)
+        f"VERSION = {version!r}\n"
+        + block("FLAGS", surface.flags)
+        + block("CLASSES", surface.classes)
         + block("ENV", surface.env)
     )
 
@@ -284,7 +307,9 @@ def wheel_values(fetcher: Fetcher, package: str, version: str, target: WheelTarg
     root = wheel_members(fetcher, dist, [ARG_UTILS])
     listing = (root / WHEEL_FILE_LIST).read_text().split()
     wanted = [
-        n for n in listing if n in (ARG_UTILS, ENVS, *CLI_ARGS) or (n.startswith(CONFIG_DIR) and n.endswith(".py"))
+        n
+        for n in listing
+        if n in (ARG_UTILS, ENVS, *CLI_ARGS) or (n.startswith(CONFIG_DIR) and n.endswith(".py"))
     ]
     members = wheel_members(fetcher, dist, wanted)
 

@@ -26,7 +26,6 @@ from pydantic import (
 
 from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.allowlist import Verdict, blocked, opt_in_warnings, owner_only, verdicts
-from sparkforge.recipe.values import model_finding
 from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
@@ -39,6 +38,7 @@ from sparkforge.recipe.serveargs import (
     is_secret_value,
     norm_flag,
 )
+from sparkforge.recipe.values import model_finding
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -29,7 +29,9 @@ MAX_DEPTH = 4
 # Field names that say what a free-text field takes: (pattern, what it would do). The first match names it.
 _RISKY = (
     (
-        re.compile(r".*(module|cls|class|plugin|qualname|import|backend|connector|callable|func|hook|_fn$).*"),
+        re.compile(
+            r".*(module|cls|class|plugin|qualname|import|backend|connector|callable|func|hook|_fn$).*"
+        ),
         "names code vLLM imports or instantiates (an import path, class, module, plugin or backend)",
     ),
     (
@@ -49,7 +51,10 @@ _OP = r"[A-Za-z0-9_]+"
 # Free-text fields reviewed with a grammar: (class, field) -> (pattern, what it allows).
 REVIEWED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
     ("CompilationConfig", "backend"): (r"|inductor|eager", "torch.compile's built-in backends only"),
-    ("CompilationConfig", "custom_ops"): (r"[+-]?(all|none|" + _OP + ")", "custom op names, +enabled or -disabled"),
+    ("CompilationConfig", "custom_ops"): (
+        r"[+-]?(all|none|" + _OP + ")",
+        "custom op names, +enabled or -disabled",
+    ),
     ("CompilationConfig", "splitting_ops"): (_OP + r"::" + _OP + r"(\.[a-z]+)?", "torch op names (ns::op)"),
     ("StructuredOutputsConfig", "reasoning_parser"): (_OP, "a reasoning parser's registered name"),
 }
@@ -81,7 +86,11 @@ REVIEWED_KEYS: dict[str, dict[str, str]] = {
         "frequency_penalty": "float",
         "max_new_tokens": "int",
     },
-    "default-chat-template-kwargs": {"enable_thinking": "bool", "thinking": "bool", "reasoning_effort": "str:low|medium|high"},
+    "default-chat-template-kwargs": {
+        "enable_thinking": "bool",
+        "thinking": "bool",
+        "reasoning_effort": "str:low|medium|high",
+    },
     "mm-processor-kwargs": {"max_pixels": "int", "min_pixels": "int", "fps": "float", "num_frames": "int"},
 }
 _WORD = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -162,11 +171,13 @@ def _typed(kind: str, value: object) -> bool:
         )
     if kind == "float":
         return (isinstance(value, int | float) and not isinstance(value, bool)) or (
-            isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?", value)
-            is not None
+            isinstance(value, str)
+            and re.fullmatch(r"-?[0-9]{1,12}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?", value) is not None
         )
     if kind.startswith(("enum:", "str:")):
-        return isinstance(value, str | int) and not isinstance(value, bool) and str(value) in kind[4:].split("|")
+        return (
+            isinstance(value, str | int) and not isinstance(value, bool) and str(value) in kind[4:].split("|")
+        )
     if kind.startswith("list:"):
         return isinstance(value, list) and len(value) <= 256 and all(_typed(kind[5:], v) for v in value)
     if kind.startswith("dict:"):
@@ -208,9 +219,13 @@ def _judge(entry: str, cls: str, value: object, depth: int) -> Iterator[Finding]
             yield _free(sub, name, f"not a field of vLLM {vllmvalues.VERSION}'s {cls} (vllm/config)")
         elif kind.startswith("class:"):
             yield from _judge(sub, kind[6:], item, depth + 1)
-        elif kind in ("bool", "int", "float") or kind.startswith(("enum:", "list:int", "list:float", "list:bool", "list:enum:")):
+        elif kind in ("bool", "int", "float") or kind.startswith(
+            ("enum:", "list:int", "list:float", "list:bool", "list:enum:")
+        ):
             if not _typed(kind, item):
-                yield Finding(sub, "unknown", f"{str(item)[:60]!r} is not the {kind[:80]} vLLM's {cls}.{name} takes")
+                yield Finding(
+                    sub, "unknown", f"{str(item)[:60]!r} is not the {kind[:80]} vLLM's {cls}.{name} takes"
+                )
             elif (why := REFUSED_VALUES.get((cls, name), {}).get(str(item))) is not None:
                 yield Finding(sub, "refused", f"{cls}.{name}={item}: {why}")
         elif (cls, name) in REVIEWED_FIELDS:
@@ -224,7 +239,9 @@ def _judge(entry: str, cls: str, value: object, depth: int) -> Iterator[Finding]
                 yield Finding(sub, "refused" if _free(sub, name, "").status == "refused" else "unknown",
                               f"{str(item)[:60]!r} is outside the reviewed grammar of {cls}.{name} ({what})")  # fmt: skip
         else:
-            yield _free(sub, name, f"vLLM's {cls}.{name} takes free text or a structure ({kind}): not reviewed", item)
+            yield _free(
+                sub, name, f"vLLM's {cls}.{name} takes free text or a structure ({kind}): not reviewed", item
+            )
 
 
 def _judge_free_dict(entry: str, value: object) -> Iterator[Finding]:
@@ -237,7 +254,9 @@ def _judge_free_dict(entry: str, value: object) -> Iterator[Finding]:
         kind = reviewed.get(str(name))
         sub = f"{entry}.{name}"
         if kind is None:
-            yield _free(sub, str(name), f"a key of free-form --{flag} (vLLM hands the dict on): not reviewed", item)
+            yield _free(
+                sub, str(name), f"a key of free-form --{flag} (vLLM hands the dict on): not reviewed", item
+            )
         elif not _typed(kind, item):
             yield Finding(sub, "unknown", f"{str(item)[:60]!r} is not the {kind} the reviewed key takes")
 
@@ -277,7 +296,9 @@ def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding |
         pattern = r"-?[0-9]{1,12}(\.[0-9]{0,12})?"
     elif kind.startswith(("enum:", "truthy:")):
         choices = kind.split(":", 1)[1].split("|")
-        pattern = "|".join(re.escape(c) for c in choices) + ("|0|false|False" if kind.startswith("truthy:") else "")
+        pattern = "|".join(re.escape(c) for c in choices) + (
+            "|0|false|False" if kind.startswith("truthy:") else ""
+        )
         pattern = "(?i:" + pattern + ")"
     elif kind.startswith("set:"):
         one = "|".join(re.escape(c) for c in kind[4:].split("|"))
@@ -289,7 +310,9 @@ def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding |
         )  # fmt: skip
     if re.fullmatch(pattern, value):
         return None
-    return Finding(name, "unknown", f"{value[:60]!r} is not what vllm/envs.py reads from {name} ({kind[:80]})")
+    return Finding(
+        name, "unknown", f"{value[:60]!r} is not what vllm/envs.py reads from {name} ({kind[:80]})"
+    )
 
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -311,10 +334,14 @@ PATH_FLAGS = {
 # Files import's own check places beside the profile (mounted read-only at a fixed path): here only a path into
 # the secrets, the caches or the snapshot is refused.
 BESIDE_PROFILE = ("chat-template",)
-_OWNER_MODELS = re.compile(r"/models(/[A-Za-z0-9_.-]{1,128}){0,8}")  # the owner's --model-dir (run.launch.MODEL_MOUNT)
+_OWNER_MODELS = re.compile(
+    r"/models(/[A-Za-z0-9_.-]{1,128}){0,8}"
+)  # the owner's --model-dir (run.launch.MODEL_MOUNT)
 # Where no recipe-chosen path may point: the token mount, the caches (the HF snapshot holds the repository's
 # own files), the home folder. Refused whatever the opt-ins say.
-_PRIVATE = re.compile(r"/run/secrets(/.*)?|/root(/.*)?|/home(/.*)?|.*/(snapshots|blobs|models--[^/]*|\.cache)(/.*)?|/proc(/.*)?")
+_PRIVATE = re.compile(
+    r"/run/secrets(/.*)?|/root(/.*)?|/home(/.*)?|.*/(snapshots|blobs|models--[^/]*|\.cache)(/.*)?|/proc(/.*)?"
+)
 
 
 def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[Finding]:

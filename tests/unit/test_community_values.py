@@ -54,7 +54,7 @@ def test_the_catalog_refuses_both_round_two_recipes() -> None:
     for name, named in NAMED.items():
         head = next(line for line in done.stdout.splitlines() if line.startswith(f"{HOSTILE}/{name}: "))
         assert head.startswith(f"{HOSTILE}/{name}: refused |"), head
-        for entry, how in named.items():
+        for entry in named:
             assert f" {entry}: " in done.stdout, entry
 
 
@@ -121,7 +121,9 @@ def test_a_revision_beside_the_pin_and_a_non_hub_model_are_refused(tmp_path: Pat
     done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(hand), "--dry", "--no-preflight",
                    "--image", "sparkforge-test/none:1")  # fmt: skip
     assert done.returncode != 0 and "docker run" not in done.stdout
-    assert "--code-revision: refused" in done.stderr and "--compilation-config.backend: refused" in done.stderr
+    assert (
+        "--code-revision: refused" in done.stderr and "--compilation-config.backend: refused" in done.stderr
+    )
 
 
 def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path) -> None:
@@ -133,7 +135,9 @@ def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path
                    "--allow", "kv-transfer-config.kv_connector=NIXL is vLLM's own")  # fmt: skip
     assert done.returncode == 1
     assert " --kv-transfer-config.kv_connector_module_path: refused: " in done.stderr
-    assert "evil.mod" not in "\n".join(line for line in out.read_text().splitlines() if not line.startswith("#"))
+    assert "evil.mod" not in "\n".join(
+        line for line in out.read_text().splitlines() if not line.startswith("#")
+    )
     done = _invoke("import", str(src), "--out", str(out), "--no-preflight", "--force",
                    "--allow", "kv-transfer-config=reviewed the NIXL connector",
                    "--allow", "kv-transfer-config.kv_connector=NIXL is vLLM's own",
@@ -145,14 +149,18 @@ def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path
     dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
                   "--image", "sparkforge-test/none:1")  # fmt: skip
     warnings = [line for line in dry.stdout.splitlines() if "opts in to" in line]
-    assert any("--kv-transfer-config.kv_connector_module_path" in w and "our own module" in w for w in warnings)
+    assert any(
+        "--kv-transfer-config.kv_connector_module_path" in w and "our own module" in w for w in warnings
+    )
 
 
 def test_an_ext_value_of_the_logging_stream_imports_what_it_names(tmp_path: Path) -> None:
     """Why VLLM_LOGGING_STREAM is judged by value: Python's logging config, as vLLM hands it the variable,
     imports the module an ext:// value names (here a file planted on the path writes a marker)."""
     marker = tmp_path / "imported"
-    (tmp_path / "planted_stream.py").write_text(f"open({str(marker)!r}, 'w').close()\nimport sys\nout = sys.stderr\n")
+    (tmp_path / "planted_stream.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nimport sys\nout = sys.stderr\n"
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         logging.config.dictConfig({"version": 1, "handlers": {"h": {"class": "logging.StreamHandler",
@@ -174,4 +182,35 @@ def test_the_value_kinds_follow_the_pinned_vllm() -> None:
     assert stale_values(surface) == []
     assert surface.flags["compilation-config"] == "CompilationConfig"
     assert surface.classes["StructuredOutputsConfig"]["reasoning_parser_plugin"] == "str"
-    assert surface.env["VLLM_LOGGING_STREAM"] == "str" and surface.env["VLLM_MARLIN_USE_ATOMIC_ADD"] == "truthy:1"
+    assert (
+        surface.env["VLLM_LOGGING_STREAM"] == "str"
+        and surface.env["VLLM_MARLIN_USE_ATOMIC_ADD"] == "truthy:1"
+    )
+
+
+def test_the_dry_run_prints_every_container_the_task_starts(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        "description: d\nmodel: q/m\narchitecture: Qwen3_5MoeForConditionalGeneration\nargs:\n"
+        "  revision: 3f1c0ffee0000000000000000000000000000000\nenv:\n  VLLM_LOGGING_LEVEL: DEBUG\n"
+        "  NCCL_DEBUG: WARN\n"
+    )
+    token = tmp_path / "token"
+    token.write_text("hf_dry_run_canary_0123456789\n")
+    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(profile), "--dry", "--no-preflight",
+                  "--image", "sparkforge-test/none:1", "--hf-token-file", str(token))  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    arch = next(line for line in lines if line.startswith("# container: the architecture check"))
+    download = next(line for line in lines if line.startswith("# container: the download"))
+    serving = [line for line in lines if line.startswith("docker run")]
+    assert len(serving) == 1
+    # The architecture check runs the image with the profile's environment: shown, with its program by digest.
+    argv = shlex.split(arch.split(": docker ", 1)[1])
+    assert argv[:4] == ["run", "--rm", "--network", "none"] and "VLLM_LOGGING_LEVEL=DEBUG" in argv
+    assert any(w.startswith("<program: ") for w in argv) and argv[-1] == "Qwen3_5MoeForConditionalGeneration"
+    # The download holds the token file (mounted read-only), never its content; only hub switches in its env.
+    argv = shlex.split(download.split(": docker ", 1)[1])
+    assert f"{token}:/run/secrets/hf_token:ro" in argv and "HF_TOKEN_PATH=/run/secrets/hf_token" in argv
+    assert "VLLM_LOGGING_LEVEL=DEBUG" not in argv and "NCCL_DEBUG=WARN" not in argv
+    assert "hf_dry_run_canary" not in dry.stdout + dry.stderr

@@ -106,7 +106,12 @@ class Server:
 
 
 def _pull(
-    base: str, dest: Path, digest: str, key: str = KEY, env: dict[str, str] | None = None, timeout: float = 120
+    base: str,
+    dest: Path,
+    digest: str,
+    key: str = KEY,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> tuple[int, list[dict], str]:
     done = subprocess.run(
         [sys.executable, *pull_args(base, str(dest), key, digest)],
@@ -139,7 +144,9 @@ def test_the_pull_verifies_resumes_and_recreates_the_cache_layout(tmp_path: Path
         assert again[0] == 0 and again[1][-1]["moved"] == 0  # verified in place, nothing moved
         # A manifest sha256 other than the head printed: refused before anything is written.
         code, events, _ = _pull(server.base, tmp_path / "other", "0" * 64)
-        assert code == 1 and "is not the" in events[-1]["error"] and not (tmp_path / "other" / "blobs").exists()
+        assert (
+            code == 1 and "is not the" in events[-1]["error"] and not (tmp_path / "other" / "blobs").exists()
+        )
     finally:
         assert "Traceback" not in server.stop()
     # The manifest is cached per snapshot folder: a second server reuses the digests (same size and mtime).
@@ -203,15 +210,24 @@ def test_the_server_refuses_raw_attacks_with_4xx_and_no_traceback(tmp_path: Path
         assert server.status("/file/blobs/c0", session, 0) == 403
         # A proof for another target, range or key; a nonce the head did not give, or gave to another address.
         proof = f"{session} 5 {_mac('peer', session, '5', '/file/blobs/w0', '')}"
-        assert server.raw(f"GET /file/blobs/c0 HTTP/1.0\r\n{AUTH_HEADER}: {proof}\r\n\r\n".encode())[9:12] == b"403"
+        assert (
+            server.raw(f"GET /file/blobs/c0 HTTP/1.0\r\n{AUTH_HEADER}: {proof}\r\n\r\n".encode())[9:12]
+            == b"403"
+        )
         assert server.status("/file/blobs/c0", session, 6, "bytes=0-") == 200
         forged = f"{session} 7 {_mac('peer', session, '7', '/file/blobs/c0', '', key='x' * 64)}"
-        assert server.raw(f"GET /file/blobs/c0 HTTP/1.0\r\n{AUTH_HEADER}: {forged}\r\n\r\n".encode())[9:12] == b"403"
+        assert (
+            server.raw(f"GET /file/blobs/c0 HTTP/1.0\r\n{AUTH_HEADER}: {forged}\r\n\r\n".encode())[9:12]
+            == b"403"
+        )
         assert server.status("/file/blobs/c0", "ab" * 32, 8) == 403
         assert server.authed("/file/blobs/c0", session, 9, source="127.0.0.4")[9:12] == b"403"
-        assert server.raw(b"GET /file/blobs/c0 HTTP/1.0\r\nX-Sparkforge-Secret: " + KEY.encode() + b"\r\n\r\n")[
-            9:12
-        ] == b"403"  # the old shared secret opens nothing
+        assert (
+            server.raw(b"GET /file/blobs/c0 HTTP/1.0\r\nX-Sparkforge-Secret: " + KEY.encode() + b"\r\n\r\n")[
+                9:12
+            ]
+            == b"403"
+        )  # the old shared secret opens nothing
         seq = iter(range(100, 10_000))
         for path in ("/file/../outside", "/file/%2e%2e/outside", "/file//etc/passwd", "/file/blobs/c0%00",
                      "/file/snapshots/r1/config.json", "/file/blobs/w0.lock", "/", f"/file/blobs/c0?key={KEY}"):  # fmt: skip
@@ -300,8 +316,12 @@ class _Head(http.server.BaseHTTPRequestHandler):
         if self.path == "/hello":
             ours = secrets.token_hex(32)
             if self.relay is not None:
-                with socket.create_connection(self.relay, source_address=(self.server.server_address[0], 0)) as s:
-                    s.sendall(f"GET /hello HTTP/1.0\r\nX-Sparkforge-Nonce: {self.headers['X-Sparkforge-Nonce']}\r\n\r\n".encode())
+                with socket.create_connection(
+                    self.relay, source_address=(self.server.server_address[0], 0)
+                ) as s:
+                    s.sendall(
+                        f"GET /hello HTTP/1.0\r\nX-Sparkforge-Nonce: {self.headers['X-Sparkforge-Nonce']}\r\n\r\n".encode()
+                    )
                     lines = _reply(s).decode().split("\r\n\r\n")[0].split("\r\n")[1:]
                 got = dict(line.split(": ", 1) for line in lines)
                 ours, proof = got["X-Sparkforge-Nonce"], got["X-Sparkforge-Proof"]
@@ -396,7 +416,10 @@ def test_the_pull_follows_no_redirect_and_keeps_one_deadline(tmp_path: Path, hea
     with socket.create_server(("127.0.0.7", 0)) as silent:
         start = time.monotonic()
         code, events, _ = _pull(
-            f"http://127.0.0.7:{silent.getsockname()[1]}", tmp_path / "x", digest, env={"SPARKFORGE_DEADLINE_S": "2"}
+            f"http://127.0.0.7:{silent.getsockname()[1]}",
+            tmp_path / "x",
+            digest,
+            env={"SPARKFORGE_DEADLINE_S": "2"},
         )
     assert code == 1 and "deadline" in events[-1]["error"] and time.monotonic() - start < 6
 
@@ -415,7 +438,10 @@ def test_the_pull_follows_no_redirect_and_keeps_one_deadline(tmp_path: Path, hea
         ([_entry("/abs/escape", b"a")], "not a relative path"),
         ([_entry("blobs/../../escape", b"a")], "not a relative path"),
         ([_entry(".sparkforge-part/x", b"a")], "not a relative path"),
-        ([_entry("blobs/w0", b"a"), {"path": "snapshots/r/m", "link": "../../../outside/hf_token"}], "leaves"),
+        (
+            [_entry("blobs/w0", b"a"), {"path": "snapshots/r/m", "link": "../../../outside/hf_token"}],
+            "leaves",
+        ),
         ([_entry("blobs/w0", b"a"), {"path": "snapshots/r/m", "link": "/tmp/x"}], "leaves"),
         ([_entry("blobs/w0", b"a"), {"path": "snapshots/r/m.py", "link": "../../blobs/added.py"}], "no file"),
         ({"not": "a list"}, "not a relative path"),
@@ -427,7 +453,9 @@ def test_the_manifest_is_validated_before_anything_is_written(tmp_path: Path, he
     (outside / "hf_token").write_text("hf_secret")
     body, digest = _manifest(entries)
     head, base = head_at(
-        "127.0.0.3", key=KEY, answer=staticmethod(lambda t: (200, {}, body if t == "/manifest" else b"a", 0.0))
+        "127.0.0.3",
+        key=KEY,
+        answer=staticmethod(lambda t: (200, {}, body if t == "/manifest" else b"a", 0.0)),
     )
     dest = tmp_path / "dest"
     code, events, _ = _pull(base, dest, digest)

@@ -317,8 +317,11 @@ def import_recipe(
         given = args.get(flag)
         if given is not None and given != pin:
             refused.append(
-                Attention(where, f"--{flag} {given}: refused: not the pinned model_revision {pin}; fix: remove it "
-                          "(every revision is derived from the profile's pin)")  # fmt: skip
+                Attention(
+                    where,
+                    f"--{flag} {given}: refused: not the pinned model_revision {pin}; fix: remove it "
+                    "(every revision is derived from the profile's pin)",
+                )
             )
             del args[flag]
             kept = [o for o in kept if o.flag != flag]

@@ -27,7 +27,6 @@ then renamed into place (resumable: a part is re-hashed before it is continued).
 
 from __future__ import annotations
 
-
 AUTH_HEADER = "X-Sparkforge-Auth"  # a peer's per-request proof
 
 SERVE_SCRIPT = r"""

@@ -26,7 +26,12 @@ MANIFESTS = "sparkforge-manifests"  # beside the model folders (hub/): one cache
 
 
 def _spec(
-    name: str, image: str, args: Sequence[str], mounts: tuple[str, ...], role: str, env: dict[str, str] | None = None
+    name: str,
+    image: str,
+    args: Sequence[str],
+    mounts: tuple[str, ...],
+    role: str,
+    env: dict[str, str] | None = None,
 ) -> ContainerSpec:
     return ContainerSpec(
         name=name,
