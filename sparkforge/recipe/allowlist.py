@@ -13,9 +13,11 @@ Import, export, profile load (and with it serve, conform, bench and cluster) cal
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sparkforge.recipe import vllmnames
@@ -235,6 +237,8 @@ class Verdict:
     status: Status
     reason: str
     final: bool = False  # refused whatever the opt-ins say (a path into the secrets, a branch ref)
+    value: object = None  # the entry's value (a flag's, a field's, a variable's): what an opt-in reviews
+    voided: str = ""  # the digest an opt-in recorded for another value
 
     @property
     def entry(self) -> str:
@@ -252,9 +256,36 @@ class Verdict:
         )
         if self.final:
             return f"{self.entry}: refused: {self.reason}; fix: remove it (no opt-in: {FINAL_FIX})"
+        if self.voided:
+            return (
+                f"{self.entry}: {self.status}: {self.reason}; its opt-in reviewed the value with sha256:{self.voided}, "
+                f"this value is sha256:{value_digest(self.value)} ({json.dumps(self.value, default=str)[:80]}): a "
+                f"changed value voids the opt-in; fix: review the value, then record it (import --allow "
+                f"{self.allow_key}=REASON, or end the reason with [sha256:{value_digest(self.value)}])"
+            )
         if self.status == "unknown":
             return f"{self.entry}: needs attention: {self.reason}; fix: {fix}"
         return f"{self.entry}: refused: {self.reason}; fix: {fix}"
+
+
+_DIGEST = re.compile(r"\s*\[sha256:([0-9a-f]{16})\]$")
+
+
+def value_digest(value: object) -> str:
+    """The digest an opt-in records of the value it reviewed (canonical JSON, sha256, 16 hex)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def reviewed(reason: str) -> tuple[str, str]:
+    """An opt-in's reason -> (the reviewer's words, the digest of the value it reviewed or '')."""
+    match = _DIGEST.search(reason)
+    return (reason[: match.start()], match.group(1)) if match else (reason, "")
+
+
+def opt_in_reason(reason: str, value: object) -> str:
+    """The reason as a profile records it: the reviewer's words and the digest of the value reviewed."""
+    return f"{reviewed(reason)[0]} [sha256:{value_digest(value)}]"
 
 
 def long_flag(name: str, aliases: Mapping[str, str] | None = None) -> str:
@@ -320,36 +351,46 @@ def value_verdicts(key: str, value: object, args: Mapping[str, object] | None = 
     from sparkforge.recipe.values import flag_findings, plain_findings
 
     found = flag_findings(key, value) + plain_findings(key, value, args or {})
-    return [Verdict("flag", f.entry, f.status, f.reason, f.final) for f in found]  # type: ignore[arg-type]
+    return [Verdict("flag", f.entry, f.status, f.reason, f.final, f.value) for f in found]  # type: ignore[arg-type]
 
 
 def env_value_verdict(name: str, value: object) -> Verdict:
     """A variable by name and then by value: a name on the list passes only with a value of its grammar."""
     from sparkforge.recipe.values import env_finding
 
-    verdict = env_verdict(name)
+    verdict = replace(env_verdict(name), value=value)
     if verdict.status != "allowed":
         return verdict
     finding = env_finding(name, str(value), RESOURCE_ENV)
-    return verdict if finding is None else Verdict("env", name, finding.status, finding.reason)  # type: ignore[arg-type]
+    return verdict if finding is None else replace(verdict, status=finding.status, reason=finding.reason)  # type: ignore[arg-type]
 
 
 def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verdict]:
     """Every flag (and every field of a JSON-valued flag's value) and variable (by name and value), in order."""
     out = []
     for key, value in args.items():
-        out.append(flag_verdict(key))
+        out.append(replace(flag_verdict(key), value=value))
         out += value_verdicts(key, value, args)
     return out + [env_value_verdict(str(k), v) for k, v in env.items()]
 
 
-def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mapping[str, str]) -> list[Verdict]:
-    """The entries off the list that no opt-in in `allow` lets through."""
-    return [
-        v
-        for v in verdicts(args, env)
-        if v.status != "allowed" and (v.allow_key not in allow or owner_only(v.allow_key) or v.final)
-    ]
+def blocked(
+    args: Mapping[str, object],
+    env: Mapping[str, object],
+    allow: Mapping[str, str],
+    more: list[Verdict] | None = None,
+) -> list[Verdict]:
+    """The entries off the list that no opt-in in `allow` lets through: none names them, none may, or the one
+    that does reviewed another value (its recorded digest differs)."""
+    out = []
+    for v in [*verdicts(args, env), *(more or [])]:
+        if v.status == "allowed":
+            continue
+        if v.allow_key not in allow or owner_only(v.allow_key) or v.final:
+            out.append(v)
+        elif (digest := reviewed(allow[v.allow_key])[1]) != value_digest(v.value):
+            out.append(replace(v, voided=digest or "(none recorded)"))
+    return out
 
 
 def opt_in_warnings(
@@ -360,8 +401,10 @@ def opt_in_warnings(
     found = {v.allow_key: v for v in verdicts(args or {}, env) if v.status != "allowed"}
     for key, why in allow.items():
         verdict = found.get(key) or (env_verdict(key) if key in env else flag_verdict(key))
+        words, digest = reviewed(why)
+        shown = json.dumps(verdict.value, default=str)[:120]
         lines.append(
-            f"warning: {where} opts in to {verdict.entry} off the allow-list ({verdict.status}: {verdict.reason}); "
-            f"the reason it gives: {why}"
+            f"warning: {where} opts in to {verdict.entry} = {shown} (sha256:{digest}) off the allow-list "
+            f"({verdict.status}: {verdict.reason}); the reason it gives: {words}"
         )
     return lines

@@ -169,8 +169,10 @@ class ProfileModel(BaseModel):
     def _allow_list(self) -> ProfileModel:
         refused = blocked(self.args, self.env, self.allow)
         uri = model_finding(self.model)
-        if uri is not None and "model" not in self.allow:
-            refused.append(Verdict("flag", "model", "refused", uri.reason))
+        if uri is not None:
+            refused += blocked(
+                {}, {}, self.allow, [Verdict("flag", "model", "refused", uri.reason, value=self.model)]
+            )
         if refused:
             raise ValueError("; ".join(v.message() for v in refused))
         used = {v.allow_key for v in verdicts(self.args, self.env)} | set(self.args) | set(self.env)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sparkforge.recipe import vllmvalues
 
@@ -138,6 +138,7 @@ class Finding:
     status: str  # "refused" or "unknown"
     reason: str
     final: bool = False  # no opt-in lets it through (a path into the secrets, a branch ref)
+    value: object = None  # the field's value (what an opt-in reviews)
 
 
 def json_value(key: str, value: object) -> tuple[str, object] | None:
@@ -272,7 +273,14 @@ def flag_findings(key: str, value: object) -> list[Finding]:
         if cls == "CompilationConfig" and _typed("int", parsed):
             return []  # `--compilation-config 3`: the optimisation level
         return [Finding(flag, "unknown", f"{str(parsed)[:60]!r} is not a JSON object for vLLM's {cls}")]
-    return list(_judge(flag, cls, parsed, 0))
+    return [replace(f, value=_at(parsed, f.entry.split(".")[1:])) for f in _judge(flag, cls, parsed, 0)]
+
+
+def _at(value: object, path: list[str]) -> object:
+    """The part of a JSON value a finding names (its entry's path below the flag)."""
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding | None:
@@ -347,6 +355,10 @@ _PRIVATE = re.compile(
 def plain_findings(key: str, value: object, args: Mapping[str, object]) -> list[Finding]:
     """A non-JSON flag's value: revisions are full commits agreeing with the profile's pin, repositories and
     files are never the recipe's choice."""
+    return [replace(f, value=value) for f in _plain(key, value, args)]
+
+
+def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]:
     flag = key.replace("_", "-")
     text = value if isinstance(value, str) else None
     if flag in REVISION_FLAGS:

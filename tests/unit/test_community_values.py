@@ -150,8 +150,23 @@ def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path
                   "--image", "sparkforge-test/none:1")  # fmt: skip
     warnings = [line for line in dry.stdout.splitlines() if "opts in to" in line]
     assert any(
-        "--kv-transfer-config.kv_connector_module_path" in w and "our own module" in w for w in warnings
+        '--kv-transfer-config.kv_connector_module_path = "evil.mod" (sha256:' in w and "our own module" in w
+        for w in warnings
     )
+    # The opt-in recorded the value reviewed: the same entry with another value is refused at load.
+    changed = out.read_text().replace("evil.mod", "other.mod")
+    out.write_text(changed)
+    done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
+                   "--image", "sparkforge-test/none:1")  # fmt: skip
+    assert done.returncode != 0 and "docker run" not in done.stdout
+    assert "a changed value voids the opt-in" in done.stderr and "kv_connector_module_path" in done.stderr
+    # Export carries every opt-in, visibly: the entry, its value's digest and the reviewer's words.
+    out.write_text(changed.replace("other.mod", "evil.mod"))
+    exported = tmp_path / "out.yaml"
+    done = _invoke("export", "--profile", str(out), "--recipe", str(CI_RECIPE), "--out", str(exported))
+    assert done.returncode == 0, done.stderr
+    head = [line for line in exported.read_text().splitlines() if line.startswith("# opt-in: ")]
+    assert len(head) == 3 and any("kv_connector_module_path" in h and "our own module" in h for h in head)
 
 
 def test_an_ext_value_of_the_logging_stream_imports_what_it_names(tmp_path: Path) -> None:

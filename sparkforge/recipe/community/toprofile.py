@@ -22,6 +22,7 @@ from sparkforge.recipe.allowlist import (
     Verdict,
     env_value_verdict,
     flag_verdict,
+    opt_in_reason,
     owner_only,
     value_verdicts,
     verdicts,
@@ -356,9 +357,10 @@ def import_recipe(
     if bad := sorted(k for k in allow if owner_only(k)):
         raise RecipeError(f"{recipe.where}: --allow {', '.join(bad)}: {owner_only(bad[0])}")
     # The opt-ins the written profile needs: an entry left out for another of its fields needs none.
-    needed = {v.allow_key for v in verdicts(args, env) if v.status != "allowed"}
-    needed |= {"model"} if model_finding(argv.model) is not None else set()
-    kept_allow = {k: allow[k] for k in sorted(allow) if k in needed}
+    needed = {v.allow_key: v.value for v in verdicts(args, env) if v.status != "allowed"}
+    needed.update({"model": argv.model} if model_finding(argv.model) is not None else {})
+    # Each opt-in records the digest of the value reviewed: a later change of the value voids it.
+    kept_allow = {k: opt_in_reason(allow[k], needed[k]) for k in sorted(allow) if k in needed}
     document.update({"allow": kept_allow} if kept_allow else {})
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
     source += ["--served-model-name", launch.served] if launch.served else []
