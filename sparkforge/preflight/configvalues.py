@@ -15,9 +15,15 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.report import Check
+
+if TYPE_CHECKING:
+    from sparkforge.preflight.sources import UpstreamTree
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 ENVS = "vllm/envs.py"
@@ -318,3 +324,41 @@ def wheel_values(fetcher: Fetcher, package: str, version: str, target: WheelTarg
         return path.read_text(errors="replace") if path.is_file() else None
 
     return read_values(read_text, listing)
+
+
+def check_value_kinds(check: Check, surface: Callable[[], ValueSurface], subject: str) -> None:
+    """Fill `check`: the kinds the value allow-list judges by (the snapshot) against the pinned vLLM's own.
+
+    A field the snapshot lacks is unknown (never passed without an opt-in); a field whose kind differs is judged
+    by the snapshot's kind until render_values runs for this vLLM. Listed, not failed (as serve-flags lists the
+    names the allow-list lacks)."""
+    from sparkforge.recipe import vllmvalues
+
+    try:
+        found = surface()
+    except (PreflightError, ValueError, SyntaxError) as exc:
+        check.status, check.reason = "failed", f"cannot read the pinned vLLM's config classes: {exc}"
+        return
+    stale = stale_values(found)
+    check.details = {
+        "json_flags": len(found.flags),
+        "config_classes": len(found.classes),
+        "variables": len(found.env),
+        "snapshot": vllmvalues.VERSION,
+        "differs_from_snapshot": stale[:100],
+    }
+    check.reason = (
+        f"the value allow-list's kinds (vLLM {vllmvalues.VERSION}) match {subject}'s config classes and envs.py"
+        if not stale
+        else f"{len(stale)} kinds of {subject} differ from the value allow-list's snapshot (vLLM "
+        f"{vllmvalues.VERSION}): judged by the snapshot's (unknown fields are never passed); fix: regenerate "
+        "sparkforge/recipe/vllmvalues.py with configvalues.render_values for this vLLM"
+    )
+
+
+def tree_values(tree: UpstreamTree, fetcher: Fetcher, package: str, target: WheelTarget) -> ValueSurface:
+    """The value surface of the vLLM tree preflight resolved (a source tree, or the pinned wheel)."""
+    if tree.kind == "wheel":
+        return wheel_values(fetcher, package, tree.version or "", target)
+    listing = [str(p.relative_to(tree.root)) for p in tree.root.rglob("*.py")]
+    return read_values(tree.read_text, listing)

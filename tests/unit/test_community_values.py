@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.preflight.configvalues import stale_values, wheel_values
+from sparkforge.preflight.configvalues import check_value_kinds, stale_values, wheel_values
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.recipe import vllmvalues
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import load_profile
+from sparkforge.report import Check
 
 HOSTILE = Path(__file__).parent / "fixtures" / "hostile"
 CI_RECIPE = REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"
@@ -195,6 +196,9 @@ def test_the_value_kinds_follow_the_pinned_vllm() -> None:
     target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
     surface = wheel_values(make_fetcher(), vllm.package or "vllm", vllm.version, target)
     assert stale_values(surface) == []
+    check = Check("serve-values", "passed")
+    check_value_kinds(check, lambda: surface, f"vLLM {vllm.version}")  # what preflight reports per recipe
+    assert check.status == "passed" and "match vLLM 0.33.0" in check.reason, check.reason
     assert surface.flags["compilation-config"] == "CompilationConfig"
     assert surface.classes["StructuredOutputsConfig"]["reasoning_parser_plugin"] == "str"
     assert (
