@@ -383,10 +383,16 @@ def blocked(
     """The entries off the list that no opt-in in `allow` lets through: none names them, none may, or the one
     that does reviewed another value (its recorded digest differs)."""
     out = []
-    for v in [*verdicts(args, env), *(more or [])]:
+    found = [*verdicts(args, env), *(more or [])]
+    # One opt-in names one entry: a key that is both a variable and a flag of this profile opens neither.
+    both = {v.allow_key for v in found if v.kind == "env"} & {v.allow_key for v in found if v.kind == "flag"}
+    for v in found:
         if v.status == "allowed":
             continue
-        if v.allow_key not in allow or owner_only(v.allow_key) or v.final:
+        if v.allow_key in both and v.allow_key in allow:
+            out.append(replace(v, reason=f"{v.reason} (the opt-in {v.allow_key!r} names a variable and a flag "
+                               "alike: it opens neither; rename the variable)"))  # fmt: skip
+        elif v.allow_key not in allow or owner_only(v.allow_key) or v.final:
             out.append(v)
         elif (digest := reviewed(allow[v.allow_key])[1]) != value_digest(v.value):
             out.append(replace(v, voided=digest or "(none recorded)"))

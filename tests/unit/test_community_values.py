@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.errors import ProfileError
 from sparkforge.preflight.configvalues import check_value_kinds, stale_values, wheel_values
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.recipe import vllmvalues
+from sparkforge.recipe.allowlist import value_digest
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import load_profile
 from sparkforge.report import Check
@@ -233,3 +235,17 @@ def test_the_dry_run_prints_every_container_the_task_starts(tmp_path: Path) -> N
     assert f"{token}:/run/secrets/hf_token:ro" in argv and "HF_TOKEN_PATH=/run/secrets/hf_token" in argv
     assert "VLLM_LOGGING_LEVEL=DEBUG" not in argv and "NCCL_DEBUG=WARN" not in argv
     assert "hf_dry_run_canary" not in dry.stdout + dry.stderr
+
+
+def test_an_opt_in_named_like_both_a_variable_and_a_flag_opens_neither(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    digest = value_digest("a.b")
+    path.write_text(
+        "description: d\nmodel: q/m\nargs:\n  middleware: a.b\nenv:\n  middleware: a.b\n"
+        f"allow:\n  middleware: reviewed [sha256:{digest}]\n"
+    )
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert "names a variable and a flag alike: it opens neither" in str(info.value)
+    path.write_text(path.read_text().replace("env:\n  middleware: a.b\n", ""))
+    assert load_profile(path).model.allow  # the flag alone, opted in at its reviewed value, loads
