@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkforge.boundary import read_text, walk_tree
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
@@ -311,7 +312,7 @@ def wheel_values(fetcher: Fetcher, package: str, version: str, target: WheelTarg
     arguments and envs.py (HTTP range requests)."""
     dist = resolve_file(fetcher, package, version, wheel=target)
     root = wheel_members(fetcher, dist, [ARG_UTILS])
-    listing = (root / WHEEL_FILE_LIST).read_text().split()
+    listing = read_text(root / WHEEL_FILE_LIST, "the wheel's file list", 16 << 20).split()
     wanted = [
         n
         for n in listing
@@ -319,11 +320,11 @@ def wheel_values(fetcher: Fetcher, package: str, version: str, target: WheelTarg
     ]
     members = wheel_members(fetcher, dist, wanted)
 
-    def read_text(rel: str) -> str | None:
+    def member(rel: str) -> str | None:
         path = members / rel
-        return path.read_text(errors="replace") if path.is_file() else None
+        return read_text(path, "a vLLM wheel member", 8 << 20) if path.is_file() else None
 
-    return read_values(read_text, listing)
+    return read_values(member, listing)
 
 
 def check_value_kinds(check: Check, surface: Callable[[], ValueSurface], subject: str) -> None:
@@ -360,5 +361,6 @@ def tree_values(tree: UpstreamTree, fetcher: Fetcher, package: str, target: Whee
     """The value surface of the vLLM tree preflight resolved (a source tree, or the pinned wheel)."""
     if tree.kind == "wheel":
         return wheel_values(fetcher, package, tree.version or "", target)
-    listing = [str(p.relative_to(tree.root)) for p in tree.root.rglob("*.py")]
+    config = walk_tree(tree.root / CONFIG_DIR, "the vLLM source's config classes", max_entries=2000)
+    listing = [str(p.relative_to(tree.root)) for p in config if p.suffix == ".py"]
     return read_values(tree.read_text, listing)

@@ -390,8 +390,13 @@ def blocked(
         if v.status == "allowed":
             continue
         if v.allow_key in both and v.allow_key in allow:
-            out.append(replace(v, reason=f"{v.reason} (the opt-in {v.allow_key!r} names a variable and a flag "
-                               "alike: it opens neither; rename the variable)"))  # fmt: skip
+            out.append(
+                replace(
+                    v,
+                    reason=f"{v.reason} (the opt-in {v.allow_key!r} names a variable and a flag "
+                    "alike: it opens neither; rename the variable)",
+                )
+            )
         elif v.allow_key not in allow or owner_only(v.allow_key) or v.final:
             out.append(v)
         elif (digest := reviewed(allow[v.allow_key])[1]) != value_digest(v.value):

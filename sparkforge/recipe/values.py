@@ -18,11 +18,12 @@ and an opt-in for the flag covers none of its fields.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
+from sparkforge.boundary import parse_json
+from sparkforge.errors import InputError
 from sparkforge.recipe import vllmvalues
 
 MAX_DEPTH = 4
@@ -153,9 +154,9 @@ def json_value(key: str, value: object) -> tuple[str, object] | None:
         return None
     parsed: object = value
     if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
+        try:  # through the boundary: finite numbers, no key twice, bounded depth (else it stays text)
+            parsed = parse_json(value, f"--{flag}")
+        except InputError:
             parsed = value
     for part in reversed(tail.split(".")) if tail else ():
         parsed = {part: parsed}
@@ -192,8 +193,12 @@ def _typed(kind: str, value: object) -> bool:
 
 def _free(entry: str, field: str, why_unknown: str, value: object = None) -> Finding:
     if isinstance(value, str) and _private(value):
-        return Finding(entry, "refused", f"{value[:80]} points into the secrets, the caches or the model snapshot",
-                       final=True)  # fmt: skip
+        return Finding(
+            entry,
+            "refused",
+            f"{value[:80]} points into the secrets, the caches or the model snapshot",
+            final=True,
+        )
     for rule, why in _RISKY:
         if rule.fullmatch(field.lower()):
             return Finding(entry, "refused", why)
@@ -237,8 +242,11 @@ def _judge(entry: str, cls: str, value: object, depth: int) -> Iterator[Finding]
                 and len(items) <= 256
                 and all(isinstance(i, str) and re.fullmatch(pattern, i) for i in items)
             ):
-                yield Finding(sub, "refused" if _free(sub, name, "").status == "refused" else "unknown",
-                              f"{str(item)[:60]!r} is outside the reviewed grammar of {cls}.{name} ({what})")  # fmt: skip
+                yield Finding(
+                    sub,
+                    "refused" if _free(sub, name, "").status == "refused" else "unknown",
+                    f"{str(item)[:60]!r} is outside the reviewed grammar of {cls}.{name} ({what})",
+                )
         else:
             yield _free(
                 sub, name, f"vLLM's {cls}.{name} takes free text or a structure ({kind}): not reviewed", item
@@ -313,9 +321,10 @@ def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding |
         pattern = f"({one})(,({one}))*"
     else:
         return _free(
-            name, name.lower().removeprefix("vllm_"),
+            name,
+            name.lower().removeprefix("vllm_"),
             f"vLLM {vllmvalues.VERSION} reads any text from it (vllm/envs.py): no reviewed value grammar",
-        )  # fmt: skip
+        )
     if re.fullmatch(pattern, value):
         return None
     return Finding(
@@ -363,12 +372,26 @@ def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]
     text = value if isinstance(value, str) else None
     if flag in REVISION_FLAGS:
         if text is None or not HEX40.fullmatch(text):
-            return [Finding(flag, "refused", f"{str(value)[:60]!r} is a branch, tag or PR ref, not a full "
-                                 "commit: the repository's owner can change what it names", final=True)]  # fmt: skip
+            return [
+                Finding(
+                    flag,
+                    "refused",
+                    f"{str(value)[:60]!r} is a branch, tag or PR ref, not a full "
+                    "commit: the repository's owner can change what it names",
+                    final=True,
+                )
+            ]
         pin = args.get("revision")
         if flag != "revision" and isinstance(pin, str) and text != pin:
-            return [Finding(flag, "refused", f"{text} is not the profile's pinned revision {pin}: every "
-                                 "revision is derived from the pin", final=True)]  # fmt: skip
+            return [
+                Finding(
+                    flag,
+                    "refused",
+                    f"{text} is not the profile's pinned revision {pin}: every "
+                    "revision is derived from the pin",
+                    final=True,
+                )
+            ]
         return []
     if flag in REPOSITORY_FLAGS:
         if text is not None and _OWNER_MODELS.fullmatch(text) and ".." not in text.split("/"):
@@ -384,12 +407,24 @@ def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]
     words = value if isinstance(value, list) else [value]
     for word in (str(w) for w in words):
         if _private(word):
-            return [Finding(flag, "refused", f"{word[:80]} points into the secrets, the caches or the model "
-                                 "snapshot", final=True)]  # fmt: skip
+            return [
+                Finding(
+                    flag,
+                    "refused",
+                    f"{word[:80]} points into the secrets, the caches or the model snapshot",
+                    final=True,
+                )
+            ]
     if flag in BESIDE_PROFILE:
         return []  # whether the file exists in the container is import's file check (files beside the profile)
-    return [Finding(flag, "unknown", f"{str(value)[:80]!r}: a file the recipe picks inside the container; "
-                         "the files a profile needs live beside it")]  # fmt: skip
+    return [
+        Finding(
+            flag,
+            "unknown",
+            f"{str(value)[:80]!r}: a file the recipe picks inside the container; "
+            "the files a profile needs live beside it",
+        )
+    ]
 
 
 def _private(word: str) -> bool:
@@ -403,6 +438,10 @@ def _private(word: str) -> bool:
 def model_finding(model: str) -> Finding | None:
     """A model that is not a Hugging Face id (or a path the owner mounts): `s3://...`, `gs://...`, any URI."""
     if "://" in model or re.match(r"[a-z0-9]+:", model):
-        return Finding("model", "refused", f"{model[:80]}: not a Hugging Face repository id (a URI the loader "
-                       "fetches from elsewhere, where a 40-hex revision pins nothing)")  # fmt: skip
+        return Finding(
+            "model",
+            "refused",
+            f"{model[:80]}: not a Hugging Face repository id (a URI the loader "
+            "fetches from elsewhere, where a 40-hex revision pins nothing)",
+        )
     return None
