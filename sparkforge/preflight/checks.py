@@ -195,8 +195,10 @@ class PreflightOptions:
 
 def run_preflight(session: Session, recipe: Recipe, options: PreflightOptions | None = None) -> Report:
     """Check the recipe against upstream facts at its pins; every check lands in the report, none raises."""
+    from sparkforge.preflight.configvalues import check_value_kinds, tree_values
     from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.preflight.knownbad import known_bad_check
+    from sparkforge.preflight.pypi import WheelTarget
     from sparkforge.preflight.serveflags import check_serve_profiles, recipe_surface
     from sparkforge.preflight.sources import GITHUB
 
@@ -225,6 +227,15 @@ def run_preflight(session: Session, recipe: Recipe, options: PreflightOptions | 
     if profiles and up.tree is not None:  # serve profiles: every flag and parser name against this vLLM
         tree = up.tree
         check_serve_profiles(report, recipe, profiles, lambda: recipe_surface(recipe, up.fetcher, tree))
+        # the value allow-list's kinds (config classes, envs.py) against this vLLM's own
+        component = recipe.model.components.vllm
+        target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
+        with report.timed("serve-values") as check:
+            check_value_kinds(
+                check,
+                lambda: tree_values(tree, up.fetcher, component.package or "vllm", target),
+                f"vLLM {component.version}",
+            )
         # silent wrong output reported upstream (sparkforge/preflight/known_bad.yaml)
         for profile in profiles:
             report.add(known_bad_check(profile, recipe.model.components.vllm.version))

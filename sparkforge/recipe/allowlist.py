@@ -13,9 +13,11 @@ Import, export, profile load (and with it serve, conform, bench and cluster) cal
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sparkforge.recipe import vllmnames
@@ -164,6 +166,10 @@ REFUSED_ENV = {
     "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "copies more variables to every Ray worker, past this list",
     "VLLM_API_KEY": "the OpenAI API's key: a secret (the owner's)",
     "VLLM_HOST_IP": "the address vLLM's internode traffic uses: the launch plan's",
+    "VLLM_LOGGING_STREAM": "Python's logging configuration imports the object an ext:// value names",
+    "VLLM_NIC_SELECTION_VARS": "vLLM sets the variables it names inside every worker (through its parser a value "
+    "produced LD_PRELOAD=... pointing at a file of the model repository)",
+    "VLLM_GPU_NIC_PCIE_MAPPING": "free text vLLM turns into per-worker NIC variables",
     "VLLM_LOOPBACK_IP": "the address vLLM's local traffic uses: the launch plan's",
 }
 # Families refused by a name rule: (pattern, what they would do). The first match names the reason.
@@ -212,6 +218,10 @@ OWNER_FIX = (
     "it is the machine owner's setting, never a recipe's or profile's (no opt-in): the hub endpoint comes from "
     "your environment or --hf-endpoint, the token from --hf-token-file, proxies and CA bundles from your machine"
 )
+FINAL_FIX = (
+    "revisions come from the profile's pinned model revision; files a profile needs live beside it, never in "
+    "the secrets, the caches or the snapshot"
+)
 ENV_FIX = "remove it from env (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
 FLAG_FIX = (
     "remove it from the command (or, having reviewed what it does, opt in: import --allow {entry}=REASON)"
@@ -226,6 +236,9 @@ class Verdict:
     name: str  # the flag's long name without dashes, or the variable's name
     status: Status
     reason: str
+    final: bool = False  # refused whatever the opt-ins say (a path into the secrets, a branch ref)
+    value: object = None  # the entry's value (a flag's, a field's, a variable's): what an opt-in reviews
+    voided: str = ""  # the digest an opt-in recorded for another value
 
     @property
     def entry(self) -> str:
@@ -241,9 +254,38 @@ class Verdict:
         fix = owner_only(self.allow_key) or (FLAG_FIX if self.kind == "flag" else ENV_FIX).format(
             entry=self.allow_key
         )
+        if self.final:
+            return f"{self.entry}: refused: {self.reason}; fix: remove it (no opt-in: {FINAL_FIX})"
+        if self.voided:
+            return (
+                f"{self.entry}: {self.status}: {self.reason}; its opt-in reviewed the value with sha256:{self.voided}, "
+                f"this value is sha256:{value_digest(self.value)} ({json.dumps(self.value, default=str)[:80]}): a "
+                f"changed value voids the opt-in; fix: review the value, then record it (import --allow "
+                f"{self.allow_key}=REASON, or end the reason with [sha256:{value_digest(self.value)}])"
+            )
         if self.status == "unknown":
             return f"{self.entry}: needs attention: {self.reason}; fix: {fix}"
         return f"{self.entry}: refused: {self.reason}; fix: {fix}"
+
+
+_DIGEST = re.compile(r"\s*\[sha256:([0-9a-f]{16})\]$")
+
+
+def value_digest(value: object) -> str:
+    """The digest an opt-in records of the value it reviewed (canonical JSON, sha256, 16 hex)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def reviewed(reason: str) -> tuple[str, str]:
+    """An opt-in's reason -> (the reviewer's words, the digest of the value it reviewed or '')."""
+    match = _DIGEST.search(reason)
+    return (reason[: match.start()], match.group(1)) if match else (reason, "")
+
+
+def opt_in_reason(reason: str, value: object) -> str:
+    """The reason as a profile records it: the reviewer's words and the digest of the value reviewed."""
+    return f"{reviewed(reason)[0]} [sha256:{value_digest(value)}]"
 
 
 def long_flag(name: str, aliases: Mapping[str, str] | None = None) -> str:
@@ -302,27 +344,78 @@ def owner_only(name: str) -> str:
     return OWNER_FIX if _OWNER_ONLY.fullmatch(name) else ""
 
 
+def value_verdicts(key: str, value: object, args: Mapping[str, object] | None = None) -> list[Verdict]:
+    """A flag's value against the value allow-list (sparkforge/recipe/values.py): each field of a JSON value off
+    the list as its own entry (`compilation-config.backend`); a revision that is no full commit or differs from
+    the pin in `args`; another repository; a file the recipe picks."""
+    from sparkforge.recipe.values import flag_findings, plain_findings
+
+    found = flag_findings(key, value) + plain_findings(key, value, args or {})
+    return [Verdict("flag", f.entry, f.status, f.reason, f.final, f.value) for f in found]  # type: ignore[arg-type]
+
+
+def env_value_verdict(name: str, value: object) -> Verdict:
+    """A variable by name and then by value: a name on the list passes only with a value of its grammar."""
+    from sparkforge.recipe.values import env_finding
+
+    verdict = replace(env_verdict(name), value=value)
+    if verdict.status != "allowed":
+        return verdict
+    finding = env_finding(name, str(value), RESOURCE_ENV)
+    return verdict if finding is None else replace(verdict, status=finding.status, reason=finding.reason)  # type: ignore[arg-type]
+
+
 def verdicts(args: Mapping[str, object], env: Mapping[str, object]) -> list[Verdict]:
-    """Every flag and variable of a profile (or an imported recipe), in order."""
-    return [flag_verdict(k) for k in args] + [env_verdict(str(k)) for k in env]
+    """Every flag (and every field of a JSON-valued flag's value) and variable (by name and value), in order."""
+    out = []
+    for key, value in args.items():
+        out.append(replace(flag_verdict(key), value=value))
+        out += value_verdicts(key, value, args)
+    return out + [env_value_verdict(str(k), v) for k, v in env.items()]
 
 
-def blocked(args: Mapping[str, object], env: Mapping[str, object], allow: Mapping[str, str]) -> list[Verdict]:
-    """The entries off the list that no opt-in in `allow` lets through."""
-    return [
-        v
-        for v in verdicts(args, env)
-        if v.status != "allowed" and (v.allow_key not in allow or owner_only(v.allow_key))
-    ]
+def blocked(
+    args: Mapping[str, object],
+    env: Mapping[str, object],
+    allow: Mapping[str, str],
+    more: list[Verdict] | None = None,
+) -> list[Verdict]:
+    """The entries off the list that no opt-in in `allow` lets through: none names them, none may, or the one
+    that does reviewed another value (its recorded digest differs)."""
+    out = []
+    found = [*verdicts(args, env), *(more or [])]
+    # One opt-in names one entry: a key that is both a variable and a flag of this profile opens neither.
+    both = {v.allow_key for v in found if v.kind == "env"} & {v.allow_key for v in found if v.kind == "flag"}
+    for v in found:
+        if v.status == "allowed":
+            continue
+        if v.allow_key in both and v.allow_key in allow:
+            out.append(
+                replace(
+                    v,
+                    reason=f"{v.reason} (the opt-in {v.allow_key!r} names a variable and a flag "
+                    "alike: it opens neither; rename the variable)",
+                )
+            )
+        elif v.allow_key not in allow or owner_only(v.allow_key) or v.final:
+            out.append(v)
+        elif (digest := reviewed(allow[v.allow_key])[1]) != value_digest(v.value):
+            out.append(replace(v, voided=digest or "(none recorded)"))
+    return out
 
 
-def opt_in_warnings(allow: Mapping[str, str], env: Mapping[str, object], where: str) -> list[str]:
+def opt_in_warnings(
+    allow: Mapping[str, str], env: Mapping[str, object], where: str, args: Mapping[str, object] | None = None
+) -> list[str]:
     """One line per opt-in: printed by every task that starts a container."""
     lines = []
+    found = {v.allow_key: v for v in verdicts(args or {}, env) if v.status != "allowed"}
     for key, why in allow.items():
-        verdict = env_verdict(key) if key in env else flag_verdict(key)
+        verdict = found.get(key) or (env_verdict(key) if key in env else flag_verdict(key))
+        words, digest = reviewed(why)
+        shown = json.dumps(verdict.value, default=str)[:120]
         lines.append(
-            f"warning: {where} opts in to {verdict.entry} off the allow-list ({verdict.status}: {verdict.reason}); "
-            f"the reason it gives: {why}"
+            f"warning: {where} opts in to {verdict.entry} = {shown} (sha256:{digest}) off the allow-list "
+            f"({verdict.status}: {verdict.reason}); the reason it gives: {words}"
         )
     return lines

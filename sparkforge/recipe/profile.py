@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from sparkforge.errors import ProfileError, RecipeError
-from sparkforge.recipe.allowlist import Verdict, blocked, flag_verdict, opt_in_warnings, owner_only
+from sparkforge.recipe.allowlist import Verdict, blocked, opt_in_warnings, owner_only, verdicts
 from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
 from sparkforge.recipe.serveargs import (
@@ -38,6 +38,7 @@ from sparkforge.recipe.serveargs import (
     is_secret_value,
     norm_flag,
 )
+from sparkforge.recipe.values import model_finding
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -151,9 +152,10 @@ class ProfileModel(BaseModel):
     @classmethod
     def _allow(cls, allow: dict[str, str]) -> dict[str, str]:
         for key, why in allow.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[a-z0-9][a-z0-9-]*", key):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[a-z0-9][a-z0-9-]*(\.[A-Za-z0-9_]{1,64}){0,4}", key):
                 raise ValueError(
-                    f"{key!r}: name a flag without dashes or a variable; fix: e.g. 'tool-parser-plugin'"
+                    f"{key!r}: name a flag without dashes, a field of a JSON-valued flag "
+                    "(compilation-config.backend) or a variable; fix: e.g. 'tool-parser-plugin'"
                 )
             if any(ord(c) < 32 or ord(c) == 127 for c in why) or not why.strip():
                 raise ValueError(
@@ -166,9 +168,15 @@ class ProfileModel(BaseModel):
     @model_validator(mode="after")
     def _allow_list(self) -> ProfileModel:
         refused = blocked(self.args, self.env, self.allow)
+        uri = model_finding(self.model)
+        if uri is not None:
+            refused += blocked(
+                {}, {}, self.allow, [Verdict("flag", "model", "refused", uri.reason, value=self.model)]
+            )
         if refused:
             raise ValueError("; ".join(v.message() for v in refused))
-        used = {flag_verdict(k).name for k in self.args} | set(self.args) | set(self.env)
+        used = {v.allow_key for v in verdicts(self.args, self.env)} | set(self.args) | set(self.env)
+        used |= {"model"} if uri is not None else set()
         stale = sorted(k for k in self.allow if k not in used)
         if stale:
             raise ValueError(
@@ -261,7 +269,9 @@ class Profile:
 
     def opt_ins(self) -> list[str]:
         """One warning line per opt-in past the allow-list (printed by every task that starts a container)."""
-        return opt_in_warnings(self.model.allow, self.model.env, f"profile {self.name} ({self.path})")
+        return opt_in_warnings(
+            self.model.allow, self.model.env, f"profile {self.name} ({self.path})", self.model.args
+        )
 
     def serve_args(self) -> list[str]:
         """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false)."""

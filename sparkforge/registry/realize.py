@@ -121,6 +121,9 @@ def export_community(
     ]
     if realize:
         header.append(f"Realized: image {pins.image}, model {profile.model.model} at {pins.model_revision}.")
+    # The profile's opt-ins past the allow-list, visibly: whoever imports this recipe meets the same refusals
+    # and opts in for themselves (import --allow ENTRY=REASON), having read what was reviewed here.
+    header += [f"opt-in: {line.split(' opts in to ', 1)[1]}" for line in profile.opt_ins()]
     text = export_text(export_document(profile, fmt, pins, trust_remote_code=trust_remote_code), header)
     check_export(text, fmt, profile, pins)
     return text

@@ -313,6 +313,31 @@ def plan_launch(
     )
 
 
+def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
+    """A docker argv as `--dry` prints it: inline programs (`-c SCRIPT`) by size and sha256, the values given in
+    `secrets` and the values of secret-named variables masked (`***`)."""
+    import hashlib
+    import shlex
+
+    from sparkforge.recipe.serveargs import is_secret_name
+
+    out = []
+    for index, word in enumerate(argv):
+        if index and argv[index - 1] == "-c" and "\n" in word:
+            word = f"<program: {len(word)} bytes, sha256 {hashlib.sha256(word.encode()).hexdigest()[:16]}>"
+        elif word in secrets:
+            word = "***"
+        elif (
+            index
+            and argv[index - 1] in ("--env", "-e")
+            and "=" in word
+            and is_secret_name(word.split("=")[0])
+        ):
+            word = word.split("=", 1)[0] + "=***"
+        out.append(word)
+    return shlex.join(out)
+
+
 def describe_plan(plan: LaunchPlan, labels: Sequence[str]) -> list[str]:
     """Human lines: per node, the exact docker argv (shell-quoted) and its environment."""
     import shlex

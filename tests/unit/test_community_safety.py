@@ -17,7 +17,7 @@ import pytest
 
 from sparkforge.preflight.catalog import import_with, read_source
 from sparkforge.preflight.fetch import make_fetcher
-from sparkforge.recipe.allowlist import env_verdict, flag_verdict
+from sparkforge.recipe.allowlist import env_verdict, flag_verdict, reviewed, value_digest
 from sparkforge.recipe.community.toprofile import write_profile
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
@@ -87,10 +87,12 @@ def test_an_opt_in_is_per_entry_written_with_its_reason_and_printed_by_every_lau
     assert done.returncode == 1  # the other four are still refused and named
     assert sum(line.startswith("refused: ") for line in done.stderr.splitlines()) == 4
     profile = load_profile(out)
-    assert profile.model.allow == {
+    assert {k: reviewed(v)[0] for k, v in profile.model.allow.items()} == {
         "tool-parser-plugin": "reviewed qwen35_tools.py at 3f1c0ff",
         "VLLM_SERVER_DEV_MODE": "debugging on an isolated box",
     }
+    # Each opt-in records the value it reviewed (its digest): a changed value voids it (test_community_values).
+    assert reviewed(profile.model.allow["VLLM_SERVER_DEV_MODE"])[1] == value_digest("1")
     dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
                   "--image", "sparkforge-test/none:1")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
@@ -159,7 +161,9 @@ def test_the_catalog_names_every_entry_of_a_hostile_recipe() -> None:
         assert head.startswith(f"{HOSTILE}/{name}: refused |"), head
         for entry in bad:
             assert any(f" {entry}: refused: " in note for note in rows[head]), entry
-    assert "2 refused" in done.stdout
+    assert (
+        f"{len(list(HOSTILE.glob('*.yaml')))} refused" in done.stdout
+    )  # round 2's (test_community_values) too
 
 
 def test_the_interpreter_start_chain_runs_nothing_from_the_launch_plan(tmp_path: Path) -> None:

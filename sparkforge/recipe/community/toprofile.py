@@ -18,7 +18,15 @@ from pathlib import Path
 import yaml
 
 from sparkforge.errors import RecipeError, SparkforgeError
-from sparkforge.recipe.allowlist import Verdict, env_verdict, flag_verdict, owner_only
+from sparkforge.recipe.allowlist import (
+    Verdict,
+    env_value_verdict,
+    flag_verdict,
+    opt_in_reason,
+    owner_only,
+    value_verdicts,
+    verdicts,
+)
 from sparkforge.recipe.community.formats import CommunityRecipe
 from sparkforge.recipe.community.vllmargv import (
     Option,
@@ -29,6 +37,7 @@ from sparkforge.recipe.community.vllmargv import (
 )
 from sparkforge.recipe.profile import FILE_FLAGS, PROFILE_NAME, file_refusal, load_profile, names_a_file
 from sparkforge.recipe.serveargs import check_env, check_flag, check_value, norm_flag
+from sparkforge.recipe.values import HEX40, model_finding
 
 SPARKFORGE_HOST = "0.0.0.0"
 _BUILD_ARG_HINTS = {
@@ -247,7 +256,9 @@ def import_recipe(
     def listed(verdict: Verdict, where: str) -> bool:
         """True when the entry may be carried; otherwise it is named (refused or needs attention)."""
         used.add(verdict.allow_key)
-        if verdict.status == "allowed" or (verdict.allow_key in allow and not owner_only(verdict.allow_key)):
+        if verdict.status == "allowed" or (
+            verdict.allow_key in allow and not owner_only(verdict.allow_key) and not verdict.final
+        ):
             return True
         if verdict.status == "refused":
             refused.append(Attention(where, verdict.message()))
@@ -283,6 +294,9 @@ def import_recipe(
         kept.append(option)
         if not problem and not listed(flag_verdict(key), where):
             continue
+        # Each field of a JSON value on its own: the flag is carried only when every field is on the list.
+        if not problem and not all([listed(v, where) for v in value_verdicts(key, value)]):
+            continue
         if problem:
             attention.append(Attention(where, f"--{option.flag} dropped: {problem}"))
             if "secret" in problem:  # the source's argv is printed: never its secret
@@ -305,7 +319,7 @@ def import_recipe(
         )
         if problem:
             attention.append(Attention(recipe.at("env", str(key)), f"dropped: {problem}"))
-        elif listed(env_verdict(str(key)), recipe.at("env", str(key))):
+        elif listed(env_value_verdict(str(key), value), recipe.at("env", str(key))):
             env[str(key)] = value
     if recipe.model and recipe.model != argv.model:
         attention.append(
@@ -316,17 +330,27 @@ def import_recipe(
         )
     if argv.model.startswith("/"):
         attention.append(Attention(where, f"the model is a path ({argv.model}): serve it with --model-dir"))
-    if recipe.model_revision and "revision" not in args:
-        args["revision"] = recipe.model_revision
-        kept.append(Option("revision", (recipe.model_revision,), "model_revision"))
-    pin = args.get("revision")
-    for flag in (
-        "tokenizer-revision",
-        "code-revision",
-    ):  # --revision alone leaves these at main (GHSA-3ww4-5jv9-j5gm)
-        if isinstance(pin, str) and flag not in args:
+    if (uri := model_finding(argv.model)) is not None:
+        listed(Verdict("flag", "model", "refused", uri.reason), where)
+    # Every revision is derived from the one pin (the recipe's model_revision, else a full-commit --revision);
+    # a --revision, --code-revision or --tokenizer-revision that says otherwise is refused, never carried.
+    pin = recipe.model_revision if HEX40.fullmatch(recipe.model_revision or "") else args.get("revision")
+    for flag in ("revision", "tokenizer-revision", "code-revision"):
+        given = args.get(flag)
+        if given is not None and given != pin:
+            refused.append(
+                Attention(
+                    where,
+                    f"--{flag} {given}: refused: not the pinned model_revision {pin}; fix: remove it "
+                    "(every revision is derived from the profile's pin)",
+                )
+            )
+            del args[flag]
+            kept = [o for o in kept if o.flag != flag]
+        if isinstance(pin, str):  # --revision alone leaves the others at main (GHSA-3ww4-5jv9-j5gm)
             args[flag] = pin
-            kept.append(Option(flag, (pin,), "model_revision"))
+            if not any(o.flag == flag for o in kept):
+                kept.append(Option(flag, (pin,), "model_revision"))
     attention += _mods(recipe) + _build_args(recipe)
     attention += [
         Attention(
@@ -353,7 +377,12 @@ def import_recipe(
         )
     if bad := sorted(k for k in allow if owner_only(k)):
         raise RecipeError(f"{recipe.where}: --allow {', '.join(bad)}: {owner_only(bad[0])}")
-    document.update({"allow": {k: allow[k] for k in sorted(allow)}} if allow else {})
+    # The opt-ins the written profile needs: an entry left out for another of its fields needs none.
+    needed = {v.allow_key: v.value for v in verdicts(args, env) if v.status != "allowed"}
+    needed.update({"model": argv.model} if model_finding(argv.model) is not None else {})
+    # Each opt-in records the digest of the value reviewed: a later change of the value voids it.
+    kept_allow = {k: opt_in_reason(allow[k], needed[k]) for k in sorted(allow) if k in needed}
+    document.update({"allow": kept_allow} if kept_allow else {})
     source = ["serve", argv.model, *(t for o in kept for t in o.tokens())]
     source += ["--served-model-name", launch.served] if launch.served else []
     source += ["--trust-remote-code"] if launch.trust else []

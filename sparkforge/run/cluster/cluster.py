@@ -90,6 +90,7 @@ def cluster_up(
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
         envs = [network_env(doctor.interface, a) for a in addresses]
         plan = plan_launch(profile, addresses, envs, launch)
+        fetch_weights(engines, profile, launch, echo=echo, dry=True)  # its containers, printed
         launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=True)
         return UpResult(plan, None, time.monotonic() - start)
     result = run_doctor(engines, doctor, echo=echo)

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch
+from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch, shown_argv
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.serve.start import cluster_down, launch_plan
 from sparkforge.run.weights.weights import fetch_weights
@@ -86,23 +86,12 @@ def check_architecture(
     session: Session, engine: NodeEngine, profile: Profile, options: LaunchOptions
 ) -> None:
     """Refuse a model class the image's vLLM does not register, before any container serves or downloads."""
-    arch = model_architecture(profile, options.model_dir)
-    if arch is None:
+    argv = architecture_argv(profile, options)
+    if argv is None:
         return
+    arch = argv[-1]
     result = engine.runner.capture(
-        engine.command(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--entrypoint",
-            "python3",
-            *_env_flags(profile),
-            options.image,
-            "-c",
-            _ARCH,
-            arch,
-        ),
+        engine.command(*argv),
         "architecture",
         check=False,
         timeout=300,
@@ -117,6 +106,16 @@ def check_architecture(
     if result.returncode != 0:
         raise RunError(f"cannot read the model registry of {options.image}: {result.output.strip()[-400:]}")
     session.echo(f"model class {arch}: registered in the image's vLLM")
+
+
+def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:
+    """The docker argv of the architecture check (the image with the profile's environment, no network, no
+    mounts), or None when the model class is unknown before the download."""
+    arch = model_architecture(profile, options.model_dir)
+    if arch is None:
+        return None
+    return ["run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
+            "-c", _ARCH, arch]  # fmt: skip
 
 
 def _env_flags(profile: Profile) -> list[str]:
@@ -193,6 +192,10 @@ def serve_up(
     plan = plan_launch(profile, ["127.0.0.1"], [{}], launch)
     if not dry:
         check_architecture(session, engine, profile, launch)
+    elif (argv := architecture_argv(profile, launch)) is not None:
+        echo(
+            f"# container: the architecture check (the profile's environment, no network): docker {shown_argv(argv)}"
+        )
     fetch_weights([engine], profile, launch, echo=echo, dry=dry)
     launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=dry)
     if dry or not options.chat:

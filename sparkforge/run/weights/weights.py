@@ -17,8 +17,15 @@ from sparkforge.console import Echo
 from sparkforge.errors import RunError
 from sparkforge.recipe.allowlist import RESOURCE_ENV
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.launch import CACHES, TOKEN_MOUNT, LaunchOptions, downloads_first, model_revision
-from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
+from sparkforge.run.launch import (
+    CACHES,
+    TOKEN_MOUNT,
+    LaunchOptions,
+    downloads_first,
+    model_revision,
+    shown_argv,
+)
+from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine, run_argv
 from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.weights.weightstream import json_events
 
@@ -124,6 +131,16 @@ def fetch_weights(
         f"download: {profile.model.model} at {revision} from {hub} into {options.cache_dir}/huggingface {where}"
     )
     if dry:
+        for download in downloads:
+            echo(
+                f"# container: the download on {by_rank[download.rank].node.label} (holds the token file, if "
+                f"given): docker {shown_argv(run_argv(download.container))}"
+            )
+        if options.weights == "shared" and len(by_rank) > 1:
+            echo(
+                "# containers: the weight server on the head and a puller on each peer (a per-run key, never "
+                "sent over the link: sparkforge/run/weights/weightstream.py)"
+            )
         return {}
     end = None if timeout_s is None else time.monotonic() + timeout_s
     done: dict[str, float] = {}

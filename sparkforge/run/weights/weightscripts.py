@@ -2,31 +2,43 @@
 and a peer's puller. Kept as text here so that sparkforge/run/weights/weightstream.py only plans and watches them, and
 so that tests run the very same programs on the host against hostile peers and servers.
 
-The server: the manifest (size and sha256 of every file, links with their targets) computed once per snapshot
-and cached beside the HF cache; printed as a JSON event that sparkforge reads over the node's control channel
-(the engine's logs), never served over HTTP. It serves only the manifest's regular files, opened without
-following links, to requests carrying the per-launch secret in a header; strict paths and Range headers (4xx,
-never a traceback); at most MAX_CLIENTS connections, each dropped after IDLE_S seconds of silence.
+Who may read: the owner only. A per-run key reaches the head's server and every puller through sparkforge, and is
+never sent over the link. The puller first asks `/hello` with a fresh nonce; the head answers with a nonce of its
+own (bound to the asking address) and the HMAC of both nonces and the address it listens on. Only a server that
+proves the key this way gets anything from the puller: per request, an HMAC of the head's nonce, a sequence number
+(the head refuses one used before: a captured request cannot be replayed) and the request's target and range.
 
-The puller: takes the manifest from its argument (the control channel), refuses `..`, absolute paths, links
-that leave the folder or point at no manifest file, and never writes through a link planted in the folder;
-each file is written to a part file, read at most to the manifest's size, checked against its sha256, and only
+The server: the manifest (size and sha256 of every file, links with their targets) computed once per snapshot and
+cached beside the HF cache; its sha256 printed as a JSON event that sparkforge reads over the node's control
+channel (the engine's logs); the document itself served to a proven peer at `/manifest`. It serves only the
+manifest's regular files, opened without following links; strict paths and Range headers (4xx, never a
+traceback); the request head must arrive whole within HEAD_S of the connect (a dripping client is cut off); a
+client address not yet proven holds at most PER_ADDRESS connections (and all of them MAX_UNPROVEN), so unproven
+clients never take the slots of the proven peers (MAX_CLIENTS transfers).
+
+The puller: proves the head, fetches the manifest and checks it against the sha256 sparkforge passed (64 hex
+characters on its command line, whatever the model's file count), validates every entry (relative paths inside
+the folder, hex sha256, integer sizes, no path twice, no path both a file and a folder, links only to manifest
+files) before anything is written; never follows a redirect; one total deadline (SPARKFORGE_DEADLINE_S) over
+everything the server does, each read and connect bounded too; never writes through a link planted in the folder;
+each file is written to a part file named by its sha256, read at most to the manifest's size, checked, and only
 then renamed into place (resumable: a part is re-hashed before it is continued).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-
-SECRET_HEADER = "X-Sparkforge-Secret"
+AUTH_HEADER = "X-Sparkforge-Auth"  # a peer's per-request proof
 
 SERVE_SCRIPT = r"""
-import hashlib, hmac, http.server, json, os, re, socket, stat, sys, threading, urllib.parse
-root, host, port, secret, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-IDLE_S = float(os.environ.get("SPARKFORGE_IDLE_S", "30"))
-MAX_CLIENTS = int(os.environ.get("SPARKFORGE_MAX_CLIENTS", "16"))
+import hashlib, hmac, json, os, re, secrets, socket, stat, sys, threading, time, urllib.parse
+root, host, port, key, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode(), sys.argv[5]
+IDLE_S = float(os.environ.get("SPARKFORGE_IDLE_S", "30"))  # a proven peer's silence before it is dropped
+HEAD_S = float(os.environ.get("SPARKFORGE_HEAD_S", "5"))  # the whole request head, from connect to blank line
+MAX_CLIENTS = int(os.environ.get("SPARKFORGE_MAX_CLIENTS", "16"))  # proven transfers at once
+PER_ADDRESS = int(os.environ.get("SPARKFORGE_PER_ADDRESS", "4"))  # unproven connections of one address
+MAX_UNPROVEN = int(os.environ.get("SPARKFORGE_MAX_UNPROVEN", "64"))  # unproven connections of all addresses
 SKIP = (".incomplete", ".lock", ".sparkforge-part")
+HEX64 = re.compile(r"[0-9a-f]{64}")
 def sha256(path):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -37,8 +49,8 @@ def manifest():
     cached = {}
     try:
         with open(cache) as handle:
-            cached = {e["path"]: e for e in json.load(handle) if "sha256" in e}
-    except (OSError, ValueError, KeyError, TypeError):
+            cached = {e["path"]: e for e in json.load(handle) if HEX64.fullmatch(str(e.get("sha256")))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         cached = {}
     out = []
     for base, dirs, files in os.walk(root):
@@ -64,90 +76,233 @@ def manifest():
     return out
 entries = manifest()
 files = {e["path"]: e for e in entries if "sha256" in e}
+document = json.dumps([{k: v for k, v in e.items() if k != "mtime_ns"} for e in entries]).encode()
+def mac(*parts):
+    return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+lock = threading.Lock()
+unproven, proven, known, last_seq = {}, [0], set(), {}
 RANGE = re.compile(r"bytes=([0-9]{1,15})-")
-class Handler(http.server.BaseHTTPRequestHandler):
-    timeout = IDLE_S
-    protocol_version = "HTTP/1.0"
-    default_request_version = "HTTP/1.0"  # a garbage request line still gets a status line
-    def log_message(self, *args):
+AUTH = re.compile(r"([0-9a-f]{64}) ([0-9]{1,15}) ([0-9a-f]{64})")
+NONCE = re.compile(r"[0-9a-f]{64}")
+def reply(sock, code, headers=(), body=b""):
+    head = f"HTTP/1.0 {code} {dict(((200, 'OK'), (206, 'Partial Content'))).get(code, 'Refused')}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers) + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    try:
+        sock.sendall(head.encode() + body)
+    except OSError:
         pass
-    def refuse(self, code):
+def read_head(sock):
+    # The request line and headers within HEAD_S of the connect, at most 8 KiB: a dripping client is cut off.
+    end, data = time.monotonic() + HEAD_S, b""
+    while b"\r\n\r\n" not in data:
+        left = end - time.monotonic()
+        if left <= 0 or len(data) > 8192:
+            return None
+        sock.settimeout(left)
+        chunk = sock.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+    lines = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return ()
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            return ()
+        headers[name.strip().lower()] = value.strip()
+    return parts[0], parts[1], headers
+def session_nonce(address):
+    r = secrets.token_hex(16)
+    return r + mac("nonce", r, address)[:32]
+def proven_by(address, target, headers):
+    # The peer's proof for this one request: the head's nonce (bound to its address), a sequence number never
+    # used before with that nonce, and the HMAC of both with the target and range under the per-run key.
+    match = AUTH.fullmatch(headers.get("x-sparkforge-auth", ""))
+    if match is None:
+        return False
+    nonce, seq, proof = match.groups()
+    if not hmac.compare_digest(nonce[32:], mac("nonce", nonce[:32], address)[:32]):
+        return False
+    if not hmac.compare_digest(proof, mac("peer", nonce, seq, target, headers.get("range", ""))):
+        return False
+    with lock:
+        if int(seq) <= last_seq.get(nonce, -1):
+            return False  # a replay
+        last_seq[nonce] = int(seq)
+        known.add(address)
+    return True
+def send_file(sock, rel, headers):
+    entry = files.get(rel)
+    if entry is None:
+        return reply(sock, 404)
+    match = RANGE.fullmatch(headers.get("range", "bytes=0-"))
+    if match is None or int(match.group(1)) > entry["size"]:
+        return reply(sock, 416)
+    start = int(match.group(1))
+    try:
+        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return reply(sock, 404)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size != entry["size"]:
+            return reply(sock, 409)
+        handle.seek(start)
+        left = entry["size"] - start
+        sock.sendall(f"HTTP/1.0 {206 if start else 200} OK\r\nContent-Length: {left}\r\nConnection: close\r\n\r\n".encode())
+        while left > 0 and (chunk := handle.read(min(1 << 22, left))):
+            sock.sendall(chunk); left -= len(chunk)
+def handle(sock, address):
+    counted = True
+    try:
+        request = read_head(sock)
+        if request is None:
+            return reply(sock, 408)
+        if request == ():
+            return reply(sock, 400)
+        method, target, headers = request
+        if method != "GET":
+            return reply(sock, 405)
+        if target == "/hello":
+            # The head proves itself first: the HMAC of the peer's fresh nonce, its own and the address it
+            # listens on. A spoofer without the key cannot answer; a relay to the real head signs another address.
+            nonce = headers.get("x-sparkforge-nonce", "")
+            if not NONCE.fullmatch(nonce):
+                return reply(sock, 400)
+            mine = session_nonce(address)
+            proof = mac("head", nonce, mine, f"{host}:{server.getsockname()[1]}")
+            return reply(sock, 200, (("X-Sparkforge-Nonce", mine), ("X-Sparkforge-Proof", proof)))
+        if not proven_by(address, target, headers):
+            return reply(sock, 403)
+        with lock:
+            unproven[address] -= 1
+            counted = False
+            if proven[0] >= MAX_CLIENTS:
+                return reply(sock, 503)
+            proven[0] += 1
         try:
-            self.send_response(code); self.send_header("Content-Length", "0"); self.end_headers()
+            sock.settimeout(IDLE_S)
+            if target == "/manifest":
+                return reply(sock, 200, (("Content-Type", "application/json"),), document)
+            if not target.startswith("/file/") or "?" in target or "#" in target:
+                return reply(sock, 404)
+            try:
+                rel = urllib.parse.unquote(target[len("/file/"):], errors="strict")
+            except UnicodeDecodeError:
+                return reply(sock, 400)
+            return send_file(sock, rel, headers)
+        finally:
+            with lock:
+                proven[0] -= 1
+    except OSError:
+        pass  # a peer that hangs up or stalls: the connection is closed, no traceback
+    finally:
+        if counted:
+            with lock:
+                unproven[address] -= 1
+        with lock:
+            if not unproven.get(address):
+                unproven.pop(address, None)
+        try:
+            sock.close()
         except OSError:
             pass
-    def do_GET(self):
-        given = self.headers.get("X-Sparkforge-Secret", "")
-        if not hmac.compare_digest(given.encode("utf-8", "replace"), secret.encode()):
-            return self.refuse(403)
-        if not self.path.startswith("/file/") or "?" in self.path or "#" in self.path:
-            return self.refuse(404)
-        try:
-            rel = urllib.parse.unquote(self.path[len("/file/"):], errors="strict")
-        except UnicodeDecodeError:
-            return self.refuse(400)
-        entry = files.get(rel)
-        if entry is None:
-            return self.refuse(404)
-        wanted = self.headers.get("Range", "bytes=0-")
-        match = RANGE.fullmatch(wanted)
-        if match is None or int(match.group(1)) > entry["size"]:
-            return self.refuse(416)
-        start = int(match.group(1))
-        try:
-            fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return self.refuse(404)
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size != entry["size"]:
-                return self.refuse(409)
-            handle.seek(start)
-            self.send_response(206 if start else 200)
-            self.send_header("Content-Length", str(entry["size"] - start)); self.end_headers()
-            left = entry["size"] - start
-            while left > 0 and (chunk := handle.read(min(1 << 22, left))):
-                self.wfile.write(chunk); left -= len(chunk)
-    def do_POST(self):
-        self.refuse(405)
-    do_PUT = do_DELETE = do_HEAD = do_POST
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 64
-    slots = threading.BoundedSemaphore(MAX_CLIENTS)
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            try:
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            return self.shutdown_request(request)
-        request.settimeout(IDLE_S)
-        super().process_request(request, client_address)
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-    def handle_error(self, request, client_address):
-        pass  # a peer that hangs up or sends garbage: no traceback, the connection is closed
-server = Server((host, port), Handler)
-print(json.dumps({"event": "serving", "address": f"{host}:{server.server_address[1]}", "files": len(files),
-                  "manifest": [{k: v for k, v in e.items() if k != "mtime_ns"} for e in entries]}), flush=True)
-server.serve_forever()
+server = socket.create_server((host, port), backlog=128)
+print(json.dumps({"event": "serving", "address": f"{host}:{server.getsockname()[1]}", "files": len(files),
+                  "entries": len(entries), "manifest_sha256": hashlib.sha256(document).hexdigest()}), flush=True)
+while True:
+    try:
+        sock, peer = server.accept()
+    except OSError:
+        continue
+    address = peer[0]
+    with lock:
+        mine = unproven.get(address, 0)
+        full = mine >= PER_ADDRESS or (address not in known and sum(unproven.values()) >= MAX_UNPROVEN)
+        if not full:
+            unproven[address] = mine + 1
+    if full:
+        # Limits per address: unproven clients of one address never hold more than PER_ADDRESS connections,
+        # and an address that has proven the key once is not kept out by the others' total.
+        sock.settimeout(1)
+        reply(sock, 503)
+        sock.close()
+        continue
+    threading.Thread(target=handle, args=(sock, address), daemon=True).start()
 """
 
 PULL_SCRIPT = r"""
-import hashlib, json, os, posixpath, stat, sys, time, urllib.error, urllib.parse, urllib.request
-base, dest, secret, entries = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+import hashlib, hmac, http.client, json, os, posixpath, re, secrets, stat, sys, threading, time, urllib.parse
+base, dest, key, want = sys.argv[1], sys.argv[2], sys.argv[3].encode(), sys.argv[4]
 every = float(os.environ.get("SPARKFORGE_PROGRESS_S", "2"))
-fetch = urllib.request.build_opener(urllib.request.ProxyHandler({})).open  # the link is direct: never a proxy
-start = last = time.monotonic(); moved = done = resumed = 0
+DEADLINE_S = float(os.environ.get("SPARKFORGE_DEADLINE_S", "3600"))  # the whole transfer, whatever the server does
+IO_S = float(os.environ.get("SPARKFORGE_IO_S", "60"))  # one silent read or connect
+MAX_MANIFEST = 64 << 20
+HEX64 = re.compile(r"[0-9a-f]{64}")
+start = last = time.monotonic(); moved = done = resumed = total = 0
 def report(event, **more):
     print(json.dumps({"event": event, "bytes": done, "total": total, "moved": moved, "resumed": resumed,
                       "seconds": round(time.monotonic() - start, 2), **more}), flush=True)
 def fail(message):
-    report("failed", error=message); sys.exit(1)
+    report("failed", error=message); sys.stdout.flush(); os._exit(1)
+def expire():
+    fail(f"the transfer did not finish within its deadline of {DEADLINE_S:g} s; the parts are kept (resumable)")
+watchdog = threading.Timer(DEADLINE_S, expire); watchdog.daemon = True; watchdog.start()
+url = urllib.parse.urlsplit(base)
+if url.scheme != "http" or not url.hostname or url.port is None or url.path or url.query or not HEX64.fullmatch(want):
+    fail(f"{base!r}: not http://HOST:PORT with the manifest's sha256; nothing asked")
+dialled = f"{url.hostname}:{url.port}"
+def mac(*parts):
+    return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+def get(target, headers):
+    # One request on its own connection (headers() is called per attempt: a fresh proof each time); http.client
+    # follows no redirect and reads no proxy from the environment. A busy head (503) is asked again.
+    for attempt in range(60):
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=IO_S)
+        try:
+            conn.request("GET", target, headers=headers())
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            fail(f"{target}: {exc.__class__.__name__}: {exc}")
+        if response.status != 503:
+            return conn, response
+        conn.close(); time.sleep(min(0.05 * 2 ** attempt, 2))
+    fail(f"{target}: the server stayed busy (503)")
+def refused(target, response):
+    if 300 <= response.status < 400:
+        return f"{target}: the server answered {response.status} (a redirect): refused, never followed"
+    return f"{target}: the server answered {response.status}"
+# The head proves itself before anything secret is sent: an HMAC, under the per-run key, of our fresh nonce, its
+# nonce and the address we dialled. Our own proofs (per request, never the key) go only to a server that passed.
+ours = secrets.token_hex(32)
+conn, response = get("/hello", lambda: {"X-Sparkforge-Nonce": ours})
+session, proof = response.getheader("X-Sparkforge-Nonce", ""), response.getheader("X-Sparkforge-Proof", "")
+conn.close()
+if response.status != 200 or not HEX64.fullmatch(session) or not hmac.compare_digest(proof, mac("head", ours, session, dialled)):
+    fail(f"the server at {dialled} did not prove it holds this run's key (answer {response.status}): it is not "
+         "the head; nothing secret was sent")
+seq = [0]
+def authed(target, rng=""):
+    def headers():
+        seq[0] += 1
+        out = {"X-Sparkforge-Auth": f"{session} {seq[0]} {mac('peer', session, str(seq[0]), target, rng)}"}
+        return {**out, "Range": rng} if rng else out
+    return get(target, headers)
+# The manifest travels as a document of its own, checked against the sha256 the head printed on the control channel.
+conn, response = authed("/manifest")
+if response.status != 200:
+    fail(refused("/manifest", response))
+raw = response.read(MAX_MANIFEST + 1); conn.close()
+if len(raw) > MAX_MANIFEST or hashlib.sha256(raw).hexdigest() != want:
+    fail(f"the manifest's sha256 is not the {want} the head printed; nothing written")
+try:
+    entries = json.loads(raw)
+except ValueError:
+    fail("the manifest is not JSON; nothing written")
 def clean(rel):
     # A manifest path: relative, normalised, no '..', no NUL or control characters, not the part folder.
     if not isinstance(rel, str) or not rel or rel.startswith("/") or any(ord(c) < 32 for c in rel):
@@ -156,12 +311,14 @@ def clean(rel):
     if norm != rel or norm == "." or norm.split("/")[0] in ("..", ".sparkforge-part") or "/../" in "/" + norm:
         return None
     return norm
-total = 0
-files, links = {}, {}
+files, links, folders = {}, {}, set()
 for entry in entries if isinstance(entries, list) else [None]:
     rel = clean(entry.get("path")) if isinstance(entry, dict) else None
     if rel is None:
         fail(f"manifest entry {str(entry)[:200]!r}: not a relative path inside the model folder; nothing written")
+    if rel in files or rel in links:
+        fail(f"{rel}: listed twice in the manifest; nothing written")
+    folders.update("/".join(rel.split("/")[:i]) for i in range(1, rel.count("/") + 1))
     if "link" in entry:
         target = entry["link"]
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target)) if isinstance(target, str) else ""
@@ -170,10 +327,12 @@ for entry in entries if isinstance(entries, list) else [None]:
         links[rel] = (target, resolved)
     else:
         size, digest = entry.get("size"), entry.get("sha256")
-        if not isinstance(size, int) or size < 0 or not isinstance(digest, str) or len(digest) != 64:
-            fail(f"{rel}: the manifest gives no size and sha256; nothing written")
+        if type(size) is not int or size < 0 or not isinstance(digest, str) or not HEX64.fullmatch(digest):
+            fail(f"{rel}: the manifest gives no size and hex sha256 ({str(digest)[:80]!r}); nothing written")
         files[rel] = (size, digest)
         total += size
+for rel in folders & (set(files) | set(links)):
+    fail(f"{rel}: both a file and a folder in the manifest; nothing written")
 for rel, (target, resolved) in links.items():
     if resolved not in files:
         fail(f"{rel}: link to {target!r} points at no file of the manifest; nothing written")
@@ -198,17 +357,17 @@ def hashed(path, limit):
     return digest, size
 os.makedirs(dest, exist_ok=True)  # the mount point in the image; a fresh folder on a host run
 parts = real_dir(".sparkforge-part")
-for rel, (size, want) in sorted(files.items()):
+for rel, (size, want_file) in sorted(files.items()):
     folder = real_dir(posixpath.dirname(rel))
     target = os.path.join(folder, posixpath.basename(rel))
     try:
         info = os.lstat(target)
-        if stat.S_ISREG(info.st_mode) and info.st_size == size and hashed(target, size)[0].hexdigest() == want:
+        if stat.S_ISREG(info.st_mode) and info.st_size == size and hashed(target, size)[0].hexdigest() == want_file:
             done += size
             continue
     except FileNotFoundError:
         pass
-    part = os.path.join(parts, want)
+    part = os.path.join(parts, want_file)
     try:
         info = os.lstat(part)
         if not stat.S_ISREG(info.st_mode) or info.st_size > size:
@@ -217,28 +376,31 @@ for rel, (size, want) in sorted(files.items()):
     except FileNotFoundError:
         digest, have = hashlib.sha256(), 0
     resumed += bool(have); done += have
-    request = urllib.request.Request(base + "/file/" + urllib.parse.quote(rel),
-                                     headers={"Range": f"bytes={have}-", "X-Sparkforge-Secret": secret})
+    path = "/file/" + urllib.parse.quote(rel)
+    conn, response = authed(path, f"bytes={have}-")
     try:
-        with fetch(request, timeout=60) as response:
-            if have and response.status != 206:
-                digest, done, have = hashlib.sha256(), done - have, 0  # the server restarted the file
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if have else os.O_TRUNC), 0o644)
-            with os.fdopen(fd, "ab" if have else "wb") as out:
-                while chunk := response.read(1 << 22):
-                    if have + len(chunk) > size:
-                        out.close(); os.remove(part)
-                        fail(f"{rel}: the server sent more than the manifest's {size} bytes; refused, nothing kept")
-                    out.write(chunk); digest.update(chunk); have += len(chunk); moved += len(chunk); done += len(chunk)
-                    if time.monotonic() - last >= every:
-                        last = time.monotonic(); report("progress", file=rel)
-    except (urllib.error.URLError, OSError) as exc:
-        fail(f"{rel}: {exc}")
+        if response.status not in (200, 206):
+            fail(refused(path, response))
+        if have and response.status != 206:
+            digest, done, have = hashlib.sha256(), done - have, 0  # the server restarted the file
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if have else os.O_TRUNC), 0o644)
+        with os.fdopen(fd, "ab" if have else "wb") as out:
+            while chunk := response.read(min(1 << 22, size - have + 1)):
+                if have + len(chunk) > size:
+                    out.close(); os.remove(part)
+                    fail(f"{rel}: the server sent more than the manifest's {size} bytes; refused, nothing kept")
+                out.write(chunk); digest.update(chunk); have += len(chunk); moved += len(chunk); done += len(chunk)
+                if time.monotonic() - last >= every:
+                    last = time.monotonic(); report("progress", file=rel)
+    except (OSError, http.client.HTTPException) as exc:
+        fail(f"{rel}: {exc.__class__.__name__}: {exc}")
+    finally:
+        conn.close()
     if have != size:
         fail(f"{rel}: {have} of {size} bytes arrived")
-    if digest.hexdigest() != want:
+    if digest.hexdigest() != want_file:
         os.remove(part)
-        fail(f"{rel}: sha256 {digest.hexdigest()} is not the head's {want}: refused, nothing kept")
+        fail(f"{rel}: sha256 {digest.hexdigest()} is not the head's {want_file}: refused, nothing kept")
     os.replace(part, target)
 for rel, (target, _) in sorted(links.items()):
     folder = real_dir(posixpath.dirname(rel))
@@ -256,11 +418,12 @@ report("done")
 """
 
 
-def serve_args(root: str, host: str, port: int, secret: str, cache: str) -> tuple[str, ...]:
-    """`python3` arguments of the head's server: the folder, where it listens, the secret, the manifest cache file."""
-    return ("-c", SERVE_SCRIPT, root, host, str(port), secret, cache)
+def serve_args(root: str, host: str, port: int, key: str, cache: str) -> tuple[str, ...]:
+    """`python3` arguments of the head's server: the folder, where it listens, the per-run key, the manifest cache."""
+    return ("-c", SERVE_SCRIPT, root, host, str(port), key, cache)
 
 
-def pull_args(base: str, dest: str, secret: str, manifest: Sequence[object]) -> tuple[str, ...]:
-    """`python3` arguments of a peer's puller: the server's URL, the folder, the secret, the head's manifest."""
-    return ("-c", PULL_SCRIPT, base, dest, secret, json.dumps(manifest))
+def pull_args(base: str, dest: str, key: str, manifest_sha256: str) -> tuple[str, ...]:
+    """`python3` arguments of a peer's puller: the server's URL, the folder, the per-run key and the sha256 of the
+    manifest the head printed (the manifest itself is fetched from the proven head and checked against it)."""
+    return ("-c", PULL_SCRIPT, base, dest, key, manifest_sha256)

@@ -1,10 +1,11 @@
 """`--weights shared`: the head downloads once; its model folder is streamed to every peer over the fabric link.
 
-A throwaway container of the image on the head serves the folder (read-only, bound to the head's link address,
-a per-launch secret in a request header) and prints its manifest (size and sha256 of every file, cached per
-snapshot); sparkforge reads that manifest over the head's control channel (the engine) and hands it to one
-puller per peer, which verifies every byte against it before a file becomes visible (resumable; the Hugging
-Face cache's snapshot links recreated only inside the folder). The programs: sparkforge/run/weights/weightscripts.py.
+A throwaway container of the image on the head serves the folder (read-only, bound to the head's link address)
+to peers that prove a per-run key, after proving the key to them first; it prints the sha256 of its manifest
+(size and sha256 of every file, cached per snapshot), which sparkforge reads over the head's control channel (the
+engine) and hands to one puller per peer; the puller fetches the manifest from the proven head, checks it against
+that sha256, and verifies every byte against it before a file becomes visible (resumable; the Hugging Face
+cache's snapshot links recreated only inside the folder; one deadline over the whole transfer). The programs: sparkforge/run/weights/weightscripts.py.
 """
 
 from __future__ import annotations
@@ -24,23 +25,30 @@ PORT = 29531
 MANIFESTS = "sparkforge-manifests"  # beside the model folders (hub/): one cached manifest per model folder
 
 
-def _spec(name: str, image: str, args: Sequence[str], mounts: tuple[str, ...], role: str) -> ContainerSpec:
+def _spec(
+    name: str,
+    image: str,
+    args: Sequence[str],
+    mounts: tuple[str, ...],
+    role: str,
+    env: dict[str, str] | None = None,
+) -> ContainerSpec:
     return ContainerSpec(
         name=name,
         image=image,
         entrypoint="python3",
         args=tuple(args),
-        env={"PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1", **(env or {})},
         labels={LABEL: "weights", f"{LABEL}.weights": role},
         mounts=mounts,
     )
 
 
-def serving_manifest(logs: str) -> list[dict[str, Any]] | None:
-    """The manifest the head's server printed (its `serving` event), or None while it has not."""
+def serving_event(logs: str) -> dict[str, Any] | None:
+    """The head's server's `serving` event (entries, files, the manifest's sha256), or None while it has not."""
     for event in json_events(logs):
-        if event.get("event") == "serving" and isinstance(event.get("manifest"), list):
-            return event["manifest"]
+        if event.get("event") == "serving" and isinstance(event.get("manifest_sha256"), str):
+            return event
     return None
 
 
@@ -75,13 +83,13 @@ def share_weights(
             f"stage weights: the weight server would listen on every interface ({address or 'no address'}); fix: "
             "give the head's link address (the fabric plan's: cluster.doctor finds it, or --nodes URL=ADDRESS)"
         )
-    secret = secrets.token_hex(32)  # per launch; sent in a header, never in a URL
+    key = secrets.token_hex(32)  # per launch; never sent over the link (HMAC proofs only, both ways)
     parent, folder = source.rstrip("/").rsplit("/", 1)
     manifests = f"{parent}/.{MANIFESTS}"  # beside the model folder, not in it: one cached manifest per folder
     server = _spec(
         "sparkforge-weights-serve",
         image,
-        serve_args("/weights", address, port, secret, f"/manifests/{folder}.json"),
+        serve_args("/weights", address, port, key, f"/manifests/{folder}.json"),
         (f"{source}:/weights:ro", f"{manifests}:/manifests"),
         "serve",
     )
@@ -91,7 +99,7 @@ def share_weights(
         head.start(server)
         started.append((head, server.name))
         end = time.monotonic() + 1800  # hashing a first snapshot of ~120 GB takes minutes; cached after
-        while (manifest := serving_manifest(head.logs(server.name))) is None:
+        while (serving := serving_event(head.logs(server.name))) is None:
             if head.state(server.name).status != "running" or time.monotonic() > end:
                 tail = head.logs(server.name, tail=5).strip()[-400:]
                 raise RunError(
@@ -99,14 +107,18 @@ def share_weights(
                     "free that port on the head or check that the address is the head's link address"
                 )
             time.sleep(0.5)
-        echo(f"  weights: the head's manifest lists {len(manifest)} entries (size and sha256 per file)")
+        echo(
+            f"  weights: the head's manifest lists {serving.get('entries')} entries (size and sha256 per file; "
+            f"sha256 {serving['manifest_sha256'][:12]})"
+        )
         pulls = {
             peer.node.label: _spec(
                 f"sparkforge-weights-pull-{peer.node.rank}",
                 image,
-                pull_args(f"http://{address}:{port}", "/weights", secret, manifest),
+                pull_args(f"http://{address}:{port}", "/weights", key, serving["manifest_sha256"]),
                 (f"{dest}:/weights",),
                 "pull",
+                {"SPARKFORGE_DEADLINE_S": f"{timeout_s:g}"},
             )
             for peer in peers
         }
