@@ -48,9 +48,8 @@ GB10 = NodeMemory(
 # than the 128 GB one's 19.5, more than half of it), the reserve that + 4.5 GiB, the floor 8 GiB. A MemAvailable
 # reading (invoke memory --mem-available, the doctor's figure) replaces the assumption at start.
 GB10_64 = NodeMemory(
-    "gb10", total=int(121.69 * GiB) // 2, held_at_boot=12 * GiB, reserve=int(16.5 * GiB), floor=8 * GiB,
-    size_gb=64,
-)  # fmt: skip
+    "gb10", int(121.69 * GiB) // 2, held_at_boot=12 * GiB, reserve=int(16.5 * GiB), floor=8 * GiB, size_gb=64
+)
 SPARK_SIZES = {128: GB10, 64: GB10_64}
 HOST_RUNTIME = int(
     4.5 * GiB
