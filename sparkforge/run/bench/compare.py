@@ -1,6 +1,7 @@
 """`bench.compare OLD NEW`: per level and metric, the ratio new/old with its confidence interval, and a verdict.
 
-The statistics are interval.py's (a t interval on log values, the variance pooled over both sides): `regressed` when the whole interval is worse than the
+The statistics are interval.py's (a t interval on log values, random effects: within-bench variance pooled over
+both sides plus the drift between benches estimated from the store, drift_from_results): `regressed` when the whole interval is worse than the
 threshold, `passed` when the whole interval is within it, `inconclusive` when it straddles it; every verdict line
 shows the ratio, its interval and the smallest slowdown the comparison could have detected.
 
@@ -35,8 +36,8 @@ from sparkforge.run.bench.provenance import describe, refusing_differences, show
 from sparkforge.run.bench.results import levels, load_result
 
 RULE = (
-    f"ratio new/old of geometric means with a {CONFIDENCE:.0%} t interval on log values (the variance pooled over "
-    "both sides): regressed when the whole interval is worse than the threshold, passed when the whole interval is "
+    f"ratio new/old of geometric means with a {CONFIDENCE:.0%} t interval on log values (random effects: the "
+    "within-bench variance pooled over both sides plus the between-bench drift from the store): regressed when the whole interval is worse than the threshold, passed when the whole interval is "
     f"within it, inconclusive otherwise; mde_pct = the slowdown caught with {POWER:.0%} power (interval.py)"
 )
 VERDICT_STATUS = {"regressed": "failed", "passed": "passed", "inconclusive": "skipped"}
