@@ -100,7 +100,9 @@ def arch_len() -> int:
 
 
 def test_too_long_a_context_names_the_longest_that_fits() -> None:
-    arch, settings = _settings("qwen35-35b-a3b-fp8", utilization=0.38, max_model_len=arch_len(), max_num_seqs=1)
+    arch, settings = _settings(
+        "qwen35-35b-a3b-fp8", utilization=0.38, max_model_len=arch_len(), max_num_seqs=1
+    )
     plan = plan_memory("p", arch, settings)
     assert plan.verdict == "does not fit" and "vLLM refuses to start" in plan.reasons[0], plan.reasons
     longest = plan.nodes[0].longest
