@@ -1,7 +1,7 @@
 """The memory plan's cache arithmetic against vLLM's own, run in an image (no GPU, no weights).
 
 Usage: python3 benchmarks/bench_memory.py --image sparkforge-candidate/ci-cpu-twin:TAG > benchmarks/results/memory.json
-For each shipped checkpoint config (profiles/checkpoints/*.json) and tensor-parallel size 1 and 2,
+For each shipped checkpoint config (profiles/checkpoints/<org>/<name>/<revision>.json) and tensor-parallel size 1 and 2,
 tests/image/vllm_memory.py runs in a throwaway container (--network none, the script and input mounted
 read-only) and prints what vLLM computes: the full-attention page of one token, the gated-delta-net state page,
 KV heads per rank; the host-side plan (sparkforge/run/memory/kvcache.py) computes the same quantities; the
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--image", required=True)
     args = parser.parse_args()
     rows = []
-    for path in sorted((REPO / "profiles" / "checkpoints").glob("*.json")):
+    for path in sorted((REPO / "profiles" / "checkpoints").rglob("*.json")):
         config = json.loads(path.read_text())
         arch = parse_architecture(config, str(path.relative_to(REPO)))
         for tp in (1, 2):

@@ -253,6 +253,8 @@ def _result_paths(option: str, text: str) -> list[Path]:
         "(the differences are printed first)",
         "json": "write the comparison report here",
         "fail_inconclusive": "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
+        "store": "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or "
+        "~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
     },
 )
 @user_errors
@@ -264,6 +266,7 @@ def bench_compare(
     json: str = "",
     allow_different: bool = False,
     fail_inconclusive: bool = False,
+    store: str = "",
 ) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
     from invoke import Exit
@@ -271,13 +274,15 @@ def bench_compare(
     from sparkforge.boundary import check_output
     from sparkforge.errors import InputError
     from sparkforge.run.bench.compare import compare, verdict_line
+    from sparkforge.run.bench.store import entries
 
     check_output(json, "--json")
     _threshold(threshold)
     olds = _result_paths("--old", old)
     if Path(new).resolve() in [p.resolve() for p in olds]:
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
-    report = compare(olds, Path(new), threshold, allow_different=allow_different)
+    stored = [] if store == "none" else [entry.doc for entry in entries(store or None)[0]]
+    report = compare(olds, Path(new), threshold, allow_different=allow_different, store=stored)
     for key, sides in report.extra["allowed_differences"].items():
         echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():

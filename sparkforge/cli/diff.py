@@ -164,7 +164,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
         "recipe": RECIPE_HELP,
         "image": "image, wheel or directory to report on (default: the recipe's candidate for its first platform)",
         "profile": "serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
-        "profiles/checkpoints/<profile>.json unless --model-config)",
+        "profiles/checkpoints/<org>/<name>/<revision>.json, keyed by its model, unless --model-config)",
         "model_config": "the checkpoint's config.json (overrides the profile's)",
         "runner_image": "for a wheel or directory: an image holding the same vLLM to run its selection in",
         "serve_log": "vLLM's log of a start of this profile: what it selected, set beside the prediction",

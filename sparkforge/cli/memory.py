@@ -33,24 +33,42 @@ def memory_check(recipe: str, profile, model_dir: str, force: bool):
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its device: GB10 or the CPU twin)",
         "profile": "serve profile name in profiles/ or path to a profile file",
-        "model_dir": "a directory holding the model's config.json (default: profiles/checkpoints/<profile>.json)",
+        "model_dir": "a directory holding the model's config.json (default: the one shipped for the profile's "
+        "model and revision, profiles/checkpoints/<org>/<name>/<revision>.json)",
         "json": "write the plan as JSON here",
+        "spark_memory": "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
+        "mem_available": "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget "
+        "against it instead of the Spark's size",
     }
 )
 @user_errors
-def memory(c: Context, recipe: str, profile: str, model_dir: str = "", json: str = "") -> None:
+def memory(
+    c: Context,
+    recipe: str,
+    profile: str,
+    model_dir: str = "",
+    json: str = "",
+    spark_memory: int = 0,
+    mem_available: float = 0.0,
+) -> None:
     """Memory plan per node: weights, KV cache per layer type, activation, graphs, the host's reserve; verdict."""
     import json as json_lib
 
-    from sparkforge.boundary import check_output, write_output
+    from sparkforge.boundary import check_number, check_output, write_output
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.memory.guard import node_memory, plan_profile
     from sparkforge.run.memory.text import plan_lines
 
     check_output(json, "--json")  # the boundary: before anything is read
+    available = (
+        int(float(check_number("--mem-available", mem_available, low=1, high=4096)) * (1 << 30))
+        if mem_available
+        else None
+    )
     loaded = load_profile(profile)
-    mem = node_memory(load_recipe(recipe).model.device)
+    size = spark_memory or loaded.model.spark_memory_gb
+    mem = node_memory(load_recipe(recipe).model.device, spark_gb=size, available=available)
     plan = plan_profile(loaded, Path(model_dir).resolve() if model_dir else None, mem)
     for line in plan_lines(plan):
         echo(line)

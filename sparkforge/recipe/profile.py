@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -87,6 +87,8 @@ class ProfileModel(BaseModel):
     model: Annotated[str, Field(min_length=1)]
     nodes: Annotated[StrictInt, Field(ge=1, le=64)] = 1
     gpus_per_node: Annotated[StrictInt, Field(ge=1, le=8)] = 1
+    # The Sparks' memory as sold (64 or 128 GB): what the memory plan judges the budget against.
+    spark_memory_gb: Literal[64, 128] = 128
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, StrictStr] = Field(default_factory=dict)
     # Per-entry opt-ins past the allow-list (a flag without dashes or a variable -> the reviewer's reason);

@@ -7,13 +7,13 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from sparkforge.errors import RunError
+from sparkforge.recipe.checkpoints import pinned_revision
 from sparkforge.recipe.profile import Profile
 from sparkforge.run.jobs import RDMA_DEVICES
 from sparkforge.run.nodes import LABEL, ContainerSpec, run_argv
@@ -122,8 +122,7 @@ def _mounts(options: LaunchOptions) -> tuple[str, ...]:
 
 def model_revision(profile: Profile) -> str | None:
     """The profile's pinned model commit (`args.revision`, 40 hex: what import writes from model_revision)."""
-    value = profile.model.args.get("revision")
-    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value) else None
+    return pinned_revision(profile.model.args)
 
 
 def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[str], None]) -> None:

@@ -167,11 +167,6 @@ def for_target(
     )
 
 
-CHECKPOINTS = (
-    "checkpoints"  # profiles/checkpoints/<profile>.json: the config.json of the profile's checkpoint
-)
-
-
 def selection_input(profile: str, model_config: str, runner: str) -> SelectionInput | None:
     """The selection request of `invoke kernels`: none without --profile or --model-config."""
     from sparkforge.recipe.profile import PROFILES_DIR, load_profile
@@ -184,11 +179,16 @@ def selection_input(profile: str, model_config: str, runner: str) -> SelectionIn
         loaded = load_profile(profile)
         args = {k: v for k, v in loaded.model.args.items() if k in ("dtype", "quantization", "max-model-len")}
         if config_path is None:
-            config_path = PROFILES_DIR / CHECKPOINTS / f"{loaded.name}.json"
-            if not config_path.is_file():
-                raise sel.SelectionError(
-                    f"profile {loaded.name}: no checkpoint config at {config_path} (vLLM's selection needs the "
-                    f"config.json of {loaded.model.model}); fix: save that file there or pass --model-config"
+            from sparkforge.errors import RunError
+            from sparkforge.recipe.checkpoints import checkpoint_path, pinned_revision
+
+            try:  # the memory plan's rule: the config of the profile's model and revision, not of its file name
+                config_path = checkpoint_path(
+                    loaded.model.model, pinned_revision(loaded.model.args), PROFILES_DIR, None
                 )
+            except RunError as exc:
+                raise sel.SelectionError(
+                    f"profile {loaded.name}: {exc} (vLLM's selection needs it too; or pass --model-config)"
+                ) from None
     config = sel.read_model_config(config_path) if config_path is not None else {}
     return SelectionInput(config=config, args=args, runner=runner or None)

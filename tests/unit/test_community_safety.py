@@ -1,6 +1,7 @@
 """Importing a stranger's recipe runs none of the stranger's code and hands the token to no one: the hostile
 recipes of the community-safety issue (v2 as published, and a v1 equivalent) through the real `invoke import`,
-`invoke serve --dry` and `recipes --catalog`; the interpreter-start chain on real CPython; the download phase's
+`invoke serve --dry` (with --force: imported community models have no shipped checkpoint config, so the memory
+plan refuses them otherwise) and `recipes --catalog`; the interpreter-start chain on real CPython; the download phase's
 own hub client (huggingface_hub) against two local hubs, the owner's and the recipe's."""
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def test_hostile_recipes_import_with_every_entry_refused_and_none_reaches_docker
     assert not any(p in body for p in PAYLOADS) and "allow:" not in body
     assert sum(line.startswith("# refused, left out: ") for line in text.splitlines()) == len(BAD[name])
     dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
-                  "--image", "sparkforge-test/none:1", "--allow-unpinned-model")  # fmt: skip
+                  "--image", "sparkforge-test/none:1", "--allow-unpinned-model", "--force")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     docker = [shlex.split(line) for line in dry.stdout.splitlines() if line.startswith("docker run")]
     assert docker and not any(p in word for p in PAYLOADS for argv in docker for word in argv)
@@ -94,7 +95,7 @@ def test_an_opt_in_is_per_entry_written_with_its_reason_and_printed_by_every_lau
     # Each opt-in records the value it reviewed (its digest): a changed value voids it (test_community_values).
     assert reviewed(profile.model.allow["VLLM_SERVER_DEV_MODE"])[1] == value_digest("1")
     dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
-                  "--image", "sparkforge-test/none:1")  # fmt: skip
+                  "--image", "sparkforge-test/none:1", "--force")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     warnings = [line for line in dry.stdout.splitlines() if "opts in to" in line]
     assert len(warnings) == 2
@@ -105,7 +106,7 @@ def test_an_opt_in_is_per_entry_written_with_its_reason_and_printed_by_every_lau
     token.write_text("hf_opt_in_canary\n")
     for extra in (["--weights", "skip"], ["--gpus", "none"]):
         leak = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
-                       "--image", "sparkforge-test/none:1", "--hf-token-file", str(token), *extra)  # fmt: skip
+                       "--image", "sparkforge-test/none:1", "--hf-token-file", str(token), "--force", *extra)  # fmt: skip
         assert (
             leak.returncode == 1 and "would download with your token in the serving container" in leak.stderr
         )
@@ -266,7 +267,7 @@ def test_the_hub_is_the_owners_in_every_container_that_talks_to_it(tmp_path: Pat
     assert download.container.env["HF_ENDPOINT"] == owner
     # The command line: --hf-endpoint, else the user's own HF_ENDPOINT; a non-URL is refused before anything runs.
     dry = ["serve", "--recipe", str(CI_RECIPE), "--profile", str(tmp_path / "v2.yaml"), "--dry", "--no-preflight",
-           "--image", "sparkforge-test/none:1"]  # fmt: skip
+           "--image", "sparkforge-test/none:1", "--force"]  # fmt: skip
     done = _invoke(*dry, "--hf-endpoint", "http://127.0.0.1:9/")
     assert done.returncode == 0 and "from http://127.0.0.1:9 into" in done.stdout, done.stderr
     bad = _invoke(*dry, "--hf-endpoint", "file:///etc/passwd")

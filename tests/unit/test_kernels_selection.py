@@ -59,9 +59,14 @@ def test_profiles_find_their_checkpoint_config(tmp_path: Path) -> None:
     assert nvfp4 is not None and nvfp4.config["quantization_config"]["quant_algo"] == "NVFP4"
     assert selection_input("", "", "") is None
     assert selection_input("qwen35-122b-a10b-fp8-tp2", "", "") is not None  # shipped since the memory plan
+    # keyed by the model, not the file name: a renamed copy reads the same config; another model has none
+    renamed = tmp_path / "a-renamed-copy.yaml"
+    renamed.write_text((PROFILES_DIR / "qwen35-35b-a3b-fp8.yaml").read_text())
+    copied = selection_input(str(renamed), "", "")
+    assert copied is not None and copied.config == ask.config
     lonely = tmp_path / "a-profile-without-checkpoint.yaml"
-    lonely.write_text((PROFILES_DIR / "qwen35-35b-a3b-fp8.yaml").read_text())
-    with pytest.raises(selection.SelectionError, match=r"no checkpoint config at .*fix:"):
+    lonely.write_text(renamed.read_text().replace("Qwen/Qwen3.5-35B-A3B-FP8", "someone/Other-7B"))
+    with pytest.raises(selection.SelectionError, match=r"no checkpoint config for someone/Other-7B .*fix:"):
         selection_input(str(lonely), "", "")
 
 

@@ -24,18 +24,23 @@ from sparkforge.run.memory.weightbytes import total_parameters
 
 CHECKPOINTS = REPO_ROOT / "profiles" / "checkpoints"
 BIG = "qwen35-122b-a10b-fp8-tp2"
+SHIPPED = {  # profile -> the config of the model it serves (keyed by model id and revision, not profile name)
+    "qwen35-35b-a3b-fp8": CHECKPOINTS / "Qwen/Qwen3.5-35B-A3B-FP8/unpinned.json",
+    BIG: CHECKPOINTS / "Qwen/Qwen3.5-122B-A10B-FP8/unpinned.json",
+    "qwen35-35b-a3b-nvfp4": CHECKPOINTS / "nvidia/Qwen3.5-35B-A3B-NVFP4/unpinned.json",
+}
 
 
 def _settings(name: str, **changes: object):
     profile = load_profile(name)
-    arch = load_architecture(CHECKPOINTS / f"{name}.json")
+    arch = load_architecture(SHIPPED[name])
     args = {norm_flag(k): v for k, v in profile.model.args.items()}
     return arch, replace(read_settings(args, dict(profile.model.env), arch), **changes)
 
 
 def test_the_shipped_checkpoints_are_the_published_sizes() -> None:
-    assert round(total_parameters(load_architecture(CHECKPOINTS / "qwen35-35b-a3b-fp8.json")) / 1e9) == 35
-    assert round(total_parameters(load_architecture(CHECKPOINTS / f"{BIG}.json")) / 1e9) == 123
+    assert round(total_parameters(load_architecture(SHIPPED["qwen35-35b-a3b-fp8"])) / 1e9) == 35
+    assert round(total_parameters(load_architecture(SHIPPED[BIG])) / 1e9) == 123
 
 
 def test_35b_fp8_fits_one_spark() -> None:
@@ -50,7 +55,7 @@ def test_35b_fp8_fits_one_spark() -> None:
 def test_kv_arithmetic_is_vllms() -> None:
     """vLLM 0.33.0: FullAttentionSpec page / token = 2 * kv_heads * head_size * dtype; the GDN state of
     MambaStateShapeCalculator.gated_delta_net_state_shape in (bf16 conv, float32 temporal); block aligned up."""
-    arch = load_architecture(CHECKPOINTS / "qwen35-35b-a3b-fp8.json")
+    arch = load_architecture(SHIPPED["qwen35-35b-a3b-fp8"])
     spec = kv_spec(arch, 1, (0, 40), CacheSettings(prefix_caching=False, gdn_checkpoints=False))
     assert spec.attn_bytes_per_token == 2 * 2 * 256 * 2
     conv = (128 * 16 * 2 + 128 * 32) * (4 - 1) * 2
@@ -90,10 +95,16 @@ def test_utilization_against_the_hosts_reserve() -> None:
     assert refused.verdict == "does not fit" and "start check" in refused.reasons[0]
 
 
+def arch_len() -> int:
+    return load_architecture(SHIPPED["qwen35-35b-a3b-fp8"]).max_position
+
+
 def test_too_long_a_context_names_the_longest_that_fits() -> None:
-    arch, settings = _settings("qwen35-35b-a3b-fp8", utilization=0.5, max_model_len=1 << 20)
+    arch, settings = _settings(
+        "qwen35-35b-a3b-fp8", utilization=0.38, max_model_len=arch_len(), max_num_seqs=1
+    )
     plan = plan_memory("p", arch, settings)
-    assert plan.verdict == "does not fit" and "vLLM refuses to start" in plan.reasons[0]
+    assert plan.verdict == "does not fit" and "vLLM refuses to start" in plan.reasons[0], plan.reasons
     longest = plan.nodes[0].longest
     assert 0 < longest < 1 << 20 and plan.fit_max_model_len == longest // 1024 * 1024
     assert (
@@ -107,7 +118,7 @@ def _unfit_profile(tmp_path: Path) -> tuple[Path, Path]:
     """The 122B FP8 on ONE Spark (weights alone > the budget), its config.json in a model directory."""
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text((CHECKPOINTS / f"{BIG}.json").read_text())
+    (model / "config.json").write_text((SHIPPED[BIG]).read_text())
     profile = tmp_path / "qwen35-122b-one-spark.yaml"
     text = (REPO_ROOT / "profiles" / f"{BIG}.yaml").read_text()
     profile.write_text(

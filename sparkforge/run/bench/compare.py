@@ -1,6 +1,7 @@
 """`bench.compare OLD NEW`: per level and metric, the ratio new/old with its confidence interval, and a verdict.
 
-The statistics are interval.py's (a t interval on log values, the variance pooled over both sides): `regressed` when the whole interval is worse than the
+The statistics are interval.py's (a t interval on log values, random effects: within-bench variance pooled over
+both sides plus the drift between benches estimated from the store, drift_from_results): `regressed` when the whole interval is worse than the
 threshold, `passed` when the whole interval is within it, `inconclusive` when it straddles it; every verdict line
 shows the ratio, its interval and the smallest slowdown the comparison could have detected.
 
@@ -29,14 +30,14 @@ from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
-from sparkforge.run.bench.interval import CONFIDENCE, POWER, estimate
+from sparkforge.run.bench.interval import CONFIDENCE, POWER, Drift, between_variance, estimate, pool_drift
 from sparkforge.run.bench.noise import METRICS, Spread
 from sparkforge.run.bench.provenance import describe, refusing_differences, shown_differences
 from sparkforge.run.bench.results import levels, load_result
 
 RULE = (
-    f"ratio new/old of geometric means with a {CONFIDENCE:.0%} t interval on log values (the variance pooled over "
-    "both sides): regressed when the whole interval is worse than the threshold, passed when the whole interval is "
+    f"ratio new/old of geometric means with a {CONFIDENCE:.0%} t interval on log values (random effects: the "
+    "within-bench variance pooled over both sides plus the between-bench drift from the store): regressed when the whole interval is worse than the threshold, passed when the whole interval is "
     f"within it, inconclusive otherwise; mde_pct = the slowdown caught with {POWER:.0%} power (interval.py)"
 )
 VERDICT_STATUS = {"regressed": "failed", "passed": "passed", "inconclusive": "skipped"}
@@ -75,8 +76,10 @@ def compare_docs(
     threshold_pct: float,
     *,
     allow_different: bool,
+    drift: dict[str, Drift] | None = None,
 ) -> Report:
-    """The comparison of two loaded results (results.load_result)."""
+    """The comparison of two loaded results (results.load_result); `drift`: per metric, the between-bench
+    variance from the store (drift_from_results)."""
     threshold_pct = check_threshold(threshold_pct)
     a, b = names
     for key, what in (("model", "models"), ("suite", "suites")):
@@ -123,19 +126,37 @@ def compare_docs(
             continue
         load = {"old": _outside(before[name]), "new": _outside(after[name])}
         old_v, new_v = _values(before[name]), _values(after[name])
+        sizes = before[name]["details"].get("bench_sizes")
         for metric in (m for m in METRICS if m in old_v and m in new_v):
             report.add(
-                metric_check(f"{name}:{metric}", metric, old_v[metric], new_v[metric], threshold_pct, load)
+                metric_check(
+                    f"{name}:{metric}",
+                    metric,
+                    old_v[metric],
+                    new_v[metric],
+                    threshold_pct,
+                    load,
+                    old_benches=sizes,
+                    drift=(drift or {}).get(metric),
+                )
             )
     report.extra.update(verdict_summary(report))
     return report
 
 
 def metric_check(
-    name: str, metric: str, old: list[float], new: list[float], threshold_pct: float, load: dict[str, Any]
+    name: str,
+    metric: str,
+    old: list[float],
+    new: list[float],
+    threshold_pct: float,
+    load: dict[str, Any],
+    *,
+    old_benches: list[int] | None = None,
+    drift: Drift | None = None,
 ) -> Check:
     """One metric of one level: interval.estimate's verdict, its line (ratio, interval, floor) and evidence."""
-    est = estimate(old, new, METRICS[metric], threshold_pct)
+    est = estimate(old, new, METRICS[metric], threshold_pct, old_benches=old_benches, drift=drift)
     a, b = Spread.of(old), Spread.of(new)
     return Check(
         name,
@@ -158,12 +179,17 @@ def verdict_summary(report: Report) -> dict[str, Any]:
     failed = any(c.status == "failed" for c in report.checks)
     floors = [c.details["mde_pct"] for c in report.checks if c.details.get("mde_pct") is not None]
     undetectable = any("mde_pct" in c.details and c.details["mde_pct"] is None for c in report.checks)
+    drifts = [
+        c.details["drift_floor_pct"] for c in report.checks if c.details.get("drift_floor_pct") is not None
+    ]
     return {
         "verdict": "regressed" if failed else "inconclusive" if "inconclusive" in verdicts else "passed",
         "confidence": CONFIDENCE,
         "power": POWER,
         "inconclusive_checks": [c.name for c in report.checks if c.details.get("verdict") == "inconclusive"],
         "mde_pct": {"min": min(floors), "max": None if undetectable else max(floors)} if floors else None,
+        "drift_floor_pct": {"min": min(drifts), "max": max(drifts)} if drifts else None,
+        "drift_estimated": any(c.details.get("drift_sd_pct") is not None for c in report.checks),
     }
 
 
@@ -189,7 +215,16 @@ def verdict_line(report: Report) -> str:
         )
     else:
         what = f"every metric within {threshold:g}% across its whole {extra['confidence']:.0%} interval"
-    return f"verdict: {extra['verdict'].upper()}: {what}; {could}"
+    drift = extra.get("drift_floor_pct")
+    under = (
+        f"; under the measured drift between benches no repeat count detects below {drift['min']:.0f}% to "
+        f"{drift['max']:.0f}%"
+        if drift
+        else "; repeats taken as independent (no between-bench drift estimated: pool baselines or keep a store)"
+        if not extra.get("drift_estimated")
+        else ""
+    )
+    return f"verdict: {extra['verdict'].upper()}: {what}; {could}{under}"
 
 
 def pool(docs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -230,15 +265,58 @@ def pool(docs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             )
         else:
             check["details"]["repeats"] = [r for _, c in found for r in c["details"]["repeats"]]
+            # the repeats of each pooled bench, in order: the interval's random effect reads them
+            check["details"]["bench_sizes"] = [
+                n for _, c in found for n in c["details"].get("bench_sizes") or [len(c["details"]["repeats"])]
+            ]
         merged["checks"].append(check)
     merged["pooled"] = [n for n, _ in docs]
     return merged
 
 
+def drift_from_results(docs: list[dict[str, Any]], model: Any, suite: str) -> dict[str, Drift]:
+    """Per metric, the between-bench variance of log figures over the stored results of one model and suite:
+    for every image with two or more passed results of a level, the method-of-moments estimate (one-way random
+    effects), pooled over images and levels by degrees of freedom."""
+    by_image: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        if doc.get("model") == model and doc["suite"]["name"] == suite:
+            image = str(((doc.get("identity") or {}).get("image") or {}).get("id") or "")
+            by_image.setdefault(image, []).append(doc)
+    parts: dict[str, list[tuple[float, float]]] = {}
+    used: dict[str, int] = {}
+    for image, results in by_image.items():
+        if not image or len(results) < 2:
+            continue
+        per_level = [levels(d) for d in results]
+        measured: set[str] = set()
+        for name in set().union(*per_level):
+            checks = [lv[name] for lv in per_level if lv.get(name, {}).get("status") == "passed"]
+            values = [_values(c) for c in checks]
+            for metric in METRICS:
+                benches = [
+                    [math.log(x) for x in v[metric]] for v in values if metric in v and min(v[metric]) > 0
+                ]
+                found = between_variance(benches)
+                if found:
+                    parts.setdefault(metric, []).append(found)
+                    measured.add(metric)
+        for metric in measured:
+            used[metric] = used.get(metric, 0) + len(results)
+    pooled = {m: pool_drift(p, "store", used.get(m, 0)) for m, p in parts.items()}
+    return {m: d for m, d in pooled.items() if d is not None}
+
+
 def compare(
-    old_paths: Path | list[Path], new_path: Path, threshold_pct: float, *, allow_different: bool = False
+    old_paths: Path | list[Path],
+    new_path: Path,
+    threshold_pct: float,
+    *,
+    allow_different: bool = False,
+    store: list[dict[str, Any]] | None = None,
 ) -> Report:
-    """Load the files (refusing bad ones) and compare them; several OLD results are pooled (pool)."""
+    """Load the files (refusing bad ones) and compare them; several OLD results are pooled (pool); `store`: the
+    stored results the between-bench drift is estimated from (drift_from_results)."""
     threshold_pct = check_threshold(threshold_pct)
     olds = [Path(p) for p in (old_paths if isinstance(old_paths, list) else [old_paths])]
     if not olds:
@@ -246,4 +324,5 @@ def compare(
     old = pool([(str(p), load_result(p)) for p in olds]) if len(olds) > 1 else load_result(olds[0])
     new = load_result(Path(new_path))
     names = ("+".join(str(p) for p in olds), str(new_path))
-    return compare_docs(old, new, names, threshold_pct, allow_different=allow_different)
+    drift = drift_from_results(store, new.get("model"), new["suite"]["name"]) if store else None
+    return compare_docs(old, new, names, threshold_pct, allow_different=allow_different, drift=drift)

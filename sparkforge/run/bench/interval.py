@@ -15,11 +15,19 @@ is judged with the old side's spread too; the false-alarm rates measured on a bu
 benchmarks/bench-noise.md. Why not a bootstrap: with 3-10 repeats a side it re-samples the same handful of
 values and its percentile interval covers far less than its nominal 95 %.
 
-Pooled baselines (compare.pool: several benches of one image side by side) add repeats to the old side: its
-mean is known better, the noise too, and the interval narrows (tested: pooling never lowers power). The
-interval treats every repeat as one draw of the machine's noise; a machine that drifts between benches
-(another job starting) breaks that, which is why the baseline should be pooled from benches spread over time
-(benchmarks/bench-noise.md measures what drift does to the false-alarm rate).
+Drift between benches (a random effect). The project's own studies show the machine's state moving from one bench
+to the next (between-bench / within-bench standard deviation about 0.5 quiet, 1.5 busy: benchmarks/bench-drift.md):
+repeats of one bench share that bench's draw, so they are not independent, and treating them so makes more repeats
+raise the false alarms. The interval is a random-effects one: a log figure = image + bench + repeat noise; the old
+mean is the mean of its benches' means, and its variance sigma^2 * mean(1/n_b)/k + tau^2/k (k benches), the new
+side's sigma^2/m + tau^2 (one bench); sigma^2 is the within-bench variance pooled over every bench of both sides,
+tau^2 the between-bench variance estimated from the bench store (compare.drift_from_results: every image with
+two or more alike results, method of moments, pooled), else from the pooled baseline's own benches; the degrees
+of freedom by Satterthwaite. The drift also sets a floor no number of repeats goes below (`drift_floor_pct`: the
+smallest slowdown caught with infinite repeats on each side). Without any estimate (one baseline bench, an empty
+store) tau^2 is 0 and the line says the repeats were treated as independent. Pooled baselines narrow the
+interval on average, but do not always raise the power: benchmarks/bench-drift.md restates that claim from a
+seeded simulation.
 
 The verdict, with threshold T percent (the change a metric may show before it counts):
 - `regressed`: the whole interval is worse than T (a throughput ratio whose upper bound is below 1 - T/100, a
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Any, Literal
@@ -64,6 +73,12 @@ class Estimate:
     n_new: int
     df: float | None
     threshold_pct: float
+    benches_old: int = 1  # baseline benches pooled
+    drift_sd_pct: float | None = (
+        None  # the between-bench standard deviation used, percent (None: none estimated)
+    )
+    drift_source: str = "none"  # "store (N benches)", "baseline (N benches)" or "none" (repeats independent)
+    drift_floor_pct: float | None = None  # the smallest slowdown caught with POWER however many repeats
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -77,7 +92,13 @@ class Estimate:
             return f"no ratio (a repeat measured 0), {n}"
         interval = f"[{self.low:.3f}..{self.high:.3f}]" if self.low is not None else "[no interval]"
         floor = f"could detect >= {self.mde_pct:.0f}%" if self.mde_pct is not None else "could detect nothing"
-        return f"ratio {self.ratio:.3f} {interval}, {floor} ({n})"
+        if self.drift_sd_pct is None:
+            drift = "; repeats taken as independent (no between-bench drift estimated)"
+        else:
+            drift = f"; drift between benches sd {self.drift_sd_pct:.1f}% ({self.drift_source})" + (
+                f", no repeat count detects below {self.drift_floor_pct:.0f}%" if self.drift_floor_pct else ""
+            )
+        return f"ratio {self.ratio:.3f} {interval}, {floor} ({n}){drift}"
 
 
 def _logs(values: list[float]) -> list[float] | None:
@@ -121,26 +142,112 @@ def mde(se: float, df: float, threshold_pct: float, higher_is_better: bool) -> f
     return _worse(sign * slow, higher_is_better)
 
 
-def estimate(old: list[float], new: list[float], higher_is_better: bool, threshold_pct: float) -> Estimate:
-    """The interval and verdict for one metric: old = every baseline repeat (pooled), new = the new repeats."""
-    base = {"n_old": len(old), "n_new": len(new), "threshold_pct": threshold_pct}
+@dataclass(frozen=True)
+class Drift:
+    """A between-bench variance of a metric's log figure, with its degrees of freedom and where it came from."""
+
+    tau2: float
+    df: float
+    benches: int
+    source: str  # "store" or "baseline"
+
+
+def between_variance(benches: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """(tau^2, df) of the log figures of one image's benches by the method of moments (one-way random effects,
+    unbalanced: (MSB - MSW) / n0, floored at 0); None with fewer than two benches or no within-bench spread."""
+    groups = [list(b) for b in benches if len(b) >= 1]
+    k, total = len(groups), sum(len(g) for g in groups)
+    if k < 2 or total - k < 1:
+        return None
+    grand = statistics.fmean(x for g in groups for x in g)
+    msb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups) / (k - 1)
+    msw = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g) / (total - k)
+    n0 = (total - sum(len(g) ** 2 for g in groups) / total) / (k - 1)
+    return max(0.0, (msb - msw) / n0), float(k - 1)
+
+
+def pool_drift(parts: Sequence[tuple[float, float]], source: str, benches: int) -> Drift | None:
+    """Several (tau^2, df) estimates (one per image and level) as one, weighted by their degrees of freedom;
+    `benches`: how many results they came from."""
+    df = sum(d for _, d in parts)
+    if df <= 0:
+        return None
+    return Drift(sum(t * d for t, d in parts) / df, df, benches, source)
+
+
+def _split(values: list[float], sizes: Sequence[int] | None) -> list[list[float]]:
+    if not sizes or sum(sizes) != len(values):
+        return [values]
+    out, at = [], 0
+    for size in sizes:
+        out.append(values[at : at + size])
+        at += size
+    return [g for g in out if g]
+
+
+def estimate(
+    old: list[float],
+    new: list[float],
+    higher_is_better: bool,
+    threshold_pct: float,
+    *,
+    old_benches: Sequence[int] | None = None,
+    drift: Drift | None = None,
+) -> Estimate:
+    """The interval and verdict for one metric: old = every baseline repeat (pooled; `old_benches` the repeats
+    of each pooled bench, in order), new = the new repeats (one bench); `drift` the store's between-bench variance
+    (else estimated from the baseline's benches when there are two or more, else none: repeats independent)."""
     a, b = _logs(old), _logs(new)
+    groups = _split(a, old_benches) if a is not None else [old]
+    base = {"n_old": len(old), "n_new": len(new), "threshold_pct": threshold_pct, "benches_old": len(groups)}
     if a is None or b is None:
         return Estimate("inconclusive", None, None, None, None, None, df=None, **base)
-    diff = statistics.fmean(b) - statistics.fmean(a)
+    k, m = len(groups), len(b)
+    diff = statistics.fmean(b) - statistics.fmean(statistics.fmean(g) for g in groups)
     ratio, worse = math.exp(diff), _worse(diff, higher_is_better)
-    spread = _pooled(a, b)
-    if spread is None:
+    within_df = len(a) + m - k - 1
+    if drift is None and k >= 2:
+        own = between_variance(groups)
+        drift = Drift(own[0], own[1], k, "baseline") if own else None
+    if within_df < 1 and drift is None:
         return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
-    se, df = spread
+    sw2 = (
+        sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
+        + sum((x - statistics.fmean(b)) ** 2 for x in b)
+    ) / max(within_df, 1)
+    within = sw2 * (sum(1 / len(g) for g in groups) / k**2 + 1 / m) if within_df >= 1 else 0.0
+    between = drift.tau2 * (1 / k + 1) if drift else 0.0
+    if within + between <= 0 and within_df < 1:
+        return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
+    se = math.sqrt(within + between)
+    parts = [(within, float(within_df))] if within_df >= 1 else []
+    parts += [(between, drift.df)] if drift and between > 0 else []
+    df = (within + between) ** 2 / sum(v * v / d for v, d in parts) if se > 0 else float(max(within_df, 1))
     half = t_quantile(1 - (1 - CONFIDENCE) / 2, df) * se if se > 0 else 0.0
     low, high = math.exp(diff - half), math.exp(diff + half)
     slow = _limit(threshold_pct, higher_is_better)
     # the interval's best and worst ends, as slowdowns in log units
     best, worst = (-(diff + half), -(diff - half)) if higher_is_better else (diff - half, diff + half)
     verdict: VerdictName = "regressed" if best > slow else "passed" if worst <= slow else "inconclusive"
+    drift_info: dict[str, Any] = {}
+    if drift is not None:
+        drift_info = {
+            "drift_sd_pct": (math.exp(math.sqrt(drift.tau2)) - 1) * 100,
+            "drift_source": f"{drift.source}, {drift.benches} benches",
+            "drift_floor_pct": mde(math.sqrt(between), drift.df, threshold_pct, higher_is_better)
+            if between > 0
+            else None,
+        }
     return Estimate(
-        verdict, ratio, low, high, mde(se, df, threshold_pct, higher_is_better), worse, df=df, **base
+        verdict,
+        ratio,
+        low,
+        high,
+        mde(se, df, threshold_pct, higher_is_better),
+        worse,
+        df=df,
+        **base,
+        **drift_info,
     )
 
 

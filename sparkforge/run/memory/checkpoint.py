@@ -1,7 +1,8 @@
 """A checkpoint's config.json -> the dimensions the memory plan needs (typed; unknown architectures refused).
 
-The config comes from the profile's `profiles/checkpoints/<profile>.json` (what `invoke kernels` reads too) or
-from `--model-dir`'s config.json; it passes the input boundary. Field names and defaults are the ones vLLM
+The config is the one of the profile's MODEL, never looked up by the profile's file name: `--model-dir`'s
+config.json, else `profiles/checkpoints/<org>/<name>/<revision>.json` keyed by the model id and its pinned revision
+(recipe/checkpoints.py: the one rule, what `invoke kernels` reads too); it passes the input boundary. A copied or renamed profile gets the same plan. Field names and defaults are the ones vLLM
 reads: `text_config` of a multimodal checkpoint, `layer_types`, `linear_*` for gated-delta-net layers,
 `mamba_ssm_dtype` (vLLM's Qwen3_5ForConditionalGenerationConfig makes it the GDN state's dtype),
 `quantization_config`.
@@ -16,7 +17,6 @@ from typing import Any
 from sparkforge.boundary import read_json
 from sparkforge.errors import RunError
 
-CHECKPOINTS_DIR = "checkpoints"  # profiles/checkpoints/<profile>.json
 # Bytes per element of the dtype names config.json and vLLM's flags use.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "int8": 1}  # fmt: skip
@@ -201,19 +201,12 @@ def parse_architecture(config: dict[str, Any], source: str) -> Architecture:
     )
 
 
-def checkpoint_path(profile_name: str, profiles_dir: Path, model_dir: Path | None) -> Path:
-    """`--model-dir`'s config.json when it has one, else the profile's shipped checkpoint config."""
-    if model_dir is not None and (model_dir / "config.json").is_file():
-        return model_dir / "config.json"
-    return profiles_dir / CHECKPOINTS_DIR / f"{profile_name}.json"
-
-
 def load_architecture(path: Path) -> Architecture:
     """Read a checkpoint config through the input boundary; a missing file names where to put it."""
     if not path.is_file():
         raise RunError(
             f"no checkpoint config at {path}: the memory plan needs the config.json of the profile's model; fix: "
-            "save it there (profiles/checkpoints/<profile>.json), pass --model-dir holding it, or --force"
+            "save it under profiles/checkpoints/<org>/<name>/<revision>.json, pass --model-dir holding it, or --force"
         )
     return parse_architecture(
         read_json(path, "checkpoint config", fix="the checkpoint's config.json"), str(path)
@@ -221,19 +214,17 @@ def load_architecture(path: Path) -> Architecture:
 
 
 def reachable_config(model: str, revision: str | None, name: str) -> tuple[Path, str] | None:
-    """A checkpoint config.json of `model` reachable without the network, and where it came from: the profile's
-    own (profiles/checkpoints/NAME.json), the local HF cache, or a shipped profile's for the same model."""
+    """A checkpoint config.json of `model` reachable without the network, and where it came from: the one the
+    repository ships for the model at that revision (profiles/checkpoints/<org>/<name>/<revision>.json, keyed by
+    the model, never a profile's name; `name` is the profile's, for the message), else the local HF cache."""
     from sparkforge.preflight.catalog import cached_configs
-    from sparkforge.recipe.profile import PROFILES_DIR, list_profile_names, load_profile
+    from sparkforge.recipe.checkpoints import shipped_config
+    from sparkforge.recipe.profile import PROFILES_DIR
 
-    own = PROFILES_DIR / CHECKPOINTS_DIR / f"{name}.json"
-    if own.is_file():
-        return own, "the profile's own checkpoint config"
+    shipped = shipped_config(model, revision, PROFILES_DIR)
+    if shipped is not None and shipped.is_file():
+        return shipped, f"the checkpoint config shipped for {model} (profile {name})"
     cached = cached_configs(model, revision)
     if cached:
         return cached[0], f"the HF cache ({cached[0].parent.name[:12]})"
-    for other in list_profile_names():
-        shipped = PROFILES_DIR / CHECKPOINTS_DIR / f"{other}.json"
-        if other != name and shipped.is_file() and load_profile(other).model.model == model:
-            return shipped, f"profile {other}'s checkpoint config (the same model)"
     return None

@@ -3,31 +3,49 @@ engine or download is touched, print it, and refuse a profile that does not fit 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sparkforge.console import Echo
 from sparkforge.errors import RunError
+from sparkforge.recipe.checkpoints import checkpoint_path, pinned_revision
 from sparkforge.recipe.profile import PROFILES_DIR, Profile
 from sparkforge.recipe.serveargs import norm_flag
-from sparkforge.run.memory.checkpoint import checkpoint_path, load_architecture
-from sparkforge.run.memory.memoryplan import GB10, MemoryPlan, NodeMemory, plan_memory, read_settings
+from sparkforge.run.memory.checkpoint import load_architecture
+from sparkforge.run.memory.memoryplan import (
+    GB10,
+    SPARK_SIZES,
+    MemoryPlan,
+    NodeMemory,
+    plan_memory,
+    read_settings,
+)
 from sparkforge.run.memory.text import plan_lines
 
 
-def node_memory(device: str, host_total: int | None = None) -> NodeMemory:
-    """GB10 for a GPU recipe; for the CPU twin, the host's own memory (its KV cache is a fixed size)."""
+def node_memory(
+    device: str, host_total: int | None = None, *, spark_gb: int = 128, available: int | None = None
+) -> NodeMemory:
+    """A Spark of `spark_gb` (64 or 128) for a GPU recipe, judged against `available` (the node's MemAvailable)
+    when it was read; for the CPU twin, the host's own memory (its KV cache is a fixed size)."""
     if device == "cpu":
         total = host_total or GB10.total
         return NodeMemory("cpu", total=total, held_at_boot=0, reserve=0)
-    return GB10
+    if spark_gb not in SPARK_SIZES:
+        raise RunError(f"a Spark has 64 or 128 GB, not {spark_gb}; fix: spark_memory_gb 64 or 128")
+    return replace(SPARK_SIZES[spark_gb], available=available)
 
 
 def plan_profile(
     profile: Profile, model_dir: Path | None, mem: NodeMemory = GB10, *, config: Path | None = None
 ) -> MemoryPlan:
-    """The profile's plan from its checkpoint config (RunError when there is none or it is not countable);
-    `config`: that config.json, wherever it is (import's plan, before the profile has its own)."""
-    arch = load_architecture(config or checkpoint_path(profile.name, PROFILES_DIR, model_dir))
+    """The profile's plan from the config of the MODEL it serves (its id and pinned revision, or --model-dir),
+    never from the profile's file name: RunError when there is none or it is not countable. `config`: that
+    config.json, wherever it is (import's plan, before the profile has its own)."""
+    path = config or checkpoint_path(
+        profile.model.model, pinned_revision(profile.model.args), PROFILES_DIR, model_dir
+    )
+    arch = load_architecture(path)
     args = {norm_flag(k): v for k, v in profile.model.args.items()}
     return plan_memory(profile.name, arch, read_settings(args, dict(profile.model.env), arch), mem)
 
@@ -40,14 +58,22 @@ def memory_guard(
     force: bool = False,
     echo: Echo,
     warn: Echo,
+    available: int | None = None,
 ) -> MemoryPlan | None:
-    """Plan, print, refuse: a profile that does not fit raises (the plan printed, '--force' named); a profile
-    without a countable checkpoint config is let through with a warning (there is nothing to judge)."""
+    """Plan, print, refuse: a profile that does not fit raises (the plan printed, '--force' named). A GB10
+    profile without a countable checkpoint config is refused too (nothing proves it fits); only --force starts
+    it. The CPU twin (a test vehicle whose KV cache is a fixed VLLM_CPU_KVCACHE_SPACE) is let through, warned."""
     try:
-        plan = plan_profile(profile, model_dir, node_memory(device))
+        mem = node_memory(device, spark_gb=profile.model.spark_memory_gb, available=available)
+        plan = plan_profile(profile, model_dir, mem)
     except RunError as exc:
-        warn(f"warning: no memory plan for {profile.name}: {exc}")
-        return None
+        if device == "cpu" or force:
+            warn(f"warning: no memory plan for {profile.name}: {exc}")
+            return None
+        raise RunError(
+            f"profile {profile.name}: no memory plan, so nothing shows it fits: {exc}; nothing was started or "
+            "downloaded"
+        ) from None
     for line in plan_lines(plan):
         echo(line)
     for line in plan.warnings:

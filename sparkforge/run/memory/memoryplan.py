@@ -29,14 +29,34 @@ class NodeMemory:
     kind: str  # "gb10" or "cpu" (the CPU twin: KV cache sized by VLLM_CPU_KVCACHE_SPACE)
     total: int  # bytes vLLM calls the device's total
     held_at_boot: int  # what the OS, driver and firmware already hold when nothing runs
-    reserve: int  # what the host must keep outside vLLM's budget
+    reserve: int  # what the host should keep outside vLLM's budget (less: 'tight', warned)
+    floor: int = 0  # the least the host may keep: below it 'does not fit' (the field's safe band ends here)
+    available: int | None = None  # the node's MemAvailable as the doctor reads it (None: not measured)
+    size_gb: int = 128  # the Spark's memory as sold (64 or 128 GB)
 
 
 # GB10: CUDA reports 121.69 GiB total; on a fresh, headless Spark with caches dropped, free memory at boot caps at
 # 101.3-102.2 GiB (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47): ~19.5 GiB are held before anything starts.
 # The reserve adds 4.5 GiB for what runs beside the GPU budget on the same memory: the API server's and engine's
 # CPU-side processes (Python heaps, tokenizer), Docker, and page-cache churn while safetensors are read.
-GB10 = NodeMemory("gb10", total=int(121.69 * GiB), held_at_boot=int(19.5 * GiB), reserve=24 * GiB)
+# The floor: single-Spark owners serve at gpu-memory-utilization 0.85-0.90 (the host then keeps 18.3-12.2 GiB);
+# less than 12 GiB (0.91 and up, vLLM's default 0.92 included) is refused.
+GB10 = NodeMemory(
+    "gb10", total=int(121.69 * GiB), held_at_boot=int(19.5 * GiB), reserve=24 * GiB, floor=12 * GiB
+)
+# The 64 GB Spark: half the memory. NOT measured here: what the OS and driver hold at boot is assumed 12 GiB (less
+# than the 128 GB one's 19.5, more than half of it), the reserve that + 4.5 GiB, the floor 8 GiB. A MemAvailable
+# reading (invoke memory --mem-available, the doctor's figure) replaces the assumption at start.
+GB10_64 = NodeMemory(
+    "gb10", int(121.69 * GiB) // 2, held_at_boot=12 * GiB, reserve=int(16.5 * GiB), floor=8 * GiB, size_gb=64
+)
+SPARK_SIZES = {128: GB10, 64: GB10_64}
+HOST_RUNTIME = int(
+    4.5 * GiB
+)  # beside the budget while serving: the server's CPU side, Docker, page-cache churn
+LOAD_SHARD = (
+    5 * 10**9
+)  # Hugging Face's default max_shard_size: fastsafetensors stages one file per rank at a time
 ACTIVATION_MARGIN = 1.2  # the estimate below covers the large buffers only: allocator slack on top
 WORKSPACE = GiB  # cuBLAS/FlashInfer workspaces and the CUDA context outside torch's allocator
 NCCL_BUFFERS = GiB // 2  # per rank when TP or PP > 1
@@ -63,6 +83,10 @@ class Settings:
     cache: CacheSettings
     mtp: bool
     cpu_kv_space: int = 4 * GiB  # VLLM_CPU_KVCACHE_SPACE (the CPU twin)
+    kv_cache_bytes: int | None = (
+        None  # --kv-cache-memory-bytes: the KV cache's size, utilization then ignored for it
+    )
+    fastsafetensors: bool = False  # --load-format fastsafetensors: weights staged through device buffers
 
 
 @dataclass
@@ -79,6 +103,9 @@ class NodePlan:
     concurrency: float
     longest: int
     weights: dict[str, int] = field(default_factory=dict)
+    draft_request_bytes: int = 0  # of request_bytes: the MTP draft layer's KV at max-model-len
+    load_peak: int = 0  # while loading: the weights + fastsafetensors' staging buffer (device memory)
+    page_cache: int = 0  # while loading: the checkpoint files read (reclaimable, but on the same memory)
 
 
 @dataclass
@@ -113,6 +140,11 @@ class MemoryPlan:
                 "total_gib": _gib(self.node_memory.total),
                 "held_at_boot_gib": _gib(self.node_memory.held_at_boot),
                 "reserve_gib": _gib(self.node_memory.reserve),
+                "floor_gib": _gib(self.node_memory.floor),
+                "available_gib": None
+                if self.node_memory.available is None
+                else _gib(self.node_memory.available),
+                "spark_memory_gb": self.node_memory.size_gb,
             },
             "settings": {
                 "tensor_parallel_size": s.tp,
@@ -125,6 +157,8 @@ class MemoryPlan:
                 "prefix_caching": s.cache.prefix_caching,
                 "speculative_tokens": s.cache.num_spec,
                 "enforce_eager": s.enforce_eager,
+                "kv_cache_memory_bytes": s.kv_cache_bytes,
+                "load_format_fastsafetensors": s.fastsafetensors,
             },
             "largest_fit": {"max_model_len": self.fit_max_model_len, "concurrency": self.fit_concurrency},
             "nodes": [
@@ -144,6 +178,9 @@ class MemoryPlan:
                     "request_bytes_at_max_model_len": n.request_bytes,
                     "max_concurrency_at_max_model_len": round(n.concurrency, 2),
                     "longest_sequence_tokens": n.longest,
+                    "mtp_draft_kv_per_request_gib": _gib(n.draft_request_bytes),
+                    "load_peak_gib": _gib(n.load_peak),
+                    "load_page_cache_gib": _gib(n.page_cache),
                 }
                 for n in self.nodes
             ],
@@ -159,6 +196,26 @@ def _flag(args: dict[str, Any], *names: str) -> Any:
         if name in args:
             return args[name]
     return None
+
+
+HUMAN_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30,
+               "T": 1 << 40}  # fmt: skip  # vLLM's human_readable_int: lower case decimal, upper case binary
+
+
+def parse_bytes(value: Any, flag: str) -> int:
+    """A byte count as vLLM's --kv-cache-memory-bytes takes it: 8589934592, 8G (binary), 8.5g (decimal)."""
+    text = str(value).strip()
+    unit = HUMAN_UNITS.get(text[-1:], 1) if text else 1
+    number = text[:-1] if unit != 1 else text
+    try:
+        amount = float(number) * unit if unit != 1 and not number.isdigit() else int(number) * unit
+    except ValueError:
+        amount = -1
+    if not 0 < amount < 1 << 50:
+        raise RunError(
+            f"profile flag --{flag} {value!r} is not a byte count; fix: e.g. 8589934592 or 8G (GiB) or 8g (GB)"
+        )
+    return int(amount)
 
 
 def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture) -> Settings:
@@ -190,6 +247,7 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
     multimodal = bool(arch.vision_params) and not ('"image": 0' in limit and '"video": 0' in limit)
     prefix = _flag(args, "enable-prefix-caching")
     space = env.get("VLLM_CPU_KVCACHE_SPACE")
+    kv_bytes = _flag(args, "kv-cache-memory-bytes")
     return Settings(
         tp=number(_flag(args, "tensor-parallel-size", "tp") or 1, "tensor-parallel-size"),
         pp=number(_flag(args, "pipeline-parallel-size", "pp") or 1, "pipeline-parallel-size"),
@@ -208,6 +266,8 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
         ),
         mtp=mtp,
         cpu_kv_space=number(space, "VLLM_CPU_KVCACHE_SPACE") * GiB if space else 4 * GiB,
+        kv_cache_bytes=parse_bytes(kv_bytes, "kv-cache-memory-bytes") if kv_bytes not in (None, "") else None,
+        fastsafetensors=str(_flag(args, "load-format") or "") == "fastsafetensors",
     )
 
 
@@ -240,20 +300,28 @@ def activation_peak(arch: Architecture, s: Settings) -> int:
 def _plan_nodes(arch: Architecture, s: Settings, mem: NodeMemory) -> list[NodePlan]:
     stages = stage_weights(arch, Split(tp=s.tp, pp=s.pp, mtp=s.mtp))
     act = activation_peak(arch, s)
+    # vLLM reserves lookahead slots for the speculative tokens on top of max-model-len
+    tokens = s.max_model_len + s.cache.num_spec
     plans = []
     for node in range(s.tp * s.pp):
         stage = stages[node // s.tp]
         last = stage.stage == s.pp - 1
-        spec = kv_spec(arch, s.tp, stage.layers, s.cache, arch.mtp_layers if (s.mtp and last) else 0)
+        drafts = arch.mtp_layers if (s.mtp and last) else 0
+        spec = kv_spec(arch, s.tp, stage.layers, s.cache, drafts)
         parts = {
             "weights": stage.total,
             "activation_peak": act,
             "cuda_graphs": 0 if (s.enforce_eager or mem.kind == "cpu") else CUDA_GRAPHS,
             "workspace": (0 if mem.kind == "cpu" else WORKSPACE) + (NCCL_BUFFERS if s.tp * s.pp > 1 else 0),
         }
-        budget = sum(parts.values()) + s.cpu_kv_space if mem.kind == "cpu" else int(s.utilization * mem.total)
+        if mem.kind == "cpu":
+            budget = sum(parts.values()) + s.cpu_kv_space
+        elif s.kv_cache_bytes is not None:  # vLLM sizes the cache to the flag, not to utilization x total
+            budget = sum(parts.values()) + s.kv_cache_bytes
+        else:
+            budget = int(s.utilization * mem.total)
         kv = budget - sum(parts.values())
-        request = spec.request_bytes(s.max_model_len)
+        request = spec.request_bytes(tokens)
         plans.append(
             NodePlan(
                 node=node,
@@ -263,9 +331,13 @@ def _plan_nodes(arch: Architecture, s: Settings, mem: NodeMemory) -> list[NodePl
                 kv_bytes=kv,
                 spec=spec,
                 request_bytes=request,
-                concurrency=spec.max_concurrency(kv, s.max_model_len) if kv > 0 else 0.0,
+                concurrency=spec.max_concurrency(kv, tokens) if kv > 0 else 0.0,
                 longest=min(spec.longest(kv), arch.max_position) if kv > 0 else 0,
                 weights=dict(stage.parts),
+                draft_request_bytes=drafts * spec.page_bytes * cdiv(tokens, spec.block_size),
+                load_peak=stage.total + (min(LOAD_SHARD, stage.total) if s.fastsafetensors else 0),
+                # a rank reads its own slices of the files (safetensors mmap): about its weights pass the page cache
+                page_cache=0 if mem.kind == "cpu" else stage.total,
             )
         )
     return plans
@@ -278,7 +350,11 @@ def _judge(
     warnings: list[str] = []
     worst = min(nodes, key=lambda n: n.kv_bytes - n.request_bytes)
     fixed = sum(worst.parts.values())
-    host_left = mem.total - worst.budget
+    if s.max_model_len > arch.max_position:
+        reasons.append(
+            f"max-model-len {s.max_model_len} is above the model's max_position_embeddings {arch.max_position} "
+            f"({arch.source}): vLLM refuses it, and past the trained positions the answers degrade"
+        )
     if worst.kv_bytes <= 0:
         reasons.append(
             f"node {worst.node}: weights {worst.parts['weights'] / GiB:.1f} GiB + activation, graphs and "
@@ -291,18 +367,8 @@ def _judge(
             f"tokens, max-model-len {s.max_model_len} needs {worst.request_bytes / GiB:.1f} GiB (vLLM "
             "refuses to start)"
         )
-    if mem.kind != "cpu" and worst.budget > mem.total - mem.held_at_boot:
-        reasons.append(
-            f"gpu-memory-utilization {s.utilization} asks {worst.budget / GiB:.1f} GiB of "
-            f"{mem.total / GiB:.2f} GiB, more than a {mem.kind.upper()} has free at start "
-            f"(~{(mem.total - mem.held_at_boot) / GiB:.1f} GiB): vLLM's start check refuses it"
-        )
-    elif mem.kind != "cpu" and host_left < mem.reserve:
-        warnings.append(
-            f"gpu-memory-utilization {s.utilization} leaves the host {host_left / GiB:.1f} GiB of unified "
-            f"memory, less than its {mem.reserve / GiB:.0f} GiB reserve (OS, Docker, the server's CPU "
-            "side, page cache): the host may run out while serving"
-        )
+    if mem.kind != "cpu":
+        _judge_host(s, mem, nodes, reasons, warnings)
     if reasons:
         return "does not fit", reasons, warnings
     if warnings or min(n.concurrency for n in nodes) < 2:
@@ -313,6 +379,52 @@ def _judge(
             )
         return "tight", reasons, warnings
     return "fits", reasons, warnings
+
+
+def _judge_host(
+    s: Settings, mem: NodeMemory, nodes: list[NodePlan], reasons: list[str], warnings: list[str]
+) -> None:
+    """The budget against the machine: the node's MemAvailable when measured, else the host's floor (refused) and
+    reserve (warned: the band single-Spark owners serve in); the load phase; MTP drafts at long context."""
+    taken = max(n.budget for n in nodes)  # what vLLM holds on the fullest node
+    asked = max(taken, int(s.utilization * mem.total))  # vLLM's start check wants utilization x total free
+    spark = f"a {mem.size_gb} GB Spark ({mem.total / GiB:.2f} GiB)"
+    if mem.available is not None:
+        if asked > mem.available:
+            reasons.append(
+                f"vLLM asks {asked / GiB:.1f} GiB at start (gpu-memory-utilization {s.utilization} of {spark}), "
+                f"the node has {mem.available / GiB:.1f} GiB MemAvailable: its start check refuses, or the host "
+                "starves"
+            )
+        elif mem.available - taken < HOST_RUNTIME:
+            warnings.append(
+                f"vLLM's {taken / GiB:.1f} GiB leave {(mem.available - taken) / GiB:.1f} GiB of the node's "
+                f"{mem.available / GiB:.1f} GiB MemAvailable, less than the {HOST_RUNTIME / GiB:.1f} GiB the "
+                "server's CPU side and the page cache take while serving"
+            )
+    else:
+        left = mem.total - asked
+        if left < mem.floor:
+            reasons.append(
+                f"gpu-memory-utilization {s.utilization} asks {asked / GiB:.1f} GiB of {spark}, leaving the host "
+                f"{left / GiB:.1f} GiB: less than the {mem.floor / GiB:.0f} GiB floor (the field serves up to "
+                f"{math.floor((mem.total - mem.floor) / mem.total * 100) / 100} on one Spark; past it the host "
+                "freezes or vLLM's start check refuses)"
+            )
+        elif left < mem.reserve:
+            warnings.append(
+                f"gpu-memory-utilization {s.utilization} leaves the host {left / GiB:.1f} GiB of unified memory, "
+                f"less than its {mem.reserve / GiB:g} GiB reserve (OS, Docker, the server's CPU side, page "
+                "cache): single-Spark owners run this band, but whether it starts depends on MemAvailable at "
+                "start (the doctor reads it; --mem-available judges against it) and the watchdog should stay on"
+            )
+    worst_load = max(nodes, key=lambda n: n.load_peak)
+    if worst_load.load_peak + mem.held_at_boot > mem.total:
+        reasons.append(
+            f"node {worst_load.node}: loading needs {worst_load.load_peak / GiB:.1f} GiB of device memory (weights"
+            + (" + fastsafetensors' staging buffer" if s.fastsafetensors else "")
+            + f"), more than {spark} has beside what it holds at boot"
+        )
 
 
 def safe_utilization(mem: NodeMemory) -> float:
@@ -345,8 +457,15 @@ def _fixes(
     profile: str, arch: Architecture, s: Settings, mem: NodeMemory, plan: MemoryPlan, worst: NodePlan
 ) -> list[str]:
     out: list[str] = []
+    if s.max_model_len > arch.max_position:
+        out.append(f"max-model-len to at most {arch.max_position} (the model's max_position_embeddings)")
+        s = replace(s, max_model_len=arch.max_position)
+        worst = min(plan_memory(profile, arch, s, mem, fixes=False).nodes, key=lambda n: n.kv_bytes)
     safe = safe_utilization(mem)
-    if mem.kind != "cpu" and s.utilization > safe:
+    if mem.kind != "cpu" and s.utilization > safe and s.kv_cache_bytes is None:
+        kv_fix = _kv_bytes_fix(profile, arch, s, mem, safe)
+        if kv_fix:
+            out.append(kv_fix)
         lowered = plan_memory(profile, arch, replace(s, utilization=safe), mem, fixes=False)
         out.append(
             f"lower gpu-memory-utilization to {safe} (leaves the host its {mem.reserve / GiB:.0f} GiB)"
@@ -380,3 +499,20 @@ def _fixes(
         half = max(1024, plan.fit_max_model_len // 2 // 1024 * 1024)
         out.append(f"max-model-len to {half} for two full-length requests at once, or max-num-seqs 1")
     return out
+
+
+def _kv_bytes_fix(profile: str, arch: Architecture, s: Settings, mem: NodeMemory, safe: float) -> str:
+    """Where utilization is the wrong knob: the KV cache the profile needs (two requests of max-model-len) named
+    directly with --kv-cache-memory-bytes, so vLLM takes what the model needs and the host keeps the rest."""
+    probe = plan_memory(profile, arch, replace(s, kv_cache_bytes=GiB), mem, fixes=False)
+    need = max(n.request_bytes for n in probe.nodes) * 2
+    kv = cdiv(need, GiB) * GiB
+    sized = plan_memory(profile, arch, replace(s, kv_cache_bytes=kv, utilization=safe), mem, fixes=False)
+    if not sized.fits or sized.verdict != "fits":
+        return ""
+    taken = max(n.budget for n in sized.nodes)
+    return (
+        f"kv-cache-memory-bytes {kv // GiB}G with gpu-memory-utilization {safe}: vLLM sizes the KV cache to "
+        f"two requests of max-model-len {s.max_model_len} instead of utilization x total, takes "
+        f"{taken / GiB:.1f} GiB and the host keeps {(mem.total - taken) / GiB:.1f} GiB"
+    )
