@@ -62,7 +62,7 @@ def test_the_catalog_refuses_both_round_two_recipes() -> None:
 
 
 def _dry(profile: Path) -> list[list[str]]:
-    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(profile), "--dry", "--no-preflight",
+    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(profile), "--dry", "--no-preflight", "--force",
                   "--image", "sparkforge-test/none:1", "--allow-unpinned-model")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     return [shlex.split(line) for line in dry.stdout.splitlines() if line.startswith("docker run")]
@@ -121,7 +121,7 @@ def test_a_revision_beside_the_pin_and_a_non_hub_model_are_refused(tmp_path: Pat
     hand = tmp_path / "hand.yaml"
     hand.write_text("description: d\nmodel: q/m\nargs:\n  revision: " + other + "\n  code-revision: main\n"
                     "  compilation-config: '{\"backend\": \"x.y:Z\"}'\n")  # fmt: skip
-    done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(hand), "--dry", "--no-preflight",
+    done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(hand), "--dry", "--no-preflight", "--force",
                    "--image", "sparkforge-test/none:1")  # fmt: skip
     assert done.returncode != 0 and "docker run" not in done.stdout
     assert (
@@ -149,7 +149,7 @@ def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path
     allow = load_profile(out).model.allow
     assert set(allow) == {"kv-transfer-config", "kv-transfer-config.kv_connector",
                           "kv-transfer-config.kv_connector_module_path"}  # fmt: skip
-    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
+    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight", "--force",
                   "--image", "sparkforge-test/none:1")  # fmt: skip
     warnings = [line for line in dry.stdout.splitlines() if "opts in to" in line]
     assert any(
@@ -159,7 +159,7 @@ def test_an_opt_in_covers_one_field_and_a_flag_opt_in_covers_none(tmp_path: Path
     # The opt-in recorded the value reviewed: the same entry with another value is refused at load.
     changed = out.read_text().replace("evil.mod", "other.mod")
     out.write_text(changed)
-    done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
+    done = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight", "--force",
                    "--image", "sparkforge-test/none:1")  # fmt: skip
     assert done.returncode != 0 and "docker run" not in done.stdout
     assert "a changed value voids the opt-in" in done.stderr and "kv_connector_module_path" in done.stderr
@@ -218,7 +218,7 @@ def test_the_dry_run_prints_every_container_the_task_starts(tmp_path: Path) -> N
     )
     token = tmp_path / "token"
     token.write_text("hf_dry_run_canary_0123456789\n")
-    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(profile), "--dry", "--no-preflight",
+    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(profile), "--dry", "--no-preflight", "--force",
                   "--image", "sparkforge-test/none:1", "--hf-token-file", str(token))  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
