@@ -19,8 +19,8 @@ from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
 from sparkforge.run.cluster.rdma import NodeFabric
-from sparkforge.run.cluster.topology import nccl_environment, read_topology
 from sparkforge.run.cluster.stages import NcclSource, host_source, nccl_probe
+from sparkforge.run.cluster.topology import nccl_environment, read_topology
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
