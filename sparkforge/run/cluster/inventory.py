@@ -124,8 +124,8 @@ def fabric_report(
 ) -> tuple[Report, list[FabricChoice]]:
     """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details.
     `sources` (nccl_sources; default: the image's libnccl) says which libnccl each node loads: a refused
-    --nccl host fails that node's check, as the doctor's nccl-library stage refuses the launch. With several
-    nodes, a `topology` check: the layout the cabling shows (checked against `layout` when given) or what is
+    --nccl host fails that node's check, as the doctor's nccl-library stage refuses the launch. With three
+    nodes or more (or a declared layout), a `topology` check: the layout the cabling shows (checked against `layout` when given) or what is
     miswired."""
     report = Report(command="cluster.fabric", subject=", ".join(labels))
     nodes = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=False)]
@@ -141,7 +141,7 @@ def fabric_report(
         chosen = f"{choice.interface} {choice.address}" if choice.interface else "no fabric interface"
         loads = f"; NCCL: {library.reason}" if library.source == "host" else ""
         report.add(Check(label, "passed", f"{chosen}: {choice.reason}{loads}", details))
-    if len(nodes) > 1 or layout:
+    if len(nodes) > 2 or layout:  # two nodes: the pair, judged by the node checks as before
         report.add(topology_check(nodes, layout))
     return report, choices
 

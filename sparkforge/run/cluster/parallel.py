@@ -167,12 +167,9 @@ def check_parallel(
             "(--data-parallel-address/--data-parallel-rpc-port, one API server per DP rank), which cluster.up does "
             "not plan; fix: TP x PP over the nodes, or one cluster.up per group of nodes behind a load balancer"
         )
-    if layout == "ring" and par.tp > 2 and not ring_only_nccl:
-        problems.append(
-            f"tensor-parallel-size {par.tp} spans {par.tp} nodes of a switchless ring: {RING_SOURCE}; fix: a "
-            "switch, or TP=2 on neighbours with PP along the ring, or an image whose NCCL is the ring-only build "
-            "(recipe nccl.variant: switchless)"
-        )
+    ring = ring_problem(par.tp, layout, ring_only_nccl)
+    if ring:
+        problems.append(ring)
     if layout == "ring" and par.pp > 1:
         found.warnings.append(
             "pipeline stages follow the ring order (each stage's neighbour is the next node on the ring); vLLM's "
@@ -185,6 +182,17 @@ def check_parallel(
             "(NCCL_IB_SUBNET_AWARE_ROUTING=1, NCCL >= 2.30)"
         )
     return found
+
+
+def ring_problem(tp: int, layout: str | None, ring_only_nccl: bool) -> str | None:
+    """A TP group over more than two nodes of a switchless ring, with stock NCCL: refused, with the reason."""
+    if layout != "ring" or tp <= 2 or ring_only_nccl:
+        return None
+    return (
+        f"tensor-parallel-size {tp} spans {tp} nodes of a switchless ring: {RING_SOURCE}; fix: a switch, or TP=2 "
+        "on neighbours with PP along the ring, or an image whose NCCL is the ring-only build (recipe "
+        "nccl.variant: switchless)"
+    )
 
 
 def relayout(profile: Profile, par: Parallel) -> Profile:

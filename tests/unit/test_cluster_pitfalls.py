@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkforge.run.cluster.knownbad import KNOWN_BAD, ClusterFacts, judge, version
+from sparkforge.run.cluster.pitfalls import KNOWN_BAD, ClusterFacts, judge, version
 
 
 def _ids(messages: list[str]) -> list[str]:
