@@ -40,13 +40,17 @@ def test_layouts_against_the_shipped_configs(arch, tp: int, pp: int, fits: bool)
 
 def test_tp3_refused_with_the_reason_and_the_layouts_that_split() -> None:
     found = check_parallel(A3B, Parallel(3, 1), 3, "mesh3")
-    assert found.problems[0].startswith("tensor-parallel-size 3 does not divide the 16 attention heads")
-    assert "fix: over 3 nodes use TP=1 x PP=3" in found.problems[0]
+    (problem,) = found.problems
+    assert problem.startswith(
+        "tensor-parallel-size 3 does not split the model: it does not divide the 16 attention"
+    )
+    assert problem.endswith("fix: over 3 nodes use TP=1 x PP=3")
 
 
 def test_fp8_block_split_names_vllms_error_and_expert_parallel_lifts_it() -> None:
     (problem,) = check_parallel(A3B, Parallel(8, 1), 8).problems
     assert "512 into 64, not whole FP8 blocks of 128" in problem and "enable-expert-parallel" in problem
+    assert problem.endswith("fix: over 8 nodes use TP=1 x PP=8 or TP=2 x PP=4 or TP=4 x PP=2")
     assert check_parallel(A3B, Parallel(8, 1, expert_parallel=True), 8).fits  # 256 experts / 8
 
 

@@ -12,11 +12,15 @@ Pure: `relayout` gives the profile the layout (its memory plan then follows), `c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.recipe.serveargs import norm_flag
+from sparkforge.run.cluster.pitfalls import ClusterFacts, judge
+from sparkforge.run.cluster.topology import layout as find_layout
 from sparkforge.run.memory.checkpoint import Architecture
 
 RING_SOURCE = (
@@ -86,9 +90,9 @@ def pp_layers(layers: int, pp: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _divides(what: str, count: int, tp: int, problems: list[str], fix: str) -> None:
+def _divides(what: str, count: int, tp: int, problems: list[str]) -> None:
     if count and count % tp:
-        problems.append(f"tensor-parallel-size {tp} does not divide the {count} {what}; fix: {fix}")
+        problems.append(f"it does not divide the {count} {what}")
 
 
 def _tp_fix(arch: Architecture, par: Parallel, nodes: int) -> str:
@@ -105,27 +109,22 @@ def _tp_problems(arch: Architecture, par: Parallel) -> list[str]:
     tp, problems = par.tp, []
     if tp == 1:
         return problems
-    fix = "see below"
-    _divides("attention heads", arch.heads, tp, problems, fix)
+    _divides("attention heads", arch.heads, tp, problems)
     if arch.kv_heads and arch.kv_heads % tp and tp % arch.kv_heads:
         problems.append(
-            f"tensor-parallel-size {tp} and the {arch.kv_heads} KV heads: neither divides the other (vLLM splits "
-            f"or replicates KV heads); fix: {fix}"
+            f"neither it nor the {arch.kv_heads} KV heads divides the other (vLLM splits or replicates KV heads)"
         )
-    _divides(
-        "gated-delta-net key heads", arch.linear_key_heads if arch.linear_layers else 0, tp, problems, fix
-    )
-    _divides(
-        "gated-delta-net value heads", arch.linear_value_heads if arch.linear_layers else 0, tp, problems, fix
-    )
+    linear = arch.linear_layers > 0
+    _divides("gated-delta-net key heads", arch.linear_key_heads if linear else 0, tp, problems)
+    _divides("gated-delta-net value heads", arch.linear_value_heads if linear else 0, tp, problems)
     if arch.experts and not par.expert_parallel:
         share, rest = divmod(arch.moe_intermediate, tp)
         block = arch.quant.block[0] if arch.quant.method == "fp8" else 1
         if rest or share % block:
             problems.append(
-                f"tensor-parallel-size {tp} splits each expert's intermediate size {arch.moe_intermediate} into "
+                f"it splits each expert's intermediate size {arch.moe_intermediate} into "
                 f"{arch.moe_intermediate / tp:g}, not whole FP8 blocks of {block} (vLLM: 'not divisible by weight "
-                f"quantization block_n = {block}'); fix: {fix}, or enable-expert-parallel (experts whole per rank)"
+                f"quantization block_n = {block}'; enable-expert-parallel keeps experts whole per rank)"
             )
     return problems
 
@@ -148,8 +147,10 @@ def check_parallel(
         )
     tp_problems = _tp_problems(arch, par)
     if tp_problems:
-        fix = _tp_fix(arch, par, nodes)
-        problems += [p.replace("fix: see below", f"fix: {fix}") for p in tp_problems]
+        problems.append(
+            f"tensor-parallel-size {par.tp} does not split the model: {'; '.join(tp_problems)}; fix: "
+            + _tp_fix(arch, par, nodes)
+        )
     if arch.experts and par.expert_parallel and arch.experts % (par.tp * par.dp):
         problems.append(
             f"enable-expert-parallel: the {arch.experts} experts do not divide over TP x DP = {par.tp * par.dp} "
@@ -215,3 +216,80 @@ def relayout(profile: Profile, par: Parallel) -> Profile:
     except ValueError as exc:
         raise RunError(f"profile {profile.name} with {par.describe()}: {exc}") from None
     return Profile(profile.name, profile.path, model, profile.lines)
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """What a multi-node launch will run, judged before any engine is contacted: the split, the per-stage
+    layers, the warnings (known-bad warnings included); `check_layout` raises for a refusal."""
+
+    parallel: Parallel
+    nodes: int
+    layout: str | None
+    stages: tuple[tuple[int, int], ...]
+    warnings: tuple[str, ...]
+    cuda_graphs: bool = True  # false with enforce-eager
+
+    def lines(self) -> list[str]:
+        over = f" cabled as {self.layout}" if self.layout else ""
+        out = [f"layout: {self.parallel.describe()} over {self.nodes} nodes{over}"]
+        for i, (first, end) in enumerate(self.stages if self.parallel.pp > 1 else ()):
+            ranks = range(i * self.parallel.tp, (i + 1) * self.parallel.tp)
+            out.append(f"  stage {i}: layers {first}-{end - 1} on "
+                       f"{', '.join(f'node{r}' for r in ranks)}")  # fmt: skip
+        return out
+
+
+def check_layout(
+    profile: Profile,
+    arch: Architecture | None,
+    nodes: int,
+    layout: str | None = None,
+    *,
+    nccl: Mapping[str, Any] | None = None,
+    backend: str = "mp",
+) -> LayoutPlan:
+    """The profile's split over `nodes` against the model (`arch`: None when no checkpoint config is known: only
+    the node count is judged), the declared layout, and the known-bad list with the recipe's NCCL pin `nccl`;
+    RunError naming every refusal (nothing has started)."""
+    par = parallel_of(profile)
+    args = {norm_flag(k): v for k, v in profile.model.args.items()}
+    variant = str((nccl or {}).get("variant") or "stock")
+    if arch is not None:
+        found = check_parallel(arch, par, nodes, layout, ring_only_nccl=variant == "switchless")
+    else:
+        found = ParallelCheck(par)
+        if par.world != nodes:
+            found.problems.append(f"{par.describe()} = {par.world} GPUs, but {nodes} nodes were given")
+        ring = ring_problem(par.tp, layout, variant == "switchless")
+        found.problems += [ring] if ring else []
+        found.warnings.append(
+            f"no checkpoint config for {profile.name}: heads, experts and layers not checked"
+        )
+    refused, warned = judge(
+        ClusterFacts(
+            nodes,
+            par.tp,
+            par.pp,
+            (nccl or {}).get("version"),
+            args.get("enforce-eager") is not True,
+            backend,
+            layout,
+        )
+    )
+    problems = found.problems + refused
+    cabled = find_layout(layout) if layout else None
+    if cabled and not cabled.fits(nodes):
+        problems.insert(
+            0,
+            f"--layout {cabled.name} is cabled for {cabled.nodes[0]}-{cabled.nodes[1]} nodes, not {nodes}; fix: "
+            "name the layout the nodes are cabled as (cluster.fabric reads it)",
+        )
+    if problems:
+        raise RunError(
+            f"profile {profile.name} as {par.describe()} over {nodes} nodes cannot run: "
+            + "; ".join(problems)
+            + "; nothing was started"
+        )
+    graphs = args.get("enforce-eager") is not True
+    return LayoutPlan(par, nodes, layout, tuple(found.stages), tuple(found.warnings + warned), graphs)
