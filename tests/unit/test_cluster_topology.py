@@ -11,7 +11,14 @@ from fabric_trees import SPARK_FUNCTIONS, Function, NodeTree, build
 from sparkforge.errors import RunError
 from sparkforge.run.cluster.inventory import local_facts
 from sparkforge.run.cluster.rdma import parse_node
-from sparkforge.run.cluster.topology import LAYOUTS, layout, nccl_environment, node_environment, read_topology
+from sparkforge.run.cluster.topology import (
+    LAYOUTS,
+    layout,
+    nccl_environment,
+    node_environment,
+    read_topology,
+    route_hints,
+)
 
 
 def _spark(host: int, ports: dict[str, str], mtu: int = 9000) -> NodeTree:
@@ -165,3 +172,19 @@ def test_declared_layout_differs_and_unknown_names(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="not a known layout"):
         layout("torus")
     assert {lay.name for lay in LAYOUTS} >= {"pair", "mesh3", "ring", "switch"}
+
+
+def test_route_hints_make_each_advertised_address_reachable(tmp_path: Path) -> None:
+    mesh = read_topology(_nodes(tmp_path / "mesh", _mesh3()))
+    # each node advertises its address on its p0 cable: spark1 10.0.12.1, spark2 10.0.23.2, spark3 10.0.31.3
+    hints = route_hints(mesh, ["10.0.12.1", "10.0.23.2", "10.0.31.3"])
+    assert "spark3: ip route add 10.0.12.1/32 dev enp1s0f0np0" in hints  # spark3's cable to spark1
+    assert "spark1: ip route add 10.0.23.2/32 dev enp1s0f0np0" in hints  # spark1's p0 reaches spark2
+    assert len(hints) == 3
+    ring = read_topology(_nodes(tmp_path / "ring", _ring(4)))
+    hints = route_hints(ring, ["10.1.0.1", "10.1.1.2", "10.1.2.3", "10.1.3.4"])
+    # spark1 and spark3 are not neighbours: through spark2 (or spark4), which forwards
+    assert any(
+        h.startswith("spark1: ip route add 10.1.2.3/32 via 10.1.") and "ip_forward=1 on spark" in h
+        for h in hints
+    )

@@ -38,7 +38,7 @@ from sparkforge.run.cluster.fabricstate import drift, state_dir
 from sparkforge.run.cluster.parallel import ring_problem
 from sparkforge.run.cluster.ranks import POLL_S, HeldRanks, sanity_jobs
 from sparkforge.run.cluster.reach import diagnose_reach
-from sparkforge.run.cluster.topology import Topology, node_environment, read_topology
+from sparkforge.run.cluster.topology import Topology, node_environment, read_topology, route_hints
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import (
     Background,
@@ -454,7 +454,8 @@ def _topology(check: Check, run: DoctorRun) -> None:
     run.topology = topo
     check.details = topo.to_dict()
     variant = str((options.nccl_pin or {}).get("variant") or "stock")
-    problems = list(topo.problems)
+    # two nodes: the mtu stage judges the link's MTU, with its don't-fragment probes as proof
+    problems = [p for p in topo.problems if len(nodes) > 2 or not p.startswith("MTU mismatch")]
     ring = ring_problem(options.parallel[0], topo.layout, variant == "switchless")
     problems += [ring] if ring else []
     if problems:
@@ -465,7 +466,16 @@ def _topology(check: Check, run: DoctorRun) -> None:
         fact.env.update(added)
         if added:
             check.details.setdefault("env", {})[fact.label] = added
-    check.reason = topo.reason() + ("; warning: " + "; ".join(topo.warnings) if topo.warnings else "")
+    warnings = list(topo.warnings)
+    routes = route_hints(topo, [f.address for f in run.facts])
+    if routes:
+        check.details["routes"] = routes
+        warnings.append(
+            "a node's advertised address is on no subnet some peer shares (vLLM's rendezvous and message queue "
+            "dial it; the reach stage proves it); fix: these routes, in each node's netplan file (routes:): "
+            + "; ".join(routes)
+        )
+    check.reason = topo.reason() + ("; warning: " + "; ".join(warnings) if warnings else "")
 
 
 def _nccl_library(check: Check, run: DoctorRun) -> None:
@@ -489,6 +499,11 @@ STAGES: Registry[DoctorStage] = Registry(
             _addresses_stage,
         ),
         Entry(
+            "topology",
+            "the layout the cabling shows (pair, mesh3, ring, switch) or what is miswired",
+            _topology,
+        ),
+        Entry(
             "paths",
             "the token file, model and cache directories given are there on every node",
             lambda c, r: stages.paths(c, r.facts, r.probes, r.options),
@@ -502,11 +517,6 @@ STAGES: Registry[DoctorStage] = Registry(
             "mtu",
             "one MTU on the link; a full-MTU don't-fragment packet gets through both ways",
             lambda c, r: stages.mtu(c, r.facts, r.df),
-        ),
-        Entry(
-            "topology",
-            "the layout the cabling shows (pair, mesh3, ring, switch) or what is miswired",
-            _topology,
         ),
         Entry(
             "host",

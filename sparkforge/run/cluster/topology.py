@@ -413,6 +413,51 @@ def _missing(topo: Topology, expected: Layout, edges: set[frozenset[int]]) -> No
         )
 
 
+def route_hints(topo: Topology, advertised: Sequence[str]) -> list[str]:
+    """The routes that make each node's advertised address (VLLM_HOST_IP: vLLM's rendezvous and message queue dial
+    it) reachable from every peer on a layout without one shared subnet: over the direct cable (mesh3, ring
+    neighbours: the peer answers for any of its addresses), or via the neighbour nearer on the ring (which
+    forwards: net.ipv4.ip_forward=1 there)."""
+    hints: list[str] = []
+    count = len(topo.labels)
+    for i in range(count):
+        mine = topo.ports.get(i, [])
+        for j in range(count):
+            if i == j or not advertised[j]:
+                continue
+            target = ipaddress.IPv4Address(advertised[j])
+            if any(target in p.subnet for p in mine):
+                continue
+            subnet = _subnet_of(topo, i, j)
+            direct = next((p for p in mine if p.subnet == subnet), None) if subnet else None
+            if direct is not None:
+                hints.append(f"{topo.labels[i]}: ip route add {target}/32 dev {direct.interface}")
+                continue
+            hop = _next_hop(topo, i, j)
+            if hop is None:
+                continue
+            via = topo.address_towards(hop, i)
+            hints.append(
+                f"{topo.labels[i]}: ip route add {target}/32 via {via} (with net.ipv4.ip_forward=1 on "
+                f"{topo.labels[hop]})"
+            )
+    return hints
+
+
+def _subnet_of(topo: Topology, a: int, b: int) -> ipaddress.IPv4Network | None:
+    return next((link.subnet for link in topo.links if {a, b} <= link.nodes), None)
+
+
+def _next_hop(topo: Topology, here: int, there: int) -> int | None:
+    """The ring neighbour of `here` on the shorter way to `there` (None off a ring)."""
+    order = list(topo.order)
+    if topo.layout != "ring" or here not in order or there not in order:
+        return None
+    n, a, b = len(order), order.index(here), order.index(there)
+    forward = (b - a) % n
+    return order[(a + 1) % n] if forward <= n - forward else order[(a - 1) % n]
+
+
 def nccl_environment(topo: Topology) -> dict[str, str]:
     """NCCL's settings that follow from the layout (not typed by hand): on a switchless layout with several
     cables per node, subnet-aware routing (NCCL >= 2.30) and one device per cable; on a ring, ring-only
