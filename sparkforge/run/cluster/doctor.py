@@ -441,6 +441,17 @@ def _addresses_stage(check: Check, run: DoctorRun) -> None:
         run.ranks = HeldRanks(run.engines, run.facts, run.options)
 
 
+def _reach_stage(check: Check, run: DoctorRun) -> None:
+    run.df.update(_reach(check, run.engines, run.facts, run.options, run.probes))
+    topo = run.topology
+    hints = route_hints(topo, [f.address for f in run.facts]) if topo else []
+    if check.status == "failed" and topo and hints:
+        check.reason += (
+            f" On this {topo.layout} layout the advertised addresses need routes "
+            "(the topology stage's): " + "; ".join(hints)
+        )
+
+
 def _topology(check: Check, run: DoctorRun) -> None:
     """The layout every node's fabric facts show (checked against --layout), or each miswiring named; on a layout
     with two cables per node, each node's launch env gains every fabric interface and NCCL's layout settings."""
@@ -511,7 +522,7 @@ STAGES: Registry[DoctorStage] = Registry(
         Entry(
             "reach",
             "every peer dials the address each node would advertise, on the launch port",
-            lambda c, r: r.df.update(_reach(c, r.engines, r.facts, r.options, r.probes)),
+            _reach_stage,
         ),
         Entry(
             "mtu",
