@@ -129,7 +129,7 @@ def _ring(cluster: TestCluster) -> list[str]:
 
 def test_four_nodes_switch_then_ring(four_nodes: TestCluster, probe_image: str, tmp_path: Path) -> None:
     urls = [n.url for n in four_nodes.nodes]
-    code, checks, wall = _doctor(four_nodes, probe_image, tmp_path, ",".join(urls), "--layout", "switch")
+    code, checks, _wall = _doctor(four_nodes, probe_image, tmp_path, ",".join(urls), "--layout", "switch")
     assert code == 0, checks
     assert checks["topology"]["status"] == "passed" and checks["topology"]["reason"].startswith("switch: ")
     quick = sum(c["duration_s"] for c in checks.values() if c["status"] != "skipped")
