@@ -235,8 +235,8 @@ class LayoutPlan:
         out = [f"layout: {self.parallel.describe()} over {self.nodes} nodes{over}"]
         for i, (first, end) in enumerate(self.stages if self.parallel.pp > 1 else ()):
             ranks = range(i * self.parallel.tp, (i + 1) * self.parallel.tp)
-            out.append(f"  stage {i}: layers {first}-{end - 1} on "
-                       f"{', '.join(f'node{r}' for r in ranks)}")  # fmt: skip
+            nodes = ", ".join(f"node{r}" for r in ranks)
+            out.append(f"  stage {i}: layers {first}-{end - 1} on {nodes}")
         return out
 
 
