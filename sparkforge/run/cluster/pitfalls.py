@@ -85,10 +85,11 @@ KNOWN_BAD: tuple[ClusterKnownBad, ...] = (
     ClusterKnownBad(
         "ray-pack-placement-on-one-gpu-nodes",
         "warn",
-        "Ray's PACK placement group cannot be satisfied on nodes with one GPU each (every Spark): the placement "
-        "group never forms ('No available node types can fulfill resource request')",
-        "the default --backend mp (vLLM's own multi-node backend); with Ray, SPREAD placement and each node's "
-        "RAY_NODE_IP_ADDRESS on the fabric (cluster.up sets it)",
+        "with Ray, vLLM creates a PACK placement group of one-GPU bundles with the first pinned to "
+        "node:<VLLM_HOST_IP> (vllm/v1/executor/ray_utils.py): when Ray's node IP is another address (a multi-NIC "
+        "Spark's LAN pick) the group never forms ('No available node types can fulfill resource request')",
+        "the default --backend mp (vLLM's own multi-node backend); with --backend ray, cluster.up starts each "
+        "node's Ray with --node-ip-address and RAY_NODE_IP_ADDRESS = its VLLM_HOST_IP on the fabric",
         ("https://github.com/eugr/spark-vllm-docker/issues/227",),
         lambda f: f.backend == "ray" and f.nodes > 1,
     ),
