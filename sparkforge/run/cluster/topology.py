@@ -471,13 +471,15 @@ def nccl_environment(topo: Topology) -> dict[str, str]:
 
 
 def node_environment(topo: Topology, node: int) -> dict[str, str]:
-    """One node's additions for a layout with two cables per node: every fabric interface in the socket
-    variables and every RDMA device in NCCL_IB_HCA (the pair and the switch keep the fabric choice's one port)."""
+    """One node's additions for a layout with two cables per node: every fabric interface in NCCL_SOCKET_IFNAME
+    and every RDMA device in NCCL_IB_HCA (the pair and the switch keep the fabric choice's one port)."""
     if topo.layout in (None, "pair", "switch"):
         return {}
     ports = topo.ports.get(node, [])
     names = ",".join(dict.fromkeys(p.interface for p in ports))
-    env = {**nccl_environment(topo), "NCCL_SOCKET_IFNAME": names, "GLOO_SOCKET_IFNAME": names}
+    # NCCL takes a list (one NIC per cable); Gloo stays on the interface holding VLLM_HOST_IP (the routes reach
+    # every peer from there; a Gloo device per interface would pair addresses no cable joins)
+    env = {**nccl_environment(topo), "NCCL_SOCKET_IFNAME": names}
     devices = [d for p in ports for d in p.devices]
     if devices:
         env["NCCL_IB_HCA"] = "=" + ",".join(dict.fromkeys(devices))
