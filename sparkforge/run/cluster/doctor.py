@@ -532,7 +532,7 @@ STAGES: Registry[DoctorStage] = Registry(
         Entry(
             "host",
             "host driver versions alike on every node; logind's RemoveIPC",
-            lambda c, r: stages.host(c, r.facts, r.options),
+            lambda c, r: stages.host(c, r.facts),
         ),
         Entry(
             "memory",

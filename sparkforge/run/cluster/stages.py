@@ -96,7 +96,7 @@ def mtu(check: Check, facts: Sequence[NodeFacts], df: dict[str, Any]) -> None:
     )
 
 
-def host(check: Check, facts: Sequence[NodeFacts], options: DoctorOptions | None = None) -> None:
+def host(check: Check, facts: Sequence[NodeFacts]) -> None:
     """Host driver versions (reported; a difference is named), the host kernel against the known-bad list
     (run/cluster/pitfalls.py: a match fails the stage) and logind's RemoveIPC (yes: a warning)."""
     check.details = {f.label: f.host for f in facts}
@@ -351,7 +351,7 @@ def nccl_library(
         refused.insert(
             0,
             f"every node loads {one['path']} sha256 {str(one.get('sha256'))[:16]}, but the recipe pins NCCL "
-            f"{pin.get('version')} sha256 {str(pin['sha256'])[:16]} (nccl.sha256): the image is not the one "
+            f"{pin.get('version')} sha256 {str(pin['sha256'])[:16]} (runtime.nccl.sha256): the image is not the one "
             "the recipe built; fix: rebuild and distribute the image, or correct the pin ('invoke verify' "
             "checks it)",
         )
