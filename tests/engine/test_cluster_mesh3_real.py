@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from cluster import DOCKER, TestCluster, sh
 from cluster_fixtures import _missing_tools
+from real_fixtures import cpu_twin  # noqa: F401 - the session's twin image, shared with the other real tests
 
 from sparkforge.recipe.loader import REPO_ROOT
 from tests.prerequisites import skip_or_fail
@@ -29,7 +30,7 @@ ADVERTISED = ("10.80.1.1", "10.80.2.2", "10.80.3.3")  # each node's end of one o
 
 
 @pytest.fixture(scope="module")
-def mesh3(cpu_twin: str) -> Iterator[TestCluster]:
+def mesh3(cpu_twin: str) -> Iterator[TestCluster]:  # noqa: F811 - the fixture imported above
     from sparkforge.commands import Command
     from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
 
@@ -80,7 +81,9 @@ def _doctor(cluster: TestCluster, image: str, tmp_path: Path) -> tuple[int, dict
 
 
 def test_mesh3_doctor_names_the_routes_then_all_reduces_across_three_ranks(
-    mesh3: TestCluster, cpu_twin: str, tmp_path: Path
+    mesh3: TestCluster,
+    cpu_twin: str,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
 ) -> None:
     code, checks = _doctor(mesh3, cpu_twin, tmp_path)
     assert checks["topology"]["status"] == "passed" and checks["topology"]["reason"].startswith("mesh3: ")
