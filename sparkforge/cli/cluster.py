@@ -65,6 +65,52 @@ def _floor(text: str) -> float | None:
     return value
 
 
+LAYOUT_HELP = "the cabling: pair, mesh3, ring (ring4), switch (checked against what each node's sysfs shows)"
+
+
+def _layout_name(text: str) -> str | None:
+    from sparkforge.run.cluster.topology import layout
+
+    return layout(text).name if text else None
+
+
+def _cluster_layout(
+    recipe: str, profile, count: int, sizes: tuple[int, int], layout: str, backend: str, model_dir: str
+):
+    """--tp/--pp applied to the profile, then the split judged against the model, the cabling and the known-bad
+    list before any engine is contacted; returns the profile, the verdict and the recipe's NCCL pin."""
+    from pathlib import Path
+
+    from sparkforge.console import warn
+    from sparkforge.errors import RunError
+    from sparkforge.recipe.loader import load_recipe
+    from sparkforge.recipe.profile import PROFILES_DIR
+    from sparkforge.run.cluster.parallel import Parallel, check_layout, relayout
+    from sparkforge.run.inputs import check_positive
+    from sparkforge.run.memory.checkpoint import checkpoint_path, load_architecture
+
+    tp, pp = sizes
+    for name, value in (("--tp", tp), ("--pp", pp)):
+        if value:
+            check_positive(name, value)
+    if tp or pp:
+        profile = relayout(profile, Parallel(tp or 1, pp or 1))
+    try:
+        arch = load_architecture(
+            checkpoint_path(profile.name, PROFILES_DIR, Path(model_dir) if model_dir else None)
+        )
+    except RunError:
+        arch = None
+    pin = load_recipe(recipe).model.runtime.nccl
+    nccl = pin.model_dump(mode="json") if pin else None
+    plan = check_layout(profile, arch, count, _layout_name(layout), nccl=nccl, backend=backend)
+    for line in plan.lines():
+        echo(line)
+    for line in plan.warnings:
+        warn(f"warning: {line}")
+    return profile, plan, nccl
+
+
 def _pick(*keys: str, **extra: str) -> dict[str, str]:
     return {**{k: COMMON_HELP[k] for k in keys}, **extra}
 
@@ -89,6 +135,7 @@ def _pick(*keys: str, **extra: str) -> dict[str, str]:
         cache_dir="a cache directory to look for on every node",
         quick="only the cheap stages (engines to versions: advertised address, interface, MTU, GID...), stopping "
         "at the first cause named; no NCCL probe or sanity run",
+        layout=LAYOUT_HELP,
     )
 )
 @user_errors
@@ -110,6 +157,7 @@ def doctor(
     gid_index: str = "",
     nccl: str = "image",
     quick: bool = False,
+    layout: str = "",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.recipe.profile import load_profile
@@ -130,9 +178,17 @@ def doctor(
         gid_index=_gid_index(gid_index),
         nccl_source=_nccl(nccl),
         quick=quick,
+        layout=_layout_name(layout),
     )
     if profile and recipe:
         served = load_profile(profile)
+        served, split, pin = _cluster_layout(recipe, served, len(engines), (0, 0), layout, "mp", model_dir)
+        options = replace(
+            options,
+            parallel=(split.parallel.tp, split.parallel.pp),
+            nccl_pin=pin,
+            cuda_graphs=split.cuda_graphs,
+        )
         planned = memory_check(recipe, served, model_dir, True)
         options = replace(options, memory_plan=_gpu_plan(planned, gpus))
         preflight_profile(recipe, served, no_preflight)
@@ -154,6 +210,10 @@ def doctor(
         "nccl": "image (default) or host: each node's own libnccl bind-mounted over the image's (ABI checked)",
         "down_on_fail": "remove the deployment when the answer check fails (default: keep the healthy deployment)",
         "force": FORCE_HELP,
+        "tp": "tensor-parallel-size over the nodes (default: the profile's); checked against the model's heads, "
+        "experts and the cabling before anything starts",
+        "pp": "pipeline-parallel-size over the nodes (default: the profile's); TP x PP is the node count",
+        "layout": LAYOUT_HELP,
     },
 )
 @user_errors
@@ -185,6 +245,9 @@ def up(
     allow_unpinned_model: bool = False,
     force: bool = False,
     allow_unverified: bool = False,
+    tp: int = Whole(0),
+    pp: int = Whole(0),
+    layout: str = "",
 ) -> None:
     """Doctor, then vLLM on every node (workers first, then the head), then wait for health."""
     from sparkforge.recipe.profile import load_profile
@@ -194,11 +257,20 @@ def up(
 
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     loaded = load_profile(profile)
+    loaded, split, pin = _cluster_layout(recipe, loaded, len(engines), (tp, pp), layout, backend, model_dir)
     ref = image_ref(recipe, image, allow_unverified, dry)
     flags = NodeFlags.of(ref, locals())
     launch = launch_options(flags)
     doctor_settings = doctor_options(flags)
-    doctor_settings = replace(doctor_settings, gid_index=_gid_index(gid_index), nccl_source=_nccl(nccl))
+    doctor_settings = replace(
+        doctor_settings,
+        gid_index=_gid_index(gid_index),
+        nccl_source=_nccl(nccl),
+        layout=_layout_name(layout),
+        parallel=(split.parallel.tp, split.parallel.pp),
+        cuda_graphs=split.cuda_graphs,
+        nccl_pin=pin,
+    )
     check_positive("--health-timeout", health_timeout)
     planned = memory_check(recipe, loaded, model_dir, force)  # before the network, any engine or a download
     doctor_settings = replace(doctor_settings, memory_plan=_gpu_plan(planned, gpus))
@@ -234,6 +306,7 @@ def up(
         "test": "run perftest's ib_write_bw across every cabled twin pair at once (needs --nodes and perftest)",
         "nccl": "image (default) or host: report the node's own libnccl a launch bind-mounts over the image's, "
         "and its ABI check (the image's side needs --nodes)",
+        "layout": LAYOUT_HELP,
     }
 )
 @user_errors
@@ -247,6 +320,7 @@ def fabric(
     gid_index: str = "",
     test: bool = False,
     nccl: str = "image",
+    layout: str = "",
 ) -> None:
     """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
     from sparkforge.boundary import check_output
@@ -283,7 +357,9 @@ def fabric(
     libraries = (remote_nccl(engines, ref) if nodes else [local_nccl()]) if source == "host" else []
     sources = nccl_sources(labels, source, libraries)
     declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
-    report, choices = fabric_report(labels, raws, interface or None, gid, declared, sources)
+    report, choices = fabric_report(
+        labels, raws, interface or None, gid, declared, sources, _layout_name(layout)
+    )
     describe_choices(choices, echo, warn, sources)
     if test:
         from sparkforge.run.cluster.fabric import parse_node

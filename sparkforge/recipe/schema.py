@@ -247,6 +247,28 @@ class Build(StrictModel):
         return self.probe or Probe()
 
 
+def _nccl_version(value: str) -> str:
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", value):
+        raise ValueError(
+            f"{value!r} is not an NCCL version; fix: major.minor.patch as NCCL reports it, e.g. 2.30.7"
+        )
+    return value
+
+
+class NcclPin(StrictModel):
+    """The libnccl the image's torch loads, pinned: every rank of a multi-node launch must load these bytes."""
+
+    version: Annotated[StrictStr, AfterValidator(_nccl_version)] = Field(
+        description="NCCL's version, e.g. 2.30.7"
+    )
+    sha256: _pattern("sha256_hex") = Field(description="sha256 of the libnccl.so.2 file torch loads")
+    variant: Literal["stock", "switchless"] = Field(
+        "stock",
+        description="switchless: NCCL built for switchless rings (ring-only connections, subnet-aware routing); "
+        "what a TP group across a ring needs",
+    )
+
+
 class Runtime(StrictModel):
     jit_toolchain: bool = Field(
         True,
@@ -272,6 +294,12 @@ class Runtime(StrictModel):
         None,
         exclude_if=lambda v: v is None,  # recipes without it hash as before
         description="pinned RDMA userspace (libibverbs, mlx5 provider, librdmacm; perftest for the link test)",
+    )
+    nccl: NcclPin | None = Field(
+        None,
+        exclude_if=lambda v: v is None,  # recipes without it hash as before
+        description="the NCCL the image carries (version, sha256, variant): verify checks it, the doctor "
+        "checks every rank loads it",
     )
 
 

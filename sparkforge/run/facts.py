@@ -39,6 +39,12 @@ class DoctorOptions:
     memory_plan: dict[str, Any] | None = (
         None  # the profile's memory plan (run/memory), judged by the memory stage
     )
+    layout: str | None = None  # the declared cabling (topology.LAYOUTS); None: whatever the fabric shows
+    parallel: tuple[int, int] = (1, 1)  # the launch's TP and PP (the topology and known-bad rules judge them)
+    cuda_graphs: bool = True  # false when the profile sets enforce-eager
+    nccl_pin: dict[str, Any] | None = (
+        None  # the recipe's nccl pin (version, sha256, variant): checked on every rank
+    )
 
 
 @dataclass

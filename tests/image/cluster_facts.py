@@ -124,6 +124,24 @@ def routes(path: str) -> list[dict[str, object]]:
     return out
 
 
+_DOTTED = re.compile(r"\|-- (\d{1,3}(?:\.\d{1,3}){3})$")
+
+
+def local_ipv4(path: str) -> list[str]:
+    """Every IPv4 address this node holds (/proc/net/fib_trie's `/32 host LOCAL` leaves), secondary ones too:
+    the ioctl answers one address per interface, and a second one on a fabric interface moves the RoCE GID."""
+    found: list[str] = []
+    last = None
+    for line in (_read(path) or "").splitlines()[: MAX_ENTRIES * 8]:
+        text = line.strip()
+        match = _DOTTED.search(text)
+        if match:
+            last = match.group(1)
+        elif last and text.startswith("/32 host LOCAL") and last not in found and not last.startswith("127."):
+            found.append(last)
+    return found[:MAX_ENTRIES]
+
+
 def fabric(root: str = "/sys", proc: str = "/proc", addresses: bool = True) -> dict[str, object]:
     """Raw RDMA and network facts from a sysfs tree (sparkforge/run/cluster/fabric.py decides from them).
 
@@ -200,10 +218,11 @@ def _fabric(root: str, proc: str, addresses: bool) -> dict[str, object]:
             "phys_port_name": _read(f"{where}/phys_port_name"),
             "phys_port_id": _read(f"{where}/phys_port_id"),
             "phys_switch_id": _read(f"{where}/phys_switch_id"),
+            "bridge": os.path.isdir(f"{where}/bridge"),  # a bridge is this node's own segment, not a cable
             "ipv4": _ipv4_of(name) if addresses else None,
         }
     found: dict[str, object] = {"root": root, "rdma": rdma, "net": net, "routes": routes(f"{proc}/net/route"),
-                                "refused": refused}  # fmt: skip
+                                "local_ipv4": local_ipv4(f"{proc}/net/fib_trie"), "refused": refused}  # fmt: skip
     if addresses:  # the live system: can this image's NCCL use the devices at all?
         found["verbs"] = verbs()
     return found

@@ -142,40 +142,46 @@ def df_probe(target: str, size: int, tries: int = 3) -> None:
         emit("df", target=target, size=size, ok=False, error=error)
 
 
+_LOOKUP = """import json, socket, sys, time
+start = time.monotonic()
+try:
+    name, error = socket.getnameinfo((sys.argv[1], 0), socket.NI_NAMEREQD)[0], None
+except OSError as exc:
+    name, error = None, f"{exc.__class__.__name__}: {exc}"
+print(json.dumps([round(time.monotonic() - start, 3), name, error]))
+"""
+
+
 class ReverseLookups:
-    """One reverse lookup per host (getnameinfo, as torch's c10d formats each peer socket), each in a thread.
+    """One reverse lookup per host (getnameinfo, as torch's c10d formats each peer socket), each in a process of
+    its own: CPython's getnameinfo holds the interpreter lock while the resolver waits, so lookups in threads ran
+    one after another and stalled the dials beside them (36 s for six hosts on a node whose resolver does not
+    answer).
 
     A resolver that does not answer makes every lookup wait out its timeout (5 s by default, per attempt); the
     doctor waits at most `cap` seconds and says which lookups had not answered by then."""
 
     def __init__(self, hosts: list[str], cap: float) -> None:
-        import threading
+        import subprocess
 
         self.cap, self.start = cap, time.monotonic()
+        self.hosts = hosts
         self.done: dict[str, tuple[float, str | None, str | None]] = {}
-        self.threads = {h: threading.Thread(target=self._lookup, args=(h,), daemon=True) for h in hosts}
-        for thread in self.threads.values() if cap > 0 else ():
-            thread.start()
-
-    def _lookup(self, host: str) -> None:
-        start = time.monotonic()
-        try:
-            name, error = socket.getnameinfo((host, 0), socket.NI_NAMEREQD)[0], None
-        except OSError as exc:
-            name, error = None, f"{exc.__class__.__name__}: {exc}"
-        self.done[host] = (round(time.monotonic() - start, 3), name, error)
+        self.procs = {
+            h: subprocess.Popen([sys.executable, "-c", _LOOKUP, h], stdout=subprocess.PIPE, text=True)
+            for h in (hosts if cap > 0 else ())
+        }
 
     def report(self) -> None:
         """Wait for the lookups until the cap; one `rdns` event each, answered within the cap or not."""
         if self.cap <= 0:
             return
-        for thread in self.threads.values():
-            thread.join(max(0.0, self.start + self.cap - time.monotonic()))
-        for host in self.threads:
-            if host in self.done:
-                seconds, name, error = self.done[host]
-                emit("rdns", host=host, answered=True, seconds=seconds, name=name, error=error)
-            else:
+        while any(p.poll() is None for p in self.procs.values()) and time.monotonic() < self.start + self.cap:
+            time.sleep(0.02)
+        for host, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
                 emit(
                     "rdns",
                     host=host,
@@ -183,6 +189,12 @@ class ReverseLookups:
                     seconds=round(time.monotonic() - self.start, 3),
                     cap=self.cap,
                 )
+                continue
+            try:
+                seconds, name, error = json.loads(proc.stdout.read() if proc.stdout else "")
+            except ValueError:
+                seconds, name, error = round(time.monotonic() - self.start, 3), None, "the lookup printed nothing"
+            emit("rdns", host=host, answered=True, seconds=seconds, name=name, error=error)
 
 
 def connect(targets: list[str], timeout: float, df: list[str] | None = None, rdns_cap: float = 0.0) -> int:

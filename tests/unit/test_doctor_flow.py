@@ -159,7 +159,7 @@ def test_the_doctor_names_engines_that_do_not_answer_and_runs_nothing_else(
 def test_the_doctor_stages_are_declared_once_with_the_expensive_ones_last() -> None:
     names = STAGES.names()
     assert names[-len(EXPENSIVE) :] == EXPENSIVE  # --quick leaves out a tail: nothing cheap after them
-    assert names[:3] == ("engines", "image", "addresses") and len(names) == 12
+    assert names[:3] == ("engines", "image", "addresses") and len(names) == 13
     table = STAGES.markdown_table()
     assert table.count("\n") == len(names) + 1 and "| `nccl-library` |" in table
     with pytest.raises(RunError, match=r"unknown doctor row 'ping'.*choose from engines, image"):

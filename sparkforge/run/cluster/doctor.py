@@ -35,8 +35,10 @@ from sparkforge.run.cluster import stages
 from sparkforge.run.cluster.doctorflow import EXPENSIVE, Stage, run_stages
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, network_env, parse_node
 from sparkforge.run.cluster.fabricstate import drift, state_dir
+from sparkforge.run.cluster.parallel import ring_problem
 from sparkforge.run.cluster.ranks import POLL_S, HeldRanks, sanity_jobs
 from sparkforge.run.cluster.reach import diagnose_reach
+from sparkforge.run.cluster.topology import Topology, node_environment, read_topology, route_hints
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import (
     Background,
@@ -58,6 +60,7 @@ __all__ = ["DoctorResult", "network_env", "run_doctor"]
 class DoctorResult:
     report: Report
     facts: list[NodeFacts]
+    topology: Topology | None = None  # the layout the topology stage read (None: it did not run)
 
 
 @dataclass
@@ -72,6 +75,7 @@ class DoctorRun:
     sanity: dict[str, Any] = field(default_factory=dict)
     early: list[Background] = field(default_factory=list)  # the NCCL library probe, from the image stage on
     ranks: HeldRanks | None = None  # the sanity ranks, from the addresses stage on, held at their gate
+    topology: Topology | None = None  # the layout read from every node's fabric facts (topology stage)
 
     @property
     def expensive(self) -> bool:
@@ -108,7 +112,7 @@ def run_doctor(
         if run.ranks:
             run.ranks.remove()  # never opened when a cheap stage failed
         remove_jobs(run.probes)
-    return DoctorResult(report, run.facts)
+    return DoctorResult(report, run.facts, run.topology)
 
 
 # ---- stages ---------------------------------------------------------------------------------------
@@ -437,6 +441,54 @@ def _addresses_stage(check: Check, run: DoctorRun) -> None:
         run.ranks = HeldRanks(run.engines, run.facts, run.options)
 
 
+def _reach_stage(check: Check, run: DoctorRun) -> None:
+    run.df.update(_reach(check, run.engines, run.facts, run.options, run.probes))
+    topo = run.topology
+    hints = route_hints(topo, [f.address for f in run.facts]) if topo else []
+    if check.status == "failed" and topo and hints:
+        check.reason += (
+            f" On this {topo.layout} layout the advertised addresses need routes "
+            "(the topology stage's): " + "; ".join(hints)
+        )
+
+
+def _topology(check: Check, run: DoctorRun) -> None:
+    """The layout every node's fabric facts show (checked against --layout), or each miswiring named; on a layout
+    with two cables per node, each node's launch env gains every fabric interface and NCCL's layout settings."""
+    options = run.options
+    nodes = [parse_node(f.label, f.fabric) for f in run.facts]
+    try:
+        topo = read_topology(nodes, options.layout)
+    except RunError as exc:
+        check.status, check.reason = "failed", str(exc)
+        return
+    run.topology = topo
+    check.details = topo.to_dict()
+    variant = str((options.nccl_pin or {}).get("variant") or "stock")
+    # two nodes: the mtu stage judges the link's MTU, with its don't-fragment probes as proof
+    problems = [p for p in topo.problems if len(nodes) > 2 or not p.startswith("MTU mismatch")]
+    ring = ring_problem(options.parallel[0], topo.layout, variant == "switchless")
+    problems += [ring] if ring else []
+    if problems:
+        check.status, check.reason = "failed", "; ".join(problems)
+        return
+    for i, fact in enumerate(run.facts):
+        added = node_environment(topo, i)
+        fact.env.update(added)
+        if added:
+            check.details.setdefault("env", {})[fact.label] = added
+    warnings = list(topo.warnings)
+    routes = route_hints(topo, [f.address for f in run.facts])
+    if routes:
+        check.details["routes"] = routes
+        warnings.append(
+            "a node's advertised address is on no subnet some peer shares (vLLM's rendezvous and message queue "
+            "dial it; the reach stage proves it); fix: these routes, in each node's netplan file (routes:): "
+            + "; ".join(routes)
+        )
+    check.reason = topo.reason() + ("; warning: " + "; ".join(warnings) if warnings else "")
+
+
 def _nccl_library(check: Check, run: DoctorRun) -> None:
     probed = run.ranks.library() if run.ranks else (run.early[0].result() if run.early else None)
     stages.nccl_library(check, run.engines, run.options, run.facts, probed)
@@ -458,6 +510,11 @@ STAGES: Registry[DoctorStage] = Registry(
             _addresses_stage,
         ),
         Entry(
+            "topology",
+            "the layout the cabling shows (pair, mesh3, ring, switch) or what is miswired",
+            _topology,
+        ),
+        Entry(
             "paths",
             "the token file, model and cache directories given are there on every node",
             lambda c, r: stages.paths(c, r.facts, r.probes, r.options),
@@ -465,7 +522,7 @@ STAGES: Registry[DoctorStage] = Registry(
         Entry(
             "reach",
             "every peer dials the address each node would advertise, on the launch port",
-            lambda c, r: r.df.update(_reach(c, r.engines, r.facts, r.options, r.probes)),
+            _reach_stage,
         ),
         Entry(
             "mtu",

@@ -18,7 +18,9 @@ from sparkforge.console import cell
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
+from sparkforge.run.cluster.rdma import NodeFabric
 from sparkforge.run.cluster.stages import NcclSource, host_source, nccl_probe
+from sparkforge.run.cluster.topology import nccl_environment, read_topology
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
@@ -118,10 +120,13 @@ def fabric_report(
     gid_index: int | None = None,
     addresses: Sequence[str | None] = (),
     sources: Sequence[NcclSource] = (),
+    layout: str | None = None,
 ) -> tuple[Report, list[FabricChoice]]:
     """One check per node: the chosen interface and why (failed with the fix on bad input); warnings in details.
     `sources` (nccl_sources; default: the image's libnccl) says which libnccl each node loads: a refused
-    --nccl host fails that node's check, as the doctor's nccl-library stage refuses the launch."""
+    --nccl host fails that node's check, as the doctor's nccl-library stage refuses the launch. With three
+    nodes or more (or a declared layout), a `topology` check: the layout the cabling shows (checked against `layout` when given) or what is
+    miswired."""
     report = Report(command="cluster.fabric", subject=", ".join(labels))
     nodes = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=False)]
     choices = choose_all(nodes, interface, addresses, gid_index)
@@ -136,7 +141,16 @@ def fabric_report(
         chosen = f"{choice.interface} {choice.address}" if choice.interface else "no fabric interface"
         loads = f"; NCCL: {library.reason}" if library.source == "host" else ""
         report.add(Check(label, "passed", f"{chosen}: {choice.reason}{loads}", details))
+    if len(nodes) > 2 or layout:  # two nodes: the pair, judged by the node checks as before
+        report.add(topology_check(nodes, layout))
     return report, choices
+
+
+def topology_check(nodes: Sequence[NodeFabric], layout: str | None = None) -> Check:
+    """The `topology` check: the layout found (passed), or each miswiring named (failed); warnings in details."""
+    topo = read_topology(nodes, layout)
+    details = {**topo.to_dict(), "nccl_env": nccl_environment(topo)}
+    return Check("topology", "failed" if topo.problems else "passed", topo.reason(), details)
 
 
 def _tree_faults(raw: Mapping[str, Any]) -> list[str]:

@@ -62,6 +62,8 @@ class Interface:
     ipv4: str | None
     subnet: ipaddress.IPv4Network | None
     mtu: int | None
+    addresses: tuple[str, ...] = ()  # every IPv4 it holds (a second one moves the RoCE v2 GID)
+    bridge: bool = False  # a bridge (docker0, br-*): the node's own segment, never a cable to a peer
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def parse_node(label: str, raw: Mapping[str, Any]) -> NodeFabric:
                 )
             )
     subnets = _subnets(raw.get("routes", []))
+    local = [str(a) for a in raw.get("local_ipv4") or [] if _ipv4(a)]
     interfaces = []
     for name, facts in sorted(net.items()):
         if name == "lo":
@@ -149,11 +152,50 @@ def parse_node(label: str, raw: Mapping[str, Any]) -> NodeFabric:
         )
         state = str(facts.get("operstate") or "")
         up = state == "up" or (state in ("unknown", "") and bool(port and port.active))
-        interfaces.append(Interface(name, up, address, subnet, facts.get("mtu")))
+        held = _held(name, address, port, subnets, local, tree)
+        interfaces.append(
+            Interface(name, up, address, subnet, facts.get("mtu"), held, facts.get("bridge") is True)
+        )
     default = next(
         (str(r["iface"]) for r in raw.get("routes", []) if r.get("destination") == "0.0.0.0"), None
     )
     return NodeFabric(label, tuple(ports), tuple(interfaces), default, tree)
+
+
+def _ipv4(text: object) -> bool:
+    try:
+        ipaddress.IPv4Address(str(text))
+    except ValueError:
+        return False
+    return True
+
+
+def _held(
+    name: str,
+    address: str | None,
+    port: Port | None,
+    subnets: Mapping[str, Sequence[ipaddress.IPv4Network]],
+    local: Sequence[str],
+    tree: bool,
+) -> tuple[str, ...]:
+    """Every IPv4 address on interface `name`: from a tree, its RoCE v2 IPv4 GIDs; live, the node's local
+    addresses inside a subnet routed only through this interface (besides its own primary address)."""
+    if tree or not local:
+        gids = [g.ipv4 for g in (port.gids if port else ()) if g.ipv4 and g.version == "RoCE v2"]
+        found = dict.fromkeys([*([address] if address else []), *(g for g in gids if g)])
+        return tuple(found)
+    mine = subnets.get(name, [])
+    others = [s for other, nets in subnets.items() if other != name for s in nets]
+    held = [
+        a
+        for a in local
+        if a == address
+        or (
+            any(ipaddress.IPv4Address(a) in s for s in mine)
+            and not any(ipaddress.IPv4Address(a) in s for s in others)
+        )
+    ]
+    return tuple(dict.fromkeys([*([address] if address else []), *held]))
 
 
 # ---- twins --------------------------------------------------------------------------------------------

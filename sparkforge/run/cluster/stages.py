@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparkforge.report import Check
+from sparkforge.run.cluster.pitfalls import ClusterFacts, judge
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import Job, Outcome, first_event, probe_mounts, run_jobs
 from sparkforge.run.nodes import NodeEngine
@@ -96,8 +97,15 @@ def mtu(check: Check, facts: Sequence[NodeFacts], df: dict[str, Any]) -> None:
 
 
 def host(check: Check, facts: Sequence[NodeFacts]) -> None:
-    """Host driver versions (reported; a difference is named) and logind's RemoveIPC (yes: a warning)."""
+    """Host driver versions (reported; a difference is named), the host kernel against the known-bad list
+    (run/cluster/pitfalls.py: a match fails the stage) and logind's RemoveIPC (yes: a warning)."""
     check.details = {f.label: f.host for f in facts}
+    kernels = tuple(str(f.host.get("kernel")) for f in facts)
+    refused, _ = judge(ClusterFacts(nodes=len(facts), kernels=kernels))
+    if refused:
+        on = ", ".join(f"{f.label} {f.host.get('kernel')}" for f in facts)
+        check.status, check.reason = "failed", f"host kernels ({on}): " + "; ".join(refused)
+        return
     notes = []
     for key in ("kernel", "nvidia", "mlx5_core"):
         seen = {str(f.host.get(key)) for f in facts}
@@ -331,15 +339,29 @@ def nccl_library(
         and h.get("version") == one.get("version")
         and h.get("sha256") != one.get("sha256")
     ]
-    if _older(str(one.get("version")), (2, 29, 3)):
-        notes.append("NCCL older than 2.29.3 is reported to hang on aarch64")
+    tp, pp = options.parallel
+    # NCCL's own faults matter where the ranks run it: with GPUs (the CPU twin's ranks use Gloo only)
+    refused, warned = (
+        judge(ClusterFacts(len(found), tp, pp, str(one.get("version")), options.cuda_graphs))
+        if options.gpus
+        else ([], [])
+    )
+    pin = options.nccl_pin or {}
+    if pin.get("sha256") and pin["sha256"] != one.get("sha256"):
+        refused.insert(
+            0,
+            f"every node loads {one['path']} sha256 {str(one.get('sha256'))[:16]}, but the recipe pins NCCL "
+            f"{pin.get('version')} sha256 {str(pin['sha256'])[:16]} (runtime.nccl.sha256): the image is not the one "
+            "the recipe built; fix: rebuild and distribute the image, or correct the pin ('invoke verify' "
+            "checks it)",
+        )
+    if refused:
+        check.status = "failed"
+        check.reason += "; " + "; ".join(refused)
+        return
+    notes += warned
     if notes:
         check.reason += "; warning: " + "; ".join(notes)
-
-
-def _older(version: str, floor: tuple[int, ...]) -> bool:
-    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
-    return bool(parts) and parts < floor
 
 
 # NCCL's own transports (NET/IB, NET/Socket) and its net plugins (NET/IBext_v11, NET/IBext...); "Using network X".

@@ -19,5 +19,6 @@ CHECKS: tuple[tuple[str, str, str, str], ...] = (
     ("jit.flashinfer", "checks_jit", "check_flashinfer", "FlashInfer JIT-compiles a kernel for the recipe's GPU"),
     ("jit.b12x", "checks_jit", "check_b12x", "b12x compiles one CuTe DSL kernel for the recipe's GPU (GPU-less path)"),
     ("fabric.verbs", "checks_fabric", "check_verbs", "NCCL's verbs library and the mlx5 provider load (recipes with runtime.rdma)"),
+    ("fabric.nccl", "checks_fabric", "check_nccl", "the libnccl torch loads has the version and sha256 the recipe pins (runtime.nccl)"),
     ("serve", "run_checks", "check_serve", "`vllm serve` of a mounted small model answers one completion (--model-dir)"),
 )  # fmt: skip

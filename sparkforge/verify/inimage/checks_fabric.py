@@ -173,6 +173,48 @@ def check_verbs(lock: dict[str, Any]) -> Result:
     )
 
 
+def nccl_against_pin(path: str | None, version: str | None, pin: dict[str, Any]) -> Result:
+    """A libnccl file (`version`: what NCCL reports) against the recipe's pin: same version, same bytes."""
+    if not path:
+        return "failed", "torch loads no libnccl, but the recipe pins one (runtime.nccl)", {"pin": pin}
+    import hashlib
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    details = {"path": path, "version": version, "sha256": digest, "pin": pin}
+    problems = []
+    if version != pin.get("version"):
+        problems.append(f"{path} is NCCL {version}, the recipe pins {pin.get('version')}")
+    if digest != pin.get("sha256"):
+        problems.append(f"{path} has sha256 {digest[:16]}, the recipe pins {str(pin.get('sha256'))[:16]}")
+    if problems:
+        return (
+            "failed",
+            "; ".join(problems) + "; fix: build the pinned NCCL into the image or correct runtime.nccl",
+            details,
+        )
+    return "passed", f"NCCL {version} ({pin.get('variant', 'stock')}) from {path}, sha256 as pinned", details
+
+
+def _nccl_version(path: str | None) -> str | None:
+    """NCCL's version as torch reports it, else from the file name (libnccl.so.2.30.7)."""
+    try:
+        import torch
+
+        found = torch.cuda.nccl.version()
+        return ".".join(str(p) for p in found) if isinstance(found, tuple) else str(found)
+    except Exception:  # a torch without CUDA: the file name says it
+        match = re.search(r"libnccl\.so\.(\d+\.\d+\.\d+)", os.path.basename(os.path.realpath(path or "")))
+        return match.group(1) if match else None
+
+
+def check_nccl(lock: dict[str, Any]) -> Result:
+    pin = (lock.get("runtime") or {}).get("nccl")
+    if not pin:
+        return "skipped", "the recipe pins no NCCL (runtime.nccl)", {}
+    path = _torch_nccl()
+    return nccl_against_pin(path, _nccl_version(path), pin)
+
+
 # This module's rows of the suite, in order (declared in checklist.py).
 CHECKS = [
     (name, globals()[function]) for name, module, function, _ in checklist.CHECKS if module == "checks_fabric"

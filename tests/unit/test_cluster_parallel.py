@@ -1,0 +1,90 @@
+"""Parallel layouts against the shipped Qwen3.5 checkpoint configs (profiles/checkpoints): which TP x PP over N Sparks
+vLLM can load, refused before launch with the reason and the layouts that do split; a TP across a switchless ring."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkforge.errors import RunError
+from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.profile import load_profile
+from sparkforge.run.cluster.parallel import Parallel, check_parallel, parallel_of, pp_layers, relayout
+from sparkforge.run.memory.checkpoint import load_architecture
+from sparkforge.run.memory.guard import plan_profile
+
+CHECKPOINTS = REPO_ROOT / "profiles" / "checkpoints"
+A3B = load_architecture(CHECKPOINTS / "qwen35-35b-a3b-fp8.json")
+A3B_FP4 = load_architecture(CHECKPOINTS / "qwen35-35b-a3b-nvfp4.json")
+A10B = load_architecture(CHECKPOINTS / "qwen35-122b-a10b-fp8-tp2.json")
+
+
+@pytest.mark.parametrize(
+    ("arch", "tp", "pp", "fits"),
+    [
+        (A3B, 2, 1, True),
+        (A3B, 4, 1, True),
+        (A3B, 3, 1, False),  # 16 attention heads
+        (A3B, 1, 3, True),
+        (A3B, 8, 1, False),  # 512 / 8 = 64: not whole FP8 blocks of 128
+        (A3B_FP4, 8, 1, True),  # NVFP4 has no 128-wide blocks
+        (A10B, 2, 1, True),
+        (A10B, 8, 1, True),  # 1024 / 8 = 128
+        (A10B, 3, 1, False),
+        (A10B, 2, 2, True),
+    ],
+)
+def test_layouts_against_the_shipped_configs(arch, tp: int, pp: int, fits: bool) -> None:
+    found = check_parallel(arch, Parallel(tp, pp), tp * pp)
+    assert found.fits is fits, found.problems
+
+
+def test_tp3_refused_with_the_reason_and_the_layouts_that_split() -> None:
+    found = check_parallel(A3B, Parallel(3, 1), 3, "mesh3")
+    (problem,) = found.problems
+    assert problem.startswith(
+        "tensor-parallel-size 3 does not split the model: it does not divide the 16 attention"
+    )
+    assert problem.endswith("fix: over 3 nodes use TP=1 x PP=3")
+
+
+def test_fp8_block_split_names_vllms_error_and_expert_parallel_lifts_it() -> None:
+    (problem,) = check_parallel(A3B, Parallel(8, 1), 8).problems
+    assert "512 into 64, not whole FP8 blocks of 128" in problem and "enable-expert-parallel" in problem
+    assert problem.endswith("fix: over 8 nodes use TP=1 x PP=8 or TP=2 x PP=4 or TP=4 x PP=2")
+    assert check_parallel(A3B, Parallel(8, 1, expert_parallel=True), 8).fits  # 256 experts / 8
+
+
+def test_pipeline_split_follows_vllms_get_pp_indices() -> None:
+    assert pp_layers(40, 3) == [(0, 13), (13, 26), (26, 40)]
+    assert check_parallel(A10B, Parallel(1, 3), 3).stages == [(0, 16), (16, 32), (32, 48)]
+    assert (
+        check_parallel(A3B, Parallel(1, 41), 41).problems[-1].startswith("pipeline-parallel-size 41 exceeds")
+    )
+
+
+def test_node_count_and_dp_and_ring() -> None:
+    assert check_parallel(A3B, Parallel(2, 1), 3).problems[0].startswith("TP=2 x PP=1 = 2 GPUs, but 3 nodes")
+    assert any("data-parallel-size 2" in p for p in check_parallel(A3B, Parallel(2, 1, 2), 4).problems)
+    ring = check_parallel(A10B, Parallel(4, 1), 4, "ring")
+    assert ring.problems[0].startswith(
+        "tensor-parallel-size 4 spans 4 nodes of a switchless ring: stock NCCL"
+    )
+    assert check_parallel(A10B, Parallel(4, 1), 4, "ring", ring_only_nccl=True).fits
+    assert check_parallel(A10B, Parallel(4, 1), 4, "switch").fits
+    assert check_parallel(A10B, Parallel(2, 2), 4, "ring").fits  # TP on neighbours, PP along the ring
+
+
+def test_relayout_gives_the_memory_plan_per_node() -> None:
+    profile = load_profile("qwen35-122b-a10b-fp8-tp2")
+    assert parallel_of(profile) == Parallel(2, 1)
+    three = relayout(profile, Parallel(1, 3))
+    assert three.model.nodes == 3 and parallel_of(three) == Parallel(1, 3)
+    assert "--pipeline-parallel-size" in three.serve_args() and "--tensor-parallel-size" in three.serve_args()
+    plan = plan_profile(three, None)
+    assert [n.stage for n in plan.nodes] == [0, 1, 2]
+    two = plan_profile(profile, None)
+    assert (
+        max(n.parts["weights"] for n in plan.nodes) < two.nodes[0].parts["weights"]
+    )  # a third of the layers each
+    with pytest.raises(RunError, match="data-parallel rendezvous"):
+        relayout(profile, Parallel(2, 1, 2))
