@@ -83,11 +83,12 @@ def _cluster_layout(
 
     from sparkforge.console import warn
     from sparkforge.errors import RunError
+    from sparkforge.recipe.checkpoints import checkpoint_path, pinned_revision
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import PROFILES_DIR
     from sparkforge.run.cluster.parallel import Parallel, check_layout, relayout
     from sparkforge.run.inputs import check_positive
-    from sparkforge.run.memory.checkpoint import checkpoint_path, load_architecture
+    from sparkforge.run.memory.checkpoint import load_architecture
 
     tp, pp = sizes
     for name, value in (("--tp", tp), ("--pp", pp)):
@@ -96,9 +97,9 @@ def _cluster_layout(
     if tp or pp:
         profile = relayout(profile, Parallel(tp or 1, pp or 1))
     try:
-        arch = load_architecture(
-            checkpoint_path(profile.name, PROFILES_DIR, Path(model_dir) if model_dir else None)
-        )
+        revision = pinned_revision(profile.model.args)
+        where = Path(model_dir) if model_dir else None
+        arch = load_architecture(checkpoint_path(profile.model.model, revision, PROFILES_DIR, where))
     except RunError:
         arch = None
     pin = load_recipe(recipe).model.runtime.nccl

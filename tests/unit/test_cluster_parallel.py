@@ -13,9 +13,9 @@ from sparkforge.run.memory.checkpoint import load_architecture
 from sparkforge.run.memory.guard import plan_profile
 
 CHECKPOINTS = REPO_ROOT / "profiles" / "checkpoints"
-A3B = load_architecture(CHECKPOINTS / "qwen35-35b-a3b-fp8.json")
-A3B_FP4 = load_architecture(CHECKPOINTS / "qwen35-35b-a3b-nvfp4.json")
-A10B = load_architecture(CHECKPOINTS / "qwen35-122b-a10b-fp8-tp2.json")
+A3B = load_architecture(CHECKPOINTS / "Qwen" / "Qwen3.5-35B-A3B-FP8" / "unpinned.json")
+A3B_FP4 = load_architecture(CHECKPOINTS / "nvidia" / "Qwen3.5-35B-A3B-NVFP4" / "unpinned.json")
+A10B = load_architecture(CHECKPOINTS / "Qwen" / "Qwen3.5-122B-A10B-FP8" / "unpinned.json")
 
 
 @pytest.mark.parametrize(
