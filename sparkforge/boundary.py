@@ -106,15 +106,17 @@ def read_bytes(
     """A regular file's bytes, at most `max_bytes`; never blocks on a FIFO, never reads a device or a folder.
 
     `named`: the user named this path (on the command line): it is read wherever it leads. Otherwise (a path a
-    file names) it must resolve, symlinks followed, inside the project or one of `within`, and never under a
-    system directory.
+    file names) it must resolve, symlinks followed, inside one of `within` (folders sparkforge chose, such as its
+    cache), or inside the project and never under a system directory.
     """
     path = Path(path)
     where = f"{option} {path}" if option else str(path)
     real = _refuse_system_link(path, where)
-    if not named and (
-        is_system_path(real) or not _inside(real, [PROJECT_ROOT, *(r.resolve() for r in within)])
-    ):
+    # `within`: folders sparkforge itself chose (its cache lies in root's home when it runs as root): inside one,
+    # root's home is no refusal; system folders always are.
+    own = _inside(real, [r.resolve() for r in within])
+    system = _in_system(real, SYSTEM_DIRS) or (not own and is_system_path(real))
+    if not named and (system or not (own or _inside(real, [PROJECT_ROOT]))):
         raise InputError(
             f"{where}: resolves to {real}, outside this project and the folders it may read; fix: copy the "
             "file into the project (or name it yourself on the command line)"

@@ -9,6 +9,8 @@ import json
 import math
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -328,3 +330,21 @@ def test_the_sysfs_reader_never_blocks_on_a_planted_fifo(tmp_path: Path) -> None
     assert (
         found[0]["net"]["enp1s0f0np0"]["operstate"] is None and found[0]["net"]["enp1s0f0np0"]["mtu"] is None
     )
+
+
+def test_sparkforges_own_folder_in_roots_home_is_read_and_system_folders_never(tmp_path: Path) -> None:
+    """Run as root, sparkforge's cache is under /root (root's home, refused for paths a file names): a record in a
+    folder sparkforge chose (`within`) is read there; /etc stays refused whatever `within` says."""
+    if not os.access("/root", os.W_OK):
+        pytest.skip("needs to write under /root (CI and the engine tests run as root)")
+    own = Path(tempfile.mkdtemp(prefix="sparkforge-own-", dir="/root"))
+    try:
+        record = own / "pulled.json"
+        record.write_text("{}")
+        assert read_json(record, "pull record", named=False, within=[own]) == {}
+        with pytest.raises(InputError, match="outside this project"):
+            read_json(record, "pull record", named=False)
+        with pytest.raises(InputError, match="outside this project"):
+            read_bytes(Path("/etc/hostname"), "x", 100, named=False, within=[Path("/etc")])
+    finally:
+        shutil.rmtree(own)
