@@ -77,9 +77,15 @@ class Signed:
     published: pub.Published
     name: str  # the NAME the workflow steps see
 
-    def run_step(self, name_part: str, **env: str) -> subprocess.CompletedProcess[str]:
-        """Run a workflow step's `run` with bash, as the runner would, signing with the test key."""
+    def run_step(
+        self, name_part: str, swap: tuple[str, str] | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a workflow step's `run` with bash, as the runner would, signing with the test key; `swap`: one text
+        replaced in the step's command first (checked to be there)."""
         step = workflow_step(name_part)
+        if swap is not None:
+            assert swap[0] in step["run"], (swap, step["run"])
+            step = {**step, "run": step["run"].replace(*swap)}
         full = {
             **os.environ,
             **{k: v for k, v in (step.get("env") or {}).items() if "${{" not in str(v)},

@@ -39,7 +39,10 @@ def test_verify_reports_the_attestation_the_pulled_image_carried(signed: Signed,
         signed, pulled.image, "linux/arm64", GB10, REPO_ROOT / "reports" / f"{signed.name}-verify.json"
     )
     try:
-        result = signed.run_step("Check the evidence against the digest and attest it", IMAGE=pulled.image)
+        # The sign job derives the image from the merge job's record (build/published/NAME.json, the signed
+        # fixture's), the arm64 image of its index: the image pulled here.
+        record = REPO_ROOT / "build" / "published" / f"{signed.name}.json"
+        result = signed.run_step("Check the evidence against the digest and attest it", PUBLISHED=str(record))
         assert result.returncode == 0, result.stdout + result.stderr
     finally:
         report.unlink()

@@ -80,7 +80,11 @@ def _attest_step(signed: Signed, image: str, report: Path | None) -> subprocess.
     try:
         if report is not None:
             target.write_text(report.read_text())
-        return signed.run_step("Check the evidence against the digest and attest it", IMAGE=image)
+        # The step derives the image from the merge job's record (--published: test_signing_pull and
+        # test_trust_round5 run it so); these single images were never in a published index, so the same command
+        # names the image itself.
+        swap = ('--published "${PUBLISHED}"', '--image "${IMAGE}"')
+        return signed.run_step("Check the evidence against the digest and attest it", swap, IMAGE=image)
     finally:
         target.unlink(missing_ok=True)
 
