@@ -19,6 +19,8 @@ import yaml
 from conform_fixtures import CONFORM_PROFILE, conform_faulty, faulty_image, write_profile
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
+from sparkforge.recipe.allowlist import opt_in_reason
+
 # In CI (not slow): three server starts, one of them crashing (benchmarks/conform.md).
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
 pytestmark = [
@@ -35,7 +37,11 @@ def _profile(tmp_path: Path) -> Path:
         "sparkforge_faults:PrefixCachingOnly",
         "sparkforge_faults:CrashWithoutChunkedPrefill",
     ]
-    doc["allow"] = {"logits-processors": "the test's own planted faults (tests/engine/planted_faults.py)"}
+    doc["allow"] = {
+        "logits-processors": opt_in_reason(
+            "the test's own planted faults (tests/engine/planted_faults.py)", doc["args"]["logits-processors"]
+        )
+    }
     doc["args"]["enable-prefix-caching"] = False
     # The whole long prompt in one prefill step: vLLM 0.32's CPU platform kills its engine core on a SEEDED
     # request prefilled in chunks (test_conform_real.py's faulty profile says why).

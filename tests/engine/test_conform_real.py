@@ -29,6 +29,8 @@ from conform_fixtures import CONFORM_PROFILE, FAULTY, PORT, conform, faulty_imag
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
+from sparkforge.recipe.allowlist import opt_in_reason
+
 # CI budget (tests/engine/ci_budget.py): 531 s here with the twin and the trained model cached (+ ~13 min training
 # on a fresh machine when test_serve_real did not run first); four server starts (benchmarks/conform.md, ci.md).
 pytestmark = [
@@ -155,7 +157,11 @@ def _faulty_profile(tmp_path: Path) -> Path:
     doc["args"]["enable-prefix-caching"] = False
     # --logits-processors loads code by import name: off the allow-list, so the faulty profile opts in, as a
     # reviewer would, with its reason (the task prints it as a warning line).
-    doc["allow"] = {"logits-processors": "the test's own planted faults (tests/engine/planted_faults.py)"}
+    doc["allow"] = {
+        "logits-processors": opt_in_reason(
+            "the test's own planted faults (tests/engine/planted_faults.py)", doc["args"]["logits-processors"]
+        )
+    }
     # The whole long prompt in one prefill step: vLLM 0.32's CPU platform crashes its engine core on a SEEDED
     # request prefilled in chunks (gpu_model_runner rewinds the request's generator with get_offset(), which a
     # CPU generator refuses: "CPU Generator does not use offset"); with prefix caching on (the clean run) the

@@ -23,6 +23,8 @@ from cluster import DOCKER, sh
 from conform_fixtures import CONFORM_PROFILE, conform, faulty_image, launch_args
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 
+from sparkforge.recipe.allowlist import opt_in_reason
+
 # CI budget (tests/engine/ci_budget.py): the clean row rides on the session's clean conform run (406 s with the
 # trained model cached, +~13 min training on a fresh machine; shared with test_conform_real, which runs first at the
 # same rank); the fault costs one server start and one reference run (benchmarks/conform.md, ci.md).
@@ -64,7 +66,11 @@ def _faulty_profile(tmp_path: Path) -> Path:
     """The conform profile (same name) with CorruptAfter loaded by vLLM's --logits-processors."""
     doc = yaml.safe_load(Path(CONFORM_PROFILE).read_text())
     doc["args"]["logits-processors"] = ["sparkforge_faults:CorruptAfter"]
-    doc["allow"] = {"logits-processors": "the test's own planted fault (tests/engine/planted_faults.py)"}
+    doc["allow"] = {
+        "logits-processors": opt_in_reason(
+            "the test's own planted fault (tests/engine/planted_faults.py)", doc["args"]["logits-processors"]
+        )
+    }
     path = tmp_path / f"{FAULT_PROFILE}.yaml"  # its own name and port: never the shared clean run's container
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
