@@ -193,7 +193,11 @@ class ReverseLookups:
             try:
                 seconds, name, error = json.loads(proc.stdout.read() if proc.stdout else "")
             except ValueError:
-                seconds, name, error = round(time.monotonic() - self.start, 3), None, "the lookup printed nothing"
+                seconds, name, error = (
+                    round(time.monotonic() - self.start, 3),
+                    None,
+                    "the lookup printed nothing",
+                )
             emit("rdns", host=host, answered=True, seconds=seconds, name=name, error=error)
 
 
