@@ -122,7 +122,7 @@ class _Page(HTMLParser):
 
 @pytest.mark.must_run
 @pytest.mark.slow(
-    cost_s=300, rank=5, reason="a served twin (86 s), then both suites measured, compared and charted (157 s)"
+    cost_s=250, rank=5, reason="a served twin (42 s), then both suites measured, compared and charted (146 s)"
 )
 def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path) -> None:
     store = tmp_path / "store"

@@ -55,9 +55,7 @@ def cluster_image() -> str:
 
 @pytest.mark.must_run
 @pytest.mark.slow(
-    cost_s=600,
-    rank=3,
-    reason="the 5.95 GB twin streamed into two namespaced nodes, then PP=2 serving (655 s)",
+    cost_s=400, rank=3, reason="the 6.1 GB twin streamed into two namespaced nodes, then PP=2 serving (195 s)"
 )
 def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
     twin_nodes, trained_model: Path, tmp_path: Path
@@ -88,7 +86,7 @@ def test_cluster_up_serves_with_both_ranks_holding_part_of_the_model(
 
 
 @pytest.mark.must_run
-@pytest.mark.slow(cost_s=60, rank=3, reason="the doctor on the two nodes, nothing launched")
+@pytest.mark.slow(cost_s=30, rank=3, reason="the doctor on the two nodes, nothing launched (6 s)")
 def test_the_wrong_advertised_address_is_named_by_the_doctor_and_nothing_is_launched(
     twin_nodes, trained_model: Path, tmp_path: Path
 ) -> None:

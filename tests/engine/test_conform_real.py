@@ -44,7 +44,7 @@ def _rows(doc: dict) -> dict[str, dict]:
 
 
 @pytest.mark.must_run
-@pytest.mark.slow(cost_s=400, rank=2, reason="the clean conform run: three servers and the reference (334 s)")
+@pytest.mark.slow(cost_s=300, rank=2, reason="the clean conform run: three servers and the reference (199 s)")
 def test_conform_passes_every_row_on_the_trained_model(clean_conform: tuple[dict, Path]) -> None:
     doc, golden = clean_conform
     rows = _rows(doc)
@@ -115,7 +115,7 @@ def _running() -> list[str]:
 
 
 @pytest.mark.must_run
-@pytest.mark.slow(cost_s=220, rank=2, reason="one faulty twin server kept and attached to (197 s)")
+@pytest.mark.slow(cost_s=150, rank=2, reason="one faulty twin server kept and attached to (98 s)")
 def test_a_kept_deployment_with_planted_faults_is_attached_to_and_each_fault_caught(
     cpu_twin: str, trained_model: Path, clean_conform: tuple[dict, Path], tmp_path: Path
 ) -> None:

@@ -85,7 +85,7 @@ def test_a_model_class_the_image_lacks_is_refused_before_anything_starts(
 
 
 @pytest.mark.must_run
-@pytest.mark.slow(cost_s=150, rank=1, reason="one twin server (126 s with the refusal's start)")
+@pytest.mark.slow(cost_s=120, rank=1, reason="one twin server (85 s on the merged main, 2026-12-04)")
 def test_serve_answers_and_down_leaves_nothing(cpu_twin: str, trained_model: Path, tmp_path: Path) -> None:
     code, out, seconds = _serve(cpu_twin, trained_model, tmp_path / "cache")
     REAL_TIMINGS["serve_s"] = round(seconds, 1)
