@@ -21,6 +21,7 @@ from sparkforge.boundary import read_text, walk_tree
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.preflight.serveflags import env_table
 from sparkforge.report import Check
 
 if TYPE_CHECKING:
@@ -244,19 +245,10 @@ def read_values(read_text: Callable[[str], str | None], listing: Iterable[str]) 
     envs = read_text(ENVS)
     module = ast.parse(envs) if envs else ast.Module(body=[], type_ignores=[])
     functions = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
-    for node in module.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-        value = getattr(node, "value", None)
-        if (
-            isinstance(target, ast.Name)
-            and target.id == "environment_variables"
-            and isinstance(value, ast.Dict)
-        ):
-            for key, entry in zip(value.keys, value.values, strict=True):
-                if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                    env[key.value] = _env_kind(key.value, entry, functions)
+    table = env_table(module)
+    for key, entry in zip(table.keys, table.values, strict=True) if table is not None else ():
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            env[key.value] = _env_kind(key.value, entry, functions)
     used = _reachable(flags, classes)
     return ValueSurface(
         dict(sorted(flags.items())), {k: classes[k] for k in sorted(used)}, dict(sorted(env.items()))

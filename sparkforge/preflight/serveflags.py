@@ -147,10 +147,9 @@ def _registered_names(text: str) -> set[str]:
     return names
 
 
-def env_names(text: str) -> set[str]:
-    """The keys of vllm/envs.py's `environment_variables` dict (every variable vLLM reads, by its own list)."""
-    names: set[str] = set()
-    for node in ast.parse(text).body:
+def env_table(module: ast.Module) -> ast.Dict | None:
+    """vllm/envs.py's `environment_variables` dict (every variable vLLM reads, by its own list), as parsed."""
+    for node in module.body:
         target = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
@@ -160,10 +159,15 @@ def env_names(text: str) -> set[str]:
             and target.id == "environment_variables"
             and isinstance(value, ast.Dict)
         ):
-            names.update(
-                k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
-            )
-    return names
+            return value
+    return None
+
+
+def env_names(text: str) -> set[str]:
+    """The keys of vllm/envs.py's `environment_variables` dict."""
+    table = env_table(ast.parse(text))
+    keys = table.keys if table is not None else []
+    return {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
 
 
 def read_surface(read_text: Callable[[str], str | None], listing: Iterable[str]) -> ServeSurface:

@@ -371,7 +371,7 @@ def audit_image(
     cached = cache_path(
         "kernels", "image-audit", hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
     )
-    if cached.is_file():
+    if reader == "auto" and cached.is_file():  # a reader named explicitly is asked to read, not remembered
         try:
             report = load_report(cached)
             report.subject = ref
