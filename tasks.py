@@ -8,6 +8,8 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
+from sparkforge.cli.families import NETWORK
+from sparkforge.context import Session
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
@@ -34,47 +36,47 @@ def preflight_checks():
 
 
 @task(
+    families=(NETWORK,),
     help={
         "catalog": "instead: a folder (or https:// file) of community recipes, each checked for import",
         "recipe": "with --catalog: the sparkforge recipe whose pinned vLLM they are checked against",
-        "offline": "with --catalog: cache only, no hub look-ups",
         "json": "with --catalog: write the rows as JSON here",
-    }
+    },
 )
 @user_errors
-def recipes(c: Context, catalog: str = "", recipe: str = "", offline: bool = False, json: str = "") -> None:
+def recipes(c: Context, session: Session, catalog: str = "", recipe: str = "", json: str = "") -> None:
     """List the recipes with their one-line descriptions (or, with --catalog, a community catalog)."""
     from sparkforge.recipe.loader import list_recipe_names, load_recipe
 
     if catalog:
-        return cli_community.catalog(catalog, recipe, offline, json)
+        return cli_community.catalog(catalog, recipe, session.offline, json)
     for name in list_recipe_names():
-        echo(f"{name:28} {load_recipe(name).model.description}")
+        session.out(f"{name:28} {load_recipe(name).model.description}")
 
 
 @task(help={"recipe": RECIPE_HELP})
 @user_errors
-def show(c: Context, recipe: str) -> None:
+def show(c: Context, session: Session, recipe: str) -> None:
     """Print the resolved recipe (after extends) as YAML, with its hash."""
     import yaml
 
     from sparkforge.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)
-    echo(f"# {loaded.name} ({loaded.path}); extends: {' -> '.join(p.name for p in loaded.chain)}")
-    echo(f"# recipe hash: {loaded.hash}")
-    echo(yaml.safe_dump(loaded.resolved(), sort_keys=False).rstrip())
+    session.out(f"# {loaded.name} ({loaded.path}); extends: {' -> '.join(p.name for p in loaded.chain)}")
+    session.out(f"# recipe hash: {loaded.hash}")
+    session.out(yaml.safe_dump(loaded.resolved(), sort_keys=False).rstrip())
 
 
 @task(help={"recipe": RECIPE_HELP, "out": "directory to write <recipe>/ into (default: build/)"})
 @user_errors
-def render(c: Context, recipe: str, out: str = "") -> None:
+def render(c: Context, session: Session, recipe: str, out: str = "") -> None:
     """Write the build context build/<recipe>/ (Dockerfile, patches, image tests, lock, build.sh)."""
     from sparkforge.imagebuild.render import render_context
     from sparkforge.recipe.loader import load_recipe
 
     context = render_context(load_recipe(recipe), Path(out) if out else None)
-    echo(f"rendered {context.path}")
+    session.out(f"rendered {context.path}")
 
 
 @task(

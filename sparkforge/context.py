@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkforge.commands import Runner
-from sparkforge.console import warn
+from sparkforge.console import say, warn
 
 if TYPE_CHECKING:
     from sparkforge.engine import Engine
@@ -64,7 +65,23 @@ class Session:
     cache_dir: Path = field(default_factory=cache_root)  # the download and result cache
     engine: Engine | None = None  # this host's container engine (None: detected where one is needed)
     warn: Callable[[str], None] = warn  # warnings for the user (cli: console.warn, to stderr)
+    out: Callable[[str], None] = say  # results (tables, paths written): printed even with --quiet
+    quiet: bool = False  # --quiet: `echo` (progress) is silent; `out` and `warn` still print
 
     def cache(self, *parts: str) -> Path:
         """A path inside this session's cache; its parent directory exists."""
         return cache_path(*parts, root=self.cache_dir)
+
+    @cached_property
+    def container_engine(self) -> Engine:
+        """This host's container engine: the one given, else detected once (through this session's runner)
+        the first time a step needs it; a task that never touches an engine never looks for one."""
+        if self.engine is not None:
+            return self.engine
+        from sparkforge.engine import detect_engine
+
+        return detect_engine(self.runner)
+
+    def with_runner(self, runner: Runner) -> Session:
+        """The same session with another runner (a step that logs its commands to a folder of its own)."""
+        return replace(self, runner=runner)

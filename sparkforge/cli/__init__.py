@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import invoke
 from invoke.exceptions import Exit, ParseError
 
+from sparkforge.cli.families import GLOBAL, Family, takes_session, with_families
 from sparkforge.console import say, warn
 from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
@@ -69,10 +70,20 @@ class ShortFlagTask(invoke.Task):
         return args
 
 
-def task(*args: Any, **kwargs: Any) -> Any:
-    """Invoke's `@task` (bare or with options), building a ShortFlagTask: every task of the CLI uses this one."""
+def task(*args: Any, families: tuple[Family, ...] = (), **kwargs: Any) -> Any:
+    """Invoke's `@task` (bare or with options), building a ShortFlagTask: every task of the CLI uses this one.
+    A body that declares `session` gets the one Session of its call, built from GLOBAL's options and those of
+    `families` (cli/families.py), which Invoke shows in its place."""
     kwargs.setdefault("klass", ShortFlagTask)
-    return invoke.task(*args, **kwargs)
+
+    def make(fn: Callable[..., Any]) -> Any:
+        if takes_session(fn):
+            fn = with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {}))
+        return invoke.task(fn, **kwargs)
+
+    if len(args) == 1 and callable(args[0]) and not kwargs.get("help") and not families:
+        return make(args[0])
+    return make
 
 
 class Whole(int):
