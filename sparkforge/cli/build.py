@@ -117,7 +117,7 @@ def build(
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags (--dry: print the plan)."""
     import json as json_lib
 
-    from sparkforge.boundary import check_output
+    from sparkforge.boundary import check_output, write_output
     from sparkforge.imagebuild.pipeline import execute, plan
     from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, source_built
     from sparkforge.oci import check_platform
@@ -152,7 +152,7 @@ def build(
     )
     made = plan(session, loaded, options)
     if json and made.dry:
-        Path(json).write_text(json_lib.dumps(made.to_dict(), indent=2) + "\n")
+        write_output(json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")
         session.out(f"plan: {json}")
     execute(session, made)
 

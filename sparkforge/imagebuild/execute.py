@@ -34,10 +34,10 @@ class BuildResult:
 def run_stage(session: Session, plan: BuildPlan) -> BuildResult:
     """Run one stage's plan with the session (its commands logged under the plan's log folder); --dry prints it."""
     recipe, options = plan.recipe, plan.options
+    context = Context(recipe, plan.request.context)
     result = BuildResult(
-        recipe, Context(recipe, plan.request.context), plan.candidate, plan.tags, plan.log_dir,
-        command_line=plan.command.shell_line(),
-    )  # fmt: skip
+        recipe, context, plan.candidate, plan.tags, plan.log_dir, command_line=plan.command.shell_line()
+    )
     if plan.dry:
         for line in plan.lines():
             session.echo(line)

@@ -377,7 +377,9 @@ def plan_build(recipe: Recipe, options: BuildOptions, host: BuildHost) -> BuildP
         if push_repo
         else None
     )
-    build_command(host.engine, request)  # an engine that cannot run this request says so now
+    for checked in (request, push):  # an engine that cannot run a request says so now, not after the build
+        if checked is not None:
+            build_command(host.engine, checked)
     tags = options.tags or (scheme.all if options.target == "runtime" and not push_repo else ())
     refused = moving_requests(recipe, options.tags)
     return BuildPlan(

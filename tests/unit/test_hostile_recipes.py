@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import PreflightError, RecipeError
 from sparkforge.imagebuild.render import render_context
 from sparkforge.preflight.lock import lock_recipe
@@ -160,7 +161,7 @@ def test_lock_write_refuses_a_recipe_symlinked_out_of_the_project(tmp_path: Path
     try:
         recipe = load_recipe(UNIQUE)
         with pytest.raises(PreflightError) as info:
-            lock_recipe(recipe, write=True, fetcher=None, runner=Runner(dry=True, stream=False))
+            lock_recipe(Session(echo=print, runner=Runner(dry=True, stream=False)), recipe, write=True)
         assert f"{link} is a symlink to {outside}" in str(info.value) and "fix:" in str(info.value)
         assert outside.read_text() == original
     finally:

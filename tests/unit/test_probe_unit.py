@@ -191,13 +191,11 @@ def test_omitting_externals_keeps_every_vllm_target(sdist_0310, tmp_path):
 
 
 def test_build_runs_the_probe_only_before_compiling_a_source_recipe():
-    from sparkforge.imagebuild.pipeline import wants_probe
-    from sparkforge.imagebuild.stage import BuildOptions
+    from sparkforge.imagebuild.stage import BuildOptions, wants_probe
 
     source, wheels = load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")
     assert wants_probe(source, BuildOptions())
     assert wants_probe(source, BuildOptions(target="build"))
     assert not wants_probe(source, BuildOptions(probe=False))
     assert not wants_probe(source, BuildOptions(target="source"))
-    assert not wants_probe(source, BuildOptions(dry=True))
     assert not wants_probe(wheels, BuildOptions())
