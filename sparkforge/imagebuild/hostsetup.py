@@ -170,7 +170,7 @@ def build_base(
         shutil.rmtree(rootfs, ignore_errors=True)
         (Path(tmp) / "Dockerfile").write_text(BASE_DOCKERFILE.format(label=BASE_INPUTS_LABEL, inputs=inputs))
         # The CLI the engine's rule picks for builds (one with BuildKit), like every other build.
-        docker = engine.detect_engine(session.runner).docker
+        docker = session.container_engine.docker
         session.runner.run(
             Command.of(
                 docker, "build", "--platform", platform, "--tag", name, tmp, env={"DOCKER_BUILDKIT": "1"}

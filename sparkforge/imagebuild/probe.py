@@ -44,16 +44,12 @@ class ProbeResult:
 
 def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, Any]:
     """Source tree, unit paths, patch series and the cmake -P plan: seconds, before any build."""
-    recipe, runner = probe.recipe, session.runner
+    recipe = probe.recipe
     model = recipe.model
     fetcher = make_fetcher()
     with report.timed("source") as check:
         tree = resolve_upstream(
-            recipe,
-            source=probe.options.sources.get("vllm"),
-            github_base=GITHUB,
-            fetcher=fetcher,
-            runner=runner,
+            session, recipe, source=probe.options.sources.get("vllm"), github_base=GITHUB, fetcher=fetcher
         )
         check.reason, check.details = (
             f"vLLM {model.components.vllm.version} from {tree.origin}",
@@ -66,11 +62,11 @@ def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, A
         scratch = Path(tmp)
         with report.timed("patches") as check:
             check_patches(
+                session,
                 check,
                 tree.root,
                 recipe.patch_paths(),
                 scratch,
-                runner,
                 subject="the pinned source",
                 repo_root=REPO_ROOT,
             )
@@ -81,12 +77,12 @@ def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, A
             patched = scratch / rel
             return patched.read_text() if patched.is_file() else tree.read_text(rel)
 
-        problem = require_cmake(runner)
+        problem = require_cmake(session)
         if problem:
             raise ProbeError(f"the arch plan needs cmake on this machine: {problem}")
         inputs = ArchInputs.of(recipe, fetcher, probe.platform)
         with report.timed("arch-plan") as check:
-            plan = plan_details(plan_arches(read_text, inputs, runner))
+            plan = plan_details(plan_arches(session, read_text, inputs))
             check.details = plan
             check.reason = (
                 f"cmake -P: CUDA_ARCHS={';'.join(plan['cuda_archs'])}, {len(plan['groups'])} kernel groups"

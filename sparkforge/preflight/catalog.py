@@ -104,13 +104,12 @@ class PinnedVllm:
                 )
             else:
                 from sparkforge.commands import Runner
+                from sparkforge.context import Session
 
+                # issue 42's catalog has no session yet: a quiet one of its own for the one git query
+                quiet = Session(echo=lambda _: None, runner=Runner(stream=False))
                 self._tree = resolve_upstream(
-                    self.recipe,
-                    source=None,
-                    github_base=GITHUB,
-                    fetcher=self.fetcher,
-                    runner=Runner(stream=False),
+                    quiet, self.recipe, source=None, github_base=GITHUB, fetcher=self.fetcher
                 )
         return self._tree
 

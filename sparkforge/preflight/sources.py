@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
@@ -227,11 +228,13 @@ def from_local_wheel(path: Path) -> UpstreamTree:
     return from_wheel_dir(root, str(path))
 
 
-def from_directory(path: Path, runner: Runner) -> UpstreamTree:
+def from_directory(session: Session, path: Path) -> UpstreamTree:
     """A checkout or plain directory, read in place; a git checkout reports its HEAD."""
     if (path / ".git").exists():
         try:
-            head = runner.capture(Command.of("git", "-C", str(path), "rev-parse", "HEAD"), "git-rev-parse")
+            head = session.runner.capture(
+                Command.of("git", "-C", str(path), "rev-parse", "HEAD"), "git-rev-parse"
+            )
         except CommandError as exc:
             raise PreflightError(
                 f"{path}: cannot read the git HEAD ({exc}); fix: pass a valid checkout"
@@ -250,12 +253,7 @@ def from_local_archive(path: Path) -> UpstreamTree:
 
 
 def resolve_upstream(
-    recipe: Recipe,
-    *,
-    source: str | None,
-    github_base: str,
-    fetcher: Fetcher,
-    runner: Runner,
+    session: Session, recipe: Recipe, *, source: str | None, github_base: str, fetcher: Fetcher
 ) -> UpstreamTree:
     """The vLLM tree the recipe pins, from `source` ('github', 'pypi', a URL, a path; None: the default)."""
     component = recipe.model.components.vllm
@@ -268,7 +266,7 @@ def resolve_upstream(
         else:
             path = Path(source).expanduser().resolve()
             if path.is_dir():
-                tree = from_directory(path, runner)
+                tree = from_directory(session, path)
             elif path.is_file() and path.name.endswith(".whl"):
                 tree = from_local_wheel(path)
             elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):

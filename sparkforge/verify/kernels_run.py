@@ -167,7 +167,7 @@ def for_target(
     )
 
 
-def selection_input(profile: str, model_config: str, runner: str) -> SelectionInput | None:
+def selection_input(profile: str, model_config: str, runner_image: str) -> SelectionInput | None:
     """The selection request of `invoke kernels`: none without --profile or --model-config."""
     from sparkforge.recipe.profile import PROFILES_DIR, load_profile
 
@@ -191,4 +191,4 @@ def selection_input(profile: str, model_config: str, runner: str) -> SelectionIn
                     f"profile {loaded.name}: {exc} (vLLM's selection needs it too; or pass --model-config)"
                 ) from None
     config = sel.read_model_config(config_path) if config_path is not None else {}
-    return SelectionInput(config=config, args=args, runner=runner or None)
+    return SelectionInput(config=config, args=args, runner=runner_image or None)

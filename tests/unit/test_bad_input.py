@@ -79,7 +79,15 @@ def test_patch_contents_that_escape_the_tree_fail_preflight(tmp_path: Path) -> N
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     check = Check("patches", "passed")
-    check_patches(check, root, [patch], scratch, Runner(stream=False), subject="vLLM", repo_root=tmp_path)
+    check_patches(
+        Session(echo=print, runner=Runner(stream=False)),
+        check,
+        root,
+        [patch],
+        scratch,
+        subject="vLLM",
+        repo_root=tmp_path,
+    )
     assert check.status == "failed" and "names paths outside the source tree" in check.reason
     assert list(scratch.iterdir()) == []  # nothing was copied from outside the tree
     with pytest.raises(ValueError, match="outside the source tree"):

@@ -88,9 +88,8 @@ def test_preflight_refuses_a_symlinked_patch(tmp_path: Path) -> None:
     link = tmp_path / "evil.patch"
     link.symlink_to("/etc/hostname")
     check = Check("patches", "passed")
-    check_patches(
-        check, tmp_path, [link], tmp_path / "scratch", Runner(stream=False), subject="x", repo_root=REPO_ROOT
-    )
+    session = Session(echo=print, runner=Runner(stream=False))
+    check_patches(session, check, tmp_path, [link], tmp_path / "scratch", subject="x", repo_root=REPO_ROOT)
     assert check.status == "failed" and "not a regular file" in check.reason
     assert not (tmp_path / "scratch").exists()
 
