@@ -83,9 +83,8 @@ ns.add_task(cli_build.verify)
 ns.add_task(cli_build.audit)
 ns.add_task(cli_build.lint)
 ns.add_task(cli_build.test)
-ns.add_collection(
-    cli_build.lock_ns
-)  # `invoke lock` pins a recipe; `invoke lock.update` the project's own uv.lock
+# `invoke lock` pins a recipe; `invoke lock.update` the project's own uv.lock
+ns.add_collection(cli_build.lock_ns)
 ns.add_task(cli_probe.probe)
 ns.add_task(cli_publish.push)
 ns.add_task(cli_publish.publish)

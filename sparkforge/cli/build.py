@@ -13,6 +13,15 @@ from sparkforge.cli.families import DRY, NETWORK
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
+# The options a stage build shares with the compile probe's (cli/probe.py): one help line each.
+STAGE_HELP = {
+    "recipe": RECIPE_HELP,
+    "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
+    "base_image": "override the base images: REF, or builder=REF,runtime=REF (mirrors, offline bases)",
+    "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
+    "network": "network mode for RUN steps (e.g. host, to reach a local source server)",
+    "no_cache": "do not use the build cache",
+}
 
 
 def preflight_checks():
@@ -69,21 +78,16 @@ def preflight(
     families=(NETWORK, DRY),
     iterable=["secret", "tag", "source", "cache_from", "cache_to"],
     help={
-        "recipe": RECIPE_HELP,
-        "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
+        **STAGE_HELP,
         "target": "stop at this stage (toolchain, source, build, runtime); only runtime is verified and tagged",
-        "base_image": "override the base images: REF, or builder=REF,runtime=REF (mirrors, offline bases)",
         "secret": "extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
         "tag": "final tag(s) instead of the recipe's scheme (repeatable)",
         "builder": "buildx builder to use (remote or multi-node BuildKit)",
-        "no_cache": "do not use the build cache",
         "no_verify": "tag without verifying (loudly warned)",
         "no_preflight": "skip the upstream preflight checks",
         "no_probe": "source recipes: skip the compile probe that runs before the full compile",
         "push_by_digest": "push to the recipe's repository by digest (buildx; CI)",
         "metadata_file": "write BuildKit's metadata (digest) here",
-        "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
-        "network": "network mode for RUN steps (e.g. host, to reach a local source server)",
         "gpus": "verify's GPU use: all, none or auto",
         "cache_from": "BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
         "cache_to": "BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
