@@ -3,7 +3,6 @@ options once, takes the one Session of its call (cli/families.py) and calls the 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from invoke import Collection, Context
@@ -300,14 +299,9 @@ def lock_update(c: Context, session: Session, package: list[str] | None = None) 
 @user_errors
 def test(c: Context, session: Session, slow: bool = False, k: str = "") -> None:
     """Run the test suite (the same command as README and CI)."""
-    from sparkforge.commands import Command
+    from sparkforge.imagebuild.lint import run_tests
 
-    argv = [sys.executable, "-m", "pytest", "-q"]
-    if slow:
-        argv += ["-m", "slow or not slow"]
-    if k:
-        argv += ["-k", k]
-    session.runner.run(Command(tuple(argv)), "pytest")
+    run_tests(session, slow=slow, k=k)
 
 
 lock_ns = Collection("lock")  # `invoke lock` pins a recipe; `invoke lock.update` the project's own uv.lock

@@ -40,7 +40,7 @@ def run_stage(session: Session, plan: BuildPlan) -> BuildResult:
     )
     if plan.dry:
         for line in plan.lines():
-            session.echo(line)
+            session.out(line)  # --dry's result: the plan (printed with --quiet too)
         return result
     result.context = render_context(recipe, plan.request.context.parent, plan.bases)
     # The one place a build step gets a runner of its own: its numbered logs and replay scripts in the log folder.

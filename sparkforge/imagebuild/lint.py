@@ -95,3 +95,16 @@ def run_lint(session: Session) -> None:
     if failures:
         raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")
     echo("lint: all checks passed" + (" (pip-audit: not checked: offline)" if audited is None else ""))
+
+
+def run_tests(session: Session, *, slow: bool = False, k: str = "") -> None:
+    """The test suite, the same command as README and CI (`slow`: the slow real-world tests too)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        *(["-m", "slow or not slow"] if slow else []),
+        *(["-k", k] if k else []),
+    ]
+    session.runner.run(Command(tuple(argv)), "pytest")

@@ -119,7 +119,7 @@ def test_the_plan_as_json_is_the_argv() -> None:
 
 def test_dry_build_prints_the_plan_and_writes_nothing(tmp_path: Path) -> None:
     lines: list[str] = []
-    session = Session(echo=lines.append, runner=Runner(dry=True, stream=False), ca_bundle=None)
+    session = Session(echo=print, out=lines.append, runner=Runner(dry=True, stream=False), ca_bundle=None)
     result = build(session, WHEELS, BuildOptions(log_root=tmp_path / "logs", preflight=False))
     assert result.command_line in lines and not (tmp_path / "logs").exists()
     assert lines[0].startswith(f"# build {WHEELS.name}") and lines[-1].startswith("# if not GPU-verified")
