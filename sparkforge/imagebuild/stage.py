@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sparkforge.commands import Command
 from sparkforge.errors import EngineError, SparkforgeError, VerifyError
@@ -63,7 +63,9 @@ class BuildHost:
     gpu_runtime: bool = False  # whether verify can use a GPU (--gpus and the engine's NVIDIA runtime)
     ca_bundle: Path | None = None  # the session's CA bundle, passed as the BuildKit secret 'ca'
     dry: bool = False
-    progress: str = "plain"  # BuildKit's --progress: plain in CI and logs, auto on a terminal
+    progress: Literal["plain", "auto"] = (
+        "plain"  # BuildKit's --progress: plain in CI and logs, auto on a terminal
+    )
     sbom: str = "true"  # $SPARKFORGE_SBOM: air-gapped builders cannot pull BuildKit's scanner image
     now: dt.datetime = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)  # the log folder's stamp and the tags' date
 
@@ -82,9 +84,8 @@ class BuildPlan:
     request: BuildRequest
     push: BuildRequest | None  # the cached re-run that pushes by digest, only after verify passed
     tags: tuple[str, ...]  # the tags moved when the image is GPU-verified
-    unverified_tags: tuple[
-        str, ...
-    ]  # the tags moved when it is not (immutable ones; explicit non-moving ones)
+    # the tags moved when it is not: the immutable ones (or the explicit --tag values that are not moving)
+    unverified_tags: tuple[str, ...]
     refused: tuple[str, ...]  # explicit --tag values that name a moving tag: refused unless GPU-verified
     moving: tuple[str, ...]  # the recipe's moving tags (said when they are not moved)
     epoch_source: str
@@ -358,7 +359,7 @@ def plan_build(recipe: Recipe, options: BuildOptions, host: BuildHost) -> BuildP
         network=options.network,
         cache_from=options.cache_from,
         cache_to=options.cache_to,
-        progress="auto" if host.progress == "auto" else "plain",
+        progress=host.progress,
         rewrite_timestamps=not (push_repo and host.engine.driver == "docker"),
     )
     # Pushing re-runs the same build (fully cached) with a push-by-digest output, only after verify passed.
