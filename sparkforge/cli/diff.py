@@ -208,7 +208,7 @@ def kernels(
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.kernels_report import to_markdown
-    from sparkforge.verify.kernels_run import for_target, selection_input
+    from sparkforge.verify.kernels_run import KernelsQuery, for_target, selection_input
 
     if image and (Path(image).exists() or Path(image).is_symlink()):
         if not Path(image).is_dir():  # a wheel: a regular file (a FIFO would hang, /dev/zero fill memory)
@@ -236,16 +236,8 @@ def kernels(
     if serve_log:
         log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
     ask = selection_input(profile, model_config, runner_image)
-    report = for_target(
-        ref,
-        gpu or loaded.model.gpu,
-        loaded.model.audit.require,
-        recipe=loaded.name,
-        verify_checks=checks,
-        ask=ask,
-        serve_log=log,
-        all_libraries=all_libraries,
-    )
+    query = KernelsQuery(loaded.name, checks, ask, log, all_libraries)
+    report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, query)
     data = report.to_dict()
     text = to_markdown(data)
     session.out(text)

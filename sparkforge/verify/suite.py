@@ -403,11 +403,6 @@ class VerifyOptions:
     directory: Path = verified.VERIFIED_DIR  # where the result is kept, by image ID
 
 
-def verify_and_record(recipe: Recipe, image: str, **options: Any) -> Report:
-    """`verify_recorded` in its keyword form (`options`: VerifyOptions' fields)."""
-    return verify_recorded(recipe, image, VerifyOptions(**options))
-
-
 def verify_recorded(recipe: Recipe, image: str, options: VerifyOptions) -> Report:
     """Verify `image` and keep the result for its image ID (passed or failed: a failure revokes a pass).
 
