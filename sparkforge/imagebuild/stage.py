@@ -17,6 +17,7 @@ from sparkforge.commands import Command
 from sparkforge.errors import EngineError, SparkforgeError, VerifyError
 from sparkforge.imagebuild import epoch
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command
+from sparkforge.imagebuild.render import DEFAULT_BUILD_ROOT
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.verify.suite import GpuMode, resolve_gpus
@@ -345,8 +346,6 @@ def plan_build(recipe: Recipe, options: BuildOptions, host: BuildHost) -> BuildP
         **{f"{component.upper()}_SOURCE_URL": url for component, url in options.sources.items()},
     }
     push_repo = recipe.model.publish.repository if options.push_by_digest else None
-    from sparkforge.imagebuild.render import DEFAULT_BUILD_ROOT
-
     request = BuildRequest(
         context=DEFAULT_BUILD_ROOT / recipe.name,
         platform=platform,
