@@ -77,7 +77,7 @@ def task(*args: Any, families: tuple[Family, ...] = (), **kwargs: Any) -> Any:
     kwargs.setdefault("klass", ShortFlagTask)
 
     def make(fn: Callable[..., Any]) -> Any:
-        if takes_session(fn):
+        if takes_session(fn) or families:
             fn = with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {}))
         return invoke.task(fn, **kwargs)
 
