@@ -77,8 +77,8 @@ def task(*args: Any, families: tuple[Family, ...] = (), **kwargs: Any) -> Any:
     kwargs.setdefault("klass", ShortFlagTask)
 
     def make(fn: Callable[..., Any]) -> Any:
-        if takes_session(fn) or families:
-            fn = with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {}))
+        if takes_session(fn) or families:  # a family's value is checked before the body: its errors too
+            fn = user_errors(with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {})))
         return invoke.task(fn, **kwargs)
 
     if len(args) == 1 and callable(args[0]) and not kwargs.get("help") and not families:
