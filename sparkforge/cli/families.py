@@ -8,7 +8,8 @@ A family with `into` is not the Session's: its options become one typed value (`
 declares under that name, e.g. `def push(c, session: Session, outputs: Outputs, ...)` with
 `families=(REPORT,)`. The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON and REPORT
 (`Outputs`: --json, --junit), SIGNING (`Signing`: --key), IMAGE (`ImageChoice`: --image, --allow-unverified),
-PULL (`PullTrust`: --allow-drift, --allow-unsigned, --allow-unverified), PLATFORM (`--platform`, checked).
+PULL (`PullChoice`: --platform,
+--allow-drift, --allow-unsigned, --allow-unverified), PLATFORM (`--platform`, checked).
 Nothing happens at import time beyond building these small frozen declarations.
 """
 
@@ -106,12 +107,17 @@ class ImageChoice:
 
 
 @dataclass(frozen=True)
-class PullTrust:
-    """What a pulled image may lack, each said loudly: matching labels, a signature, a GPU-verified claim."""
+class PullChoice:
+    """The platform to pull (checked; None: this machine's) and what the pulled image may lack, each said
+    loudly: labels that match the recipe, a signature, a signed GPU-verified claim."""
 
+    platform: str | None = None
     allow_drift: bool = False
     allow_unsigned: bool = False
     allow_unverified: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "platform", checked_platform(self.platform or ""))
 
 
 def checked_platform(platform: str = "") -> str | None:
@@ -157,12 +163,17 @@ IMAGE = Family(
 PULL = Family(
     "pull",
     (
+        Option("platform", "", "linux/arm64 or linux/amd64 (default: this machine's)"),
         Option("allow_drift", False, "accept an image whose labels differ from the recipe, with a warning"),
-        Option("allow_unsigned", False, "accept an image without a valid signature, LOUDLY (never for moving tags)"),
+        Option(
+            "allow_unsigned",
+            False,
+            "accept an image without a valid signature, LOUDLY (never for moving tags)",
+        ),
         Option("allow_unverified", False, UNVERIFIED_HELP),
     ),
-    "trust",
-    PullTrust,
+    "pulling",
+    PullChoice,
 )
 PLATFORM = Family(
     "platform",

@@ -5,26 +5,104 @@ from __future__ import annotations
 
 import datetime as dt
 import json as _json
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Outputs, PullTrust
+from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Family, Option, Outputs, PullChoice
 from sparkforge.context import Session
 from sparkforge.errors import PublishError
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
-DIGESTS_HELP = "directory of digest records written by 'invoke push' (default: build/digests)"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """push's and publish's records: where the pushed digests are, and what may be published without its
+    evidence (no passed verify, loudly; a base the recipe does not pin, for test images)."""
+
+    digests: str = ""
+    unverified: bool = False
+    allow_base_override: bool = False
+
+    @property
+    def digests_dir(self) -> Path:
+        from sparkforge.registry.pushed import DIGESTS_DIR
+
+        return Path(self.digests) if self.digests else DIGESTS_DIR
+
+
+EVIDENCE = Family(
+    "evidence",
+    (
+        Option(
+            "digests", "", "directory of digest records written by 'invoke push' (default: build/digests)"
+        ),
+        Option(
+            "unverified",
+            False,
+            "publish digests that have no passed verify record (loudly warned; never moves tags)",
+        ),
+        Option(
+            "allow_base_override",
+            False,
+            "publish images built on other base images than the recipe pins (test images)",
+        ),
+    ),
+    "evidence",
+    Evidence,
+)
+
+
+@dataclass(frozen=True)
+class TagMoves:
+    """publish's moves of tags: the {date} of the tags, the moving tags too, or only a promote or a rollback."""
+
+    date: str = ""
+    moving: bool = False
+    promote: str = ""
+    rollback: str = ""
+
+    @property
+    def when(self) -> dt.date | None:
+        """--date YYYYMMDD (None: today, UTC)."""
+        if not self.date:
+            return None
+        try:
+            return dt.datetime.strptime(self.date, "%Y%m%d").date()
+        except ValueError:
+            raise PublishError(f"--date {self.date!r}: use YYYYMMDD, e.g. 20261129") from None
+
+
+MOVES = Family(
+    "moves",
+    (
+        Option("date", "", "date for {date} tags, YYYYMMDD (default: today, UTC)"),
+        Option("moving", False, "also move the moving tags (only when every platform image is GPU-verified)"),
+        Option(
+            "promote",
+            "",
+            "move the moving tags to this verified index digest (sha256:...) and do nothing else",
+        ),
+        Option(
+            "rollback",
+            "",
+            "move this moving tag back to the previous GPU-verified index in its history, nothing else",
+        ),
+    ),
+    "moves",
+    TagMoves,
+)
 
 
 @task(
-    families=(PLATFORM,),
+    families=(PLATFORM, EVIDENCE),
     help={
         "recipe": RECIPE_HELP,
         "image": "local image to push (default: the recipe's verified candidate for the platform)",
         "metadata_file": "record the digest from this BuildKit metadata file ('invoke build --push-by-digest')",
-        "digests": DIGESTS_HELP,
         "unverified": "push even though this image has no passed 'invoke verify' (loudly warned)",
         "allow_base_override": "push an image built on other base images than the recipe pins (test images)",
     },
@@ -34,17 +112,14 @@ def push(
     c: Context,
     session: Session,
     platform: str | None,
+    evidence: Evidence,
     recipe: str,
     image: str = "",
     metadata_file: str = "",
-    digests: str = "",
-    unverified: bool = False,
-    allow_base_override: bool = False,
 ) -> None:
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
-    from sparkforge.registry.pushed import DIGESTS_DIR
 
     if image:
         from sparkforge.oci import check_reference
@@ -54,28 +129,21 @@ def push(
         platform,
         image=image or None,
         metadata_file=Path(metadata_file) if metadata_file else None,
-        digests_dir=Path(digests) if digests else DIGESTS_DIR,
-        allow_unverified=unverified,
-        allow_base_override=allow_base_override,
+        digests_dir=evidence.digests_dir,
+        allow_unverified=evidence.unverified,
+        allow_base_override=evidence.allow_base_override,
     )
     pub.push_image(session, load_recipe(recipe), options)
 
 
 @task(
-    families=(DRY, JSON),
+    families=(DRY, JSON, EVIDENCE, MOVES),
     iterable=["digest"],
     help={
         "recipe": RECIPE_HELP,
-        "digests": DIGESTS_HELP,
         "digest": "PLATFORM=sha256:... for one platform (repeatable; overrides the records)",
-        "date": "date for {date} tags, YYYYMMDD (default: today, UTC)",
-        "moving": "also move the moving tags (only when every platform image is GPU-verified)",
-        "promote": "move the moving tags to this verified index digest (sha256:...) and do nothing else",
-        "rollback": "move this moving tag back to the previous GPU-verified index in its history, nothing else",
         "json": "write the result (index digest, tags) here",
         "dry": "read the registry, print what would be written, write nothing",
-        "unverified": "publish digests that have no passed verify record (loudly warned; never moves tags)",
-        "allow_base_override": "publish images built on other base images than the recipe pins (test images)",
     },
 )
 @user_errors
@@ -83,15 +151,10 @@ def publish(
     c: Context,
     session: Session,
     outputs: Outputs,
+    evidence: Evidence,
+    moves: TagMoves,
     recipe: str,
-    digests: str = "",
     digest: list[str] | None = None,
-    date: str = "",
-    moving: bool = False,
-    promote: str = "",
-    rollback: str = "",
-    unverified: bool = False,
-    allow_base_override: bool = False,
 ) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
     from sparkforge.boundary import check_exclusive
@@ -99,32 +162,30 @@ def publish(
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
     from sparkforge.registry.cosign import plan_digest
-    from sparkforge.registry.pushed import DIGESTS_DIR, load_digests
+    from sparkforge.registry.pushed import load_digests
 
+    rollback, promote = moves.rollback, moves.promote
     check_exclusive(
-        rollback=rollback, promote=promote, digest=digest, moving=moving and (rollback or promote)
+        rollback=rollback, promote=promote, digest=digest, moving=moves.moving and (rollback or promote)
     )
     if rollback:
         check_tag("--rollback", rollback)  # the boundary: before the registry is contacted
-        check_exclusive(rollback=rollback, date=date, digests=digests, unverified=unverified)
+        check_exclusive(
+            rollback=rollback, date=moves.date, digests=evidence.digests, unverified=evidence.unverified
+        )
     if promote:
         check_digest("--promote", promote)
     loaded = load_recipe(recipe)
-    when = None
-    if date:
-        try:
-            when = dt.datetime.strptime(date, "%Y%m%d").date()
-        except ValueError:
-            raise PublishError(f"--date {date!r}: use YYYYMMDD, e.g. 20261129") from None
-    one = session  # --dry: every registry command printed, none run
+    when = moves.when
+    # with --dry the session's runner prints every registry command and runs none
     if rollback:
         from sparkforge.registry.rollback import roll_back
 
-        result = roll_back(one, loaded, rollback)
+        result = roll_back(session, loaded, rollback)
     elif promote:
-        result = pub.move_tags(one, loaded, promote, pub.PromoteOptions(when))
+        result = pub.move_tags(session, loaded, promote, pub.PromoteOptions(when))
     else:
-        found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
+        found = load_digests(loaded, evidence.digests_dir)
         for item in digest or []:
             platform, _, value = item.partition("=")
             if not value or not plan_digest(value):
@@ -133,8 +194,8 @@ def publish(
                 )
             check_platform("--digest", platform)
             found[platform] = value
-        options = pub.PublishOptions(when, moving, unverified, allow_base_override)
-        result = pub.publish_index(one, loaded, found, options)
+        options = pub.PublishOptions(when, moves.moving, evidence.unverified, evidence.allow_base_override)
+        result = pub.publish_index(session, loaded, found, options)
     outputs.write(session, result.to_json())
 
 
@@ -160,12 +221,16 @@ def images(c: Context, session: Session, outputs: Outputs, recipe: str) -> None:
     loaded = load_recipe(recipe)
     state = tufclient.refresh(loaded.model.publish.repository, root_file=tufclient.root_file_of(loaded))
     rows = tagtrust.published(state)
-    session.out(f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)")
+    session.out(
+        f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)"
+    )
     for row in rows:
         now = "now " if row["names_now"] else "was "
         images_ = ", ".join(f"{p} {d[:19]}" for p, d in sorted(row["platforms"].items()))
         claims = sum(len(c) for c in row["claims"].values())
-        session.out(f"  {row['date'][:10]}  {now}{row['tag']:12} {row['index'][:19]}  {images_}  {row['verdict']}")
+        session.out(
+            f"  {row['date'][:10]}  {now}{row['tag']:12} {row['index'][:19]}  {images_}  {row['verdict']}"
+        )
         if claims:
             session.out(
                 f"      {claims} signed GPU claim(s) pinned; pull: invoke pull --recipe {recipe} --tag {row['tag']}"
@@ -176,7 +241,7 @@ def images(c: Context, session: Session, outputs: Outputs, recipe: str) -> None:
 
 
 @task(
-    families=(PLATFORM, PULL, JSON),
+    families=(PULL, JSON),
     help={
         "recipe": RECIPE_HELP,
         "tag": "tag or sha256:DIGEST to pull (default: the recipe's first tag without {date})",
@@ -190,8 +255,7 @@ def images(c: Context, session: Session, outputs: Outputs, recipe: str) -> None:
 def pull(
     c: Context,
     session: Session,
-    platform: str | None,
-    trust: PullTrust,
+    pulling: PullChoice,
     outputs: Outputs,
     recipe: str,
     tag: str = "",
@@ -213,7 +277,11 @@ def pull(
         )
     loaded = load_recipe(recipe)
     options = PullOptions(
-        digest or tag or None, platform, trust.allow_drift, trust.allow_unsigned, trust.allow_unverified
+        digest or tag or None,
+        pulling.platform,
+        pulling.allow_drift,
+        pulling.allow_unsigned,
+        pulling.allow_unverified,
     )
     result = pull_image(session, loaded, options)
     session.out(f"image: {result.image}")
