@@ -8,8 +8,6 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
-from sparkforge.cli.families import NETWORK
-from sparkforge.context import Session
 from sparkforge.cli import bench as cli_bench
 from sparkforge.cli import cluster as cli_cluster
 from sparkforge.cli import community as cli_community
@@ -24,6 +22,8 @@ from sparkforge.cli import run as cli_run
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
 from sparkforge.cli import trust as cli_trust
+from sparkforge.cli.families import JSON, NETWORK, Outputs
+from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -36,7 +36,7 @@ def preflight_checks():
 
 
 @task(
-    families=(NETWORK,),
+    families=(NETWORK, JSON),
     help={
         "catalog": "instead: a folder (or https:// file) of community recipes, each checked for import",
         "recipe": "with --catalog: the sparkforge recipe whose pinned vLLM they are checked against",
@@ -44,12 +44,12 @@ def preflight_checks():
     },
 )
 @user_errors
-def recipes(c: Context, session: Session, catalog: str = "", recipe: str = "", json: str = "") -> None:
+def recipes(c: Context, session: Session, outputs: Outputs, catalog: str = "", recipe: str = "") -> None:
     """List the recipes with their one-line descriptions (or, with --catalog, a community catalog)."""
     from sparkforge.recipe.loader import list_recipe_names, load_recipe
 
     if catalog:
-        return cli_community.catalog(catalog, recipe, session.offline, json)
+        return cli_community.catalog(session, catalog, recipe, outputs)
     for name in list_recipe_names():
         session.out(f"{name:28} {load_recipe(name).model.description}")
 
