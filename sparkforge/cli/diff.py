@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.boundary import write_output
-from sparkforge.cli import echo, task, user_errors
+from sparkforge.cli import echo, session, task, user_errors
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
@@ -75,7 +75,7 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
         load_result(Path(path), "--bench")  # the bench reader: shape and finite figures, not only JSON
     # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
-    report = run_diff(a, b, echo=echo, bench=paths)
+    report = run_diff(session(), a, b, paths)
     echo(format_table(report))
     if json:
         report.write_json(Path(json))
@@ -104,7 +104,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.publish import session_tools
     from sparkforge.registry.releases import history_view, verdict_counts
 
     if tag:
@@ -120,7 +120,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
             f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
             "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
         )
-    tools = tools_for(loaded, None, None, echo, "history")
+    tools = session_tools(session(), loaded, "history")
     tags = [tag] if tag else moving
     views, missing = [], []
     for t in tags:  # without --tag, the moving tags that have a history

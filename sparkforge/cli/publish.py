@@ -287,7 +287,7 @@ def pull(
     session.out(f"image: {result.image}")
     from sparkforge.registry import releases
 
-    release = releases.pulled(loaded, result.image, result.reference if digest else "")
+    release = releases.pulled(session, loaded, result.image, result.reference if digest else "")
     for line in release["lines"]:
         session.out(line)
     outputs.write(session, {**result.to_json(), "release": release})

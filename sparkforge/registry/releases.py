@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkforge.audit.compat import VERDICTS
-from sparkforge.commands import Runner
+from sparkforge.context import Session, quiet_session
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import history, tagtrust
@@ -31,7 +31,7 @@ def _newest(predicates: list[dict[str, Any]]) -> dict[str, Any]:
     return max(predicates, key=lambda p: str(p.get("attestedAt") or ""))
 
 
-def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
+def signed_claims(recipe: Recipe, ref: str, cosign: Cosign) -> dict[str, Any]:
     """The newest signed kernel report and verify claim of one platform image (empty when unsigned or none).
 
     Both are read with the verify signer's identity only (the GPU job attests them): a claim signed by the
@@ -40,7 +40,6 @@ def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
     policy = Policy.for_verify(recipe)
     if policy is None:
         return {"signed": False, "why": "the recipe declares no publish.signing"}
-    cosign = Cosign(runner)
     try:
         kernels = cosign.attestations(ref, policy, KERNELS_CLAIM).statements
         claims = cosign.attestations(ref, policy, VERIFY_CLAIM).statements
@@ -75,7 +74,9 @@ def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool 
         platforms = {}
         for platform, digest in sorted(entry.platforms.items()):
             claims = (
-                signed_claims(recipe, f"{tools.repository}@{digest}", tools.runner) if attestations else {}
+                signed_claims(recipe, f"{tools.repository}@{digest}", Cosign(tools.runner))
+                if attestations
+                else {}
             )
             platforms[platform] = {"digest": digest, "recorded": entry.verified.get(platform, {}), **claims}
         rows.append(
@@ -115,7 +116,7 @@ def carried_with_kernels(recipe: Recipe, image: str) -> Check:
     ref = (check.details or {}).get("reference")
     if check.status != "passed" or not ref:
         return check
-    claims = signed_claims(recipe, str(ref), Runner(stream=False))
+    claims = signed_claims(recipe, str(ref), Cosign(quiet_session().runner))
     kernels = claims.get("kernels")
     reason = check.reason + (
         f"; kernel report: {_coverage_text(kernels)}" if kernels else "; no signed kernel report"
@@ -134,14 +135,13 @@ def _coverage_text(kernels: Mapping[str, Any]) -> str:
     return f"{kernels.get('target')}: {counts}; usable backends: {', '.join(kernels.get('usable_backends') or []) or 'none'}"
 
 
-def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None = None) -> dict[str, Any]:
+def pulled(session: Session, recipe: Recipe, image: str, digest: str = "") -> dict[str, Any]:
     """What `pull` shows after verifying: the pulled image's signed kernel report, and for `--digest`, where
     that digest stands in the moving tags' history."""
     from sparkforge.recipe import plan
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.publish import session_tools
 
-    runner = runner or Runner(stream=False)
-    claims = signed_claims(recipe, image, runner)
+    claims = signed_claims(recipe, image, Cosign(session.runner))
     kernels = claims.get("kernels")
     if not claims.get("signed"):
         lines = [f"kernel report: not checked ({claims.get('why')})"]
@@ -149,7 +149,7 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
         lines = ["kernel report: " + (_coverage_text(kernels) if kernels else "none attested for this image")]
     found = None
     if digest:
-        tools = tools_for(recipe, runner, None, lambda _: None, "pull-history")
+        tools = session_tools(session, recipe, "pull-history")
         found = find_release(
             recipe,
             tools,

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkforge import console, engine
-from sparkforge.commands import Runner
 from sparkforge.console import Echo
+from sparkforge.context import quiet_session
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
@@ -363,7 +363,7 @@ def check_labels(trusted: Trusted, labels: Mapping[str, str], on_refuse: Callabl
         )
 
 
-def attestation_check(recipe: Recipe, image: str, runner: Runner | None = None) -> Check:
+def attestation_check(recipe: Recipe, image: str) -> Check:
     """For `verify --image`: the signed attestations a pulled image carries (by its registry digest)."""
     policy = Policy.of(recipe)
     repo = recipe.model.publish.repository
@@ -379,7 +379,7 @@ def attestation_check(recipe: Recipe, image: str, runner: Runner | None = None) 
             else f"{image} was not pulled from {repo}"
         )
         return Check("attestation", "skipped", why)
-    cosign = Cosign(runner or Runner(stream=False))
+    cosign = Cosign(quiet_session().runner)  # verify's `carried` callback: it is given no session
     ref = f"{repo}@{digests[0]}"
     try:
         signed = cosign.verify(ref, policy)

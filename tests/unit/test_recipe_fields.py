@@ -25,7 +25,7 @@ def schema_keys(schema: dict[str, Any], node: dict[str, Any], prefix: str = "") 
         for option in [prop, *prop.get("anyOf", []), prop.get("items", {})]:
             ref = option.get("$ref") or option.get("items", {}).get("$ref")
             if ref:
-                listed = "items" in option or "items" in prop and option is prop.get("items")
+                listed = "items" in option or ("items" in prop and option is prop.get("items"))
                 sub = f"{path}[]." if listed else f"{path}."
                 found |= schema_keys(schema, schema["$defs"][ref.rsplit("/", 1)[1]], sub)
     return found
