@@ -3,12 +3,13 @@ sign.tuf-timestamp (re-sign the TUF snapshot and timestamp), sign.install."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import SIGNING, Signing
+from sparkforge.cli.families import SIGNING, Family, Option, Signing
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -64,31 +65,68 @@ def _decided(loaded, tools, published: str, platform: str, image: str) -> str:
     return derived
 
 
-@task(
-    families=(SIGNING,),
-    help={
-        "recipe": RECIPE_HELP,
-        "image": "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
-        "published": "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the "
-        "registry (the sign job decides what it signs); with --image, they must agree",
-        "report": "the verify report ('invoke verify --report')",
-        "crashed": "verify crashed and wrote no report: attest a failed report carrying this error instead",
-        "kernels": "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
-        "platform": "the platform of the image (default: linux/arm64, the GPU job's)",
-    },
+@dataclass(frozen=True)
+class Claim:
+    """What sign.attest attests (exactly one): a verify report, a crash of verify, or a kernel report."""
+
+    report: str = ""
+    crashed: str = ""
+    kernels: str = ""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The platform image sign.attest attests: --image, or derived from --published (the merge job's record;
+    with --image, they must agree), and its platform."""
+
+    image: str = ""
+    published: str = ""
+    platform: str = "linux/arm64"
+
+
+CLAIM = Family(
+    "claim",
+    (
+        Option("report", "", "the verify report ('invoke verify --report')"),
+        Option(
+            "crashed",
+            "",
+            "verify crashed and wrote no report: attest a failed report carrying this error instead",
+        ),
+        Option(
+            "kernels",
+            "",
+            "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
+        ),
+    ),
+    "claim",
+    Claim,
 )
+SUBJECT = Family(
+    "subject",
+    (
+        Option(
+            "image",
+            "",
+            "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
+        ),
+        Option(
+            "published",
+            "",
+            "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry "
+            "(the sign job decides what it signs); with --image, they must agree",
+        ),
+        Option("platform", "linux/arm64", "the platform of the image (default: linux/arm64, the GPU job's)"),
+    ),
+    "subject",
+    Subject,
+)
+
+
+@task(families=(SIGNING, CLAIM, SUBJECT), help={"recipe": RECIPE_HELP})
 @user_errors
 def attest(
-    c: Context,
-    session: Session,
-    signing: Signing,
-    recipe: str,
-    image: str = "",
-    report: str = "",
-    crashed: str = "",
-    platform: str = "linux/arm64",
-    kernels: str = "",
-    published: str = "",
+    c: Context, session: Session, signing: Signing, claim: Claim, subject: Subject, recipe: str
 ) -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified.
 
@@ -96,50 +134,47 @@ def attest(
     and every moving tag naming it leaves them; with --crashed, a minimal failed report with the error is attested (a crash revokes too).
     """
     from sparkforge.errors import SparkforgeError
-    from sparkforge.oci import check_reference
+    from sparkforge.oci import PLATFORMS, check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import tagtrust
-    from sparkforge.registry.attest import attest_report
+    from sparkforge.registry.attest import attest_kernels, attest_report
     from sparkforge.registry.publish import session_tools
     from sparkforge.registry.signinputs import check_subject, parse_verify_report
 
+    image, published, platform = subject.image, subject.published, subject.platform
     if image:
         check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
     elif not published:
         raise SparkforgeError("pass --published (the merge job's record) or --image REPOSITORY@sha256:...")
-    if sum(map(bool, (report, crashed, kernels))) != 1:
+    if sum(map(bool, (claim.report, claim.crashed, claim.kernels))) != 1:
         raise SparkforgeError(
             "pass one of --report (the verify report), --crashed ERROR (verify wrote none) or --kernels (a "
             "kernel report)"
         )
-    if kernels:
-        from sparkforge.registry.attest import attest_kernels
-
-        loaded = load_recipe(recipe)
-        data = _read_json(kernels, "'invoke kernels --json'")  # the image ID binding is checked on attest
-        cosign, signer = signing.tools(session)
-        tools = session_tools(session, loaded, "attest")
-        image = _decided(loaded, tools, published, platform, image)
-        signed = attest_kernels(loaded, image, data, cosign, signer, tools)
-        session.out(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-        return
-    from sparkforge.oci import PLATFORMS
-
-    if platform not in PLATFORMS:
+    if not claim.kernels and platform not in PLATFORMS:
         raise SparkforgeError(f"--platform {platform[:80]!r}: use one of {', '.join(PLATFORMS)}")
     loaded = load_recipe(recipe)
-    if report:
-        data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
+    if claim.kernels:
+        data = _read_json(
+            claim.kernels, "'invoke kernels --json'"
+        )  # the image ID binding is checked on attest
+    elif claim.report:
+        data = parse_verify_report(
+            _read_json(claim.report, "'invoke verify --report'"), claim.report
+        )  # before cosign
     cosign, signer = signing.tools(session)
     tools = session_tools(session, loaded, "attest")
     image = _decided(loaded, tools, published, platform, image)
-    if published and report:
-        check_subject(data, image, report)
-    if crashed:
-        data = tagtrust.crashed_report(loaded, image, platform, crashed, tools)
-    signed = attest_report(loaded, image, data, cosign, signer, tools)
+    if claim.kernels:
+        signed = attest_kernels(loaded, image, data, cosign, signer, tools)
+    else:
+        if published and claim.report:
+            check_subject(data, image, claim.report)
+        if claim.crashed:
+            data = tagtrust.crashed_report(loaded, image, platform, claim.crashed, tools)
+        signed = attest_report(loaded, image, data, cosign, signer, tools)
     session.out(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-    for tag in tagtrust.revoke_failed(loaded, image, data, tools):
+    for tag in [] if claim.kernels else tagtrust.revoke_failed(loaded, image, data, tools):
         session.out(f"sparkforge: revoked {image} in the signed TUF targets; {tag} no longer names it")
 
 
