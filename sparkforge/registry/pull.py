@@ -108,9 +108,8 @@ def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled
         local,
         platform,
         tools,
-        allow_unsigned=options.allow_unsigned,
-        warn=warn,
-        allow_unverified=options.allow_unverified,
+        signing_check.Overrides(options.allow_unsigned, options.allow_unverified),
+        warn,
     )
     local = f"{repo}@{trusted.digest}"  # pull exactly the digest that was verified
     echo(f"sparkforge: pulling {ref} for {platform}")

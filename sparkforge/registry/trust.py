@@ -82,16 +82,23 @@ def _refuse(ref: str, platform: str, what: str, fix: str) -> SigningError:
     return SigningError(f"refusing {ref} ({platform}): {what}. Nothing was tagged. Fix: {fix}")
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """What the owner lets a pull take without, each said loudly: a valid signature (never for moving tags),
+    a signed GPU-verified claim for the platform."""
+
+    allow_unsigned: bool = False
+    allow_unverified: bool = False
+
+
 def verify_remote(
     recipe: Recipe,
     ref: str,
     image: str,
     platform: str,
     tools: Manifests,
-    *,
-    allow_unsigned: bool = False,
+    overrides: Overrides = Overrides(),
     warn: Echo = console.warn,
-    allow_unverified: bool = False,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
 
@@ -128,9 +135,9 @@ def verify_remote(
             raise _refuse(
                 ref, platform, what + f"; {tag} is a moving tag: --allow-unsigned never applies", fix
             )
-        if not allow_unsigned:
+        if not overrides.allow_unsigned:
             raise _refuse(ref, platform, what, fix + "; or pass --allow-unsigned to accept it unverified")
-        if not allow_unverified:  # no signature, so no GPU claim can be checked either
+        if not overrides.allow_unverified:  # no signature, so no GPU claim can be checked either
             why = "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image has none"
             raise _refuse(
                 ref, platform, what + why, "pass --allow-unverified as well to take it anyway, loudly"
@@ -179,7 +186,7 @@ def verify_remote(
         )
     if not judged.verdict.verified:
         what = f"{repo}@{digest} ({platform}): {judged.reason} (verify attestations signed by {verifier.describe()})"
-        if not allow_unverified:
+        if not overrides.allow_unverified:
             raise _refuse(
                 ref,
                 platform,

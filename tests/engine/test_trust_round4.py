@@ -139,9 +139,8 @@ def _report(world: World, image: str, platform: str, status: str = "passed") -> 
 
 
 def _check(world: World, ref: str, image: str, platform: str = "linux/arm64", **kw) -> trust.Trusted:
-    return trust.verify_remote(
-        world.recipe, ref, image, platform, world.tools, warn=kw.pop("warn", print), **kw
-    )
+    warn = kw.pop("warn", print)
+    return trust.verify_remote(world.recipe, ref, image, platform, world.tools, trust.Overrides(**kw), warn)
 
 
 @pytest.fixture
