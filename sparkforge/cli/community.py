@@ -10,7 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import NETWORK, Family, Option, Outputs
+from sparkforge.cli.families import NETWORK, Family, Outputs
 from sparkforge.context import Session
 
 DEFAULT_RECIPE = "vllm-qwen35-wheels"
@@ -71,36 +71,14 @@ class Reading:
         return ImportOptions(self.format or None, extra, name, overrides, opt_ins)  # type: ignore[arg-type]
 
 
-READING = Family(
-    "reading",
-    (
-        Option(
-            "format", "", 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file'
-        ),
-        Option(
-            "extra",
-            "",
-            "the words the community runner takes after `--` (appended to the command, the last flag wins)",
-        ),
-        Option(
-            "set",
-            None,
-            "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
-        ),
-        Option(
-            "allow",
-            None,
-            "ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it "
-            "does; written into the profile with the reason (repeatable)",
-        ),
-        Option(
-            "no_preflight",
-            False,
-            "do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
-        ),
-    ),
-    "reading",
+READING = Family.of(
     Reading,
+    "reading",
+    format='eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
+    extra="the words the community runner takes after `--` (appended to the command, the last flag wins)",
+    set="KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
+    allow="ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it does; written into the profile with the reason (repeatable)",
+    no_preflight="do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
 )
 
 
@@ -228,26 +206,13 @@ class Pinning:
     trust_remote_code: bool = False
 
 
-PINNING = Family(
-    "pinning",
-    (
-        Option("image", "", "image reference to write (default: the recipe's candidate tag)"),
-        Option(
-            "realize",
-            False,
-            "pin the image by digest (registry, else the engine) and the model by its hub commit",
-        ),
-        Option(
-            "model_revision",
-            "",
-            "the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
-        ),
-        Option(
-            "trust_remote_code", False, "write --trust-remote-code into the recipe (never from a profile)"
-        ),
-    ),
-    "pinning",
+PINNING = Family.of(
     Pinning,
+    "pinning",
+    image="image reference to write (default: the recipe's candidate tag)",
+    realize="pin the image by digest (registry, else the engine) and the model by its hub commit",
+    model_revision="the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
+    trust_remote_code="write --trust-remote-code into the recipe (never from a profile)",
 )
 
 

@@ -40,8 +40,7 @@ def registry_pages() -> list[tuple[Table, Path]]:
 @task(help={"check": "only say which pages are stale (exit 1), write nothing"})
 @user_errors
 def tables(c: Context, session: Session, check: bool = False) -> None:
-    """Rewrite every registry's table in its docs page (conform rows, bench suites, verify and preflight checks,
-    doctor stages, the recipe's keys)."""
+    """Rewrite every registry's table in its docs page, and the recipe's keys in docs/reference.md."""
     stale = stale_tables(registry_pages(), write=not check)
     for page in stale:
         session.out(f"{page.relative_to(ROOT)}: {'stale' if check else 'rewritten'}")

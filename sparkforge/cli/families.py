@@ -19,7 +19,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,13 @@ class Family:
     options: tuple[Option, ...]
     into: str = ""
     make: Callable[..., Any] | None = None
+
+    @classmethod
+    def of(cls, value: type, into: str, **helps: str) -> Family:
+        """A value family from its frozen dataclass: one option per field named in `helps` (the flag, the
+        field's default, the help line), the body's parameter `into` an instance built from their values."""
+        options = tuple(Option(f.name, f.default, helps[f.name]) for f in fields(value) if f.name in helps)
+        return cls(into, options, into, value)
 
 
 GLOBAL = Family(
@@ -111,7 +118,7 @@ class PullChoice:
     """The platform to pull (checked; None: this machine's) and what the pulled image may lack, each said
     loudly: labels that match the recipe, a signature, a signed GPU-verified claim."""
 
-    platform: str | None = None
+    platform: str | None = ""  # the flag's value; None once checked and empty (this machine's)
     allow_drift: bool = False
     allow_unsigned: bool = False
     allow_unverified: bool = False
@@ -130,50 +137,27 @@ def checked_platform(platform: str = "") -> str | None:
     return platform or None
 
 
-JSON = Family("json", (Option("json", "", "write the result (JSON) here"),), "outputs", Outputs)
-REPORT = Family(
-    "report",
-    (Option("json", "", "write the JSON report here"), Option("junit", "", "write JUnit XML here")),
-    "outputs",
-    Outputs,
-)
-SIGNING = Family(
-    "signing",
-    (
-        Option(
-            "key",
-            "",
-            "cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI "
-            "job's OIDC identity). The key's password comes from $COSIGN_PASSWORD",
-        ),
-    ),
-    "signing",
+JSON = Family.of(Outputs, "outputs", json="write the result (JSON) here")
+REPORT = Family.of(Outputs, "outputs", json="write the JSON report here", junit="write JUnit XML here")
+SIGNING = Family.of(
     Signing,
+    "signing",
+    key="cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI job's OIDC identity). The key's password comes from $COSIGN_PASSWORD",
 )
 UNVERIFIED_HELP = "take an image without a signed GPU-verified claim for the platform, LOUDLY"
-IMAGE = Family(
-    "image",
-    (
-        Option("image", "", "image reference (default: the recipe's verified candidate tag)"),
-        Option("allow_unverified", False, UNVERIFIED_HELP),
-    ),
-    "chosen",
+IMAGE = Family.of(
     ImageChoice,
+    "chosen",
+    image="image reference (default: the recipe's verified candidate tag)",
+    allow_unverified=UNVERIFIED_HELP,
 )
-PULL = Family(
-    "pull",
-    (
-        Option("platform", "", "linux/arm64 or linux/amd64 (default: this machine's)"),
-        Option("allow_drift", False, "accept an image whose labels differ from the recipe, with a warning"),
-        Option(
-            "allow_unsigned",
-            False,
-            "accept an image without a valid signature, LOUDLY (never for moving tags)",
-        ),
-        Option("allow_unverified", False, UNVERIFIED_HELP),
-    ),
-    "pulling",
+PULL = Family.of(
     PullChoice,
+    "pulling",
+    platform="linux/arm64 or linux/amd64 (default: this machine's)",
+    allow_drift="accept an image whose labels differ from the recipe, with a warning",
+    allow_unsigned="accept an image without a valid signature, LOUDLY (never for moving tags)",
+    allow_unverified=UNVERIFIED_HELP,
 )
 PLATFORM = Family(
     "platform",

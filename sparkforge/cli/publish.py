@@ -11,7 +11,7 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Family, Option, Outputs, PullChoice
+from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Family, Outputs, PullChoice
 from sparkforge.context import Session
 from sparkforge.errors import PublishError
 
@@ -34,25 +34,12 @@ class Evidence:
         return Path(self.digests) if self.digests else DIGESTS_DIR
 
 
-EVIDENCE = Family(
-    "evidence",
-    (
-        Option(
-            "digests", "", "directory of digest records written by 'invoke push' (default: build/digests)"
-        ),
-        Option(
-            "unverified",
-            False,
-            "publish digests that have no passed verify record (loudly warned; never moves tags)",
-        ),
-        Option(
-            "allow_base_override",
-            False,
-            "publish images built on other base images than the recipe pins (test images)",
-        ),
-    ),
-    "evidence",
+EVIDENCE = Family.of(
     Evidence,
+    "evidence",
+    digests="directory of digest records written by 'invoke push' (default: build/digests)",
+    unverified="publish digests that have no passed verify record (loudly warned; never moves tags)",
+    allow_base_override="publish images built on other base images than the recipe pins (test images)",
 )
 
 
@@ -76,24 +63,13 @@ class TagMoves:
             raise PublishError(f"--date {self.date!r}: use YYYYMMDD, e.g. 20261129") from None
 
 
-MOVES = Family(
-    "moves",
-    (
-        Option("date", "", "date for {date} tags, YYYYMMDD (default: today, UTC)"),
-        Option("moving", False, "also move the moving tags (only when every platform image is GPU-verified)"),
-        Option(
-            "promote",
-            "",
-            "move the moving tags to this verified index digest (sha256:...) and do nothing else",
-        ),
-        Option(
-            "rollback",
-            "",
-            "move this moving tag back to the previous GPU-verified index in its history, nothing else",
-        ),
-    ),
-    "moves",
+MOVES = Family.of(
     TagMoves,
+    "moves",
+    date="date for {date} tags, YYYYMMDD (default: today, UTC)",
+    moving="also move the moving tags (only when every platform image is GPU-verified)",
+    promote="move the moving tags to this verified index digest (sha256:...) and do nothing else",
+    rollback="move this moving tag back to the previous GPU-verified index in its history, nothing else",
 )
 
 

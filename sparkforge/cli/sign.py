@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import SIGNING, Family, Option, Signing
+from sparkforge.cli.families import SIGNING, Family, Signing
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -84,42 +84,19 @@ class Subject:
     platform: str = "linux/arm64"
 
 
-CLAIM = Family(
-    "claim",
-    (
-        Option("report", "", "the verify report ('invoke verify --report')"),
-        Option(
-            "crashed",
-            "",
-            "verify crashed and wrote no report: attest a failed report carrying this error instead",
-        ),
-        Option(
-            "kernels",
-            "",
-            "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
-        ),
-    ),
-    "claim",
+CLAIM = Family.of(
     Claim,
+    "claim",
+    report="the verify report ('invoke verify --report')",
+    crashed="verify crashed and wrote no report: attest a failed report carrying this error instead",
+    kernels="a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
 )
-SUBJECT = Family(
-    "subject",
-    (
-        Option(
-            "image",
-            "",
-            "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
-        ),
-        Option(
-            "published",
-            "",
-            "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry "
-            "(the sign job decides what it signs); with --image, they must agree",
-        ),
-        Option("platform", "linux/arm64", "the platform of the image (default: linux/arm64, the GPU job's)"),
-    ),
-    "subject",
+SUBJECT = Family.of(
     Subject,
+    "subject",
+    image="the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
+    published="PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry (the sign job decides what it signs); with --image, they must agree",
+    platform="the platform of the image (default: linux/arm64, the GPU job's)",
 )
 
 

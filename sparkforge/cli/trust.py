@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import Whole, task, user_errors
-from sparkforge.cli.families import JSON, Family, Option, Outputs
+from sparkforge.cli.families import JSON, Family, Outputs
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (it names publish.signing.trust_root)"
@@ -37,23 +37,11 @@ class OnlineChoice:
         return Online(Path(self.online_key) if self.online_key else None, self.online_identity)
 
 
-ONLINE = Family(
-    "online",
-    (
-        Option(
-            "online_key",
-            "",
-            "PATH: the online roles' private key file (PEM); CI holds it as SPARKFORGE_TUF_SIGNER=file2:PATH",
-        ),
-        Option(
-            "online_identity",
-            "",
-            "URL: keyless online roles: the signing workflow at its ref, e.g. "
-            "https://github.com/ME/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main",
-        ),
-    ),
-    "online",
+ONLINE = Family.of(
     OnlineChoice,
+    "online",
+    online_key="PATH: the online roles' private key file (PEM); CI holds it as SPARKFORGE_TUF_SIGNER=file2:PATH",
+    online_identity="URL: keyless online roles: the signing workflow at its ref, e.g. https://github.com/ME/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main",
 )
 
 
