@@ -10,7 +10,6 @@ from typing import Any
 
 from sparkforge.audit.compat import VERDICTS
 from sparkforge.context import Session, quiet_session
-from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import history, tagtrust
 from sparkforge.registry.cosign import (
@@ -20,7 +19,7 @@ from sparkforge.registry.cosign import (
     Policy,
     SigningError,
 )
-from sparkforge.registry.manifests import Manifests, index_platforms
+from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.trust import attestation_check
 from sparkforge.report import Check
 from sparkforge.verify.kernels_report import coverage_summary
@@ -165,13 +164,3 @@ def pulled(session: Session, recipe: Recipe, image: str, digest: str = "") -> di
             else f"release: {says}: no moving tag named it (an immutable-tag release, or published elsewhere)"
         )
     return {"lines": lines, "kernels": kernels or {}, "history": found}
-
-
-def platforms_of(tools: Manifests, digest: str) -> dict[str, str]:
-    manifest = tools.fetch(f"{tools.repository}@{digest}")
-    if manifest is None:
-        raise PublishError(
-            f"{tools.repository}@{digest} is not in the registry; fix: check the digest ('invoke history "
-            "--recipe R' lists the ones a tag has named)"
-        )
-    return dict(index_platforms(manifest)) if "manifests" in manifest else {}
