@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def _kind(annotation: Any, info: FieldInfo | None = None) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "required"
-    value = info.default_factory() if info.default is PydanticUndefined else info.default  # type: ignore[call-arg,misc]
+    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
     if value is None or isinstance(value, BaseModel):
         return ""
     if isinstance(value, bool):
