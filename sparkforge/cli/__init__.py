@@ -133,15 +133,21 @@ __all__ = ["Whole", "echo", "finish_report", "user_errors", "warn"]
 
 
 def finish_report(
-    report: Report, json_path: str = "", junit_path: str = "", *, hint: str = "see the table above"
+    report: Report,
+    json_path: str = "",
+    junit_path: str = "",
+    *,
+    hint: str = "see the table above",
+    out: Callable[[str], None] = echo,
 ) -> None:
-    """A checking task's ending: the table, the JSON/JUnit files asked for, a non-zero exit when a check failed."""
+    """A checking task's ending: the table, the JSON/JUnit files asked for, a non-zero exit when a check failed.
+    (A task with the REPORT family calls `outputs.finish(session, report, hint)`.)"""
     from sparkforge.report import print_report
 
-    print_report(report, echo)
+    print_report(report, out)
     if json_path:
         report.write_json(Path(json_path))
-        echo(f"report: {json_path}")
+        out(f"report: {json_path}")
     if junit_path:
         report.write_junit(Path(junit_path))
     if report.status != "passed":

@@ -21,9 +21,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkforge.context import Session
+
+if TYPE_CHECKING:
+    from sparkforge.report import Report
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,12 @@ class Outputs:
 
             write_output(self.json, json.dumps(data, indent=2, sort_keys=True) + "\n", "--json")
             session.out(f"wrote {self.json}")
+
+    def finish(self, session: Session, report: Report, hint: str = "see the table above") -> None:
+        """A checking task's ending (REPORT): the table, --json and --junit, exit 1 when a check failed."""
+        from sparkforge.cli import finish_report
+
+        finish_report(report, self.json, self.junit, hint=hint, out=session.out)
 
 
 @dataclass(frozen=True)

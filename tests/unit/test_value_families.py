@@ -53,7 +53,9 @@ def test_a_bad_value_is_a_user_error_before_the_body(capsys: pytest.CaptureFixtu
     assert "--platform 'linux/riscv64' is not a platform sparkforge builds" in err and "Traceback" not in err
 
 
-def test_an_output_into_a_system_folder_is_refused_before_the_body(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_into_a_system_folder_is_refused_before_the_body(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     SEEN.clear()
     assert run(["fetch", "--json", "/etc/sparkforge-report.json"]) == 1
     assert SEEN == [] and "--json" in capsys.readouterr().err
@@ -78,3 +80,27 @@ def test_a_task_with_only_value_families_gets_them_without_a_session() -> None:
     assert sorted(a.name for a in sign_only.get_arguments()) == ["key", "quiet"]
     sign_only(Context(), key="k.pem")
     assert got == [Signing("k.pem")]
+
+
+def test_a_checking_task_finishes_through_its_report_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparkforge.cli.families import REPORT
+    from sparkforge.report import Check, Report
+
+    @task(families=(REPORT,))
+    @user_errors
+    def check(c: Context, session: Session, outputs: Outputs) -> None:
+        """One passed and one failed check."""
+        report = Report(command="check", subject="here")
+        report.add(Check("first", "passed", "fine"))
+        report.add(Check("second", "failed", "broken"))
+        outputs.finish(session, report, hint="see second")
+
+    argv = ["check", "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"), "--quiet"]
+    with pytest.raises(SystemExit) as raised:
+        Program(namespace=Collection(check), binary="inv").run(["inv", *argv], exit=True)
+    assert raised.value.code == 1
+    captured = capsys.readouterr()
+    assert "check failed (second); see second" in captured.err and "second" in captured.out
+    assert (tmp_path / "r.json").is_file() and "<testsuite" in (tmp_path / "r.xml").read_text()
