@@ -15,6 +15,7 @@ from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
 from sparkforge.cli import memory as cli_memory
+from sparkforge.cli import overlay as cli_overlay
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import rebuild as cli_rebuild
@@ -422,3 +423,4 @@ ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
 ns.add_task(cli_memory.memory)
 ns.add_collection(cli_docs.ns)
+ns.add_collection(cli_overlay.ns)  # overlay (write), overlay.preflight, overlay.build

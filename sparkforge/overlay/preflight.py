@@ -35,6 +35,7 @@ class PathVerdict:
     path: str  # as the diff names it
     installed: str | None  # the path under site-packages, when allowed
     refusal: str | None  # why not, with the fix
+    kind: str = "python"  # python | compiled (needs a compile) | outside (not installed: tests, docs)
 
 
 def judge_path(path: str, package: str) -> PathVerdict:
@@ -48,7 +49,9 @@ def judge_path(path: str, package: str) -> PathVerdict:
         or any(path.startswith(d) or f"/{d}" in path for d in COMPILED_DIRS)
     )
     if compiled and not (inside and path.endswith(".py")):
-        return PathVerdict(path, None, f"{path} is a compiled source or build file; {SOURCE_FIX.format(package=package)}")
+        return PathVerdict(
+            path, None, f"{path} is a compiled source or build file; {SOURCE_FIX.format(package=package)}", "compiled"
+        )
     if not inside:
         return PathVerdict(
             path,
@@ -56,6 +59,7 @@ def judge_path(path: str, package: str) -> PathVerdict:
             f"{path} is outside {package}'s installed folder ({layout.repo_prefix}{layout.import_dir}/), so the "
             "image has no such file (upstream tests, docs); fix: leave it out of the patch ('invoke overlay' "
             "keeps only the installed .py files of a pull request)",
+            "outside",
         )
     if not path.endswith(".py"):
         return PathVerdict(
@@ -63,6 +67,7 @@ def judge_path(path: str, package: str) -> PathVerdict:
             None,
             f"{path} is not a Python file; an overlay changes only .py files of installed packages; "
             f"{SOURCE_FIX.format(package=package)}",
+            "compiled",
         )
     return PathVerdict(path, path.removeprefix(layout.repo_prefix), None)
 
@@ -78,6 +83,7 @@ def judge_diff(diff: unidiff.Diff, package: str) -> list[PathVerdict]:
                     None,
                     f"{change.path}: a binary, mode or rename change; an overlay applies text hunks to .py files "
                     f"only; {SOURCE_FIX.format(package=package)}",
+                    "compiled",
                 )
             )
             continue

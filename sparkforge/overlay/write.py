@@ -1,0 +1,183 @@
+"""`invoke overlay`: write an overlay recipe for a patch file, or for a pull request found in a local git checkout.
+
+No network: a pull request is read from the checkout the owner already has (its merge or squash commit, found by
+`(#N)` or `Merge pull request #N` in the subject) through `git`. Of its diff, only the installed package's .py
+files are kept; upstream tests and docs are left out and named; a compiled source refuses the whole request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from sparkforge.boundary import read_text
+from sparkforge.commands import Command
+from sparkforge.context import Session
+from sparkforge.errors import InputError, RecipeError
+from sparkforge.overlay import unidiff
+from sparkforge.overlay.model import OVERLAYS_DIR, PACKAGES
+from sparkforge.overlay.preflight import judge_path
+from sparkforge.recipe.loader import PATCHES_DIR, REPO_ROOT, Recipe
+
+MAX_PATCH_BYTES = 4 << 20  # a pull request's diff; far more is not a small fix
+
+
+@dataclass(frozen=True)
+class OverlaySource:
+    """Where the patch comes from: a file, or pull request `pr` in the git checkout `checkout`."""
+
+    patch: Path | None = None
+    pr: int | None = None
+    checkout: Path | None = None
+
+
+@dataclass(frozen=True)
+class OverlayRequest:
+    recipe: Recipe  # the recipe the base image was built from
+    base_image: str  # NAME@sha256:<digest> of the verified image
+    package: str  # vllm, transformers or flashinfer
+    source: OverlaySource
+    name: str = ""  # default: <recipe>-pr<N> or <recipe>-<patch stem>
+    out: Path | None = None  # default: recipes/overlays/<name>.yaml
+
+
+@dataclass(frozen=True)
+class WrittenOverlay:
+    path: Path
+    patch: Path
+    kept: tuple[str, ...]
+    dropped: tuple[str, ...]  # upstream files the image does not install (tests, docs), left out
+
+
+def split_by_file(text: str) -> tuple[str, list[tuple[tuple[str, ...], str]]]:
+    """(the mail header, [(paths, the file's section)]) of a `git diff`/`format-patch` text."""
+    parts = re.split(r"(?m)^(?=diff --git )", text)
+    head, sections = parts[0], parts[1:]
+    out = []
+    for section in sections:
+        paths = tuple(unidiff.parse(section).paths) if "\n@@" in section or "Binary" in section else ()
+        if not paths:
+            match = re.match(r"diff --git a/(\S+) b/(\S+)", section)
+            paths = tuple(dict.fromkeys(match.groups())) if match else ()
+        out.append((paths, section))
+    return head, out
+
+
+def select_installed(text: str, package: str) -> tuple[str, list[str], list[str]]:
+    """Keep the sections that change the package's installed .py files; drop upstream-only files; refuse the
+    whole diff when it touches a compiled source (the fix: the source recipe)."""
+    head, sections = split_by_file(text)
+    kept_text, kept, dropped, refused = [], [], [], []
+    for paths, section in sections:
+        verdicts = [judge_path(p, package) for p in paths]
+        if all(v.refusal is None for v in verdicts):
+            kept_text.append(section)
+            kept += list(paths)
+        elif any(v.kind == "compiled" for v in verdicts):
+            refused += [v.refusal for v in verdicts if v.kind == "compiled" and v.refusal]
+        else:
+            dropped += list(paths)
+    if refused:
+        raise RecipeError("the patch cannot be an overlay: " + "; ".join(dict.fromkeys(refused)))
+    if not kept:
+        raise RecipeError(
+            f"the patch changes no installed .py file of {package} (it changes {', '.join(dropped) or 'nothing'}); "
+            "fix: check --package, or build from source"
+        )
+    tail = "" if kept_text[-1].endswith("\n") else "\n"
+    return head + "".join(kept_text) + tail, kept, dropped
+
+
+def pr_diff(session: Session, checkout: Path, pr: int) -> tuple[str, str]:
+    """(the diff, the commit) of pull request `pr` as merged in the local checkout: squash or merge commit."""
+    git = ("git", "-C", str(checkout))
+    found = session.runner.capture(
+        Command.of(*git, "log", "--all", "--format=%H %P%x00%s", "-E", f"--grep=(\\(#{pr}\\)$|^Merge pull request #{pr} )"),
+        "git-log",
+        check=False,
+    )
+    if found.returncode != 0:
+        raise InputError(f"--checkout {checkout}: not a git checkout ({found.output.strip()[-200:]}); fix: name a clone")
+    for line in found.output.splitlines():
+        ids, _, subject = line.partition("\x00")
+        commit, *parents = ids.split()
+        if not (subject.endswith(f"(#{pr})") or subject.startswith(f"Merge pull request #{pr} ")):
+            continue
+        if len(parents) > 1:  # a merge commit: what the pull request brought, against the first parent
+            result = session.runner.capture(Command.of(*git, "diff", "--no-color", f"{commit}^1", commit), "git-diff")
+            return f"From {commit}\nSubject: {subject}\n---\n" + result.output, commit
+        result = session.runner.capture(
+            Command.of(*git, "format-patch", "-1", "--stdout", "--no-signature", commit), "git-format-patch"
+        )
+        return result.output, commit
+    raise InputError(
+        f"--pr {pr}: no commit in {checkout} names pull request #{pr} ('(#{pr})' at the end of a squash commit's "
+        f"subject, or 'Merge pull request #{pr}'); fix: fetch the branch that merged it, or give --patch FILE"
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "patch"
+
+
+def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
+    """Write patches/overlay-<package>/<name>.patch and the overlay recipe; return what was kept and dropped."""
+    source = request.source
+    if source.patch is not None:
+        text = read_text(source.patch, "--patch", MAX_PATCH_BYTES)
+        origin = f"patch file {source.patch.name}"
+        default_name = f"{request.recipe.name}-{_slug(source.patch.stem)}"
+    elif source.pr is not None and source.checkout is not None:
+        text, commit = pr_diff(session, source.checkout, source.pr)
+        origin = f"pull request {source.pr} at commit {commit}"
+        default_name = f"{request.recipe.name}-pr{source.pr}"
+    else:
+        raise InputError("give --patch FILE, or --pr N with --checkout DIR (a local clone); fix: add one")
+    if request.package not in PACKAGES:
+        raise InputError(f"--package {request.package!r}: use one of {', '.join(PACKAGES)}")
+    try:
+        patch_text, kept, dropped = select_installed(text, request.package)
+    except unidiff.PatchError as exc:
+        raise RecipeError(f"the patch cannot be read: {exc}; fix: give 'git diff' or 'git format-patch' output") from None
+    name = request.name or default_name
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name):
+        raise InputError(f"--name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)")
+    folder = PATCHES_DIR / f"overlay-{request.package}"
+    folder.mkdir(parents=True, exist_ok=True)
+    patch_path = folder / f"{name}.patch"
+    data = patch_text.encode("utf-8")
+    patch_path.write_bytes(data)
+    out = request.out or OVERLAYS_DIR / f"{name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recipe_ref = _relative(request.recipe.path, out.parent)
+    document = {
+        "kind": "overlay",
+        "description": re.sub(r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", f"{request.recipe.name} plus {origin}")[:200],
+        "base": {"image": request.base_image, "recipe": recipe_ref},
+        "patches": [
+            {
+                "file": patch_path.relative_to(REPO_ROOT).as_posix(),
+                "package": request.package,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "origin": re.sub(r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", origin)[:200],
+            }
+        ],
+    }
+    header = (
+        f"# Written by `invoke overlay` from {origin}. Review the patch ({patch_path.relative_to(REPO_ROOT)}): its\n"
+        "# sha256 below pins the reviewed bytes. Build with `invoke overlay.build --overlay THIS_FILE`.\n"
+    )
+    if dropped:
+        header += "# Left out (not installed in the image): " + ", ".join(dropped) + "\n"
+    out.write_text(header + yaml.safe_dump(document, sort_keys=False))
+    return WrittenOverlay(out, patch_path, tuple(kept), tuple(dropped))
+
+
+def _relative(target: Path, start: Path) -> str:
+    import os
+
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
