@@ -69,7 +69,9 @@ def write(
 
     check_output(out, "--out")
     loaded = load_recipe(recipe)
-    source = OverlaySource(Path(patch) if patch else None, int(pr) or None, Path(checkout) if checkout else None)
+    source = OverlaySource(
+        Path(patch) if patch else None, int(pr) or None, Path(checkout) if checkout else None
+    )
     s = session()
     base = _base_image(loaded, image)
     request = OverlayRequest(loaded, base, package, source, name, Path(out) if out else None)
@@ -79,7 +81,10 @@ def write(
         echo(f"left out (not installed in the image): {', '.join(written.dropped)}")
     if not no_preflight:
         report = run_overlay_preflight(s, load_overlay(written.path)).report
-        finish_report(report, hint=f"the overlay was written; fix the patch or the base, then 'invoke overlay.preflight --overlay {written.path}'")
+        finish_report(
+            report,
+            hint=f"the overlay was written; fix the patch or the base, then 'invoke overlay.preflight --overlay {written.path}'",
+        )
 
 
 @task(help={"overlay": OVERLAY_HELP, "json": "write the preflight report (JSON) here"})
@@ -105,7 +110,12 @@ def preflight(c: Context, overlay: str, json: str = "") -> None:
 )
 @user_errors
 def build(
-    c: Context, overlay: str, gpus: str = "auto", no_verify: bool = False, no_cache: bool = False, dry: bool = False
+    c: Context,
+    overlay: str,
+    gpus: str = "auto",
+    no_verify: bool = False,
+    no_cache: bool = False,
+    dry: bool = False,
 ) -> None:
     """Build an overlay on its verified base (minutes), verify it like any image, then tag it."""
     import datetime as dt

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sparkforge import engine
 from sparkforge.context import Session
-from sparkforge.errors import EngineError, VerifyError
+from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
 from sparkforge.imagebuild.render import DEFAULT_BUILD_ROOT, TEMPLATES_DIR, template_environment
 from sparkforge.overlay import unidiff
@@ -119,7 +119,14 @@ def overlay_lock(overlay: Overlay, pre: PreflightResult) -> dict[str, object]:
     }
 
 
-def render_overlay(overlay: Overlay, pre: PreflightResult, labels: dict[str, str], lock: dict[str, object], root: Path, base_tag: str) -> None:
+def render_overlay(
+    overlay: Overlay,
+    pre: PreflightResult,
+    labels: dict[str, str],
+    lock: dict[str, object],
+    root: Path,
+    base_tag: str,
+) -> None:
     """Write the context afresh (the same overlay and base give the same bytes), swapped in by rename."""
     assert pre.installed is not None
     values = {
@@ -150,7 +157,9 @@ def render_overlay(overlay: Overlay, pre: PreflightResult, labels: dict[str, str
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def plan_overlay(overlay: Overlay, pre: PreflightResult, platform: str, options: OverlayBuildOptions) -> OverlayPlan:
+def plan_overlay(
+    overlay: Overlay, pre: PreflightResult, platform: str, options: OverlayBuildOptions
+) -> OverlayPlan:
     """Every value of the build decided: names, labels, lock, the BuildKit request (no I/O)."""
     arch = platform.split("/")[-1]
     base_tag = f"sparkforge-overlay-base/{overlay.name}:{pre.image_id.removeprefix('sha256:')[:12]}"
@@ -218,7 +227,9 @@ def build_overlay(session: Session, overlay: Overlay, options: OverlayBuildOptio
     print_report(report, session.echo)
     if report.status != "passed":
         failed = ", ".join(c.name for c in report.failed)
-        raise VerifyError(f"overlay {overlay.name} built as {built.candidate} but verify failed ({failed}); not tagged")
+        raise VerifyError(
+            f"overlay {overlay.name} built as {built.candidate} but verify failed ({failed}); not tagged"
+        )
     engine.tag_image(image_id, built.final)
     return dataclasses.replace(OverlayResult(built, pre.report, image_id, report), tagged=(built.final,))
 

@@ -21,7 +21,20 @@ from sparkforge.overlay.model import PACKAGES, Overlay, OverlayPatch
 from sparkforge.recipe import plan
 from sparkforge.report import Check, Report
 
-COMPILED_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".so", ".cmake", ".pyx", ".pxd")
+COMPILED_SUFFIXES = (
+    ".cu",
+    ".cuh",
+    ".c",
+    ".cc",
+    ".cpp",
+    ".cxx",
+    ".h",
+    ".hpp",
+    ".so",
+    ".cmake",
+    ".pyx",
+    ".pxd",
+)
 COMPILED_NAMES = ("CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in")
 COMPILED_DIRS = ("csrc/", "cmake/", "include/", "3rdparty/", "cuda/", "kernels/")
 SOURCE_FIX = (
@@ -50,7 +63,10 @@ def judge_path(path: str, package: str) -> PathVerdict:
     )
     if compiled and not (inside and path.endswith(".py")):
         return PathVerdict(
-            path, None, f"{path} is a compiled source or build file; {SOURCE_FIX.format(package=package)}", "compiled"
+            path,
+            None,
+            f"{path} is a compiled source or build file; {SOURCE_FIX.format(package=package)}",
+            "compiled",
         )
     if not inside:
         return PathVerdict(
@@ -87,7 +103,8 @@ def judge_diff(diff: unidiff.Diff, package: str) -> list[PathVerdict]:
                 )
             )
             continue
-        out.extend(judge_path(p, package) for p in (change.old_path, change.new_path) if p != "/dev/null")
+        paths = dict.fromkeys(p for p in (change.old_path, change.new_path) if p != "/dev/null")
+        out.extend(judge_path(p, package) for p in paths)
     return out
 
 
@@ -136,7 +153,9 @@ def resolve_base(overlay: Overlay) -> str:
     return image_id
 
 
-def _check_patches(overlay: Overlay, report: Report) -> tuple[list[tuple[OverlayPatch, bytes]], list[unidiff.Diff]]:
+def _check_patches(
+    overlay: Overlay, report: Report
+) -> tuple[list[tuple[OverlayPatch, bytes]], list[unidiff.Diff]]:
     started = time.monotonic()
     try:
         patches = overlay.patch_bytes()
@@ -225,7 +244,9 @@ def run_overlay_preflight(session: Session, overlay: Overlay) -> PreflightResult
         if v.installed
     }
     metadata = {f"{site}/{_dist_info(overlay, pkg)}": pkg for pkg in sorted(set(touched.values()))}
-    read = engine.read_image_files(image_id, [*metadata, *(f"{site}/{p}" for p in touched), "/opt/sparkforge/lock.json"])
+    read = engine.read_image_files(
+        image_id, [*metadata, *(f"{site}/{p}" for p in touched), "/opt/sparkforge/lock.json"]
+    )
     result.base_lock = read.pop("/opt/sparkforge/lock.json")
     missing = [pkg for path, pkg in metadata.items() if read.get(path) is None]
     if missing:
@@ -249,7 +270,10 @@ def run_overlay_preflight(session: Session, overlay: Overlay) -> PreflightResult
         )
     )
     started = time.monotonic()
-    before = {p: (read[f"{site}/{p}"] or b"").decode("utf-8") if read[f"{site}/{p}"] is not None else None for p in touched}
+    before = {
+        p: (read[f"{site}/{p}"] or b"").decode("utf-8") if read[f"{site}/{p}"] is not None else None
+        for p in touched
+    }
     current = dict(before)
     applied = []
     for (patch, _), diff in zip(patches, diffs, strict=True):
@@ -271,7 +295,13 @@ def run_overlay_preflight(session: Session, overlay: Overlay) -> PreflightResult
                 )
             )
             return result
-        applied.append({"file": patch.file, "files": [c.path for c in diff.changes], "hunks": sum(len(c.hunks) for c in diff.changes)})
+        applied.append(
+            {
+                "file": patch.file,
+                "files": [c.path for c in diff.changes],
+                "hunks": sum(len(c.hunks) for c in diff.changes),
+            }
+        )
     report.add(
         Check(
             "apply",

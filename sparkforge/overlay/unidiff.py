@@ -74,7 +74,9 @@ def _strip(path: str) -> str:
     if path.startswith(("a/", "b/")):
         path = path[2:]
     if not path or path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
-        raise PatchError(f"the diff names the path {path!r}; a patch may name only relative paths without . or ..")
+        raise PatchError(
+            f"the diff names the path {path!r}; a patch may name only relative paths without . or .."
+        )
     return path
 
 
@@ -158,7 +160,9 @@ def _read_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
             raise PatchError(f"line {i + 1}: {line[:60]!r} is not a hunk line; the diff is damaged")
         i += 1
     if len(old) != old_count or len(new) != new_count:
-        raise PatchError(f"line {i}: a hunk ends early ({len(old)}/{old_count} old, {len(new)}/{new_count} new lines)")
+        raise PatchError(
+            f"line {i}: a hunk ends early ({len(old)}/{old_count} old, {len(new)}/{new_count} new lines)"
+        )
     while i < len(lines) and lines[i].startswith("\\"):
         i += 1
     return Hunk(old_start, tuple(old), tuple(new)), i
@@ -217,7 +221,9 @@ def apply_to_tree(root: Path, patch_texts: list[str]) -> list[str]:
     for index, text in enumerate(patch_texts, 1):
         for change in parse(text).changes:
             if change.binary or change.mode_change:
-                raise PatchError(f"patch {index}: {change.path}: binary, mode or rename changes cannot be applied")
+                raise PatchError(
+                    f"patch {index}: {change.path}: binary, mode or rename changes cannot be applied"
+                )
             path = change.path
             if path not in current:
                 target = root / path

@@ -96,19 +96,30 @@ def pr_diff(session: Session, checkout: Path, pr: int) -> tuple[str, str]:
     """(the diff, the commit) of pull request `pr` as merged in the local checkout: squash or merge commit."""
     git = ("git", "-C", str(checkout))
     found = session.runner.capture(
-        Command.of(*git, "log", "--all", "--format=%H %P%x00%s", "-E", f"--grep=(\\(#{pr}\\)$|^Merge pull request #{pr} )"),
+        Command.of(
+            *git,
+            "log",
+            "--all",
+            "--format=%H %P%x00%s",
+            "-E",
+            f"--grep=(\\(#{pr}\\)$|^Merge pull request #{pr} )",
+        ),
         "git-log",
         check=False,
     )
     if found.returncode != 0:
-        raise InputError(f"--checkout {checkout}: not a git checkout ({found.output.strip()[-200:]}); fix: name a clone")
+        raise InputError(
+            f"--checkout {checkout}: not a git checkout ({found.output.strip()[-200:]}); fix: name a clone"
+        )
     for line in found.output.splitlines():
         ids, _, subject = line.partition("\x00")
         commit, *parents = ids.split()
         if not (subject.endswith(f"(#{pr})") or subject.startswith(f"Merge pull request #{pr} ")):
             continue
         if len(parents) > 1:  # a merge commit: what the pull request brought, against the first parent
-            result = session.runner.capture(Command.of(*git, "diff", "--no-color", f"{commit}^1", commit), "git-diff")
+            result = session.runner.capture(
+                Command.of(*git, "diff", "--no-color", f"{commit}^1", commit), "git-diff"
+            )
             return f"From {commit}\nSubject: {subject}\n---\n" + result.output, commit
         result = session.runner.capture(
             Command.of(*git, "format-patch", "-1", "--stdout", "--no-signature", commit), "git-format-patch"
@@ -142,10 +153,14 @@ def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
     try:
         patch_text, kept, dropped = select_installed(text, request.package)
     except unidiff.PatchError as exc:
-        raise RecipeError(f"the patch cannot be read: {exc}; fix: give 'git diff' or 'git format-patch' output") from None
+        raise RecipeError(
+            f"the patch cannot be read: {exc}; fix: give 'git diff' or 'git format-patch' output"
+        ) from None
     name = request.name or default_name
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name):
-        raise InputError(f"--name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)")
+        raise InputError(
+            f"--name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)"
+        )
     folder = PATCHES_DIR / f"overlay-{request.package}"
     folder.mkdir(parents=True, exist_ok=True)
     patch_path = folder / f"{name}.patch"
@@ -156,7 +171,9 @@ def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
     recipe_ref = _relative(request.recipe.path, out.parent)
     document = {
         "kind": "overlay",
-        "description": re.sub(r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", f"{request.recipe.name} plus {origin}")[:200],
+        "description": re.sub(
+            r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", f"{request.recipe.name} plus {origin}"
+        )[:200],
         "base": {"image": request.base_image, "recipe": recipe_ref},
         "patches": [
             {
