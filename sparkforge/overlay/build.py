@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json, read_bytes, write_output
 from sparkforge.context import Session
 from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
@@ -31,7 +32,11 @@ from sparkforge.verify.suite import GpuMode, VerifyOptions, verify_recorded
 TEMPLATE = "overlay.Dockerfile.j2"
 STAGE = "overlay"
 LABEL = plan.LABEL_PREFIX + ".overlay"
-APPLY_SCRIPT = Path(unidiff.__file__)  # the very module the preflight applied the series with
+# The in-image applier and the very module the preflight applied the series with (one algorithm).
+APPLY_FILES = {
+    "apply-patches.py": TEMPLATES_DIR / "files" / "apply-patches.py",
+    "unidiff.py": Path(unidiff.__file__),
+}
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,11 @@ def overlay_labels(overlay: Overlay) -> dict[str, str]:
 
 def overlay_lock(overlay: Overlay, pre: PreflightResult) -> dict[str, object]:
     """The base image's lock with the overlay's name and hash, and an `overlay` section (base, patches, files)."""
-    base = json.loads(pre.base_lock) if pre.base_lock else {}
+    base = (
+        parse_json(pre.base_lock.decode("utf-8"), "the base image's /opt/sparkforge/lock.json")
+        if pre.base_lock
+        else {}
+    )
     assert pre.installed is not None
     return {
         **base,
@@ -143,13 +152,17 @@ def render_overlay(
     staging = Path(tempfile.mkdtemp(prefix=f".{overlay.name}.", dir=root.parent))
     try:
         context = staging / "context"
-        (context / "patches").mkdir(parents=True)
-        (context / "files").mkdir()
-        (context / "Dockerfile").write_text(text)
-        for patch, data in pre.patches:
-            (context / "patches" / Path(patch.file).name).write_bytes(data)
-        shutil.copyfile(APPLY_SCRIPT, context / "files" / "apply-patches.py")
-        (context / "lock.json").write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+        files = {
+            "Dockerfile": text.encode(),
+            "lock.json": (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode(),
+        }
+        files |= {f"patches/{Path(patch.file).name}": data for patch, data in pre.patches}
+        files |= {
+            f"files/{name}": read_bytes(source, "", 1 << 20, named=False)
+            for name, source in APPLY_FILES.items()
+        }
+        for name, data in files.items():
+            write_output(context / name, data, "build context")
         if root.exists():
             root.rename(staging / "old")
         context.rename(root)

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 
+from sparkforge.boundary import read_bytes
 from sparkforge.errors import RecipeError
 from sparkforge.recipe.loader import (
     REPO_ROOT,
@@ -29,6 +30,7 @@ from sparkforge.recipe.schema import PinnedImage, StrictModel, _pattern
 from sparkforge.recipe.yamlfile import read_yaml
 
 OVERLAYS_DIR = REPO_ROOT / "recipes" / "overlays"
+MAX_PATCH_BYTES = 4 << 20  # a pull request's diff; far more is not a small fix
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Overlay:
         digest = hashlib.sha256(json.dumps(self.model.model_dump(mode="json"), sort_keys=True).encode())
         digest.update(self.base_recipe.hash.encode())
         for patch in self.model.patches:
-            digest.update(patch_file(patch.file).read_bytes())
+            digest.update(_patch_bytes(patch.file))
         return digest.hexdigest()
 
     @property
@@ -105,7 +107,7 @@ class Overlay:
         """Each patch's bytes, checked against its pinned sha256 (a changed file is refused, not re-hashed)."""
         out = []
         for patch in self.model.patches:
-            data = patch_file(patch.file).read_bytes()
+            data = _patch_bytes(patch.file)
             found = hashlib.sha256(data).hexdigest()
             if found != patch.sha256:
                 raise RecipeError(
@@ -115,6 +117,11 @@ class Overlay:
                 )
             out.append((patch, data))
         return out
+
+
+def _patch_bytes(patch: str) -> bytes:
+    """A patch file's bytes (a regular file inside patches/, never a link: loader.patch_file)."""
+    return read_bytes(patch_file(patch), "patch", MAX_PATCH_BYTES, named=False)
 
 
 def is_overlay_file(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """Unified diffs (`git diff`, `git format-patch`): parsed into file changes, applied strictly (no fuzz).
 
-Standard library only: the same file is copied into an overlay's build context (files/apply-patches.py) and
-applies the series inside the image, so the host's preflight and the image's build apply one algorithm. A hunk
+Standard library only, and no file I/O: the same file is copied into an overlay's build context (files/unidiff.py)
+where dockerfiles/files/apply-patches.py applies the series inside the image with it, so the host's preflight and
+the image's build apply one algorithm. A hunk
 must match its context exactly; only a line offset is tolerated (as `git apply` does), never fuzz.
 """
 
@@ -9,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _GIT_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
@@ -211,62 +210,3 @@ def _find(lines: list[str], block: tuple[str, ...], want: int) -> int | None:
 
 def sha256_text(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def apply_to_tree(root: Path, patch_texts: list[str]) -> list[str]:
-    """Apply each patch in order to the files under `root`; every patch is checked before any file is written.
-
-    Returns the paths changed. Used inside the image (`python3 apply-patches.py ROOT PATCH...`)."""
-    current: dict[str, str | None] = {}
-    for index, text in enumerate(patch_texts, 1):
-        for change in parse(text).changes:
-            if change.binary or change.mode_change:
-                raise PatchError(
-                    f"patch {index}: {change.path}: binary, mode or rename changes cannot be applied"
-                )
-            path = change.path
-            if path not in current:
-                target = root / path
-                current[path] = target.read_text(encoding="utf-8") if target.is_file() else None
-            try:
-                current[path] = apply_hunks(current[path], change)
-            except PatchError as exc:
-                raise PatchError(f"patch {index}: {exc}") from None
-    for path, text in current.items():
-        target = root / path
-        if text is None:
-            target.unlink()
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-    return list(current)
-
-
-def main(argv: list[str]) -> int:
-    """In the image: apply the series to ROOT, byte-compile what changed (checked-hash pycs, SOURCE_DATE_EPOCH)."""
-    import py_compile
-
-    if len(argv) < 2:
-        print("usage: apply-patches.py ROOT PATCH...", file=sys.stderr)
-        return 2
-    root = Path(argv[0])
-    try:
-        changed = apply_to_tree(root, [Path(p).read_text(encoding="utf-8") for p in argv[1:]])
-    except PatchError as exc:
-        print(f"sparkforge: overlay patch does not apply: {exc}", file=sys.stderr)
-        return 1
-    for path in changed:
-        source = root / path
-        if source.suffix == ".py" and source.is_file():
-            # The stale bytecode goes; the new one is checked against the source's hash, never its time.
-            for stale in (source.parent / "__pycache__").glob(source.stem + ".*.pyc"):
-                stale.unlink()
-            py_compile.compile(
-                str(source), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
-            )
-        print(f"sparkforge: patched {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -14,16 +14,14 @@ from pathlib import Path
 
 import yaml
 
-from sparkforge.boundary import read_text
+from sparkforge.boundary import read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import InputError, RecipeError
 from sparkforge.overlay import unidiff
-from sparkforge.overlay.model import OVERLAYS_DIR, PACKAGES
+from sparkforge.overlay.model import MAX_PATCH_BYTES, OVERLAYS_DIR, PACKAGES
 from sparkforge.overlay.preflight import judge_path
 from sparkforge.recipe.loader import PATCHES_DIR, REPO_ROOT, Recipe
-
-MAX_PATCH_BYTES = 4 << 20  # a pull request's diff; far more is not a small fix
 
 
 @dataclass(frozen=True)
@@ -161,13 +159,10 @@ def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
         raise InputError(
             f"--name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)"
         )
-    folder = PATCHES_DIR / f"overlay-{request.package}"
-    folder.mkdir(parents=True, exist_ok=True)
-    patch_path = folder / f"{name}.patch"
+    patch_path = PATCHES_DIR / f"overlay-{request.package}" / f"{name}.patch"
     data = patch_text.encode("utf-8")
-    patch_path.write_bytes(data)
+    write_output(patch_path, data, "the overlay's patch")
     out = request.out or OVERLAYS_DIR / f"{name}.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
     recipe_ref = _relative(request.recipe.path, out.parent)
     document = {
         "kind": "overlay",
@@ -190,7 +185,7 @@ def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
     )
     if dropped:
         header += "# Left out (not installed in the image): " + ", ".join(dropped) + "\n"
-    out.write_text(header + yaml.safe_dump(document, sort_keys=False))
+    write_output(out, header + yaml.safe_dump(document, sort_keys=False), "--out")
     return WrittenOverlay(out, patch_path, tuple(kept), tuple(dropped))
 
 

@@ -97,20 +97,21 @@ def test_apply_to_tree_in_the_image_form_writes_and_byte_compiles(tmp_path: Path
     (site / "vllm" / "sampling_params.py").write_text(ORIGINAL)
     patch = tmp_path / "fix.patch"
     patch.write_text(_diff(tmp_path, ORIGINAL, CHANGED))
-    # The very file the overlay's build context carries as files/apply-patches.py, run as the image runs it.
-    done = subprocess.run(
-        [sys.executable, unidiff.__file__, str(site), str(patch)], capture_output=True, text=True
+    # As the overlay's build context carries them: the in-image applier and the preflight's own module beside it.
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "unidiff.py").write_bytes(Path(unidiff.__file__).read_bytes())
+    (files / "apply-patches.py").write_bytes(
+        (REPO_ROOT / "dockerfiles" / "files" / "apply-patches.py").read_bytes()
     )
+    run = [sys.executable, str(files / "apply-patches.py"), str(site), str(patch)]
+    done = subprocess.run(run, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (site / "vllm" / "sampling_params.py").read_text() == CHANGED
     pycs = list((site / "vllm" / "__pycache__").glob("sampling_params.*.pyc"))
     assert len(pycs) == 1 and pycs[0].read_bytes()[4:8] == b"\x03\x00\x00\x00"  # checked-hash bytecode flags
-    again = subprocess.run(
-        [sys.executable, unidiff.__file__, str(site), str(patch)], capture_output=True, text=True
-    )
-    assert (
-        again.returncode == 1 and "does not apply" in again.stderr
-    )  # applied already: refused, file unchanged
+    again = subprocess.run(run, capture_output=True, text=True)  # applied already: refused, file unchanged
+    assert again.returncode == 1 and "does not apply" in again.stderr
     assert (site / "vllm" / "sampling_params.py").read_text() == CHANGED
 
 
@@ -240,7 +241,13 @@ def test_the_rendered_context_is_the_same_bytes_twice(tmp_path: Path) -> None:
         )
     assert texts[0] == texts[1]
     files = texts[0]
-    assert set(files) == {"Dockerfile", "lock.json", "files/apply-patches.py", f"patches/{FIX.name}"}
+    assert set(files) == {
+        "Dockerfile",
+        "lock.json",
+        "files/apply-patches.py",
+        "files/unidiff.py",
+        f"patches/{FIX.name}",
+    }
     dockerfile = files["Dockerfile"].decode()
     assert (
         f'ARG BASE_IMAGE="sparkforge-overlay-base/ci-wheels-overlay:{overlay.base_digest[7:19]}"'
@@ -257,4 +264,4 @@ def test_the_rendered_context_is_the_same_bytes_twice(tmp_path: Path) -> None:
         lock["overlay"]["files"]["vllm/sampling_params.py"]["after"]
         == hashlib.sha256(CHANGED.encode()).hexdigest()
     )
-    assert files["files/apply-patches.py"] == Path(unidiff.__file__).read_bytes()
+    assert files["files/unidiff.py"] == Path(unidiff.__file__).read_bytes()
