@@ -101,6 +101,12 @@ def import_(
     serving = pinned.recipe.name if pinned else "R"
     target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
     path = write_profile(imported, target, force=force, recipe=serving)
+    carried = _carry_mods(imported, source, pinned)
+    notes = [
+        n
+        for n in notes
+        if not any(n.message.startswith(f"mod {v.mod!r} ") for v in carried.verdicts if v.kind != "missing")
+    ]
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
     for fact in facts:
         echo(fact)
@@ -114,6 +120,21 @@ def import_(
         warn(f"left out: {note}")
     ref = imported.name if path.resolve().parent == PROFILES_DIR.resolve() else str(path)
     echo(f"next: {imported.next_command(serving, ref)}")
+    for verdict in carried.verdicts:
+        if verdict.kind == "patch":
+            echo(f"carried: {verdict}")
+        elif verdict.kind != "missing":
+            warn(f"refused: {verdict}")
+    if carried.patches:
+        echo(
+            f"mods written as overlay patches: {', '.join(str(p) for p in carried.patches)}; next: {carried.next_step}"
+        )
+    if carried.refused:
+        raise Exit(
+            f"sparkforge: {where}: {len(carried.refused)} mod(s) refused (named above); {path} was written without "
+            "them; fix: carry a mod's patch instead of its script, or leave the mod out (docs/overlays.md)",
+            code=1,
+        )
     if imported.unmountable:
         raise Exit(
             f"sparkforge: {where}: {len(imported.unmountable)} flag(s) name files the container would not have; "
@@ -132,6 +153,15 @@ def import_(
     if not notes:
         checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
         echo(f"imports cleanly: nothing needs attention{checked}")
+
+
+def _carry_mods(imported, source: str, pinned):
+    """The recipe's mods judged from their files: patches become an overlay series, scripts are refused."""
+    from sparkforge.overlay.mods import carry_mods
+    from sparkforge.recipe.loader import load_recipe
+
+    base = pinned.recipe if pinned else load_recipe(DEFAULT_RECIPE)
+    return carry_mods(imported.recipe, None if "://" in source else Path(source), base, imported.name)
 
 
 def _memory_plan(path: Path, imported, device: str) -> None:

@@ -13,24 +13,16 @@ OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
 
 
 def _base_image(recipe, image: str) -> str:
-    """NAME@sha256:<digest> of the verified base: --image as given, or the recipe's own local candidate image."""
-    from sparkforge import engine
     from sparkforge.errors import InputError
-    from sparkforge.oci import check_reference
-    from sparkforge.recipe import plan
+    from sparkforge.overlay.write import local_base_image
 
-    ref = image or plan.candidate_tag(recipe, recipe.model.platforms[0])
-    check_reference("--image", ref)
-    if "@sha256:" in ref:
-        return ref
-    if not engine.image_exists(ref):
+    found = local_base_image(recipe, image)
+    if found is None:
         raise InputError(
-            f"--image {ref}: not on this engine; fix: build or 'invoke pull' the verified image, or name it with --image"
+            f"--image {image or '(the recipe candidate)'}: not on this engine; fix: build or 'invoke pull' the "
+            "verified image, or name it with --image"
         )
-    info = engine.inspect_image(ref)
-    digests = [str(d) for d in info.get("RepoDigests") or []]
-    name = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
-    return digests[0] if digests else f"{name}@{info['Id']}"
+    return found
 
 
 @task(

@@ -133,6 +133,56 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "patch"
 
 
+@dataclass(frozen=True)
+class SeriesPatch:
+    """One patch of a series to write: its package, text, where it came from, and its file's stem."""
+
+    package: str
+    text: str
+    origin: str
+    stem: str
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", text)[:200]
+
+
+def write_series(request: OverlayRequest, name: str, series: list[SeriesPatch], notes: list[str]) -> Path:
+    """Write each patch to patches/overlay-<package>/<stem>.patch and the overlay recipe naming them, pinned."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name):
+        raise InputError(
+            f"overlay name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)"
+        )
+    out = request.out or OVERLAYS_DIR / f"{name}.yaml"
+    entries = []
+    for item in series:
+        path = PATCHES_DIR / f"overlay-{item.package}" / f"{item.stem}.patch"
+        data = item.text.encode("utf-8")
+        write_output(path, data, "the overlay's patch")
+        entries.append(
+            {
+                "file": path.relative_to(REPO_ROOT).as_posix(),
+                "package": item.package,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "origin": _plain(item.origin),
+            }
+        )
+    origins = ", ".join(item.origin for item in series)
+    document = {
+        "kind": "overlay",
+        "description": _plain(f"{request.recipe.name} plus {origins}"),
+        "base": {"image": request.base_image, "recipe": _relative(request.recipe.path, out.parent)},
+        "patches": entries,
+    }
+    header = (
+        f"# Written by sparkforge from {origins}. Review each patch: its sha256 below pins the reviewed bytes.\n"
+        "# Build with `invoke overlay.build --overlay THIS_FILE`.\n"
+    )
+    header += "".join(f"# {note}\n" for note in notes)
+    write_output(out, header + yaml.safe_dump(document, sort_keys=False), "--out")
+    return out
+
+
 def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
     """Write patches/overlay-<package>/<name>.patch and the overlay recipe; return what was kept and dropped."""
     source = request.source
@@ -155,38 +205,30 @@ def write_overlay(session: Session, request: OverlayRequest) -> WrittenOverlay:
             f"the patch cannot be read: {exc}; fix: give 'git diff' or 'git format-patch' output"
         ) from None
     name = request.name or default_name
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name):
-        raise InputError(
-            f"--name {name!r}: use lowercase letters, digits, '.', '_' and '-' (it becomes image tags)"
-        )
-    patch_path = PATCHES_DIR / f"overlay-{request.package}" / f"{name}.patch"
-    data = patch_text.encode("utf-8")
-    write_output(patch_path, data, "the overlay's patch")
-    out = request.out or OVERLAYS_DIR / f"{name}.yaml"
-    recipe_ref = _relative(request.recipe.path, out.parent)
-    document = {
-        "kind": "overlay",
-        "description": re.sub(
-            r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", f"{request.recipe.name} plus {origin}"
-        )[:200],
-        "base": {"image": request.base_image, "recipe": recipe_ref},
-        "patches": [
-            {
-                "file": patch_path.relative_to(REPO_ROOT).as_posix(),
-                "package": request.package,
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "origin": re.sub(r"[^A-Za-z0-9 .,:;()+/_=@%#\[\]-]", " ", origin)[:200],
-            }
-        ],
-    }
-    header = (
-        f"# Written by `invoke overlay` from {origin}. Review the patch ({patch_path.relative_to(REPO_ROOT)}): its\n"
-        "# sha256 below pins the reviewed bytes. Build with `invoke overlay.build --overlay THIS_FILE`.\n"
+    notes = ["Left out (not installed in the image): " + ", ".join(dropped)] if dropped else []
+    path = write_series(request, name, [SeriesPatch(request.package, patch_text, origin, name)], notes)
+    return WrittenOverlay(
+        path, PATCHES_DIR / f"overlay-{request.package}" / f"{name}.patch", tuple(kept), tuple(dropped)
     )
-    if dropped:
-        header += "# Left out (not installed in the image): " + ", ".join(dropped) + "\n"
-    write_output(out, header + yaml.safe_dump(document, sort_keys=False), "--out")
-    return WrittenOverlay(out, patch_path, tuple(kept), tuple(dropped))
+
+
+def local_base_image(recipe: Recipe, image: str = "") -> str | None:
+    """NAME@sha256:<digest> of the verified base: `image` as given (a tag is resolved on this engine), else the
+    recipe's own local candidate image; None when the engine has neither."""
+    from sparkforge import engine
+    from sparkforge.oci import check_reference
+    from sparkforge.recipe import plan
+
+    ref = image or plan.candidate_tag(recipe, recipe.model.platforms[0])
+    check_reference("--image", ref)
+    if "@sha256:" in ref:
+        return ref
+    if not engine.image_exists(ref):
+        return None
+    info = engine.inspect_image(ref)
+    digests = [str(d) for d in info.get("RepoDigests") or []]
+    name = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    return digests[0] if digests else f"{name}@{info['Id']}"
 
 
 def _relative(target: Path, start: Path) -> str:

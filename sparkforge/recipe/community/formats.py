@@ -9,7 +9,7 @@ Spark Arena (sparkrun, RECIPES.md and sparkrun/core/recipe.py): `recipe_version:
 (required), `model_revision`, `runtime` (Spark Arena takes `vllm` / `vllm-ray`; sparkrun also resolves
 `vllm-distributed`), `container`, `command` (a template; `{model}` and every `defaults` key, substituted
 until nothing changes), `defaults`, `env`, `min_nodes`, `max_nodes`, `mode`, `solo_only`, `cluster_only`,
-`metadata`, `runtime_config`, lifecycle hooks, `benchmark`, `builder`.
+`metadata`, `runtime_config`, lifecycle hooks, `benchmark`, `builder`; the experimental recipes' `mods`.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class SparkArenaRecipe(_Strict):
     stop_after_post: StrictBool = False
     builder: StrictStr | None = None
     builder_config: dict[StrictStr, Any] = Field(default_factory=dict)
+    # Spark Arena's experimental recipes: the runner's mods (paths), judged at import (sparkforge/overlay/mods.py).
+    mods: list[StrictStr] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,8 @@ def read_community(
         if getattr(model, k)
     }
     rc = dict(model.runtime_config)
-    mods, build_args = tuple(rc.pop("mods", ()) or ()), tuple(rc.pop("build_args", ()) or ())
+    mods = (*model.mods, *(rc.pop("mods", ()) or ()))
+    build_args = tuple(rc.pop("build_args", ()) or ())
     uncarried.update({f"runtime_config.{k}": v for k, v in rc.items()})
     nodes = max(model.min_nodes, 2 if model.cluster_only or model.mode == "cluster" else 1)
     base = CommunityRecipe(
