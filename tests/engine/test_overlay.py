@@ -196,3 +196,42 @@ def test_overlay_from_a_pull_request_built_verified_and_diffed(
         result.plan.base_tag,
     ):  # tags this test made (not the base)
         engine.remove_image(tag)
+
+
+def test_import_carries_a_patch_mod_as_an_overlay_that_applies_and_refuses_a_script_mod(
+    wheels_image: str, tmp_path: Path, cleanup_patches: list[Path]
+) -> None:
+    from sparkforge.overlay.mods import carry_mods
+    from sparkforge.recipe.community.formats import read_community
+    from sparkforge.recipe.yamlfile import read_yaml
+
+    root = tmp_path / "spark-vllm-docker"
+    (root / "recipes").mkdir(parents=True)
+    (root / "mods" / "fix-sampling-params").mkdir(parents=True)
+    (root / "mods" / "fix-sampling-params" / "fix.patch").write_text(
+        FIX.read_text().replace(" a/vllm/", " a/usr/local/lib/python3.12/dist-packages/vllm/")
+    )
+    (root / "mods" / "run-me").mkdir()
+    (root / "mods" / "run-me" / "run.sh").write_text("#!/bin/sh\npip install something-unreviewed\n")
+    recipe_file = root / "recipes" / "arena.yaml"
+    recipe_file.write_text(
+        "recipe_version: 2\nmodel: Qwen/Qwen3.5-35B-A3B-FP8\nruntime: vllm\ncontainer: x\n"
+        "mods: [mods/fix-sampling-params, mods/run-me]\ncommand: vllm serve {model}\n"
+    )
+    recipe = read_community(read_yaml(recipe_file), str(recipe_file))
+    name = f"ci-import-{time.time_ns()}"
+    base = load_recipe(CI_RECIPE)
+    # The recipe's candidate tag names the wheels image: the overlay pins it by digest.
+    carried = carry_mods(recipe, recipe_file, base, name)
+    cleanup_patches.extend(carried.patches)
+    assert [v.kind for v in carried.verdicts] == ["patch", "script"]
+    assert "pip install something-unreviewed" in carried.refused[0].reason
+    assert carried.overlay is not None
+    overlay = load_overlay(carried.overlay)
+    cleanup_patches.append(carried.overlay)
+    assert (
+        overlay.model.base.image.endswith(wheels_image)
+        and overlay.model.patches[0].origin == "mod mods/fix-sampling-params"
+    )
+    report = run_overlay_preflight(_session(tmp_path), overlay).report
+    assert report.status == "passed", report.to_dict()
