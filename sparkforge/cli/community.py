@@ -31,7 +31,8 @@ def _pinned(recipe: str, offline: bool):
         "what it does; written into the profile with the reason (repeatable)",
         "set": "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
         "source": "community recipe: a file or an https:// URL",
-        "format": 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
+        "format": 'eugr (recipe_version "1"), sparkarena (recipe_version 2), nvidia-v3 or nvidia-v4 (NVIDIA\'s '
+        "catalog, schema_version 3/4); default: from the file",
         "out": "profile file to write (default: profiles/<file name>.yaml)",
         "recipe": RECIPE_HELP,
         "extra": "the words the community runner takes after `--` (appended to the command, the last flag wins)",
@@ -73,7 +74,7 @@ def import_(
     from sparkforge.recipe.profile import PROFILES_DIR
 
     if format and format not in FORMATS:
-        raise Exit(f"sparkforge: --format {format!r}: use eugr or sparkarena", code=2)
+        raise Exit(f"sparkforge: --format {format!r}: use {', '.join(FORMATS)}", code=2)
     check_output(out, "--out")  # the boundary: before the source is read or fetched
     doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
     pinned = None if no_preflight else _pinned(recipe, offline)
@@ -195,7 +196,7 @@ def _memory_plan(path: Path, imported, device: str) -> None:
     help={
         "profile": "serve profile name in profiles/ or a path",
         "recipe": "sparkforge recipe whose image serves it (its candidate tag unless --image)",
-        "format": 'sparkarena (recipe_version 2) or eugr (recipe_version "1")',
+        "format": 'sparkarena (recipe_version 2), eugr (recipe_version "1"), nvidia-v4 or nvidia-v3 (NVIDIA\'s catalog)',
         "image": "image reference to write (default: the recipe's candidate tag)",
         "realize": "pin the image by digest (registry, else the engine) and the model by its hub commit",
         "model_revision": "the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
@@ -218,12 +219,13 @@ def export(
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
     from sparkforge.boundary import check_output, write_output
     from sparkforge.recipe import plan
+    from sparkforge.recipe.community.formats import FORMATS
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.registry.realize import export_community
 
-    if format not in ("sparkarena", "eugr"):
-        raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
+    if format not in FORMATS:
+        raise Exit(f"sparkforge: --format {format!r}: use {', '.join(FORMATS)}", code=2)
     check_output(out, "--out")  # the boundary: before any registry or hub is asked
     loaded, prof = load_recipe(recipe), load_profile(profile)
     ref = (

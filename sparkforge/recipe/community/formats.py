@@ -35,8 +35,8 @@ from pydantic import (
 from sparkforge.errors import RecipeError
 from sparkforge.recipe.yamlfile import YamlDoc
 
-Format = Literal["eugr", "sparkarena"]
-FORMATS: tuple[Format, ...] = ("eugr", "sparkarena")
+Format = Literal["eugr", "sparkarena", "nvidia-v3", "nvidia-v4"]
+FORMATS: tuple[Format, ...] = ("eugr", "sparkarena", "nvidia-v3", "nvidia-v4")  # NVIDIA's catalog: nvidia.py
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -133,6 +133,8 @@ class CommunityRecipe:
 
 def detect_format(data: dict[str, Any], where: str) -> Format:
     """Which format a document is, from its version keys (the runner requires one; sparkrun defaults to 2)."""
+    if str(data.get("schema_version")) in ("3", "4"):  # NVIDIA's catalog (recipe/community/nvidia.py)
+        return "nvidia-v3" if str(data["schema_version"]) == "3" else "nvidia-v4"
     version = str(data.get("recipe_version", data.get("sparkrun_version", "")))
     if version == "1":
         return "eugr"
@@ -222,6 +224,10 @@ def read_community(
             f"{where}: recipe_version says {found}, but --format {fmt} was asked; fix: drop --format or name the "
             "file of that format"
         )
+    if fmt in ("nvidia-v3", "nvidia-v4"):
+        from sparkforge.recipe.community.nvidia import read_nvidia
+
+        return read_nvidia(doc, where, fmt)
     if fmt == "eugr" and data.get("recipe_version") == 1:
         data["recipe_version"] = "1"  # YAML 1 and "1": run-recipe.py compares str(recipe_version)
     if fmt == "sparkarena":
