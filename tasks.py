@@ -15,6 +15,7 @@ from sparkforge.cli import conform as cli_conform
 from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
 from sparkforge.cli import memory as cli_memory
+from sparkforge.cli import nvperf as cli_nvperf
 from sparkforge.cli import overlay as cli_overlay
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
@@ -419,6 +420,7 @@ ns.add_collection(engine_ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)
 ns.add_collection(cli_cluster.cluster_ns)
+cli_bench.ns.add_task(cli_nvperf.baseline)  # bench.baseline: against NVIDIA's performance file
 ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
 ns.add_task(cli_memory.memory)
