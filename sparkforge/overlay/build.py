@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sparkforge import engine
 from sparkforge.boundary import parse_json, read_bytes, write_output
+from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
@@ -25,7 +26,7 @@ from sparkforge.overlay import unidiff
 from sparkforge.overlay.model import Overlay
 from sparkforge.overlay.preflight import PreflightResult, file_hashes, require_passed, run_overlay_preflight
 from sparkforge.recipe import plan
-from sparkforge.recipe.loader import Recipe
+from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Report, print_report
 from sparkforge.verify.suite import GpuMode, VerifyOptions, verify_recorded
 
@@ -63,6 +64,9 @@ class OverlayBuildOptions:
     no_cache: bool = False
     dry: bool = False
     out_root: Path = DEFAULT_BUILD_ROOT  # build/<overlay>/ is written here
+    revision: str = (
+        "unknown"  # the sparkforge commit (org.opencontainers.image.revision); the executor reads it
+    )
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ def plan_overlay(
         build_args={
             "BASE_IMAGE": base_tag,
             "SPARKFORGE_CREATED": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "SPARKFORGE_REVISION": "unknown",
+            "SPARKFORGE_REVISION": options.revision,
         },
         no_cache=options.no_cache,
         progress="plain",
@@ -219,6 +223,11 @@ def build_overlay(session: Session, overlay: Overlay, options: OverlayBuildOptio
     print_report(pre.report, session.echo)
     require_passed(pre)
     platform = engine.image_platform(pre.image_id)
+    head = session.runner.capture(
+        Command.of("git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"), "revision", check=False
+    )
+    if head.returncode == 0:
+        options = dataclasses.replace(options, revision=head.output.strip())
     built = plan_overlay(overlay, pre, platform, options)
     render_overlay(overlay, pre, built.labels, built.lock, built.context, built.base_tag)
     eng = engine.buildx_driver(session.runner, engine.detect_engine(session.runner))

@@ -14,6 +14,7 @@ import pytest
 from sparkforge.commands import Runner
 from sparkforge.context import Session
 from sparkforge.errors import InputError, RecipeError
+from sparkforge.imagebuild.lint import hadolint_argv
 from sparkforge.overlay import unidiff
 from sparkforge.overlay.build import (
     OverlayBuildOptions,
@@ -265,3 +266,7 @@ def test_the_rendered_context_is_the_same_bytes_twice(tmp_path: Path) -> None:
         == hashlib.sha256(CHANGED.encode()).hexdigest()
     )
     assert files["files/unidiff.py"] == Path(unidiff.__file__).read_bytes()
+    lint = subprocess.run(list(hadolint_argv(built.context / "Dockerfile")), capture_output=True, text=True)
+    assert lint.returncode == 0, (
+        lint.stdout + lint.stderr
+    )  # the same hadolint rules as every recipe's Dockerfile
