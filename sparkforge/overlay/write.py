@@ -17,7 +17,7 @@ import yaml
 from sparkforge.boundary import read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
-from sparkforge.errors import InputError, RecipeError
+from sparkforge.errors import EngineError, InputError, RecipeError
 from sparkforge.overlay import unidiff
 from sparkforge.overlay.model import MAX_PATCH_BYTES, OVERLAYS_DIR, PACKAGES
 from sparkforge.overlay.preflight import judge_path
@@ -223,9 +223,12 @@ def local_base_image(recipe: Recipe, image: str = "") -> str | None:
     check_reference("--image", ref)
     if "@sha256:" in ref:
         return ref
-    if not engine.image_exists(ref):
+    try:
+        if not engine.image_exists(ref):
+            return None
+        info = engine.inspect_image(ref)
+    except EngineError:  # no engine here: nothing to pin (the caller says how to pin later)
         return None
-    info = engine.inspect_image(ref)
     digests = [str(d) for d in info.get("RepoDigests") or []]
     name = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
     return digests[0] if digests else f"{name}@{info['Id']}"

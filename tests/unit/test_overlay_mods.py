@@ -97,3 +97,28 @@ def test_installed_paths_only_touch_headers_naming_an_installed_tree() -> None:
     text = "--- a/usr/lib/python3/dist-packages/vllm/x.py\n+++ b/usr/lib/python3/dist-packages/vllm/x.py\n"
     assert installed_paths(text) == "--- a/vllm/x.py\n+++ b/vllm/x.py\n"
     assert installed_paths(FIX.read_text()) == FIX.read_text()
+
+
+def test_invoke_import_writes_the_profile_carries_the_patch_and_exits_1_for_the_script(clone: Path) -> None:
+    import subprocess
+    import sys
+
+    out = clone / "profile.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", "import", str(clone / "recipes" / "qwen-mods.yaml"), "--out", str(out),
+         "--no-preflight"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    written = REPO_ROOT / "patches" / "overlay-vllm" / "profile-mod-fix-sampling-params.patch"
+    try:
+        assert done.returncode == 1 and out.is_file(), done.stdout + done.stderr
+        assert (
+            "carried: " in done.stdout and "mod 'mods/fix-sampling-params' is a patch of vllm" in done.stdout
+        )
+        assert "refused: " in done.stderr and "pip install --no-deps" in done.stderr
+        assert "1 mod(s) refused" in done.stderr
+        assert unidiff.parse(written.read_text()).paths == ["vllm/sampling_params.py"]
+        assert "mods/not-in-this-clone" in done.stderr  # not here: named as before (needs attention)
+    finally:
+        written.unlink(missing_ok=True)
+        (REPO_ROOT / "recipes" / "overlays" / "profile-mods.yaml").unlink(missing_ok=True)
