@@ -95,7 +95,7 @@ def package_of(diff: unidiff.Diff) -> str | None:
         owner = [
             n
             for n, layout in PACKAGES.items()
-            if path.startswith(layout.repo_prefix + layout.import_dir + "/")
+            if path.startswith(layout.import_dir + "/")  # installed paths (site-relative)
         ]
         found.add(owner[0] if owner else None)
     return found.pop() if len(found) == 1 else None
@@ -182,7 +182,7 @@ def judge_mod(mod: str, where: str, recipe_file: Path | None) -> ModVerdict:
             reason=f"mod {mod!r} patches {', '.join(diff.paths)}: not the files of one installed package "
             f"({', '.join(PACKAGES)}); fix: split it by package",
         )
-    refusals = [v.refusal for v in judge_diff(diff, package) if v.refusal]
+    refusals = [v.refusal for v in judge_diff(diff, package, installed=True) if v.refusal]
     if refusals:
         return ModVerdict(
             mod,

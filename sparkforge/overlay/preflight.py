@@ -51,11 +51,21 @@ class PathVerdict:
     kind: str = "python"  # python | compiled (needs a compile) | outside (not installed: tests, docs)
 
 
-def judge_path(path: str, package: str) -> PathVerdict:
-    """Whether an overlay may change `path` (a path in `package`'s upstream repository), and where it lies."""
+def judge_path(path: str, package: str, *, installed: bool = False) -> PathVerdict:
+    """Whether an overlay may change `path`, and where it lies under site-packages. `installed`: the path is as
+    an overlay's patch names it (relative to site-packages); else as `package`'s upstream repository names it."""
     layout = PACKAGES[package]
+    prefix = "" if installed else layout.repo_prefix
     name = path.rsplit("/", 1)[-1]
-    inside = path.startswith(layout.repo_prefix + layout.import_dir + "/")
+    inside = path.startswith(prefix + layout.import_dir + "/")
+    if installed and layout.repo_prefix and path.startswith(layout.repo_prefix + layout.import_dir + "/"):
+        return PathVerdict(
+            path,
+            None,
+            f"{path} is in {package}'s repository layout; an overlay's patch names installed paths; fix: "
+            f"'{path.removeprefix(layout.repo_prefix)}' ('invoke overlay' rewrites them)",
+            "outside",
+        )
     compiled = (
         path.endswith(COMPILED_SUFFIXES)
         or name in COMPILED_NAMES
@@ -85,11 +95,11 @@ def judge_path(path: str, package: str) -> PathVerdict:
             f"{SOURCE_FIX.format(package=package)}",
             "compiled",
         )
-    return PathVerdict(path, path.removeprefix(layout.repo_prefix), None)
+    return PathVerdict(path, path.removeprefix(prefix), None)
 
 
-def judge_diff(diff: unidiff.Diff, package: str) -> list[PathVerdict]:
-    """Every path of a diff judged; binary, mode and rename changes are refused outright."""
+def judge_diff(diff: unidiff.Diff, package: str, *, installed: bool = False) -> list[PathVerdict]:
+    """Every path of a diff judged (`installed`: as judge_path); binary, mode and rename changes are refused."""
     out = []
     for change in diff.changes:
         if change.binary or change.mode_change:
@@ -104,7 +114,7 @@ def judge_diff(diff: unidiff.Diff, package: str) -> list[PathVerdict]:
             )
             continue
         paths = dict.fromkeys(p for p in (change.old_path, change.new_path) if p != "/dev/null")
-        out.extend(judge_path(p, package) for p in paths)
+        out.extend(judge_path(p, package, installed=installed) for p in paths)
     return out
 
 
@@ -170,7 +180,9 @@ def _check_patches(
             refusals.append(f"{patch.file}: {exc}; fix: give 'git diff' or 'git format-patch' output")
             continue
         diffs.append(diff)
-        refusals += [f"{patch.file}: {v.refusal}" for v in judge_diff(diff, patch.package) if v.refusal]
+        refusals += [
+            f"{patch.file}: {v.refusal}" for v in judge_diff(diff, patch.package, installed=True) if v.refusal
+        ]
     if refusals:
         report.add(Check("patches", "failed", "; ".join(refusals), {"refused": refusals}))
         return patches, []
@@ -240,7 +252,7 @@ def run_overlay_preflight(session: Session, overlay: Overlay) -> PreflightResult
     touched = {
         v.installed: p.package
         for (p, _), d in zip(patches, diffs, strict=True)
-        for v in judge_diff(d, p.package)
+        for v in judge_diff(d, p.package, installed=True)
         if v.installed
     }
     metadata = {f"{site}/{_dist_info(overlay, pkg)}": pkg for pkg in sorted(set(touched.values()))}
@@ -277,11 +289,9 @@ def run_overlay_preflight(session: Session, overlay: Overlay) -> PreflightResult
     current = dict(before)
     applied = []
     for (patch, _), diff in zip(patches, diffs, strict=True):
-        layout = PACKAGES[patch.package]
         try:
             for change in diff.changes:
-                path = change.path.removeprefix(layout.repo_prefix)
-                current[path] = unidiff.apply_hunks(current[path], change)
+                current[change.path] = unidiff.apply_hunks(current[change.path], change)
         except unidiff.PatchError as exc:
             report.add(
                 Check(

@@ -87,7 +87,24 @@ def select_installed(text: str, package: str) -> tuple[str, list[str], list[str]
             "fix: check --package, or build from source"
         )
     tail = "" if kept_text[-1].endswith("\n") else "\n"
-    return head + "".join(kept_text) + tail, kept, dropped
+    prefix = PACKAGES[package].repo_prefix
+    text = head + "".join(installed_layout(section, prefix) for section in kept_text) + tail
+    return text, [k.removeprefix(prefix) for k in kept], dropped
+
+
+def installed_layout(section: str, prefix: str) -> str:
+    """A file section of a diff with the repository's prefix (transformers' `src/`) dropped from its headers, so
+    the overlay's patch names paths under site-packages, as the image applies them."""
+    if not prefix:
+        return section
+    out = []
+    for line in section.split("\n"):
+        if line.startswith("diff --git "):
+            line = line.replace(f" a/{prefix}", " a/").replace(f" b/{prefix}", " b/")
+        elif line.startswith(("--- a/", "+++ b/")) and line[6:].startswith(prefix):
+            line = line[:6] + line[6 + len(prefix) :]
+        out.append(line)
+    return "\n".join(out)
 
 
 def pr_diff(session: Session, checkout: Path, pr: int) -> tuple[str, str]:

@@ -270,3 +270,15 @@ def test_the_rendered_context_is_the_same_bytes_twice(tmp_path: Path) -> None:
     assert lint.returncode == 0, (
         lint.stdout + lint.stderr
     )  # the same hadolint rules as every recipe's Dockerfile
+
+
+def test_transformers_repository_paths_become_installed_paths(tmp_path: Path) -> None:
+    text = _diff(tmp_path, ORIGINAL, CHANGED, "src/transformers/generation/utils.py")
+    kept_text, kept, dropped = select_installed(text, "transformers")
+    assert kept == ["transformers/generation/utils.py"] and dropped == []
+    assert unidiff.parse(kept_text).paths == ["transformers/generation/utils.py"]  # what the image applies
+    # In an overlay's patch, the repository layout is refused with the installed path as the fix.
+    [verdict] = judge_diff(unidiff.parse(text), "transformers", installed=True)
+    assert verdict.refusal and "'transformers/generation/utils.py'" in verdict.refusal
+    [ok] = judge_diff(unidiff.parse(kept_text), "transformers", installed=True)
+    assert ok.refusal is None and ok.installed == "transformers/generation/utils.py"
