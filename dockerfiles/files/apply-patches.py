@@ -1,6 +1,6 @@
 """In the image: apply an overlay's patch series to site-packages, all or nothing, and byte-compile what changed.
 
-Usage: python3 apply-patches.py SITE PATCH... . The algorithm is sparkforge/overlay/unidiff.py, copied beside this
+Usage: python3 apply-patches.py SITE PATCH... . The algorithm is sparkforge/imagebuild/overlay/unidiff.py, copied beside this
 file into the build context (the host's preflight applied the same code to the same files); only the I/O is here.
 """
 

@@ -158,7 +158,7 @@ def import_(
 
 def _carry_mods(imported, source: str, pinned):
     """The recipe's mods judged from their files: patches become an overlay series, scripts are refused."""
-    from sparkforge.overlay.mods import carry_mods
+    from sparkforge.imagebuild.overlay.mods import carry_mods
     from sparkforge.recipe.loader import load_recipe
 
     base = pinned.recipe if pinned else load_recipe(DEFAULT_RECIPE)

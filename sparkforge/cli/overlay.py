@@ -1,5 +1,5 @@
 """Invoke tasks `overlay` (write an overlay recipe for a patch or a pull request), `overlay.preflight` and
-`overlay.build`. Thin: parse, call sparkforge.overlay, print."""
+`overlay.build`. Thin: parse, call sparkforge.imagebuild.overlay, print."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
 
 def _base_image(recipe, image: str) -> str:
     from sparkforge.errors import InputError
-    from sparkforge.overlay.write import local_base_image
+    from sparkforge.imagebuild.overlay.write import local_base_image
 
     found = local_base_image(recipe, image)
     if found is None:
@@ -54,9 +54,9 @@ def write(
 ) -> None:
     """Write an overlay recipe: a verified image plus a patch (a file, or a pull request from a local clone)."""
     from sparkforge.boundary import check_output
-    from sparkforge.overlay.model import load_overlay
-    from sparkforge.overlay.preflight import run_overlay_preflight
-    from sparkforge.overlay.write import OverlayRequest, OverlaySource, write_overlay
+    from sparkforge.imagebuild.overlay.model import load_overlay
+    from sparkforge.imagebuild.overlay.preflight import run_overlay_preflight
+    from sparkforge.imagebuild.overlay.write import OverlayRequest, OverlaySource, write_overlay
     from sparkforge.recipe.loader import load_recipe
 
     check_output(out, "--out")
@@ -84,8 +84,8 @@ def write(
 def preflight(c: Context, overlay: str, json: str = "") -> None:
     """Check an overlay in seconds: patch rules, the pinned base, every patch applies at the image's versions."""
     from sparkforge.boundary import check_output
-    from sparkforge.overlay.model import load_overlay
-    from sparkforge.overlay.preflight import run_overlay_preflight
+    from sparkforge.imagebuild.overlay.model import load_overlay
+    from sparkforge.imagebuild.overlay.preflight import run_overlay_preflight
 
     check_output(json, "--json")
     finish_report(run_overlay_preflight(session(), load_overlay(overlay)).report, json)
@@ -114,8 +114,8 @@ def build(
 
     from sparkforge.commands import Runner
     from sparkforge.context import Session
-    from sparkforge.overlay.build import OverlayBuildOptions, build_overlay
-    from sparkforge.overlay.model import load_overlay
+    from sparkforge.imagebuild.overlay.build import OverlayBuildOptions, build_overlay
+    from sparkforge.imagebuild.overlay.model import load_overlay
     from sparkforge.recipe.plan import LOG_ROOT
     from sparkforge.verify.suite import gpu_mode
 

@@ -15,17 +15,17 @@ from sparkforge.commands import Runner
 from sparkforge.context import Session
 from sparkforge.errors import InputError, RecipeError
 from sparkforge.imagebuild.lint import hadolint_argv
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.build import (
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.build import (
     OverlayBuildOptions,
     overlay_labels,
     plan_overlay,
     render_overlay,
     verify_view,
 )
-from sparkforge.overlay.model import load_overlay
-from sparkforge.overlay.preflight import Installed, PreflightResult, judge_diff, judge_path
-from sparkforge.overlay.write import pr_diff, select_installed
+from sparkforge.imagebuild.overlay.model import load_overlay
+from sparkforge.imagebuild.overlay.preflight import Installed, PreflightResult, judge_diff, judge_path
+from sparkforge.imagebuild.overlay.write import pr_diff, select_installed
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.report import Report
@@ -254,7 +254,7 @@ def test_the_rendered_context_is_the_same_bytes_twice(tmp_path: Path) -> None:
         f'ARG BASE_IMAGE="sparkforge-overlay-base/ci-wheels-overlay:{overlay.base_digest[7:19]}"'
         in dockerfile
     )
-    assert f'"{site}", "/opt/sparkforge/overlay/patches/{FIX.name}"]' in dockerfile
+    assert f'"{site}", "/opt/sparkforge/imagebuild/overlay/patches/{FIX.name}"]' in dockerfile
     assert f'dev.sparkforge.recipe-hash="{overlay.hash}"' in dockerfile
     lock = json.loads(files["lock.json"])
     assert (

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.mods import installed_paths, judge_mods
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.mods import installed_paths, judge_mods
 from sparkforge.recipe.community.formats import read_community
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.yamlfile import read_yaml

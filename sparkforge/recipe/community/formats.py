@@ -98,7 +98,7 @@ class SparkArenaRecipe(_Strict):
     stop_after_post: StrictBool = False
     builder: StrictStr | None = None
     builder_config: dict[StrictStr, Any] = Field(default_factory=dict)
-    # Spark Arena's experimental recipes: the runner's mods (paths), judged at import (sparkforge/overlay/mods.py).
+    # Spark Arena's experimental recipes: the runner's mods (paths), judged at import (sparkforge/imagebuild/overlay/mods.py).
     mods: list[StrictStr] = Field(default_factory=list)
 
 
@@ -225,9 +225,7 @@ def read_community(
             "file of that format"
         )
     if fmt in ("nvidia-v3", "nvidia-v4"):
-        from sparkforge.recipe.community.nvidia import read_nvidia
-
-        return read_nvidia(doc, where, fmt)
+        return _read_nvidia(doc, where, fmt)
     if fmt == "eugr" and data.get("recipe_version") == 1:
         data["recipe_version"] = "1"  # YAML 1 and "1": run-recipe.py compares str(recipe_version)
     if fmt == "sparkarena":
@@ -295,6 +293,19 @@ def read_community(
     return _replace_command(
         base, _fill_sparkarena(model.command, {**base.defaults, "model": model.model}, base)
     )
+
+
+def _read_nvidia(doc: YamlDoc, where: str, fmt: Format) -> CommunityRecipe:
+    """NVIDIA's catalog (nvidia.py parses it) as the CommunityRecipe the other formats give."""
+    from sparkforge.recipe.community.nvidia import parse_nvidia
+
+    try:
+        serve = parse_nvidia(dict(doc.data), where, fmt)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise _errors(exc, doc, where, fmt) from None
+    fields = (serve.name, serve.description, serve.model, serve.image, serve.command)
+    single = (serve.nodes > 1, serve.nodes == 1, serve.nodes, serve.revision, "vllm")
+    return CommunityRecipe(fmt, where, *fields, {}, dict(serve.env), doc.lines, (), (), *single)
 
 
 def _replace_command(recipe: CommunityRecipe, command: str) -> CommunityRecipe:

@@ -11,6 +11,7 @@ Both are turned into the `vllm serve MODEL ...` command the other formats carry,
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -21,12 +22,9 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
-    ValidationError,
 )
 
 from sparkforge.errors import RecipeError
-from sparkforge.recipe.community.formats import CommunityRecipe, _errors
-from sparkforge.recipe.yamlfile import YamlDoc
 
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 NvidiaFormat = Literal["nvidia-v3", "nvidia-v4"]
@@ -125,13 +123,23 @@ def _arg_words(args: dict[str, Any]) -> list[str]:
     return words
 
 
-def read_nvidia(doc: YamlDoc, where: str, fmt: NvidiaFormat) -> CommunityRecipe:
-    """An NVIDIA catalog recipe -> CommunityRecipe (its `vllm serve` command built from the arguments)."""
-    data = dict(doc.data)
-    try:
-        model = (RecipeV3 if fmt == "nvidia-v3" else RecipeV4).model_validate(data)
-    except ValidationError as exc:
-        raise _errors(exc, doc, where, fmt) from None  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class NvidiaServe:
+    """What a catalog recipe serves: formats.read_community makes it a CommunityRecipe."""
+
+    name: str
+    description: str
+    model: str
+    image: str
+    command: str  # `vllm serve MODEL ...`, shell-quoted
+    env: dict[str, object]
+    nodes: int
+    revision: str | None
+
+
+def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaServe:
+    """An NVIDIA catalog document, validated (pydantic's ValidationError for the caller to explain with lines)."""
+    model = (RecipeV3 if fmt == "nvidia-v3" else RecipeV4).model_validate(data)
     if isinstance(model, RecipeV3):
         engine, image, hf, revision = (
             model.engine.name,
@@ -167,25 +175,7 @@ def read_nvidia(doc: YamlDoc, where: str, fmt: NvidiaFormat) -> CommunityRecipe:
     has_port = any(w == "--port" or w.startswith("--port=") for w in words)
     tail = ([] if has_host else ["--host", "0.0.0.0"]) + ([] if has_port else ["--port", str(port)])
     command = shlex.join(["vllm", "serve", hf, *words, *tail])
-    return CommunityRecipe(
-        fmt,  # type: ignore[arg-type]
-        where,
-        name,
-        description,
-        hf,
-        image,
-        command,
-        {},
-        env,
-        doc.lines,
-        (),
-        (),
-        nodes > 1,
-        nodes == 1,
-        nodes,
-        revision,
-        "vllm",
-    )
+    return NvidiaServe(name, description, hf, image, command, env, nodes, revision)
 
 
 def nvidia_document(

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Literal
 
 from sparkforge.boundary import list_files, read_text, write_output
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.model import MAX_PATCH_BYTES, PACKAGES
-from sparkforge.overlay.preflight import judge_diff
-from sparkforge.overlay.write import (
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.model import MAX_PATCH_BYTES, PACKAGES
+from sparkforge.imagebuild.overlay.preflight import judge_diff
+from sparkforge.imagebuild.overlay.write import (
     OverlayRequest,
     OverlaySource,
     SeriesPatch,

@@ -18,9 +18,9 @@ from sparkforge.boundary import read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import EngineError, InputError, RecipeError
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.model import MAX_PATCH_BYTES, OVERLAYS_DIR, PACKAGES
-from sparkforge.overlay.preflight import judge_path
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.model import MAX_PATCH_BYTES, OVERLAYS_DIR, PACKAGES
+from sparkforge.imagebuild.overlay.preflight import judge_path
 from sparkforge.recipe.loader import PATCHES_DIR, REPO_ROOT, Recipe
 
 

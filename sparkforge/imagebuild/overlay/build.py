@@ -21,10 +21,15 @@ from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.model import Overlay
+from sparkforge.imagebuild.overlay.preflight import (
+    PreflightResult,
+    file_hashes,
+    require_passed,
+    run_overlay_preflight,
+)
 from sparkforge.imagebuild.render import DEFAULT_BUILD_ROOT, TEMPLATES_DIR, template_environment
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.model import Overlay
-from sparkforge.overlay.preflight import PreflightResult, file_hashes, require_passed, run_overlay_preflight
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Report, print_report

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from sparkforge import engine
 from sparkforge.context import Session
 from sparkforge.errors import EngineError, PreflightError, RecipeError
-from sparkforge.overlay import unidiff
-from sparkforge.overlay.model import PACKAGES, Overlay, OverlayPatch
+from sparkforge.imagebuild.overlay import unidiff
+from sparkforge.imagebuild.overlay.model import PACKAGES, Overlay, OverlayPatch
 from sparkforge.recipe import plan
 from sparkforge.report import Check, Report
 

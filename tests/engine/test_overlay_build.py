@@ -20,10 +20,10 @@ from sparkforge import engine
 from sparkforge.commands import Runner
 from sparkforge.context import Session
 from sparkforge.errors import RecipeError
-from sparkforge.overlay.build import OverlayBuildOptions, build_overlay
-from sparkforge.overlay.model import load_overlay
-from sparkforge.overlay.preflight import run_overlay_preflight
-from sparkforge.overlay.write import OverlayRequest, OverlaySource, write_overlay
+from sparkforge.imagebuild.overlay.build import OverlayBuildOptions, build_overlay
+from sparkforge.imagebuild.overlay.model import load_overlay
+from sparkforge.imagebuild.overlay.preflight import run_overlay_preflight
+from sparkforge.imagebuild.overlay.write import OverlayRequest, OverlaySource, write_overlay
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import PATCHES_DIR, REPO_ROOT, load_recipe
 
@@ -161,7 +161,10 @@ def test_overlay_from_a_pull_request_built_verified_and_diffed(
     image = result.tagged[0]
     labels = engine.image_labels(image)
     assert labels["dev.sparkforge.recipe-hash"] == overlay.hash
-    assert labels["dev.sparkforge.overlay.base"] == f"sparkforge-candidate/ci-wheels-amd64@{wheels_image}"
+    assert (
+        labels["dev.sparkforge.overlay.base"]
+        == f"sparkforge-candidate/ci-wheels-amd64@{wheels_image}"
+    )
     assert labels["dev.sparkforge.overlay.patch.1"] == f"vllm:{overlay.model.patches[0].sha256}"
     assert labels["dev.sparkforge.pin.vllm"] == engine.image_labels(wheels_image)["dev.sparkforge.pin.vllm"]
     lock = json.loads(engine.read_image_file(image, "/opt/sparkforge/lock.json") or b"{}")
@@ -201,7 +204,7 @@ def test_overlay_from_a_pull_request_built_verified_and_diffed(
 def test_import_carries_a_patch_mod_as_an_overlay_that_applies_and_refuses_a_script_mod(
     wheels_image: str, tmp_path: Path, cleanup_patches: list[Path]
 ) -> None:
-    from sparkforge.overlay.mods import carry_mods
+    from sparkforge.imagebuild.overlay.mods import carry_mods
     from sparkforge.recipe.community.formats import read_community
     from sparkforge.recipe.yamlfile import read_yaml
 

@@ -26,7 +26,7 @@ from sparkforge.recipe.loader import (
     resolve_named_file,
     resolve_recipe_path,
 )
-from sparkforge.recipe.schema import PinnedImage, StrictModel, _pattern
+from sparkforge.recipe.schema import Description, PatchPath, PathGlob, PinnedImage, Sha256Hex, StrictModel
 from sparkforge.recipe.yamlfile import read_yaml
 
 OVERLAYS_DIR = REPO_ROOT / "recipes" / "overlays"
@@ -54,21 +54,21 @@ class OverlayBase(StrictModel):
         description="the verified image, NAME@sha256:<digest> (the registry digest, or the local image ID of "
         "an image never pushed)"
     )
-    recipe: _pattern("glob") = Field(description="the recipe the base image was built from (name or path)")
+    recipe: PathGlob = Field(description="the recipe the base image was built from (name or path)")
 
 
 class OverlayPatch(StrictModel):
-    file: _pattern("patch") = Field(description="the patch, e.g. patches/overlay-vllm/0001-fix.patch")
+    file: PatchPath = Field(description="the patch, e.g. patches/overlay-vllm/0001-fix.patch")
     package: Literal["vllm", "transformers", "flashinfer"]
-    sha256: _pattern("sha256_hex") = Field(description="the patch file's sha256 (reviewed bytes, pinned)")
-    origin: _pattern("description") | None = Field(
+    sha256: Sha256Hex = Field(description="the patch file's sha256 (reviewed bytes, pinned)")
+    origin: Description | None = Field(
         None, description="where it came from, e.g. 'vllm-project/vllm#12345 merge commit <sha>'"
     )
 
 
 class OverlayModel(StrictModel):
     kind: Literal["overlay"]
-    description: _pattern("description")
+    description: Description
     base: OverlayBase
     patches: list[OverlayPatch] = Field(min_length=1)
 
