@@ -15,6 +15,8 @@ from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
 from sparkforge.cli import engine as cli_engine
 from sparkforge.cli import memory as cli_memory
+from sparkforge.cli import nvperf as cli_nvperf
+from sparkforge.cli import overlay as cli_overlay
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import rebuild as cli_rebuild
@@ -103,7 +105,9 @@ ns.add_collection(cli_engine.ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)
 ns.add_collection(cli_cluster.cluster_ns)
+cli_bench.ns.add_task(cli_nvperf.baseline)  # bench.baseline: against NVIDIA's performance file
 ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
 ns.add_task(cli_memory.memory)
 ns.add_collection(cli_docs.ns)
+ns.add_collection(cli_overlay.ns)  # overlay (write), overlay.preflight, overlay.build

@@ -52,6 +52,8 @@ def suites():
         "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
         "no_warmup": "skip the warm-up run of each level",
+        "performance": "also write NVIDIA's performance file of this run here (docs/formats.md; read back by "
+        "bench.baseline)",
         "force": FORCE_HELP,
         "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
         "contact nothing",
@@ -81,11 +83,13 @@ def bench(
     no_warmup: bool = False,
     force: bool = False,
     dry: bool = False,
+    performance: str = "",
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
 
     check_output(json, "--json")  # the boundary: before any engine or server is contacted
+    check_output(performance, "--performance")
     # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
     sizes = {
         name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
@@ -179,6 +183,10 @@ def bench(
         )
     stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
     echo(f"stored: {stored}")
+    if performance:  # NVIDIA's performance file (run/bench/nvperf.py)
+        from sparkforge.run.bench.nvperf import write_performance
+
+        echo(f"performance file: {write_performance(report.to_dict(), Path(performance), loaded.name)}")
     finish_report(report, json, hint="a level failed; see its reason above")
 
 
