@@ -326,12 +326,19 @@ def _final(path: Path, option: str) -> Path:
     return final
 
 
-def output_dir(path: Path | str, option: str) -> Path:
-    """A folder for several outputs (`--png DIR`), created if missing: never a symlink, never a system folder,
-    never reached through a link that leads out of the project; files go in with `write_output`."""
+def check_output_dir(path: Path | str, option: str) -> Path:
+    """What `output_dir` would refuse (a symlink, file, pipe or device there, a system folder, a link out of the
+    project on the way), checked without creating it: the folder it would use."""
     folder = _final(Path(path), option)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
+    return folder
+
+
+def output_dir(path: Path | str, option: str) -> Path:
+    """A folder for several outputs (`--png DIR`), created if missing: never a symlink, never a system folder,
+    never reached through a link that leads out of the project; files go in with `write_output`."""
+    folder = check_output_dir(path, option)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
