@@ -386,7 +386,7 @@ GPUS = choice("all", "none", "auto")
 OPTION_KINDS: dict[str, Kind] = {
     "json": OUTPUT_FILE, "junit": OUTPUT_FILE, "html": OUTPUT_FILE, "markdown": OUTPUT_FILE,
     "github_output": OUTPUT_FILE, "png": OUTPUT_DIR, "workdir": OUTPUT_DIR, "store": OUTPUT_DIR,
-    "recipe": RECIPE, "profile": PROFILE, "image": IMAGE_REF, "check": IMAGE_REF, "a": IMAGE_OR_PATH,
+    "recipe": RECIPE, "profile": PROFILE, "image": IMAGE_REF, "runner_image": IMAGE_REF, "check": IMAGE_REF, "a": IMAGE_OR_PATH,
     "b": IMAGE_OR_PATH, "old": INPUT_FILES, "new": INPUT_FILE, "results": INPUT_FILES, "bench": INPUT_FILE,
     "ca_bundle": INPUT_FILE, "golden": INPUT_FILE, "corpus": INPUT_FILE, "serve_log": INPUT_FILE,
     "verify_report": INPUT_FILE, "published": INPUT_FILE, "kernels": INPUT_FILE, "online_key": INPUT_FILE,
@@ -446,7 +446,7 @@ def type_option(task: str, option: str, value: str, *, empty_ok: bool) -> str:
     """`value` given to `task`'s `--option`, checked by its kind (an untyped option passes the common rule);
     an InputError names the option, the value and the fix. `empty_ok`: '' means "not given" (the option's
     default is ''). The string itself is returned: the task reads it."""
-    flag = "--" + option.replace("_", "-")
+    flag = "-" + option if len(option) == 1 else "--" + option.replace("_", "-")
     check_text(flag, value)
     if not value and not empty_ok:
         raise InputError(f"{flag} '' is empty; fix: give a value, or leave the option out for its default")
@@ -454,10 +454,9 @@ def type_option(task: str, option: str, value: str, *, empty_ok: bool) -> str:
     if kind is not None and value:
         try:
             kind.check(flag, value)
-        except InputError:
-            raise
-        except SparkforgeError as exc:  # the run/ and oci checks' own families: the same refusal
-            raise InputError(str(exc)) from None
+        except SparkforgeError as exc:  # the run/ and oci checks' own families too: the same refusal
+            message = str(exc)
+            raise InputError(message if flag in message else f"{flag} {value[:80]!r}: {message}") from None
     return value
 
 
