@@ -62,7 +62,9 @@ def check_text(flag: str, value: str) -> str:
     return value
 
 
-def _number(low: float, high: float, *, integer: bool, low_open: bool = False) -> Callable[[str, str], object]:
+def _number(
+    low: float, high: float, *, integer: bool, low_open: bool = False
+) -> Callable[[str, str], object]:
     def check(flag: str, value: str) -> object:
         from sparkforge.boundary import check_number
 
@@ -132,9 +134,13 @@ def _input_dir(flag: str, value: str) -> object:
 
     path = Path(value)
     if is_system_path(path) and not is_system_path(path, resolve=False):
-        raise InputError(f"{flag} {value[:80]}: a link to {path.resolve()}, a system folder; fix: name the folder itself")
-    if path.is_symlink() and not path.resolve().is_dir() or not path.is_dir():
-        raise _fail(flag, value, "an existing folder", "name a folder that exists (not a file, pipe or device)")
+        raise InputError(
+            f"{flag} {value[:80]}: a link to {path.resolve()}, a system folder; fix: name the folder itself"
+        )
+    if (path.is_symlink() and not path.resolve().is_dir()) or not path.is_dir():
+        raise _fail(
+            flag, value, "an existing folder", "name a folder that exists (not a file, pipe or device)"
+        )
     return path
 
 
@@ -298,7 +304,9 @@ def _shell_words(flag: str, value: str) -> object:
     try:
         return shlex.split(value)
     except ValueError as exc:
-        raise _fail(flag, value, f"words a shell would split ({exc})", "close the quote, or escape it") from None
+        raise _fail(
+            flag, value, f"words a shell would split ({exc})", "close the quote, or escape it"
+        ) from None
 
 
 def _source_checkout(flag: str, value: str) -> object:
@@ -323,7 +331,9 @@ def _text(flag: str, value: str) -> object:
 TEXT = Kind("text", "printable text (the common rule only)", _text)
 INPUT_FILE = Kind("input file", "a regular file that exists (no FIFO, device, folder, link to a system file)",
                   _input_file, FILE_IN | {"empty"})  # fmt: skip
-INPUT_FILES = Kind("input files", "comma-separated input files", _input_files, FILE_IN | {"empty", "empty-entry"})
+INPUT_FILES = Kind(
+    "input files", "comma-separated input files", _input_files, FILE_IN | {"empty", "empty-entry"}
+)
 INPUT_DIR = Kind("input folder", "an existing folder (not a link to a system folder)", _input_dir, DIR_IN)
 OUTPUT_FILE = Kind("output file", "a file to write: not a folder, pipe or device, not under a system folder, "
                    "not reached through a link out of the project", _output_file, FILE_OUT)  # fmt: skip
@@ -362,7 +372,9 @@ SOURCE_URL = Kind("component=URL", "COMPONENT=URL, the URL http(s)", _source_url
                   frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
 PLATFORM_DIGEST = Kind("platform=digest", "PLATFORM=sha256:<64 hex>", _platform_equals_digest,
                        frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
-ULIMIT = Kind("ulimit", "NAME=SOFT[:HARD], whole numbers", _ulimit, frozenset({"no-equals", "empty", "empty-key"}))
+ULIMIT = Kind(
+    "ulimit", "NAME=SOFT[:HARD], whole numbers", _ulimit, frozenset({"no-equals", "empty", "empty-key"})
+)
 SHELL_WORDS = Kind("shell words", "words as a shell splits them (quotes balanced)", _shell_words,
                    frozenset({"open-quote"}))  # fmt: skip
 SOURCE_CHECKOUT = Kind("vLLM source", "pypi, github, or a checkout folder or sdist file that exists",

@@ -145,7 +145,7 @@ def hostile_values(tmp: Path) -> dict[str, str]:
         "dotdot": "/data/../etc",
         # words
         "option-like": "-oProxyCommand=x",
-        "unicode-word": "ｒｕｎｔｉｍｅ",
+        "unicode-word": "\uff52\uff55\uff4e\uff54\uff49\uff4d\uff45",  # fullwidth "runtime"
         "spaces": "two words",
         "no-scheme": "example.com/x",
         "empty-key": "=value",
@@ -223,7 +223,15 @@ class Isolation:
                 mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             )
             return f"write {path!r}" if writes and self._outside(path) else ""
-        if event in ("os.mkdir", "os.remove", "os.rmdir", "os.symlink", "os.link", "os.truncate", "shutil.rmtree"):
+        if event in (
+            "os.mkdir",
+            "os.remove",
+            "os.rmdir",
+            "os.symlink",
+            "os.link",
+            "os.truncate",
+            "shutil.rmtree",
+        ):
             return f"{event} {args[0]!r}" if self._outside(args[0]) else ""
         if event == "os.rename":
             return f"{event} {args[1]!r}" if self._outside(args[1]) else ""

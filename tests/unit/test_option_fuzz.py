@@ -48,7 +48,9 @@ def test_every_option_of_every_task_has_a_kind() -> None:
 
 def test_every_required_option_has_a_baseline(tmp_path: Path) -> None:
     base = baselines(tmp_path)
-    missing = sorted({f"{o.task} {o.flag}" for o in options_of(tasks.ns) if o.required and o.name not in base})
+    missing = sorted(
+        {f"{o.task} {o.flag}" for o in options_of(tasks.ns) if o.required and o.name not in base}
+    )
     assert missing == [], f"add a value for these required options to option_fuzz.baselines: {missing}"
 
 
@@ -123,10 +125,22 @@ def test_a_write_outside_the_temporary_folder_is_caught(tmp_path: Path) -> None:
 # The in-process runs stand for the command line: a sample of kinds through a real `invoke` process, with the
 # engine and proxies closed, answers alike.
 SAMPLE = [
-    ("memory", ["--recipe=vllm-qwen35", "--profile=qwen35-35b-a3b-fp8", "--mem-available=٣"], "--mem-available"),
-    ("serve", ["--recipe=vllm-qwen35", "--profile=qwen35-35b-a3b-fp8", "--model-dir=/data:/etc:rw"], "--model-dir"),
+    (
+        "memory",
+        ["--recipe=vllm-qwen35", "--profile=qwen35-35b-a3b-fp8", "--mem-available=٣"],
+        "--mem-available",
+    ),
+    (
+        "serve",
+        ["--recipe=vllm-qwen35", "--profile=qwen35-35b-a3b-fp8", "--model-dir=/data:/etc:rw"],
+        "--model-dir",
+    ),
     ("bench.compare", ["--old=/dev/zero", "--new=x"], "--old"),
-    ("import", [f"--source={ROOT / 'profiles' / 'qwen35-35b-a3b-fp8.yaml'}", "--extra=--flag 'unclosed"], "--extra"),
+    (
+        "import",
+        [f"--source={ROOT / 'profiles' / 'qwen35-35b-a3b-fp8.yaml'}", "--extra=--flag 'unclosed"],
+        "--extra",
+    ),
     ("lock.update", ["--package=vllm; rm -rf /"], "--package"),
     ("conform", ["--recipe=vllm-qwen35", "--profile=qwen35-35b-a3b-fp8", "--golden=/dev/zero"], "--golden"),
 ]
@@ -141,4 +155,6 @@ def test_the_command_line_refuses_alike(tmp_path: Path, task_name: str, args: li
     seconds = time.monotonic() - start
     text = result.stdout + result.stderr
     assert result.returncode != 0 and flag in text and "fix:" in text and "Traceback" not in text, text
-    assert seconds < 20 + CASE_SECONDS, seconds  # python + invoke start: ~0.5 s idle, a few s on a loaded machine
+    assert seconds < 20 + CASE_SECONDS, (
+        seconds
+    )  # python + invoke start: ~0.5 s idle, a few s on a loaded machine

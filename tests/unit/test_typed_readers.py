@@ -1,0 +1,137 @@
+"""The values inside the files sparkforge reads, typed before any arithmetic (sparkforge/typedfile.py): the
+checkpoint config.json of `invoke memory --model-dir` (and every command that prints the plan first), the
+profile's speculative config. Each refusal names the file, the key, the value and the fix; never a traceback,
+never a hang, never a silent fall-back to the shipped config."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkforge.errors import RunError
+from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.run.memory.checkpoint import parse_architecture
+from sparkforge.run.memory.configtypes import check_speculative
+
+SHIPPED = REPO_ROOT / "profiles" / "checkpoints" / "Qwen" / "Qwen3.5-35B-A3B-FP8" / "unpinned.json"
+OFFLINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "HTTPS_PROXY": "http://127.0.0.1:9"}
+
+
+def _config(path: list[str], value: object, *, drop: tuple[str, ...] = ()) -> dict:
+    config = copy.deepcopy(json.loads(SHIPPED.read_text()))
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    for key in drop:
+        node.pop(key, None)
+    return config
+
+
+HOSTILE = [
+    (["text_config", "num_attention_heads"], 0, "'text_config.num_attention_heads' is 0"),
+    (["text_config", "num_key_value_heads"], 0, "'text_config.num_key_value_heads' is 0"),
+    (["text_config", "num_key_value_heads"], 3, "must divide num_attention_heads"),
+    (["text_config", "head_dim"], 0, "'text_config.head_dim' is 0"),
+    (["text_config", "hidden_size"], "3072", "'text_config.hidden_size' is '3072'"),
+    (["text_config", "hidden_size"], 3072.0, "'text_config.hidden_size' is 3072.0"),
+    (["text_config", "num_hidden_layers"], 10**11, "'text_config.num_hidden_layers' is 100000000000"),
+    (["text_config", "num_hidden_layers"], True, "'text_config.num_hidden_layers' is True"),
+    (["text_config", "num_experts_per_tok"], 0, "num_experts_per_tok 0 must be from 1"),
+    (["text_config", "vocab_size"], -5, "'text_config.vocab_size' is -5"),
+    (["text_config", "dtype"], "\x1b[31mred", "'text_config.dtype' is '\\x1b[31mred'"),
+    (["quantization_config", "weight_block_size"], [0, 0], "'quantization_config.weight_block_size.0' is 0"),
+    (["vision_config", "depth"], 10**12, "'vision_config.depth' is 1000000000000"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"), HOSTILE, ids=[f"{'.'.join(p)}={v!r}"[:40] for p, v, _ in HOSTILE]
+)
+def test_hostile_checkpoint_values_are_refused_before_the_arithmetic(
+    path: list[str], value: object, needle: str
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(RunError) as info:
+        parse_architecture(_config(path, value), "model/config.json")
+    message = str(info.value)
+    assert time.monotonic() - start < 1
+    assert message.startswith("model/config.json: key ") and needle in message and "fix:" in message, message
+
+
+def test_ten_to_the_eleven_layers_without_layer_types_is_refused_at_once() -> None:
+    config = _config(["text_config", "num_hidden_layers"], 10**11, drop=("layer_types",))
+    start = time.monotonic()
+    with pytest.raises(RunError, match="num_hidden_layers' is 100000000000"):
+        parse_architecture(config, "c.json")
+    assert time.monotonic() - start < 1  # the list of layer types is never built
+
+
+def test_the_shipped_checkpoints_pass() -> None:
+    for path in sorted((REPO_ROOT / "profiles" / "checkpoints").rglob("*.json")):
+        assert parse_architecture(json.loads(path.read_text()), str(path)).layers > 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ({"method": "mtp", "num_speculative_tokens": 1e300}, "'num_speculative_tokens' is 1e+300"),
+        ({"method": "mtp", "num_speculative_tokens": 0}, "'num_speculative_tokens' is 0"),
+        ({"method": "mtp", "num_speculative_tokens": "2"}, "'num_speculative_tokens' is '2'"),
+        ({"method": "m\nx", "num_speculative_tokens": 2}, "'method'"),
+    ],
+)
+def test_speculative_config_bounds(spec: dict, needle: str) -> None:
+    from sparkforge.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        check_speculative(spec, "profile flag --speculative-config")
+    assert needle in str(info.value) and "fix:" in str(info.value)
+    assert check_speculative({"method": "mtp", "num_speculative_tokens": 2}, "x").num_speculative_tokens == 2
+
+
+def _memory(model_dir: Path | str, env_home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "memory", "-r", "vllm-qwen35", "-p", "qwen35-35b-a3b-fp8", "--model-dir",
+         str(model_dir)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **OFFLINE, "HOME": str(env_home)},
+    )  # fmt: skip
+
+
+def test_memory_refuses_a_zero_divisor_through_the_command_line(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(_config(["text_config", "head_dim"], 0)))
+    result = _memory(model, tmp_path)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in text, text
+    assert f"{model}/config.json: key 'text_config.head_dim' is 0" in text and "fix:" in text
+
+
+@pytest.mark.parametrize("shape", ["fifo", "folder", "missing", "link-out"])
+def test_a_config_json_that_is_not_a_file_is_refused_never_the_shipped_one_instead(
+    tmp_path: Path, shape: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = model / "config.json"
+    if shape == "fifo":
+        os.mkfifo(config)
+    elif shape == "folder":
+        config.mkdir()
+    elif shape == "link-out":
+        config.symlink_to("/etc/passwd")
+    start = time.monotonic()
+    result = _memory(model, tmp_path)
+    text = result.stdout + result.stderr
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0 and "Traceback" not in text and "verdict" not in text, text
+    assert str(model) in text and "fix:" in text
