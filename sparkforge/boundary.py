@@ -402,9 +402,14 @@ def check_number(
     good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
     good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
     if not good:
-        bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
+        bounds = f"{'above' if low_open else 'from'} {_bound(low)} {'up ' if low_open else ''}to {_bound(high)}"
         raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
     return parsed  # type: ignore[return-value]
+
+
+def _bound(value: float) -> str:
+    """A bound as a reader writes it: 10000000, not 1e+07."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
 
 
 def check_label(
