@@ -31,8 +31,10 @@ def _shown(value: Any) -> str:
 def refusal(exc: ValidationError, where: str, fix: str) -> InputError:
     """The first of pydantic's errors said in the project's words: where, which key, what value, why, the fix."""
     error = exc.errors(include_url=False)[0]
-    key = ".".join(str(part) for part in error["loc"]) or "(the whole file)"
+    key = ".".join(str(part) for part in error["loc"])
     reason = error["msg"].removeprefix("Value error, ")
+    if not key:  # a rule over the whole file
+        return InputError(f"{where}: {reason}; fix: {fix}")
     if error["type"] == "missing":
         return InputError(f"{where}: key '{key}' is missing; fix: {fix}")
     value = error.get("input")

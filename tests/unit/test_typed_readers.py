@@ -135,3 +135,86 @@ def test_a_config_json_that_is_not_a_file_is_refused_never_the_shipped_one_inste
     assert time.monotonic() - start < 30
     assert result.returncode != 0 and "Traceback" not in text and "verdict" not in text, text
     assert str(model) in text and "fix:" in text
+
+
+# Golden files: logprobs that are log probabilities, no token twice in one top list.
+def _golden(tmp_path: Path, top: object) -> Path:
+    path = tmp_path / "golden.json"
+    data = {
+        "format": "sparkforge-golden/1",
+        "model": {"model": "m"},
+        "token_ids": [[5, 6]],
+        "top_logprobs": top,
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("top", "needle"),
+    [
+        ([[[[5, 1e308]], [[6, -1.0]]]], "key 'top_logprobs.0.0.0.1' is 1e+308"),
+        ([[[[5, -0.1], [5, -0.2]], [[6, -1.0]]]], "a token id appears twice in its top list"),
+        ([[[[5, "-0.1"]], [[6, -1.0]]]], "key 'top_logprobs.0.0.0.1' is '-0.1'"),
+        ([[[[-5, -0.1]], [[6, -1.0]]]], "key 'top_logprobs.0.0.0.0' is -5"),
+        ([[[[5, -0.1]]]], "prompt 0: 1 top lists for 2 tokens"),
+    ],
+)
+def test_golden_values_are_typed(tmp_path: Path, top: object, needle: str) -> None:
+    from sparkforge.run.conform.golden import read_golden
+
+    path = _golden(tmp_path, top)
+    with pytest.raises(RunError) as info:
+        read_golden(path, "m", {})
+    message = str(info.value)
+    assert f"golden file {path}" in message and needle in message and "fix:" in message, message
+
+
+def test_a_golden_with_log_probabilities_passes(tmp_path: Path) -> None:
+    from sparkforge.run.conform.golden import read_golden
+
+    golden = read_golden(_golden(tmp_path, [[[[5, -0.1], [7, -2.5]], [[6, 0.0]]]]), "m", {})
+    assert golden.decodes()[0].top[0] == {5: -0.1, 7: -2.5}
+
+
+# /metrics: one reader; a series twice is refused (not summed), an infinite counter too (not 'nan of nan').
+METRICS = [
+    ('vllm:prefix_cache_hits_total{engine="0"} 5\n' * 3, "appears twice"),
+    ('vllm:prefix_cache_hits_total{engine="0"} +Inf\n', "is inf, not a finite count"),
+    ('vllm:prefix_cache_hits_total{engine="0"} NaN\n', "is nan, not a finite count"),
+    ('vllm:prefix_cache_hits_total{engine="0"} -3\n', "is -3.0, not a finite count"),
+    ("vllm:prefix_cache_hits_total{engine=0} five\n", "'five' is not a number"),
+]
+
+
+@pytest.mark.parametrize(("body", "needle"), METRICS)
+def test_metrics_from_a_real_server_are_typed(body: str, needle: str) -> None:
+    from http.server import BaseHTTPRequestHandler
+
+    from conform_http import http_server
+
+    from sparkforge.run.conform.client import OpenAIClient, counter
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            raw = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server(Metrics) as base:
+        text = OpenAIClient(base, "m").metrics()
+    with pytest.raises(RunError) as info:
+        counter(text, "vllm:prefix_cache_hits")
+    assert needle in str(info.value) and "/metrics" in str(info.value) and "fix:" in str(info.value)
+
+
+def test_metrics_over_label_sets_are_summed() -> None:
+    from sparkforge.run.conform.client import counter
+
+    text = '# TYPE x counter\nvllm:prefix_cache_hits_total{engine="0"} 5\nvllm:prefix_cache_hits_total{engine="1"} 7\n'
+    assert counter(text, "vllm:prefix_cache_hits") == 12.0
