@@ -328,8 +328,11 @@ def _final(path: Path, option: str) -> Path:
 
 def check_output_dir(path: Path | str, option: str) -> Path:
     """What `output_dir` would refuse (a symlink, file, pipe or device there, a system folder, a link out of the
-    project on the way), checked without creating it: the folder it would use."""
-    folder = _final(Path(path), option)
+    project on the way), checked without creating it: the folder it would use (an existing folder is fine)."""
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        path = Path(os.path.abspath(path))  # `--out .` or `build/..`: the folder itself
+    folder = _output_parent(path, option) / path.name
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
     return folder
@@ -402,7 +405,9 @@ def check_number(
     good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
     good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
     if not good:
-        bounds = f"{'above' if low_open else 'from'} {_bound(low)} {'up ' if low_open else ''}to {_bound(high)}"
+        bounds = (
+            f"{'above' if low_open else 'from'} {_bound(low)} {'up ' if low_open else ''}to {_bound(high)}"
+        )
         raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
     return parsed  # type: ignore[return-value]
 

@@ -105,7 +105,6 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"json", "path-io"},
         f"{CONTAINER} (the bench clients' JSON); hashes a wheel the user named for the identity",
     ),
-    "sparkforge/run/bench/store.py": ({"path-io"}, f"{STATE} (the bench result store, names by digest)"),
     "sparkforge/run/conform/apisurface.py": (
         {"json"},
         "the served model's tool-call arguments and the "

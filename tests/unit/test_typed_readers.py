@@ -218,3 +218,29 @@ def test_metrics_over_label_sets_are_summed() -> None:
 
     text = '# TYPE x counter\nvllm:prefix_cache_hits_total{engine="0"} 5\nvllm:prefix_cache_hits_total{engine="1"} 7\n'
     assert counter(text, "vllm:prefix_cache_hits") == 12.0
+
+
+# The bench store: links planted in it are never followed, for reading or writing.
+def test_the_bench_store_does_not_follow_links(tmp_path: Path) -> None:
+    from sparkforge.run.bench import store
+
+    result = json.loads(
+        (REPO_ROOT / "benchmarks" / "results" / "real" / "bench-cpu-twin-default.json").read_text()
+    )
+    root = tmp_path / "store"
+    saved = store.save(result, json.dumps(result), root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.json").write_text(json.dumps(result))
+    (root / ("sha256-" + "b" * 64)).symlink_to(outside)  # a folder link: another store's results
+    (saved.parent / "linked.json").symlink_to(outside / "x.json")  # a file link
+    found, unreadable = store.entries(root)
+    assert [s.path for s in found] == [saved.resolve()] and unreadable == []
+    # writing: the image's folder planted as a link out is refused, never written through
+    key = store.image_key(result["identity"]["image"])
+    other = tmp_path / "store2"
+    other.mkdir()
+    (other / key).symlink_to(outside)
+    with pytest.raises(Exception, match="a symlink or file is there"):
+        store.save(result, json.dumps(result), other)
+    assert sorted(p.name for p in outside.iterdir()) == ["x.json"]
