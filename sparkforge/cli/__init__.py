@@ -66,12 +66,12 @@ class ShortFlagTask(invoke.Task):
         args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         for arg in args:
             arg.__class__ = TaskArgument  # the same object, marked as a sparkforge option
-            arg.task_name = task_key(self.body)  # the boundary types values by task and option (sparkforge.options)
+            arg.task_name = task_key(self.body)  # the boundary types values by task and option (sparkforge.cli.options)
         return args
 
 
 def task_key(body: Callable[..., Any]) -> str:
-    """A task's name for sparkforge.options.TASK_KINDS: its module's last part and its function (cluster.up)."""
+    """A task's name for sparkforge.cli.options.TASK_KINDS: its module's last part and its function (cluster.up)."""
     return f"{body.__module__.rpartition('.')[2]}.{body.__name__}"
 
 

@@ -41,14 +41,14 @@ def flag_names(name: str) -> list[str]:
 
 class TaskArgument(invoke.Argument):
     """An option of a sparkforge task: what marks a parser context as ours (Invoke's core flags are not). Each
-    value given is typed by the boundary (sparkforge/options.py) as Invoke parses it, before the task runs."""
+    value given is typed by the boundary (sparkforge/cli/options.py) as Invoke parses it, before the task runs."""
 
     task_name = ""  # the task function's name, set by ShortFlagTask.get_arguments
 
     def set_value(self, value: object, cast: bool = True) -> None:
         if cast and isinstance(value, str):
+            from sparkforge.cli.options import type_option
             from sparkforge.errors import InputError
-            from sparkforge.options import type_option
 
             try:
                 type_option(self.task_name, (self.name or "").replace("-", "_"), value, empty_ok=self.default == "")

@@ -76,8 +76,15 @@ def token_from_realm(
     url = f"{realm}{'&' if '?' in realm else '?'}{query}"
     try:
         session = direct_session() if is_local_registry(registry.repository) else proxied_session()
-        got = fetch_url(session, url, what="a registry token", max_bytes=MAX_TOKEN_ANSWER,
-                        deadline=TIMEOUT_S, headers=headers, ok_status=(401, 403))  # fmt: skip
+        got = fetch_url(
+            session,
+            url,
+            what="a registry token",
+            max_bytes=MAX_TOKEN_ANSWER,
+            deadline=TIMEOUT_S,
+            headers=headers,
+            ok_status=(401, 403),
+        )
         answer = parse_json(got.text, "the registry's token answer")
     except (FetchError, PublishError, InputError):
         return ""

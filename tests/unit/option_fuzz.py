@@ -18,7 +18,7 @@ from pathlib import Path
 from invoke import Collection, Program
 
 from sparkforge.cli import task_key
-from sparkforge.options import UNIVERSAL, Kind, kind_of
+from sparkforge.cli.options import UNIVERSAL, Kind, kind_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "real" / "bench-cpu-twin-default.json"
@@ -40,7 +40,7 @@ class Option:
     """One value-taking option of one task, as the registry declares it."""
 
     task: str  # as typed: cluster.up
-    key: str  # cli.task_key: cluster.up's function (sparkforge.options.TASK_KINDS)
+    key: str  # cli.task_key: cluster.up's function (sparkforge.cli.options.TASK_KINDS)
     name: str  # the parameter: model_dir
     default: object
     required: bool
@@ -92,7 +92,7 @@ def baselines(tmp: Path) -> dict[str, str]:
 
 
 def hostile_values(tmp: Path) -> dict[str, str]:
-    """One value per hostile class (the classes sparkforge.options names), its files made under `tmp`."""
+    """One value per hostile class (the classes sparkforge.cli.options names), its files made under `tmp`."""
     fifo = tmp / "fifo"
     if not fifo.exists():
         os.mkfifo(fifo)

@@ -1,9 +1,11 @@
 """The hostile-input fuzzer, generated from the task registry: every task, every option that takes a value
-(read from the tasks' own definitions), every hostile class its kind must refuse (sparkforge/options.py). The
+(read from the tasks' own definitions), every hostile class its kind must refuse (sparkforge/cli/options.py). The
 rule: non-zero exit within seconds, the option named with a fix, no traceback, no engine, network or program
 contact, nothing written outside a temporary folder (option_fuzz.Isolation). An option without a kind fails.
 
-Cost, measured on the shared 2-core machine: about 2,900 cases in ~25 s (CI's core tier)."""
+Cost, measured on the shared 2-core machine: 2,646 cases (48 tasks, 266 value options) in 13-36 s run alone,
+145 s inside the whole unit suite at -n 2 beside other sessions' work; it runs with the unit tests in every CI
+run. Each case is refused in milliseconds (a parse-time check); the budget below is for a loaded machine."""
 
 from __future__ import annotations
 
@@ -35,13 +37,13 @@ from option_fuzz import (
 import tasks
 from sparkforge.cli import task
 
-FUZZ_BUDGET_S = 120  # the whole fuzz, on a loaded 2-core machine; measured ~25 s
+FUZZ_BUDGET_S = 400  # the whole fuzz on a loaded 2-core machine (measured 13-36 s alone, 145 s in the suite)
 
 
 def test_every_option_of_every_task_has_a_kind() -> None:
     untyped = [f"{o.task} {o.flag}" for o in options_of(tasks.ns) if o.kind is None]
     assert untyped == [], (
-        "options without a boundary kind (add the option's name to sparkforge.options.OPTION_KINDS, or "
+        "options without a boundary kind (add the option's name to sparkforge.cli.options.OPTION_KINDS, or "
         f"(task, name) to TASK_KINDS where the name means something else there): {untyped}"
     )
 

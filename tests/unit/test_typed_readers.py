@@ -1,4 +1,4 @@
-"""The values inside the files sparkforge reads, typed before any arithmetic (sparkforge/typedfile.py): the
+"""The values inside the files sparkforge reads, typed before any arithmetic (sparkforge/recipe/typedfile.py): the
 checkpoint config.json of `invoke memory --model-dir` (and every command that prints the plan first), the
 profile's speculative config. Each refusal names the file, the key, the value and the fix; never a traceback,
 never a hang, never a silent fall-back to the shipped config."""

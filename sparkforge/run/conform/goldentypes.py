@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, Strict, model_validator
 
-from sparkforge.typedfile import STRICT, typed
+from sparkforge.recipe.typedfile import STRICT, typed
 
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=1 << 31)]
 # vLLM writes a masked token's -inf as -9999.0; a real log probability is at most 0 (a rounding hair above).
@@ -17,6 +17,7 @@ Pair = Annotated[tuple[TokenId, LogProb], Strict(False)]  # a JSON [id, logprob]
 Step = Annotated[list[Pair], Field(max_length=64)]
 MAX_PROMPTS = 10_000
 MAX_TOKENS = 1 << 16
+PromptTops = Annotated[list[Step], Field(max_length=MAX_TOKENS)]
 
 GOLDEN_FIX = "record it again with 'invoke conform ... --record'"
 
@@ -30,7 +31,7 @@ class GoldenFile(BaseModel):
     token_ids: Annotated[
         list[Annotated[list[TokenId], Field(max_length=MAX_TOKENS)]], Field(max_length=MAX_PROMPTS)
     ]
-    top_logprobs: Annotated[list[Annotated[list[Step], Field(max_length=MAX_TOKENS)]], Field(max_length=MAX_PROMPTS)] | None = None  # fmt: skip
+    top_logprobs: Annotated[list[PromptTops], Field(max_length=MAX_PROMPTS)] | None = None
     model: dict[str, Any] | None = None
 
     @model_validator(mode="after")

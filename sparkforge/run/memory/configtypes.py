@@ -1,6 +1,6 @@
 """The checkpoint config.json and the profile's speculative config, typed with bounds before the memory plan does
 any arithmetic: a zero divisor (heads, head_dim, an interval), a string where a number belongs, 10^11 layers or
-1e300 speculative tokens are refused naming the file, the key, the value and the fix (sparkforge/typedfile.py).
+1e300 speculative tokens are refused naming the file, the key, the value and the fix (sparkforge/recipe/typedfile.py).
 
 The bounds are generous (several times today's largest checkpoints) and exist to keep the arithmetic finite and
 fast, not to judge the model: a real checkpoint outside them is a reason to widen them here.
@@ -12,13 +12,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from sparkforge.typedfile import STRICT, typed
+from sparkforge.recipe.typedfile import STRICT, typed
 
 Layers = Annotated[int, Field(ge=1, le=1024)]
 Heads = Annotated[int, Field(ge=1, le=4096)]
 Dim = Annotated[int, Field(ge=1, le=1 << 17)]
 Width = Annotated[int, Field(ge=0, le=1 << 20)]  # an intermediate size; 0: none (a dense or MoE-only model)
 Small = Annotated[int, Field(ge=1, le=1024)]
+BlockSide = Annotated[int, Field(ge=1, le=1 << 14)]
 LayerType = Literal["full_attention", "linear_attention"]
 ModuleName = Annotated[str, Field(max_length=256, pattern=r"^[A-Za-z0-9_.*\-]+$")]
 DType = Literal["bfloat16", "float16", "half", "float32", "float", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"]
@@ -100,7 +101,7 @@ class QuantizationConfig(BaseModel):
 
     quant_method: Annotated[str, Field(max_length=64)] = ""
     quant_algo: Annotated[str, Field(max_length=64)] | None = None
-    weight_block_size: Annotated[list[Annotated[int, Field(ge=1, le=1 << 14)]], Field(min_length=2, max_length=2)] | None = None  # fmt: skip
+    weight_block_size: Annotated[list[BlockSide], Field(min_length=2, max_length=2)] | None = None
     group_size: Annotated[int, Field(ge=1, le=1 << 14)] = 16
     modules_to_not_convert: Annotated[list[ModuleName], Field(max_length=1 << 16)] | None = None
     exclude_modules: Annotated[list[ModuleName], Field(max_length=1 << 16)] | None = None

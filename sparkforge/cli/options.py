@@ -75,15 +75,25 @@ def _number(
 
 def whole(low: int, high: int) -> Kind:
     """A whole number in ASCII digits, in [low, high]."""
-    return Kind(f"whole {low}..{high}", f"a whole number from {low} to {high} (ASCII digits)",
-                _number(low, high, integer=True), NUMBER | {"empty", "fraction"}, low)  # fmt: skip
+    return Kind(
+        f"whole {low}..{high}",
+        f"a whole number from {low} to {high} (ASCII digits)",
+        _number(low, high, integer=True),
+        NUMBER | {"empty", "fraction"},
+        low,
+    )
 
 
 def real(low: float, high: float, *, low_open: bool = False) -> Kind:
     """A finite decimal number in ASCII, in [low, high] ((low, high] with low_open)."""
     span = f"{'above ' if low_open else ''}{low:g} to {high:g}"
-    return Kind(f"number {span}", f"a finite number {span} (ASCII: digits, one point, an exponent)",
-                _number(low, high, integer=False, low_open=low_open), NUMBER | {"empty"}, low)  # fmt: skip
+    return Kind(
+        f"number {span}",
+        f"a finite number {span} (ASCII: digits, one point, an exponent)",
+        _number(low, high, integer=False, low_open=low_open),
+        NUMBER | {"empty"},
+        low,
+    )
 
 
 def whole_list(low: int, high: int) -> Kind:
@@ -92,15 +102,20 @@ def whole_list(low: int, high: int) -> Kind:
 
         return parse_int_list(flag, value, low=low, high=high)
 
-    return Kind(f"whole list {low}..{high}", f"comma-separated whole numbers from {low} to {high}", check,
-                NUMBER | {"empty-entry"}, low)  # fmt: skip
+    return Kind(
+        f"whole list {low}..{high}",
+        f"comma-separated whole numbers from {low} to {high}",
+        check,
+        NUMBER | {"empty-entry"},
+        low,
+    )
 
 
 def choice(*values: str) -> Kind:
     def check(flag: str, value: str) -> object:
-        if value not in values:
-            raise _fail(flag, value, f"one of {', '.join(values)}", f"use one of {', '.join(values)}")
-        return value
+        from sparkforge.run.inputs import check_choice
+
+        return check_choice(flag, value, values)
 
     return Kind(f"one of {'|'.join(values)}", f"one of {', '.join(values)}", check, WORDLIKE | {"empty"})
 
@@ -189,8 +204,12 @@ def _named_or_file(registry: str) -> Callable[[str, str], object]:
             return value
         if "/" in value or value.endswith((".yaml", ".yml")):
             return _input_file(flag, value)
-        raise _fail(flag, value, f"a {registry} name or a path to a {registry} file",
-                    f"`invoke {registry}s` lists the names; a path needs a '/'")  # fmt: skip
+        raise _fail(
+            flag,
+            value,
+            f"a {registry} name or a path to a {registry} file",
+            f"`invoke {registry}s` lists the names; a path needs a '/'",
+        )
 
     return check
 
@@ -232,6 +251,12 @@ def _platform(flag: str, value: str) -> object:
     from sparkforge.oci import check_platform
 
     return check_platform(flag, value)
+
+
+def _layout(flag: str, value: str) -> object:
+    from sparkforge.run.cluster.topology import layout
+
+    return layout(value)
 
 
 def _tag_or_digest(flag: str, value: str) -> object:
@@ -329,102 +354,252 @@ def _text(flag: str, value: str) -> object:
 
 
 TEXT = Kind("text", "printable text (the common rule only)", _text)
-INPUT_FILE = Kind("input file", "a regular file that exists (no FIFO, device, folder, link to a system file)",
-                  _input_file, FILE_IN | {"empty"})  # fmt: skip
+INPUT_FILE = Kind(
+    "input file",
+    "a regular file that exists (no FIFO, device, folder, link to a system file)",
+    _input_file,
+    FILE_IN | {"empty"},
+)
 INPUT_FILES = Kind(
     "input files", "comma-separated input files", _input_files, FILE_IN | {"empty", "empty-entry"}
 )
 INPUT_DIR = Kind("input folder", "an existing folder (not a link to a system folder)", _input_dir, DIR_IN)
-OUTPUT_FILE = Kind("output file", "a file to write: not a folder, pipe or device, not under a system folder, "
-                   "not reached through a link out of the project", _output_file, FILE_OUT)  # fmt: skip
-OUTPUT_DIR = Kind("output folder", "a folder to write into (created): never a link, file, pipe or system folder",
-                  _output_dir, DIR_OUT)  # fmt: skip
-HOST_PATH = Kind("host path", "an absolute path on each node, mounted into containers: letters, digits, _ . / + "
-                 "@ % - only (no ':' or ',' mount specs, no '..')", _host_path,
-                 frozenset({"relative", "mount-spec", "dotdot"}))  # fmt: skip
-IMAGE_REF = Kind("image reference", "NAME[:TAG] or NAME@sha256:<64 hex> (OCI grammar)", _reference,
-                 WORDLIKE | {"empty"})  # fmt: skip
-IMAGE_OR_PATH = Kind("image or path", "an image reference, or a folder, wheel or file that exists",
-                     _reference_or_path, FILE_IN - {"folder"} | {"empty"})  # fmt: skip
-RECIPE = Kind("recipe", "a recipe name in recipes/ or a path to a recipe file", _named_or_file("recipe"),
-              WORDLIKE | {"fifo", "device", "missing-yaml", "empty"})  # fmt: skip
-PROFILE = Kind("profile", "a profile name in profiles/ or a path to a profile file", _named_or_file("profile"),
-               WORDLIKE | {"fifo", "device", "missing-yaml", "empty"})  # fmt: skip
-URL = Kind("URL", "an http(s) URL with a host, no credentials, a port in 1..65535", _url,
-           WORDLIKE | {"empty", "no-scheme"})  # fmt: skip
-FILE_OR_URL = Kind("file or URL", "an https:// URL, or a file or folder that exists", _file_or_url,
-                   FILE_IN - {"folder"})  # fmt: skip
-NODES = Kind("nodes", "comma-separated engines (unix://, tcp://, ssh://user@host or a context name), head first",
-             _nodes, WORDLIKE | {"empty-entry"})  # fmt: skip
+OUTPUT_FILE = Kind(
+    "output file",
+    "a file to write: not a folder, pipe or device, not under a system folder, "
+    "not reached through a link out of the project",
+    _output_file,
+    FILE_OUT,
+)
+OUTPUT_DIR = Kind(
+    "output folder",
+    "a folder to write into (created): never a link, file, pipe or system folder",
+    _output_dir,
+    DIR_OUT,
+)
+HOST_PATH = Kind(
+    "host path",
+    "an absolute path on each node, mounted into containers: letters, digits, _ . / + "
+    "@ % - only (no ':' or ',' mount specs, no '..')",
+    _host_path,
+    frozenset({"relative", "mount-spec", "dotdot"}),
+)
+IMAGE_REF = Kind(
+    "image reference", "NAME[:TAG] or NAME@sha256:<64 hex> (OCI grammar)", _reference, WORDLIKE | {"empty"}
+)
+IMAGE_OR_PATH = Kind(
+    "image or path",
+    "an image reference, or a folder, wheel or file that exists",
+    _reference_or_path,
+    FILE_IN - {"folder"} | {"empty"},
+)
+RECIPE = Kind(
+    "recipe",
+    "a recipe name in recipes/ or a path to a recipe file",
+    _named_or_file("recipe"),
+    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
+)
+PROFILE = Kind(
+    "profile",
+    "a profile name in profiles/ or a path to a profile file",
+    _named_or_file("profile"),
+    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
+)
+URL = Kind(
+    "URL",
+    "an http(s) URL with a host, no credentials, a port in 1..65535",
+    _url,
+    WORDLIKE | {"empty", "no-scheme"},
+)
+FILE_OR_URL = Kind(
+    "file or URL", "an https:// URL, or a file or folder that exists", _file_or_url, FILE_IN - {"folder"}
+)
+NODES = Kind(
+    "nodes",
+    "comma-separated engines (unix://, tcp://, ssh://user@host or a context name), head first",
+    _nodes,
+    WORDLIKE | {"empty-entry"},
+)
 NODE = Kind("node", "one engine (unix://, tcp://, ssh://user@host or a context name)", _node, WORDLIKE)
-INTERFACE = Kind("interface", "a Linux interface name (at most 15 of letters, digits, _ . : -)", _interface,
-                 WORDLIKE)  # fmt: skip
+INTERFACE = Kind(
+    "interface", "a Linux interface name (at most 15 of letters, digits, _ . : -)", _interface, WORDLIKE
+)
 PLATFORM = Kind("platform", "linux/arm64 or linux/amd64", _platform, WORDLIKE | {"empty"})
 TAG = Kind("tag", "an OCI tag (letters, digits, _ . -, at most 128)", _tag, WORDLIKE)
 DIGEST = Kind("digest", "sha256: and 64 lowercase hex digits", _digest, WORDLIKE)
 TAG_OR_DIGEST = Kind("tag or digest", "an OCI tag or sha256:<64 hex>", _tag_or_digest, WORDLIKE)
-KEY_VALUE = Kind("key=value", "KEY=VALUE, the key letters, digits, _ . - and never empty", _key_value,
-                 frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
-KEY_VALUES = Kind("key=value list", "k=v[,k=v...] (BuildKit cache/secret specs)", _key_values,
-                  frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
+KEY_VALUE = Kind(
+    "key=value",
+    "KEY=VALUE, the key letters, digits, _ . - and never empty",
+    _key_value,
+    frozenset({"empty-key", "no-equals", "empty"}),
+)
+KEY_VALUES = Kind(
+    "key=value list",
+    "k=v[,k=v...] (BuildKit cache/secret specs)",
+    _key_values,
+    frozenset({"empty-key", "no-equals", "empty"}),
+)
 BASE_IMAGE = Kind("base image", "REF, or builder=REF,runtime=REF", _base_image, WORDLIKE | {"empty-key"})
-SOURCE_URL = Kind("component=URL", "COMPONENT=URL, the URL http(s)", _source_url,
-                  frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
-PLATFORM_DIGEST = Kind("platform=digest", "PLATFORM=sha256:<64 hex>", _platform_equals_digest,
-                       frozenset({"empty-key", "no-equals", "empty"}))  # fmt: skip
+SOURCE_URL = Kind(
+    "component=URL",
+    "COMPONENT=URL, the URL http(s)",
+    _source_url,
+    frozenset({"empty-key", "no-equals", "empty"}),
+)
+PLATFORM_DIGEST = Kind(
+    "platform=digest",
+    "PLATFORM=sha256:<64 hex>",
+    _platform_equals_digest,
+    frozenset({"empty-key", "no-equals", "empty"}),
+)
 ULIMIT = Kind(
     "ulimit", "NAME=SOFT[:HARD], whole numbers", _ulimit, frozenset({"no-equals", "empty", "empty-key"})
 )
-SHELL_WORDS = Kind("shell words", "words as a shell splits them (quotes balanced)", _shell_words,
-                   frozenset({"open-quote"}))  # fmt: skip
-SOURCE_CHECKOUT = Kind("vLLM source", "pypi, github, or a checkout folder or sdist file that exists",
-                       _source_checkout, FILE_IN - {"folder"})  # fmt: skip
-KEY_OR_URI = Kind("key", "a private key file that exists, or a KMS URI (scheme://...)", _key_or_uri,
-                  FILE_IN | {"empty"})  # fmt: skip
+SHELL_WORDS = Kind(
+    "shell words", "words as a shell splits them (quotes balanced)", _shell_words, frozenset({"open-quote"})
+)
+SOURCE_CHECKOUT = Kind(
+    "vLLM source",
+    "pypi, github, or a checkout folder or sdist file that exists",
+    _source_checkout,
+    FILE_IN - {"folder"},
+)
+KEY_OR_URI = Kind(
+    "key", "a private key file that exists, or a KMS URI (scheme://...)", _key_or_uri, FILE_IN | {"empty"}
+)
 NAME = pattern("name", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", "a name of letters, digits, _ . -", "default")
-NAME_LIST = pattern("names", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9][A-Za-z0-9_.-]{0,63}){0,63}",
-                    "comma-separated names of letters, digits, _ . -", "determinism,streaming")  # fmt: skip
-PACKAGE = pattern("package", r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?",
-                  "a Python package name (PEP 508: letters, digits, . _ -)", "vllm")  # fmt: skip
+NAME_LIST = pattern(
+    "names",
+    r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(,[A-Za-z0-9][A-Za-z0-9_.-]{0,63}){0,63}",
+    "comma-separated names of letters, digits, _ . -",
+    "determinism,streaming",
+)
+PACKAGE = pattern(
+    "package",
+    r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?",
+    "a Python package name (PEP 508: letters, digits, . _ -)",
+    "vllm",
+)
 GPU = pattern("GPU target", r"sm_[0-9]{2,3}[af]?", "a GPU target sm_NN[a|f]", "sm_121")
 DATE = pattern("date", r"20[0-9]{2}(0[1-9]|1[0-2])(0[1-9]|[12][0-9]|3[01])", "a date YYYYMMDD", "20260131")
 REVISION = pattern("revision", r"[0-9a-f]{40}", "a hub commit (40 lowercase hex digits)", "0123abcd... (40)")
-GLOB = pattern("glob", r"[A-Za-z0-9_./*?\[\]-]{1,256}", "a library glob (letters, digits, _ . / - * ? [ ])",
-               "'vllm/_C*.so'")  # fmt: skip
+GLOB = pattern(
+    "glob",
+    r"[A-Za-z0-9_./*?\[\]-]{1,256}",
+    "a library glob (letters, digits, _ . / - * ? [ ])",
+    "'vllm/_C*.so'",
+)
 PORT = whole(1, 65535)
+LAYOUT = Kind(
+    "layout", "a cabling the cluster knows: pair, mesh3, ring (ring4), switch", _layout, WORDLIKE | {"empty"}
+)
 GPUS = choice("all", "none", "auto")
 
 # One name, one meaning in every task (as parsing.SHORT_FLAGS): the kind of each option by its name.
 OPTION_KINDS: dict[str, Kind] = {
-    "json": OUTPUT_FILE, "junit": OUTPUT_FILE, "html": OUTPUT_FILE, "markdown": OUTPUT_FILE,
-    "github_output": OUTPUT_FILE, "png": OUTPUT_DIR, "workdir": OUTPUT_DIR, "store": OUTPUT_DIR,
-    "recipe": RECIPE, "profile": PROFILE, "image": IMAGE_REF, "runner_image": IMAGE_REF, "check": IMAGE_REF, "a": IMAGE_OR_PATH,
-    "b": IMAGE_OR_PATH, "old": INPUT_FILES, "new": INPUT_FILE, "results": INPUT_FILES, "bench": INPUT_FILE,
-    "ca_bundle": INPUT_FILE, "golden": INPUT_FILE, "corpus": INPUT_FILE, "serve_log": INPUT_FILE,
-    "verify_report": INPUT_FILE, "published": INPUT_FILE, "kernels": INPUT_FILE, "online_key": INPUT_FILE,
-    "root_key": INPUT_FILE, "sign_key": INPUT_FILE, "model_config": INPUT_FILE, "key": KEY_OR_URI,
-    "model_dir": HOST_PATH, "cache_dir": HOST_PATH, "hf_token_file": HOST_PATH,
-    "port": PORT, "master_port": PORT, "health_timeout": whole(1, 7 * 86400), "tail": whole(0, 10**7),
-    "top": whole(1, 10**6), "tp": whole(0, 1024), "pp": whole(0, 1024), "spark_memory": whole(0, 4096),
-    "repeats": whole(1, 1000), "budget": whole(1, 7 * 86400), "input_len": whole(1, 10**7),
-    "output_len": whole(1, 10**7), "num_prompts": whole(1, 10**7), "gid_index": whole(0, 255),
-    "duration": real(0, 86400, low_open=True), "target_detect": real(0, 100, low_open=True),
-    "threshold": real(0, 1000, low_open=True), "min_busbw": real(0, 10**4, low_open=True),
-    "mem_available": real(0, 4096), "watchdog_floor": real(0, 1024, low_open=True),
-    "concurrency": whole_list(1, 10**5), "depth": whole_list(0, 10**7),
-    "attach": URL, "github_base": URL, "hf_endpoint": URL, "online_identity": URL,
-    "catalog": FILE_OR_URL, "nodes": NODES, "node": NODE, "interface": INTERFACE, "platform": PLATFORM,
-    "tag": TAG, "rollback": TAG, "promote": DIGEST, "digest": DIGEST, "date": DATE,
-    "gpus": GPUS, "nccl": choice("image", "host"), "backend": choice("mp", "ray"),
-    "weights": choice("each", "shared", "skip"), "watchdog": choice("auto", "on", "off"),
-    "layout": choice("pair", "mesh3", "ring", "ring4", "switch"), "network": choice("default", "host", "none"),
-    "format": choice("eugr", "sparkarena"), "target": choice("toolchain", "source", "build", "runtime"),
-    "checks": NAME_LIST, "suite": NAME, "builder": NAME, "gpu": GPU, "require": GLOB, "package": PACKAGE,
-    "model_revision": REVISION, "secret": KEY_VALUES, "cache_from": KEY_VALUES, "cache_to": KEY_VALUES,
-    "base_image": BASE_IMAGE, "source": SOURCE_URL, "ulimit": ULIMIT, "set": KEY_VALUE, "allow": KEY_VALUE,
-    "extra": SHELL_WORDS, "crashed": TEXT, "k": TEXT, "digests": INPUT_DIR, "out": OUTPUT_FILE,
-    "metadata_file": INPUT_FILE, "report": INPUT_FILE,
-}  # fmt: skip
+    "json": OUTPUT_FILE,
+    "junit": OUTPUT_FILE,
+    "html": OUTPUT_FILE,
+    "markdown": OUTPUT_FILE,
+    "github_output": OUTPUT_FILE,
+    "png": OUTPUT_DIR,
+    "workdir": OUTPUT_DIR,
+    "store": OUTPUT_DIR,
+    "recipe": RECIPE,
+    "profile": PROFILE,
+    "image": IMAGE_REF,
+    "runner_image": IMAGE_REF,
+    "check": IMAGE_REF,
+    "a": IMAGE_OR_PATH,
+    "b": IMAGE_OR_PATH,
+    "old": INPUT_FILES,
+    "new": INPUT_FILE,
+    "results": INPUT_FILES,
+    "bench": INPUT_FILE,
+    "ca_bundle": INPUT_FILE,
+    "golden": INPUT_FILE,
+    "corpus": INPUT_FILE,
+    "serve_log": INPUT_FILE,
+    "verify_report": INPUT_FILE,
+    "published": INPUT_FILE,
+    "kernels": INPUT_FILE,
+    "online_key": INPUT_FILE,
+    "root_key": INPUT_FILE,
+    "sign_key": INPUT_FILE,
+    "model_config": INPUT_FILE,
+    "key": KEY_OR_URI,
+    "model_dir": HOST_PATH,
+    "cache_dir": HOST_PATH,
+    "hf_token_file": HOST_PATH,
+    "port": PORT,
+    "master_port": PORT,
+    "health_timeout": whole(1, 7 * 86400),
+    "tail": whole(0, 10**7),
+    "top": whole(1, 10**6),
+    "tp": whole(0, 1024),
+    "pp": whole(0, 1024),
+    "spark_memory": whole(0, 4096),
+    "repeats": whole(1, 1000),
+    "budget": whole(1, 7 * 86400),
+    "input_len": whole(1, 10**7),
+    "output_len": whole(1, 10**7),
+    "num_prompts": whole(1, 10**7),
+    "gid_index": whole(0, 255),
+    "duration": real(0, 86400, low_open=True),
+    "target_detect": real(0, 100, low_open=True),
+    "threshold": real(0, 1000, low_open=True),
+    "min_busbw": real(0, 10**4, low_open=True),
+    "mem_available": real(0, 4096),
+    "watchdog_floor": real(0, 1024, low_open=True),
+    "concurrency": whole_list(1, 10**5),
+    "depth": whole_list(0, 10**7),
+    "attach": URL,
+    "github_base": URL,
+    "hf_endpoint": URL,
+    "online_identity": URL,
+    "catalog": FILE_OR_URL,
+    "nodes": NODES,
+    "node": NODE,
+    "interface": INTERFACE,
+    "platform": PLATFORM,
+    "tag": TAG,
+    "rollback": TAG,
+    "promote": DIGEST,
+    "digest": DIGEST,
+    "date": DATE,
+    "gpus": GPUS,
+    "nccl": choice("image", "host"),
+    "backend": choice("mp", "ray"),
+    "weights": choice("each", "shared", "skip"),
+    "watchdog": choice("auto", "on", "off"),
+    "layout": LAYOUT,
+    "network": choice("default", "host", "none"),
+    "format": choice("eugr", "sparkarena"),
+    "target": choice("toolchain", "source", "build", "runtime"),
+    "checks": NAME_LIST,
+    "suite": NAME,
+    "builder": NAME,
+    "gpu": GPU,
+    "require": GLOB,
+    "package": PACKAGE,
+    "model_revision": REVISION,
+    "secret": KEY_VALUES,
+    "cache_from": KEY_VALUES,
+    "cache_to": KEY_VALUES,
+    "base_image": BASE_IMAGE,
+    "source": SOURCE_URL,
+    "ulimit": ULIMIT,
+    "set": KEY_VALUE,
+    "allow": KEY_VALUE,
+    "extra": SHELL_WORDS,
+    "crashed": TEXT,
+    "k": TEXT,
+    "digests": INPUT_DIR,
+    "out": OUTPUT_FILE,
+    "metadata_file": INPUT_FILE,
+    "report": INPUT_FILE,
+}
 
 # Where one name means two things: (cli.task_key: the task module's last part and function, the option's name).
 TASK_KINDS: dict[tuple[str, str], Kind] = {
@@ -476,6 +651,8 @@ def kinds_table(rows: Sequence[tuple[str, str, Kind | None]]) -> list[str]:
     """docs/inputs.md's option table: `invoke TASK --option | kind | what it takes`."""
     lines = ["| task | option | kind | takes |", "|---|---|---|---|"]
     for task, option, kind in rows:
-        lines.append(f"| {task} | --{option.replace('_', '-')} | {kind.name if kind else 'UNTYPED'} | "
-                     f"{kind.doc if kind else ''} |")  # fmt: skip
+        lines.append(
+            f"| {task} | --{option.replace('_', '-')} | {kind.name if kind else 'UNTYPED'} | "
+            f"{kind.doc if kind else ''} |"
+        )
     return lines
