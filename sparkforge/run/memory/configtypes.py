@@ -19,6 +19,7 @@ Heads = Annotated[int, Field(ge=1, le=4096)]
 Dim = Annotated[int, Field(ge=1, le=1 << 17)]
 Width = Annotated[int, Field(ge=0, le=1 << 20)]  # an intermediate size; 0: none (a dense or MoE-only model)
 Small = Annotated[int, Field(ge=1, le=1024)]
+ClassName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]  # printed: no escapes
 BlockSide = Annotated[int, Field(ge=1, le=1 << 14)]
 LayerType = Literal["full_attention", "linear_attention"]
 ModuleName = Annotated[str, Field(max_length=256, pattern=r"^[A-Za-z0-9_.*\-]+$")]
@@ -112,7 +113,7 @@ class CheckpointConfig(BaseModel):
 
     model_config = STRICT
 
-    architectures: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=16)] | None = None
+    architectures: Annotated[list[ClassName], Field(max_length=16)] | None = None
     text_config: TextConfig | None = None
     vision_config: VisionConfig | None = None
     quantization_config: QuantizationConfig | None = None
