@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparkforge.errors import InputError, SparkforgeError
 
@@ -647,12 +648,61 @@ def type_option(task: str, option: str, value: str, *, empty_ok: bool) -> str:
     return value
 
 
+DOCS_MARKERS = (
+    "<!-- options:begin (generated: python -m sparkforge.cli.options) -->",
+    "<!-- options:end -->",
+)
+
+
 def kinds_table(rows: Sequence[tuple[str, str, Kind | None]]) -> list[str]:
-    """docs/inputs.md's option table: `invoke TASK --option | kind | what it takes`."""
-    lines = ["| task | option | kind | takes |", "|---|---|---|---|"]
+    """docs/inputs.md's table of option kinds from (task, option, kind) rows: each kind, what it takes, what the
+    fuzzer feeds it beyond the common rule, and the options of that kind (`task --option`)."""
+    by_kind: dict[str, tuple[Kind | None, list[str]]] = {}
     for task, option, kind in rows:
-        lines.append(
-            f"| {task} | --{option.replace('_', '-')} | {kind.name if kind else 'UNTYPED'} | "
-            f"{kind.doc if kind else ''} |"
-        )
+        entry = by_kind.setdefault(kind.name if kind else "UNTYPED", (kind, []))
+        entry[1].append(f"{task} --{option.replace('_', '-')}")
+    lines = [
+        "| kind | takes | hostile classes refused (beyond the common rule) | options |",
+        "|---|---|---|---|",
+    ]
+    for name, (kind, options) in sorted(by_kind.items()):
+        refuses = ", ".join(sorted(kind.refuses)) if kind else ""
+        takes = kind.doc if kind else "nothing checked: the fuzzer fails"
+        cells = [name, takes, refuses, ", ".join(sorted(options))]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines
+
+
+def render_docs(text: str, rows: Sequence[tuple[str, str, Kind | None]]) -> str:
+    """`text` (docs/inputs.md) with the table between DOCS_MARKERS replaced by `kinds_table(rows)`."""
+    begin, end = DOCS_MARKERS
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    return "\n".join([head + begin, *kinds_table(rows), end + tail])
+
+
+def task_rows(ns: Any) -> list[tuple[str, str, Kind | None]]:
+    """(task as typed, option, kind) of every value-taking option of an Invoke collection."""
+    from sparkforge.cli import task_key
+
+    rows = []
+    for name in sorted(ns.task_names):
+        task = ns[name]
+        for arg in task.get_arguments():
+            if arg.takes_value:
+                option = (arg.name or "").replace("-", "_")
+                rows.append((name, option, kind_of(task_key(task.body), option)))
+    return rows
+
+
+if __name__ == "__main__":  # rewrite docs/inputs.md's table from tasks.py's collection
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    import tasks
+
+    from sparkforge.boundary import read_text, write_output
+
+    page = root / "docs" / "inputs.md"
+    write_output(page, render_docs(read_text(page, "docs", 1 << 20), task_rows(tasks.ns)), "docs")

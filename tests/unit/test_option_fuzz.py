@@ -36,6 +36,7 @@ from option_fuzz import (
 
 import tasks
 from sparkforge.cli import task
+from sparkforge.cli.options import DOCS_MARKERS, render_docs, task_rows
 
 FUZZ_BUDGET_S = 400  # the whole fuzz on a loaded 2-core machine (measured 13-36 s alone, 145 s in the suite)
 
@@ -45,6 +46,14 @@ def test_every_option_of_every_task_has_a_kind() -> None:
     assert untyped == [], (
         "options without a boundary kind (add the option's name to sparkforge.cli.options.OPTION_KINDS, or "
         f"(task, name) to TASK_KINDS where the name means something else there): {untyped}"
+    )
+
+
+def test_the_docs_table_of_option_kinds_is_the_registrys() -> None:
+    page = ROOT / "docs" / "inputs.md"
+    text = page.read_text()
+    assert DOCS_MARKERS[0] in text and render_docs(text, task_rows(tasks.ns)) == text, (
+        "docs/inputs.md: the option kinds table is stale; fix: python -m sparkforge.cli.options"
     )
 
 
