@@ -681,14 +681,20 @@ def render_docs(text: str, rows: Sequence[tuple[str, str, Kind | None]]) -> str:
     return "\n".join([head + begin, *kinds_table(rows), end + tail])
 
 
+def task_key(body: Callable[..., Any]) -> str:
+    """A task's name in TASK_KINDS: its module's last part and its function (cluster.up)."""
+    return f"{body.__module__.rpartition('.')[2]}.{body.__name__}"
+
+
 def task_rows(ns: Any) -> list[tuple[str, str, Kind | None]]:
-    """(task as typed, option, kind) of every value-taking option of an Invoke collection."""
-    from sparkforge.cli import task_key
+    """(task as typed, option, kind) of every value-taking option of an Invoke collection (read from copies:
+    Invoke's get_arguments pops each option's help from its task)."""
+    import copy
 
     rows = []
     for name in sorted(ns.task_names):
         task = ns[name]
-        for arg in task.get_arguments():
+        for arg in copy.deepcopy(task).get_arguments():
             if arg.takes_value:
                 option = (arg.name or "").replace("-", "_")
                 rows.append((name, option, kind_of(task_key(task.body), option)))
@@ -701,7 +707,6 @@ if __name__ == "__main__":  # rewrite docs/inputs.md's table from tasks.py's col
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root))
     import tasks
-
     from sparkforge.boundary import read_text, write_output
 
     page = root / "docs" / "inputs.md"

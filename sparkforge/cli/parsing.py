@@ -51,7 +51,9 @@ class TaskArgument(invoke.Argument):
             from sparkforge.errors import InputError
 
             try:
-                type_option(self.task_name, (self.name or "").replace("-", "_"), value, empty_ok=self.default == "")
+                type_option(
+                    self.task_name, (self.name or "").replace("-", "_"), value, empty_ok=self.default == ""
+                )
             except InputError as exc:
                 raise ParseError(f"sparkforge: {exc}") from None
         super().set_value(value, cast=cast)

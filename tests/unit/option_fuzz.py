@@ -6,6 +6,7 @@ write outside the temporary folder recorded by a CPython audit hook, and refused
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import signal
@@ -17,8 +18,7 @@ from pathlib import Path
 
 from invoke import Collection, Program
 
-from sparkforge.cli import task_key
-from sparkforge.cli.options import UNIVERSAL, Kind, kind_of
+from sparkforge.cli.options import UNIVERSAL, Kind, kind_of, task_key
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "real" / "bench-cpu-twin-default.json"
@@ -61,7 +61,9 @@ def options_of(ns: Collection) -> list[Option]:
     found = []
     for name in sorted(ns.task_names):
         task = ns[name]
-        for arg in task.get_arguments():
+        for arg in copy.deepcopy(
+            task
+        ).get_arguments():  # a copy: Invoke pops each option's help as it reads it
             if not arg.takes_value:
                 continue
             param = (arg.name or "").replace("-", "_")
@@ -315,7 +317,7 @@ def alone(ns: Collection, dotted: str) -> Collection:
         child = Collection(part)
         holder.add_collection(child)
         holder = child
-    holder.add_task(source.tasks[last], last)
+    holder.add_task(copy.deepcopy(source.tasks[last]), last)  # Invoke pops help from the task it parses for
     if source.default == last:
         holder.default = last
     return top
