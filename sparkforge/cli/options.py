@@ -29,6 +29,7 @@ FILE_OUT = frozenset({"folder", "fifo-out", "system-out", "link-out-dir"})
 DIR_IN = frozenset({"fifo", "device", "missing", "file", "link-out"})
 DIR_OUT = frozenset({"file", "fifo-out", "system-out", "link-out-dir"})
 WORDLIKE = frozenset({"option-like", "unicode-word", "spaces"})
+PAIR = frozenset({"empty-key", "no-equals", "empty"})  # KEY=VALUE values
 
 
 @dataclass(frozen=True)
@@ -433,30 +434,28 @@ KEY_VALUE = Kind(
     "key=value",
     "KEY=VALUE, the key letters, digits, _ . - and never empty",
     _key_value,
-    frozenset({"empty-key", "no-equals", "empty"}),
+    PAIR,
 )
 KEY_VALUES = Kind(
     "key=value list",
     "k=v[,k=v...] (BuildKit cache/secret specs)",
     _key_values,
-    frozenset({"empty-key", "no-equals", "empty"}),
+    PAIR,
 )
 BASE_IMAGE = Kind("base image", "REF, or builder=REF,runtime=REF", _base_image, WORDLIKE | {"empty-key"})
 SOURCE_URL = Kind(
     "component=URL",
     "COMPONENT=URL, the URL http(s)",
     _source_url,
-    frozenset({"empty-key", "no-equals", "empty"}),
+    PAIR,
 )
 PLATFORM_DIGEST = Kind(
     "platform=digest",
     "PLATFORM=sha256:<64 hex>",
     _platform_equals_digest,
-    frozenset({"empty-key", "no-equals", "empty"}),
+    PAIR,
 )
-ULIMIT = Kind(
-    "ulimit", "NAME=SOFT[:HARD], whole numbers", _ulimit, frozenset({"no-equals", "empty", "empty-key"})
-)
+ULIMIT = Kind("ulimit", "NAME=SOFT[:HARD], whole numbers", _ulimit, PAIR)
 SHELL_WORDS = Kind(
     "shell words", "words as a shell splits them (quotes balanced)", _shell_words, frozenset({"open-quote"})
 )
