@@ -58,12 +58,14 @@ class ShortFlagTask(invoke.Task):
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[invoke.Argument]:
+        from sparkforge.cli.options import task_key
         from sparkforge.cli.parsing import TaskArgument, route_through_project
 
         route_through_project()
         args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         for arg in args:
             arg.__class__ = TaskArgument  # the same object, marked as a sparkforge option
+            arg.task_name = task_key(self.body)  # the boundary types its values (sparkforge.cli.options)
         return args
 
 

@@ -166,9 +166,10 @@ def doctor(
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
-    from sparkforge.boundary import check_output
+    from sparkforge.boundary import check_exclusive, check_output
 
     check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
+    check_exclusive(quick=quick, gpus=gpus == "all")  # --quick leaves out the ranks that get the GPUs
     engines = node_engines(nodes)  # every input checked before the network or an engine is contacted
     # dry: with nothing built or pulled the doctor's own image stage names what each node lacks
     flags = NodeFlags.of(image_ref(recipe, image, dry=True), locals())
