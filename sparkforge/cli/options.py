@@ -401,6 +401,12 @@ RECIPE = Kind(
     _named_or_file("recipe"),
     WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
 )
+OVERLAY = Kind(
+    "overlay",
+    "an overlay recipe name in recipes/overlays/ or a path to one",
+    _named_or_file("overlay"),
+    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
+)
 PROFILE = Kind(
     "profile",
     "a profile name in profiles/ or a path to a profile file",
@@ -610,17 +616,27 @@ TASK_KINDS: dict[tuple[str, str], Kind] = {
     ("trust.init", "threshold"): whole(1, 100),
     ("trust.rotate", "threshold"): whole(0, 100),
     ("diff.kernels", "image"): IMAGE_OR_PATH,
-    ("tasks.audit", "target"): IMAGE_OR_PATH,
-    ("tasks.verify", "model_dir"): INPUT_DIR,
+    ("build.audit", "target"): IMAGE_OR_PATH,
+    ("build.verify", "model_dir"): INPUT_DIR,
     ("memory.memory", "model_dir"): INPUT_DIR,
-    ("tasks.verify", "report"): OUTPUT_FILE,
-    ("tasks.build", "metadata_file"): OUTPUT_FILE,
+    ("build.verify", "report"): OUTPUT_FILE,
+    ("build.build", "metadata_file"): OUTPUT_FILE,
     ("publish.push", "digests"): OUTPUT_DIR,
     ("tasks.render", "out"): OUTPUT_DIR,
     ("publish.publish", "digest"): PLATFORM_DIGEST,
     ("publish.pull", "tag"): TAG_OR_DIGEST,
     ("community.import_", "source"): FILE_OR_URL,
-    ("tasks.preflight", "source"): SOURCE_CHECKOUT,
+    ("build.preflight", "source"): SOURCE_CHECKOUT,
+    ("overlay.write", "patch"): INPUT_FILE,
+    ("overlay.write", "pr"): whole(1, 10_000_000),
+    ("overlay.write", "checkout"): INPUT_DIR,
+    ("overlay.write", "package"): choice("vllm", "transformers", "flashinfer"),
+    ("overlay.write", "name"): NAME,
+    ("overlay.preflight", "overlay"): OVERLAY,
+    ("overlay.build", "overlay"): OVERLAY,
+    ("nvperf.baseline", "result"): INPUT_FILE,
+    ("nvperf.baseline", "performance"): INPUT_FILE,
+    ("bench.bench", "performance"): OUTPUT_FILE,
 }
 
 

@@ -75,6 +75,10 @@ def options_of(ns: Collection) -> list[Option]:
 
 # Values for the required options of a task, so that a hostile value that got past the parse reaches the task
 # body (where the isolation catches what it does); by option name, as the kinds are.
+# An overlay recipe: the required --overlay's value while the task's other options are fuzzed.
+OVERLAY = ROOT / "tests" / "recipes" / "overlays" / "ci-wheels-overlay.yaml"
+
+
 def baselines(tmp: Path) -> dict[str, str]:
     published = tmp / "published.json"
     published.write_text('{"index": "sha256:' + "a" * 64 + '", "platforms": {}}\n')
@@ -90,6 +94,9 @@ def baselines(tmp: Path) -> dict[str, str]:
         "published": str(published),
         "source": str(RESULT),
         "target": str(tmp),
+        "result": str(RESULT),
+        "performance": str(RESULT),
+        "overlay": str(OVERLAY),
     }
 
 

@@ -49,6 +49,20 @@ def test_every_option_of_every_task_has_a_kind() -> None:
     )
 
 
+def test_every_task_specific_kind_names_a_task_that_exists() -> None:
+    """A task moved to another module or renamed would leave its (task, option) kinds behind, and the option
+    would silently fall back to the general kind of its name."""
+    from sparkforge.cli.options import TASK_KINDS, task_key
+
+    keys: set[str] = set()
+    stack = [tasks.ns]
+    while stack:
+        collection = stack.pop()
+        keys |= {task_key(t.body) for t in collection.tasks.values()}
+        stack += collection.collections.values()
+    assert sorted({task for task, _ in TASK_KINDS} - keys) == []
+
+
 def test_the_docs_table_of_option_kinds_is_the_registrys() -> None:
     page = ROOT / "docs" / "inputs.md"
     text = page.read_text()
