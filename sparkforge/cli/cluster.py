@@ -162,7 +162,7 @@ def doctor(
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
     from sparkforge.recipe.profile import load_profile
-    from sparkforge.run.cluster.doctor import run_doctor
+    from sparkforge.run.cluster.doctor import DoctorPlan, run_doctor
 
     if not (recipe or image):
         raise Exit("sparkforge: cluster.doctor needs --recipe R (or --image REF)", code=2)
@@ -193,7 +193,7 @@ def doctor(
         planned = memory_check(recipe, served, model_dir, True)
         options = replace(options, memory_plan=_gpu_plan(planned, gpus))
         preflight_profile(recipe, served, no_preflight)
-    result = run_doctor(engines, options, echo=echo)
+    result = run_doctor(session(), DoctorPlan(tuple(engines), options))
     finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
 
 
@@ -277,10 +277,10 @@ def up(
     doctor_settings = replace(doctor_settings, memory_plan=_gpu_plan(planned, gpus))
     preflight_profile(recipe, loaded, no_preflight)
     known_bad_guard(recipe, loaded)
-    if not dry:  # --dry contacts no engine: no image check, no doctor probe
-        ensure_image(engines, ref, echo, distribute=distribute)
-    up_options = UpOptions(launch, doctor_settings, health_timeout, dry)
     one = session()
+    if not dry:  # --dry contacts no engine: no image check, no doctor probe
+        ensure_image(one, engines, ref, distribute=distribute)
+    up_options = UpOptions(launch, doctor_settings, health_timeout, dry)
     up_result = cluster_up(one, engines, loaded, up_options)
     if not dry:
         from sparkforge.errors import RunError
