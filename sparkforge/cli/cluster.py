@@ -361,7 +361,7 @@ def fabric(
     report, choices = fabric_report(
         labels, raws, interface or None, gid, declared, sources, _layout_name(layout)
     )
-    describe_choices(choices, echo, warn, sources)
+    describe_choices(session(), choices, sources)
     if test:
         from sparkforge.run.cluster.fabric import parse_node
         from sparkforge.run.cluster.linktest import link_check

@@ -113,6 +113,9 @@ def _registry(*rows: tuple[str, dict]) -> Registry:
     return registry
 
 
+QUIET = Session(echo=lambda _: None, runner=Runner())
+
+
 def _plan(**options: object) -> DoctorPlan:
     return DoctorPlan((), DoctorOptions(image="test:1", **options))  # type: ignore[arg-type]
 
@@ -127,7 +130,7 @@ def test_stages_run_in_the_registrys_order_and_the_first_failure_skips_the_rest(
         ("sanity", {"expensive": True}),
     )
     report = Report(command="cluster.doctor", subject="test")
-    found = run_stages(echoed.append, report, _plan(), registry)
+    found = run_stages(Session(echo=echoed.append, runner=Runner()), report, _plan(), registry)
     assert registry.log == list(registry.names())[:3]  # type: ignore[attr-defined]
     assert [c.name for c in report.checks] == list(registry.names())
     assert [c.status for c in report.checks] == ["passed", "passed", "failed", "skipped", "skipped"]
@@ -175,7 +178,7 @@ def test_a_stage_registered_beside_the_real_ones_runs_in_its_place_with_what_it_
     report = Report(command="cluster.doctor", subject="test")
     nodes = dead_engines
     plan = DoctorPlan(nodes, DoctorOptions(image="none:none", deadlines=Deadlines(engines=10)))
-    found = run_stages(lambda _: None, report, plan, registry)
+    found = run_stages(QUIET, report, plan, registry)
     assert [c.name for c in report.checks] == list(registry.names())
     assert ran == [tuple(e.node.label for e in nodes)] and found.results() == (Later("ping"),)
     statuses = {c.name: c.status for c in report.checks}
@@ -190,7 +193,7 @@ def test_a_node_lost_mid_stage_fails_that_stage_and_quick_reports_the_expensive_
         ("transport", {"expensive": True}),
     )
     report = Report(command="cluster.doctor", subject="test")
-    run_stages(lambda _: None, report, _plan(quick=True), registry)
+    run_stages(QUIET, report, _plan(quick=True), registry)
     assert [(c.name, c.status) for c in report.checks] == [
         ("engines", "passed"), ("addresses", "failed"), ("sanity", "skipped"), ("transport", "skipped"),
     ]  # fmt: skip
@@ -204,7 +207,7 @@ def test_a_node_lost_mid_stage_fails_that_stage_and_quick_reports_the_expensive_
     assert passed.checks[-1].reason == "not run: --quick stops after the cheap stages (engines to engines)"
     assert cheap == ["engines", "addresses"]
     without = Report(command="cluster.doctor", subject="test")
-    run_stages(lambda _: None, without, _plan(sanity=False), registry)
+    run_stages(QUIET, without, _plan(sanity=False), registry)
     assert [
         c.name for c in without.checks
     ] == cheap  # no sanity run asked for: the expensive ones are not shown
@@ -213,7 +216,7 @@ def test_a_node_lost_mid_stage_fails_that_stage_and_quick_reports_the_expensive_
 def test_a_stage_that_needs_what_no_earlier_stage_gives_is_refused_before_anything_runs() -> None:
     later = _registry(("mtu", {"needs": (Later,)}), ("reach", {"gives": Later}))
     with pytest.raises(ValueError, match="'mtu' needs Later, which no earlier stage gives"):
-        run_stages(lambda _: None, Report(command="t", subject="t"), _plan(), later)
+        run_stages(QUIET, Report(command="t", subject="t"), _plan(), later)
     assert later.log == []  # type: ignore[attr-defined]
     cheap = _registry(("sanity", {"gives": Later, "expensive": True}), ("mtu", {"needs": (Later,)}))
     with pytest.raises(ValueError, match="'mtu' is cheap but needs Later of the expensive 'sanity'"):

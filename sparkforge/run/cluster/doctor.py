@@ -60,7 +60,7 @@ def run_doctor(session: Session, plan: DoctorPlan, stages: Stages | None = None)
     report = Report(
         command="cluster.doctor", subject=f"{len(plan.engines)} nodes, image {plan.options.image}"
     )
-    found = run_stages(session.echo, report, plan, STAGES if stages is None else stages)
+    found = run_stages(session, report, plan, STAGES if stages is None else stages)
     layout = next((r for r in found.results() if isinstance(r, LayoutFound)), None)
     return DoctorResult(report, found.facts(), layout.topology if layout else None)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
@@ -121,11 +122,12 @@ def check_order(stages: Iterable[Entry[DoctorStage[Any]]]) -> None:
             given[entry.run.gives] = entry
 
 
-def run_stages(echo: Callable[[str], None], report: Report, plan: DoctorPlan, stages: Stages) -> Found:
+def run_stages(session: Session, report: Report, plan: DoctorPlan, stages: Stages) -> Found:
     """Run `stages` in order into `report`: each gets the plan and the results it needs; the first that fails
     makes the rest skip, naming it. The expensive stages run only when the plan asks for them (with --quick they
     are reported as not run). Every result is released before this returns or raises; returns them all."""
     check_order(stages)
+    echo = session.echo
     chosen = [e for e in stages if plan.expensive or not e.run.expensive]
     shown = [e for e in stages if e in chosen or (plan.options.quick and e.run.expensive)]
     results: dict[type, object] = {}

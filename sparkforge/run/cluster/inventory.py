@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from sparkforge.console import cell
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
@@ -170,13 +171,11 @@ def _tree_faults(raw: Mapping[str, Any]) -> list[str]:
 
 
 def describe_choices(
-    choices: Sequence[FabricChoice],
-    say: Callable[[str], None],
-    warn: Callable[[str], None],
-    sources: Sequence[NcclSource] = (),
+    session: Session, choices: Sequence[FabricChoice], sources: Sequence[NcclSource] = ()
 ) -> None:
     """Human lines: per node the environment it will set, then every warning; with --nccl host, the libnccl each
     node loads, its bind mount and the ABI check."""
+    say, warn = session.out, session.warn
     for i, choice in enumerate(choices):
         if choice.error:
             continue
