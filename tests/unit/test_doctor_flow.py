@@ -201,9 +201,7 @@ def test_a_node_lost_mid_stage_fails_that_stage_and_quick_reports_the_expensive_
     assert report.checks[2].reason == "not run: stage 'addresses' failed"
     cheap = [e.name for e in registry if not e.run.expensive]
     passed = Report(command="cluster.doctor", subject="test")
-    run_stages(
-        lambda _: None, passed, _plan(quick=True), _registry(("engines", {}), ("sanity", {"expensive": True}))
-    )
+    run_stages(QUIET, passed, _plan(quick=True), _registry(("engines", {}), ("sanity", {"expensive": True})))
     assert passed.checks[-1].reason == "not run: --quick stops after the cheap stages (engines to engines)"
     assert cheap == ["engines", "addresses"]
     without = Report(command="cluster.doctor", subject="test")
@@ -246,7 +244,7 @@ def test_results_that_hold_containers_are_released_whatever_happened() -> None:
     entries = [Entry("a", "a", holds("a")), Entry("b", "b", holds("b")), Entry("c", "c", holds("c", "stop"))]
     with pytest.raises(KeyboardInterrupt):
         run_stages(
-            lambda _: None,
+            QUIET,
             Report(command="t", subject="t"),
             _plan(),
             Registry("doctor", "x", entries, RunError),
