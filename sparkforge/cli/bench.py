@@ -4,13 +4,18 @@ sparkforge.run.bench)."""
 from __future__ import annotations
 
 import json as _json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
-from sparkforge.cli.memory import FORCE_HELP, memory_check
+from sparkforge.cli import LazyHelp, echo, finish_report, task, user_errors
+from sparkforge.cli.families import DRY, Family, Option
+from sparkforge.cli.launchflags import FORCE, NODE, flag_help, launch_flags, typed_options
+from sparkforge.context import Session
+from sparkforge.run.launchplan import LaunchFlags
+
+STORE_HELP = "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)"
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -28,91 +33,120 @@ def suites():
     return SUITES
 
 
+@dataclass(frozen=True)
+class BenchFlags:
+    """bench's own flags (as given: words, checked by `bench_options`)."""
+
+    json: str = ""
+    suite: str = "default"
+    repeats: str = "5"
+    duration: str = "10"
+    target_detect: str = ""
+    budget: str = "1800"
+    threshold: str = "10"
+    concurrency: str = ""
+    depth: str = ""
+    input_len: str = ""
+    output_len: str = ""
+    num_prompts: str = ""
+    corpus: str = ""
+    store: str = ""
+    no_warmup: bool = False
+
+
+BENCH = Family(
+    "bench",
+    (
+        Option("json", "", "also write the result here (it is always kept in the result store)"),
+        Option("suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))),
+        Option("repeats", "5", "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads"),
+        Option("duration", "10", "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)"),
+        Option("target_detect", "", "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which"),
+        Option("budget", "1800", "with --target-detect: the most seconds the bench runs (default 1800)"),
+        Option("threshold", "10", "with --target-detect: the threshold bench.compare will use (default 10)"),
+        Option("concurrency", "", "comma-separated concurrencies (default: the suite's)"),
+        Option("depth", "", "comma-separated context depths in tokens (default: the suite's)"),
+        Option("input_len", "", "prompt tokens (default: the suite's)"),
+        Option("output_len", "", "generated tokens, exact (default: the suite's)"),
+        Option("num_prompts", "", "vLLM's client: prompts per run (at least the concurrency)"),
+        Option("corpus", "", "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book"),
+        Option("store", "", STORE_HELP),
+        Option("no_warmup", False, "skip the warm-up run of each level"),
+    ),
+)  # fmt: skip
+# bench loads a server that already runs: the image is only named (the running container's own is recorded)
+BENCH_IMAGE = Family(
+    "image", (Option("image", "", "accepted for symmetry with serve; the running container's own image is what is recorded"),)
+)  # fmt: skip
+
+
 @task(
+    families=(DRY,),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
-        "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
-        "json": "also write the result here (it is always kept in the result store)",
+        **flag_help(BENCH_IMAGE, NODE, FORCE, BENCH),
         "node": "the engine the profile's head runs on (default: the local one)",
-        "suite": LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
-        "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
-        "interval); their spread is the noise the comparison reads",
-        "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "
-        "per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
-        "target_detect": "keep running rounds until a comparison with an equal bench could detect a slowdown of "
-        "this percent in every metric (80% power, at --threshold), or --budget ends; says which",
-        "budget": "with --target-detect: the most seconds the bench runs (default 1800)",
-        "threshold": "with --target-detect: the threshold bench.compare will use (default 10)",
-        "concurrency": "comma-separated concurrencies (default: the suite's)",
-        "depth": "comma-separated context depths in tokens (default: the suite's)",
-        "input_len": "prompt tokens (default: the suite's)",
-        "output_len": "generated tokens, exact (default: the suite's)",
-        "num_prompts": "vLLM's client: prompts per run (at least the concurrency)",
-        "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
-        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
-        "no_warmup": "skip the warm-up run of each level",
-        "force": FORCE_HELP,
         "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
         "contact nothing",
-    }
+    },
 )
 @user_errors
+@typed_options(BenchFlags, "benching", BENCH)
+@launch_flags(BENCH_IMAGE, NODE, FORCE)
 def bench(
-    c: Context,
-    recipe: str,
-    profile: str,
-    image: str = "",
-    json: str = "",
-    node: str = "",
-    suite: str = "default",
-    repeats: str = "5",
-    duration: str = "10",
-    target_detect: str = "",
-    budget: str = "1800",
-    threshold: str = "10",
-    concurrency: str = "",
-    depth: str = "",
-    input_len: str = "",
-    output_len: str = "",
-    num_prompts: str = "",
-    corpus: str = "",
-    store: str = "",
-    no_warmup: bool = False,
-    force: bool = False,
-    dry: bool = False,
+    c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, benching: BenchFlags
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
-    from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
+    import os
 
-    check_output(json, "--json")  # the boundary: before any engine or server is contacted
-    # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
-    sizes = {
-        name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
-        for name, text, high in (
-            ("input_len", input_len, MAX_TOKENS),
-            ("output_len", output_len, MAX_TOKENS),
-            ("num_prompts", num_prompts, MAX_PROMPTS),
+    from sparkforge.run.bench.runner import run_bench, table
+    from sparkforge.run.bench.store import save
+    from sparkforge.run.launchplan import plan_task
+    from sparkforge.run.launchrun import check_launch
+    from sparkforge.run.memory.guard import judge_memory
+    from sparkforge.run.nodes import NodeEngine
+
+    options = bench_options(benching)  # every input checked before any engine or server is contacted
+    plan = plan_task(recipe, profile, flags, os.environ, starts=False)
+    check_launch(session, plan)
+    judge_memory(session, plan.memory, plan.profile.name, flags.force, plan.memory_refusal)
+    engine = NodeEngine(plan.nodes[0])
+    if session.runner.dry:
+        return _dry_run(session, options, engine.node.label, plan.profile.name)
+    report = run_bench(session, engine, plan.profile, replace(options, recipe_hash=plan.recipe.hash))
+    for line in table(report):
+        session.out(line)
+    target = report.extra["stopping"].get("target_detect")
+    if target:
+        session.out(
+            f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
+            f"{target['widest_floor_pct']}% at {target['widest']})"
         )
-    }
-    runs = parse_int("--repeats", repeats, low=1, high=MAX_REPEATS)
-    levels = {
-        name: parse_int_list(f"--{name}", text, low=low, high=high) if text else None
-        for name, text, low, high in (
-            ("concurrency", concurrency, 1, MAX_CONCURRENCY),
-            ("depth", depth, 0, MAX_TOKENS),
+    ident = report.extra["identity"]
+    chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
+    session.out(
+        f"vLLM {ident['vllm']}, image {ident['image']['id'][:19]}, backends {chosen_backends or 'none logged'}"
+    )
+    if report.extra["speculative"]:
+        spec = report.extra["speculative"]
+        session.out(
+            f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)"
         )
-    }
-    if corpus:
-        check_input(
-            corpus, "--corpus", 256 << 20
-        )  # a regular file (not a FIFO or /dev/zero), before any contact
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.profile import load_profile
+    stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", benching.store or None)
+    session.out(f"stored: {stored}")
+    finish_report(report, benching.json, hint="a level failed; see its reason above")
+
+
+def bench_options(given: BenchFlags):
+    """bench's own flags checked (numbers as ASCII digits in range, the corpus a regular file, the JSON path
+    writable) into the runner's options; refused before any engine or server is contacted."""
+    from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
+    from sparkforge.errors import RunError
     from sparkforge.run.bench.compare import check_threshold
     from sparkforge.run.bench.rounds import Target
-    from sparkforge.run.bench.runner import BenchOptions, run_bench, table
-    from sparkforge.run.bench.store import save
+    from sparkforge.run.bench.runner import BenchOptions
     from sparkforge.run.bench.suites import (
         check_percent,
         check_repeats,
@@ -120,78 +154,67 @@ def bench(
         choose_suite,
         parse_levels,
     )
-    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
 
-    chosen = choose_suite(
-        suite,
-        concurrencies=parse_levels("--concurrency", ",".join(map(str, levels["concurrency"])), 1)
-        if levels["concurrency"]
-        else None,
-        depths=parse_levels("--depth", ",".join(map(str, levels["depth"])), 0) if levels["depth"] else None,
-        **sizes,
+    check_output(given.json, "--json")
+    # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
+    sizes = {
+        name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
+        for name, text, high in (
+            ("input_len", given.input_len, MAX_TOKENS),
+            ("output_len", given.output_len, MAX_TOKENS),
+            ("num_prompts", given.num_prompts, MAX_PROMPTS),
+        )
+    }
+    runs = parse_int("--repeats", given.repeats, low=1, high=MAX_REPEATS)
+    levels = {
+        name: parse_levels(
+            f"--{name}", ",".join(map(str, parse_int_list(f"--{name}", text, low=low, high=high))), low
+        )
+        if text
+        else None
+        for name, text, low, high in (
+            ("concurrency", given.concurrency, 1, MAX_CONCURRENCY),
+            ("depth", given.depth, 0, MAX_TOKENS),
+        )
+    }
+    if given.corpus:
+        check_input(given.corpus, "--corpus", 256 << 20)  # a regular file (not a FIFO or /dev/zero)
+    chosen = choose_suite(given.suite, concurrencies=levels["concurrency"], depths=levels["depth"], **sizes)
+    target = (
+        Target(
+            check_percent("--target-detect", given.target_detect),
+            check_threshold(given.threshold),
+            check_seconds("--budget", given.budget),
+        )
+        if given.target_detect
+        else None
     )
-    options = BenchOptions(
+    if target is not None and target.pct <= target.threshold_pct:
+        raise RunError(
+            f"bench: --target-detect {given.target_detect} is not above --threshold {given.threshold}: no "
+            "comparison at that threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. "
+            "--target-detect 20)"
+        )
+    return BenchOptions(
         chosen,
         check_repeats(runs),
-        not no_warmup,
-        Path(corpus) if corpus else None,
-        min_duration_s=check_seconds("--duration", duration, zero=True),
-        target=Target(
-            check_percent("--target-detect", target_detect),
-            check_threshold(threshold),
-            check_seconds("--budget", budget),
-        )
-        if target_detect
-        else None,
+        not given.no_warmup,
+        Path(given.corpus) if given.corpus else None,
+        min_duration_s=check_seconds("--duration", given.duration, zero=True),
+        target=target,
     )
-    if options.target is not None and options.target.pct <= options.target.threshold_pct:
-        from sparkforge.errors import RunError
-
-        raise RunError(
-            f"bench: --target-detect {target_detect} is not above --threshold {threshold}: no comparison at that "
-            "threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. --target-detect 20)"
-        )
-    engine = NodeEngine(parse_node(node) if node else LOCAL)
-    loaded = load_recipe(recipe)
-    served = load_profile(profile)
-    memory_check(recipe, served, "", force)  # before any engine or server is contacted
-    if dry:
-        return _dry_run(options, engine.node.label, served.name)
-    report = run_bench(session(), engine, served, replace(options, recipe_hash=loaded.hash))
-    for line in table(report):
-        echo(line)
-    target = report.extra["stopping"].get("target_detect")
-    if target:
-        echo(
-            f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
-            f"{target['widest_floor_pct']}% at {target['widest']})"
-        )
-    ident = report.extra["identity"]
-    chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
-    echo(
-        f"vLLM {ident['vllm']}, image {ident['image']['id'][:19]}, backends {chosen_backends or 'none logged'}"
-    )
-    if report.extra["speculative"]:
-        spec = report.extra["speculative"]
-        echo(
-            f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
-            f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)"
-        )
-    stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
-    echo(f"stored: {stored}")
-    finish_report(report, json, hint="a level failed; see its reason above")
 
 
-def _dry_run(options, node: str, profile: str) -> None:
+def _dry_run(session: Session, options, node: str, profile: str) -> None:
     """bench --dry: what would run against which server, every input already checked; nothing contacted."""
     from sparkforge.run.bench.runner import head_container
 
     suite = options.suite
     levels = ", ".join(f"c{c}-d{d}" for c, d in suite.levels())
-    echo(
+    session.echo(
         f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
     )
-    echo(
+    session.echo(
         f"suite {suite.name} ({suite.client}): prompt {suite.input_len} / generate {suite.output_len} tokens; "
         f"levels {levels}; per level {'a warm-up, then ' if options.warmup else ''}{options.repeats} repeats"
         + (
@@ -201,7 +224,7 @@ def _dry_run(options, node: str, profile: str) -> None:
         )
     )
     if options.target is not None:
-        echo(
+        session.echo(
             f"--target-detect {options.target.pct:g}%: more rounds until the smallest detectable slowdown is below "
             f"it at --threshold {options.target.threshold_pct:g}%, or {options.target.budget_s:g} s"
         )

@@ -8,25 +8,22 @@ from pathlib import Path
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, task, user_errors, warn
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.launchflags import FORCE_HELP
+from sparkforge.context import Session
 
-FORCE_HELP = "start even when the memory plan says the profile does not fit (the plan is still printed)"
+__all__ = ["FORCE_HELP", "memory", "memory_check", "watchdog_options"]  # FORCE_HELP: cli/cluster.py's
 
 
 def memory_check(recipe: str, profile, model_dir: str, force: bool):
-    """The one memory call of serve, cluster.up, conform and bench: plan, print, refuse (or --force)."""
+    """cli/cluster.py's memory call until cluster.up makes a LaunchPlan (whose plan_task plans memory once)."""
+    from sparkforge.cli.families import session_from
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.run.memory.guard import memory_guard
 
     device = load_recipe(recipe).model.device
-    return memory_guard(
-        profile,
-        Path(model_dir).resolve() if model_dir else None,
-        device=device,
-        force=force,
-        echo=echo,
-        warn=warn,
-    )
+    where = Path(model_dir).resolve() if model_dir else None
+    return memory_guard(session_from({}), profile, where, device=device, force=force)
 
 
 @task(
@@ -44,6 +41,7 @@ def memory_check(recipe: str, profile, model_dir: str, force: bool):
 @user_errors
 def memory(
     c: Context,
+    session: Session,
     recipe: str,
     profile: str,
     model_dir: str = "",
@@ -71,10 +69,10 @@ def memory(
     mem = node_memory(load_recipe(recipe).model.device, spark_gb=size, available=available)
     plan = plan_profile(loaded, Path(model_dir).resolve() if model_dir else None, mem)
     for line in plan_lines(plan):
-        echo(line)
+        session.out(line)
     if json:
         write_output(json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
-        echo(f"plan: {json}")
+        session.out(f"plan: {json}")
     if not plan.fits:
         raise Exit(
             f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
@@ -100,24 +98,3 @@ def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
     return mode, int(
         float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
     )
-
-
-def serve_watchdog(recipe: str, engine, container: str, options: tuple[str, int], gpus: str) -> None:
-    """After a healthy serve: watch the node's memory in the foreground; a stop is a failure naming why."""
-    from sparkforge.errors import RunError
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.memory.serving import watch_container
-
-    mode, floor = options
-    if mode == "off" or (mode == "auto" and (gpus == "none" or load_recipe(recipe).model.device == "cpu")):
-        return
-    try:
-        stopped = watch_container(engine, container, floor=floor, echo=echo)
-    except KeyboardInterrupt:
-        echo(f"watchdog: no longer watching; {container} keeps running unguarded")
-        return
-    if stopped is None:
-        raise RunError(
-            f"the server {container} exited on its own; fix: 'invoke cluster.logs' or 'docker logs {container}'"
-        )
-    raise RunError(f"{stopped.message}\nlast lines of {container}:\n{stopped.last_lines.rstrip()}")

@@ -64,7 +64,9 @@ class NodeLaunch:
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class ContainerPlan:
+    """The containers of one launch: per node, the exact argv, environment, mounts and ports."""
+
     profile: str
     nodes: tuple[NodeLaunch, ...]
     head_address: str
@@ -208,7 +210,7 @@ def plan_launch(
     node_mounts: Sequence[
         Sequence[str]
     ] = (),  # per node, e.g. the host's libnccl over the image's (--nccl host)
-) -> LaunchPlan:
+) -> ContainerPlan:
     """One container per node (rank = position in --nodes, the head first), fully spelled out.
 
     A node with RDMA devices (`node_rdma`) also gets /dev/infiniband; IPC_LOCK and memlock=-1 every node has.
@@ -307,9 +309,12 @@ def plan_launch(
         f"--{f.flag}: {f.path} (sha256 {f.sha256}) mounted read-only at {f.target}" for f in profile.files
     )
     listens, warnings = _listens(profile, addresses, options)
-    return LaunchPlan(
+    return ContainerPlan(
         profile.name, tuple(launches), head, options.port, notes, tuple(listens), tuple(warnings)
     )
+
+
+LaunchPlan = ContainerPlan  # the name run/cluster still imports; new code: ContainerPlan
 
 
 def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
@@ -337,7 +342,7 @@ def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
     return shlex.join(out)
 
 
-def describe_plan(plan: LaunchPlan, labels: Sequence[str]) -> list[str]:
+def describe_plan(plan: ContainerPlan, labels: Sequence[str]) -> list[str]:
     """Human lines: per node, the exact docker argv (shell-quoted) and its environment."""
     import shlex
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch, shown_argv
+from sparkforge.run.launch import ContainerPlan, LaunchOptions, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.serve.start import cluster_down, launch_plan
 from sparkforge.run.weights.weights import fetch_weights
@@ -174,31 +174,26 @@ class ServeOptions:
     launch: LaunchOptions
     health_timeout_s: float = 1800
     chat: bool = True  # ask once after health (the answer check)
-    dry: bool = False  # print the plan, start nothing
     down_on_fail: bool = False  # a wrong answer removes the (healthy) deployment
+    containers: ContainerPlan | None = None  # as the launch plan decided them (None: planned from `launch`)
 
 
 def serve_up(
     session: Session, engine: NodeEngine, profile: Profile, options: ServeOptions
-) -> tuple[LaunchPlan, ChatReply | None]:
-    """Start the profile on this node, wait for health, ask once; a failed start is removed, a failed answer
-    leaves the healthy deployment running (to inspect it) unless `down_on_fail`."""
+) -> tuple[ContainerPlan, ChatReply | None]:
+    """Start the profile on this node (its pin and opt-ins checked by the launch plan, sparkforge/run/launchplan.py),
+    wait for health, ask once; a failed start is removed, a failed answer leaves the healthy deployment running (to
+    inspect it) unless `down_on_fail`."""
     if profile.model.nodes != 1:
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
-    echo, launch, dry = session.echo, options.launch, options.dry
-    check_model_pin(profile, launch, echo)
-    plan = plan_launch(profile, ["127.0.0.1"], [{}], launch)
-    if not dry:
-        check_architecture(session, engine, profile, launch)
-    elif (argv := architecture_argv(profile, launch)) is not None:
-        echo(
-            f"# container: the architecture check (the profile's environment, no network): docker {shown_argv(argv)}"
-        )
-    fetch_weights([engine], profile, launch, echo=echo, dry=dry)
-    launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=dry)
-    if dry or not options.chat:
+    launch = options.launch
+    plan = options.containers or plan_launch(profile, ["127.0.0.1"], [{}], launch)
+    check_architecture(session, engine, profile, launch)
+    fetch_weights([engine], profile, launch, echo=session.echo)
+    launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=False)
+    if not options.chat:
         return plan, None
     try:
         reply = ask(session, engine, plan.head.container.name, launch.port, profile)

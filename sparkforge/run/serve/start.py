@@ -14,7 +14,7 @@ from sparkforge.boundary import linear_regex
 from sparkforge.console import Echo
 from sparkforge.context import Session
 from sparkforge.errors import RunError
-from sparkforge.run.launch import LaunchPlan, NodeLaunch, describe_plan
+from sparkforge.run.launch import ContainerPlan, NodeLaunch, describe_plan
 from sparkforge.run.nodes import LABEL, NodeEngine
 from sparkforge.run.postmortem import keep_logs, stage_of
 
@@ -58,7 +58,12 @@ def serve_label(profile: str | None = None) -> str:
 
 
 def launch_plan(
-    session: Session, engines: Sequence[NodeEngine], plan: LaunchPlan, *, health_timeout_s: float, dry: bool
+    session: Session,
+    engines: Sequence[NodeEngine],
+    plan: ContainerPlan,
+    *,
+    health_timeout_s: float,
+    dry: bool,
 ) -> None:
     """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
@@ -68,7 +73,7 @@ def launch_plan(
 
 
 def start_plan(
-    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float
+    engines: Sequence[NodeEngine], plan: ContainerPlan, *, echo: Echo, health_timeout_s: float
 ) -> None:
     """Start workers then the head, wait for health; on failure: cause, last lines, everything removed."""
     by_rank = {e.node.rank: e for e in engines}
@@ -90,7 +95,7 @@ def start_plan(
         raise
 
 
-def _keep(engines: Sequence[NodeEngine], plan: LaunchPlan) -> str:
+def _keep(engines: Sequence[NodeEngine], plan: ContainerPlan) -> str:
     """Every launch container's full log, kept before removal (never masking the failure being raised)."""
     by_rank = {e.node.rank: e for e in engines}
     try:
@@ -119,7 +124,7 @@ def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) ->
     echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
 
 
-def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, timeout_s: float) -> None:
+def wait_healthy(engines: Sequence[NodeEngine], plan: ContainerPlan, *, echo: Echo, timeout_s: float) -> None:
     """Poll every container and the head's /health (from inside the head container); explain any exit."""
     by_rank = {e.node.rank: e for e in engines}
     head = by_rank[0]
@@ -153,7 +158,7 @@ def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo,
     )
 
 
-def explain_exit(engines: Sequence[NodeEngine], plan: LaunchPlan, rank: int, code: int | None) -> str:
+def explain_exit(engines: Sequence[NodeEngine], plan: ContainerPlan, rank: int, code: int | None) -> str:
     """One paragraph: which node's vLLM exited, the likely cause and fix, then the last lines of every node."""
     by_rank = {e.node.rank: e for e in engines}
     tails = {launch.rank: by_rank[launch.rank].logs(launch.container.name, tail=12) for launch in plan.nodes}
