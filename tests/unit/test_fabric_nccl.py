@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.run.cluster.clusterplan import ClusterFlags, fabric_settings
 from sparkforge.run.cluster.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
 from sparkforge.run.cluster.stages import host_mounts
 from sparkforge.run.facts import NodeFacts
 from sparkforge.run.jobs import FACTS_SCRIPT
+from sparkforge.run.launchplan import FlagError
 
 
 def _helper():
@@ -157,10 +158,8 @@ def test_cluster_fabric_nccl_host_names_the_nodes_library_or_refuses(tmp_path: P
     assert "local: --nccl host, but the node has no NCCL library" in out and "fix: install" in out
 
     proc = _fabric(_tree_with_nccl(tmp_path, "bad", False), "--nccl", "both")
-    with pytest.raises(RunError) as doctors:  # the doctor's and cluster.up's own check of the value
-        from sparkforge.cli.cluster import _nccl
-
-        _nccl("both")
+    with pytest.raises(FlagError) as doctors:  # the doctor's and cluster.up's own check of the value
+        fabric_settings(ClusterFlags(nccl="both"))
     assert proc.returncode != 0 and f"sparkforge: {doctors.value}" in proc.stderr.splitlines()
 
 
