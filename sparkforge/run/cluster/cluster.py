@@ -18,8 +18,8 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.run.cluster.doctor import DoctorPlan, DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import (
+    ContainerPlan,
     LaunchOptions,
-    LaunchPlan,
     check_model_pin,
     plan_launch,
 )
@@ -30,7 +30,7 @@ from sparkforge.run.weights.weights import fetch_weights
 
 @dataclass(frozen=True)
 class UpResult:
-    plan: LaunchPlan
+    plan: ContainerPlan
     doctor: DoctorResult | None
     seconds: float
 
