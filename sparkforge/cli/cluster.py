@@ -27,36 +27,58 @@ from sparkforge.cli.launchflags import (
     typed_options,
 )
 from sparkforge.context import Session
-from sparkforge.run.cluster.clusterplan import Bringing, ClusterFlags
+from sparkforge.run.cluster.clusterflags import Bringing, ClusterFlags
 from sparkforge.run.launchplan import LaunchFlags
 
 LAYOUT_HELP = "the cabling: pair, mesh3, ring (ring4), switch (checked against what each node's sysfs shows)"
 FABRIC = Family(
     "fabric",
     (
-        Option("gid_index", "", "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself; checked against every chosen device's GID table)"),
-        Option("nccl", "image", "image (default): the image's libnccl; host: each node's own libnccl bind-mounted over it (ABI checked)"),
+        Option(
+            "gid_index",
+            "",
+            "pin NCCL_IB_GID_INDEX (default: NCCL picks the RoCE v2 IPv4 GID itself; checked against every chosen device's GID table)",
+        ),
+        Option(
+            "nccl",
+            "image",
+            "image (default): the image's libnccl; host: each node's own libnccl bind-mounted over it (ABI checked)",
+        ),
         Option("layout", "", LAYOUT_HELP),
     ),
-)  # fmt: skip
+)
 BUSBW = Family(
     "busbw",
-    (Option("min_busbw", "", "GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 % of the port rate sysfs reports; 0 disables)"),),
-)  # fmt: skip
+    (
+        Option(
+            "min_busbw",
+            "",
+            "GB/s: NCCL's all-reduce bus bandwidth below it fails the transport stage (default: 80 % of the port rate sysfs reports; 0 disables)",
+        ),
+    ),
+)
 BACKEND = Family(
     "backend", (Option("backend", "mp", "mp (vLLM's multiprocessing multi-node, default) or ray"),)
 )
 LOOKED_FOR = Family(  # what cluster.doctor looks for on every node: nothing unless given; no GPUs unless asked
     "looked-for",
     (
-        Option("image", "", "image to check (default: the recipe's local build, else the digest 'invoke pull' verified)"),
-        Option("gpus", "none", "all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only"),
+        Option(
+            "image",
+            "",
+            "image to check (default: the recipe's local build, else the digest 'invoke pull' verified)",
+        ),
+        Option(
+            "gpus",
+            "none",
+            "all: give the sanity ranks the GPUs (NCCL all-reduce too); none (default): Gloo and vLLM's queue only",
+        ),
         Option("model_dir", "", "a model directory to look for on every node (config.json)"),
         Option("hf_token_file", "", "a token file to look for on every node"),
         Option("cache_dir", "", "a cache directory to look for on every node"),
         Option("no_preflight", False, "skip checking the profile's flags against the pinned vLLM"),
     ),
-)  # fmt: skip
+)
 READ = Family(  # what cluster.fabric reads: the nodes (default: this machine) with an image's helper
     "read",
     (
@@ -69,23 +91,45 @@ READ = Family(  # what cluster.fabric reads: the nodes (default: this machine) w
 )
 QUICK = Family(
     "quick",
-    (Option("quick", False, "only the cheap stages (engines to versions: advertised address, interface, MTU, GID...), stopping at the first cause named; no NCCL probe or sanity run"),),
-)  # fmt: skip
+    (
+        Option(
+            "quick",
+            False,
+            "only the cheap stages (engines to versions: advertised address, interface, MTU, GID...), stopping at the first cause named; no NCCL probe or sanity run",
+        ),
+    ),
+)
 SPLIT = Family(
     "split",
     (
-        Option("tp", Whole(0), "tensor-parallel-size over the nodes (default: the profile's); checked against the model's heads, experts and the cabling before anything starts"),
-        Option("pp", Whole(0), "pipeline-parallel-size over the nodes (default: the profile's); TP x PP is the node count"),
+        Option(
+            "tp",
+            Whole(0),
+            "tensor-parallel-size over the nodes (default: the profile's); checked against the model's heads, experts and the cabling before anything starts",
+        ),
+        Option(
+            "pp",
+            Whole(0),
+            "pipeline-parallel-size over the nodes (default: the profile's); TP x PP is the node count",
+        ),
     ),
-)  # fmt: skip
+)
 UP = Family(
     "up",
     (
         Option("distribute", False, "stream the local image to nodes whose image ID differs"),
-        Option("health_timeout", Whole(1800), "seconds to wait for /health, counted from when the weights are on disk"),
-        Option("down_on_fail", False, "remove the deployment when the answer check fails (default: keep the healthy deployment)"),
+        Option(
+            "health_timeout",
+            Whole(1800),
+            "seconds to wait for /health, counted from when the weights are on disk",
+        ),
+        Option(
+            "down_on_fail",
+            False,
+            "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        ),
     ),
-)  # fmt: skip
+)
 UP_LAUNCH = (IMAGE, NODES, MOUNTS, SERVER, START, FORCE, BACKEND)
 TASK_HELP = {"recipe": RECIPE_HELP, "profile": PROFILE_HELP}
 JSON_HELP = "write the JSON report here"

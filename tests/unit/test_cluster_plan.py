@@ -8,7 +8,8 @@ import pytest
 
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import load_recipe
-from sparkforge.run.cluster.clusterplan import ClusterFlags, fabric_settings, plan_cluster
+from sparkforge.run.cluster.clusterflags import ClusterFlags
+from sparkforge.run.cluster.clusterplan import fabric_settings, plan_cluster
 from sparkforge.run.launchplan import FlagError, LaunchFlags
 
 RECIPE, PROFILE = "vllm-qwen35", "qwen35-122b-a10b-fp8-tp2"  # the profile: TP=2 over two nodes

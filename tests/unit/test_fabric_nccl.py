@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.run.cluster.clusterplan import ClusterFlags, fabric_settings
+from sparkforge.run.cluster.clusterflags import ClusterFlags
+from sparkforge.run.cluster.clusterplan import fabric_settings
 from sparkforge.run.cluster.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
 from sparkforge.run.cluster.stages import host_mounts
 from sparkforge.run.facts import NodeFacts

@@ -9,7 +9,8 @@ from __future__ import annotations
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.run.cluster.cluster import UpOptions, UpResult, cluster_up, ensure_image
-from sparkforge.run.cluster.clusterplan import Bringing, ClusterPlan, plan_lines
+from sparkforge.run.cluster.clusterflags import Bringing
+from sparkforge.run.cluster.clusterplan import ClusterPlan, plan_lines
 from sparkforge.run.cluster.doctor import DoctorPlan, DoctorResult, run_doctor
 from sparkforge.run.launchplan import LaunchPlan
 from sparkforge.run.launchrun import check_launch, check_profile, preflight_profile
