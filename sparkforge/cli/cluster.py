@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
@@ -28,7 +29,9 @@ from sparkforge.cli.launchflags import (
 )
 from sparkforge.context import Session
 from sparkforge.run.cluster.clusterflags import Bringing, ClusterFlags
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 LAYOUT_HELP = "the cabling: pair, mesh3, ring (ring4), switch (checked against what each node's sysfs shows)"
 FABRIC = Family(
@@ -249,7 +252,7 @@ def logs(c: Context, session: Session, nodes: str, tail: int = Whole(100)) -> No
 
 def _engines(session: Session, nodes: str) -> list:
     """Every node checked (and plain tcp:// warned) before any engine is contacted."""
-    from sparkforge.run.launchplan import plan_nodes
+    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
     from sparkforge.run.nodes import NodeEngine
 
     parsed, said = plan_nodes(LaunchFlags(nodes=nodes), os.environ)
