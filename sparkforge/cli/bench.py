@@ -6,6 +6,7 @@ from __future__ import annotations
 import json as _json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
@@ -13,7 +14,9 @@ from sparkforge.cli import LazyHelp, echo, finish_report, task, user_errors
 from sparkforge.cli.families import DRY, Family, Option
 from sparkforge.cli.launchflags import FORCE, NODE, flag_help, launch_flags, typed_options
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 STORE_HELP = "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)"
 

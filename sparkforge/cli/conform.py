@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
@@ -24,7 +25,9 @@ from sparkforge.cli.launchflags import (
     typed_options,
 )
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags, LaunchPlan
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags, LaunchPlan
 
 
 def conform_rows():

@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkforge.cli import Whole
 from sparkforge.cli.families import Family, Option
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -73,19 +74,22 @@ ITERABLE = ["ulimit"]  # the repeatable launch flags (Invoke's `iterable=`)
 
 def launch_flags(*families: Family) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`fn(c, session, ..., flags: LaunchFlags)` as Invoke sees it: `flags` replaced by the families' options."""
-    return typed_options(LaunchFlags, "flags", *families)
+    return typed_options(_launch_flags, "flags", *families)
+
+
+def _launch_flags(**given: Any) -> LaunchFlags:
+    from sparkforge.run.launchplan import LaunchFlags  # at call time: loading tasks.py imports no library
+
+    return LaunchFlags(**given)
 
 
 def typed_options(
-    kind: type, param: str, *families: Family
+    make: Callable[..., Any], param: str, *families: Family
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`fn(..., <param>: kind)` as Invoke sees it: `param` replaced by the families' options (after the task's
-    own); the body gets one frozen `kind` built from their values (a field no family names keeps its default)."""
+    """`fn(..., <param>)` as Invoke sees it: `param` replaced by the families' options (after the task's own);
+    the body gets `make(**their values)`, one frozen object (a field no family names keeps its default)."""
     shared = [o for family in families for o in family.options]
     names = {o.name for o in shared}
-    known = {f.name for f in fields(kind)}
-    if not names <= known:
-        raise TypeError(f"{sorted(names - known)} are no fields of {kind.__name__}")
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(fn)
@@ -100,7 +104,7 @@ def typed_options(
             given = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
             if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
                 given["ulimit"] = tuple(given["ulimit"] or ())
-            return fn(*args, **{param: kind(**given)}, **kwargs)
+            return fn(*args, **{param: make(**given)}, **kwargs)
 
         call.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
         del call.__wrapped__  # Invoke reads __signature__; inspect must not unwrap to the body

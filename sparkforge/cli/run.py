@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Collection, Context
 
@@ -30,7 +30,9 @@ from sparkforge.cli.launchflags import (
 )
 from sparkforge.cli.memory import FLOOR_HELP, WATCHDOG_HELP, watchdog_options
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def serve_down(c: Context, session: Session, node: str = "", profile: str = "") 
     """Stop and remove what `serve` started on this node."""
     import os
 
-    from sparkforge.run.launchplan import plan_nodes
+    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
     from sparkforge.run.nodes import NodeEngine
     from sparkforge.run.serve.serve import serve_down as down
 
@@ -117,7 +119,7 @@ COMMON_HELP = {
 def image_ref(recipe: str, image: str, allow_unverified: bool = False, dry: bool = False) -> str:
     """The image a node task runs, through the one resolver (registry/pulled.py), said with the reason."""
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.launchplan import resolve_image
+    from sparkforge.run.launchplan import LaunchFlags, resolve_image
 
     if image:
         from sparkforge.recipe import plan
@@ -155,7 +157,7 @@ def node_engines(nodes: str) -> list:
     """Every node checked (and plain tcp:// warned) before any engine is contacted."""
     import os
 
-    from sparkforge.run.launchplan import plan_nodes
+    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
     from sparkforge.run.nodes import NodeEngine
 
     parsed, said = plan_nodes(LaunchFlags(nodes=nodes), os.environ)
@@ -193,6 +195,8 @@ class NodeFlags:
         return cls(image, **given)
 
     def launch_flags(self) -> LaunchFlags:
+        from sparkforge.run.launchplan import LaunchFlags
+
         return LaunchFlags(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "image"})
 
 
