@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from sparkforge.cli import LazyHelp, echo, finish_report, task, user_errors
+from sparkforge.cli import LazyHelp, finish_report, task, user_errors
 from sparkforge.cli.families import DRY, Family, Option
 from sparkforge.cli.launchflags import FORCE, NODE, flag_help, launch_flags, typed_options
 from sparkforge.context import Session
@@ -267,33 +267,41 @@ def _result_paths(option: str, text: str) -> list[Path]:
     return [Path(p) for p in parts]
 
 
+@dataclass(frozen=True)
+class CompareFlags:
+    """bench.compare's flags beyond the two sides (as given)."""
+
+    threshold: str = "10"
+    json: str = ""
+    allow_different: bool = False
+    fail_inconclusive: bool = False
+    store: str = ""
+
+
+COMPARE = Family(
+    "compare",
+    (
+        Option("threshold", "10", "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it"),
+        Option("json", "", "write the comparison report here"),
+        Option("allow_different", False, "compare results measured with different settings, hardware or serve command (the differences are printed first)"),
+        Option("fail_inconclusive", False, "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)"),
+        Option("store", "", "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)"),
+    ),
+)  # fmt: skip
+
+
 @task(
     name="compare",
     help={
-        "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
-        "95% interval of new/old is worse than it, inconclusive when the interval straddles it",
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
         "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
-        "allow_different": "compare results measured with different settings, hardware or serve command "
-        "(the differences are printed first)",
-        "json": "write the comparison report here",
-        "fail_inconclusive": "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
-        "store": "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or "
-        "~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
+        **flag_help(COMPARE),
     },
 )
 @user_errors
-def bench_compare(
-    c: Context,
-    old: str,
-    new: str,
-    threshold: str = "10",
-    json: str = "",
-    allow_different: bool = False,
-    fail_inconclusive: bool = False,
-    store: str = "",
-) -> None:
+@typed_options(CompareFlags, "given", COMPARE)
+def bench_compare(c: Context, session: Session, old: str, new: str, given: CompareFlags) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
     from invoke import Exit
 
@@ -302,30 +310,30 @@ def bench_compare(
     from sparkforge.run.bench.compare import compare, verdict_line
     from sparkforge.run.bench.store import entries
 
-    check_output(json, "--json")
-    _threshold(threshold)
+    check_output(given.json, "--json")
+    _threshold(given.threshold)
     olds = _result_paths("--old", old)
     if Path(new).resolve() in [p.resolve() for p in olds]:
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
-    stored = [] if store == "none" else [entry.doc for entry in entries(store or None)[0]]
-    report = compare(olds, Path(new), threshold, allow_different=allow_different, store=stored)
+    stored = [] if given.store == "none" else [entry.doc for entry in entries(given.store or None)[0]]
+    report = compare(olds, Path(new), given.threshold, allow_different=given.allow_different, store=stored)
     for key, sides in report.extra["allowed_differences"].items():
-        echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():
-        echo(f"differs: {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"differs: {key}: {sides['old']} -> {sides['new']}")
     width = max([len(ch.name) for ch in report.checks] + [5])
-    echo(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
+    session.out(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
     for check in report.checks:
-        echo(f"  {check.name:<{width}}  {check.reason}")
+        session.out(f"  {check.name:<{width}}  {check.reason}")
     line = verdict_line(report)
-    echo(line)
-    if json:
-        report.write_json(Path(json))
-        echo(f"report: {json}")
+    session.out(line)
+    if given.json:
+        report.write_json(Path(given.json))
+        session.out(f"report: {given.json}")
     if report.extra["verdict"] == "regressed":
         failed = ", ".join(ch.name for ch in report.failed)
         raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
-    if report.extra["verdict"] == "inconclusive" and fail_inconclusive:
+    if report.extra["verdict"] == "inconclusive" and given.fail_inconclusive:
         raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
 
 
@@ -338,7 +346,7 @@ def bench_compare(
     },
 )
 @user_errors
-def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> None:
+def bench_history(c: Context, session: Session, recipe: str, store: str = "", json: str = "") -> None:
     """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
     from sparkforge.boundary import check_output, write_output
     from sparkforge.errors import RunError
@@ -349,7 +357,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
     loaded = load_recipe(recipe)
     found, unreadable = history(loaded.name, loaded.hash, store or None)
     for line in unreadable:
-        echo(f"skipped: {line}")
+        session.out(f"skipped: {line}")
     if not found:
         raise RunError(
             f"bench.history: no stored result of recipe {loaded.name} in {store_root(store or None)}; fix: run "
@@ -363,7 +371,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
             for c in s.doc["checks"]
         }
         figs = ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} failed" for k, v in levels.items())
-        echo(
+        session.out(
             f"{ident['date']}  {ident['image']['id'][:19]}  {s.doc['suite']['name']:15}  {figs} tok/s  {s.path}"
         )
         rows.append(
@@ -378,7 +386,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
         )
     if json:
         write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
-        echo(f"wrote {json}")
+        session.out(f"wrote {json}")
 
 
 @task(
@@ -394,6 +402,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
 @user_errors
 def bench_report(
     c: Context,
+    session: Session,
     results: str,
     html: str = "",
     png: str = "",
@@ -422,10 +431,10 @@ def bench_report(
         )
     if png_dir is not None:
         for name, data in pngs.items():
-            echo(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
+            session.out(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
     if html:
         write_output(html, page(docs, pngs, comparison), "--html")
-        echo(f"wrote {html}")
+        session.out(f"wrote {html}")
 
 
 ns = Collection("bench")
