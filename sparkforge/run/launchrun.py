@@ -108,7 +108,7 @@ def watch(session: Session, engine: NodeEngine, container: str, floor: int) -> N
     from sparkforge.run.memory.serving import watch_container
 
     try:
-        stopped = watch_container(engine, container, floor=floor, echo=session.echo)
+        stopped = watch_container(session, engine, container, floor=floor)
     except KeyboardInterrupt:
         session.echo(f"watchdog: no longer watching; {container} keeps running unguarded")
         return
