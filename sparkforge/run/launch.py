@@ -7,7 +7,7 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -127,14 +127,13 @@ def model_revision(profile: Profile) -> str | None:
     return pinned_revision(profile.model.args)
 
 
-def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[str], None]) -> None:
-    """A model from the hub is served at a pinned commit, or the command line says it may not be; then, before
-    any container starts, one warning line per opt-in past the allow-list."""
-    for line in profile.opt_ins():
-        echo(line)
+def check_model_pin(profile: Profile, options: LaunchOptions) -> list[str]:
+    """A model from the hub is served at a pinned commit, or the command line says it may not be (RunError
+    otherwise, before any container starts); the lines to say: one per opt-in past the allow-list."""
+    said = list(profile.opt_ins())
     check_token_reach(profile, options)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
-        return
+        return said
     given = profile.model.args.get("revision")
     raise RunError(
         f"profile {profile.name}: the model {profile.model.model} is not pinned to a commit"

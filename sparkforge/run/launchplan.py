@@ -142,9 +142,9 @@ def plan_task(
     )  # several: cluster_up plans after the doctor
     if starts and one_node:
         try:
-            check_model_pin(loaded_profile, launch, notes.append)
+            notes = check_model_pin(loaded_profile, launch)
         except RunError as exc:  # said after the memory plan and the profile's checks, as a start would
-            unpinned = str(exc)
+            notes, unpinned = list(loaded_profile.opt_ins()), str(exc)
         containers = plan_launch(loaded_profile, ["127.0.0.1"], [{}], launch)
     return LaunchPlan(
         loaded, loaded_profile, flags, image, why, nodes, launch, doctor, memory, containers,

@@ -191,7 +191,7 @@ def serve_up(
     launch = options.launch
     plan = options.containers or plan_launch(profile, ["127.0.0.1"], [{}], launch)
     check_architecture(session, engine, profile, launch)
-    fetch_weights([engine], profile, launch, echo=session.echo)
+    fetch_weights(session, [engine], profile, launch)
     launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=False)
     if not options.chat:
         return plan, None
