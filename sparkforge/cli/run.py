@@ -168,43 +168,29 @@ def node_engines(nodes: str) -> list:
 
 @dataclass(frozen=True)
 class NodeFlags:
-    """The flags cli/cluster.py's tasks share, by name (`NodeFlags.of(image, locals())`); LaunchFlags is their
-    typed form for a LaunchPlan."""
+    """cli/cluster.py's flags by name (`NodeFlags.of(image, locals())`) until cluster.up makes a LaunchPlan: the
+    image and the LaunchFlags its parameters name; a flag the task does not have keeps LaunchFlags' default."""
 
-    image: str  # the image reference (image_ref: --image, else the recipe's candidate)
-    port: int = 8000
-    master_port: int = 29501
-    backend: str = "mp"
-    gpus: str = "all"
-    model_dir: str = ""
-    hf_token_file: str = ""
-    cache_dir: str = ""
-    interface: str = ""
-    ulimit: tuple[str, ...] = ()
-    trust_remote_code: bool = False
-    weights: str = "each"
-    hf_endpoint: str = ""
-    allow_unpinned_model: bool = False
+    image: str
+    flags: LaunchFlags
 
     @classmethod
     def of(cls, image: str, options: Mapping[str, Any]) -> NodeFlags:
-        """The flags a task was given, by name; a flag the task does not have keeps its default."""
-        given = {f.name: options[f.name] for f in fields(cls) if f.name != "image" and f.name in options}
-        if "ulimit" in given:
-            given["ulimit"] = tuple(given["ulimit"] or ())
-        return cls(image, **given)
-
-    def launch_flags(self) -> LaunchFlags:
         from sparkforge.run.launchplan import LaunchFlags
 
-        return LaunchFlags(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "image"})
+        given = {
+            f.name: options[f.name] for f in fields(LaunchFlags) if f.name != "image" and f.name in options
+        }
+        if "ulimit" in given:
+            given["ulimit"] = tuple(given["ulimit"] or ())
+        return cls(image, LaunchFlags(**given))
 
 
 def doctor_options(flags: NodeFlags, sanity: bool = True):
     """The doctor's options from the flags, each checked (interface, port, --gpus, paths made absolute)."""
     from sparkforge.run import launchplan
 
-    return launchplan.doctor_options(flags.image, flags.launch_flags(), sanity)
+    return launchplan.doctor_options(flags.image, flags.flags, sanity)
 
 
 def launch_options(flags: NodeFlags):
@@ -213,7 +199,7 @@ def launch_options(flags: NodeFlags):
 
     from sparkforge.run import launchplan
 
-    options = launchplan.launch_options(flags.image, flags.launch_flags(), os.environ)
-    for line in launchplan.flag_warnings(flags.launch_flags()):
+    options = launchplan.launch_options(flags.image, flags.flags, os.environ)
+    for line in launchplan.flag_warnings(flags.flags):
         warn(line)
     return options
