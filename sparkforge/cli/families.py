@@ -109,4 +109,5 @@ def with_families(
     keyword = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
     call.__signature__ = signature.replace(parameters=[*positional, *keyword, *extra])  # type: ignore[attr-defined]
     del call.__wrapped__  # Invoke reads __signature__; inspect must not unwrap to the body
+    call.families = tuple(f.name for f in families)  # type: ignore[attr-defined]  # read by the structure test
     return call
