@@ -80,7 +80,7 @@ class LaunchPlan:
     image_why: str  # why this image (printed as `sparkforge: image REF: WHY`)
     nodes: tuple[Node, ...]  # head first
     launch: LaunchOptions
-    doctor: DoctorOptions  # several nodes: cluster.up's doctor before the launch
+    doctor: DoctorOptions | None  # several nodes: cluster.up's doctor before the launch (one node: None)
     memory: MemoryPlan | None  # None: no countable config (the CPU twin, or --force); said in `warnings`
     containers: ContainerPlan | None  # one node: every argv decided; several: after the doctor's addresses
     warnings: tuple[str, ...] = field(default_factory=tuple)  # said (stderr) before anything starts
@@ -128,7 +128,7 @@ def plan_task(
     warnings += said
     launch = launch_options(image, flags, env)
     warnings += flag_warnings(flags)
-    doctor = doctor_options(image, flags)
+    doctor = doctor_options(image, flags) if len(nodes) > 1 else None  # several nodes: cluster.up's doctor
     try:
         memory, memory_said = plan_or_refuse(
             loaded_profile, launch.model_dir, loaded.model.device, flags.force
