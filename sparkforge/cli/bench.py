@@ -61,10 +61,24 @@ BENCH = Family(
     "bench",
     (
         Option("json", "", "also write the result here (it is always kept in the result store)"),
-        Option("suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))),
-        Option("repeats", "5", "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads"),
-        Option("duration", "10", "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)"),
-        Option("target_detect", "", "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which"),
+        Option(
+            "suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))
+        ),
+        Option(
+            "repeats",
+            "5",
+            "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
+        ),
+        Option(
+            "duration",
+            "10",
+            "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+        ),
+        Option(
+            "target_detect",
+            "",
+            "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
+        ),
         Option("budget", "1800", "with --target-detect: the most seconds the bench runs (default 1800)"),
         Option("threshold", "10", "with --target-detect: the threshold bench.compare will use (default 10)"),
         Option("concurrency", "", "comma-separated concurrencies (default: the suite's)"),
@@ -72,15 +86,26 @@ BENCH = Family(
         Option("input_len", "", "prompt tokens (default: the suite's)"),
         Option("output_len", "", "generated tokens, exact (default: the suite's)"),
         Option("num_prompts", "", "vLLM's client: prompts per run (at least the concurrency)"),
-        Option("corpus", "", "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book"),
+        Option(
+            "corpus",
+            "",
+            "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
+        ),
         Option("store", "", STORE_HELP),
         Option("no_warmup", False, "skip the warm-up run of each level"),
     ),
-)  # fmt: skip
+)
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
-    "image", (Option("image", "", "accepted for symmetry with serve; the running container's own image is what is recorded"),)
-)  # fmt: skip
+    "image",
+    (
+        Option(
+            "image",
+            "",
+            "accepted for symmetry with serve; the running container's own image is what is recorded",
+        ),
+    ),
+)
 
 
 @task(
@@ -281,13 +306,29 @@ class CompareFlags:
 COMPARE = Family(
     "compare",
     (
-        Option("threshold", "10", "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it"),
+        Option(
+            "threshold",
+            "10",
+            "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        ),
         Option("json", "", "write the comparison report here"),
-        Option("allow_different", False, "compare results measured with different settings, hardware or serve command (the differences are printed first)"),
-        Option("fail_inconclusive", False, "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)"),
-        Option("store", "", "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)"),
+        Option(
+            "allow_different",
+            False,
+            "compare results measured with different settings, hardware or serve command (the differences are printed first)",
+        ),
+        Option(
+            "fail_inconclusive",
+            False,
+            "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
+        ),
+        Option(
+            "store",
+            "",
+            "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
+        ),
     ),
-)  # fmt: skip
+)
 
 
 @task(

@@ -53,15 +53,31 @@ class ConformFlags:
 CONFORM = Family(
     "conform",
     (
-        Option("attach", "", "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)"),
-        Option("checks", "", LazyHelp(lambda: conform_rows().help_text("comma-separated rows to run (default: the profile's conform.checks, else all):"))),
-        Option("record", False, "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)"),
+        Option(
+            "attach",
+            "",
+            "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+        ),
+        Option(
+            "checks",
+            "",
+            LazyHelp(
+                lambda: conform_rows().help_text(
+                    "comma-separated rows to run (default: the profile's conform.checks, else all):"
+                )
+            ),
+        ),
+        Option(
+            "record",
+            False,
+            "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+        ),
         Option("golden", "", "the golden file (default: golden/<profile>.json)"),
         Option("json", "", "write the JSON report here"),
         Option("junit", "", "write JUnit XML here"),
         Option("health_timeout", Whole(1800), "seconds to wait for /health per server start"),
     ),
-)  # fmt: skip
+)
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
 

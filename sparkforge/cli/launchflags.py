@@ -29,10 +29,18 @@ FORCE_HELP = "start even when the memory plan says the profile does not fit (the
 IMAGE = Family(
     "image",
     (
-        Option("image", "", "image reference to run (default: the recipe's local build, else the digest 'invoke pull' verified)"),
-        Option("allow_unverified", False, "run an --image of a registry that 'invoke pull' did not verify (a loud warning)"),
+        Option(
+            "image",
+            "",
+            "image reference to run (default: the recipe's local build, else the digest 'invoke pull' verified)",
+        ),
+        Option(
+            "allow_unverified",
+            False,
+            "run an --image of a registry that 'invoke pull' did not verify (a loud warning)",
+        ),
     ),
-)  # fmt: skip
+)
 NODE = Family("node", (Option("node", "", "the engine to run on (default: the local one)"),))
 NODES = Family(
     "nodes",
@@ -45,29 +53,65 @@ NODES = Family(
 MOUNTS = Family(
     "mounts",
     (
-        Option("model_dir", "", "a directory holding the model (the same path on every node), mounted read-only; default: the HF cache"),
-        Option("hf_token_file", "", "file holding a Hugging Face token, mounted read-only (never on a command line or in docker inspect)"),
-        Option("cache_dir", "/var/cache/sparkforge", "host directory (on every node) for the HF, vLLM, FlashInfer and Triton caches"),
+        Option(
+            "model_dir",
+            "",
+            "a directory holding the model (the same path on every node), mounted read-only; default: the HF cache",
+        ),
+        Option(
+            "hf_token_file",
+            "",
+            "file holding a Hugging Face token, mounted read-only (never on a command line or in docker inspect)",
+        ),
+        Option(
+            "cache_dir",
+            "/var/cache/sparkforge",
+            "host directory (on every node) for the HF, vLLM, FlashInfer and Triton caches",
+        ),
     ),
-)  # fmt: skip
+)
 SERVER = Family(
     "server",
     (
         Option("port", Whole(8000), "the OpenAI API port on the head (default 8000)"),
-        Option("gpus", "all", "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)"),
-        Option("ulimit", None, "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable"),
-        Option("hf_endpoint", "", "the hub the download phase (and its token) talks to (default: your HF_ENDPOINT, else the Hugging Face hub; never a profile's)"),
-        Option("allow_unpinned_model", False, "serve a profile whose model has no pinned revision (args.revision, 40 hex): the hub's current files"),
+        Option(
+            "gpus",
+            "all",
+            "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
+        ),
+        Option(
+            "ulimit",
+            None,
+            "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
+        ),
+        Option(
+            "hf_endpoint",
+            "",
+            "the hub the download phase (and its token) talks to (default: your HF_ENDPOINT, else the Hugging Face hub; never a profile's)",
+        ),
+        Option(
+            "allow_unpinned_model",
+            False,
+            "serve a profile whose model has no pinned revision (args.revision, 40 hex): the hub's current files",
+        ),
     ),
-)  # fmt: skip
+)
 START = Family(
     "start",
     (
-        Option("weights", "each", "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM"),
-        Option("trust_remote_code", False, "let vLLM run Python code from the model's repository (never from a profile; printed)"),
+        Option(
+            "weights",
+            "each",
+            "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM",
+        ),
+        Option(
+            "trust_remote_code",
+            False,
+            "let vLLM run Python code from the model's repository (never from a profile; printed)",
+        ),
         Option("no_preflight", False, "skip checking the profile's flags against the pinned vLLM"),
     ),
-)  # fmt: skip
+)
 FORCE = Family("force", (Option("force", False, FORCE_HELP),))
 ITERABLE = ["ulimit"]  # the repeatable launch flags (Invoke's `iterable=`)
 

@@ -39,10 +39,18 @@ class NodeSize:
 NODE_SIZE = Family(
     "node size",
     (
-        Option("spark_memory", 0, "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)"),
-        Option("mem_available", 0.0, "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size"),
+        Option(
+            "spark_memory",
+            0,
+            "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
+        ),
+        Option(
+            "mem_available",
+            0.0,
+            "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
+        ),
     ),
-)  # fmt: skip
+)
 
 
 @task(

@@ -49,11 +49,15 @@ SERVE = Family(
     "serve",
     (
         Option("no_chat", False, "skip the chat completion"),
-        Option("down_on_fail", False, "remove the deployment when the answer check fails (default: keep the healthy deployment)"),
+        Option(
+            "down_on_fail",
+            False,
+            "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        ),
         Option("watchdog", "auto", WATCHDOG_HELP),
         Option("watchdog_floor", 4.0, FLOOR_HELP),
     ),
-)  # fmt: skip
+)
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
 

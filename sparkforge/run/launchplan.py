@@ -147,9 +147,22 @@ def plan_task(
             notes, unpinned = list(loaded_profile.opt_ins()), str(exc)
         containers = plan_launch(loaded_profile, ["127.0.0.1"], [{}], launch)
     return LaunchPlan(
-        loaded, loaded_profile, flags, image, why, nodes, launch, doctor, memory, containers,
-        (*warnings, *memory_said), tuple(notes), refusal, unpinned, starts,
-    )  # fmt: skip
+        loaded,
+        loaded_profile,
+        flags,
+        image,
+        why,
+        nodes,
+        launch,
+        doctor,
+        memory,
+        containers,
+        (*warnings, *memory_said),
+        tuple(notes),
+        refusal,
+        unpinned,
+        starts,
+    )
 
 
 def plan_nodes(flags: LaunchFlags, env: Mapping[str, str]) -> tuple[tuple[Node, ...], list[str]]:

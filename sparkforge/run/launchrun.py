@@ -88,8 +88,9 @@ def serve(session: Session, plan: LaunchPlan, serving: Serving) -> None:
             session.echo(line)
         return
     engine = NodeEngine(plan.nodes[0])
-    options = ServeOptions(plan.launch, chat=serving.chat, down_on_fail=serving.down_on_fail,
-                           containers=plan.containers)  # fmt: skip
+    options = ServeOptions(
+        plan.launch, chat=serving.chat, down_on_fail=serving.down_on_fail, containers=plan.containers
+    )
     containers, _ = serve_up(session, engine, plan.profile, options)
     if watches(plan, serving):
         watch(session, engine, containers.head.container.name, serving.watchdog_floor)
