@@ -14,7 +14,7 @@ from sparkforge.cli.families import Family, Option
 from sparkforge.cli.launchflags import FORCE_HELP, flag_help, typed_options
 from sparkforge.context import Session
 
-__all__ = ["FORCE_HELP", "memory", "memory_check", "watchdog_options"]  # FORCE_HELP: cli/cluster.py's
+__all__ = ["FORCE_HELP", "memory", "memory_check"]  # FORCE_HELP: cli/cluster.py's
 
 
 def memory_check(recipe: str, profile, model_dir: str, force: bool):
@@ -103,23 +103,3 @@ def memory(
             f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
             code=1,
         )
-
-
-WATCHDOG_HELP = (
-    "auto (default: on for a GB10 recipe with --gpus all), on or off: while serving, stop the server cleanly "
-    "before the host runs out of memory (serve then stays in the foreground; Ctrl-C leaves the server running)"
-)
-FLOOR_HELP = (
-    "the watchdog stops the server when the node's MemAvailable falls below this many GiB (default 4)"
-)
-
-
-def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
-    """--watchdog and --watchdog-floor checked before anything is contacted: (mode, floor in bytes)."""
-    from sparkforge.boundary import check_number
-    from sparkforge.run.inputs import check_choice
-
-    check_choice("--watchdog", mode, ("auto", "on", "off"))
-    return mode, int(
-        float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
-    )

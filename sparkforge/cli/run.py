@@ -28,11 +28,30 @@ from sparkforge.cli.launchflags import (
     launch_flags,
     typed_options,
 )
-from sparkforge.cli.memory import FLOOR_HELP, WATCHDOG_HELP, watchdog_options
 from sparkforge.context import Session
 
 if TYPE_CHECKING:
     from sparkforge.run.launchplan import LaunchFlags
+
+
+WATCHDOG_HELP = (
+    "auto (default: on for a GB10 recipe with --gpus all), on or off: while serving, stop the server cleanly "
+    "before the host runs out of memory (serve then stays in the foreground; Ctrl-C leaves the server running)"
+)
+FLOOR_HELP = (
+    "the watchdog stops the server when the node's MemAvailable falls below this many GiB (default 4)"
+)
+
+
+def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
+    """--watchdog and --watchdog-floor checked before anything is contacted: (mode, floor in bytes)."""
+    from sparkforge.boundary import check_number
+    from sparkforge.run.inputs import check_choice
+
+    check_choice("--watchdog", mode, ("auto", "on", "off"))
+    return mode, int(
+        float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
+    )
 
 
 @dataclass(frozen=True)
