@@ -7,6 +7,7 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,16 @@ CACHES = {
     "flashinfer": "/root/.cache/flashinfer",
     "triton": "/root/.triton",
 }
+
+
+# Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
+_ARCH = """
+import sys
+from vllm.model_executor.models.registry import ModelRegistry
+archs = ModelRegistry.get_supported_archs()
+print(f"registered={len(archs)}")
+sys.exit(0 if sys.argv[1] in archs else 3)
+"""
 
 
 @dataclass(frozen=True)
@@ -314,6 +325,34 @@ def plan_launch(
 
 
 LaunchPlan = ContainerPlan  # the name run/cluster still imports; new code: ContainerPlan
+
+
+def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
+    """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
+    if profile.model.architecture:
+        return profile.model.architecture
+    config = model_dir / "config.json" if model_dir else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return str(archs[0]) if archs else None
+
+
+def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:
+    """The docker argv of the architecture check (the image with the profile's environment, no network, no
+    mounts), or None when the model class is unknown before the download."""
+    arch = model_architecture(profile, options.model_dir)
+    if arch is None:
+        return None
+    return ["run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
+            "-c", _ARCH, arch]  # fmt: skip
+
+
+def _env_flags(profile: Profile) -> list[str]:
+    return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
 
 
 def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:

@@ -21,6 +21,7 @@ from sparkforge.run.launch import (
     GB10_ULIMITS,
     ContainerPlan,
     LaunchOptions,
+    architecture_argv,
     check_model_pin,
     describe_plan,
     plan_launch,
@@ -272,7 +273,6 @@ def plan_lines(plan: LaunchPlan) -> list[str]:
     """`--dry`: what would start, as the user reads it: the architecture check, the download phase and, per node,
     the exact docker argv and environment (the image, the memory plan and the profile's opt-ins are said by the
     checks before it)."""
-    from sparkforge.run.serve.serve import architecture_argv
     from sparkforge.run.weights.weights import download_lines
 
     if plan.containers is None:
