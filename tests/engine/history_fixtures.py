@@ -34,7 +34,7 @@ from sparkforge.registry.cosign import Cosign, Signer
 from sparkforge.registry.manifests import Manifests
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
-from sparkforge.verify.kernels_run import for_target
+from sparkforge.verify.kernels_run import KernelsQuery, for_target
 from sparkforge.verify.suite import SUITE_DIR
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE, write_recipe_file
@@ -168,7 +168,7 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
     attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
-    kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
+    kernels = for_target(tag, recipe.model.gpu, [], KernelsQuery(recipe.name, JIT))
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
     pub.promote(
         recipe,

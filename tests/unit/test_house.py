@@ -14,9 +14,6 @@ import pytest
 from sparkforge import cli, console
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
-from sparkforge.imagebuild import pipeline, stage
-from sparkforge.imagebuild.lint import run_lint
-from sparkforge.imagebuild.probe import run_probe
 from sparkforge.registry import publish, pull
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Check, Report, load_report, print_report
@@ -97,14 +94,10 @@ def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str
     defaults = {
         fn.__qualname__: inspect.signature(fn).parameters["echo"].default
         for fn in (
-            pipeline.build,
-            stage.build_stage,
             publish.push,
             publish.publish,
             publish.promote,
             pull.pull,
-            run_probe,
-            run_lint,
             print_report,
         )
     }
