@@ -23,14 +23,14 @@ from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
 from sparkforge.cli import task, user_errors
 from sparkforge.cli import trust as cli_trust
-from sparkforge.cli.families import NETWORK
+from sparkforge.cli.families import JSON, NETWORK, Outputs
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 @task(
-    families=(NETWORK,),
+    families=(NETWORK, JSON),
     help={
         "catalog": "instead: a folder (or https:// file) of community recipes, each checked for import",
         "recipe": "with --catalog: the sparkforge recipe whose pinned vLLM they are checked against",
@@ -38,12 +38,12 @@ RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
     },
 )
 @user_errors
-def recipes(c: Context, session: Session, catalog: str = "", recipe: str = "", json: str = "") -> None:
+def recipes(c: Context, session: Session, outputs: Outputs, catalog: str = "", recipe: str = "") -> None:
     """List the recipes with their one-line descriptions (or, with --catalog, a community catalog)."""
     from sparkforge.recipe.loader import list_recipe_names, load_recipe
 
     if catalog:
-        return cli_community.catalog(catalog, recipe, session.offline, json)
+        return cli_community.catalog(session, catalog, recipe, outputs)
     for name in list_recipe_names():
         session.out(f"{name:28} {load_recipe(name).model.description}")
 

@@ -78,7 +78,7 @@ def diff(
         load_result(Path(path), "--bench")  # the bench reader: shape and finite figures, not only JSON
     # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
-    report = run_diff(a, b, echo=session.echo, bench=paths)
+    report = run_diff(session, a, b, paths)
     session.out(format_table(report))
     if json:
         report.write_json(Path(json))
@@ -109,7 +109,7 @@ def history(
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.publish import session_tools
     from sparkforge.registry.releases import history_view, verdict_counts
 
     if tag:
@@ -125,7 +125,7 @@ def history(
             f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
             "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
         )
-    tools = tools_for(loaded, None, None, session.echo, "history")
+    tools = session_tools(session, loaded, "history")
     tags = [tag] if tag else moving
     views, missing = [], []
     for t in tags:  # without --tag, the moving tags that have a history
