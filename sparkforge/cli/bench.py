@@ -12,7 +12,7 @@ from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
 from sparkforge.cli.families import DRY, Family, Option
-from sparkforge.cli.launchflags import FORCE, NODE, flag_help, launch_flags, typed_options
+from sparkforge.cli.launchflags import FORCE, NODE, launch
 from sparkforge.context import Session
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ BENCH = Family(
         Option("store", "", STORE_HELP),
         Option("no_warmup", False, "skip the warm-up run of each level"),
     ),
+    "benching",
+    BenchFlags,
 )
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
@@ -109,19 +111,16 @@ BENCH_IMAGE = Family(
 
 
 @task(
-    families=(DRY,),
+    families=(DRY, launch(BENCH_IMAGE, NODE, FORCE), BENCH),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
-        **flag_help(BENCH_IMAGE, NODE, FORCE, BENCH),
         "node": "the engine the profile's head runs on (default: the local one)",
         "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
         "contact nothing",
     },
 )
 @user_errors
-@typed_options(BenchFlags, "benching", BENCH)
-@launch_flags(BENCH_IMAGE, NODE, FORCE)
 def bench(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, benching: BenchFlags
 ) -> None:
@@ -328,20 +327,21 @@ COMPARE = Family(
             "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
         ),
     ),
+    "given",
+    CompareFlags,
 )
 
 
 @task(
     name="compare",
+    families=(COMPARE,),
     help={
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
         "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
-        **flag_help(COMPARE),
     },
 )
 @user_errors
-@typed_options(CompareFlags, "given", COMPARE)
 def bench_compare(c: Context, session: Session, old: str, new: str, given: CompareFlags) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
     from invoke import Exit

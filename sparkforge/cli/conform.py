@@ -20,9 +20,7 @@ from sparkforge.cli.launchflags import (
     PROFILE_HELP,
     RECIPE_HELP,
     SERVER,
-    flag_help,
-    launch_flags,
-    typed_options,
+    launch,
 )
 from sparkforge.context import Session
 
@@ -77,17 +75,18 @@ CONFORM = Family(
         Option("junit", "", "write JUnit XML here"),
         Option("health_timeout", Whole(1800), "seconds to wait for /health per server start"),
     ),
+    "conforming",
+    ConformFlags,
 )
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
 
 @task(
-    families=(DRY,),
+    families=(DRY, launch(*CONFORM_LAUNCH), CONFORM),
     iterable=ITERABLE,
     help={
         "recipe": RECIPE_HELP,
         "profile": PROFILE_HELP,
-        **flag_help(*CONFORM_LAUNCH, CONFORM),
         "nodes": NODES.options[0].help
         + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
         "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "
@@ -95,8 +94,6 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
     },
 )
 @user_errors
-@typed_options(ConformFlags, "conforming", CONFORM)
-@launch_flags(*CONFORM_LAUNCH)
 def conform(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, conforming: ConformFlags
 ) -> None:

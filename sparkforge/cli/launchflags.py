@@ -1,15 +1,12 @@
-"""The launch flags of `serve`, `conform`, `bench` (and `cluster.up`) declared once, in option families: a task
-body declares `flags: LaunchFlags` and names the families it takes (`@launch_flags(IMAGE, NODE, ...)`); Invoke
-is shown their options in its place, and the body gets one typed LaunchFlags (sparkforge/run/launchplan.py) built
-from their values (a flag the task lacks keeps LaunchFlags' default). Nothing is checked here: plan_task checks
-every flag once.
+"""The launch flags of `serve`, `conform`, `bench` (and `cluster.up`) declared once, in groups: a task names the
+groups it takes in one value family (`@task(families=(DRY, launch(IMAGE, NODE, ...)))`, cli/families.py) and its
+body declares `flags: LaunchFlags`: Invoke is shown the groups' options in its place, and the body gets one typed
+LaunchFlags (sparkforge/run/launchplan.py) built from their values. Nothing is checked here: plan_task checks every
+flag once.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkforge.cli import Whole
@@ -116,47 +113,21 @@ FORCE = Family("force", (Option("force", False, FORCE_HELP),))
 ITERABLE = ["ulimit"]  # the repeatable launch flags (Invoke's `iterable=`)
 
 
-def launch_flags(*families: Family) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`fn(c, session, ..., flags: LaunchFlags)` as Invoke sees it: `flags` replaced by the families' options."""
-    return typed_options(_launch_flags, "flags", *families)
+def launch(*groups: Family) -> Family:
+    """The value family of a launch task: the groups' options, the body's `flags` a LaunchFlags of their values
+    (a flag the task does not take keeps LaunchFlags' default)."""
+    return Family("launch", tuple(o for g in groups for o in g.options), "flags", _launch_flags)
 
 
 def _launch_flags(**given: Any) -> LaunchFlags:
-    from sparkforge.run.launchplan import LaunchFlags  # at call time: loading tasks.py imports no library
+    """LaunchFlags, imported when a task runs (loading tasks.py imports no library module)."""
+    from sparkforge.run.launchplan import LaunchFlags
 
+    if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
+        given["ulimit"] = tuple(given["ulimit"] or ())
     return LaunchFlags(**given)
 
 
-def typed_options(
-    make: Callable[..., Any], param: str, *families: Family
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`fn(..., <param>)` as Invoke sees it: `param` replaced by the families' options (after the task's own);
-    the body gets `make(**their values)`, one frozen object (a field no family names keeps its default)."""
-    shared = [o for family in families for o in family.options]
-    names = {o.name for o in shared}
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-        own = [p for name, p in signature.parameters.items() if name != param]
-        extra = [
-            inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default)
-            for o in shared
-        ]
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            given = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
-            if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
-                given["ulimit"] = tuple(given["ulimit"] or ())
-            return fn(*args, **{param: make(**given)}, **kwargs)
-
-        call.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
-        del call.__wrapped__  # Invoke reads __signature__; inspect must not unwrap to the body
-        return call
-
-    return wrap
-
-
-def flag_help(*families: Family) -> dict[str, str]:
-    """The families' help lines, for a task's `help=`."""
-    return {o.name: o.help for family in families for o in family.options}
+def flag_help(*groups: Family) -> dict[str, str]:
+    """The groups' help lines, for a task's `help=`."""
+    return {o.name: o.help for group in groups for o in group.options}

@@ -11,7 +11,7 @@ from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
 from sparkforge.cli.families import Family, Option
-from sparkforge.cli.launchflags import FORCE_HELP, flag_help, typed_options
+from sparkforge.cli.launchflags import FORCE_HELP
 from sparkforge.context import Session
 
 __all__ = ["FORCE_HELP", "memory", "memory_check"]  # FORCE_HELP: cli/cluster.py's
@@ -50,21 +50,22 @@ NODE_SIZE = Family(
             "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
         ),
     ),
+    "node",
+    NodeSize,
 )
 
 
 @task(
+    families=(NODE_SIZE,),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its device: GB10 or the CPU twin)",
         "profile": "serve profile name in profiles/ or path to a profile file",
         "model_dir": "a directory holding the model's config.json (default: the one shipped for the profile's "
         "model and revision, profiles/checkpoints/<org>/<name>/<revision>.json)",
         "json": "write the plan as JSON here",
-        **flag_help(NODE_SIZE),
-    }
+    },
 )
 @user_errors
-@typed_options(NodeSize, "node", NODE_SIZE)
 def memory(
     c: Context,
     session: Session,

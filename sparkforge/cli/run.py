@@ -25,8 +25,7 @@ from sparkforge.cli.launchflags import (
     SERVER,
     START,
     flag_help,
-    launch_flags,
-    typed_options,
+    launch,
 )
 from sparkforge.context import Session
 
@@ -76,18 +75,18 @@ SERVE = Family(
         Option("watchdog", "auto", WATCHDOG_HELP),
         Option("watchdog_floor", 4.0, FLOOR_HELP),
     ),
+    "serving",
+    ServeFlags,
 )
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
 
 @task(
-    families=(NETWORK, DRY),
+    families=(NETWORK, DRY, launch(*SERVE_LAUNCH), SERVE),
     iterable=ITERABLE,
-    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP, **flag_help(*SERVE_LAUNCH, SERVE)},
+    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP},
 )
 @user_errors
-@typed_options(ServeFlags, "serving", SERVE)
-@launch_flags(*SERVE_LAUNCH)
 def serve(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, serving: ServeFlags
 ) -> None:
