@@ -1,7 +1,11 @@
 """The house's figures (benchmarks/house.md): per module lines, long parameter lists, private names reached
-across modules, `# fmt: skip`, and in how many modules an extension point's names are typed.
+across modules, `# fmt: skip`, and in how many modules an extension point's names are typed; per module, the
+session rules of issue 54 (parameters named echo/runner/engine/eng, `Runner(` constructions, `**options: Any`).
 
-    python3 benchmarks/bench_house.py [ROOT]     # ROOT: a checkout (default: this one), e.g. a `git archive` of main
+    python3 benchmarks/bench_house.py [ROOT]              # JSON figures; ROOT: a checkout (default: this one)
+    python3 benchmarks/bench_house.py --modules [ROOT]    # the per-module table (markdown), with the totals
+    python3 benchmarks/bench_house.py --modules [ROOT] --only sparkforge/registry/,sparkforge/cli/publish.py
+    python3 benchmarks/bench_house.py --budget [ROOT]     # exit 1 when the package is over LINE_BUDGET
 
 Pure AST and text over ROOT/sparkforge and ROOT/tasks.py; nothing is imported from ROOT.
 """
@@ -95,6 +99,111 @@ def figures(root: Path) -> dict[str, object]:
     }
 
 
+# The package's line budget (sparkforge/ and tasks.py; house.md says how it was set).
+LINE_BUDGET = 39_500
+# Parameters that the Session carries (issue 54: a library entry point takes `session` instead).
+THREADED = ("echo", "runner", "engine", "eng")
+# Where constructing a Runner is the design: the seam itself, the Session's own, and the CLI that builds one.
+RUNNER_HOMES = ("sparkforge/commands.py", "sparkforge/context.py", "sparkforge/cli/", "tasks.py")
+
+
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, list[str]]:
+    a = node.args
+    names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    count = len(names) + bool(a.vararg) + bool(a.kwarg) - bool(names and names[0] in ("self", "cls"))
+    return count, names
+
+
+def module_row(root: Path, path: Path) -> dict[str, object]:
+    """One module's figures: lines, functions with 8+ parameters, functions taking echo/runner/engine,
+    `Runner(` constructions (outside RUNNER_HOMES: library code), `**options: Any` shims."""
+    text = path.read_text()
+    name = str(path.relative_to(root))
+    many, threaded, shims, runners = [], [], [], 0
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            count, names = _params(node)
+            if count >= 8:
+                many.append(f"{node.name}({count})")
+            taken = [n for n in names if n in THREADED]
+            if taken:
+                threaded.append(f"{node.name}({','.join(taken)})")
+            kwarg = node.args.kwarg  # a keyword form forwarding options (not a decorator's **kwargs)
+            if (
+                kwarg
+                and kwarg.arg == "options"
+                and kwarg.annotation is not None
+                and ast.unparse(kwarg.annotation) == "Any"
+            ):
+                shims.append(node.name)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Runner":
+            runners += 1
+    library = not name.startswith(RUNNER_HOMES)
+    return {
+        "module": name,
+        "lines": len(text.splitlines()),
+        "params_8": many,
+        "threaded": threaded,
+        "runner_calls": runners if library else 0,
+        "options_any": shims,
+    }
+
+
+def module_rows(root: Path, only: tuple[str, ...] = ()) -> list[dict[str, object]]:
+    modules = sorted((root / "sparkforge").rglob("*.py"))
+    paths = [p for p in modules if not str(p.relative_to(root)).startswith(INIMAGE)] + [root / "tasks.py"]
+    rows = [module_row(root, p) for p in paths]
+    return [r for r in rows if not only or str(r["module"]).startswith(only)]
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    """The per-module table and its totals line (what house.md's budget is checked against)."""
+    lines = [
+        "<!-- generated: python3 benchmarks/bench_house.py --modules > benchmarks/house-modules.md -->",
+        "",
+        "| module | lines | 8+ parameters | echo/runner/engine parameters | `Runner(` (library) | `**options: Any` |",
+        "|---|---:|---|---|---:|---|",
+    ]
+    for r in rows:
+        cells = [f"`{r['module']}`", str(r["lines"])]
+        cells += [", ".join(r[k]) for k in ("params_8", "threaded")]  # type: ignore[arg-type]
+        cells += [str(r["runner_calls"] or ""), ", ".join(r["options_any"])]  # type: ignore[arg-type]
+        lines.append("| " + " | ".join(cells) + " |")
+    total = {
+        "modules": len(rows),
+        "lines": sum(r["lines"] for r in rows),  # type: ignore[misc]
+        "params_8": sum(len(r["params_8"]) for r in rows),  # type: ignore[arg-type]
+        "threaded": sum(len(r["threaded"]) for r in rows),  # type: ignore[arg-type]
+        "runner_calls": sum(r["runner_calls"] for r in rows),  # type: ignore[misc]
+        "options_any": sum(len(r["options_any"]) for r in rows),  # type: ignore[arg-type]
+    }
+    lines.append(
+        f"\ntotals: {total['modules']} modules, {total['lines']} lines; {total['params_8']} functions with 8+ "
+        f"parameters; {total['threaded']} functions taking echo/runner/engine; {total['runner_calls']} `Runner(` "
+        f"in library code; {total['options_any']} `**options: Any`"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    args = list(argv)
+    only: tuple[str, ...] = ()
+    if "--only" in args:
+        at = args.index("--only")
+        only = tuple(p for p in args[at + 1].split(",") if p)
+        del args[at : at + 2]
+    modules, budget = "--modules" in args, "--budget" in args
+    args = [a for a in args if a not in ("--modules", "--budget")]
+    root = Path(args[0] if args else Path(__file__).parents[1]).resolve()
+    if budget:
+        lines = sum(int(r["lines"]) for r in module_rows(root))  # type: ignore[call-overload]
+        print(f"{lines} lines in sparkforge/ and tasks.py; budget {LINE_BUDGET}")
+        raise SystemExit(0 if lines <= LINE_BUDGET else 1)
+    if modules:
+        print(markdown(module_rows(root, only)))
+    else:
+        print(json.dumps(figures(root), indent=2))
+
+
 if __name__ == "__main__":
-    print(json.dumps(figures(Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parents[1]).resolve()),
-                     indent=2))  # fmt: skip
+    main(sys.argv[1:])

@@ -28,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from sparkforge.commands import Runner  # noqa: E402
+from sparkforge.context import Session  # noqa: E402
 from sparkforge.engine import Engine  # noqa: E402
 from sparkforge.imagebuild import epoch, hostsetup, layerdiff  # noqa: E402
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command, load_command  # noqa: E402
@@ -112,7 +114,7 @@ def main() -> None:
     recipe = load_recipe(args.recipe)
     bases = plan.bases(recipe, parse_base_image(args.base_image))
     context = render_context(recipe, bases=bases)
-    stamp = epoch.for_build(recipe, bases)
+    stamp = epoch.for_build(Session(echo=print, runner=Runner(stream=False)), recipe, bases)
     ca = os.environ.get("SPARKFORGE_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     engine = Engine("/usr/bin/docker", "buildx", "26.1.5", "docker")
     base = BuildRequest(

@@ -85,3 +85,15 @@ class Session:
     def with_runner(self, runner: Runner) -> Session:
         """The same session with another runner (a step that logs its commands to a folder of its own)."""
         return replace(self, runner=runner)
+
+    def logged(self, log_dir: Path) -> Session:
+        """The same session whose runner also saves every command and its log under `log_dir` (NN-step.sh,
+        NN-step.log), dry and streaming as this one's: the one place a step's own log folder gets a runner."""
+        runner = Runner(log_dir=log_dir, dry=self.runner.dry, echo=self.echo, stream=self.runner.stream)
+        return self.with_runner(runner)
+
+
+def quiet_session() -> Session:
+    """A session of defaults for a library call that is given none (a callback such as verify's `carried`):
+    progress on the console, commands run without streaming their output."""
+    return Session(echo=say, runner=Runner(stream=False))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,17 +116,27 @@ class Registry(Generic[F]):
         return f"<!-- registry:{slug} -->", f"<!-- /registry:{slug} -->"
 
     def render_into(self, page: str) -> str:
-        """`page` with the text between this registry's markers replaced by its table; ValueError when the page
-        has no markers (the docs must show the table where users look for it)."""
-        start, end = self.marker()
-        head, found, rest = page.partition(start)
-        _, found_end, tail = rest.partition(end)
-        if not found or not found_end:
-            raise ValueError(f"no {start} ... {end} block in the page")
-        return f"{head}{start}\n{self.markdown_table()}\n{end}{tail}"
+        return render_between(page, self.marker(), self.markdown_table())
 
 
-def stale_tables(pages: Iterable[tuple[Registry[Any], Path]], *, write: bool = False) -> list[Path]:
+class Table(Protocol):
+    """What a docs page shows between its markers: a Registry's rows, or a schema's keys (recipe/fields.py)."""
+
+    def render_into(self, page: str) -> str: ...
+
+
+def render_between(page: str, marker: tuple[str, str], table: str) -> str:
+    """`page` with the text between the markers replaced by `table`; ValueError when the page has no markers
+    (the docs must show the table where users look for it)."""
+    start, end = marker
+    head, found, rest = page.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not found or not found_end:
+        raise ValueError(f"no {start} ... {end} block in the page")
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
+def stale_tables(pages: Iterable[tuple[Table, Path]], *, write: bool = False) -> list[Path]:
     """The docs pages whose registry table differs from the registry (rewritten in place with write=True)."""
     from sparkforge.boundary import read_text, write_output
 

@@ -234,21 +234,29 @@ def coverage_check(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """Files with device code (or unreadable ones) and how many files were looked at."""
+
+    files: tuple[ScannedFile, ...]
+    files_scanned: int
+    not_opened: int = 0  # files outside the scope (libraries the verdict does not need): never opened
+
+
 def build_report(
     subject: str,
     target: GpuTarget,
-    scanned: Sequence[ScannedFile],
+    scan: ScanResult,
     require: Sequence[str],
-    files_scanned: int,
     duration_s: float,
     *,
     only: Sequence[str] | None = None,
-    not_opened: int = 0,
 ) -> Report:
     """The audit report in the shape of every check report (sparkforge/report.py: JSON, JUnit XML, table).
 
     `only`: the globs the scan was limited to (None: every file); the summary says so, since the libraries and
     counts then cover only those (the required checks' answers are the same either way)."""
+    scanned, files_scanned, not_opened = scan.files, scan.files_scanned, scan.not_opened
     good = sorted((f for f in scanned if f.fatbin is not None), key=lambda f: f.path)
     unreadable = sorted((f for f in scanned if f.fatbin is None), key=lambda f: f.path)
     libraries = [

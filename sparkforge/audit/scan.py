@@ -20,12 +20,11 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from sparkforge.audit.compat import parse_target
-from sparkforge.audit.coverage import ScannedFile, build_report, scope_filter
+from sparkforge.audit.coverage import ScannedFile, ScanResult, build_report, scope_filter
 from sparkforge.audit.fatbin import FatbinFile, is_candidate, parse_buffer, read_fatbin_file
 from sparkforge.audit.members import (
     MAX_MEMBER_BYTES,
@@ -41,15 +40,6 @@ IN_MEMORY_LIMIT = 64 << 20  # archive members above this are spooled to disk ins
 COPY_CHUNK = 1 << 20
 BATCH = 256  # files per pool task: keeps scheduling overhead small on trees of 100k files
 BATCH_BYTES = 16 << 20  # archive bytes per pool task: a 300 MB library gets a worker of its own
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    """Files with device code (or unreadable ones) and how many files were looked at."""
-
-    files: tuple[ScannedFile, ...]
-    files_scanned: int
-    not_opened: int = 0  # files outside the scope (libraries the verdict does not need): never opened
 
 
 def default_workers() -> int:
@@ -302,16 +292,7 @@ def audit_target(
         ) from exc
     except OSError as exc:
         raise AuditError(f"{path}: cannot be read ({exc}). Check the path and its permissions.") from exc
-    return build_report(
-        str(path),
-        target,
-        result.files,
-        require,
-        result.files_scanned,
-        time.monotonic() - start,
-        only=only,
-        not_opened=result.not_opened,
-    )
+    return build_report(str(path), target, result, require, time.monotonic() - start, only=only)
 
 
 def audit_tar_stream(
@@ -325,16 +306,7 @@ def audit_tar_stream(
     target = parse_target(gpu)
     start = time.monotonic()
     result = scan_tar_stream(fileobj, subject, only)
-    return build_report(
-        subject,
-        target,
-        result.files,
-        require,
-        result.files_scanned,
-        time.monotonic() - start,
-        only=only,
-        not_opened=result.not_opened,
-    )
+    return build_report(subject, target, result, require, time.monotonic() - start, only=only)
 
 
 def audit_files(
@@ -350,13 +322,5 @@ def audit_files(
     start = time.monotonic()
     wanted = in_scope(files, only)
     result = scan_files(wanted, workers or default_workers())
-    return build_report(
-        subject,
-        target,
-        result.files,
-        require,
-        len(files),
-        time.monotonic() - start,
-        only=only,
-        not_opened=len(files) - len(wanted),
-    )
+    scope = ScanResult(result.files, len(files), len(files) - len(wanted))  # every file considered, by name
+    return build_report(subject, target, scope, require, time.monotonic() - start, only=only)

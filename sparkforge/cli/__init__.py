@@ -5,18 +5,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import invoke
 from invoke.exceptions import Exit, ParseError
 
-from sparkforge.cli.families import GLOBAL, Family, takes_session, with_families
+from sparkforge.cli.families import GLOBAL, Family, finish_report, takes_session, with_families
 from sparkforge.console import say, warn
 from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
-
-if TYPE_CHECKING:
-    from sparkforge.report import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,8 +74,8 @@ def task(*args: Any, families: tuple[Family, ...] = (), **kwargs: Any) -> Any:
     kwargs.setdefault("klass", ShortFlagTask)
 
     def make(fn: Callable[..., Any]) -> Any:
-        if takes_session(fn):
-            fn = with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {}))
+        if takes_session(fn) or families:  # a family's value is checked before the body: its errors too
+            fn = user_errors(with_families(fn, (GLOBAL, *families), kwargs.setdefault("help", {})))
         return invoke.task(fn, **kwargs)
 
     if len(args) == 1 and callable(args[0]) and not kwargs.get("help") and not families:
@@ -130,20 +127,3 @@ def session(
 
 
 __all__ = ["Whole", "echo", "finish_report", "user_errors", "warn"]
-
-
-def finish_report(
-    report: Report, json_path: str = "", junit_path: str = "", *, hint: str = "see the table above"
-) -> None:
-    """A checking task's ending: the table, the JSON/JUnit files asked for, a non-zero exit when a check failed."""
-    from sparkforge.report import print_report
-
-    print_report(report, echo)
-    if json_path:
-        report.write_json(Path(json_path))
-        echo(f"report: {json_path}")
-    if junit_path:
-        report.write_junit(Path(junit_path))
-    if report.status != "passed":
-        failed = ", ".join(c.name for c in report.failed)
-        raise Exit(f"sparkforge: {report.command} failed ({failed}); {hint}", code=1)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json as _json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from sparkforge.cli import LazyHelp, echo, finish_report, task, user_errors
+from sparkforge.cli import LazyHelp, finish_report, task, user_errors
 from sparkforge.cli.families import DRY, Family, Option
-from sparkforge.cli.launchflags import FORCE, NODE, flag_help, launch_flags, typed_options
+from sparkforge.cli.launchflags import FORCE, NODE, launch
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 STORE_HELP = "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)"
 
@@ -58,10 +61,24 @@ BENCH = Family(
     "bench",
     (
         Option("json", "", "also write the result here (it is always kept in the result store)"),
-        Option("suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))),
-        Option("repeats", "5", "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads"),
-        Option("duration", "10", "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)"),
-        Option("target_detect", "", "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which"),
+        Option(
+            "suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))
+        ),
+        Option(
+            "repeats",
+            "5",
+            "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
+        ),
+        Option(
+            "duration",
+            "10",
+            "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+        ),
+        Option(
+            "target_detect",
+            "",
+            "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
+        ),
         Option("budget", "1800", "with --target-detect: the most seconds the bench runs (default 1800)"),
         Option("threshold", "10", "with --target-detect: the threshold bench.compare will use (default 10)"),
         Option("concurrency", "", "comma-separated concurrencies (default: the suite's)"),
@@ -69,31 +86,41 @@ BENCH = Family(
         Option("input_len", "", "prompt tokens (default: the suite's)"),
         Option("output_len", "", "generated tokens, exact (default: the suite's)"),
         Option("num_prompts", "", "vLLM's client: prompts per run (at least the concurrency)"),
-        Option("corpus", "", "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book"),
+        Option(
+            "corpus",
+            "",
+            "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
+        ),
         Option("store", "", STORE_HELP),
         Option("no_warmup", False, "skip the warm-up run of each level"),
     ),
-)  # fmt: skip
+    "benching",
+    BenchFlags,
+)
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
-    "image", (Option("image", "", "accepted for symmetry with serve; the running container's own image is what is recorded"),)
-)  # fmt: skip
+    "image",
+    (
+        Option(
+            "image",
+            "",
+            "accepted for symmetry with serve; the running container's own image is what is recorded",
+        ),
+    ),
+)
 
 
 @task(
-    families=(DRY,),
+    families=(DRY, launch(BENCH_IMAGE, NODE, FORCE), BENCH),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
-        **flag_help(BENCH_IMAGE, NODE, FORCE, BENCH),
         "node": "the engine the profile's head runs on (default: the local one)",
         "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
         "contact nothing",
     },
 )
 @user_errors
-@typed_options(BenchFlags, "benching", BENCH)
-@launch_flags(BENCH_IMAGE, NODE, FORCE)
 def bench(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, benching: BenchFlags
 ) -> None:
@@ -264,33 +291,58 @@ def _result_paths(option: str, text: str) -> list[Path]:
     return [Path(p) for p in parts]
 
 
+@dataclass(frozen=True)
+class CompareFlags:
+    """bench.compare's flags beyond the two sides (as given)."""
+
+    threshold: str = "10"
+    json: str = ""
+    allow_different: bool = False
+    fail_inconclusive: bool = False
+    store: str = ""
+
+
+COMPARE = Family(
+    "compare",
+    (
+        Option(
+            "threshold",
+            "10",
+            "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        ),
+        Option("json", "", "write the comparison report here"),
+        Option(
+            "allow_different",
+            False,
+            "compare results measured with different settings, hardware or serve command (the differences are printed first)",
+        ),
+        Option(
+            "fail_inconclusive",
+            False,
+            "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
+        ),
+        Option(
+            "store",
+            "",
+            "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
+        ),
+    ),
+    "given",
+    CompareFlags,
+)
+
+
 @task(
     name="compare",
+    families=(COMPARE,),
     help={
-        "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
-        "95% interval of new/old is worse than it, inconclusive when the interval straddles it",
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
         "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
-        "allow_different": "compare results measured with different settings, hardware or serve command "
-        "(the differences are printed first)",
-        "json": "write the comparison report here",
-        "fail_inconclusive": "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
-        "store": "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or "
-        "~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
     },
 )
 @user_errors
-def bench_compare(
-    c: Context,
-    old: str,
-    new: str,
-    threshold: str = "10",
-    json: str = "",
-    allow_different: bool = False,
-    fail_inconclusive: bool = False,
-    store: str = "",
-) -> None:
+def bench_compare(c: Context, session: Session, old: str, new: str, given: CompareFlags) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
     from invoke import Exit
 
@@ -299,30 +351,30 @@ def bench_compare(
     from sparkforge.run.bench.compare import compare, verdict_line
     from sparkforge.run.bench.store import entries
 
-    check_output(json, "--json")
-    _threshold(threshold)
+    check_output(given.json, "--json")
+    _threshold(given.threshold)
     olds = _result_paths("--old", old)
     if Path(new).resolve() in [p.resolve() for p in olds]:
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
-    stored = [] if store == "none" else [entry.doc for entry in entries(store or None)[0]]
-    report = compare(olds, Path(new), threshold, allow_different=allow_different, store=stored)
+    stored = [] if given.store == "none" else [entry.doc for entry in entries(given.store or None)[0]]
+    report = compare(olds, Path(new), given.threshold, allow_different=given.allow_different, store=stored)
     for key, sides in report.extra["allowed_differences"].items():
-        echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():
-        echo(f"differs: {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"differs: {key}: {sides['old']} -> {sides['new']}")
     width = max([len(ch.name) for ch in report.checks] + [5])
-    echo(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
+    session.out(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
     for check in report.checks:
-        echo(f"  {check.name:<{width}}  {check.reason}")
+        session.out(f"  {check.name:<{width}}  {check.reason}")
     line = verdict_line(report)
-    echo(line)
-    if json:
-        report.write_json(Path(json))
-        echo(f"report: {json}")
+    session.out(line)
+    if given.json:
+        report.write_json(Path(given.json))
+        session.out(f"report: {given.json}")
     if report.extra["verdict"] == "regressed":
         failed = ", ".join(ch.name for ch in report.failed)
         raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
-    if report.extra["verdict"] == "inconclusive" and fail_inconclusive:
+    if report.extra["verdict"] == "inconclusive" and given.fail_inconclusive:
         raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
 
 
@@ -335,7 +387,7 @@ def bench_compare(
     },
 )
 @user_errors
-def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> None:
+def bench_history(c: Context, session: Session, recipe: str, store: str = "", json: str = "") -> None:
     """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
     from sparkforge.boundary import check_output, write_output
     from sparkforge.errors import RunError
@@ -346,7 +398,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
     loaded = load_recipe(recipe)
     found, unreadable = history(loaded.name, loaded.hash, store or None)
     for line in unreadable:
-        echo(f"skipped: {line}")
+        session.out(f"skipped: {line}")
     if not found:
         raise RunError(
             f"bench.history: no stored result of recipe {loaded.name} in {store_root(store or None)}; fix: run "
@@ -360,7 +412,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
             for c in s.doc["checks"]
         }
         figs = ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} failed" for k, v in levels.items())
-        echo(
+        session.out(
             f"{ident['date']}  {ident['image']['id'][:19]}  {s.doc['suite']['name']:15}  {figs} tok/s  {s.path}"
         )
         rows.append(
@@ -375,7 +427,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
         )
     if json:
         write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
-        echo(f"wrote {json}")
+        session.out(f"wrote {json}")
 
 
 @task(
@@ -391,6 +443,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
 @user_errors
 def bench_report(
     c: Context,
+    session: Session,
     results: str,
     html: str = "",
     png: str = "",
@@ -419,10 +472,10 @@ def bench_report(
         )
     if png_dir is not None:
         for name, data in pngs.items():
-            echo(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
+            session.out(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
     if html:
         write_output(html, page(docs, pngs, comparison), "--html")
-        echo(f"wrote {html}")
+        session.out(f"wrote {html}")
 
 
 ns = Collection("bench")

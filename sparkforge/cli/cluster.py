@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from sparkforge.cli import Whole, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, NETWORK, Family, Option
+from sparkforge.cli import Whole, task, user_errors
+from sparkforge.cli.families import DRY, NETWORK, Family, Option, Outputs
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
@@ -23,14 +23,12 @@ from sparkforge.cli.launchflags import (
     RECIPE_HELP,
     SERVER,
     START,
-    flag_help,
-    launch_flags,
-    typed_options,
+    launch,
 )
 from sparkforge.context import Session
-from sparkforge.run.cluster.clusterflags import Bringing, ClusterFlags
 
 if TYPE_CHECKING:
+    from sparkforge.run.cluster.clusterflags import Bringing, ClusterFlags
     from sparkforge.run.launchplan import LaunchFlags
 
 LAYOUT_HELP = "the cabling: pair, mesh3, ring (ring4), switch (checked against what each node's sysfs shows)"
@@ -118,7 +116,7 @@ SPLIT = Family(
     ),
 )
 UP = Family(
-    "up",
+    "bringing",
     (
         Option("distribute", False, "stream the local image to nodes whose image ID differs"),
         Option(
@@ -132,47 +130,58 @@ UP = Family(
             "remove the deployment when the answer check fails (default: keep the healthy deployment)",
         ),
     ),
+    "bringing",
+    lambda **given: _flags("Bringing", given),
 )
 UP_LAUNCH = (IMAGE, NODES, MOUNTS, SERVER, START, FORCE, BACKEND)
+OUTPUTS = Family.of(Outputs, "outputs", json="write the JSON report here")
 TASK_HELP = {"recipe": RECIPE_HELP, "profile": PROFILE_HELP}
-JSON_HELP = "write the JSON report here"
 
 
-@task(help={**TASK_HELP, "json": JSON_HELP, **flag_help(NODES, LOOKED_FOR, FABRIC, BUSBW, QUICK)})
+def cluster(*groups: Family) -> Family:
+    """The cluster flags a task takes, as one value: the body's `cluster` (a ClusterFlags; a flag the task does
+    not take keeps its default)."""
+    options = tuple(o for g in groups for o in g.options)
+    return Family("cluster", options, "cluster", lambda **given: _flags("ClusterFlags", given))
+
+
+def _flags(kind: str, given: dict[str, object]) -> Bringing | ClusterFlags:
+    """The cluster tasks' flag values, imported when a task runs (loading tasks.py imports no library module)."""
+    from sparkforge.run.cluster import clusterflags
+
+    return getattr(clusterflags, kind)(**given)
+
+
+@task(families=(launch(NODES, LOOKED_FOR), cluster(FABRIC, BUSBW, QUICK), OUTPUTS), help={**TASK_HELP})
 @user_errors
-@typed_options(ClusterFlags, "cluster", FABRIC, BUSBW, QUICK)
-@launch_flags(NODES, LOOKED_FOR)
 def doctor(
     c: Context,
     session: Session,
     flags: LaunchFlags,
     cluster: ClusterFlags,
+    outputs: Outputs,
     recipe: str = "",
     profile: str = "",
-    json: str = "",
 ) -> None:
     """Checks before a multi-node launch: engines, image identity, advertised addresses, reach, MTU, versions, sanity run."""
-    from sparkforge.boundary import check_output
     from sparkforge.run.cluster import clusterrun
     from sparkforge.run.cluster.clusterplan import plan_cluster
     from sparkforge.run.launchplan import FlagError
 
     if not (recipe or flags.image):
         raise FlagError("cluster.doctor needs --recipe R (or --image REF)")
-    check_output(json, "--json")  # the boundary: the report's path, before any node is contacted
     looked_for = replace(flags, force=True)  # the memory plan is reported, never refused here
     plan = plan_cluster(recipe, profile if recipe else "", looked_for, cluster, os.environ, dry=True)
     result = clusterrun.doctor(session, plan)
-    finish_report(result.report, json, hint="the table above names the stage, the node and the fix")
+    outputs.finish(session, result.report, hint="the table above names the stage, the node and the fix")
 
 
 @task(
-    families=(NETWORK, DRY), iterable=ITERABLE, help={**TASK_HELP, **flag_help(*UP_LAUNCH, FABRIC, SPLIT, UP)}
+    families=(NETWORK, DRY, launch(*UP_LAUNCH), cluster(FABRIC, SPLIT), UP),
+    iterable=ITERABLE,
+    help={**TASK_HELP},
 )
 @user_errors
-@typed_options(Bringing, "bringing", UP)
-@typed_options(ClusterFlags, "cluster", FABRIC, SPLIT)
-@launch_flags(*UP_LAUNCH)
 def up(
     c: Context,
     session: Session,
@@ -191,40 +200,35 @@ def up(
 
 
 @task(
+    families=(launch(READ), cluster(FABRIC), OUTPUTS),
     help={
-        "json": JSON_HELP,
         "recipe": RECIPE_HELP + " (with --nodes: the image whose helper reads each node's sysfs)",
         "test": "run perftest's ib_write_bw across every cabled twin pair at once (needs --nodes and perftest)",
-        **flag_help(READ, FABRIC),
-    }
+    },
 )
 @user_errors
-@typed_options(ClusterFlags, "cluster", FABRIC)
-@launch_flags(READ)
 def fabric(
     c: Context,
     session: Session,
     flags: LaunchFlags,
     cluster: ClusterFlags,
+    outputs: Outputs,
     recipe: str = "",
-    json: str = "",
     test: bool = False,
 ) -> None:
     """Each node's RDMA devices, ports, twins, GID index, the chosen interface and the env a launch would set."""
-    from sparkforge.boundary import check_output
     from sparkforge.run.cluster.clusterplan import fabric_settings, plan_cluster
     from sparkforge.run.cluster.inventory import read_fabric
     from sparkforge.run.inputs import check_interface
     from sparkforge.run.launchplan import FlagError
 
     check_interface(flags.interface)  # the boundary: before any engine or sysfs is read
-    check_output(json, "--json")
     settings = fabric_settings(cluster)
     if flags.nodes and not (recipe or flags.image):
         raise FlagError("cluster.fabric --nodes needs --recipe R (or --image REF) to read sysfs")
     plan = plan_cluster(recipe, "", flags, cluster, os.environ, dry=True) if flags.nodes else None
     report = read_fabric(session, plan, flags.interface, settings, test)
-    finish_report(report, json, hint="the table above names the device and the fix")
+    outputs.finish(session, report, hint="the table above names the device and the fix")
 
 
 @task(name="down", help={"nodes": NODES_HELP, "profile": "only this profile's containers"})

@@ -3,56 +3,106 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, task, user_errors, warn
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import NETWORK, Family, Outputs
+from sparkforge.context import Session
 
 DEFAULT_RECIPE = "vllm-qwen35-wheels"
 RECIPE_HELP = f"sparkforge recipe whose pinned vLLM the profile is checked against (default {DEFAULT_RECIPE})"
 
 
-def _pinned(recipe: str, offline: bool):
+def _pinned(session: Session, recipe: str):
     from sparkforge.preflight.catalog import PinnedVllm
-    from sparkforge.preflight.fetch import make_fetcher
     from sparkforge.recipe.loader import load_recipe
 
-    return PinnedVllm(load_recipe(recipe or DEFAULT_RECIPE), make_fetcher(offline=offline))
+    return PinnedVllm(load_recipe(recipe or DEFAULT_RECIPE), _fetcher(session, 30, 3))
+
+
+def _fetcher(session: Session, timeout: float, retries: int):
+    """A fetcher of this session's: offline or not, through its CA bundle."""
+    from sparkforge.preflight.fetch import make_fetcher
+
+    return make_fetcher(
+        offline=session.offline, timeout=timeout, retries=retries, ca_bundle=session.ca_bundle
+    )
+
+
+def _hub(session: Session):
+    """The hub's fetcher (short timeouts, no retries), none offline."""
+    return None if session.offline else _fetcher(session, 5, 0)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How import reads a community recipe: its format, the runner's extra words, --set overrides, --allow
+    opt-ins, and whether the pinned vLLM is read (preflight). Parsed and checked when the task is called."""
+
+    format: str = ""
+    extra: str = ""
+    set: tuple[str, ...] | list[str] | None = None
+    allow: tuple[str, ...] | list[str] | None = None
+    no_preflight: bool = False
+
+    def options(self, name: str | None):  # -> preflight.catalog.ImportOptions
+        from sparkforge.preflight.catalog import ImportOptions
+        from sparkforge.recipe.community.formats import FORMATS
+
+        if self.format and self.format not in FORMATS:
+            raise Exit(f"sparkforge: --format {self.format!r}: use eugr or sparkarena", code=2)
+        given = list(self.set or [])
+        overrides = dict(item.split("=", 1) for item in given if "=" in item)
+        if len(overrides) != len(given):
+            raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
+        allow = list(self.allow or [])
+        pairs = [item.split("=", 1) for item in allow if "=" in item and item.split("=", 1)[1].strip()]
+        opt_ins = {key.strip().lstrip("-"): why.strip() for key, why in pairs}  # --x or x
+        if len(opt_ins) != len(allow):
+            raise Exit(
+                "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')",
+                code=2,
+            )
+        extra = tuple(shlex.split(self.extra))
+        return ImportOptions(self.format or None, extra, name, overrides, opt_ins)  # type: ignore[arg-type]
+
+
+READING = Family.of(
+    Reading,
+    "reading",
+    format='eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
+    extra="the words the community runner takes after `--` (appended to the command, the last flag wins)",
+    set="KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
+    allow="ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it does; written into the profile with the reason (repeatable)",
+    no_preflight="do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
+)
 
 
 @task(
     name="import",
+    families=(NETWORK, READING),
     iterable=["set", "allow"],
     help={
-        "allow": "ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed "
-        "what it does; written into the profile with the reason (repeatable)",
-        "set": "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
         "source": "community recipe: a file or an https:// URL",
-        "format": 'eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
         "out": "profile file to write (default: profiles/<file name>.yaml)",
         "recipe": RECIPE_HELP,
-        "extra": "the words the community runner takes after `--` (appended to the command, the last flag wins)",
         "force": "overwrite --out",
-        "no_preflight": "do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
         "offline": "read the pinned vLLM from the cache only",
     },
 )
 @user_errors
 def import_(
     c: Context,
+    session: Session,
+    reading: Reading,
     source: str,
-    format: str = "",
     out: str = "",
     recipe: str = "",
-    extra: str = "",
     force: bool = False,
-    no_preflight: bool = False,
-    offline: bool = False,
-    set: list[str] | None = None,
-    allow: list[str] | None = None,
 ) -> None:
     """A community recipe becomes a serve profile; what it cannot carry as is, it names.
 
@@ -60,42 +110,25 @@ def import_(
     opted in with --allow."""
     from sparkforge.boundary import check_output
     from sparkforge.preflight.catalog import (
-        ImportOptions,
         image_facts,
         import_with,
         preflight_notes,
         read_source,
         with_architecture,
     )
-    from sparkforge.preflight.fetch import make_fetcher
-    from sparkforge.recipe.community.formats import FORMATS
     from sparkforge.recipe.community.toprofile import write_profile
     from sparkforge.recipe.profile import PROFILES_DIR
 
-    if format and format not in FORMATS:
-        raise Exit(f"sparkforge: --format {format!r}: use eugr or sparkarena", code=2)
+    echo, warn = session.out, session.warn
+    options = reading.options(Path(out).stem if out else None)  # --format, --set, --allow: before any read
     check_output(out, "--out")  # the boundary: before the source is read or fetched
-    doc, where = read_source(source, make_fetcher(offline=offline, timeout=15, retries=1))
-    pinned = None if no_preflight else _pinned(recipe, offline)
-    name = Path(out).stem if out else None
-    overrides = dict(item.split("=", 1) for item in set or [] if "=" in item)
-    if len(overrides) != len(set or []):
-        raise Exit("sparkforge: --set takes KEY=VALUE (e.g. --set max_model_len=32768)", code=2)
-    pairs = [item.split("=", 1) for item in allow or [] if "=" in item and item.split("=", 1)[1].strip()]
-    opt_ins = {
-        key.strip().lstrip("-"): why.strip() for key, why in pairs
-    }  # --tool-parser-plugin or tool-parser-plugin
-    if len(opt_ins) != len(allow or []):
-        raise Exit(
-            "sparkforge: --allow takes ENTRY=REASON (e.g. --allow 'tool-parser-plugin=reviewed x.py')", code=2
-        )
-    options = ImportOptions(format or None, tuple(shlex.split(extra)), name, overrides, opt_ins)  # type: ignore[arg-type]
+    doc, where = read_source(source, _fetcher(session, 15, 1))
+    pinned = None if reading.no_preflight else _pinned(session, recipe)
     imported = import_with(pinned, (doc, where), options)
     facts: list[str] = []
     if pinned:
         imported = replace(imported, attention=preflight_notes(imported, pinned))
-        hub = None if offline else make_fetcher(timeout=5, retries=0)
-        imported, found = with_architecture(imported, pinned, hub)
+        imported, found = with_architecture(imported, pinned, _hub(session))
         facts = [found, *image_facts(imported, pinned)]
     notes = imported.attention
     serving = pinned.recipe.name if pinned else "R"
@@ -104,7 +137,7 @@ def import_(
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
     for fact in facts:
         echo(fact)
-    _memory_plan(path, imported, pinned.recipe.model.device if pinned else "gpu")
+    _memory_plan(session, path, imported, pinned.recipe.model.device if pinned else "gpu")
     echo("vllm argv the source runs: " + shlex.join(imported.source_argv))
     for note in notes:
         warn(f"needs attention: {note}")
@@ -134,7 +167,7 @@ def import_(
         echo(f"imports cleanly: nothing needs attention{checked}")
 
 
-def _memory_plan(path: Path, imported, device: str) -> None:
+def _memory_plan(session: Session, path: Path, imported, device: str) -> None:
     """The imported profile's memory plan when a checkpoint config is reachable without the network."""
     from sparkforge.errors import SparkforgeError
     from sparkforge.recipe.profile import load_profile
@@ -142,6 +175,7 @@ def _memory_plan(path: Path, imported, device: str) -> None:
     from sparkforge.run.memory.guard import node_memory, plan_profile
     from sparkforge.run.memory.text import plan_lines
 
+    echo = session.out
     revision = imported.document.get("args", {}).get("revision")
     found = reachable_config(str(imported.document["model"]), revision, imported.name)
     if found is None:
@@ -154,35 +188,51 @@ def _memory_plan(path: Path, imported, device: str) -> None:
     try:
         plan = plan_profile(load_profile(path), None, node_memory(device), config=config)
     except SparkforgeError as exc:
-        warn(f"memory plan: not counted from {config} ({exc})")
+        session.warn(f"memory plan: not counted from {config} ({exc})")
         return
     echo(f"memory plan from {source} ({config}):")
     for line in plan_lines(plan):
         echo(line)
 
 
+@dataclass(frozen=True)
+class Pinning:
+    """What an exported recipe pins: the image (default: the recipe's candidate tag), with --realize its digest
+    and the model's hub commit, and whether it writes --trust-remote-code."""
+
+    image: str = ""
+    realize: bool = False
+    model_revision: str = ""
+    trust_remote_code: bool = False
+
+
+PINNING = Family.of(
+    Pinning,
+    "pinning",
+    image="image reference to write (default: the recipe's candidate tag)",
+    realize="pin the image by digest (registry, else the engine) and the model by its hub commit",
+    model_revision="the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
+    trust_remote_code="write --trust-remote-code into the recipe (never from a profile)",
+)
+
+
 @task(
+    families=(PINNING,),
     help={
         "profile": "serve profile name in profiles/ or a path",
         "recipe": "sparkforge recipe whose image serves it (its candidate tag unless --image)",
         "format": 'sparkarena (recipe_version 2) or eugr (recipe_version "1")',
-        "image": "image reference to write (default: the recipe's candidate tag)",
-        "realize": "pin the image by digest (registry, else the engine) and the model by its hub commit",
-        "model_revision": "the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
-        "trust_remote_code": "write --trust-remote-code into the recipe (never from a profile)",
         "out": "file to write (default: print it)",
-    }
+    },
 )
 @user_errors
 def export(
     c: Context,
+    session: Session,
+    pinning: Pinning,
     profile: str,
     recipe: str,
     format: str = "sparkarena",
-    image: str = "",
-    realize: bool = False,
-    model_revision: str = "",
-    trust_remote_code: bool = False,
     out: str = "",
 ) -> None:
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
@@ -196,6 +246,7 @@ def export(
         raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
     check_output(out, "--out")  # the boundary: before any registry or hub is asked
     loaded, prof = load_recipe(recipe), load_profile(profile)
+    image = pinning.image
     ref = (
         plan.check_reference("--image", image)
         if image
@@ -204,37 +255,30 @@ def export(
     text = export_community(
         prof,
         loaded,
-        format,
+        format,  # type: ignore[arg-type]
         ref,
-        realize=realize,
-        model_revision=model_revision,
-        trust_remote_code=trust_remote_code,
-    )  # type: ignore[arg-type]
+        realize=pinning.realize,
+        model_revision=pinning.model_revision,
+        trust_remote_code=pinning.trust_remote_code,
+    )
     if out:
         write_output(out, text, "--out")  # atomic; never through a planted link, never into a system folder
-        echo(f"wrote {out} ({format}; validated by importing it back)")
+        session.out(f"wrote {out} ({format}; validated by importing it back)")
     else:
-        echo(text.rstrip())
+        session.out(text.rstrip())
 
 
-def catalog(source: str, recipe: str, offline: bool, json_path: str) -> None:
+def catalog(session: Session, source: str, recipe: str, outputs: Outputs) -> None:
     """`recipes --catalog DIR|URL`: per community recipe, imports cleanly / needs attention / model class."""
-    import json
-
-    from sparkforge.boundary import check_output, write_output
     from sparkforge.preflight.catalog import catalog_refs, run_catalog
-    from sparkforge.preflight.fetch import make_fetcher
 
-    check_output(json_path, "--json")  # before any fetch
-    pinned = _pinned(recipe, offline)
-    fetcher = make_fetcher(offline=offline, timeout=15, retries=1)
-    hub = None if offline else make_fetcher(timeout=5, retries=0)
-    rows, seconds = run_catalog(catalog_refs(source, fetcher), pinned, fetcher, hub, echo)
+    pinned = _pinned(session, recipe)
+    fetcher = _fetcher(session, 15, 1)
+    rows, seconds = run_catalog(catalog_refs(source, fetcher), pinned, fetcher, _hub(session), session.echo)
     statuses = ("imports cleanly", "needs attention", "refused", "does not import")
     counts = {s: sum(r.status == s for r in rows) for s in statuses}
-    echo(
+    session.out(
         f"{len(rows)} recipe(s) against {pinned.subject} in {seconds:.1f} s: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
     )
-    if json_path:
-        write_output(json_path, json.dumps([r.to_dict() for r in rows], indent=2) + "\n", "--json")
+    outputs.write(session, [r.to_dict() for r in rows])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
@@ -19,12 +20,12 @@ from sparkforge.cli.launchflags import (
     PROFILE_HELP,
     RECIPE_HELP,
     SERVER,
-    flag_help,
-    launch_flags,
-    typed_options,
+    launch,
 )
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags, LaunchPlan
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags, LaunchPlan
 
 
 def conform_rows():
@@ -50,25 +51,42 @@ class ConformFlags:
 CONFORM = Family(
     "conform",
     (
-        Option("attach", "", "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)"),
-        Option("checks", "", LazyHelp(lambda: conform_rows().help_text("comma-separated rows to run (default: the profile's conform.checks, else all):"))),
-        Option("record", False, "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)"),
+        Option(
+            "attach",
+            "",
+            "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+        ),
+        Option(
+            "checks",
+            "",
+            LazyHelp(
+                lambda: conform_rows().help_text(
+                    "comma-separated rows to run (default: the profile's conform.checks, else all):"
+                )
+            ),
+        ),
+        Option(
+            "record",
+            False,
+            "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+        ),
         Option("golden", "", "the golden file (default: golden/<profile>.json)"),
         Option("json", "", "write the JSON report here"),
         Option("junit", "", "write JUnit XML here"),
         Option("health_timeout", Whole(1800), "seconds to wait for /health per server start"),
     ),
-)  # fmt: skip
+    "conforming",
+    ConformFlags,
+)
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
 
 @task(
-    families=(DRY,),
+    families=(DRY, launch(*CONFORM_LAUNCH), CONFORM),
     iterable=ITERABLE,
     help={
         "recipe": RECIPE_HELP,
         "profile": PROFILE_HELP,
-        **flag_help(*CONFORM_LAUNCH, CONFORM),
         "nodes": NODES.options[0].help
         + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
         "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "
@@ -76,8 +94,6 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
     },
 )
 @user_errors
-@typed_options(ConformFlags, "conforming", CONFORM)
-@launch_flags(*CONFORM_LAUNCH)
 def conform(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, conforming: ConformFlags
 ) -> None:

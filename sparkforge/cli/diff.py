@@ -9,7 +9,8 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.boundary import write_output
-from sparkforge.cli import echo, task, user_errors
+from sparkforge.cli import task, user_errors
+from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
@@ -39,10 +40,10 @@ def _side(option: str, side: str, recipes: list[str]) -> None:
         )
 
 
-def _write(path: str, text: str, option: str = "--json") -> None:
+def _write(session: Session, path: str, text: str, option: str = "--json") -> None:
     if path:
         write_output(path, text, option)  # the boundary: atomic, never through a symlink out of the project
-        echo(f"wrote {path}")
+        session.out(f"wrote {path}")
 
 
 @task(
@@ -55,7 +56,9 @@ def _write(path: str, text: str, option: str = "--json") -> None:
     },
 )
 @user_errors
-def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = None) -> None:
+def diff(
+    c: Context, session: Session, a: str, b: str, json: str = "", bench: list[str] | None = None
+) -> None:
     """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
     from sparkforge.boundary import check_output
     from sparkforge.errors import InputError, SparkforgeError
@@ -75,11 +78,11 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
         load_result(Path(path), "--bench")  # the bench reader: shape and finite figures, not only JSON
     # without --bench: the newest result of each image in the bench result store (invoke bench writes there)
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
-    report = run_diff(a, b, echo=echo, bench=paths)
-    echo(format_table(report))
+    report = run_diff(session, a, b, paths)
+    session.out(format_table(report))
     if json:
         report.write_json(Path(json))
-        echo(f"report: {json}")
+        session.out(f"report: {json}")
     if report.status != "passed":  # exit status follows the report
         raise SparkforgeError(
             f"diff failed ({', '.join(c.name for c in report.failed)}); see the table above"
@@ -95,7 +98,9 @@ def diff(c: Context, a: str, b: str, json: str = "", bench: list[str] | None = N
     }
 )
 @user_errors
-def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestations: bool = False) -> None:
+def history(
+    c: Context, session: Session, recipe: str, tag: str = "", json: str = "", no_attestations: bool = False
+) -> None:
     """The digests a moving tag has named, newest first, with dates, verify verdicts and kernel coverage."""
     import datetime as dt
 
@@ -104,7 +109,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.publish import session_tools
     from sparkforge.registry.releases import history_view, verdict_counts
 
     if tag:
@@ -120,7 +125,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
             f"--tag {tag!r} is not one of {loaded.name}'s moving tags ({', '.join(moving) or 'none'}): only a "
             "moving tag names several digests over time; fix: pass one of those, or leave --tag out"
         )
-    tools = tools_for(loaded, None, None, echo, "history")
+    tools = session_tools(session, loaded, "history")
     tags = [tag] if tag else moving
     views, missing = [], []
     for t in tags:  # without --tag, the moving tags that have a history
@@ -133,10 +138,10 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
     if not views:
         raise missing[0]
     for view in views:
-        echo(f"{view['repository']}:{view['tag']} (record {view['record']})")
+        session.out(f"{view['repository']}:{view['tag']} (record {view['record']})")
         for e in view["entries"]:
             mark = "*" if e["current"] else " "
-            echo(
+            session.out(
                 f" {mark} {e['date']}  {e['digest']}  {e['action']:8}  {e['recipe']} {e['recipe_hash'][:12]}"
             )
             for platform, p in e["platforms"].items():
@@ -152,11 +157,11 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
                 )
                 kernels = p.get("kernels") or {}
                 cover = verdict_counts(kernels)
-                echo(
+                session.out(
                     f"      {platform}: {gpu}; {claim if signed else 'no signed verify claim'}; "
                     f"kernels: {cover or 'no signed kernel report'}"
                 )
-    _write(json, _json.dumps(views if not tag else views[0], indent=2, sort_keys=True) + "\n")
+    _write(session, json, _json.dumps(views if not tag else views[0], indent=2, sort_keys=True) + "\n")
 
 
 @task(
@@ -182,6 +187,7 @@ def history(c: Context, recipe: str, tag: str = "", json: str = "", no_attestati
 @user_errors
 def kernels(
     c: Context,
+    session: Session,
     recipe: str,
     image: str = "",
     profile: str = "",
@@ -202,7 +208,7 @@ def kernels(
     from sparkforge.oci import check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.kernels_report import to_markdown
-    from sparkforge.verify.kernels_run import for_target, selection_input
+    from sparkforge.verify.kernels_run import KernelsQuery, for_target, selection_input
 
     if image and (Path(image).exists() or Path(image).is_symlink()):
         if not Path(image).is_dir():  # a wheel: a regular file (a FIFO would hang, /dev/zero fill memory)
@@ -216,7 +222,7 @@ def kernels(
         from sparkforge.registry.pulled import resolve
 
         found = resolve(loaded)  # the local build, else the digest pull verified
-        echo(f"sparkforge: image {found.image}: {found.why}")
+        session.echo(f"sparkforge: image {found.image}: {found.why}")
     ref = image or found.image
     checks = None
     if verify_report:
@@ -230,29 +236,20 @@ def kernels(
     if serve_log:
         log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
     ask = selection_input(profile, model_config, runner_image)
-    report = for_target(
-        ref,
-        gpu or loaded.model.gpu,
-        loaded.model.audit.require,
-        recipe=loaded.name,
-        verify_checks=checks,
-        ask=ask,
-        serve_log=log,
-        all_libraries=all_libraries,
-    )
+    query = KernelsQuery(loaded.name, checks, ask, log, all_libraries)
+    report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, query)
     data = report.to_dict()
     text = to_markdown(data)
-    echo(text)
-    _write(json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
-    _write(markdown, text, "--markdown")
+    session.out(text)
+    _write(session, json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _write(session, markdown, text, "--markdown")
     if attest:
-        from sparkforge.commands import Runner
         from sparkforge.registry.attest import attest_kernels
         from sparkforge.registry.cosign import Cosign, Signer
 
         signer = Signer.from_env(key)
-        signed = attest_kernels(loaded, ref, data, Cosign(Runner(echo=echo)), signer)
-        echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+        signed = attest_kernels(loaded, ref, data, Cosign(session.runner), signer)
+        session.echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
     if report.status != "passed":  # exit status follows the report (attested or not)
         raise SparkforgeError(
             f"kernels failed ({', '.join(c.name for c in report.failed)}); see the report above"

@@ -1,21 +1,19 @@
-"""The launch flags of `serve`, `conform`, `bench` (and `cluster.up`) declared once, in option families: a task
-body declares `flags: LaunchFlags` and names the families it takes (`@launch_flags(IMAGE, NODE, ...)`); Invoke
-is shown their options in its place, and the body gets one typed LaunchFlags (sparkforge/run/launchplan.py) built
-from their values (a flag the task lacks keeps LaunchFlags' default). Nothing is checked here: plan_task checks
-every flag once.
+"""The launch flags of `serve`, `conform`, `bench` (and `cluster.up`) declared once, in groups: a task names the
+groups it takes in one value family (`@task(families=(DRY, launch(IMAGE, NODE, ...)))`, cli/families.py) and its
+body declares `flags: LaunchFlags`: Invoke is shown the groups' options in its place, and the body gets one typed
+LaunchFlags (sparkforge/run/launchplan.py) built from their values. Nothing is checked here: plan_task checks every
+flag once.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
-from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkforge.cli import Whole
 from sparkforge.cli.families import Family, Option
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
@@ -28,10 +26,18 @@ FORCE_HELP = "start even when the memory plan says the profile does not fit (the
 IMAGE = Family(
     "image",
     (
-        Option("image", "", "image reference to run (default: the recipe's local build, else the digest 'invoke pull' verified)"),
-        Option("allow_unverified", False, "run an --image of a registry that 'invoke pull' did not verify (a loud warning)"),
+        Option(
+            "image",
+            "",
+            "image reference to run (default: the recipe's local build, else the digest 'invoke pull' verified)",
+        ),
+        Option(
+            "allow_unverified",
+            False,
+            "run an --image of a registry that 'invoke pull' did not verify (a loud warning)",
+        ),
     ),
-)  # fmt: skip
+)
 NODE = Family("node", (Option("node", "", "the engine to run on (default: the local one)"),))
 NODES = Family(
     "nodes",
@@ -44,71 +50,84 @@ NODES = Family(
 MOUNTS = Family(
     "mounts",
     (
-        Option("model_dir", "", "a directory holding the model (the same path on every node), mounted read-only; default: the HF cache"),
-        Option("hf_token_file", "", "file holding a Hugging Face token, mounted read-only (never on a command line or in docker inspect)"),
-        Option("cache_dir", "/var/cache/sparkforge", "host directory (on every node) for the HF, vLLM, FlashInfer and Triton caches"),
+        Option(
+            "model_dir",
+            "",
+            "a directory holding the model (the same path on every node), mounted read-only; default: the HF cache",
+        ),
+        Option(
+            "hf_token_file",
+            "",
+            "file holding a Hugging Face token, mounted read-only (never on a command line or in docker inspect)",
+        ),
+        Option(
+            "cache_dir",
+            "/var/cache/sparkforge",
+            "host directory (on every node) for the HF, vLLM, FlashInfer and Triton caches",
+        ),
     ),
-)  # fmt: skip
+)
 SERVER = Family(
     "server",
     (
         Option("port", Whole(8000), "the OpenAI API port on the head (default 8000)"),
-        Option("gpus", "all", "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)"),
-        Option("ulimit", None, "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable"),
-        Option("hf_endpoint", "", "the hub the download phase (and its token) talks to (default: your HF_ENDPOINT, else the Hugging Face hub; never a profile's)"),
-        Option("allow_unpinned_model", False, "serve a profile whose model has no pinned revision (args.revision, 40 hex): the hub's current files"),
+        Option(
+            "gpus",
+            "all",
+            "all (default) or none (no GPU: vLLM stops at device detection; for testing the launch)",
+        ),
+        Option(
+            "ulimit",
+            None,
+            "container ulimits instead of GB10's (memlock=-1, stack=67108864, nofile=1048576); repeatable",
+        ),
+        Option(
+            "hf_endpoint",
+            "",
+            "the hub the download phase (and its token) talks to (default: your HF_ENDPOINT, else the Hugging Face hub; never a profile's)",
+        ),
+        Option(
+            "allow_unpinned_model",
+            False,
+            "serve a profile whose model has no pinned revision (args.revision, 40 hex): the hub's current files",
+        ),
     ),
-)  # fmt: skip
+)
 START = Family(
     "start",
     (
-        Option("weights", "each", "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM"),
-        Option("trust_remote_code", False, "let vLLM run Python code from the model's repository (never from a profile; printed)"),
+        Option(
+            "weights",
+            "each",
+            "each (default): download the weights on every node before the health wait; shared: once, on the head, then streamed to the peers over the fabric link (resumable); skip: leave it to vLLM",
+        ),
+        Option(
+            "trust_remote_code",
+            False,
+            "let vLLM run Python code from the model's repository (never from a profile; printed)",
+        ),
         Option("no_preflight", False, "skip checking the profile's flags against the pinned vLLM"),
     ),
-)  # fmt: skip
+)
 FORCE = Family("force", (Option("force", False, FORCE_HELP),))
 ITERABLE = ["ulimit"]  # the repeatable launch flags (Invoke's `iterable=`)
 
 
-def launch_flags(*families: Family) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`fn(c, session, ..., flags: LaunchFlags)` as Invoke sees it: `flags` replaced by the families' options."""
-    return typed_options(LaunchFlags, "flags", *families)
+def launch(*groups: Family) -> Family:
+    """The value family of a launch task: the groups' options, the body's `flags` a LaunchFlags of their values
+    (a flag the task does not take keeps LaunchFlags' default)."""
+    return Family("launch", tuple(o for g in groups for o in g.options), "flags", _launch_flags)
 
 
-def typed_options(
-    kind: type, param: str, *families: Family
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`fn(..., <param>: kind)` as Invoke sees it: `param` replaced by the families' options (after the task's
-    own); the body gets one frozen `kind` built from their values (a field no family names keeps its default)."""
-    shared = [o for family in families for o in family.options]
-    names = {o.name for o in shared}
-    known = {f.name for f in fields(kind)}
-    if not names <= known:
-        raise TypeError(f"{sorted(names - known)} are no fields of {kind.__name__}")
+def _launch_flags(**given: Any) -> LaunchFlags:
+    """LaunchFlags, imported when a task runs (loading tasks.py imports no library module)."""
+    from sparkforge.run.launchplan import LaunchFlags
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-        own = [p for name, p in signature.parameters.items() if name != param]
-        extra = [
-            inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o.default)
-            for o in shared
-        ]
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            given = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
-            if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
-                given["ulimit"] = tuple(given["ulimit"] or ())
-            return fn(*args, **{param: kind(**given)}, **kwargs)
-
-        call.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
-        del call.__wrapped__  # Invoke reads __signature__; inspect must not unwrap to the body
-        return call
-
-    return wrap
+    if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
+        given["ulimit"] = tuple(given["ulimit"] or ())
+    return LaunchFlags(**given)
 
 
-def flag_help(*families: Family) -> dict[str, str]:
-    """The families' help lines, for a task's `help=`."""
-    return {o.name: o.help for family in families for o in family.options}
+def flag_help(*groups: Family) -> dict[str, str]:
+    """The groups' help lines, for a task's `help=`."""
+    return {o.name: o.help for group in groups for o in group.options}

@@ -1,156 +1,178 @@
-"""Invoke tasks for the registry side: push, publish, pull, ci.matrix. Thin: parse, call sparkforge.publish, print."""
+"""Invoke tasks for the registry side: push, publish, pull, images, ci.matrix. Thin: parse, call
+sparkforge.registry, print."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json as _json
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Context
 
-from sparkforge.cli import echo, session, task, user_errors
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Family, Outputs, PullChoice
+from sparkforge.context import Session
 from sparkforge.errors import PublishError
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
-DIGESTS_HELP = "directory of digest records written by 'invoke push' (default: build/digests)"
 
 
-def _write_json(path: str, data: object) -> None:
-    if path:
-        from sparkforge.boundary import write_output  # atomic, never through a symlink out of the project
+@dataclass(frozen=True)
+class Evidence:
+    """push's and publish's records: where the pushed digests are, and what may be published without its
+    evidence (no passed verify, loudly; a base the recipe does not pin, for test images)."""
 
-        write_output(path, _json.dumps(data, indent=2, sort_keys=True) + "\n", "--json")
-        echo(f"wrote {path}")
+    digests: str = ""
+    unverified: bool = False
+    allow_base_override: bool = False
+
+    @property
+    def digests_dir(self) -> Path:
+        from sparkforge.registry.pushed import DIGESTS_DIR
+
+        return Path(self.digests) if self.digests else DIGESTS_DIR
+
+
+EVIDENCE = Family.of(
+    Evidence,
+    "evidence",
+    digests="directory of digest records written by 'invoke push' (default: build/digests)",
+    unverified="publish digests that have no passed verify record (loudly warned; never moves tags)",
+    allow_base_override="publish images built on other base images than the recipe pins (test images)",
+)
+
+
+@dataclass(frozen=True)
+class TagMoves:
+    """publish's moves of tags: the {date} of the tags, the moving tags too, or only a promote or a rollback."""
+
+    date: str = ""
+    moving: bool = False
+    promote: str = ""
+    rollback: str = ""
+
+    @property
+    def when(self) -> dt.date | None:
+        """--date YYYYMMDD (None: today, UTC)."""
+        if not self.date:
+            return None
+        try:
+            return dt.datetime.strptime(self.date, "%Y%m%d").date()
+        except ValueError:
+            raise PublishError(f"--date {self.date!r}: use YYYYMMDD, e.g. 20261129") from None
+
+
+MOVES = Family.of(
+    TagMoves,
+    "moves",
+    date="date for {date} tags, YYYYMMDD (default: today, UTC)",
+    moving="also move the moving tags (only when every platform image is GPU-verified)",
+    promote="move the moving tags to this verified index digest (sha256:...) and do nothing else",
+    rollback="move this moving tag back to the previous GPU-verified index in its history, nothing else",
+)
 
 
 @task(
+    families=(PLATFORM, EVIDENCE),
     help={
         "recipe": RECIPE_HELP,
-        "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
         "image": "local image to push (default: the recipe's verified candidate for the platform)",
         "metadata_file": "record the digest from this BuildKit metadata file ('invoke build --push-by-digest')",
-        "digests": DIGESTS_HELP,
         "unverified": "push even though this image has no passed 'invoke verify' (loudly warned)",
         "allow_base_override": "push an image built on other base images than the recipe pins (test images)",
-    }
+    },
 )
 @user_errors
 def push(
     c: Context,
+    session: Session,
+    platform: str | None,
+    evidence: Evidence,
     recipe: str,
-    platform: str = "",
     image: str = "",
     metadata_file: str = "",
-    digests: str = "",
-    unverified: bool = False,
-    allow_base_override: bool = False,
 ) -> None:
     """Push one platform's image to the recipe's repository by digest and record it for 'invoke publish'."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
-    from sparkforge.registry.pushed import DIGESTS_DIR
 
-    _check_platform(platform)  # the boundary: before the engine or the registry
     if image:
         from sparkforge.oci import check_reference
 
         check_reference("--image", image)
     options = pub.PushOptions(
-        platform or None,
+        platform,
         image=image or None,
         metadata_file=Path(metadata_file) if metadata_file else None,
-        digests_dir=Path(digests) if digests else DIGESTS_DIR,
-        allow_unverified=unverified,
-        allow_base_override=allow_base_override,
+        digests_dir=evidence.digests_dir,
+        allow_unverified=evidence.unverified,
+        allow_base_override=evidence.allow_base_override,
     )
-    pub.push_image(session(stream=True), load_recipe(recipe), options)
+    pub.push_image(session, load_recipe(recipe), options)
 
 
 @task(
+    families=(DRY, JSON, EVIDENCE, MOVES),
     iterable=["digest"],
     help={
         "recipe": RECIPE_HELP,
-        "digests": DIGESTS_HELP,
         "digest": "PLATFORM=sha256:... for one platform (repeatable; overrides the records)",
-        "date": "date for {date} tags, YYYYMMDD (default: today, UTC)",
-        "moving": "also move the moving tags (only when every platform image is GPU-verified)",
-        "promote": "move the moving tags to this verified index digest (sha256:...) and do nothing else",
-        "rollback": "move this moving tag back to the previous GPU-verified index in its history, nothing else",
         "json": "write the result (index digest, tags) here",
         "dry": "read the registry, print what would be written, write nothing",
-        "unverified": "publish digests that have no passed verify record (loudly warned; never moves tags)",
-        "allow_base_override": "publish images built on other base images than the recipe pins (test images)",
     },
 )
 @user_errors
 def publish(
     c: Context,
+    session: Session,
+    outputs: Outputs,
+    evidence: Evidence,
+    moves: TagMoves,
     recipe: str,
-    digests: str = "",
     digest: list[str] | None = None,
-    date: str = "",
-    moving: bool = False,
-    promote: str = "",
-    rollback: str = "",
-    json: str = "",
-    dry: bool = False,
-    unverified: bool = False,
-    allow_base_override: bool = False,
 ) -> None:
     """Merge every platform's digest into one multi-arch index under the immutable tags (all or nothing)."""
-    from sparkforge.boundary import check_exclusive, check_output
-    from sparkforge.oci import check_digest, check_tag
+    from sparkforge.boundary import check_exclusive
+    from sparkforge.oci import check_digest, check_platform, check_tag
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import publish as pub
     from sparkforge.registry.cosign import plan_digest
-    from sparkforge.registry.pushed import DIGESTS_DIR, load_digests
+    from sparkforge.registry.pushed import load_digests
 
+    rollback, promote = moves.rollback, moves.promote
     check_exclusive(
-        rollback=rollback, promote=promote, digest=digest, moving=moving and (rollback or promote)
+        rollback=rollback, promote=promote, digest=digest, moving=moves.moving and (rollback or promote)
     )
     if rollback:
         check_tag("--rollback", rollback)  # the boundary: before the registry is contacted
-        check_exclusive(rollback=rollback, date=date, digests=digests, unverified=unverified)
+        check_exclusive(
+            rollback=rollback, date=moves.date, digests=evidence.digests, unverified=evidence.unverified
+        )
     if promote:
         check_digest("--promote", promote)
-    check_output(json, "--json")
     loaded = load_recipe(recipe)
-    when = None
-    if date:
-        try:
-            when = dt.datetime.strptime(date, "%Y%m%d").date()
-        except ValueError:
-            raise PublishError(f"--date {date!r}: use YYYYMMDD, e.g. 20261129") from None
-    one = session(stream=True, dry=dry)  # dry: every registry command printed, none run
+    when = moves.when
+    # with --dry the session's runner prints every registry command and runs none
     if rollback:
         from sparkforge.registry.rollback import roll_back
 
-        result = roll_back(one, loaded, rollback)
+        result = roll_back(session, loaded, rollback)
     elif promote:
-        result = pub.move_tags(one, loaded, promote, pub.PromoteOptions(when))
+        result = pub.move_tags(session, loaded, promote, pub.PromoteOptions(when))
     else:
-        found = load_digests(loaded, Path(digests) if digests else DIGESTS_DIR)
+        found = load_digests(loaded, evidence.digests_dir)
         for item in digest or []:
             platform, _, value = item.partition("=")
             if not value or not plan_digest(value):
                 raise PublishError(
                     f"--digest {item!r}: use PLATFORM=sha256:<64 lowercase hex digits>, e.g. linux/arm64=sha256:..."
                 )
-            _check_platform(platform, "--digest")
+            check_platform("--digest", platform)
             found[platform] = value
-        options = pub.PublishOptions(when, moving, unverified, allow_base_override)
-        result = pub.publish_index(one, loaded, found, options)
-    _write_json(json, result.to_json())
-
-
-def _check_platform(platform: str, option: str = "--platform") -> None:
-    """A platform from the command line: one of the table in sparkforge/oci.py (empty: the default)."""
-    from sparkforge import oci
-
-    if platform and platform not in oci.PLATFORMS:
-        raise PublishError(
-            f"{option} {platform[:80]!r} is not a platform sparkforge builds; fix: use one of {', '.join(oci.PLATFORMS)}"
-        )
+        options = pub.PublishOptions(when, moves.moving, evidence.unverified, evidence.allow_base_override)
+        result = pub.publish_index(session, loaded, found, options)
+    outputs.write(session, result.to_json())
 
 
 def _check_pull_tag(tag: str) -> None:
@@ -165,56 +187,55 @@ def _check_pull_tag(tag: str) -> None:
         )
 
 
-@task(help={"recipe": RECIPE_HELP, "json": "write the listing (JSON) here"})
+@task(families=(JSON,), help={"recipe": RECIPE_HELP, "json": "write the listing (JSON) here"})
 @user_errors
-def images(c: Context, recipe: str, json: str = "") -> None:
+def images(c: Context, session: Session, outputs: Outputs, recipe: str) -> None:
     """The published images of a recipe from its signed TUF metadata: tags, digests, verdicts, GPU claims, dates."""
-    from sparkforge.boundary import check_output
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import tagtrust, tufclient
 
-    check_output(json, "--json")
     loaded = load_recipe(recipe)
     state = tufclient.refresh(loaded.model.publish.repository, root_file=tufclient.root_file_of(loaded))
     rows = tagtrust.published(state)
-    echo(f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)")
+    session.out(
+        f"{loaded.model.publish.repository}: signed TUF targets v{state.version}, {len(rows)} move(s)"
+    )
     for row in rows:
         now = "now " if row["names_now"] else "was "
         images_ = ", ".join(f"{p} {d[:19]}" for p, d in sorted(row["platforms"].items()))
         claims = sum(len(c) for c in row["claims"].values())
-        echo(f"  {row['date'][:10]}  {now}{row['tag']:12} {row['index'][:19]}  {images_}  {row['verdict']}")
+        session.out(
+            f"  {row['date'][:10]}  {now}{row['tag']:12} {row['index'][:19]}  {images_}  {row['verdict']}"
+        )
         if claims:
-            echo(
+            session.out(
                 f"      {claims} signed GPU claim(s) pinned; pull: invoke pull --recipe {recipe} --tag {row['tag']}"
             )
-    _write_json(
-        json, {"repository": loaded.model.publish.repository, "version": state.version, "images": rows}
+    outputs.write(
+        session, {"repository": loaded.model.publish.repository, "version": state.version, "images": rows}
     )
 
 
 @task(
+    families=(PULL, JSON),
     help={
         "recipe": RECIPE_HELP,
         "tag": "tag or sha256:DIGEST to pull (default: the recipe's first tag without {date})",
         "digest": "pull this earlier release (index or image sha256:...; 'invoke history' lists them), verified",
         "platform": "linux/arm64 or linux/amd64 (default: this machine's)",
-        "allow_drift": "accept an image whose labels differ from the recipe, with a warning",
-        "allow_unsigned": "accept an image without a valid signature, LOUDLY (never for moving tags)",
         "allow_unverified": "take an image without a signed GPU-verified claim for the platform (any path), LOUDLY: prints what is missing",
         "json": "write what was pulled (local image reference, drift) here",
-    }
+    },
 )
 @user_errors
 def pull(
     c: Context,
+    session: Session,
+    pulling: PullChoice,
+    outputs: Outputs,
     recipe: str,
     tag: str = "",
     digest: str = "",
-    platform: str = "",
-    allow_drift: bool = False,
-    allow_unsigned: bool = False,  # signing hook
-    json: str = "",
-    allow_unverified: bool = False,
 ) -> None:
     """Pull the recipe's published image and check its labels against the recipe's hash and pins.
 
@@ -224,11 +245,7 @@ def pull(
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.pull import PullOptions, pull_image
 
-    _check_platform(platform)  # before the engine or the registry is contacted
-    _check_pull_tag(tag)
-    from sparkforge.boundary import check_output
-
-    check_output(json, "--json")
+    _check_pull_tag(tag)  # before the engine or the registry is contacted
     if digest and (tag or not digest.startswith("sha256:") or len(digest) != 71):
         raise PublishError(
             f"--digest {digest!r}: pass one sha256:<64 hex> digest and no --tag; fix: copy it from 'invoke history "
@@ -236,16 +253,20 @@ def pull(
         )
     loaded = load_recipe(recipe)
     options = PullOptions(
-        digest or tag or None, platform or None, allow_drift, allow_unsigned, allow_unverified
+        digest or tag or None,
+        pulling.platform,
+        pulling.allow_drift,
+        pulling.allow_unsigned,
+        pulling.allow_unverified,
     )
-    result = pull_image(session(stream=True), loaded, options)
-    echo(f"image: {result.image}")
+    result = pull_image(session, loaded, options)
+    session.out(f"image: {result.image}")
     from sparkforge.registry import releases
 
-    release = releases.pulled(loaded, result.image, result.reference if digest else "")
+    release = releases.pulled(session, loaded, result.image, result.reference if digest else "")
     for line in release["lines"]:
-        echo(line)
-    _write_json(json, {**result.to_json(), "release": release})
+        session.out(line)
+    outputs.write(session, {**result.to_json(), "release": release})
 
 
 @task(
@@ -256,7 +277,7 @@ def pull(
     },
 )
 @user_errors
-def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = "") -> None:
+def ci_matrix(c: Context, session: Session, recipe: list[str] | None = None, github_output: str = "") -> None:
     """The GitHub Actions build matrix (recipe x platform, runner, qemu, cache) as JSON."""
     import os
 
@@ -267,7 +288,7 @@ def ci_matrix(c: Context, recipe: list[str] | None = None, github_output: str = 
     recipes = [load_recipe(name) for name in names]
     ref = os.environ.get("GITHUB_REF") or "refs/heads/main"  # the run's ref decides which cache it may write
     entries = {"include": matrix(recipes, ref)}
-    echo(_json.dumps(entries, sort_keys=True))
+    session.out(_json.dumps(entries, sort_keys=True))
     if github_output:
         with Path(github_output).open("a") as out:
             out.write(f"matrix={_json.dumps(entries, sort_keys=True)}\n")

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, finish_report, task, user_errors
+from sparkforge.cli import finish_report, task, user_errors
+from sparkforge.cli.families import NETWORK
+from sparkforge.context import Session
 
 
 @task(
+    families=(NETWORK,),
     help={
         "check": "rebuild IMAGE and compare config and layer digests (the only mode)",
         "recipe": "the recipe file the image was built from, when it is not among the checkout's recipes",
         "network": "BuildKit --network for the rebuild's RUN steps (e.g. host on an engine without a bridge)",
-        "ca_bundle": "PEM bundle for a TLS-intercepting proxy (default: $SPARKFORGE_CA_BUNDLE)",
         "keep": "keep the rebuilt image (tagged sparkforge-rebuild/<recipe>:check-<id>)",
         "allow_template_drift": "rebuild even when this checkout's templates differ from the image's revision",
         "keep_cache_mounts": "do not prune BuildKit's cache mounts (ccache, pip) first: a pass then does not "
         "prove that a cold build matches",
         "json": "write the JSON report here",
-    }
+    },
 )
 @user_errors
 def rebuild(
     c: Context,
+    session: Session,
     check: str = "",
     recipe: str = "",
     network: str = "",
-    ca_bundle: str = "",
     keep: bool = False,
     allow_template_drift: bool = False,
     keep_cache_mounts: bool = False,
@@ -47,22 +47,21 @@ def rebuild(
     check_reference("--check", check)  # the boundary: before any engine or registry call
     check_output(json, "--json")
     check_build_network("--network", network)
-    if ca_bundle:
-        check_pem(ca_bundle, "--ca-bundle")
+    if session.ca_bundle:
+        check_pem(str(session.ca_bundle), "--ca-bundle")
     if recipe:
         load_recipe(recipe)  # the whole recipe checked now, not after the image was pulled
     report = rebuild_check(
+        session,
         RebuildOptions(
             image=check,
             recipe=recipe or None,
             network=network or None,
-            ca_bundle=Path(ca_bundle) if ca_bundle else None,
             keep=keep,
             allow_template_drift=allow_template_drift,
             keep_cache_mounts=keep_cache_mounts,
         ),
-        echo,
     )
     for line in difference_lines(report):
-        echo(line)
+        session.out(line)
     finish_report(report, json, hint="the rebuild is not identical: see the files above")

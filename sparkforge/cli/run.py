@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Collection, Context
 
@@ -25,12 +25,32 @@ from sparkforge.cli.launchflags import (
     SERVER,
     START,
     flag_help,
-    launch_flags,
-    typed_options,
+    launch,
 )
-from sparkforge.cli.memory import FLOOR_HELP, WATCHDOG_HELP, watchdog_options
 from sparkforge.context import Session
-from sparkforge.run.launchplan import LaunchFlags
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
+
+
+WATCHDOG_HELP = (
+    "auto (default: on for a GB10 recipe with --gpus all), on or off: while serving, stop the server cleanly "
+    "before the host runs out of memory (serve then stays in the foreground; Ctrl-C leaves the server running)"
+)
+FLOOR_HELP = (
+    "the watchdog stops the server when the node's MemAvailable falls below this many GiB (default 4)"
+)
+
+
+def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
+    """--watchdog and --watchdog-floor checked before anything is contacted: (mode, floor in bytes)."""
+    from sparkforge.boundary import check_number
+    from sparkforge.run.inputs import check_choice
+
+    check_choice("--watchdog", mode, ("auto", "on", "off"))
+    return mode, int(
+        float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
+    )
 
 
 @dataclass(frozen=True)
@@ -47,22 +67,26 @@ SERVE = Family(
     "serve",
     (
         Option("no_chat", False, "skip the chat completion"),
-        Option("down_on_fail", False, "remove the deployment when the answer check fails (default: keep the healthy deployment)"),
+        Option(
+            "down_on_fail",
+            False,
+            "remove the deployment when the answer check fails (default: keep the healthy deployment)",
+        ),
         Option("watchdog", "auto", WATCHDOG_HELP),
         Option("watchdog_floor", 4.0, FLOOR_HELP),
     ),
-)  # fmt: skip
+    "serving",
+    ServeFlags,
+)
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
 
 @task(
-    families=(NETWORK, DRY),
+    families=(NETWORK, DRY, launch(*SERVE_LAUNCH), SERVE),
     iterable=ITERABLE,
-    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP, **flag_help(*SERVE_LAUNCH, SERVE)},
+    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP},
 )
 @user_errors
-@typed_options(ServeFlags, "serving", SERVE)
-@launch_flags(*SERVE_LAUNCH)
 def serve(
     c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, serving: ServeFlags
 ) -> None:
@@ -86,7 +110,7 @@ def serve_down(c: Context, session: Session, node: str = "", profile: str = "") 
     """Stop and remove what `serve` started on this node."""
     import os
 
-    from sparkforge.run.launchplan import plan_nodes
+    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
     from sparkforge.run.nodes import NodeEngine
     from sparkforge.run.serve.serve import serve_down as down
 
@@ -117,7 +141,7 @@ COMMON_HELP = {
 def image_ref(recipe: str, image: str, allow_unverified: bool = False, dry: bool = False) -> str:
     """The image a node task runs, through the one resolver (registry/pulled.py), said with the reason."""
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.launchplan import resolve_image
+    from sparkforge.run.launchplan import LaunchFlags, resolve_image
 
     if image:
         from sparkforge.recipe import plan
@@ -155,7 +179,7 @@ def node_engines(nodes: str) -> list:
     """Every node checked (and plain tcp:// warned) before any engine is contacted."""
     import os
 
-    from sparkforge.run.launchplan import plan_nodes
+    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
     from sparkforge.run.nodes import NodeEngine
 
     parsed, said = plan_nodes(LaunchFlags(nodes=nodes), os.environ)
@@ -166,41 +190,29 @@ def node_engines(nodes: str) -> list:
 
 @dataclass(frozen=True)
 class NodeFlags:
-    """The flags cli/cluster.py's tasks share, by name (`NodeFlags.of(image, locals())`); LaunchFlags is their
-    typed form for a LaunchPlan."""
+    """cli/cluster.py's flags by name (`NodeFlags.of(image, locals())`) until cluster.up makes a LaunchPlan: the
+    image and the LaunchFlags its parameters name; a flag the task does not have keeps LaunchFlags' default."""
 
-    image: str  # the image reference (image_ref: --image, else the recipe's candidate)
-    port: int = 8000
-    master_port: int = 29501
-    backend: str = "mp"
-    gpus: str = "all"
-    model_dir: str = ""
-    hf_token_file: str = ""
-    cache_dir: str = ""
-    interface: str = ""
-    ulimit: tuple[str, ...] = ()
-    trust_remote_code: bool = False
-    weights: str = "each"
-    hf_endpoint: str = ""
-    allow_unpinned_model: bool = False
+    image: str
+    flags: LaunchFlags
 
     @classmethod
     def of(cls, image: str, options: Mapping[str, Any]) -> NodeFlags:
-        """The flags a task was given, by name; a flag the task does not have keeps its default."""
-        given = {f.name: options[f.name] for f in fields(cls) if f.name != "image" and f.name in options}
+        from sparkforge.run.launchplan import LaunchFlags
+
+        given = {
+            f.name: options[f.name] for f in fields(LaunchFlags) if f.name != "image" and f.name in options
+        }
         if "ulimit" in given:
             given["ulimit"] = tuple(given["ulimit"] or ())
-        return cls(image, **given)
-
-    def launch_flags(self) -> LaunchFlags:
-        return LaunchFlags(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "image"})
+        return cls(image, LaunchFlags(**given))
 
 
 def doctor_options(flags: NodeFlags, sanity: bool = True):
     """The doctor's options from the flags, each checked (interface, port, --gpus, paths made absolute)."""
     from sparkforge.run import launchplan
 
-    return launchplan.doctor_options(flags.image, flags.launch_flags(), sanity)
+    return launchplan.doctor_options(flags.image, flags.flags, sanity)
 
 
 def launch_options(flags: NodeFlags):
@@ -209,7 +221,7 @@ def launch_options(flags: NodeFlags):
 
     from sparkforge.run import launchplan
 
-    options = launchplan.launch_options(flags.image, flags.launch_flags(), os.environ)
-    for line in launchplan.flag_warnings(flags.launch_flags()):
+    options = launchplan.launch_options(flags.image, flags.flags, os.environ)
+    for line in launchplan.flag_warnings(flags.flags):
         warn(line)
     return options

@@ -3,17 +3,16 @@ sign.tuf-timestamp (re-sign the TUF snapshot and timestamp), sign.install."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import echo, task, user_errors
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import SIGNING, Family, Signing
+from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
-KEY_HELP = (
-    "cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI job's "
-    "OIDC identity). The key's password comes from $COSIGN_PASSWORD"
-)
 
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -26,22 +25,15 @@ def _read_json(path: str, what: str) -> dict:
     return read_json(path, f"the {what} file", max_bytes=MAX_JSON_BYTES)
 
 
-def _tools(key: str):
-    from sparkforge.commands import Runner
-    from sparkforge.registry.cosign import Cosign, Signer
-
-    return Cosign(Runner(echo=echo)), Signer.from_env(key)
-
-
 @task(
+    families=(SIGNING,),
     help={
         "recipe": RECIPE_HELP,
         "published": "the JSON 'invoke publish --json' wrote (index digest and one digest per platform)",
-        "key": KEY_HELP,
-    }
+    },
 )
 @user_errors
-def images(c: Context, recipe: str, published: str, key: str = "") -> None:
+def images(c: Context, session: Session, signing: Signing, recipe: str, published: str) -> None:
     """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import sign_published
@@ -49,10 +41,10 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
 
     loaded = load_recipe(recipe)
     index, platforms = parse_published(_read_json(published, "'invoke publish --json'"), published)
-    cosign, signer = _tools(key)
-    echo(f"sparkforge: signing {loaded.model.publish.repository}@{index} with {signer.describe()}")
+    cosign, signer = signing.tools(session)
+    session.echo(f"sparkforge: signing {loaded.model.publish.repository}@{index} with {signer.describe()}")
     for signed in sign_published(loaded, index, platforms, cosign, signer):
-        echo(f"sparkforge: signed {signed.reference} ({signed.what})")
+        session.out(f"sparkforge: signed {signed.reference} ({signed.what})")
 
 
 def _decided(loaded, tools, published: str, platform: str, image: str) -> str:
@@ -73,30 +65,45 @@ def _decided(loaded, tools, published: str, platform: str, image: str) -> str:
     return derived
 
 
-@task(
-    help={
-        "recipe": RECIPE_HELP,
-        "image": "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
-        "published": "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the "
-        "registry (the sign job decides what it signs); with --image, they must agree",
-        "report": "the verify report ('invoke verify --report')",
-        "key": KEY_HELP,
-        "crashed": "verify crashed and wrote no report: attest a failed report carrying this error instead",
-        "kernels": "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
-        "platform": "the platform of the image (default: linux/arm64, the GPU job's)",
-    }
+@dataclass(frozen=True)
+class Claim:
+    """What sign.attest attests (exactly one): a verify report, a crash of verify, or a kernel report."""
+
+    report: str = ""
+    crashed: str = ""
+    kernels: str = ""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The platform image sign.attest attests: --image, or derived from --published (the merge job's record;
+    with --image, they must agree), and its platform."""
+
+    image: str = ""
+    published: str = ""
+    platform: str = "linux/arm64"
+
+
+CLAIM = Family.of(
+    Claim,
+    "claim",
+    report="the verify report ('invoke verify --report')",
+    crashed="verify crashed and wrote no report: attest a failed report carrying this error instead",
+    kernels="a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
 )
+SUBJECT = Family.of(
+    Subject,
+    "subject",
+    image="the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
+    published="PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry (the sign job decides what it signs); with --image, they must agree",
+    platform="the platform of the image (default: linux/arm64, the GPU job's)",
+)
+
+
+@task(families=(SIGNING, CLAIM, SUBJECT), help={"recipe": RECIPE_HELP})
 @user_errors
 def attest(
-    c: Context,
-    recipe: str,
-    image: str = "",
-    report: str = "",
-    key: str = "",
-    crashed: str = "",
-    platform: str = "linux/arm64",
-    kernels: str = "",
-    published: str = "",
+    c: Context, session: Session, signing: Signing, claim: Claim, subject: Subject, recipe: str
 ) -> None:
     """Attach a signed in-toto attestation of a verify report to the platform image it verified.
 
@@ -104,56 +111,53 @@ def attest(
     and every moving tag naming it leaves them; with --crashed, a minimal failed report with the error is attested (a crash revokes too).
     """
     from sparkforge.errors import SparkforgeError
-    from sparkforge.oci import check_reference
+    from sparkforge.oci import PLATFORMS, check_reference
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry import tagtrust
-    from sparkforge.registry.attest import attest_report
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.attest import attest_kernels, attest_report
+    from sparkforge.registry.publish import session_tools
     from sparkforge.registry.signinputs import check_subject, parse_verify_report
 
+    image, published, platform = subject.image, subject.published, subject.platform
     if image:
         check_reference("--image", image, need_digest=True)  # the boundary: before cosign or the registry
     elif not published:
         raise SparkforgeError("pass --published (the merge job's record) or --image REPOSITORY@sha256:...")
-    if sum(map(bool, (report, crashed, kernels))) != 1:
+    if sum(map(bool, (claim.report, claim.crashed, claim.kernels))) != 1:
         raise SparkforgeError(
             "pass one of --report (the verify report), --crashed ERROR (verify wrote none) or --kernels (a "
             "kernel report)"
         )
-    if kernels:
-        from sparkforge.registry.attest import attest_kernels
-
-        loaded = load_recipe(recipe)
-        data = _read_json(kernels, "'invoke kernels --json'")  # the image ID binding is checked on attest
-        cosign, signer = _tools(key)
-        tools = tools_for(loaded, cosign.runner, None, echo, "attest")
-        image = _decided(loaded, tools, published, platform, image)
-        signed = attest_kernels(loaded, image, data, cosign, signer, tools)
-        echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-        return
-    from sparkforge.oci import PLATFORMS
-
-    if platform not in PLATFORMS:
+    if not claim.kernels and platform not in PLATFORMS:
         raise SparkforgeError(f"--platform {platform[:80]!r}: use one of {', '.join(PLATFORMS)}")
     loaded = load_recipe(recipe)
-    if report:
-        data = parse_verify_report(_read_json(report, "'invoke verify --report'"), report)  # before cosign
-    cosign, signer = _tools(key)
-    tools = tools_for(loaded, cosign.runner, None, echo, "attest")
+    if claim.kernels:
+        data = _read_json(
+            claim.kernels, "'invoke kernels --json'"
+        )  # the image ID binding is checked on attest
+    elif claim.report:
+        data = parse_verify_report(
+            _read_json(claim.report, "'invoke verify --report'"), claim.report
+        )  # before cosign
+    cosign, signer = signing.tools(session)
+    tools = session_tools(session, loaded, "attest")
     image = _decided(loaded, tools, published, platform, image)
-    if published and report:
-        check_subject(data, image, report)
-    if crashed:
-        data = tagtrust.crashed_report(loaded, image, platform, crashed, tools)
-    signed = attest_report(loaded, image, data, cosign, signer, tools)
-    echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
-    for tag in tagtrust.revoke_failed(loaded, image, data, tools):
-        echo(f"sparkforge: revoked {image} in the signed TUF targets; {tag} no longer names it")
+    if claim.kernels:
+        signed = attest_kernels(loaded, image, data, cosign, signer, tools)
+    else:
+        if published and claim.report:
+            check_subject(data, image, claim.report)
+        if claim.crashed:
+            data = tagtrust.crashed_report(loaded, image, platform, claim.crashed, tools)
+        signed = attest_report(loaded, image, data, cosign, signer, tools)
+    session.out(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
+    for tag in [] if claim.kernels else tagtrust.revoke_failed(loaded, image, data, tools):
+        session.out(f"sparkforge: revoked {image} in the signed TUF targets; {tag} no longer names it")
 
 
 @task(help={"workdir": "where the .deb and a private apt state go (default: build/cosign)"})
 @user_errors
-def install(c: Context, workdir: str = "") -> None:
+def install(c: Context, session: Session, workdir: str = "") -> None:
     """Install cosign from Debian trixie's archive (the .deb only; the system is not upgraded). Idempotent."""
     import shutil
 
@@ -163,12 +167,15 @@ def install(c: Context, workdir: str = "") -> None:
     from sparkforge.registry.cosigninstall import install_cosign
 
     if shutil.which("cosign"):
-        echo(f"sparkforge: cosign already installed ({shutil.which('cosign')})")
+        session.out(f"sparkforge: cosign already installed ({shutil.which('cosign')})")
         return
     folder = Path(workdir) if workdir else REPO_ROOT / "build" / "cosign"
     folder.mkdir(parents=True, exist_ok=True)
-    version = install_cosign(Runner(echo=echo, log_dir=folder / "logs"), debian_mirror(), folder)
-    echo(next((ln for ln in version.splitlines() if ln.startswith("GitVersion")), "cosign installed"))
+    logged = session.with_runner(
+        Runner(log_dir=folder / "logs", echo=session.echo)
+    )  # the .deb's own log folder
+    version = install_cosign(logged, debian_mirror(), folder)
+    session.out(next((ln for ln in version.splitlines() if ln.startswith("GitVersion")), "cosign installed"))
 
 
 @task(
@@ -176,7 +183,7 @@ def install(c: Context, workdir: str = "") -> None:
     iterable=["recipe"],
 )
 @user_errors
-def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
+def tuf_timestamp(c: Context, session: Session, recipe: list[str] | None = None) -> None:
     """Re-sign the TUF snapshot and timestamp of each signing recipe's repository (daily; they expire).
 
     Signs with $SPARKFORGE_TUF_SIGNER (docs/trust.md); refuses, like every TUF write, a registry that serves
@@ -194,12 +201,12 @@ def tuf_timestamp(c: Context, recipe: list[str] | None = None) -> None:
     repositories = sorted(signing)
     for repository in repositories:
         resign_timestamp(repository, root_file=root_file_of(signing[repository]))
-        echo(
+        session.out(
             f"sparkforge: re-signed the TUF metadata of {repository} from the committed metadata; commit and push "
             f"{committed_dir(repository)} (git is the source of truth)"
         )
     if not repositories:
-        echo("sparkforge: no signing recipe: nothing to re-sign")
+        session.out("sparkforge: no signing recipe: nothing to re-sign")
 
 
 ns = Collection("sign")

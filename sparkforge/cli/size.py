@@ -7,8 +7,9 @@ from pathlib import Path
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import Whole, echo, task, user_errors
+from sparkforge.cli import Whole, task, user_errors
 from sparkforge.console import cell
+from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
@@ -26,7 +27,9 @@ def _gb(size: int) -> str:
     }
 )
 @user_errors
-def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int = Whole(15)) -> None:
+def size(
+    c: Context, session: Session, image: str = "", recipe: str = "", json: str = "", top: int = Whole(15)
+) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
     from sparkforge.boundary import check_number, check_output
     from sparkforge.oci import check_reference
@@ -45,25 +48,25 @@ def size(c: Context, image: str = "", recipe: str = "", json: str = "", top: int
         image = plan.candidate_tag(loaded, loaded.model.platforms[0])
     report = size_report(image, top=top)
     data = report.extra["size"]
-    echo(
+    session.out(
         f"{image}: {_gb(data['image_bytes'])} ({data['files']} files; {_gb(data['hidden_bytes'])} hidden by later layers)"
     )
     for layer in data["layers"]:
-        echo(f"  layer {layer['index']:2} {_gb(layer['bytes'])}  {(layer['created_by'] or '?')[:90]}")
-    echo("largest packages:")
+        session.out(f"  layer {layer['index']:2} {_gb(layer['bytes'])}  {(layer['created_by'] or '?')[:90]}")
+    session.out("largest packages:")
     for item in data["packages"][:top]:
-        echo(f"  {_gb(item['bytes'])}  {cell(item['name'])}")
-    echo("largest files:")
+        session.out(f"  {_gb(item['bytes'])}  {cell(item['name'])}")
+    session.out("largest files:")
     for item in data["largest_files"][:top]:
-        echo(f"  {_gb(item['bytes'])}  {cell(item['path'])}")  # an image's file name: escaped
+        session.out(f"  {_gb(item['bytes'])}  {cell(item['path'])}")  # an image's file name: escaped
     for dup in data["duplicates"][:top]:
-        echo(
+        session.out(
             f"  twice{' (CUDA)' if dup['cuda'] else ''}: {dup['name']} {dup['wasted_bytes'] / 1e6:.1f} MB at {len(dup['paths'])} paths"
         )
     check = report.checks[0]
-    echo(f"{check.name}: {check.status.upper()} - {check.reason}")
+    session.out(f"{check.name}: {check.status.upper()} - {check.reason}")
     if json:
         report.write_json(Path(json))
-        echo(f"report: {json}")
+        session.out(f"report: {json}")
     if report.status != "passed":
         raise Exit(f"sparkforge: size: {check.reason}", code=1)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
 from sparkforge.errors import SparkforgeError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Check
+
+if TYPE_CHECKING:
+    from sparkforge.context import Session
 
 # The files that make a build context: templates and in-image scripts, the suite copied into the image, the
 # renderer, the plan (labels, bases, lock) and BuildKit's argv.
@@ -40,36 +43,36 @@ class TemplateDrift(SparkforgeError):
     """The checkout's templates are not the ones the image was built from."""
 
 
-def _git(runner: Runner, root: Path, *args: str) -> tuple[int, str]:
-    result = runner.capture(Command.of("git", "-C", str(root), *args), "git", check=False)
+def _git(session: Session, root: Path, *args: str) -> tuple[int, str]:
+    result = session.runner.capture(Command.of("git", "-C", str(root), *args), "git", check=False)
     return result.returncode, result.output.strip()
 
 
 def changed_template_files(
-    revision: str, runner: Runner, root: Path = REPO_ROOT, paths: Sequence[str] = TEMPLATE_PATHS
+    session: Session, revision: str, root: Path = REPO_ROOT, paths: Sequence[str] = TEMPLATE_PATHS
 ) -> tuple[str, list[str] | None]:
     """(HEAD, the template files HEAD changed since `revision`); None when this checkout does not hold
     `revision` (another fork, or a shallow clone). Uncommitted changes are not read here: the image's revision
     cannot say whether its own tree had any; a changed step is named after the rebuild (steps_check)."""
-    code, head = _git(runner, root, "rev-parse", "HEAD")
+    code, head = _git(session, root, "rev-parse", "HEAD")
     head = head if code == 0 else "unknown"
-    if _git(runner, root, "cat-file", "-e", f"{revision}^{{commit}}")[0] != 0:
+    if _git(session, root, "cat-file", "-e", f"{revision}^{{commit}}")[0] != 0:
         return head, None
-    code, out = _git(runner, root, "diff", "--name-only", revision, "HEAD", "--", *paths)
+    code, out = _git(session, root, "diff", "--name-only", revision, "HEAD", "--", *paths)
     return head, (sorted(set(out.splitlines()) - {""}) if code == 0 else None)
 
 
 def template_check(
+    session: Session,
     revision: str | None,
     allow: bool,
-    runner: Runner,
     root: Path = REPO_ROOT,
     paths: Sequence[str] = TEMPLATE_PATHS,
 ) -> Check:
     """The image's revision against this checkout; TemplateDrift (unless `allow`) when its template files differ."""
     if not revision or revision == "unknown":
         return Check("template", "skipped", "the image records no sparkforge revision to compare with")
-    head, changed = changed_template_files(revision, runner, root, paths)
+    head, changed = changed_template_files(session, revision, root, paths)
     details: dict[str, Any] = {"revision": revision, "head": head, "changed": changed}
     if changed == []:
         same = "the same revision" if head == revision else f"HEAD {head[:12]}"

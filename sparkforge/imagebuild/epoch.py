@@ -13,12 +13,15 @@ import datetime as dt
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sparkforge import engine
-from sparkforge.commands import Runner
 from sparkforge.errors import EngineError, SparkforgeError
 from sparkforge.recipe.loader import Recipe
 from sparkforge.recipe.plan import Bases
+
+if TYPE_CHECKING:
+    from sparkforge.context import Session
 
 ENV = "SOURCE_DATE_EPOCH"
 
@@ -54,21 +57,20 @@ def parse_created(value: str) -> int:
     return int(dt.datetime.fromisoformat(text).timestamp())
 
 
-def source_date_epoch(base_images: Sequence[str], created_of: Callable[[str], str] | None = None) -> Epoch:
+def source_date_epoch(base_images: Sequence[str], created_of: Callable[[str], str]) -> Epoch:
     """The build's epoch: $SOURCE_DATE_EPOCH, else the newest `created` of the stages' pinned base images."""
     if os.environ.get(ENV):
         return Epoch(parse_epoch(os.environ[ENV], "the environment"), f"${ENV}")
-    created_of = created_of or _engine_created
     times = {ref: parse_created(created_of(ref)) for ref in dict.fromkeys(base_images)}
     newest = max(times, key=lambda ref: times[ref])
     return Epoch(times[newest], f"created time of base image {newest}")
 
 
-def for_build(recipe: Recipe, bases: Bases, *, dry: bool = False) -> Epoch:
+def for_build(session: Session, recipe: Recipe, bases: Bases) -> Epoch:
     """The epoch of one build of `recipe` on `bases` (a source build has two base images; --dry reads none)."""
-    if dry and not os.environ.get(ENV):
+    if session.runner.dry and not os.environ.get(ENV):
         return Epoch(0, "--dry: base images not read")
-    return source_date_epoch(epoch_bases(recipe, bases))
+    return source_date_epoch(epoch_bases(recipe, bases), lambda ref: _engine_created(session, ref))
 
 
 def epoch_bases(recipe: Recipe, bases: Bases) -> list[str]:
@@ -77,11 +79,11 @@ def epoch_bases(recipe: Recipe, bases: Bases) -> list[str]:
     return [bases.builder, bases.runtime] if git else [bases.runtime]
 
 
-def _engine_created(ref: str) -> str:
+def _engine_created(session: Session, ref: str) -> str:
     """A base image's `created`, as the engine holds it (a base BuildKit has to pull is pulled first)."""
     if not engine.image_exists(ref):
         try:
-            engine.run_cli(Runner(stream=False), engine.detect_engine(), "pull-base", "pull", ref)
+            engine.run_cli(session.runner, session.container_engine, "pull-base", "pull", ref)
         except EngineError as exc:
             raise EngineError(
                 f"base image {ref} is not in the engine and its pull failed ({str(exc).splitlines()[-1][:160]}); "

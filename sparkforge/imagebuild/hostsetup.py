@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import EngineError
 
 DOCKER_LOG = Path("/var/log/sparkforge-dockerd.log")
@@ -32,11 +33,11 @@ def base_inputs(platform: str, suite: str = DEFAULT_SUITE) -> str:
     return hashlib.sha256(made.encode()).hexdigest()[:16]
 
 
-def _base_label(runner: Runner, name: str) -> str | None:
+def _base_label(session: Session, name: str) -> str | None:
     """The inputs label of the engine's image `name` ("" when it has none), or None when there is no such image."""
     template = f'{{{{ index .Config.Labels "{BASE_INPUTS_LABEL}" }}}}'
     inspect = Command.of(engine.docker_cli(), "image", "inspect", "--format", template, name)
-    found = runner.capture(inspect, "image-inspect", check=False)
+    found = session.runner.capture(inspect, "image-inspect", check=False)
     if found.returncode != 0:
         return None
     label = found.output.strip()
@@ -49,28 +50,28 @@ class SetupStep:
     done: str
 
 
-def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[SetupStep]:
+def engine_up(session: Session, *, qemu: bool = False, wait_s: int = 60) -> list[SetupStep]:
     """Install and start Docker if none runs (Debian-like hosts); register qemu for arm64 when asked."""
     steps: list[SetupStep] = []
-    if not engine.daemon_ready(runner):
+    if not engine.daemon_ready(session.runner):
         if not shutil.which("dockerd"):
             if not shutil.which("apt-get"):
                 raise EngineError(
                     "no Docker engine and no apt-get to install one; fix: install Docker for your system "
                     "(https://docs.docker.com/engine/install/) and start it"
                 )
-            runner.run(Command.of("apt-get", "update", "-q"), "apt-update")
-            runner.run(
+            session.runner.run(Command.of("apt-get", "update", "-q"), "apt-update")
+            session.runner.run(
                 Command.of(
                     "apt-get", "install", "-y", "-q", "docker.io", env={"DEBIAN_FRONTEND": "noninteractive"}
                 ),
                 "apt-install-docker",
             )
             steps.append(SetupStep("install", "installed docker.io from the distribution"))
-        runner.start(Command.of("dockerd"), DOCKER_LOG)
-        if not runner.dry:
+        session.runner.start(Command.of("dockerd"), DOCKER_LOG)
+        if not session.runner.dry:
             deadline = time.monotonic() + wait_s
-            while not engine.daemon_ready(runner):
+            while not engine.daemon_ready(session.runner):
                 if time.monotonic() > deadline:
                     tail = DOCKER_LOG.read_text(errors="replace")[-1500:]
                     raise EngineError(
@@ -81,17 +82,17 @@ def engine_up(runner: Runner, *, qemu: bool = False, wait_s: int = 60) -> list[S
     else:
         steps.append(SetupStep("daemon", "a Docker engine already runs"))
     if qemu:
-        steps.append(register_qemu(runner))
+        steps.append(register_qemu(session))
     return steps
 
 
-def register_qemu(runner: Runner) -> SetupStep:
+def register_qemu(session: Session) -> SetupStep:
     """Let arm64 binaries run under emulation (binfmt_misc + qemu-user-static)."""
     entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
     if entry.exists() and "enabled" in entry.read_text():
         return SetupStep("qemu", "qemu-aarch64 binfmt already enabled")
     if not shutil.which("qemu-aarch64-static") or not shutil.which("update-binfmts"):
-        runner.run(
+        session.runner.run(
             Command.of(
                 "apt-get",
                 "install",
@@ -104,11 +105,11 @@ def register_qemu(runner: Runner) -> SetupStep:
             "apt-install-qemu",
         )
     if not Path("/proc/sys/fs/binfmt_misc/register").exists():
-        runner.run(
+        session.runner.run(
             Command.of("mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc"),
             "binfmt-mount",
         )
-    runner.run(Command.of("update-binfmts", "--enable", "qemu-aarch64"), "binfmt-enable")
+    session.runner.run(Command.of("update-binfmts", "--enable", "qemu-aarch64"), "binfmt-enable")
     return SetupStep("qemu", "registered qemu-aarch64 with binfmt_misc")
 
 
@@ -129,7 +130,7 @@ def base_image_name(platform: str, suite: str = DEFAULT_SUITE) -> str:
 
 
 def build_base(
-    runner: Runner, platform: str, *, suite: str = DEFAULT_SUITE, force: bool = False
+    session: Session, platform: str, *, suite: str = DEFAULT_SUITE, force: bool = False
 ) -> SetupStep:
     """A Debian base with Python made by debootstrap and imported with the platform's metadata."""
     if platform not in ARCH_OF_PLATFORM:
@@ -137,7 +138,7 @@ def build_base(
     name = base_image_name(platform, suite)
     arch = ARCH_OF_PLATFORM[platform]
     inputs = base_inputs(platform, suite)
-    label = None if force else _base_label(runner, name)
+    label = None if force else _base_label(session, name)
     if label == inputs:
         return SetupStep(f"base-{arch}", f"{name} already exists (inputs {inputs})")
     if label == "":
@@ -146,11 +147,11 @@ def build_base(
             f"base-{arch}", f"{name} already exists (inputs not recorded; --force makes it again)"
         )
     if arch != "amd64" and os.uname().machine == "x86_64":
-        register_qemu(runner)
-    _ensure_debootstrap(runner)
+        register_qemu(session)
+    _ensure_debootstrap(session)
     with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        runner.run(
+        session.runner.run(
             Command.of(
                 "debootstrap",
                 "--variant=minbase",
@@ -163,14 +164,14 @@ def build_base(
             f"debootstrap-{arch}",
         )
         # The image's apt must not point at the host's mirror by a path that only exists here.
-        runner.run(
+        session.runner.run(
             Command.of("tar", "-C", str(rootfs), "-cf", str(Path(tmp) / "rootfs.tar"), "."), f"tar-{arch}"
         )
         shutil.rmtree(rootfs, ignore_errors=True)
         (Path(tmp) / "Dockerfile").write_text(BASE_DOCKERFILE.format(label=BASE_INPUTS_LABEL, inputs=inputs))
         # The CLI the engine's rule picks for builds (one with BuildKit), like every other build.
-        docker = engine.detect_engine(runner).docker
-        runner.run(
+        docker = session.container_engine.docker
+        session.runner.run(
             Command.of(
                 docker, "build", "--platform", platform, "--tag", name, tmp, env={"DOCKER_BUILDKIT": "1"}
             ),
@@ -180,9 +181,9 @@ def build_base(
     return SetupStep(f"base-{arch}", f"built {name} from Debian {suite} ({platform}{why})")
 
 
-def _ensure_debootstrap(runner: Runner) -> None:
+def _ensure_debootstrap(session: Session) -> None:
     if not shutil.which("debootstrap"):
-        runner.run(
+        session.runner.run(
             Command.of(
                 "apt-get", "install", "-y", "-q", "debootstrap", env={"DEBIAN_FRONTEND": "noninteractive"}
             ),
@@ -190,7 +191,7 @@ def _ensure_debootstrap(runner: Runner) -> None:
         )
 
 
-def build_bases(runner: Runner, platforms: list[str], *, force: bool = False) -> list[SetupStep]:
+def build_bases(session: Session, platforms: list[str], *, force: bool = False) -> list[SetupStep]:
     """Every platform's base at once: the native one waits on the network while the emulated one's packages
     configure under qemu (one of two cores each). The first failure is raised once all have ended."""
     unknown = [p for p in platforms if p not in ARCH_OF_PLATFORM]
@@ -198,9 +199,9 @@ def build_bases(runner: Runner, platforms: list[str], *, force: bool = False) ->
         raise EngineError(
             f"no offline base for {', '.join(unknown)}; fix: use one of {', '.join(ARCH_OF_PLATFORM)}"
         )
-    _ensure_debootstrap(runner)  # once, before the threads: two apt-get runs would fight over dpkg's lock
+    _ensure_debootstrap(session)  # once, before the threads: two apt-get runs would fight over dpkg's lock
     with ThreadPoolExecutor(max_workers=len(platforms) or 1) as pool:  # leaving the block waits for all
-        futures = [pool.submit(build_base, runner, platform, force=force) for platform in platforms]
+        futures = [pool.submit(build_base, session, platform, force=force) for platform in platforms]
     return [future.result() for future in futures]
 
 
@@ -251,7 +252,7 @@ def _apt_options(tmp: Path) -> list[str]:
     return [arg for key, value in pairs.items() for arg in ("-o", f"{key}={value}")]
 
 
-def install_buildx(runner: Runner) -> SetupStep:
+def install_buildx(session: Session) -> SetupStep:
     """docker-buildx, dockerd and containerd from Debian trixie (pinned), unpacked under BUILDX_ROOT."""
     stamp = BUILDX_ROOT / "versions.txt"
     wanted = "".join(f"{name}={version}\n" for name, version in sorted(BUILDX_DEBS.items()))
@@ -260,12 +261,12 @@ def install_buildx(runner: Runner) -> SetupStep:
     with tempfile.TemporaryDirectory(prefix="sparkforge-apt-") as tmp_name:
         tmp = Path(tmp_name)
         options = _apt_options(tmp)
-        runner.run(Command.of("apt-get", *options, "update", "-q"), "apt-update-trixie")
+        session.runner.run(Command.of("apt-get", *options, "update", "-q"), "apt-update-trixie")
         pins = [f"{name}={version}" for name, version in sorted(BUILDX_DEBS.items())]
-        download = runner.run(
+        download = session.runner.run(
             Command.of("apt-get", *options, "download", *pins, cwd=tmp), "apt-download-buildx", check=False
         )
-        if download.returncode != 0 and not runner.dry:
+        if download.returncode != 0 and not session.runner.dry:
             raise EngineError(
                 f"cannot download {', '.join(pins)} from Debian {BUILDX_SUITE} ({debian_mirror()}): "
                 f"{download.output.strip()[-400:]}; fix: a newer point release replaced a pinned version, so "
@@ -277,30 +278,30 @@ def install_buildx(runner: Runner) -> SetupStep:
             deb = next(iter(sorted(tmp.glob(f"{name}_*.deb"))), None)
             unpacked = tmp / "x" / name
             unpacked.mkdir(parents=True, exist_ok=True)
-            runner.run(
+            session.runner.run(
                 Command.of("dpkg-deb", "-x", str(deb or f"{name}.deb"), str(unpacked)), f"unpack-{name}"
             )
             for file in files:
                 target = BUILDX_CONFIG / "cli-plugins" if "cli-plugins" in file else BUILDX_ROOT / "bin"
-                if not runner.dry:
+                if not session.runner.dry:
                     shutil.copy2(unpacked / file, target / Path(file).name)
-    if not runner.dry:
+    if not session.runner.dry:
         stamp.write_text(wanted)
     return SetupStep("buildx-install", f"{', '.join(pins)} unpacked in {BUILDX_ROOT} (system not upgraded)")
 
 
-def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
+def start_buildx_engine(session: Session, wait_s: int = 60) -> SetupStep:
     """A second dockerd (trixie's, containerd image store) on its own socket, bridge and data root.
 
     The host's engine keeps running untouched; its images are not visible here (bases are copied over).
     """
-    if engine.daemon_ready(runner, buildx_env()):
+    if engine.daemon_ready(session.runner, buildx_env()):
         return SetupStep("buildx-daemon", f"the buildx engine already runs ({BUILDX_HOST})")
     name, address = BUILDX_BRIDGE
     if not Path(f"/sys/class/net/{name}").exists():
-        runner.run(Command.of("ip", "link", "add", name, "type", "bridge"), "bridge-add")
-        runner.run(Command.of("ip", "addr", "add", address, "dev", name), "bridge-addr")
-    runner.run(Command.of("ip", "link", "set", name, "up"), "bridge-up")
+        session.runner.run(Command.of("ip", "link", "add", name, "type", "bridge"), "bridge-add")
+        session.runner.run(Command.of("ip", "addr", "add", address, "dev", name), "bridge-addr")
+    session.runner.run(Command.of("ip", "link", "set", name, "up"), "bridge-up")
     config = {
         "features": {"containerd-snapshotter": True},
         # Where a system containerd already runs (GitHub's runners), dockerd uses it: keep out of the host's.
@@ -325,15 +326,15 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
         BUILDX_HOST,
         env={"PATH": f"{BUILDX_ROOT / 'bin'}:{os.environ.get('PATH', '')}"},
     )
-    if runner.dry:
-        runner.start(dockerd, BUILDX_LOG)
+    if session.runner.dry:
+        session.runner.start(dockerd, BUILDX_LOG)
         return SetupStep("buildx-daemon", "would start the buildx engine")
     BUILDX_RUN.mkdir(parents=True, exist_ok=True)
     (BUILDX_ROOT / "daemon.json").write_text(json.dumps(config, indent=2) + "\n")
     # A long-running daemon, not a step: started detached, like the host engine in engine_up.
-    runner.start(dockerd, BUILDX_LOG)
+    session.runner.start(dockerd, BUILDX_LOG)
     deadline = time.monotonic() + wait_s
-    while not engine.daemon_ready(runner, buildx_env()):
+    while not engine.daemon_ready(session.runner, buildx_env()):
         if time.monotonic() > deadline:
             tail = BUILDX_LOG.read_text(errors="replace")[-1500:]
             raise EngineError(f"the buildx dockerd did not come up in {wait_s}s; {BUILDX_LOG} ends:\n{tail}")
@@ -341,29 +342,31 @@ def start_buildx_engine(runner: Runner, wait_s: int = 60) -> SetupStep:
     return SetupStep("buildx-daemon", f"started the buildx engine on {BUILDX_HOST} (log: {BUILDX_LOG})")
 
 
-def copy_bases(runner: Runner) -> list[SetupStep]:
+def copy_bases(session: Session) -> list[SetupStep]:
     """The host engine's offline bases, copied into the buildx engine (its image store is separate)."""
     steps = []
     docker = engine.docker_cli()
     for platform in ARCH_OF_PLATFORM:
         name = base_image_name(platform)
-        if not engine.cli_has_image(runner, name) or engine.cli_has_image(runner, name, buildx_env()):
+        if not engine.cli_has_image(session.runner, name) or engine.cli_has_image(
+            session.runner, name, buildx_env()
+        ):
             continue
         with tempfile.TemporaryDirectory(prefix="sparkforge-base-") as tmp:
             archive = str(Path(tmp) / "base.tar")
-            runner.run(Command.of(docker, "save", "--output", archive, name), "base-save")
-            runner.run(Command.of(docker, "load", "--input", archive, env=buildx_env()), "base-load")
+            session.runner.run(Command.of(docker, "save", "--output", archive, name), "base-save")
+            session.runner.run(Command.of(docker, "load", "--input", archive, env=buildx_env()), "base-load")
         steps.append(
             SetupStep(f"buildx-{ARCH_OF_PLATFORM[platform]}", f"copied {name} into the buildx engine")
         )
     return steps
 
 
-def buildx_up(runner: Runner) -> list[SetupStep]:
+def buildx_up(session: Session) -> list[SetupStep]:
     """buildx with a BuildKit that can push, export registry cache and attest: install, start, copy bases."""
-    steps = [install_buildx(runner), start_buildx_engine(runner)]
-    if not runner.dry:
-        steps += copy_bases(runner)
+    steps = [install_buildx(session), start_buildx_engine(session)]
+    if not session.runner.dry:
+        steps += copy_bases(session)
     exports = " ".join(f"{k}={v}" for k, v in buildx_env().items())
     steps.append(SetupStep("buildx-env", f"use it with: export {exports}"))
     return steps

@@ -7,12 +7,11 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from sparkforge.boundary import walk_tree
-from sparkforge.commands import Command, Runner
-from sparkforge.console import say
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild.projectlock import audit_lock
 from sparkforge.imagebuild.render import render_context
@@ -59,9 +58,9 @@ def hadolint_argv(dockerfile: Path) -> tuple[str, ...]:
     return (*argv, str(dockerfile))
 
 
-def run_lint(echo: Callable[[str], None] = say) -> None:
+def run_lint(session: Session) -> None:
     """Fail with every problem found; each tool's output is shown."""
-    runner = Runner(echo=echo)
+    runner, echo = session.runner, session.echo
     failures: list[str] = []
 
     def step(command: Command, name: str) -> None:
@@ -72,7 +71,7 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
     step(Command.of(sys.executable, "-m", "ruff", "check", str(REPO_ROOT)), "ruff-check")
     step(Command.of(sys.executable, "-m", "ruff", "format", "--check", str(REPO_ROOT)), "ruff-format")
     step(Command(deptry_argv(), cwd=REPO_ROOT), "deptry")
-    audited = audit_lock(runner, echo)
+    audited = audit_lock(session)
     if audited is False:
         failures.append("pip-audit")
     if not shutil.which("hadolint"):
@@ -96,3 +95,16 @@ def run_lint(echo: Callable[[str], None] = say) -> None:
     if failures:
         raise SparkforgeError(f"lint failed: {', '.join(failures)} (output above)")
     echo("lint: all checks passed" + (" (pip-audit: not checked: offline)" if audited is None else ""))
+
+
+def run_tests(session: Session, *, slow: bool = False, k: str = "") -> None:
+    """The test suite, the same command as README and CI (`slow`: the slow real-world tests too)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        *(["-m", "slow or not slow"] if slow else []),
+        *(["-k", k] if k else []),
+    ]
+    session.runner.run(Command(tuple(argv)), "pytest")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,10 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
-from sparkforge.commands import Runner
-from sparkforge.console import say
+from sparkforge.context import Session
 from sparkforge.errors import EngineError, PreflightError
-from sparkforge.imagebuild.stage import BuildOptions, build_stage
+from sparkforge.imagebuild.execute import run_stage
+from sparkforge.imagebuild.stage import BuildPlan
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details, require_cmake
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.patches import check_patches
@@ -29,18 +28,6 @@ from sparkforge.recipe.loader import REPO_ROOT, Recipe
 from sparkforge.report import Report
 
 IMAGE_DIR = "/opt/sparkforge/probe"
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    platform: str | None = None
-    base_image: str | None = None
-    ca_bundle: Path | None = None
-    sources: dict[str, str] = field(default_factory=dict)  # component -> tarball URL (as build takes it)
-    network: str | None = None
-    no_cache: bool = False
-    log_root: Path = REPO_ROOT / "logs"
-    github_base: str = GITHUB
 
 
 @dataclass
@@ -55,17 +42,14 @@ class ProbeResult:
         return math.ceil(self.unit_peak_mb / 1024) if self.unit_peak_mb else 0
 
 
-def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Runner) -> dict[str, Any]:
+def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, Any]:
     """Source tree, unit paths, patch series and the cmake -P plan: seconds, before any build."""
+    recipe = probe.recipe
     model = recipe.model
     fetcher = make_fetcher()
     with report.timed("source") as check:
         tree = resolve_upstream(
-            recipe,
-            source=options.sources.get("vllm"),
-            github_base=options.github_base,
-            fetcher=fetcher,
-            runner=runner,
+            session, recipe, source=probe.options.sources.get("vllm"), github_base=GITHUB, fetcher=fetcher
         )
         check.reason, check.details = (
             f"vLLM {model.components.vllm.version} from {tree.origin}",
@@ -78,11 +62,11 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
         scratch = Path(tmp)
         with report.timed("patches") as check:
             check_patches(
+                session,
                 check,
                 tree.root,
                 recipe.patch_paths(),
                 scratch,
-                runner,
                 subject="the pinned source",
                 repo_root=REPO_ROOT,
             )
@@ -93,36 +77,17 @@ def _upstream(recipe: Recipe, options: ProbeOptions, report: Report, runner: Run
             patched = scratch / rel
             return patched.read_text() if patched.is_file() else tree.read_text(rel)
 
-        problem = require_cmake(runner)
+        problem = require_cmake(session)
         if problem:
             raise ProbeError(f"the arch plan needs cmake on this machine: {problem}")
-        inputs = ArchInputs.of(recipe, fetcher, options.platform)
+        inputs = ArchInputs.of(recipe, fetcher, probe.platform)
         with report.timed("arch-plan") as check:
-            plan = plan_details(plan_arches(read_text, inputs, runner))
+            plan = plan_details(plan_arches(session, read_text, inputs))
             check.details = plan
             check.reason = (
                 f"cmake -P: CUDA_ARCHS={';'.join(plan['cuda_archs'])}, {len(plan['groups'])} kernel groups"
             )
         return {"plan": plan, "lists_text": read_text("CMakeLists.txt") or ""}
-
-
-def _build_probe_stage(
-    recipe: Recipe, options: ProbeOptions, log_dir: Path, echo: Callable[[str], None]
-) -> str:
-    build_options = BuildOptions(
-        platform=options.platform,
-        target="probe",
-        base_image=options.base_image,
-        ca_bundle=options.ca_bundle,
-        sources=dict(options.sources),
-        network=options.network,
-        no_cache=options.no_cache,
-        verify=False,
-        preflight=False,
-        probe=False,
-        log_root=log_dir,
-    )
-    return build_stage(recipe, build_options, echo=echo).candidate
 
 
 def _fetch_results(image: str, out_dir: Path) -> dict[str, Any]:
@@ -196,21 +161,22 @@ def judge(
     return max((int(u.get("peak_tree_mb") or 0) for u in units), default=0)
 
 
-def run_probe(recipe: Recipe, options: ProbeOptions, *, echo: Callable[[str], None] = say) -> ProbeResult:
-    """The compile probe: raises ProbeError for what stops it early; the report says what it found."""
+def run_probe(session: Session, probe: BuildPlan) -> ProbeResult:
+    """The compile probe of a plan's `probe` stage: raises ProbeError for what stops it early; the report says
+    what it found."""
+    recipe = probe.recipe
     if recipe.model.components.vllm.source != "git":
         raise ProbeError(
             f"recipe {recipe.name} installs vLLM from a wheel: nothing is compiled, so there is nothing to probe. "
             "Fix: probe a source recipe (components.vllm.source: git), or audit the wheel with invoke audit"
         )
     report = Report(command="probe", subject=f"recipe {recipe.name}", recipe=recipe.name)
-    runner = Runner(stream=False)
     try:
-        upstream = _upstream(recipe, options, report, runner)
+        upstream = _upstream(session, probe, report)
     except PreflightError as exc:
         raise ProbeError(f"the pinned vLLM source could not be read: {exc}") from None
-    out_dir = options.log_root / recipe.name / "probe"
-    image = _build_probe_stage(recipe, options, options.log_root, echo)
+    out_dir = probe.options.log_root / recipe.name / "probe"
+    image = run_stage(session, probe).candidate
     result = _fetch_results(image, out_dir)
     peak = judge(recipe, result, upstream, out_dir, report)
     report.extra["objects"] = str(out_dir)

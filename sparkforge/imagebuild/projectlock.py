@@ -6,12 +6,13 @@ from __future__ import annotations
 import sys
 import tempfile
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge.boundary import read_text, write_output
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.urlfetch import FetchError, fetch_url, proxied_session
 
@@ -70,14 +71,14 @@ def uv_requirement(lock_text: str) -> str:
     )
 
 
-def update_lock(runner: Runner, packages: Sequence[str] = (), root: Path = REPO_ROOT) -> list[str]:
+def update_lock(session: Session, packages: Sequence[str] = (), root: Path = REPO_ROOT) -> list[str]:
     """Re-resolve uv.lock (every package to its newest allowed version, or only `packages`), rewrite
     .ci/uv.txt, and return what changed as pin_changes lines."""
     lock, requirement = root / LOCK.relative_to(REPO_ROOT), root / UV_REQUIREMENT.relative_to(REPO_ROOT)
     old = read_text(lock, "uv.lock", MAX_LOCK_BYTES) if lock.exists() else ""
     upgrade = [a for p in packages for a in ("--upgrade-package", p)] if packages else ["--upgrade"]
     uv = (sys.executable, "-m", "uv", "lock", "--system-certs", "--project", str(root), *upgrade)
-    runner.run(Command(uv, cwd=root), "uv-lock")
+    session.runner.run(Command(uv, cwd=root), "uv-lock")
     new = read_text(lock, "uv.lock", MAX_LOCK_BYTES)
     write_output(requirement, uv_requirement(new), ".ci/uv.txt")
     return pin_changes(pins(old), pins(new))
@@ -110,15 +111,13 @@ def audit_argv(requirements: Path) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def audit_lock(
-    runner: Runner, echo: Callable[[str], None], service: str = VULNERABILITY_SERVICE
-) -> bool | None:
+def audit_lock(session: Session, service: str = VULNERABILITY_SERVICE) -> bool | None:
     """pip-audit of every pin in uv.lock: True clean, False vulnerable (or unanswered), None not checked
     because the vulnerability service is unreachable from here (said so, never a silent pass)."""
     packages = locked_packages(read_text(LOCK, "uv.lock", MAX_LOCK_BYTES))
     reason = service_unreachable(packages[0], service)
     if reason:
-        echo(f"pip-audit: not checked: offline ({reason})")
+        session.echo(f"pip-audit: not checked: offline ({reason})")
         return None
     # pip-audit takes one version per name: a name locked twice (one per Python) is audited in a second run.
     rounds: list[list[str]] = []
@@ -133,6 +132,6 @@ def audit_lock(
         for i, round_pins in enumerate(rounds):
             requirements = Path(tmp) / f"locked-{i}.txt"
             write_output(requirements, "\n".join(round_pins) + "\n", "pip-audit requirements")
-            result = runner.run(Command(audit_argv(requirements)), f"pip-audit-{i}", check=False)
+            result = session.runner.run(Command(audit_argv(requirements)), f"pip-audit-{i}", check=False)
             clean = clean and result.returncode == 0
     return clean

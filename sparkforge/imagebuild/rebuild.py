@@ -11,21 +11,23 @@ and a base override recorded in its labels are named (imagebuild/drift.py).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
 from sparkforge.boundary import parse_json
-from sparkforge.commands import Command, Runner
-from sparkforge.console import say
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import CommandError, EngineError, RecipeError, SparkforgeError
 from sparkforge.imagebuild import drift, epoch, layerdiff
-from sparkforge.imagebuild.stage import BuildOptions, build_stage
+from sparkforge.imagebuild.execute import run_stage
+from sparkforge.imagebuild.stage import BuildOptions, plan_build, survey
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.report import Check, Report
@@ -51,7 +53,6 @@ class RebuildOptions:
     image: str
     recipe: str | None = None  # a recipe file to use instead of searching the checkout
     network: str | None = None  # BuildKit --network for the rebuild's RUN steps (e.g. host)
-    ca_bundle: Path | None = None
     keep: bool = False  # keep the rebuilt image (tagged sparkforge-rebuild/<recipe>:<id>)
     allow_template_drift: bool = False  # rebuild even when the checkout's templates are not the image's
     keep_cache_mounts: bool = False  # leave BuildKit's cache mounts: then a pass does not prove a cold build
@@ -98,10 +99,10 @@ def find_recipe(recipe_hash: str, name: str, explicit: str | None = None) -> Rec
     )
 
 
-def read_subject(ref: str, explicit_recipe: str | None = None, runner: Runner | None = None) -> Subject:
+def read_subject(session: Session, ref: str, explicit_recipe: str | None = None) -> Subject:
     """The image's labels, lock and time, or RebuildRefused naming what is missing."""
     if not engine.image_exists(ref):
-        _pull(ref, runner or Runner(stream=False))
+        _pull(session, ref)
     attrs = engine.inspect_image(ref)
     labels = dict((attrs.get("Config") or {}).get("Labels") or {})
     missing = [label for label in (NAME_LABEL, HASH_LABEL) if not labels.get(label)]
@@ -158,9 +159,9 @@ def _epoch(labels: dict[str, str], attrs: dict[str, Any]) -> int:
     return epoch.parse_created(str(attrs.get("Created") or "1970-01-01T00:00:00Z"))
 
 
-def _pull(ref: str, runner: Runner) -> None:
+def _pull(session: Session, ref: str) -> None:
     try:
-        engine.run_cli(runner, engine.detect_engine(), "pull", "pull", ref)
+        engine.run_cli(session.runner, session.container_engine, "pull", "pull", ref)
     except EngineError as exc:
         raise RebuildRefused(
             f"{ref} is not a local image and could not be pulled ({str(exc).splitlines()[0][:200]}); fix: "
@@ -186,18 +187,13 @@ def lock_check(subject: Subject) -> Check:
     return Check("lock", "passed", "the image's lock is the checkout's lock for this recipe")
 
 
-def rebuild(subject: Subject, options: RebuildOptions, original: str, echo: Callable[[str], None]) -> str:
+def rebuild(session: Session, subject: Subject, options: RebuildOptions, original: str) -> str:
     """Rebuild the subject's stage with no cache; the rebuilt image's ID (tagged sparkforge-rebuild/...)."""
-    stamp = epoch.Epoch(subject.epoch, f"{subject.ref}'s created time")
-    args = {"SOURCE_DATE_EPOCH": str(stamp.seconds), "SPARKFORGE_CREATED": stamp.iso}
-    if subject.revision:
-        args["SPARKFORGE_REVISION"] = subject.revision
     holding = f"{REBUILD_REPO}/{subject.recipe.name}:check-{subject.image_id.split(':')[-1][:12]}"
     build_options = BuildOptions(
         platform=subject.platform,
         target=subject.stage,
-        base_image=f"builder={subject.bases.builder},runtime={subject.bases.runtime}",
-        ca_bundle=options.ca_bundle,
+        bases={"builder": subject.bases.builder, "runtime": subject.bases.runtime},
         tags=(holding,),
         no_cache=True,
         verify=False,
@@ -216,8 +212,17 @@ def rebuild(subject: Subject, options: RebuildOptions, original: str, echo: Call
         engine.tag_image(candidate, previous)
     elif previous is not None:
         previous = original
-    echo(f"sparkforge: rebuilding {subject.ref} (stage {subject.stage}, {subject.platform}) with no cache")
-    result = build_stage(subject.recipe, build_options, echo=echo, build_args=args)
+    session.echo(
+        f"sparkforge: rebuilding {subject.ref} (stage {subject.stage}, {subject.platform}) with no cache"
+    )
+    host = survey(session, subject.recipe, build_options)
+    # The image's own time and revision, not this checkout's: the rebuild must reproduce it.
+    host = dataclasses.replace(
+        host,
+        epoch=epoch.Epoch(subject.epoch, f"{subject.ref}'s created time"),
+        revision=subject.revision or host.revision,
+    )
+    result = run_stage(session, plan_build(subject.recipe, build_options, host))
     rebuilt = str(engine.inspect_image(result.candidate)["Id"])
     if result.candidate != holding:
         engine.tag_image(rebuilt, holding)
@@ -230,7 +235,7 @@ def rebuild(subject: Subject, options: RebuildOptions, original: str, echo: Call
     return holding
 
 
-def prune_cache_mounts(runner: Runner, keep: bool, echo: Callable[[str], None]) -> Check:
+def prune_cache_mounts(session: Session, keep: bool) -> Check:
     """Prune the engine's BuildKit cache mounts (every `RUN --mount=type=cache`: ccache, pip, uv) before a
     rebuild, naming each; a warm ccache would hand the rebuild objects an earlier build compiled."""
     if keep:
@@ -241,10 +246,12 @@ def prune_cache_mounts(runner: Runner, keep: bool, echo: Callable[[str], None]) 
             "0.8 and 0.13 (measured, benchmarks/repro.md); on other BuildKit versions a warm ccache or pip cache "
             "could reach the rebuild, and a pass would not prove that a cold build gives the same image",
         )
-    eng = engine.detect_engine(runner)
+    eng = session.container_engine
     head = ("buildx", "prune", "--verbose") if eng.mode == "buildx" else ("builder", "prune")
-    echo("sparkforge: pruning BuildKit's cache mounts (ccache, pip) so that the rebuild starts cold")
-    out = engine.run_cli(runner, eng, "prune-cache-mounts", *head, "--force", "--filter", CACHE_MOUNTS)
+    session.echo("sparkforge: pruning BuildKit's cache mounts (ccache, pip) so that the rebuild starts cold")
+    out = engine.run_cli(
+        session.runner, eng, "prune-cache-mounts", *head, "--force", "--filter", CACHE_MOUNTS
+    )
     mounts = [m.split(" from exec ")[0] for m in re.findall(r"^Description:\s*(.*)$", out, re.M)]
     total = re.search(r"^Total(?: reclaimed space)?:\s*(\S+)", out, re.M)
     named = sorted(set(mounts))
@@ -258,16 +265,16 @@ def prune_cache_mounts(runner: Runner, keep: bool, echo: Callable[[str], None]) 
     )
 
 
-def _save(ref: str, path: Path, runner: Runner) -> layerdiff.SavedImage:
+def _save(session: Session, ref: str, path: Path) -> layerdiff.SavedImage:
     try:
-        runner.run(Command.of(engine.docker_cli(), "save", "--output", str(path), ref), "save")
+        session.runner.run(Command.of(engine.docker_cli(), "save", "--output", str(path), ref), "save")
     except CommandError as exc:
         raise EngineError(f"could not save {ref} to compare its files: {exc}") from None
     return layerdiff.read_saved(path)
 
 
 def compare(
-    original: str, rebuilt: str, report: Report, runner: Runner, revision: str | None = None
+    session: Session, original: str, rebuilt: str, report: Report, revision: str | None = None
 ) -> list[layerdiff.LayerDiff]:
     """Config digest and layer diff IDs; on a difference, the files (saved archives compared)."""
     a, b = engine.inspect_image(original), engine.inspect_image(rebuilt)
@@ -282,8 +289,8 @@ def compare(
         )
         return []
     with tempfile.TemporaryDirectory(prefix="sparkforge-rebuild-") as tmp:
-        saved_a = _save(original, Path(tmp) / "original.tar", runner)
-        saved_b = _save(rebuilt, Path(tmp) / "rebuild.tar", runner)
+        saved_a = _save(session, original, Path(tmp) / "original.tar")
+        saved_b = _save(session, rebuilt, Path(tmp) / "rebuild.tar")
         keys = layerdiff.config_differences(saved_a.config, saved_b.config)
         layers = layerdiff.compare_images(saved_a, saved_b)
     steps = drift.steps_check(saved_a.config, saved_b.config, revision)
@@ -313,10 +320,9 @@ def compare(
     return layers
 
 
-def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) -> Report:
+def rebuild_check(session: Session, options: RebuildOptions) -> Report:
     """Read the image, rebuild it, compare; the report (command 'rebuild') with the differing layers and files."""
-    runner = Runner(stream=False)
-    subject = read_subject(options.image, options.recipe, runner)
+    subject = read_subject(session, options.image, options.recipe)
     report = Report(command="rebuild", subject=options.image, recipe=subject.recipe.name)
     report.add(
         Check(
@@ -337,18 +343,18 @@ def rebuild_check(options: RebuildOptions, echo: Callable[[str], None] = say) ->
     )
     report.add(lock_check(subject))
     report.add(drift.bases_check(subject.recipe, subject.labels))
-    report.add(drift.template_check(subject.revision, options.allow_template_drift, runner))
-    report.add(prune_cache_mounts(runner, options.keep_cache_mounts, echo))
+    report.add(drift.template_check(session, subject.revision, options.allow_template_drift))
+    report.add(prune_cache_mounts(session, options.keep_cache_mounts))
     began = time.monotonic()
     original = f"{REBUILD_REPO}/{subject.recipe.name}:original-{subject.image_id.split(':')[-1][:12]}"
     engine.tag_image(subject.image_id, original)  # held by name while the rebuild moves tags
     rebuilt = None
     try:
-        rebuilt = rebuild(subject, options, original, echo)
+        rebuilt = rebuild(session, subject, options, original)
         report.add(
             Check("rebuild", "passed", f"rebuilt as {rebuilt}", {"image": rebuilt}, time.monotonic() - began)
         )
-        compare(original, rebuilt, report, runner, subject.revision)
+        compare(session, original, rebuilt, report, subject.revision)
     finally:
         if rebuilt and not options.keep:
             engine.remove_image(rebuilt)

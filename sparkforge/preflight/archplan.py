@@ -18,7 +18,8 @@ from typing import Any
 from packaging.version import Version
 
 from sparkforge.audit import compat
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight import cmake
 from sparkforge.preflight.fetch import Fetcher
@@ -189,8 +190,8 @@ def group_names(lists_text: str) -> dict[int, str]:
     return names
 
 
-def cmake_version(runner: Runner) -> str:
-    result = runner.capture(Command.of("cmake", "--version"), "cmake-version")
+def cmake_version(session: Session) -> str:
+    result = session.runner.capture(Command.of("cmake", "--version"), "cmake-version")
     match = re.search(r"cmake version (\S+)", result.output)
     return match.group(1) if match else "unknown"
 
@@ -199,15 +200,11 @@ def _split(value: str) -> list[str]:
     return [v for v in value.split(";") if v]
 
 
-def plan_arches(
-    read_text: Callable[[str], str | None],
-    inputs: ArchInputs,
-    runner: Runner,
-) -> ArchPlan:
+def plan_arches(session: Session, read_text: Callable[[str], str | None], inputs: ArchInputs) -> ArchPlan:
     """Run vLLM's arch selection from CMakeLists.txt + cmake/utils.cmake (as `read_text` gives them)."""
     lists_text = read_text("CMakeLists.txt") or ""
     utils_text = read_text("cmake/utils.cmake") or ""
-    version = cmake_version(runner)
+    version = cmake_version(session)
     utils_script, pure = cmake.script_of(utils_text)
     lists_script, _ = cmake.script_of(
         lists_text, pure, after=dict.fromkeys(_TRACED, _TRACE), fatal=f"{_MARK}|fatal"
@@ -225,7 +222,7 @@ def plan_arches(
         (work / "CMakeLists.cmake").write_text(lists_script)
         driver = work / "driver.cmake"
         driver.write_text(_driver(inputs, select, work / "utils.cmake", work / "CMakeLists.cmake"))
-        result = runner.capture(
+        result = session.runner.capture(
             Command.of("cmake", "-P", str(driver), cwd=work), "cmake-arch-plan", check=False
         )
     return _read_plan(result.output, result.returncode, lists_text, inputs, version, torch_step)
@@ -298,10 +295,10 @@ def _gencode_arch(flag: str) -> str:
     return f"{match[1]}.{match[2]}{match[3]}" if match else flag
 
 
-def require_cmake(runner: Runner) -> str | None:
+def require_cmake(session: Session) -> str | None:
     """None when a usable cmake is on PATH, else why not (with the fix)."""
     try:
-        version = cmake_version(runner)
+        version = cmake_version(session)
     except CommandError:
         return "cmake is not installed; fix: apt-get install cmake, or pip install 'cmake>=3.18'"
     try:

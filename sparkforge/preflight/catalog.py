@@ -29,8 +29,8 @@ from sparkforge.preflight.sources import (
     REGISTRY_PY,
     UpstreamTree,
     extract_archive,
+    fetch_upstream,
     from_pypi_wheel,
-    resolve_upstream,
 )
 from sparkforge.recipe.community.formats import Format, read_community
 from sparkforge.recipe.community.toprofile import Attention, Imported, import_recipe
@@ -103,14 +103,8 @@ class PinnedVllm:
                     self.fetcher, component.package or "vllm", component.version, target
                 )
             else:
-                from sparkforge.commands import Runner
-
-                self._tree = resolve_upstream(
-                    self.recipe,
-                    source=None,
-                    github_base=GITHUB,
-                    fetcher=self.fetcher,
-                    runner=Runner(stream=False),
+                self._tree = fetch_upstream(
+                    self.recipe, source=None, github_base=GITHUB, fetcher=self.fetcher
                 )
         return self._tree
 

@@ -13,7 +13,6 @@ from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:  # the rows import their modules when they run: `invoke --help` reads CHECKS, nothing else
-    from sparkforge.commands import Runner
     from sparkforge.context import Session
     from sparkforge.preflight.fetch import Fetcher
     from sparkforge.preflight.sources import UpstreamTree
@@ -29,7 +28,7 @@ class Upstream:
     source: str | None
     github_base: str
     fetcher: Fetcher
-    runner: Runner
+    session: Session
     scratch: Path  # the patched copy of the files the arch plan reads
     tree: UpstreamTree | None = None
 
@@ -44,7 +43,7 @@ def check_source(check: Check, up: Upstream) -> None:
 
     try:
         up.tree = resolve_upstream(
-            up.recipe, source=up.source, github_base=up.github_base, fetcher=up.fetcher, runner=up.runner
+            up.session, up.recipe, source=up.source, github_base=up.github_base, fetcher=up.fetcher
         )
     except PreflightError as exc:
         check.status, check.reason = "failed", str(exc)
@@ -91,7 +90,7 @@ def check_patch_series(check: Check, up: Upstream) -> None:
         check.status, check.reason = "skipped", "a wheel is installed as built: nothing to patch"
         return
     paths = up.recipe.patch_paths()
-    check_patches(check, tree.root, paths, up.scratch, up.runner, subject=up.subject, repo_root=REPO_ROOT)
+    check_patches(up.session, check, tree.root, paths, up.scratch, subject=up.subject, repo_root=REPO_ROOT)
 
 
 def check_base_images(check: Check, up: Upstream) -> None:
@@ -103,7 +102,7 @@ def check_base_images(check: Check, up: Upstream) -> None:
 def check_arch_plan(check: Check, up: Upstream) -> None:
     from sparkforge.preflight.archplan import ArchInputs, judge_plan, plan_arches, require_cmake
 
-    recipe, tree, scratch, fetcher, runner = up.recipe, _tree(up), up.scratch, up.fetcher, up.runner
+    recipe, tree, scratch, fetcher = up.recipe, _tree(up), up.scratch, up.fetcher
     if tree.kind == "wheel":
         check.status = "skipped"
         check.reason = (
@@ -116,7 +115,7 @@ def check_arch_plan(check: Check, up: Upstream) -> None:
             f"{tree.origin} has no CMakeLists.txt; fix: pass a full source tree",
         )
         return
-    problem = require_cmake(runner)
+    problem = require_cmake(up.session)
     if problem:
         check.status, check.reason = "failed", problem
         return
@@ -126,7 +125,7 @@ def check_arch_plan(check: Check, up: Upstream) -> None:
         return patched.read_text() if patched.is_file() else tree.read_text(rel)
 
     inputs = ArchInputs.of(recipe, fetcher)
-    judge_plan(check, plan_arches(read_text, inputs, runner), inputs)
+    judge_plan(check, plan_arches(up.session, read_text, inputs), inputs)
 
 
 def _tree(up: Upstream) -> UpstreamTree:
@@ -212,7 +211,7 @@ def run_preflight(session: Session, recipe: Recipe, options: PreflightOptions | 
             options.source,
             options.github_base or GITHUB,
             make_fetcher(offline=session.offline, ca_bundle=session.ca_bundle),
-            session.runner,
+            session,
             Path(tmp) / "src",
         )
         up.scratch.mkdir()

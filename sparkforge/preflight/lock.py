@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from sparkforge import oci
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import Fetcher, UnreachableError, make_fetcher
 from sparkforge.preflight.images import fetch_manifest, parse_image
@@ -85,10 +86,10 @@ class LockResult:
         return "\n".join(lines)
 
 
-def ls_remote(runner: Runner, repository: str, ref: str) -> str | None:
+def ls_remote(session: Session, repository: str, ref: str) -> str | None:
     """The commit `ref` (a tag or branch) names in `repository`, peeled; None when it does not exist."""
     command = Command.of("git", "ls-remote", repository, ref, f"{ref}^{{}}", env={"GIT_TERMINAL_PROMPT": "0"})
-    output = runner.capture(command, "git-ls-remote").output
+    output = session.runner.capture(command, "git-ls-remote").output
     found = dict(reversed(line.split("\t", 1)) for line in output.splitlines() if "\t" in line)
     return found.get(f"{ref}^{{}}") or found.get(ref)
 
@@ -111,13 +112,13 @@ def _image_entry(key: str, ref: str, fetcher: Fetcher) -> LockEntry:
     return LockEntry(key, ref, resolved, "drift", f"tag {image.tag} now points at {digest}")
 
 
-def _vllm_entries(recipe: Recipe, runner: Runner, fetcher: Fetcher) -> list[LockEntry]:
+def _vllm_entries(session: Session, recipe: Recipe, fetcher: Fetcher) -> list[LockEntry]:
     vllm = recipe.model.components.vllm
     commit = vllm.commit or ""
     repository = vllm.repository or "https://github.com/vllm-project/vllm"
     entries: list[LockEntry] = []
     try:
-        tagged = ls_remote(runner, repository, f"refs/tags/v{vllm.version}")
+        tagged = ls_remote(session, repository, f"refs/tags/v{vllm.version}")
     except CommandError as exc:
         tagged, note = None, f"git ls-remote {repository} failed: {str(exc).splitlines()[-1][:160]}"
     else:
@@ -217,18 +218,17 @@ def _write(recipe: Recipe, entries: list[LockEntry]) -> tuple[Path, ...]:
 
 
 def lock_recipe(
+    session: Session,
     recipe: Recipe,
     *,
     check: bool = False,
     strict: bool = False,
     write: bool = False,
-    offline: bool = False,
-    runner: Runner | None = None,
     fetcher: Fetcher | None = None,
 ) -> LockResult:
     """Resolve the recipe's refs and tags now; with `check`, fail (PreflightError) on floating or drifted pins,
     and with `strict` also (UnverifiedPinsError, exit code 3) on any pin that could not be verified."""
-    if offline:
+    if session.offline:
         raise PreflightError(
             "lock resolves tags and refs against registries and git remotes, which needs the network; "
             "fix: run it online (offline, 'invoke preflight --offline' still checks that every pin is a digest/SHA)"
@@ -237,13 +237,12 @@ def lock_recipe(
         _check_writable(recipe)  # before the network: a refusal touches nothing
     if check and strict:
         _check_remotes(recipe)
-    runner = runner or Runner(stream=False)
-    fetcher = fetcher or make_fetcher()
+    fetcher = fetcher or make_fetcher(ca_bundle=session.ca_bundle)
     model = recipe.model
     entries = [
         _image_entry("images.builder", model.images.builder, fetcher),
         _image_entry("images.runtime", model.images.runtime, fetcher),
-        *_vllm_entries(recipe, runner, fetcher),
+        *_vllm_entries(session, recipe, fetcher),
     ]
     written = _write(recipe, entries) if write and not check else ()
     result = LockResult(recipe.name, tuple(entries), check, written)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.report import Check
 
 _DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -65,7 +66,7 @@ def hunks(text: str) -> list[Hunk]:
     return out
 
 
-def _git_apply(runner: Runner, scratch: Path, patch: Path, *flags: str) -> tuple[bool, str]:
+def _git_apply(session: Session, scratch: Path, patch: Path, *flags: str) -> tuple[bool, str]:
     # GIT_CEILING_DIRECTORIES: never let git discover an enclosing repository around the scratch copy.
     command = Command.of(
         "git",
@@ -75,7 +76,7 @@ def _git_apply(runner: Runner, scratch: Path, patch: Path, *flags: str) -> tuple
         env={"GIT_CEILING_DIRECTORIES": str(scratch.parent)},
         cwd=scratch,
     )
-    result = runner.capture(command, "git-apply", check=False)
+    result = session.runner.capture(command, "git-apply", check=False)
     return result.returncode == 0, result.output.strip()
 
 
@@ -112,11 +113,11 @@ def prepare_scratch(root: Path, patches: list[Path], scratch: Path) -> list[str]
 
 
 def check_patches(
+    session: Session,
     check: Check,
     root: Path,
     patches: list[Path],
     scratch: Path,
-    runner: Runner,
     *,
     subject: str,
     repo_root: Path,
@@ -151,12 +152,12 @@ def check_patches(
     for patch in patches:
         name = _display(patch, repo_root)
         text = patch.read_text(errors="replace")
-        ok, output = _git_apply(runner, scratch, patch, "--check", "-v")
+        ok, output = _git_apply(session, scratch, patch, "--check", "-v")
         if ok:
-            _git_apply(runner, scratch, patch)
+            _git_apply(session, scratch, patch)
             results.append({"patch": name, "state": "applies", "files": touched_files(text)})
             continue
-        reverse_ok, _ = _git_apply(runner, scratch, patch, "--check", "-R")
+        reverse_ok, _ = _git_apply(session, scratch, patch, "--check", "-R")
         if reverse_ok:
             results.append({"patch": name, "state": "already-applied", "files": touched_files(text)})
             problems.append(

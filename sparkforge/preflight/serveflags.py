@@ -324,12 +324,9 @@ def recipe_surface(recipe: Recipe, fetcher: Fetcher, tree: UpstreamTree | None =
     if tree is None and component.source == "wheel":
         return wheel_surface(fetcher, component.package or "vllm", component.version, target)
     if tree is None:
-        from sparkforge.commands import Runner
-        from sparkforge.preflight.sources import GITHUB, resolve_upstream
+        from sparkforge.preflight.sources import GITHUB, fetch_upstream
 
-        tree = resolve_upstream(
-            recipe, source=None, github_base=GITHUB, fetcher=fetcher, runner=Runner(stream=False)
-        )
+        tree = fetch_upstream(recipe, source=None, github_base=GITHUB, fetcher=fetcher)
     return tree_surface(tree, fetcher, component.package or "vllm", target)
 
 

@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
@@ -227,11 +228,13 @@ def from_local_wheel(path: Path) -> UpstreamTree:
     return from_wheel_dir(root, str(path))
 
 
-def from_directory(path: Path, runner: Runner) -> UpstreamTree:
+def from_directory(session: Session, path: Path) -> UpstreamTree:
     """A checkout or plain directory, read in place; a git checkout reports its HEAD."""
     if (path / ".git").exists():
         try:
-            head = runner.capture(Command.of("git", "-C", str(path), "rev-parse", "HEAD"), "git-rev-parse")
+            head = session.runner.capture(
+                Command.of("git", "-C", str(path), "rev-parse", "HEAD"), "git-rev-parse"
+            )
         except CommandError as exc:
             raise PreflightError(
                 f"{path}: cannot read the git HEAD ({exc}); fix: pass a valid checkout"
@@ -250,35 +253,37 @@ def from_local_archive(path: Path) -> UpstreamTree:
 
 
 def resolve_upstream(
-    recipe: Recipe,
-    *,
-    source: str | None,
-    github_base: str,
-    fetcher: Fetcher,
-    runner: Runner,
+    session: Session, recipe: Recipe, *, source: str | None, github_base: str, fetcher: Fetcher
 ) -> UpstreamTree:
     """The vLLM tree the recipe pins, from `source` ('github', 'pypi', a URL, a path; None: the default)."""
+    if not source or source in ("github", "pypi") or source.startswith(("http://", "https://")):
+        return fetch_upstream(recipe, source=source, github_base=github_base, fetcher=fetcher)
+    component = recipe.model.components.vllm
+    path = Path(source).expanduser().resolve()
+    if path.is_dir():
+        tree = from_directory(session, path)  # a git checkout: its HEAD, through the session's runner
+    elif path.is_file() and path.name.endswith(".whl"):
+        tree = from_local_wheel(path)
+    elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):
+        tree = from_local_archive(path)
+    else:
+        raise PreflightError(
+            f"source {source!r} is neither 'github', 'pypi', a URL, a directory, an archive nor a wheel; "
+            "fix: pass one of those"
+        )
+    check_pin(tree, component.version, component.commit or "")
+    return tree
+
+
+def fetch_upstream(recipe: Recipe, *, source: str | None, github_base: str, fetcher: Fetcher) -> UpstreamTree:
+    """The vLLM tree the recipe pins, from the network: an archive URL, 'github', 'pypi' or None (the default:
+    the wheel for a wheel recipe, else GitHub then PyPI); no program runs."""
     component = recipe.model.components.vllm
     package = component.package or "vllm"
-    is_wheel = component.source == "wheel"
     target = WheelTarget.of(recipe.model.platforms[0], recipe.model.python)
-    if source and source not in ("github", "pypi"):
-        if source.startswith(("http://", "https://")):
-            tree = from_url(fetcher, source)
-        else:
-            path = Path(source).expanduser().resolve()
-            if path.is_dir():
-                tree = from_directory(path, runner)
-            elif path.is_file() and path.name.endswith(".whl"):
-                tree = from_local_wheel(path)
-            elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):
-                tree = from_local_archive(path)
-            else:
-                raise PreflightError(
-                    f"source {source!r} is neither 'github', 'pypi', a URL, a directory, an archive nor a wheel; "
-                    "fix: pass one of those"
-                )
-    elif is_wheel:
+    if source and source.startswith(("http://", "https://")):
+        tree = from_url(fetcher, source)
+    elif component.source == "wheel":
         if source == "github":
             raise PreflightError(
                 "components.vllm is a wheel; GitHub has no wheels; fix: use --source pypi or a local .whl"

@@ -98,6 +98,10 @@ _PATTERNS: dict[str, tuple[str, str]] = {
 TAG_PLACEHOLDERS = ("recipe", "vllm", "torch", "cuda", "date", "hash")
 
 
+class Shape(str):
+    """A pattern's form in words (its fix without 'use'), for the docs table of recipe keys (recipe/fields.py)."""
+
+
 def _pattern(kind: str) -> Any:
     regex, fix = _PATTERNS[kind]
     compiled = re.compile(regex)
@@ -107,7 +111,7 @@ def _pattern(kind: str) -> Any:
             raise ValueError(f"{value!r} is not valid here; fix: {fix}")
         return value
 
-    return Annotated[StrictStr, AfterValidator(check)]
+    return Annotated[StrictStr, AfterValidator(check), Shape(fix.removeprefix("use "))]
 
 
 def _exact_version(value: str) -> str:
@@ -132,13 +136,15 @@ class StrictModel(BaseModel):
 
 
 class Images(StrictModel):
+    """The base images, pinned by digest."""
+
     builder: PinnedImage = Field(description="image the compile stages run in (needs nvcc)")
     runtime: PinnedImage = Field(description="image the final stage starts from")
 
 
 class Component(StrictModel):
     package: _pattern("package") | None = Field(None, description="PyPI name; defaults to the component key")
-    version: ExactVersion
+    version: ExactVersion = Field(description="exact PEP 440 version (no ranges)")
     source: Literal["wheel", "git"] = Field(
         "wheel", description="pinned wheel, or git commit + patches + compile"
     )
@@ -181,6 +187,8 @@ class Component(StrictModel):
 
 
 class Components(StrictModel):
+    """How each component is obtained: a pinned wheel, or a git commit with patches, compiled."""
+
     vllm: Component
     torch: Component
     transformers: Component
@@ -228,7 +236,9 @@ class Probe(StrictModel):
 
 
 class Build(StrictModel):
-    torch_cuda_arch_list: list[_pattern("arch")] = Field(min_length=1)
+    torch_cuda_arch_list: list[_pattern("arch")] = Field(
+        min_length=1, description="TORCH_CUDA_ARCH_LIST, explicit: GPU-less builds cannot detect it"
+    )
     max_jobs: StrictInt = Field(6, ge=1, le=64, description="parallel compile jobs; each nvcc job needs GBs")
     nvcc_threads: StrictInt = Field(2, ge=1, le=16, description="threads per nvcc job")
     probe: Probe | None = Field(
@@ -304,20 +314,32 @@ class Runtime(StrictModel):
 
 
 class Models(StrictModel):
-    architectures: list[_pattern("identifier")] = Field(min_length=1)
-    model_types: list[_pattern("model_type")] = Field(default_factory=list)
+    architectures: list[_pattern("identifier")] = Field(
+        min_length=1, description="model classes vLLM must register (preflight and verify)"
+    )
+    model_types: list[_pattern("model_type")] = Field(
+        default_factory=list, description="transformers model types transformers must know (preflight)"
+    )
 
 
 class Audit(StrictModel):
-    require: list[_pattern("glob")] = Field(default_factory=list)
+    require: list[_pattern("glob")] = Field(
+        default_factory=list, description="libraries that must have kernels for `gpu`"
+    )
 
 
 class Keyless(StrictModel):
     """The CI identities that sign: the publishing workflow, and (separately) the GPU verify attestation's."""
 
-    identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)]
-    verify_identity: Annotated[_pattern("identity"), AfterValidator(pinned_verify_identity)]
-    issuer: _pattern("url") = "https://token.actions.githubusercontent.com"
+    identity: Annotated[_pattern("identity"), AfterValidator(pinned_identity)] = Field(
+        description="the publishing workflow's certificate identity (a regexp pinned to a workflow and ref)"
+    )
+    verify_identity: Annotated[_pattern("identity"), AfterValidator(pinned_verify_identity)] = Field(
+        description="the GPU verify workflow's identity: its attestations count as GPU-verified"
+    )
+    issuer: _pattern("url") = Field(
+        "https://token.actions.githubusercontent.com", description="the OIDC issuer of both identities"
+    )
 
     @model_validator(mode="after")
     def _separate(self) -> Keyless:
@@ -332,14 +354,21 @@ class Keyless(StrictModel):
 class Signing(StrictModel):
     """Who may sign the recipe's images: public keys (paths in the repo) or keyless CI identities."""
 
-    key: _pattern("key_path") | None = None
-    # The key whose verify attestations count (GPU-verified); default: `key` itself.
-    verify_key: _pattern("key_path") | None = None
+    key: _pattern("key_path") | None = Field(
+        None, description="the cosign public key that signs (or keyless)"
+    )
+    verify_key: _pattern("key_path") | None = Field(
+        None, description="the key whose verify attestations count (GPU-verified); default: `key` itself"
+    )
     keyless: Keyless | None = None
-    # The TUF root this recipe's tags are trusted with (a file in this repository; default: the root sparkforge
-    # ships for the repository) and the source repository its signed provenance must name (default: sparkforge's).
-    trust_root: _pattern("trust_root") | None = None
-    source: _pattern("source") | None = None
+    trust_root: _pattern("trust_root") | None = Field(
+        None,
+        description="the TUF root this recipe's tags are trusted with (a file in this repository; default: "
+        "the root sparkforge ships for the repository)",
+    )
+    source: _pattern("source") | None = Field(
+        None, description="the source repository its signed provenance must name (default: sparkforge's)"
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> Signing:
@@ -351,7 +380,7 @@ class Signing(StrictModel):
 
 
 class Publish(StrictModel):
-    repository: _pattern("repository")
+    repository: _pattern("repository") = Field(description="where images are published")
     tags: list[_pattern("tag")] = Field(min_length=1, description="immutable tags")
     moving_tags: list[_pattern("tag")] = Field(
         default_factory=list, description="tags moved after verification"
@@ -380,22 +409,35 @@ class Publish(StrictModel):
 
 
 class RecipeModel(StrictModel):
-    description: _pattern("description")
+    description: _pattern("description") = Field(
+        description="shown by `invoke recipes`, OCI description label"
+    )
     # cpu: a test vehicle (vLLM's CPU platform) for the serve path without a GPU; out of the hash at its default.
-    device: Literal["cuda", "cpu"] = Field("cuda", exclude_if=lambda v: v == "cuda")
-    gpu: _pattern("gpu")
-    platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(min_length=1)
-    cuda: _pattern("cuda")
-    python: _pattern("python")
-    images: Images
-    components: Components
-    build: Build
-    models: Models
-    env: dict[_pattern("env_name"), _pattern("env_value")] = Field(default_factory=dict)
-    audit: Audit = Field(default_factory=Audit)
-    runtime: Runtime = Field(default_factory=Runtime)
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        exclude_if=lambda v: v == "cuda",
+        description="cpu: a test vehicle (vLLM's CPU platform) for the serve path without a GPU",
+    )
+    gpu: _pattern("gpu") = Field(description="the GPU the image is for (audit and verify target, label)")
+    platforms: list[Literal["linux/arm64", "linux/amd64"]] = Field(
+        min_length=1, description="platforms to build and publish (all or nothing)"
+    )
+    cuda: _pattern("cuda") = Field(description="CUDA major.minor of the bases and torch")
+    python: _pattern("python") = Field(description="Python of the base image")
+    images: Images = Field(description="the base images, pinned by digest")
+    components: Components = Field(
+        description="how vLLM, torch, transformers (and flashinfer, b12x) are obtained"
+    )
+    build: Build = Field(description="how the compile stages run")
+    models: Models = Field(description="the model classes the image must serve")
+    env: dict[_pattern("env_name"), _pattern("env_value")] = Field(
+        default_factory=dict,
+        description="runtime environment of the image (e.g. TRITON_PTXAS_PATH), allow-listed",
+    )
+    audit: Audit = Field(default_factory=Audit, description="the kernel-coverage audit of the image")
+    runtime: Runtime = Field(default_factory=Runtime, description="what the runtime stage ships")
     image: ImageBudget = Field(default_factory=ImageBudget, exclude_if=lambda v: v.max_size is None)
-    publish: Publish
+    publish: Publish = Field(description="where and how the images are published")
 
     @model_validator(mode="after")
     def _source_build_choices(self) -> RecipeModel:

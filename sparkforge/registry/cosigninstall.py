@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkforge.commands import Command, Runner
+from sparkforge.commands import Command
+from sparkforge.context import Session
 from sparkforge.registry.cosign import SigningError
 
 
-def install_cosign(runner: Runner, mirror: str, workdir: Path) -> str:
+def install_cosign(session: Session, mirror: str, workdir: Path) -> str:
     """cosign from Debian trixie's archive (the .deb only: its one dependency is libc6 >= 2.34), via dpkg.
 
     The trixie suite is read through a private apt state under `workdir`; the system is not upgraded.
     """
+    runner = session.runner
     state = workdir / "apt"
     sources = state / "sources.list.d"
     for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparkforge.commands import Runner
-from sparkforge.console import Echo, cell, say
+from sparkforge.console import cell
+from sparkforge.context import Session
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.registry.sides import Side, flatten, side_of
 from sparkforge.report import Check, Report
@@ -202,19 +202,14 @@ def compare(a: Side, b: Side) -> Report:
     return report
 
 
-def diff(
-    a: str, b: str, *, runner: Runner | None = None, echo: Echo = say, bench: Sequence[Path] = ()
-) -> Report:
-    """Read both subjects and compare them."""
+def diff(session: Session, a: str, b: str, bench: Sequence[Path] = ()) -> Report:
+    """Read both subjects (an image is pulled through the session's runner) and compare them."""
     if len(bench) not in (0, 2):
         raise PublishError(
             f"--bench given {len(bench)} time(s); fix: give it twice (A's results, then B's) or not at all"
         )
-    runner = runner or Runner(stream=False)
     try:
-        sides = [
-            side_of(s, runner, echo=echo, bench=bench[i] if bench else None) for i, s in enumerate((a, b))
-        ]
+        sides = [side_of(session, s, bench[i] if bench else None) for i, s in enumerate((a, b))]
     except EngineError as exc:
         raise PublishError(str(exc)) from None
     return compare(*sides)

@@ -15,10 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine, oci
-from sparkforge.commands import Runner
-from sparkforge.console import Echo, say
 from sparkforge.context import Session
-from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
@@ -48,12 +45,14 @@ def _evidence_problems(
     return []
 
 
-def _refuse_or_warn(problems: list[str], action: str, allow_unverified: bool, echo: Echo) -> None:
+def _refuse_or_warn(session: Session, problems: list[str], action: str, allow_unverified: bool) -> None:
     if not problems:
         return
     only_unverified = all("no verify record" in p or "verify FAILED" in p for p in problems)
     if allow_unverified and only_unverified:
-        echo(f"sparkforge: WARNING (--unverified): {action} without a passed verify: " + " | ".join(problems))
+        session.echo(
+            f"sparkforge: WARNING (--unverified): {action} without a passed verify: " + " | ".join(problems)
+        )
         return
     raise PublishError(f"refusing to {action}; nothing was written: " + " | ".join(problems))
 
@@ -95,23 +94,12 @@ def _require_labels(recipe: Recipe, tools: Manifests, sources: Sequence[str]) ->
                 )
 
 
-def tools_for(recipe: Recipe, runner: Runner | None, eng: Engine | None, echo: Echo, step: str) -> Manifests:
-    if runner is None:
-        runner = Runner(log_dir=plan.log_dir(recipe, step), echo=echo)
-    return Manifests(eng or engine.detect_engine(), runner, recipe.model.publish.repository)
-
-
 def session_tools(session: Session, recipe: Recipe, step: str) -> Manifests:
     """One step's registry tools: the session's runner when it logs or is dry, else one that logs under the
     recipe's folder for `step` (every registry command replayable beside its log)."""
     logs = session.runner.log_dir is not None or session.runner.dry
-    return tools_for(recipe, session.runner if logs else None, session.engine, session.echo, step)
-
-
-def keyword_session(runner: Runner | None, eng: Engine | None, echo: Echo) -> Session:
-    """The Session of the keyword forms (`push(recipe, runner=..., eng=..., echo=...)`, as tests/engine call
-    them): no runner means one per step, logging under the recipe's folder."""
-    return Session(echo=echo, runner=runner or Runner(echo=echo), engine=eng)
+    run = session if logs else session.logged(plan.log_dir(recipe, step))
+    return Manifests(session.engine or engine.detect_engine(), run.runner, recipe.model.publish.repository)
 
 
 # ---- push ---------------------------------------------------------------------------------------
@@ -128,19 +116,6 @@ class PushOptions:
     allow_unverified: bool = False
     allow_base_override: bool = False
     evidence_dir: Path = verified.VERIFIED_DIR
-
-
-def push(
-    recipe: Recipe,
-    platform: str | None = None,
-    *,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = say,
-    **options: Any,
-) -> PushedImage:
-    """`push_image` in its keyword form (`options`: PushOptions' fields)."""
-    return push_image(keyword_session(runner, eng, echo), recipe, PushOptions(platform, **options))
 
 
 def push_image(session: Session, recipe: Recipe, options: PushOptions) -> PushedImage:
@@ -163,7 +138,7 @@ def push_image(session: Session, recipe: Recipe, options: PushOptions) -> Pushed
         digest, image_id = meta.digest, meta.config_digest
         record = verified.read_record(image_id, evidence_dir)
         problems = _evidence_problems(recipe, record, f"{repo}@{digest[:19]}", allow_base_override)
-        _refuse_or_warn(problems, f"record {digest[:19]}", allow_unverified, echo)
+        _refuse_or_warn(session, problems, f"record {digest[:19]}", allow_unverified)
     else:
         tools = session_tools(session, recipe, f"push-{oci.arch(platform)}")
         source = options.image or plan.candidate_tag(recipe, platform)
@@ -186,7 +161,7 @@ def push_image(session: Session, recipe: Recipe, options: PushOptions) -> Pushed
                 + "; ".join(f"{stage}: {a}" for stage, (a, _) in override.items())
                 + "); fix: build without --base-image, or pass --allow-base-override (test images only)"
             )
-        _refuse_or_warn(problems, f"push {source}", allow_unverified, echo)
+        _refuse_or_warn(session, problems, f"push {source}", allow_unverified)
         staging = f"{repo}:{recipe.hash[:12]}-{oci.arch(platform)}"
         engine.tag_image(image_id, staging)
         output = engine.run_cli(tools.runner, tools.engine, "push", "push", staging)
@@ -232,19 +207,6 @@ class PublishOptions:
     evidence_dir: Path = verified.VERIFIED_DIR
 
 
-def publish(
-    recipe: Recipe,
-    digests: Mapping[str, str],
-    *,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = say,
-    **options: Any,
-) -> Published:
-    """`publish_index` in its keyword form (`options`: PublishOptions' fields)."""
-    return publish_index(keyword_session(runner, eng, echo), recipe, digests, PublishOptions(**options))
-
-
 def publish_index(
     session: Session, recipe: Recipe, digests: Mapping[str, str], options: PublishOptions
 ) -> Published:
@@ -266,7 +228,7 @@ def publish_index(
     for platform, digest in sorted(digests.items()):
         record = verified.record_for_digest(digest, evidence_dir)
         problems += _evidence_problems(recipe, record, f"{platform} {digest[:19]}", allow_base_override)
-    _refuse_or_warn(problems, f"publish {recipe.model.publish.repository}", options.allow_unverified, echo)
+    _refuse_or_warn(session, problems, f"publish {recipe.model.publish.repository}", options.allow_unverified)
     if options.moving:
         require_gpu_verified(recipe, digests, evidence_dir)
     tools = session_tools(session, recipe, "publish")
@@ -385,19 +347,6 @@ class PromoteOptions:
 
     when: dt.date | None = None  # the date of {date} tags (None: today, UTC)
     evidence_dir: Path = verified.VERIFIED_DIR
-
-
-def promote(
-    recipe: Recipe,
-    index: str,
-    *,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = say,
-    **options: Any,
-) -> Published:
-    """`move_tags` in its keyword form (`options`: PromoteOptions' fields)."""
-    return move_tags(keyword_session(runner, eng, echo), recipe, index, PromoteOptions(**options))
 
 
 def move_tags(session: Session, recipe: Recipe, index: str, options: PromoteOptions) -> Published:

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkforge import engine, oci
-from sparkforge.commands import Runner
-from sparkforge.console import Echo, say
-from sparkforge.console import warn as warn_line
 from sparkforge.context import Session
-from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, recipe_ref
 from sparkforge.registry.manifests import DIGEST, index_platforms
-from sparkforge.registry.publish import keyword_session, session_tools
+from sparkforge.registry.publish import session_tools
 from sparkforge.verify import verified as records
 
 # ---- tags and references ------------------------------------------------------------------------
@@ -74,21 +70,6 @@ class PullOptions:
     allow_unverified: bool = False
 
 
-def pull(
-    recipe: Recipe,
-    tag: str | None = None,
-    *,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = say,
-    warn: Echo = warn_line,
-    **options: Any,
-) -> Pulled:
-    """`pull_image` in its keyword form (`options`: PullOptions' fields)."""
-    session = replace(keyword_session(runner, eng, echo), warn=warn)
-    return pull_image(session, recipe, PullOptions(tag, **options))
-
-
 def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled:
     """Pull the recipe's published image for one platform and check its labels against the recipe's pins.
 
@@ -127,9 +108,8 @@ def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled
         local,
         platform,
         tools,
-        allow_unsigned=options.allow_unsigned,
-        warn=warn,
-        allow_unverified=options.allow_unverified,
+        signing_check.Overrides(options.allow_unsigned, options.allow_unverified),
+        warn,
     )
     local = f"{repo}@{trusted.digest}"  # pull exactly the digest that was verified
     echo(f"sparkforge: pulling {ref} for {platform}")

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkforge.audit.compat import VERDICTS
-from sparkforge.commands import Runner
-from sparkforge.errors import PublishError
+from sparkforge.context import Session, quiet_session
 from sparkforge.recipe.loader import Recipe
 from sparkforge.registry import history, tagtrust
 from sparkforge.registry.cosign import (
@@ -20,7 +19,7 @@ from sparkforge.registry.cosign import (
     Policy,
     SigningError,
 )
-from sparkforge.registry.manifests import Manifests, index_platforms
+from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.trust import attestation_check
 from sparkforge.report import Check
 from sparkforge.verify.kernels_report import coverage_summary
@@ -31,7 +30,7 @@ def _newest(predicates: list[dict[str, Any]]) -> dict[str, Any]:
     return max(predicates, key=lambda p: str(p.get("attestedAt") or ""))
 
 
-def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
+def signed_claims(recipe: Recipe, ref: str, cosign: Cosign) -> dict[str, Any]:
     """The newest signed kernel report and verify claim of one platform image (empty when unsigned or none).
 
     Both are read with the verify signer's identity only (the GPU job attests them): a claim signed by the
@@ -40,7 +39,6 @@ def signed_claims(recipe: Recipe, ref: str, runner: Runner) -> dict[str, Any]:
     policy = Policy.for_verify(recipe)
     if policy is None:
         return {"signed": False, "why": "the recipe declares no publish.signing"}
-    cosign = Cosign(runner)
     try:
         kernels = cosign.attestations(ref, policy, KERNELS_CLAIM).statements
         claims = cosign.attestations(ref, policy, VERIFY_CLAIM).statements
@@ -75,7 +73,9 @@ def history_view(recipe: Recipe, tools: Manifests, tag: str, attestations: bool 
         platforms = {}
         for platform, digest in sorted(entry.platforms.items()):
             claims = (
-                signed_claims(recipe, f"{tools.repository}@{digest}", tools.runner) if attestations else {}
+                signed_claims(recipe, f"{tools.repository}@{digest}", Cosign(tools.runner))
+                if attestations
+                else {}
             )
             platforms[platform] = {"digest": digest, "recorded": entry.verified.get(platform, {}), **claims}
         rows.append(
@@ -115,7 +115,7 @@ def carried_with_kernels(recipe: Recipe, image: str) -> Check:
     ref = (check.details or {}).get("reference")
     if check.status != "passed" or not ref:
         return check
-    claims = signed_claims(recipe, str(ref), Runner(stream=False))
+    claims = signed_claims(recipe, str(ref), Cosign(quiet_session().runner))
     kernels = claims.get("kernels")
     reason = check.reason + (
         f"; kernel report: {_coverage_text(kernels)}" if kernels else "; no signed kernel report"
@@ -134,14 +134,13 @@ def _coverage_text(kernels: Mapping[str, Any]) -> str:
     return f"{kernels.get('target')}: {counts}; usable backends: {', '.join(kernels.get('usable_backends') or []) or 'none'}"
 
 
-def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None = None) -> dict[str, Any]:
+def pulled(session: Session, recipe: Recipe, image: str, digest: str = "") -> dict[str, Any]:
     """What `pull` shows after verifying: the pulled image's signed kernel report, and for `--digest`, where
     that digest stands in the moving tags' history."""
     from sparkforge.recipe import plan
-    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.publish import session_tools
 
-    runner = runner or Runner(stream=False)
-    claims = signed_claims(recipe, image, runner)
+    claims = signed_claims(recipe, image, Cosign(session.runner))
     kernels = claims.get("kernels")
     if not claims.get("signed"):
         lines = [f"kernel report: not checked ({claims.get('why')})"]
@@ -149,7 +148,7 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
         lines = ["kernel report: " + (_coverage_text(kernels) if kernels else "none attested for this image")]
     found = None
     if digest:
-        tools = tools_for(recipe, runner, None, lambda _: None, "pull-history")
+        tools = session_tools(session, recipe, "pull-history")
         found = find_release(
             recipe,
             tools,
@@ -165,13 +164,3 @@ def pulled(recipe: Recipe, image: str, digest: str = "", runner: Runner | None =
             else f"release: {says}: no moving tag named it (an immutable-tag release, or published elsewhere)"
         )
     return {"lines": lines, "kernels": kernels or {}, "history": found}
-
-
-def platforms_of(tools: Manifests, digest: str) -> dict[str, str]:
-    manifest = tools.fetch(f"{tools.repository}@{digest}")
-    if manifest is None:
-        raise PublishError(
-            f"{tools.repository}@{digest} is not in the registry; fix: check the digest ('invoke history "
-            "--recipe R' lists the ones a tag has named)"
-        )
-    return dict(index_platforms(manifest)) if "manifests" in manifest else {}

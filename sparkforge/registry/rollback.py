@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sparkforge.commands import Runner
-from sparkforge.console import Echo, say
 from sparkforge.context import Session
-from sparkforge.engine import Engine
 from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import Recipe, recipe_ref
 from sparkforge.registry import earlier, history, tagtrust
@@ -23,24 +20,10 @@ from sparkforge.registry.trust import is_moving
 from sparkforge.verify import verified
 
 
-def rollback(
-    recipe: Recipe,
-    tag: str,
-    *,
-    runner: Runner | None = None,
-    eng: Engine | None = None,
-    echo: Echo = say,
-    evidence_dir: Path = verified.VERIFIED_DIR,
-) -> pub.Published:
-    """`roll_back` in its keyword form."""
-    return roll_back(pub.keyword_session(runner, eng, echo), recipe, tag, evidence_dir)
-
-
 def roll_back(
     session: Session, recipe: Recipe, tag: str, evidence_dir: Path = verified.VERIFIED_DIR
 ) -> pub.Published:
     """Point `tag` at the newest earlier index in its history that passes promote's gate; refuse when none does."""
-    echo = session.echo
     repo = recipe.model.publish.repository
     if not is_moving(recipe, tag):
         moving = ", ".join(recipe.model.publish.moving_tags) or "none"
@@ -105,7 +88,7 @@ def roll_back(
         move = history.TagMove(
             "rollback", entry.recipe, entry.recipe_hash, entry.digest, images, {tag: current}
         )
-        return _move(recipe, tools, tag, move, evidence_dir, echo)
+        return _move(session, recipe, tools, tag, move, evidence_dir)
     raise PublishError(
         f"refusing to roll back {repo}:{tag}: no earlier index in its history is GPU-verified for "
         f"{recipe.model.gpu} on every platform (promote's rule). "
@@ -116,7 +99,7 @@ def roll_back(
 
 
 def _move(
-    recipe: Recipe, tools: Manifests, tag: str, move: history.TagMove, evidence_dir: Path, echo: Echo
+    session: Session, recipe: Recipe, tools: Manifests, tag: str, move: history.TagMove, evidence_dir: Path
 ) -> pub.Published:
     repo, index, images = recipe.model.publish.repository, move.index, dict(move.platforms)
     current = move.previous[tag]
@@ -134,7 +117,7 @@ def _move(
             f"{tag} now names index {got}, an equivalent of {index} with other bytes; verify it and promote it "
             "('invoke publish --promote')"
         )
-    echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
+    session.echo(f"sparkforge: rolled back {repo}:{tag} from {current} to {index}")
     if Policy.for_verify(recipe) is not None and not tools.runner.dry:
         claims = {p: [earlier.signed_gpu_claim(recipe, tools, p, d)[1]] for p, d in sorted(images.items())}
         move = replace(move, claims=claims)

@@ -15,8 +15,7 @@ from typing import Any
 
 from sparkforge import engine
 from sparkforge.boundary import parse_json
-from sparkforge.commands import Runner
-from sparkforge.console import Echo, say
+from sparkforge.context import Session
 from sparkforge.errors import EngineError, PublishError
 from sparkforge.verify import kernels_report, verified
 
@@ -84,7 +83,7 @@ def bench_numbers(path: Path) -> dict[str, float]:
     return out
 
 
-def _fetch(ref: str, runner: Runner, echo: Echo) -> None:
+def _fetch(session: Session, ref: str) -> None:
     """Pull `ref` when the engine does not have it; one-paragraph error when the registry has no such image."""
     if engine.image_exists(ref):
         return
@@ -93,9 +92,9 @@ def _fetch(ref: str, runner: Runner, echo: Echo) -> None:
             f"{ref}: no such image in the local engine, and it names no registry; fix: pass a local image, a "
             "registry reference (host/repository:tag or @sha256:...), or a recipe name"
         )
-    echo(f"sparkforge: pulling {ref}")
+    session.echo(f"sparkforge: pulling {ref}")
     try:
-        engine.run_cli(runner, engine.detect_engine(runner), "diff-pull", "pull", "-q", ref)
+        engine.run_cli(session.runner, session.container_engine, "diff-pull", "pull", "-q", ref)
     except EngineError as exc:
         what = "digest" if "@" in ref else "tag"
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip().strip("-")]
@@ -107,13 +106,13 @@ def _fetch(ref: str, runner: Runner, echo: Echo) -> None:
         ) from None
 
 
-def image_side(ref: str, runner: Runner, *, echo: Echo = say, bench: Path | None = None) -> Side:
+def image_side(session: Session, ref: str, bench: Path | None = None) -> Side:
     """Read an image (pulled first when only its registry has it); refuse one without sparkforge labels."""
     from sparkforge.verify.imagefs import image_tree
     from sparkforge.verify.size import packages
     from sparkforge.verify.suite import LOCK_PATH, audit_subject
 
-    _fetch(ref, runner, echo)
+    _fetch(session, ref)
     attrs = engine.inspect_image(ref)
     labels = dict((attrs.get("Config") or {}).get("Labels") or {})
     if not labels.get(RECIPE_LABEL):
@@ -215,10 +214,10 @@ def recipe_side(name: str, bench: Path | None = None) -> Side:
     )
 
 
-def side_of(subject: str, runner: Runner, *, echo: Echo = say, bench: Path | None = None) -> Side:
+def side_of(session: Session, subject: str, bench: Path | None = None) -> Side:
     """A recipe (a name in recipes/ or a .yaml path) or else an image reference."""
     from sparkforge.recipe.loader import list_recipe_names
 
     if subject.endswith((".yaml", ".yml")) or subject in list_recipe_names():
         return recipe_side(subject, bench)
-    return image_side(subject, runner, echo=echo, bench=bench)
+    return image_side(session, subject, bench)

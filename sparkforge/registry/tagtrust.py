@@ -31,13 +31,6 @@ def state_of(tools: Manifests, recipe: Recipe) -> TrustedState:
     )
 
 
-def moving_tags_of(recipe: Recipe) -> list[str]:
-    from sparkforge.recipe import plan
-
-    tags = plan.final_tags(recipe, dt.datetime.now(dt.UTC).date()).moving
-    return [history.tag_of(recipe.model.publish.repository, t) for t in tags]
-
-
 def log_of(target: TagTarget | None, repository: str) -> TagHistory:
     """A tag's signed moves as history entries (oldest first), for `history`, `rollback` and `pull --digest`."""
     if target is None:

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkforge import console, engine
-from sparkforge.commands import Runner
 from sparkforge.console import Echo
+from sparkforge.context import quiet_session
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe
@@ -82,16 +82,23 @@ def _refuse(ref: str, platform: str, what: str, fix: str) -> SigningError:
     return SigningError(f"refusing {ref} ({platform}): {what}. Nothing was tagged. Fix: {fix}")
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """What the owner lets a pull take without, each said loudly: a valid signature (never for moving tags),
+    a signed GPU-verified claim for the platform."""
+
+    allow_unsigned: bool = False
+    allow_unverified: bool = False
+
+
 def verify_remote(
     recipe: Recipe,
     ref: str,
     image: str,
     platform: str,
     tools: Manifests,
-    *,
-    allow_unsigned: bool = False,
+    overrides: Overrides = Overrides(),
     warn: Echo = console.warn,
-    allow_unverified: bool = False,
 ) -> Trusted:
     """Check what `ref` names in the registry before anything is pulled; raise SigningError on a mismatch.
 
@@ -128,9 +135,9 @@ def verify_remote(
             raise _refuse(
                 ref, platform, what + f"; {tag} is a moving tag: --allow-unsigned never applies", fix
             )
-        if not allow_unsigned:
+        if not overrides.allow_unsigned:
             raise _refuse(ref, platform, what, fix + "; or pass --allow-unsigned to accept it unverified")
-        if not allow_unverified:  # no signature, so no GPU claim can be checked either
+        if not overrides.allow_unverified:  # no signature, so no GPU claim can be checked either
             why = "; every pull needs a signed GPU-verified claim for the platform, and an unsigned image has none"
             raise _refuse(
                 ref, platform, what + why, "pass --allow-unverified as well to take it anyway, loudly"
@@ -179,7 +186,7 @@ def verify_remote(
         )
     if not judged.verdict.verified:
         what = f"{repo}@{digest} ({platform}): {judged.reason} (verify attestations signed by {verifier.describe()})"
-        if not allow_unverified:
+        if not overrides.allow_unverified:
             raise _refuse(
                 ref,
                 platform,
@@ -363,7 +370,7 @@ def check_labels(trusted: Trusted, labels: Mapping[str, str], on_refuse: Callabl
         )
 
 
-def attestation_check(recipe: Recipe, image: str, runner: Runner | None = None) -> Check:
+def attestation_check(recipe: Recipe, image: str) -> Check:
     """For `verify --image`: the signed attestations a pulled image carries (by its registry digest)."""
     policy = Policy.of(recipe)
     repo = recipe.model.publish.repository
@@ -379,7 +386,7 @@ def attestation_check(recipe: Recipe, image: str, runner: Runner | None = None) 
             else f"{image} was not pulled from {repo}"
         )
         return Check("attestation", "skipped", why)
-    cosign = Cosign(runner or Runner(stream=False))
+    cosign = Cosign(quiet_session().runner)  # verify's `carried` callback: it is given no session
     ref = f"{repo}@{digests[0]}"
     try:
         signed = cosign.verify(ref, policy)

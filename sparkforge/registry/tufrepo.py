@@ -379,7 +379,3 @@ def _summary(target: TagTarget) -> dict[str, object]:
 def _target_file(path: str, digest: str, custom: dict[str, object]) -> TargetFile:
     """A target that records an OCI digest: its sha256 is the digest (length 0: it is never downloaded)."""
     return TargetFile(0, {"sha256": digest.removeprefix("sha256:")}, path, {"custom": custom})
-
-
-def load_root(path: Path) -> Metadata[Root]:
-    return Metadata[Root].from_file(str(path))

@@ -7,7 +7,8 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +30,16 @@ CACHES = {
     "flashinfer": "/root/.cache/flashinfer",
     "triton": "/root/.triton",
 }
+
+
+# Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
+_ARCH = """
+import sys
+from vllm.model_executor.models.registry import ModelRegistry
+archs = ModelRegistry.get_supported_archs()
+print(f"registered={len(archs)}")
+sys.exit(0 if sys.argv[1] in archs else 3)
+"""
 
 
 @dataclass(frozen=True)
@@ -127,14 +138,13 @@ def model_revision(profile: Profile) -> str | None:
     return pinned_revision(profile.model.args)
 
 
-def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[str], None]) -> None:
-    """A model from the hub is served at a pinned commit, or the command line says it may not be; then, before
-    any container starts, one warning line per opt-in past the allow-list."""
-    for line in profile.opt_ins():
-        echo(line)
+def check_model_pin(profile: Profile, options: LaunchOptions) -> list[str]:
+    """A model from the hub is served at a pinned commit, or the command line says it may not be (RunError
+    otherwise, before any container starts); the lines to say: one per opt-in past the allow-list."""
+    said = list(profile.opt_ins())
     check_token_reach(profile, options)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
-        return
+        return said
     given = profile.model.args.get("revision")
     raise RunError(
         f"profile {profile.name}: the model {profile.model.model} is not pinned to a commit"
@@ -315,6 +325,34 @@ def plan_launch(
 
 
 LaunchPlan = ContainerPlan  # the name run/cluster still imports; new code: ContainerPlan
+
+
+def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
+    """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
+    if profile.model.architecture:
+        return profile.model.architecture
+    config = model_dir / "config.json" if model_dir else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return str(archs[0]) if archs else None
+
+
+def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:
+    """The docker argv of the architecture check (the image with the profile's environment, no network, no
+    mounts), or None when the model class is unknown before the download."""
+    arch = model_architecture(profile, options.model_dir)
+    if arch is None:
+        return None
+    return ["run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
+            "-c", _ARCH, arch]  # fmt: skip
+
+
+def _env_flags(profile: Profile) -> list[str]:
+    return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
 
 
 def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:

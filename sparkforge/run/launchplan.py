@@ -21,6 +21,7 @@ from sparkforge.run.launch import (
     GB10_ULIMITS,
     ContainerPlan,
     LaunchOptions,
+    architecture_argv,
     check_model_pin,
     describe_plan,
     plan_launch,
@@ -80,7 +81,7 @@ class LaunchPlan:
     image_why: str  # why this image (printed as `sparkforge: image REF: WHY`)
     nodes: tuple[Node, ...]  # head first
     launch: LaunchOptions
-    doctor: DoctorOptions  # several nodes: cluster.up's doctor before the launch
+    doctor: DoctorOptions | None  # several nodes: cluster.up's doctor before the launch (one node: None)
     memory: MemoryPlan | None  # None: no countable config (the CPU twin, or --force); said in `warnings`
     containers: ContainerPlan | None  # one node: every argv decided; several: after the doctor's addresses
     warnings: tuple[str, ...] = field(default_factory=tuple)  # said (stderr) before anything starts
@@ -128,7 +129,7 @@ def plan_task(
     warnings += said
     launch = launch_options(image, flags, env)
     warnings += flag_warnings(flags)
-    doctor = doctor_options(image, flags)
+    doctor = doctor_options(image, flags) if len(nodes) > 1 else None  # several nodes: cluster.up's doctor
     try:
         memory, memory_said = plan_or_refuse(
             loaded_profile, launch.model_dir, loaded.model.device, flags.force
@@ -142,14 +143,27 @@ def plan_task(
     )  # several: cluster_up plans after the doctor
     if starts and one_node:
         try:
-            check_model_pin(loaded_profile, launch, notes.append)
+            notes = check_model_pin(loaded_profile, launch)
         except RunError as exc:  # said after the memory plan and the profile's checks, as a start would
-            unpinned = str(exc)
+            notes, unpinned = list(loaded_profile.opt_ins()), str(exc)
         containers = plan_launch(loaded_profile, ["127.0.0.1"], [{}], launch)
     return LaunchPlan(
-        loaded, loaded_profile, flags, image, why, nodes, launch, doctor, memory, containers,
-        (*warnings, *memory_said), tuple(notes), refusal, unpinned, starts,
-    )  # fmt: skip
+        loaded,
+        loaded_profile,
+        flags,
+        image,
+        why,
+        nodes,
+        launch,
+        doctor,
+        memory,
+        containers,
+        (*warnings, *memory_said),
+        tuple(notes),
+        refusal,
+        unpinned,
+        starts,
+    )
 
 
 def plan_nodes(flags: LaunchFlags, env: Mapping[str, str]) -> tuple[tuple[Node, ...], list[str]]:
@@ -259,7 +273,6 @@ def plan_lines(plan: LaunchPlan) -> list[str]:
     """`--dry`: what would start, as the user reads it: the architecture check, the download phase and, per node,
     the exact docker argv and environment (the image, the memory plan and the profile's opt-ins are said by the
     checks before it)."""
-    from sparkforge.run.serve.serve import architecture_argv
     from sparkforge.run.weights.weights import download_lines
 
     if plan.containers is None:

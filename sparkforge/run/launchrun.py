@@ -88,8 +88,9 @@ def serve(session: Session, plan: LaunchPlan, serving: Serving) -> None:
             session.echo(line)
         return
     engine = NodeEngine(plan.nodes[0])
-    options = ServeOptions(plan.launch, chat=serving.chat, down_on_fail=serving.down_on_fail,
-                           containers=plan.containers)  # fmt: skip
+    options = ServeOptions(
+        plan.launch, chat=serving.chat, down_on_fail=serving.down_on_fail, containers=plan.containers
+    )
     containers, _ = serve_up(session, engine, plan.profile, options)
     if watches(plan, serving):
         watch(session, engine, containers.head.container.name, serving.watchdog_floor)
@@ -108,7 +109,7 @@ def watch(session: Session, engine: NodeEngine, container: str, floor: int) -> N
     from sparkforge.run.memory.serving import watch_container
 
     try:
-        stopped = watch_container(engine, container, floor=floor, echo=session.echo)
+        stopped = watch_container(session, engine, container, floor=floor)
     except KeyboardInterrupt:
         session.echo(f"watchdog: no longer watching; {container} keeps running unguarded")
         return

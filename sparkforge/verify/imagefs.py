@@ -410,7 +410,7 @@ def audit_layers(
     """The audit from the layer directories: with `only`, a walk that stats and merges just the files in scope;
     each library's fatbin headers kept under its layer's digest and path (verify/auditcache.py)."""
     from sparkforge.audit.compat import parse_target
-    from sparkforge.audit.coverage import build_report, name_filter, scope_filter
+    from sparkforge.audit.coverage import ScanResult, build_report, name_filter, scope_filter
     from sparkforge.audit.scan import audit_files, scan_one
     from sparkforge.verify import auditcache
 
@@ -433,13 +433,5 @@ def audit_layers(
     else:  # no digest per layer: nothing names the files' content
         scanned = [s for f in files if (s := scan_one(f.path, f.source)) is not None]
     # files_scanned: the layers' regular files, considered by name (a file an upper layer hides counts too)
-    return build_report(
-        ref,
-        parse_target(gpu),
-        scanned,
-        require,
-        total,
-        time.monotonic() - start,
-        only=only,
-        not_opened=total - len(files),
-    )
+    scan = ScanResult(tuple(scanned), total, total - len(files))
+    return build_report(ref, parse_target(gpu), scan, require, time.monotonic() - start, only=only)

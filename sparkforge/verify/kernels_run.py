@@ -101,23 +101,27 @@ def _wheel_selection(path: Path, gpu: str, ask: SelectionInput) -> dict[str, Any
     }
 
 
-def for_target(
-    target: str,
-    gpu: str,
-    require: Sequence[str],
-    *,
-    recipe: str | None = None,
-    verify_checks: Sequence[Mapping[str, Any]] | None = None,
-    ask: SelectionInput | None = None,
-    serve_log: str | None = None,
-    all_libraries: bool = False,
-) -> Report:
+@dataclass(frozen=True)
+class KernelsQuery:
+    """What a kernel report is asked besides its target (`invoke kernels`' options)."""
+
+    recipe: str | None = None  # the recipe named in the report (an image's label otherwise)
+    verify_checks: Sequence[Mapping[str, Any]] | None = None  # a verify report's checks (JIT compilers)
+    ask: SelectionInput | None = None  # vLLM's selection, asked for a checkpoint
+    serve_log: str | None = None  # a start's log: what vLLM really selected
+    all_libraries: bool = False  # open every library, not only those the verdicts depend on
+
+
+def for_target(target: str, gpu: str, require: Sequence[str], query: KernelsQuery | None = None) -> Report:
     """The kernel report of an image (audited, vLLM's selection run in it) or of a wheel or directory.
 
     For an image without `verify_checks`, this machine's latest verify record of the same image ID supplies
     the JIT checks when there is one; a wheel or directory has none (its compilers are 'unchecked').
     Only the libraries the verdicts depend on are opened unless `all_libraries`.
     """
+    query = query or KernelsQuery()
+    recipe, verify_checks, ask = query.recipe, query.verify_checks, query.ask
+    serve_log, all_libraries = query.serve_log, query.all_libraries
     from sparkforge import engine
     from sparkforge.verify import verified
     from sparkforge.verify.suite import audit_subject
@@ -167,7 +171,7 @@ def for_target(
     )
 
 
-def selection_input(profile: str, model_config: str, runner: str) -> SelectionInput | None:
+def selection_input(profile: str, model_config: str, runner_image: str) -> SelectionInput | None:
     """The selection request of `invoke kernels`: none without --profile or --model-config."""
     from sparkforge.recipe.profile import PROFILES_DIR, load_profile
 
@@ -191,4 +195,4 @@ def selection_input(profile: str, model_config: str, runner: str) -> SelectionIn
                     f"profile {loaded.name}: {exc} (vLLM's selection needs it too; or pass --model-config)"
                 ) from None
     config = sel.read_model_config(config_path) if config_path is not None else {}
-    return SelectionInput(config=config, args=args, runner=runner or None)
+    return SelectionInput(config=config, args=args, runner=runner_image or None)

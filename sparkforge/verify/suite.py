@@ -128,11 +128,13 @@ def check_kernels(recipe: Recipe, image: str) -> Check:
     return Check("kernels", "passed", f"every required library has kernels for {recipe.model.gpu}", details)
 
 
+SUITE_TIMEOUT_S = 1800  # the in-image suite's limit on a native engine (emulation scales it)
+
+
 def run_image_suite(
     image: str,
     gpus: bool,
     platform: str | None,
-    timeout_s: int = 1800,
     model_dir: Path | None = None,
     suite: Path = SUITE_DIR,
     log_dir: Path | None = None,
@@ -170,7 +172,7 @@ def run_image_suite(
         entrypoint=[run.entrypoint],
         gpus=run.gpus,
         platform=run.platform,
-        timeout_s=emulation.suite_timeout(platform, timeout_s),
+        timeout_s=emulation.suite_timeout(platform, SUITE_TIMEOUT_S),
         environment=run.environment,
         volumes=run.volumes,
         on_stderr_line=on_stderr_line,
@@ -401,11 +403,6 @@ class VerifyOptions:
     log_dir: Path | None = None  # the suite's log and replay script
     carried: CarriedCheck | None = None  # what the image carried from its registry (signed attestations)
     directory: Path = verified.VERIFIED_DIR  # where the result is kept, by image ID
-
-
-def verify_and_record(recipe: Recipe, image: str, **options: Any) -> Report:
-    """`verify_recorded` in its keyword form (`options`: VerifyOptions' fields)."""
-    return verify_recorded(recipe, image, VerifyOptions(**options))
 
 
 def verify_recorded(recipe: Recipe, image: str, options: VerifyOptions) -> Report:

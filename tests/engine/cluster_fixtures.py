@@ -29,14 +29,13 @@ def build_test_image(
 ) -> None:
     """A recipe's runtime image built by sparkforge's own pipeline under a test tag, unverified (the tests run it)."""
     from sparkforge.imagebuild.pipeline import build
-    from sparkforge.imagebuild.stage import BuildOptions
+    from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
     from sparkforge.recipe.loader import load_recipe
 
     ca, token = secrets
     options = BuildOptions(
         platform="linux/amd64",
-        base_image=base,
-        ca_bundle=ca,
+        bases=parse_base_image(base),
         secrets=(f"id=hf_token,src={token}",),
         tags=(tag,),
         verify=False,
@@ -45,7 +44,9 @@ def build_test_image(
         network=network,
         log_root=log_root,
     )
-    build(load_recipe(recipe), options)
+    from tests.engine.sessions import build_session
+
+    build(build_session(ca), load_recipe(recipe), options)
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,9 @@ from signing_fixtures import signed  # noqa: F401
 from sparkforge import engine
 from sparkforge.imagebuild.hostsetup import base_image_name
 from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
 from sparkforge.recipe.loader import Recipe
+from tests.engine.sessions import build_session
 from tests.prerequisites import skip_or_fail
 
 CANARY = "sparkforge-secret-canary-3f9c1e7a"  # constant: any build that ever leaked it would show it
@@ -99,11 +100,11 @@ def base_stages(base_amd64: str, base_arm64: str, qemu_arm64: None) -> BaseStage
                     preflight=False,
                     platform=platform,
                     target="base",
-                    base_image=bases[platform],
+                    bases=parse_base_image(bases[platform]),
                     verify=False,
                     log_root=log_root,
                 )
-                candidates[platform] = build(recipe, options, echo=lambda _: None).candidate
+                candidates[platform] = build(build_session(quiet=True), recipe, options).candidate
             yield candidates
         finally:
             for image in candidates.values():

@@ -28,14 +28,14 @@ from sparkforge.commands import Runner
 from sparkforge.engine import Engine, detect_engine
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
-from sparkforge.registry import publish as pub
 from sparkforge.registry.attest import attest_kernels, attest_report
 from sparkforge.registry.cosign import Cosign, Signer
 from sparkforge.registry.manifests import Manifests
 from sparkforge.report import Check, Report
 from sparkforge.verify import evidence, verified
-from sparkforge.verify.kernels_run import for_target
+from sparkforge.verify.kernels_run import KernelsQuery, for_target
 from sparkforge.verify.suite import SUITE_DIR
+from tests import registry_calls as calls
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE, write_recipe_file
 from tests.unit.audit_fixtures import nvcc_available
@@ -146,13 +146,13 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
         f"LABEL {key}={json.dumps(value)}\n" for key, value in labels.items()
     )  # the runtime stage's files and labels; no RUN step, so no network and no venv to build
     docker_build(dockerfile, PLATFORM, tag, context)
-    pushed = pub.push(
+    pushed = calls.push(
         recipe, PLATFORM, image=tag, digests_dir=None, runner=runner, eng=eng, allow_unverified=True,
         allow_base_override=True, evidence_dir=evidence_dir, **QUIET,
     )  # fmt: skip
     release = Release(recipe, tag, pushed.digest, "")
     gpu_record(release, GB10, evidence_dir)
-    published = pub.publish(
+    published = calls.publish(
         recipe,
         {PLATFORM: pushed.digest},
         when=state["day"],
@@ -168,9 +168,9 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
     attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
-    kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
+    kernels = for_target(tag, recipe.model.gpu, [], KernelsQuery(recipe.name, JIT))
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
-    pub.promote(
+    calls.promote(
         recipe,
         published.index,
         when=state["day"],

@@ -21,6 +21,7 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import Recipe, load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pushed as pushed_records
+from tests import registry_calls as calls
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
 from tests.recipe_files import smoke_recipe_file
@@ -42,7 +43,7 @@ class Smoke:
     def publish(self, digests: dict[str, str], **kw: object) -> pub.Published:
         """Smoke images are the base stage on offline bases: nothing to verify, so publish waives both (loudly)."""
         kw = {"when": DAY, "allow_unverified": True, "allow_base_override": True, **kw}
-        return pub.publish(
+        return calls.publish(
             self.recipe, digests, runner=self.runner, eng=self.eng, evidence_dir=self.evidence, **kw,  # type: ignore[arg-type]
         )  # fmt: skip
 
@@ -79,7 +80,7 @@ def smoke(smoke_registry: LocalRegistry, base_stages, tmp_path_factory: pytest.T
     try:
         with base_stages(recipe, tmp / "build") as candidates:
             for platform in PLATFORMS:
-                pushed[platform] = pub.push(
+                pushed[platform] = calls.push(
                     recipe,
                     platform,
                     allow_unverified=True,  # smoke images are the base stage: nothing in them to verify

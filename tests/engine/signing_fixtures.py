@@ -36,6 +36,7 @@ from sparkforge.registry.tufclient import TagTarget
 from sparkforge.report import Check, Report
 from sparkforge.verify.evidence import suite_digest
 from sparkforge.verify.suite import SUITE_DIR
+from tests import registry_calls as calls
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import SMOKE_PLATFORMS as PLATFORMS
 from tests.recipe_files import smoke_recipe_file
@@ -152,7 +153,7 @@ def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
                     candidates[platform] = _with_revision(
                         built[platform], platform, f"sparkforge-test/signing-{platform[6:]}", tmp
                     )
-                    pushed = pub.push(
+                    pushed = calls.push(
                         recipe,
                         platform,
                         image=candidates[platform],
@@ -165,7 +166,7 @@ def signed(base_stages, tmp_path_factory: pytest.TempPathFactory):
                     )
                     digests[platform] = pushed.digest
                 # Smoke base stages on offline bases: nothing to verify, so published explicitly unverified.
-                published = pub.publish(
+                published = calls.publish(
                     recipe,
                     digests,
                     when=DAY,
@@ -219,7 +220,7 @@ def pull_signed(
     `require_verified=True`; otherwise --allow-unverified (the claims are tested where named)."""
     if not kw.pop("require_verified", False):
         kw.setdefault("allow_unverified", True)
-    return pulling.pull(
+    return calls.pull(
         signed.recipe, tag, platform=platform, runner=signed.runner, eng=signed.eng, **QUIET, **kw
     )
 

@@ -18,9 +18,10 @@ import pytest
 
 from sparkforge import engine
 from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import suite
+from tests.engine.sessions import build_session
 
 pytestmark = [
     pytest.mark.engine,
@@ -49,11 +50,12 @@ def test_full_arm64_wheels_image_under_qemu(base_arm64: str, tmp_path: Path) -> 
     recipe = load_recipe(REPO_ROOT / "tests" / "recipes" / "ci-wheels-arm64.yaml")
     start = time.monotonic()
     result = build(
+        build_session(),
         recipe,
         BuildOptions(
             verify=False,
             platform="linux/arm64",
-            base_image=base_arm64,
+            bases=parse_base_image(base_arm64),
             gpus="none",
             log_root=tmp_path / "logs",
             tags=("sparkforge-test/vllm-qwen35-wheels:arm64-qemu",),

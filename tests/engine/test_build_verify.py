@@ -14,9 +14,10 @@ import pytest
 from sparkforge import engine
 from sparkforge.errors import EngineError, PreflightError, SparkforgeError, VerifyError
 from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from tests.engine.sessions import build_session
 from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
@@ -25,12 +26,11 @@ UNKNOWN_MODEL = "models:\n  architectures: [NoSuchModelForCausalLM]\n"
 
 
 def _options(base: str, secrets: tuple[Path, Path], tmp_path: Path, **kw) -> BuildOptions:
-    ca, token = secrets
+    _, token = secrets
     kw.setdefault("preflight", False)
     return BuildOptions(
         platform="linux/amd64",
-        base_image=base,
-        ca_bundle=ca,
+        bases=parse_base_image(base),
         secrets=(f"id=hf_token,src={token}",),
         gpus="none",
         log_root=tmp_path / "logs",
@@ -43,7 +43,9 @@ def real_image(base_amd64: str, canary_secrets, tmp_path_factory) -> tuple[objec
     """The CI recipe (real vLLM 0.33.0 + torch 2.14.0 from PyPI) built, verified and tagged for real."""
     recipe = load_recipe(str(CI_RECIPE))
     tmp = tmp_path_factory.mktemp("real")
-    result = build(recipe, _options(base_amd64, canary_secrets, tmp, preflight=True))  # preflight runs first
+    result = build(
+        build_session(canary_secrets[0]), recipe, _options(base_amd64, canary_secrets, tmp, preflight=True)
+    )  # preflight runs first
     return recipe, result
 
 
@@ -188,7 +190,7 @@ def test_missing_architecture_fails_verify_and_is_not_tagged(
     options = _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/missing-arch:final",))
     engine.remove_image("sparkforge-test/missing-arch:final")
     with pytest.raises(VerifyError, match="registry") as info:
-        build(recipe, options)
+        build(build_session(canary_secrets[0]), recipe, options)
     assert not engine.image_exists("sparkforge-test/missing-arch:final")
     assert "no final tag" in str(info.value)
     report = json.loads(next((tmp_path / "logs").rglob("verify.json")).read_text())
@@ -201,7 +203,11 @@ def test_preflight_runs_first_and_stops_the_build(base_amd64, canary_secrets, tm
     recipe = load_recipe(str(recipe_path))
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     with pytest.raises(PreflightError, match="nothing was built"):
-        build(recipe, _options(base_amd64, canary_secrets, tmp_path, preflight=True))
+        build(
+            build_session(canary_secrets[0]),
+            recipe,
+            _options(base_amd64, canary_secrets, tmp_path, preflight=True),
+        )
     assert not engine.image_exists(candidate)
     assert not list((tmp_path / "logs").rglob("*-build.log"))
 
@@ -215,7 +221,11 @@ def test_failing_run_step_leaves_no_tag_and_keeps_logs(base_amd64, canary_secret
     with pytest.raises(
         EngineError, match=r"stage 'runtime', step \d+/\d+ \(RUN .*\); nothing was tagged"
     ) as info:
-        build(recipe, _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/bad-pin:final",)))
+        build(
+            build_session(canary_secrets[0]),
+            recipe,
+            _options(base_amd64, canary_secrets, tmp_path, tags=("sparkforge-test/bad-pin:final",)),
+        )
     assert not engine.image_exists(candidate)
     assert not engine.image_exists("sparkforge-test/bad-pin:final")
     log = next((tmp_path / "logs").rglob("*-build.log"))
@@ -244,12 +254,13 @@ def test_engine_stopped_gives_clear_error(tmp_path: Path) -> None:
 def test_arm64_smoke_build_under_qemu(base_arm64, tmp_path: Path) -> None:
     recipe = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "smoke-multiarch.yaml"))  # lists linux/arm64
     result = build(
+        build_session(),
         recipe,
         BuildOptions(
             preflight=False,
             platform="linux/arm64",
             target="base",
-            base_image=base_arm64,
+            bases=parse_base_image(base_arm64),
             verify=False,
             log_root=tmp_path / "logs",
         ),
@@ -273,7 +284,7 @@ def test_platform_the_recipe_does_not_list_is_refused_before_building(tmp_path: 
     with pytest.raises(
         SparkforgeError, match="--platform linux/arm64: recipe ci-wheels-amd64 builds linux/amd64"
     ):
-        build(recipe, options)
+        build(build_session(), recipe, options)
     assert not (tmp_path / recipe.name).exists()
 
 
@@ -283,12 +294,12 @@ def test_unpullable_base_image_says_how_to_fix(engine_ready, tmp_path: Path) -> 
         preflight=False,
         platform="linux/amd64",
         target="base",
-        base_image="sparkforge-test/no-such-base:1",
+        bases=parse_base_image("sparkforge-test/no-such-base:1"),
         verify=False,
         log_root=tmp_path / "logs",
     )
     with pytest.raises(EngineError, match="A base image could not be pulled") as info:
-        build(recipe, options)
+        build(build_session(), recipe, options)
     assert "--base-image" in str(info.value) and "invoke engine.bases" in str(info.value)
 
 

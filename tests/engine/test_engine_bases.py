@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild.hostsetup import BASE_INPUTS_LABEL, base_image_name, base_inputs, build_base
 
@@ -37,18 +38,18 @@ def stand_in(engine_ready: None, tmp_path: Path) -> Iterator[callable]:
 
 
 def test_a_base_with_its_inputs_is_kept_and_one_with_others_is_made_again(stand_in) -> None:
-    runner = Runner(stream=False)
+    session = Session(echo=print, runner=Runner(stream=False))
     inputs = base_inputs("linux/amd64", SUITE)
     stand_in(inputs)
-    step = build_base(runner, "linux/amd64", suite=SUITE)
+    step = build_base(session, "linux/amd64", suite=SUITE)
     assert step.done.endswith(f"already exists (inputs {inputs})"), step
     stand_in(None)
     assert (
-        "inputs not recorded; --force makes it again" in build_base(runner, "linux/amd64", suite=SUITE).done
+        "inputs not recorded; --force makes it again" in build_base(session, "linux/amd64", suite=SUITE).done
     )
     stand_in("0" * 16)
     with pytest.raises(SparkforgeError) as failed:
-        build_base(runner, "linux/amd64", suite=SUITE)  # made again: debootstrap knows no such suite
+        build_base(session, "linux/amd64", suite=SUITE)  # made again: debootstrap knows no such suite
     assert "debootstrap" in str(failed.value), failed.value
     # The inputs name what makes a base: another suite or architecture is another base.
     assert base_inputs("linux/arm64", SUITE) != inputs != base_inputs("linux/amd64")

@@ -26,7 +26,7 @@ from sparkforge import engine
 from sparkforge.commands import Command, Runner, engine_lost
 from sparkforge.errors import CommandError, RunError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
-from sparkforge.imagebuild.stage import _failure
+from sparkforge.imagebuild.execute import failure_paragraph
 from sparkforge.run.nodes import NodeEngine, parse_node
 from tests.prerequisites import skip_or_fail
 
@@ -210,7 +210,7 @@ def test_engine_killed_mid_build_is_named_and_nothing_is_tagged(
     assert "invoke engine.up" in message and "the same command again" in message
 
     # The paragraph the build prints (build/stage.py): the engine, the step it was on, nothing tagged, the fix.
-    paragraph = _failure(sorted(logs.glob("*-build.log"))[-1], message)
+    paragraph = failure_paragraph(sorted(logs.glob("*-build.log"))[-1], message)
     assert f"the engine at {throwaway.host} stopped answering during step 3/3 (" in paragraph, paragraph
     assert 'RUN ["/pause"]' in paragraph, paragraph
     assert "Nothing was tagged and no record was written" in paragraph and "invoke engine.up" in paragraph

@@ -15,10 +15,10 @@ from sparkforge import engine
 from sparkforge.errors import PublishError
 from sparkforge.imagebuild.hostsetup import base_image_name
 from sparkforge.recipe.loader import REPO_ROOT
-from sparkforge.registry import pull as pulling
 from sparkforge.registry import releases as release_info
-from sparkforge.registry import rollback, tagtrust
-from sparkforge.registry.diff import diff, format_table
+from sparkforge.registry import tagtrust
+from sparkforge.registry.diff import format_table
+from tests import registry_calls as calls
 
 pytestmark = pytest.mark.engine
 QUIET = {"echo": lambda _: None}
@@ -30,7 +30,7 @@ def _latest(r: Releases) -> str | None:
 
 
 def _rollback(r: Releases):
-    return rollback.rollback(
+    return calls.rollback(
         r.old.recipe, "latest", runner=r.runner, eng=r.eng, evidence_dir=r.evidence, **QUIET
     )
 
@@ -53,7 +53,7 @@ def test_history_lists_both_releases_with_their_signed_evidence(releases: Releas
 
 def test_diff_names_the_changed_vllm_and_the_library_that_lost_native(releases: Releases) -> None:
     repo = releases.repository
-    report = diff(f"{repo}@{releases.old.digest}", f"{repo}@{releases.new.digest}", **QUIET)
+    report = calls.diff(f"{repo}@{releases.old.digest}", f"{repo}@{releases.new.digest}", **QUIET)
     rows = {(c["section"], c["item"]): c for c in report.to_dict()["changes"]}
     assert rows[("versions", "vllm")]["a"].startswith("0.33.0") and rows[("versions", "vllm")][
         "b"
@@ -67,9 +67,9 @@ def test_diff_names_the_changed_vllm_and_the_library_that_lost_native(releases: 
     table = format_table(report)
     assert "lost native sm_121" in table and not table.startswith("WARNING")
     with pytest.raises(PublishError, match=r"registry has no such digest.*fix:"):
-        diff(f"{repo}@sha256:{'0' * 64}", f"{repo}@{releases.new.digest}", **QUIET)
+        calls.diff(f"{repo}@sha256:{'0' * 64}", f"{repo}@{releases.new.digest}", **QUIET)
     with pytest.raises(PublishError, match="no sparkforge metadata"):
-        diff(base_image_name("linux/amd64"), f"{repo}@{releases.new.digest}", **QUIET)
+        calls.diff(base_image_name("linux/amd64"), f"{repo}@{releases.new.digest}", **QUIET)
 
 
 def test_rollback_needs_a_gpu_verified_predecessor_then_moves_latest_back(releases: Releases) -> None:
@@ -88,7 +88,7 @@ def test_rollback_needs_a_gpu_verified_predecessor_then_moves_latest_back(releas
     last = tagtrust.read_log(releases.old.recipe, releases.tools(), "latest").entries[-1]
     assert (last.action, last.digest, last.previous) == ("rollback", releases.old.index, releases.new.index)
     # pull verifies what latest names now: signature, provenance of release 1's recipe, signed GPU claim
-    pulled = pulling.pull(releases.old.recipe, "latest", platform="linux/amd64", runner=releases.runner,
+    pulled = calls.pull(releases.old.recipe, "latest", platform="linux/amd64", runner=releases.runner,
                           eng=releases.eng, warn=lambda _: None, **QUIET)  # fmt: skip
     assert pulled.image.endswith(releases.old.digest) and pulled.trust["verified"]["status"] == "passed"
     # rolled back from release 2: a second rollback never returns to it
@@ -98,10 +98,10 @@ def test_rollback_needs_a_gpu_verified_predecessor_then_moves_latest_back(releas
 
 def test_pull_by_digest_verifies_an_earlier_release_and_names_it(releases: Releases) -> None:
     recipe = releases.new.recipe
-    pulled = pulling.pull(recipe, releases.new.index, platform="linux/amd64", runner=releases.runner,
+    pulled = calls.pull(recipe, releases.new.index, platform="linux/amd64", runner=releases.runner,
                           eng=releases.eng, warn=lambda _: None, **QUIET)  # fmt: skip
     assert pulled.trust["top"] == releases.new.index and pulled.trust["unsigned"] is False
-    shown = release_info.pulled(recipe, pulled.image, releases.new.index, releases.runner)
+    shown = release_info.pulled(calls.session(releases.runner), recipe, pulled.image, releases.new.index)
     assert shown["history"]["tag"] == "latest" and shown["kernels"]["by_verdict"]["family"] == 1
     assert "usable backends" in shown["lines"][0]
     carried = release_info.carried_with_kernels(recipe, pulled.image)  # what 'invoke verify --image' adds
@@ -114,7 +114,7 @@ def test_a_tag_without_history_is_a_one_paragraph_error(releases: Releases) -> N
     with pytest.raises(PublishError, match=r":0\.33\.0 has no history .*fix:"):
         release_info.history_view(releases.old.recipe, releases.tools(), "0.33.0")
     with pytest.raises(PublishError, match=r"--rollback 0\.33\.0: not a moving tag .*fix:"):
-        rollback.rollback(releases.old.recipe, "0.33.0", runner=releases.runner, eng=releases.eng,
+        calls.rollback(releases.old.recipe, "0.33.0", runner=releases.runner, eng=releases.eng,
                           evidence_dir=releases.evidence, **QUIET)  # fmt: skip
 
 

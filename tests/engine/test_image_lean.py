@@ -21,11 +21,12 @@ import pytest
 from sparkforge import engine
 from sparkforge.errors import VerifyError
 from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.verify import imagefs
 from sparkforge.verify.size import size_report
+from tests.engine.sessions import build_session
 from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
@@ -39,14 +40,13 @@ def lean_image(base_amd64: str, canary_secrets, tmp_path_factory) -> tuple[str, 
     ca, token = canary_secrets
     options = BuildOptions(
         platform="linux/amd64",
-        base_image=base_amd64,
-        ca_bundle=ca,
+        bases=parse_base_image(base_amd64),
         secrets=(f"id=hf_token,src={token}",),
         gpus="none",
         preflight=False,
         log_root=tmp_path_factory.mktemp("lean") / "logs",
     )
-    result = build(load_recipe(str(CI_RECIPE)), options)
+    result = build(build_session(ca), load_recipe(str(CI_RECIPE)), options)
     return result.candidate, result.verify
 
 
@@ -106,14 +106,19 @@ def test_the_build_refuses_to_tag_an_image_over_its_budget(
     )
     recipe = load_recipe(str(tight))
     ca, _ = canary_secrets
-    options = BuildOptions(platform="linux/amd64", base_image=base_amd64, ca_bundle=ca, gpus="none",
-                           preflight=False, log_root=tmp_path / "logs")  # fmt: skip
+    options = BuildOptions(
+        platform="linux/amd64",
+        bases=parse_base_image(base_amd64),
+        gpus="none",
+        preflight=False,
+        log_root=tmp_path / "logs",
+    )
     candidate = plan.candidate_tag(recipe, "linux/amd64")
     try:
         with pytest.raises(
             VerifyError, match=r"over the recipe's image.max_size 5GB by [0-9.]+ GB.*nothing was tagged"
         ):
-            build(recipe, options)
+            build(build_session(ca), recipe, options)
         assert engine.image_exists(candidate)  # built (the candidate tag), but never given a final tag
         assert not engine.image_exists(plan.final_tags(recipe, dt.date.today()).all[0])
     finally:

@@ -12,23 +12,34 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.imagebuild.probe import ProbeOptions, ProbeResult, judge, run_probe
+from sparkforge.imagebuild.pipeline import plan
+from sparkforge.imagebuild.probe import ProbeResult, judge, run_probe
+from sparkforge.imagebuild.stage import BuildOptions, BuildPlan, parse_base_image
 from sparkforge.probe.units import ProbeError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.report import Report
+from tests.engine.sessions import build_session
 from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
+SESSION = build_session()
 
 RECIPES = REPO_ROOT / "tests" / "recipes"
 FP8 = "csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_sm120_fp8.cu"
 DISPATCH = "csrc/libtorch_stable/quantization/w8a8/cutlass/scaled_mm_c3x_sm120.cu"
 
 
-def _options(base: str, url: str, logs: Path) -> ProbeOptions:
-    return ProbeOptions(
-        platform="linux/amd64", base_image=base, sources={"vllm": url}, network="host", log_root=logs
-    )
+def _plan(recipe, base: str, url: str | None, logs: Path) -> BuildPlan:
+    """The probe stage's plan, as `invoke probe` makes it (no URL: the source from PyPI, then GitHub)."""
+    options = BuildOptions(
+        target="probe", bases=parse_base_image(base), sources={"vllm": url} if url else {},
+        network="host" if url else None, verify=False, preflight=False, probe=False, log_root=logs,
+    )  # fmt: skip
+    return plan(SESSION, recipe, options)
+
+
+def _probe(recipe, base: str, url: str | None, logs: Path) -> ProbeResult:
+    return run_probe(SESSION, _plan(recipe, base, url, logs))
 
 
 def _check(report: Report, name: str):
@@ -38,7 +49,7 @@ def _check(report: Report, name: str):
 @pytest.fixture(scope="module")
 def patched(base_amd64: str, sdist_url: str, tmp_path_factory: pytest.TempPathFactory) -> ProbeResult:
     recipe = load_recipe(str(RECIPES / "ci-probe-amd64.yaml"))
-    return run_probe(recipe, _options(base_amd64, sdist_url, tmp_path_factory.mktemp("logs")))
+    return _probe(recipe, base_amd64, sdist_url, tmp_path_factory.mktemp("logs"))
 
 
 @pytest.mark.slow(cost_s=600, rank=4, reason="vLLM configured by CMake for sm_121 (535 s)")
@@ -63,16 +74,16 @@ def test_probed_fp8_objects_carry_native_sm121a_sass(patched: ProbeResult) -> No
 
 @pytest.mark.slow(cost_s=30, rank=4, reason="reads the probe above")
 def test_a_plan_that_disagrees_with_the_configure_fails_the_probe(
-    patched: ProbeResult, sdist_url: str
+    patched: ProbeResult, base_amd64: str, sdist_url: str
 ) -> None:
     # Break one side on purpose: judge the real configure (patched source) against the plan of the unpatched
     # recipe (cmake -P on vLLM's own CMakeLists.txt without the patch).
-    from sparkforge.commands import Runner
     from sparkforge.imagebuild.probe import _upstream
 
     unpatched = load_recipe(str(RECIPES / "ci-probe-unpatched.yaml"))
     scratch = Report(command="probe", subject="unpatched plan")
-    upstream = _upstream(unpatched, ProbeOptions(sources={"vllm": sdist_url}), scratch, Runner(stream=False))
+    probe = _plan(unpatched, base_amd64, sdist_url, Path("/nowhere"))  # only planned: its source is read
+    upstream = _upstream(SESSION, probe, scratch)
     result = json.loads((patched.out_dir / "probe.json").read_text())
     report = Report(command="probe", subject="broken on purpose")
     judge(load_recipe(str(RECIPES / "ci-probe-amd64.yaml")), result, upstream, patched.out_dir, report)
@@ -86,7 +97,7 @@ def test_without_the_patch_sm12x_kernels_are_family_only(
     base_amd64: str, sdist_url: str, tmp_path: Path
 ) -> None:
     recipe = load_recipe(str(RECIPES / "ci-probe-unpatched.yaml"))
-    report = run_probe(recipe, _options(base_amd64, sdist_url, tmp_path)).report
+    report = _probe(recipe, base_amd64, sdist_url, tmp_path).report
     assert report.status == "failed"
     assert _check(report, "plan-vs-configure").status == "passed"  # plan and configure agree: 12.0f
     units = {u["source"]: u for u in report.extra["units"]}
@@ -112,7 +123,7 @@ def test_a_probe_path_that_does_not_exist_stops_in_seconds(base_amd64: str, tmp_
     )
     start = time.monotonic()
     with pytest.raises(ProbeError, match=re.escape(f"closest: {FP8}")):
-        run_probe(recipe, ProbeOptions(base_image=base_amd64, sources={"vllm": "pypi"}, log_root=tmp_path))
+        _probe(recipe, base_amd64, None, tmp_path)
     assert time.monotonic() - start < 120
 
 
@@ -126,7 +137,7 @@ def test_a_patch_that_no_longer_applies_stops_before_building(base_amd64: str, t
     with pytest.raises(
         ProbeError, match=re.escape("0001-cmake-keep-sm121-on-cuda13.patch does not apply")
     ) as info:
-        run_probe(recipe, ProbeOptions(base_image=base_amd64, sources={"vllm": "pypi"}, log_root=tmp_path))
+        _probe(recipe, base_amd64, None, tmp_path)
     assert "nothing was built" in str(info.value) and time.monotonic() - start < 120
     assert not (tmp_path / recipe.name).exists()
 
@@ -137,7 +148,7 @@ def test_a_missing_build_requirement_fails_at_configure(
     # The offline Debian base has no CUDA toolkit; without build.cuda_wheels nothing installs nvcc.
     recipe = load_recipe(str(_variant(tmp_path, "build:\n  cuda_wheels: null\n")))
     start = time.monotonic()
-    report = run_probe(recipe, _options(base_amd64, sdist_url, tmp_path)).report
+    report = _probe(recipe, base_amd64, sdist_url, tmp_path).report
     check = _check(report, "configure")
     assert check.status == "failed" and "the build environment has no CUDA compiler" in check.reason
     assert not report.extra.get("units") and time.monotonic() - start < 900

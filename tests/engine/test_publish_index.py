@@ -22,6 +22,7 @@ from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pushed as pushed_records
 from sparkforge.registry.manifests import index_platforms
+from tests import registry_calls as calls
 from tests.recipe_files import smoke_recipe_file
 
 pytestmark = pytest.mark.engine
@@ -82,7 +83,7 @@ def _rebuilt_and_pushed(smoke: Smoke, tmp_path: Path, label: str) -> Iterator[pu
         env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
     )
     try:
-        yield pub.push(
+        yield calls.push(
             smoke.recipe,
             "linux/amd64",
             image=rebuilt,
@@ -129,7 +130,7 @@ def test_rebuild_next_day_keeps_the_hash_tag_and_gets_a_new_date_tag(
 
 def test_push_refuses_an_image_on_an_override_base(smoke: Smoke) -> None:
     with pytest.raises(PublishError, match="built on other base images than the recipe pins"):
-        pub.push(
+        calls.push(
             smoke.recipe, "linux/amd64", image=smoke.candidates["linux/amd64"], digests_dir=None,
             eng=smoke.eng, allow_unverified=True, evidence_dir=smoke.evidence,
         )  # fmt: skip
@@ -138,14 +139,14 @@ def test_push_refuses_an_image_on_an_override_base(smoke: Smoke) -> None:
 def test_push_refuses_an_image_built_from_another_recipe(smoke: Smoke, tmp_path: Path) -> None:
     drifted = load_recipe(smoke_recipe_file(tmp_path, smoke.registry.host, transformers="5.20.1"))
     with pytest.raises(PublishError, match=r"refusing to push .*dev\.sparkforge\.pin\.transformers"):
-        pub.push(
+        calls.push(
             drifted, "linux/amd64", image=smoke.candidates["linux/amd64"], digests_dir=None, eng=smoke.eng
         )
 
 
 def test_push_refuses_an_unverified_image(smoke: Smoke) -> None:
     with pytest.raises(PublishError, match="no verify record"):
-        pub.push(
+        calls.push(
             smoke.recipe,
             "linux/amd64",
             image=smoke.candidates["linux/amd64"],
@@ -156,6 +157,6 @@ def test_push_refuses_an_unverified_image(smoke: Smoke) -> None:
 
 def test_promote_refuses_a_single_platform_image(smoke: Smoke, published: pub.Published) -> None:
     with pytest.raises(PublishError, match="is a single image, not a multi-arch index"):
-        pub.promote(
+        calls.promote(
             smoke.recipe, smoke.pushed["linux/amd64"].digest, when=DAY, runner=smoke.runner, eng=smoke.eng
         )

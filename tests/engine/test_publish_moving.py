@@ -16,6 +16,7 @@ from sparkforge.recipe.loader import Recipe, load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.verify import evidence, verified
 from sparkforge.verify.suite import SUITE_DIR
+from tests import registry_calls as calls
 
 pytestmark = pytest.mark.engine
 
@@ -75,7 +76,7 @@ H200 = {"name": "NVIDIA H200", "capability": "9.0", "driver": "580.159.04"}
 
 
 def _promote(smoke: Smoke, index: str) -> pub.Published:
-    return pub.promote(
+    return calls.promote(
         smoke.recipe, index, when=DAY, runner=smoke.runner, eng=smoke.eng, evidence_dir=smoke.evidence
     )
 
@@ -105,7 +106,7 @@ def test_a_failed_verify_revokes_the_right_to_move(smoke: Smoke, published: pub.
     with pytest.raises(PublishError, match=r"linux/amd64 sha256:[0-9a-f]+: its latest verify failed"):
         _promote(smoke, published.index)
     with pytest.raises(PublishError, match=r"verify FAILED \(the pass is revoked\)"):
-        pub.publish(
+        calls.publish(
             smoke.recipe, smoke.digests(), when=DAY, runner=smoke.runner, eng=smoke.eng,
             allow_base_override=True, evidence_dir=smoke.evidence,
         )  # fmt: skip
@@ -127,7 +128,7 @@ def test_publish_takes_only_verified_digests(smoke: Smoke, published: pub.Publis
     empty = tmp_path / "no-records"
     kw = {"when": DAY, "runner": smoke.runner, "eng": smoke.eng, "evidence_dir": empty}
     with pytest.raises(PublishError, match="no verify record"):
-        pub.publish(smoke.recipe, smoke.digests(), allow_base_override=True, **kw)  # type: ignore[arg-type]
+        calls.publish(smoke.recipe, smoke.digests(), allow_base_override=True, **kw)  # type: ignore[arg-type]
     for platform in PLATFORMS:
         _record(smoke, platform, None)
     with pytest.raises(PublishError, match="--allow-base-override"):  # offline bases are not the recipe's
@@ -158,7 +159,7 @@ def test_promote_checks_the_labels_of_the_index_it_moves_to(
     buildx = Engine("/usr/bin/docker", "buildx", smoke.eng.server_version)
     before = smoke.registry.tags(smoke.name)
     with pytest.raises(PublishError, match=r"was not built from this recipe: .*transformers"):
-        pub.promote(
+        calls.promote(
             drifted, published.index, when=DAY, runner=smoke.runner, eng=buildx, evidence_dir=smoke.evidence
         )
     assert smoke.registry.tags(smoke.name) == before

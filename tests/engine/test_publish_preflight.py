@@ -17,7 +17,10 @@ from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.report import Check
+from tests.engine.sessions import build_session
 from tests.recipe_files import write_recipe_file
+
+SESSION = build_session(quiet=True)
 
 pytestmark = pytest.mark.engine
 
@@ -61,6 +64,6 @@ def test_lock_catches_a_moved_tag_and_write_repins(
     stale = f"{smoke.registry.host}/{smoke.name}:{tag}@{smoke.pushed['linux/amd64'].digest}"
     recipe = _pinned_recipe(smoke, tmp_path, stale, "[linux/amd64]")
     with pytest.raises(PreflightError, match=r"images.builder drift .*fix: run 'invoke lock"):
-        lock_recipe(recipe, check=True)
-    lock_recipe(recipe, write=True)
+        lock_recipe(SESSION, recipe, check=True)
+    lock_recipe(SESSION, recipe, write=True)
     assert load_recipe(recipe.path).model.images.builder.endswith(published.index)

@@ -14,6 +14,7 @@ from sparkforge.errors import PublishError
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pull as pulling
+from tests import registry_calls as calls
 from tests.recipe_files import smoke_recipe_file
 
 pytestmark = pytest.mark.engine
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Published, platform: str) -> None:
-    pulled = pulling.pull(
+    pulled = calls.pull(
         smoke.recipe,
         platform=platform,
         runner=smoke.runner,
@@ -37,7 +38,7 @@ def test_pull_each_platform_and_check_labels(smoke: Smoke, published: pub.Publis
 
 
 def test_pull_by_index_digest(smoke: Smoke, published: pub.Published) -> None:
-    pulled = pulling.pull(
+    pulled = calls.pull(
         smoke.recipe,
         published.index,
         platform="linux/arm64",
@@ -55,7 +56,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
     drifted = load_recipe(smoke_recipe_file(tmp_path, smoke.registry.host, transformers="5.20.1"))
     tag = tag_of(pulling.reference_for(smoke.recipe))
     with pytest.raises(PublishError) as caught:
-        pulling.pull(
+        calls.pull(
             drifted,
             tag,
             platform="linux/amd64",
@@ -69,7 +70,7 @@ def test_pull_catches_drift_from_the_recipe(smoke: Smoke, published: pub.Publish
     assert "dev.sparkforge.pin.transformers: image 5.20.2, recipe 5.20.1" in message
     assert "dev.sparkforge.recipe-hash" in message and "--allow-drift" in message
     warnings: list[str] = []
-    pulled = pulling.pull(
+    pulled = calls.pull(
         drifted,
         tag,
         allow_drift=True,

@@ -29,9 +29,9 @@ from signing_fixtures import (
 from sparkforge import engine
 from sparkforge.errors import EngineError
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
-from sparkforge.registry import pull as pulling
 from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, provenance
 from sparkforge.registry.manifests import Manifests
+from tests import registry_calls as calls
 from tests.unit.test_evidence import GB10
 
 pytestmark = pytest.mark.engine
@@ -69,7 +69,7 @@ def test_refuses_an_unsigned_image_unless_allowed_loudly(signed: Signed, tmp_pat
     assert stderr.startswith("sparkforge: refusing") and stderr.strip().count("\n") == 0
     assert "--allow-unsigned" in cli.stderr
     warnings: list[str] = []
-    pulled = pulling.pull(
+    pulled = calls.pull(
         signed.recipe,
         "unsigned",
         platform="linux/amd64",

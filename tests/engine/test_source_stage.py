@@ -11,8 +11,9 @@ import pytest
 from sparkforge import engine
 from sparkforge.errors import EngineError
 from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions
+from sparkforge.imagebuild.stage import BuildOptions, parse_base_image
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+from tests.engine.sessions import build_session
 from tests.recipe_files import write_recipe_file
 
 pytestmark = pytest.mark.engine
@@ -25,7 +26,7 @@ def _options(base: str, url: str, tmp_path: Path) -> BuildOptions:
         preflight=False,
         platform="linux/amd64",
         target="source",
-        base_image=base,
+        bases=parse_base_image(base),
         sources={"vllm": url},
         network="host",
         verify=False,
@@ -35,7 +36,7 @@ def _options(base: str, url: str, tmp_path: Path) -> BuildOptions:
 
 def test_patch_series_applies_in_a_real_container(base_amd64: str, sdist_url: str, tmp_path: Path) -> None:
     recipe = load_recipe(str(CI_SOURCE_RECIPE))
-    result = build(recipe, _options(base_amd64, sdist_url, tmp_path))
+    result = build(build_session(), recipe, _options(base_amd64, sdist_url, tmp_path))
     assert result.candidate.endswith("-source") and engine.image_exists(result.candidate)
     run = engine.run_container(
         result.candidate,
@@ -58,6 +59,6 @@ def test_source_of_another_commit_is_refused(base_amd64: str, sdist_url: str, tm
     recipe_path = write_recipe_file(tmp_path / "other-commit.yaml", other_commit, extends=CI_SOURCE_RECIPE)
     recipe = load_recipe(str(recipe_path))
     with pytest.raises(EngineError, match=r"stage 'source'.*; nothing was tagged") as info:
-        build(recipe, _options(base_amd64, sdist_url, tmp_path))
+        build(build_session(), recipe, _options(base_amd64, sdist_url, tmp_path))
     log = Path(str(info.value).split("Log: ")[1].split(";")[0])
     assert "is commit db9527a46, the recipe pins 89a77b10846fd96273cce78d86d2556ea582d26e" in log.read_text()

@@ -22,7 +22,7 @@ from sparkforge.errors import SparkforgeError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.verify import verified
-from sparkforge.verify.suite import verify_and_record
+from sparkforge.verify.suite import VerifyOptions, verify_recorded
 from tests.recipe_files import SMOKE
 from tests.unit.test_evidence import GB10, passing_checks
 
@@ -74,7 +74,9 @@ def test_a_forged_report_never_makes_a_gpu_verified_record(
     recipe = load_recipe(SMOKE)
     image = _forging_image(base_amd64, tmp_path / "image", quiet)
     try:
-        report = verify_and_record(recipe, image, gpus="none", kernels=False, directory=tmp_path / "verified")
+        report = verify_recorded(
+            recipe, image, VerifyOptions("none", kernels=False, directory=tmp_path / "verified")
+        )
     finally:
         engine.remove_image(image)
     record = verified.read_record(str(report.extra["image_id"]), tmp_path / "verified")
@@ -103,7 +105,7 @@ def test_a_verify_that_raises_records_a_failure(base_amd64: str, tmp_path: Path)
     with pytest.raises(
         SparkforgeError
     ):  # the base image has no /opt/venv: the suite's container cannot start
-        verify_and_record(recipe, base_amd64, gpus="none", kernels=False, directory=tmp_path)
+        verify_recorded(recipe, base_amd64, VerifyOptions("none", kernels=False, directory=tmp_path))
     # A container that could not start was left behind in state Created (a fresh CI run kept one).
     assert _suite_containers(base_amd64) - before == set()
     record = verified.read_record(image_id, tmp_path)

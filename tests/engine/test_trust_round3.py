@@ -20,11 +20,11 @@ from signing_fixtures import Signed, pull_signed, signed_recipe_file
 from test_trust_signed_claims import _attest, _signed_image
 
 from sparkforge.recipe.loader import REPO_ROOT, load_recipe
-from sparkforge.registry import pull as pulling
 from sparkforge.registry import releases
 from sparkforge.registry.attest import attest_kernels
 from sparkforge.registry.cosign import VERIFY_CLAIM, Policy, Signer, SigningError
 from sparkforge.registry.trust import judge_claims
+from tests import registry_calls as calls
 from tests.recipe_files import write_recipe_file
 from tests.unit.test_evidence import GB10
 
@@ -129,7 +129,7 @@ def test_pull_by_digest_needs_a_gpu_verified_claim(signed: Signed, tmp_path: Pat
     ):
         pull_signed(signed, digest, require_verified=True)
     warned: list[str] = []
-    pulled = pulling.pull(
+    pulled = calls.pull(
         signed.recipe, digest, platform="linux/amd64", runner=signed.runner, eng=signed.eng,
         echo=lambda _: None, warn=warned.append, allow_unverified=True,
     )  # fmt: skip
@@ -143,7 +143,7 @@ def test_pull_by_digest_needs_a_gpu_verified_claim(signed: Signed, tmp_path: Pat
     )
     assert cli.returncode != 0 and "GPU-verified" in cli.stderr and "Traceback" not in cli.stderr
     _attest(signed, image, tmp_path, GB10)
-    shown = releases.pulled(signed.recipe, image, digest, signed.runner)
+    shown = releases.pulled(calls.session(signed.runner), signed.recipe, image, digest)
     assert any(line.startswith("release: the signed TUF targets say:") for line in shown["lines"])
 
 
@@ -163,8 +163,8 @@ def test_claims_are_read_and_shown_from_the_verify_signer_only(signed: Signed, t
     _attest(signed, image, tmp_path, GB10)  # by the publishing key, not separate's verify key
     merge = Policy.of(separate)  # what history and pull --digest read claims with before
     assert merge is not None and signed.cosign().attestations(image, merge, VERIFY_CLAIM).statements
-    assert releases.signed_claims(signed.recipe, image, signed.runner)["verify"]["status"] == "passed"
-    assert "verify" not in releases.signed_claims(separate, image, signed.runner)
+    assert releases.signed_claims(signed.recipe, image, signed.cosign())["verify"]["status"] == "passed"
+    assert "verify" not in releases.signed_claims(separate, image, signed.cosign())
     kernels = {"command": "kernels", "facts": {"image_id": "sha256:" + "0" * 64}, "libraries": []}
     with pytest.raises(SigningError, match=r"the kernel report read image sha256:0{64}, but that digest"):
         attest_kernels(

@@ -23,7 +23,7 @@ from registry import local_registry, unavailable_reason
 from sparkforge.commands import Runner
 from sparkforge.engine import detect_engine
 from sparkforge.recipe.loader import Recipe, load_recipe
-from sparkforge.registry import publish, pull, tagtrust, trust
+from sparkforge.registry import pull, tagtrust, trust
 from sparkforge.registry.attest import attest_report
 from sparkforge.registry.cosign import Cosign, Signer, SigningError, Source, sign_published, source_of
 from sparkforge.registry.manifests import Manifests
@@ -31,6 +31,7 @@ from sparkforge.registry.ocidist import Registry
 from sparkforge.report import Check, Report
 from sparkforge.verify.evidence import suite_digest
 from sparkforge.verify.suite import SUITE_DIR
+from tests import registry_calls as calls
 from tests.prerequisites import skip_or_fail
 from tests.recipe_files import smoke_recipe_file
 from tests.unit.test_evidence import GB10, passing_checks
@@ -138,9 +139,8 @@ def _report(world: World, image: str, platform: str, status: str = "passed") -> 
 
 
 def _check(world: World, ref: str, image: str, platform: str = "linux/arm64", **kw) -> trust.Trusted:
-    return trust.verify_remote(
-        world.recipe, ref, image, platform, world.tools, warn=kw.pop("warn", print), **kw
-    )
+    warn = kw.pop("warn", print)
+    return trust.verify_remote(world.recipe, ref, image, platform, world.tools, trust.Overrides(**kw), warn)
 
 
 @pytest.fixture
@@ -203,8 +203,8 @@ def test_promote_revoke_and_a_hand_rollback(world: World) -> None:
         for platform, digest in platforms.items():
             _attest(world, f"{world.repo}@{digest}", platform)
     runner, eng = world.tools.runner, world.tools.engine
-    publish.promote(world.recipe, old, runner=runner, eng=eng)
-    publish.promote(world.recipe, new, runner=runner, eng=eng)
+    calls.promote(world.recipe, old, runner=runner, eng=eng)
+    calls.promote(world.recipe, new, runner=runner, eng=eng)
     new_image = f"{world.repo}@{new_platforms['linux/arm64']}"
     assert _check(world, f"{world.repo}:latest", new_image).top == new
     # a maintainer's hand rollback of the registry tag: pull keeps to the signed targets, and warns
@@ -212,7 +212,7 @@ def test_promote_revoke_and_a_hand_rollback(world: World) -> None:
     said: list[str] = []
     assert _check(world, f"{world.repo}:latest", new_image, warn=said.append).top == new
     assert "moved by hand?" in said[0]
-    publish.promote(world.recipe, new, runner=runner, eng=eng)  # the next promote works and re-points the tag
+    calls.promote(world.recipe, new, runner=runner, eng=eng)  # the next promote works and re-points the tag
     assert world.tools.digest_of(f"{world.repo}:latest") == new
     # the GPU job's failed verify of the new image revokes it: latest leaves the targets
     _attest(world, new_image, "linux/arm64", status="failed")
@@ -228,8 +228,8 @@ def test_promote_revoke_and_a_hand_rollback(world: World) -> None:
         _check(world, new_image, new_image, allow_unverified=True)
     # rollback goes to the older index; promoting the revoked index again is refused
     world.tuf.machine("publisher")
-    from sparkforge.registry.rollback import rollback
+    from tests.registry_calls import rollback
 
     assert rollback(world.recipe, "latest", runner=runner, eng=eng).index == old
     with pytest.raises(Exception, match="revoked"):
-        publish.promote(world.recipe, new, runner=runner, eng=eng)
+        calls.promote(world.recipe, new, runner=runner, eng=eng)

@@ -13,8 +13,9 @@ from test_trust_round4 import world as world
 from tuf.api.metadata import Metadata, Targets
 
 from sparkforge.errors import PublishError
-from sparkforge.registry import publish, pull, tufclient, tufrepo
+from sparkforge.registry import pull, tufclient, tufrepo
 from sparkforge.registry.cosign import SigningError
+from tests import registry_calls as calls
 from tests.unit.tuf_fixtures import TufWorld, digest
 from tests.unit.tuf_fixtures import tuf_world as tuf_world
 
@@ -111,9 +112,9 @@ def test_a_writers_rollback_survives_the_daily_resign_and_a_promote_on_fresh_run
         for platform, image in platforms.items():
             _attest(world, f"{world.repo}@{image}", platform)
     runner, eng = world.tools.runner, world.tools.engine
-    publish.promote(world.recipe, y, runner=runner, eng=eng)
+    calls.promote(world.recipe, y, runner=runner, eng=eng)
     tuf.keep_timestamp()
-    publish.promote(world.recipe, x, runner=runner, eng=eng)
+    calls.promote(world.recipe, x, runner=runner, eng=eng)
     tuf.keep_timestamp()
     pre_revocation = Metadata.from_bytes(
         tuf.registry.artifact("tuf-timestamp", 1 << 20) or b""
@@ -134,7 +135,7 @@ def test_a_writers_rollback_survives_the_daily_resign_and_a_promote_on_fresh_run
     with pytest.raises(SigningError, match="revoked by the signed TUF targets"):
         _check(world, x_image, x_image, allow_unverified=True)
     tuf.machine("ci-promote")
-    publish.promote(world.recipe, y, runner=runner, eng=eng)
+    calls.promote(world.recipe, y, runner=runner, eng=eng)
     tuf.machine("another-new-owner")
     assert _check(world, f"{world.repo}:latest", f"{world.repo}@{y_platforms['linux/arm64']}").top == y
     with pytest.raises(SigningError, match="revoked by the signed TUF targets"):
@@ -262,7 +263,7 @@ def test_a_fork_publishes_and_pulls_with_its_own_root(fork) -> None:
     index, platforms = _push_index(world, "fork", [pull.default_tag(world.recipe)])
     for platform, image in platforms.items():
         _attest(world, f"{world.repo}@{image}", platform)
-    publish.promote(world.recipe, index, runner=runner, eng=eng)
+    calls.promote(world.recipe, index, runner=runner, eng=eng)
     image = f"{world.repo}@{platforms['linux/arm64']}"
     world.tuf.machine("owner")
     trusted = _check(world, f"{world.repo}:latest", image)
@@ -286,9 +287,9 @@ def test_a_fork_publishes_and_pulls_with_its_own_root(fork) -> None:
     )  # fmt: skip
     world.tuf.machine("publisher")
     with pytest.raises(PublishError, match="names no key of the TUF role"):
-        publish.promote(world.recipe, index, runner=runner, eng=eng)
+        calls.promote(world.recipe, index, runner=runner, eng=eng)
     world.tuf.patch.setenv(tufrepo.SIGNER_ENV, f"file2:{keys / 'online2.pem'}")
-    publish.promote(world.recipe, index, runner=runner, eng=eng)
+    calls.promote(world.recipe, index, runner=runner, eng=eng)
     for machine in ("owner", "another-fresh-owner"):
         world.tuf.machine(machine)
         assert _check(world, f"{world.repo}:latest", image).top == index

@@ -30,6 +30,7 @@ from sparkforge import engine
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry.attest import attest_report
 from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, provenance
+from tests import registry_calls as calls
 from tests.recipe_files import write_recipe_file
 from tests.unit.test_evidence import GB10, H200
 
@@ -130,15 +131,14 @@ def test_only_the_verify_signers_claims_count(signed: Signed, tmp_path: Path) ->
     _attest(signed, image, tmp_path, GB10)  # by the publishing key
     pull_signed(signed, "latest")  # the recipe without verify_key: its own key verifies
     kw = {"platform": "linux/amd64", "runner": signed.runner, "eng": signed.eng}
-    from sparkforge.registry import pull as pulling
 
     quiet = {"echo": lambda _: None, "warn": lambda _: None}
     with pytest.raises(
         SigningError, match=r"carries no signed GPU verify attestation .*other-keys/cosign.pub"
     ):
-        pulling.pull(separate, "latest", **kw, **quiet)
+        calls.pull(separate, "latest", **kw, **quiet)
     _attest(signed, image, tmp_path, GB10, key=signed.other_keys / "cosign.key")  # the verify signer
-    assert pulling.pull(separate, "latest", **kw, **quiet).trust["verified"]["status"] == "passed"
+    assert calls.pull(separate, "latest", **kw, **quiet).trust["verified"]["status"] == "passed"
 
 
 def test_a_report_is_attested_only_for_the_image_it_verified(signed: Signed, tmp_path: Path) -> None:

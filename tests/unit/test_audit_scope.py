@@ -117,12 +117,12 @@ def test_a_wheels_kernel_report_opens_what_its_verdicts_need_unless_asked_for_al
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sparkforge.verify.kernels_markdown import render
-    from sparkforge.verify.kernels_run import for_target
+    from sparkforge.verify.kernels_run import KernelsQuery, for_target
 
     monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
     wheel = str(_targets(tmp_path)["wheel"])
     scoped = for_target(wheel, "sm_121", REQUIRED).to_dict()
-    full = for_target(wheel, "sm_121", REQUIRED, all_libraries=True).to_dict()
+    full = for_target(wheel, "sm_121", REQUIRED, KernelsQuery(all_libraries=True)).to_dict()
     assert [lib["path"] for lib in scoped["libraries"]] == ["pkg/_good.so"]
     assert [lib["path"] for lib in full["libraries"]] == ["pkg/_good.so", "pkg/_other.so"]
     assert [(c["name"], c["status"]) for c in scoped["checks"]] == [

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import RecipeError, SparkforgeError, VerifyError
 from sparkforge.imagebuild.pipeline import build
 from sparkforge.imagebuild.stage import BuildOptions
@@ -78,7 +79,15 @@ def test_patch_contents_that_escape_the_tree_fail_preflight(tmp_path: Path) -> N
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     check = Check("patches", "passed")
-    check_patches(check, root, [patch], scratch, Runner(stream=False), subject="vLLM", repo_root=tmp_path)
+    check_patches(
+        Session(echo=print, runner=Runner(stream=False)),
+        check,
+        root,
+        [patch],
+        scratch,
+        subject="vLLM",
+        repo_root=tmp_path,
+    )
     assert check.status == "failed" and "names paths outside the source tree" in check.reason
     assert list(scratch.iterdir()) == []  # nothing was copied from outside the tree
     with pytest.raises(ValueError, match="outside the source tree"):
@@ -87,12 +96,16 @@ def test_patch_contents_that_escape_the_tree_fail_preflight(tmp_path: Path) -> N
     assert escaping_paths(absolute) == ["/etc/passwd"]
 
 
+def _session(dry: bool) -> Session:
+    return Session(echo=lambda _: None, runner=Runner(dry=dry, stream=False))
+
+
 def test_platform_not_in_the_recipe_is_refused_before_anything(tmp_path: Path) -> None:
-    options = BuildOptions(platform="linux/amd64", dry=True, preflight=False, log_root=tmp_path)
+    options = BuildOptions(platform="linux/amd64", preflight=False, log_root=tmp_path)
     with pytest.raises(
         SparkforgeError, match=r"--platform linux/amd64: recipe vllm-qwen35-wheels builds linux/arm64"
     ):
-        build(load_recipe("vllm-qwen35-wheels"), options, echo=lambda _: None)
+        build(_session(dry=True), load_recipe("vllm-qwen35-wheels"), options)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
@@ -100,13 +113,13 @@ def test_gpus_mode_is_checked_before_the_build(tmp_path: Path) -> None:
     # Before: a bad --gpus surfaced only in verify, after the (hour-long) build.
     options = BuildOptions(gpus="some", preflight=False, log_root=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(VerifyError, match="--gpus 'some': use all, none or auto"):
-        build(load_recipe("vllm-qwen35-wheels"), options, echo=lambda _: None)
+        build(_session(dry=False), load_recipe("vllm-qwen35-wheels"), options)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 def test_source_for_a_component_the_recipe_does_not_build_is_refused(tmp_path: Path) -> None:
     options = BuildOptions(
-        dry=True, preflight=False, log_root=tmp_path, sources={"vllm": "http://127.0.0.1:8000/v.tar.gz"}
+        preflight=False, log_root=tmp_path, sources={"vllm": "http://127.0.0.1:8000/v.tar.gz"}
     )
     with pytest.raises(SparkforgeError, match="wheels only"):
-        build(load_recipe("vllm-qwen35-wheels"), options, echo=lambda _: None)
+        build(_session(dry=True), load_recipe("vllm-qwen35-wheels"), options)

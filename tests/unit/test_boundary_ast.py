@@ -46,7 +46,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"path-io", "walk"},
         f"{BUILD}; walks the project's own in-image scripts",
     ),
-    "sparkforge/imagebuild/stage.py": (
+    "sparkforge/imagebuild/execute.py": (
         {"path-io"},
         "the BuildKit log its own build wrote under logs/ (last 40,000 characters)",
     ),

@@ -8,9 +8,10 @@ import pytest
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
-from sparkforge.run.cluster.parallel import Parallel, check_parallel, parallel_of, pp_layers, relayout
+from sparkforge.run.cluster.parallel import Parallel, check_parallel, parallel_of, relayout
 from sparkforge.run.memory.checkpoint import load_architecture
 from sparkforge.run.memory.guard import plan_profile
+from sparkforge.run.memory.weightbytes import pp_ranges
 
 CHECKPOINTS = REPO_ROOT / "profiles" / "checkpoints"
 A3B = load_architecture(CHECKPOINTS / "Qwen" / "Qwen3.5-35B-A3B-FP8" / "unpinned.json")
@@ -55,7 +56,13 @@ def test_fp8_block_split_names_vllms_error_and_expert_parallel_lifts_it() -> Non
 
 
 def test_pipeline_split_follows_vllms_get_pp_indices() -> None:
-    assert pp_layers(40, 3) == [(0, 13), (13, 26), (26, 40)]
+    """vLLM's own split (its log says "Hidden layers were unevenly partitioned: [2,2,1]" for 5 layers over 3)."""
+    assert pp_ranges(40, 3) == [(0, 13), (13, 27), (27, 40)]
+    assert pp_ranges(5, 3) == [(0, 2), (2, 4), (4, 5)]
+    assert pp_ranges(4, 3) == [(0, 1), (1, 3), (3, 4)]
+    assert pp_ranges(6, 4) == [(0, 1), (1, 3), (3, 5), (5, 6)]  # remainder <= pp - 2: the middle stages
+    assert pp_ranges(7, 4) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert pp_ranges(6, 3, (1, 2, 3)) == [(0, 1), (1, 3), (3, 6)]
     assert check_parallel(A10B, Parallel(1, 3), 3).stages == [(0, 16), (16, 32), (32, 48)]
     assert (
         check_parallel(A3B, Parallel(1, 41), 41).problems[-1].startswith("pipeline-parallel-size 41 exceeds")
@@ -88,3 +95,34 @@ def test_relayout_gives_the_memory_plan_per_node() -> None:
     )  # a third of the layers each
     with pytest.raises(RunError, match="data-parallel rendezvous"):
         relayout(profile, Parallel(2, 1, 2))
+
+
+TINY = load_architecture(REPO_ROOT / "tests" / "fixtures" / "tiny-qwen35moe" / "config.json")
+
+
+def test_a_stage_lacking_a_layer_kind_is_refused_with_the_splits_that_work() -> None:
+    """The tiny hybrid model (layers L F L F) over three stages (1,2,1): stage 0 holds a gated-delta-net layer
+    only, stage 2 a full-attention one, and vLLM fails after loading (seen for real: benchmarks/cluster-three.md)."""
+    (problem,) = check_parallel(TINY, Parallel(1, 3), 3).problems
+    assert "stage 0 (layers 0-0), stage 2 (layers 3-3) lack(s)" in problem
+    assert "Workers disagree on supported KV cache layouts" in problem and "no mamba layers" in problem
+    assert "(1, 2 for its layers LFLF)" in problem
+    assert check_parallel(TINY, Parallel(1, 2), 2).fits
+
+
+def test_the_profiles_layer_partition_moves_the_boundaries_and_is_checked() -> None:
+    assert check_parallel(A10B, Parallel(1, 3, partition=(12, 20, 16)), 3).stages == [
+        (0, 12),
+        (12, 32),
+        (32, 48),
+    ]
+    (problem,) = check_parallel(A10B, Parallel(1, 3, partition=(12, 20)), 3).problems
+    assert problem.startswith("VLLM_PP_LAYER_PARTITION 12,20 gives 2 stages of 32 layers")
+    (bare,) = check_parallel(A10B, Parallel(1, 3, partition=(3, 29, 16)), 3).problems
+    assert "stage 0 (layers 0-2) lack(s)" in bare
+
+
+@pytest.mark.parametrize("arch", [A3B, A10B])
+@pytest.mark.parametrize("pp", range(1, 9))
+def test_every_stage_of_the_shipped_models_up_to_eight_sparks_holds_full_attention(arch, pp: int) -> None:
+    assert check_parallel(arch, Parallel(1, pp), pp).fits

@@ -9,10 +9,11 @@ from audit_fixtures import nvcc_available
 from release_fixtures import release_tree
 
 from sparkforge.audit.scan import audit_target
-from sparkforge.registry.diff import compare, diff, format_table
+from sparkforge.registry.diff import compare, format_table
 from sparkforge.registry.sides import Side
 from sparkforge.verify import kernels_report
 from tests.recipe_files import SMOKE, write_recipe_file
+from tests.registry_calls import diff
 
 # What vLLM answered for the MoE layer, in two releases (the shape sparkforge/verify/inimage/vllm_selection.py prints).
 SELECTION = {

@@ -9,9 +9,7 @@ import pytest
 from sparkforge.engine import Engine
 from sparkforge.errors import EngineError, SparkforgeError
 from sparkforge.imagebuild.buildkit import BuildRequest, build_command
-from sparkforge.imagebuild.pipeline import build
-from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, secret_args
-from sparkforge.recipe.loader import load_recipe
+from sparkforge.imagebuild.stage import check_secrets, parse_base_image, parse_sources
 
 BUILDX = Engine("docker", "buildx", "28.2.2")
 BUILTIN = Engine("/usr/bin/docker", "buildkit", "20.10.24")
@@ -100,30 +98,17 @@ def test_base_image_and_source_options() -> None:
 
 
 def test_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkforge.cli.families import session_from
+
     bundle = tmp_path / "ca.pem"
     bundle.write_text("x")
-    monkeypatch.delenv("SPARKFORGE_CA_BUNDLE", raising=False)
-    assert secret_args(BuildOptions(ca_bundle=bundle)) == (f"id=ca,src={bundle}",)
-    monkeypatch.setenv("SPARKFORGE_CA_BUNDLE", str(bundle))
-    assert secret_args(BuildOptions()) == (f"id=ca,src={bundle}",)
+    assert check_secrets(bundle, ()) == bundle.resolve()
+    monkeypatch.setenv("SPARKFORGE_CA_BUNDLE", str(bundle))  # read once, into the session
+    assert session_from({}).ca_bundle == bundle
     with pytest.raises(SparkforgeError, match="no such file"):
-        secret_args(BuildOptions(ca_bundle=tmp_path / "missing.pem"))
-    assert secret_args(BuildOptions(ca_bundle=bundle, secrets=("id=hf_token,env=HF_TOKEN",)))[1] == (
-        "id=hf_token,env=HF_TOKEN"
-    )
+        check_secrets(tmp_path / "missing.pem", ())
+    check_secrets(bundle, ("id=hf_token,env=HF_TOKEN",))
     with pytest.raises(SparkforgeError, match="id=NAME"):
-        secret_args(BuildOptions(ca_bundle=bundle, secrets=("hf_token",)))
-
-
-def test_dry_push_by_digest_verifies_before_pushing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # buildx cannot be installed on this machine; CI runners and Sparks have it. Only the argv is checked.
-    monkeypatch.setattr("sparkforge.engine.detect_engine", lambda runner=None: BUILDX)
-    lines: list[str] = []
-    options = BuildOptions(dry=True, push_by_digest=True, preflight=False, log_root=tmp_path / "logs")
-    build(load_recipe("vllm-qwen35-wheels"), options, echo=lines.append)
-    text = "\n".join(lines) + capsys.readouterr().err
-    first_build = text.index("--target runtime")
-    assert text.index("then: verify") > first_build
-    assert "push-by-digest=true" in text[text.index("then: verify") :]
+        check_secrets(bundle, ("hf_token",))
+    with pytest.raises(SparkforgeError, match="does not exist"):
+        check_secrets(None, (f"id=x,src={tmp_path / 'absent'}",))

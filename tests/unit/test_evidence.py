@@ -259,7 +259,7 @@ def test_fetch_source_extracts_a_clean_tree_without_the_data_filter(
 
 def test_push_by_digest_rebuild_must_be_the_verified_image(tmp_path: Path) -> None:
     from sparkforge.errors import VerifyError
-    from sparkforge.imagebuild.stage import link_pushed_digest
+    from sparkforge.imagebuild.execute import link_pushed_digest
 
     verified = "sha256:" + "1" * 64
     metadata = tmp_path / "metadata.json"

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import PreflightError, RecipeError
 from sparkforge.imagebuild.render import render_context
 from sparkforge.preflight.lock import lock_recipe
@@ -87,9 +88,8 @@ def test_preflight_refuses_a_symlinked_patch(tmp_path: Path) -> None:
     link = tmp_path / "evil.patch"
     link.symlink_to("/etc/hostname")
     check = Check("patches", "passed")
-    check_patches(
-        check, tmp_path, [link], tmp_path / "scratch", Runner(stream=False), subject="x", repo_root=REPO_ROOT
-    )
+    session = Session(echo=print, runner=Runner(stream=False))
+    check_patches(session, check, tmp_path, [link], tmp_path / "scratch", subject="x", repo_root=REPO_ROOT)
     assert check.status == "failed" and "not a regular file" in check.reason
     assert not (tmp_path / "scratch").exists()
 
@@ -160,7 +160,7 @@ def test_lock_write_refuses_a_recipe_symlinked_out_of_the_project(tmp_path: Path
     try:
         recipe = load_recipe(UNIQUE)
         with pytest.raises(PreflightError) as info:
-            lock_recipe(recipe, write=True, fetcher=None, runner=Runner(dry=True, stream=False))
+            lock_recipe(Session(echo=print, runner=Runner(dry=True, stream=False)), recipe, write=True)
         assert f"{link} is a symlink to {outside}" in str(info.value) and "fix:" in str(info.value)
         assert outside.read_text() == original
     finally:

@@ -171,9 +171,9 @@ def test_audit_of_an_empty_folder_is_not_passed(tmp_path: Path) -> None:
     "ref", ["Evil:Tag", "repo:--x", "repo:a b", "repo@sha256:short", "repo:" + "t" * 129]
 )
 def test_build_tag_is_an_image_reference_checked_before_the_build(ref: str) -> None:
-    import tasks
+    from sparkforge.cli import build
 
-    message = _task(tasks.build, recipe="vllm-qwen35", tag=[ref], dry=True)
+    message = _task(build.build, recipe="vllm-qwen35", tag=[ref], dry=True)
     assert "--tag" in message and "is not an image reference" in message and "fix:" in message, message
 
 

@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from sparkforge import cli, console
+from sparkforge.cli.families import session_from
 from sparkforge.commands import Command, Runner
 from sparkforge.errors import EngineError
-from sparkforge.imagebuild import pipeline, stage
-from sparkforge.imagebuild.lint import run_lint
-from sparkforge.imagebuild.probe import run_probe
-from sparkforge.registry import publish, pull
 from sparkforge.registry.pushed import read_build_metadata
 from sparkforge.report import Check, Report, load_report, print_report
 
@@ -97,18 +94,12 @@ def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str
     defaults = {
         fn.__qualname__: inspect.signature(fn).parameters["echo"].default
         for fn in (
-            pipeline.build,
-            stage.build_stage,
-            publish.push,
-            publish.publish,
-            publish.promote,
-            pull.pull,
-            run_probe,
-            run_lint,
             print_report,
         )
     }
     assert set(defaults.values()) == {console.say}, defaults
+    built = session_from({})  # what every task's session says through (the registry's steps take it)
+    assert built.echo is console.say and built.out is console.say and built.warn is console.warn
     assert cli.echo is console.say and cli.warn is console.warn
     console.warn("careful")
     assert capfd.readouterr() == ("", "careful\n")

@@ -14,6 +14,7 @@ import yaml
 from preflight_fixtures import local_server
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.imagebuild import projectlock
 from sparkforge.imagebuild.lint import deptry_argv
 from sparkforge.recipe.loader import REPO_ROOT
@@ -155,7 +156,9 @@ def test_lock_update_re_resolves_and_shows_the_change(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(text.replace('"rich>=13",', '"rich==13.9.4",'))
     (tmp_path / "README.md").write_text("x\n")
     before = next(p.version for p in projectlock.locked_packages(LOCK_TEXT) if p.name == "rich")
-    changes = projectlock.update_lock(Runner(stream=False), ["rich"], root=tmp_path)
+    changes = projectlock.update_lock(
+        Session(echo=print, runner=Runner(stream=False)), ["rich"], root=tmp_path
+    )
     assert f"- rich=={before}" in changes and "+ rich==13.9.4" in changes, changes
     assert (tmp_path / ".ci" / "uv.txt").read_text() == projectlock.uv_requirement(LOCK_TEXT)
 
@@ -163,7 +166,9 @@ def test_lock_update_re_resolves_and_shows_the_change(tmp_path: Path) -> None:
 def test_audit_says_not_checked_offline_when_the_service_does_not_answer() -> None:
     said: list[str] = []
     with local_server() as served:  # answers 404 for every release, as this machine's proxy does for PyPI's
-        outcome = projectlock.audit_lock(Runner(stream=False), said.append, service=f"{served.base}/pypi")
+        outcome = projectlock.audit_lock(
+            Session(echo=said.append, runner=Runner(stream=False)), service=f"{served.base}/pypi"
+        )
         assert served.seen, "the service was not asked"
     assert outcome is None
     assert said == [said[0]] and said[0].startswith("pip-audit: not checked: offline (http://127.0.0.1:")

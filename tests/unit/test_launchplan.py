@@ -79,7 +79,7 @@ def test_the_plan_keeps_the_defaults_of_flags_a_task_does_not_have() -> None:
     defaults = LaunchFlags()
     assert plan.launch.port == defaults.port and plan.launch.master_port == defaults.master_port
     assert plan.launch.cache_dir == defaults.cache_dir and plan.launch.gpus
-    assert plan.doctor.image == IMAGE and plan.doctor.master_port == defaults.master_port
+    assert plan.doctor is None  # one node: no doctor
     assert [n.label for n in plan.nodes] == ["node0 (local)"]
 
 
@@ -119,9 +119,14 @@ def test_several_nodes_plan_no_containers_before_the_doctor() -> None:
     plan = plan_task(RECIPE, "qwen35-122b-a10b-fp8-tp2", LaunchFlags(IMAGE, nodes="ssh://sf@spark-a,ssh://sf@spark-b",
                                                                    interface="enp1s0f1np1"), {})  # fmt: skip
     assert plan.containers is None and [n.rank for n in plan.nodes] == [0, 1]
-    assert plan.doctor.interface == "enp1s0f1np1"
+    assert plan.doctor is not None and plan.doctor.interface == "enp1s0f1np1" and plan.doctor.image == IMAGE
     with pytest.raises(RunError, match="interface"):
-        plan_task(RECIPE, PROFILE, LaunchFlags(IMAGE, interface="no/such"), {})
+        plan_task(
+            RECIPE,
+            PROFILE,
+            LaunchFlags(IMAGE, nodes="ssh://sf@spark-a,ssh://sf@spark-b", interface="no/such"),
+            {},
+        )
 
 
 def test_serve_dry_prints_the_plan_and_loads_the_recipe_once(

@@ -49,17 +49,21 @@ def test_a_hand_built_session_runs_serve_dry_and_no_library_module_loads_invoke(
 
 def test_a_tasks_flags_by_name_keep_their_defaults_where_the_task_has_none() -> None:
     from sparkforge.cli.run import NodeFlags, launch_options
+    from sparkforge.run.launchplan import LaunchFlags
 
     def serve_like(image: str = "", port: int = 18000, ulimit: list[str] | None = None, gpus: str = "none",
                    json: str = "out.json") -> NodeFlags:  # fmt: skip
         return NodeFlags.of("example.invalid/vllm:2", locals())
 
     flags = serve_like(image="ignored", ulimit=["nofile=4096"])
-    assert flags == NodeFlags("example.invalid/vllm:2", port=18000, gpus="none", ulimit=("nofile=4096",))
-    assert (flags.master_port, flags.backend, flags.weights) == (
-        29501,
-        "mp",
-        "each",
+    assert flags == NodeFlags(
+        "example.invalid/vllm:2", LaunchFlags(port=18000, gpus="none", ulimit=("nofile=4096",))
+    )
+    defaults = LaunchFlags()
+    assert (flags.flags.master_port, flags.flags.backend, flags.flags.weights) == (
+        defaults.master_port,
+        defaults.backend,
+        defaults.weights,
     )  # not options of the task
     launch = launch_options(flags)
     assert (launch.image, launch.port, launch.gpus, launch.ulimits) == ("example.invalid/vllm:2", 18000, False,

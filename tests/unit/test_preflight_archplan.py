@@ -15,6 +15,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.preflight import cmake
 from sparkforge.preflight.archplan import (
     ArchInputs,
@@ -75,7 +76,9 @@ def test_arch_specific_sm120a_does_not_run_on_gb10(sdist_0310, tmp_path):
 def _plan_for(tree: Path, arch_list: list[str], cuda: str, torch_select: Path | None) -> Check:
     inputs = ArchInputs("sm_121", cuda, "2.10.0", "3.12", "aarch64", arch_list, torch_select)
     plan = plan_arches(
-        lambda rel: (tree / rel).read_text() if (tree / rel).is_file() else None, inputs, Runner()
+        Session(echo=print, runner=Runner()),
+        lambda rel: (tree / rel).read_text() if (tree / rel).is_file() else None,
+        inputs,
     )
     check = Check("arch-plan", "passed")
     judge_plan(check, plan, inputs)

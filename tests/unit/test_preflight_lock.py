@@ -3,6 +3,7 @@ side runs against Debian's docker-registry in tests/engine/test_publish_prefligh
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -14,12 +15,16 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     write_recipe,
 )
 
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import make_fetcher
 from sparkforge.preflight.images import check_images, parse_image
 from sparkforge.preflight.lock import lock_recipe
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.report import Check
+
+SESSION = Session(echo=print, runner=Runner(stream=False))
 
 
 def _images_check(recipe, *, offline: bool = False) -> Check:
@@ -78,7 +83,7 @@ def _git_remote(tmp_path: Path, server: Served, tag: str) -> str:
 def test_lock_reports_pins_and_check_passes(server, tmp_path):
     commit = _git_remote(tmp_path, server, "v0.31.0")
     body = {"components": {"vllm": {"commit": commit, "repository": f"{server.base}/vllm-project/vllm.git"}}}
-    result = lock_recipe(write_recipe(tmp_path, body), check=True)
+    result = lock_recipe(SESSION, write_recipe(tmp_path, body), check=True)
     assert result.ok
     states = {e.key: (e.state, e.resolved) for e in result.entries}
     assert states["components.vllm.commit"] == ("pinned", commit)
@@ -90,17 +95,17 @@ def test_lock_expands_the_wheel_short_commit(server, tmp_path):
         "components": {"vllm": {"commit": commit[:9], "repository": f"{server.base}/vllm-project/vllm.git"}}
     }
     recipe = write_recipe(tmp_path, body, extends="vllm-qwen35-wheels")
-    checked = lock_recipe(recipe, check=True)  # an abbreviated wheel commit is not floating
+    checked = lock_recipe(SESSION, recipe, check=True)  # an abbreviated wheel commit is not floating
     entries = {e.key: e for e in checked.entries}
     assert entries["components.vllm.commit"].state == "resolved"
     assert entries["components.vllm.commit"].resolved == commit
     assert entries["components.vllm.wheel"].resolved.startswith(
         "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl sha256:"
     )
-    lock_recipe(recipe, write=True)
+    lock_recipe(SESSION, recipe, write=True)
     assert load_recipe(recipe.path).model.components.vllm.commit == commit
 
 
 def test_lock_offline_says_what_to_do():
     with pytest.raises(PreflightError, match=r"needs the network.*fix: run it online"):
-        lock_recipe(load_recipe("vllm-qwen35"), offline=True)
+        lock_recipe(dataclasses.replace(SESSION, offline=True), load_recipe("vllm-qwen35"))

@@ -18,6 +18,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.preflight.patches import check_patches, explain_failure, hunks, touched_files
 from sparkforge.recipe.loader import REPO_ROOT
@@ -28,7 +29,15 @@ def _check(root: Path, patches: list[Path], tmp_path: Path) -> tuple[Check, Path
     scratch = tmp_path / "scratch"
     scratch.mkdir(parents=True)
     check = Check("patches", "passed")
-    check_patches(check, root, patches, scratch, Runner(stream=False), subject="vLLM", repo_root=REPO_ROOT)
+    check_patches(
+        Session(echo=print, runner=Runner(stream=False)),
+        check,
+        root,
+        patches,
+        scratch,
+        subject="vLLM",
+        repo_root=REPO_ROOT,
+    )
     return check, scratch
 
 

@@ -23,6 +23,7 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
 )
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.checks import PreflightOptions, run_preflight
 from sparkforge.preflight.fetch import make_fetcher
@@ -38,11 +39,11 @@ from sparkforge.recipe.loader import load_recipe
 
 def _resolve(recipe, source, *, base="https://github.com", offline=False):
     return resolve_upstream(
+        Session(echo=print, runner=Runner(stream=False)),
         recipe,
         source=source,
         github_base=base,
         fetcher=make_fetcher(offline=offline),
-        runner=Runner(stream=False),
     )
 
 

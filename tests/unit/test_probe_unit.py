@@ -15,6 +15,7 @@ import pytest
 from preflight_fixtures import CMAKE_PATCH, fixture_sdist_0310  # noqa: F401 (pytest fixture)
 
 from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import RecipeError
 from sparkforge.preflight.archplan import ArchInputs, plan_arches, plan_details
 from sparkforge.probe.crosscheck import compare, gencode_calls, gencode_codes, plan_codes, planned_codes
@@ -51,7 +52,7 @@ def patched_tree(sdist_0310, tmp_path_factory) -> Path:
 def _plan(tree: Path) -> dict:
     inputs = ArchInputs("sm_121", "13.0", "2.13.0", "3.11", "x86_64", ["12.1a"], None)
     read = lambda rel: (tree / rel).read_text() if (tree / rel).is_file() else None  # noqa: E731
-    return plan_details(plan_arches(read, inputs, Runner(stream=False)))
+    return plan_details(plan_arches(Session(echo=print, runner=Runner(stream=False)), read, inputs))
 
 
 # ---- unit paths -------------------------------------------------------------------------------------------
@@ -191,13 +192,11 @@ def test_omitting_externals_keeps_every_vllm_target(sdist_0310, tmp_path):
 
 
 def test_build_runs_the_probe_only_before_compiling_a_source_recipe():
-    from sparkforge.imagebuild.pipeline import wants_probe
-    from sparkforge.imagebuild.stage import BuildOptions
+    from sparkforge.imagebuild.stage import BuildOptions, wants_probe
 
     source, wheels = load_recipe("vllm-qwen35"), load_recipe("vllm-qwen35-wheels")
     assert wants_probe(source, BuildOptions())
     assert wants_probe(source, BuildOptions(target="build"))
     assert not wants_probe(source, BuildOptions(probe=False))
     assert not wants_probe(source, BuildOptions(target="source"))
-    assert not wants_probe(source, BuildOptions(dry=True))
     assert not wants_probe(wheels, BuildOptions())

@@ -20,6 +20,7 @@ from sparkforge.registry import matrix as ci
 from sparkforge.registry import publish as pub
 from sparkforge.registry import pushed as pushed_records
 from sparkforge.verify import verified
+from tests import registry_calls as calls
 from tests.recipe_files import SMOKE, write_recipe_file
 
 DAY = dt.date(2026, 11, 29)
@@ -170,16 +171,16 @@ def test_publish_refuses_missing_extra_and_malformed_before_any_engine_work() ->
     with pytest.raises(
         PublishError, match=r"no image for linux/arm64 .*have: linux/amd64.*nothing was tagged"
     ):
-        pub.publish(recipe, {"linux/amd64": D1})
+        calls.publish(recipe, {"linux/amd64": D1})
     with pytest.raises(
         PublishError,
         match=r"'invoke build --recipe tests/recipes/smoke-multiarch\.yaml --platform linux/arm64'",
     ):
-        pub.publish(recipe, {"linux/amd64": D1})
+        calls.publish(recipe, {"linux/amd64": D1})
     with pytest.raises(PublishError, match="unexpected or repeated linux/s390x"):
-        pub.publish(recipe, {"linux/amd64": D1, "linux/arm64": D2, "linux/s390x": D3})
+        calls.publish(recipe, {"linux/amd64": D1, "linux/arm64": D2, "linux/s390x": D3})
     with pytest.raises(PublishError, match="not sha256 digests"):
-        pub.publish(recipe, {"linux/amd64": D1, "linux/arm64": "latest"})
+        calls.publish(recipe, {"linux/amd64": D1, "linux/arm64": "latest"})
 
 
 def test_digest_records_round_trip_and_refuse_stale(tmp_path: Path) -> None:
@@ -215,24 +216,24 @@ def test_push_from_buildx_metadata_needs_a_verify_record(tmp_path: Path) -> None
         "evidence_dir": evidence,
     }
     with pytest.raises(PublishError, match="no verify record"):
-        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+        calls.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     assert not (tmp_path / "d").exists()
     verified.write_record(config, {"status": "failed"}, evidence)
     with pytest.raises(PublishError, match="latest verify FAILED"):
-        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+        calls.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     verified.write_record(config, {"status": "passed", "base_override": True}, evidence)
     with pytest.raises(PublishError, match="--allow-base-override"):
-        pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+        calls.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     verified.write_record(config, {"status": "passed", "base_override": False}, evidence)
-    pushed = pub.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
+    pushed = calls.push(recipe, "linux/arm64", **kw)  # type: ignore[arg-type]
     assert pushed.reference == f"{recipe.model.publish.repository}@{D2}"
     assert json.loads((tmp_path / "d" / "smoke-multiarch-arm64.json").read_text())["digest"] == D2
     assert verified.record_for_digest(D2, evidence)["image_id"] == config  # publish follows this link
     metadata.write_text("{}")
     with pytest.raises(PublishError, match=r"containerimage\.digest"):
-        pub.push(recipe, "linux/arm64", metadata_file=metadata, digests_dir=None)
+        calls.push(recipe, "linux/arm64", metadata_file=metadata, digests_dir=None)
     with pytest.raises(PublishError, match=r"--platform linux/s390x: recipe .* builds"):
-        pub.push(recipe, "linux/s390x", metadata_file=metadata)
+        calls.push(recipe, "linux/s390x", metadata_file=metadata)
 
 
 def test_push_unverified_is_loud_and_links_nothing(tmp_path: Path) -> None:
@@ -240,7 +241,7 @@ def test_push_unverified_is_loud_and_links_nothing(tmp_path: Path) -> None:
     metadata = tmp_path / "metadata.json"
     metadata.write_text(json.dumps({"containerimage.digest": D1, "containerimage.config.digest": D3}))
     said: list[str] = []
-    pub.push(
+    calls.push(
         recipe, "linux/amd64", metadata_file=metadata, digests_dir=None, echo=said.append,
         allow_unverified=True, evidence_dir=tmp_path,
     )  # fmt: skip
@@ -289,12 +290,12 @@ def test_json_in_tolerates_warnings_around_the_manifest() -> None:
 
 def test_a_step_logs_under_the_recipe_unless_the_session_runner_logs_or_is_dry(tmp_path: Path) -> None:
     recipe, eng, said = load_recipe("vllm-qwen35"), Engine("docker", "buildx", "27.0"), []
-    plain = pub.keyword_session(None, eng, said.append)  # what the tasks and the keyword forms hand down
+    plain = calls.session(None, eng, said.append)  # what the tasks and the keyword forms hand down
     tools = pub.session_tools(plain, recipe, "publish")
     assert tools.engine is eng and tools.repository == recipe.model.publish.repository
     assert tools.runner is not plain.runner and tools.runner.log_dir == plan.log_dir(recipe, "publish")
     assert not tools.runner.dry and tools.runner.echo == said.append  # the step's runner speaks through echo
-    dry = pub.keyword_session(Runner(dry=True), eng, said.append)  # --dry: printed, never run, no log folder
+    dry = calls.session(Runner(dry=True), eng, said.append)  # --dry: printed, never run, no log folder
     assert pub.session_tools(dry, recipe, "publish").runner is dry.runner
-    logging = pub.keyword_session(Runner(log_dir=tmp_path), eng, said.append)
+    logging = calls.session(Runner(log_dir=tmp_path), eng, said.append)
     assert pub.session_tools(logging, recipe, "promote").runner is logging.runner

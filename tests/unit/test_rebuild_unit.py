@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.context import Session
 from sparkforge.engine import Engine
 from sparkforge.errors import SparkforgeError
 from sparkforge.imagebuild import epoch, layerdiff
@@ -22,16 +23,20 @@ from sparkforge.recipe.loader import load_recipe
 ARGS = {"SOURCE_DATE_EPOCH": "1767225600"}
 
 
+def _never_read(ref: str) -> str:
+    raise AssertionError(f"$SOURCE_DATE_EPOCH wins: {ref} must not be read")
+
+
 def test_epoch_parses_docker_times_and_honours_the_environment(monkeypatch):
     assert epoch.parse_created("2026-01-01T00:00:00Z") == 1767225600
     assert epoch.parse_created("2026-01-01T00:00:00.123456789Z") == 1767225600
     assert epoch.parse_created("2026-01-01T01:00:00.5+01:00") == 1767225600
     assert epoch.Epoch(1767225600, "x").iso == "2026-01-01T00:00:00Z"
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
-    assert epoch.source_date_epoch(["never-read:1"]).seconds == 1767225600
+    assert epoch.source_date_epoch(["never-read:1"], _never_read).seconds == 1767225600
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(SparkforgeError, match=r"not a whole number of seconds.*fix:"):
-        epoch.source_date_epoch(["never-read:1"])
+        epoch.source_date_epoch(["never-read:1"], _never_read)
 
 
 def _argv(driver: str, **kw: object) -> tuple[str, ...]:
@@ -170,26 +175,26 @@ def test_template_drift_is_named_with_both_revisions(tmp_path):
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "built here")
     built = _git(root, "rev-parse", "HEAD")
-    runner = Runner(stream=False)
+    session = Session(echo=print, runner=Runner(stream=False))
     (root / "README.md").write_text("b\n")
     _git(root, "commit", "-qam", "docs only")
-    same = drift.template_check(built, False, runner, root)
+    same = drift.template_check(session, built, False, root)
     assert same.status == "passed" and same.details["changed"] == []
     (root / "dockerfiles" / "vllm.Dockerfile.j2").write_text("FROM x\nRUN date > /t\n")
     _git(root, "commit", "-qam", "template change")
     head = _git(root, "rev-parse", "HEAD")
     with pytest.raises(drift.TemplateDrift) as refused:
-        drift.template_check(built, False, runner, root)
+        drift.template_check(session, built, False, root)
     message = str(refused.value)
     assert f"the image was built at {built[:12]}, this checkout is at {head[:12]}" in message
     assert "dockerfiles/vllm.Dockerfile.j2" in message and "\n" not in message
     assert f"fix: check out {built[:12]} or pass --allow-template-drift" in message
-    allowed = drift.template_check(built, True, runner, root)
+    allowed = drift.template_check(session, built, True, root)
     assert allowed.status == "skipped" and allowed.details["changed"] == ["dockerfiles/vllm.Dockerfile.j2"]
     # A revision this checkout does not hold cannot be compared: refused as well, saying so.
     with pytest.raises(drift.TemplateDrift, match="does not hold that revision"):
-        drift.template_check("f" * 40, False, runner, root)
-    assert drift.template_check(None, False, runner, root).status == "skipped"
+        drift.template_check(session, "f" * 40, False, root)
+    assert drift.template_check(session, None, False, root).status == "skipped"
 
 
 def test_base_override_and_step_drift_are_named():

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import PublishError, VerifyError
-from sparkforge.imagebuild.stage import BuildOptions, check_options, moving_requests
+from sparkforge.imagebuild.stage import BuildOptions, check_options, moving_requests, survey
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry.cosign import Statement
 from sparkforge.registry.publish import require_gpu_verified
@@ -231,17 +233,18 @@ def test_a_tag_naming_a_moving_tag_is_recognised() -> None:
 
 @pytest.mark.parametrize("change", [{"verify": False}, {"gpus": "none"}, {"target": "base"}])
 def test_a_moving_tag_is_refused_before_building_when_the_build_cannot_gpu_verify(change: dict) -> None:
-    options = BuildOptions(tags=(f"{RECIPE.model.publish.repository}:latest",), dry=True, **change)
+    options = BuildOptions(tags=(f"{RECIPE.model.publish.repository}:latest",), **change)
+    gpu = options.gpus != "none"  # what survey says of the host under --dry
     with pytest.raises(VerifyError, match=r"--tag .*:latest: a moving tag names only a GPU-verified image"):
-        check_options(RECIPE, options)
-    check_options(RECIPE, BuildOptions(tags=("localhost:5000/x:keep",), dry=True, **change))
+        check_options(RECIPE, options, gpu)
+    check_options(RECIPE, BuildOptions(tags=("localhost:5000/x:keep",), **change), gpu)
 
 
 def test_a_moving_tag_is_refused_before_building_on_an_engine_without_a_gpu(engine_or_skip: None) -> None:
     # --gpus auto on an engine without the NVIDIA runtime (this machine): the verify cannot GPU-verify.
     options = BuildOptions(tags=(f"{RECIPE.model.publish.repository}:latest",), gpus="auto")
     with pytest.raises(VerifyError, match="no NVIDIA runtime in the engine"):
-        check_options(RECIPE, options)
+        survey(Session(echo=print, runner=Runner(stream=False)), RECIPE, options)
 
 
 def test_claims_are_not_changed_by_judging() -> None:

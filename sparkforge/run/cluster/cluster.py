@@ -80,12 +80,13 @@ def cluster_up(
     start = time.monotonic()
     echo, launch, doctor = session.echo, options.launch, options.doctor
     health_timeout_s, dry = options.health_timeout_s, options.dry
-    check_model_pin(profile, launch, echo)
+    for line in check_model_pin(profile, launch):
+        echo(line)
     if dry:  # no engine is contacted: the link addresses are the =ADDRESS given, else named placeholders
         addresses = [e.node.address or f"<{e.node.label} link address>" for e in engines]
         envs = [network_env(doctor.interface, a) for a in addresses]
         plan = plan_launch(profile, addresses, envs, launch)
-        fetch_weights(engines, profile, launch, echo=echo, dry=True)  # its containers, printed
+        fetch_weights(session, engines, profile, launch, dry=True)  # its containers, printed
         launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=True)
         return UpResult(plan, None, time.monotonic() - start)
     result = run_doctor(session, DoctorPlan(tuple(engines), doctor))
@@ -106,7 +107,7 @@ def cluster_up(
         [by_rank[e.node.rank].rdma for e in engines],
         [by_rank[e.node.rank].mounts for e in engines],
     )
-    fetch_weights(engines, profile, launch, echo=echo, dry=dry, address=by_rank[0].address)
+    fetch_weights(session, engines, profile, launch, dry=dry, address=by_rank[0].address)
     launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=dry)
     return UpResult(plan, result, time.monotonic() - start)
 

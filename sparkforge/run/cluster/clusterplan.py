@@ -122,7 +122,7 @@ def plan_cluster(
         launch = _replanned(launch, served)
     memory = launch.memory.to_dict() if launch.memory is not None and flags.gpus != "none" else None
     doctor = replace(
-        _with_fabric(launch.doctor, fabric_set, cluster.quick),
+        _with_fabric(launch.doctor or doctor_options(launch.image, flags), fabric_set, cluster.quick),
         parallel=(layout.parallel.tp, layout.parallel.pp),
         cuda_graphs=layout.cuda_graphs,
         nccl_pin=nccl,

@@ -22,6 +22,7 @@ from sparkforge.recipe.serveargs import norm_flag
 from sparkforge.run.cluster.pitfalls import ClusterFacts, judge
 from sparkforge.run.cluster.topology import layout as find_layout
 from sparkforge.run.memory.checkpoint import Architecture
+from sparkforge.run.memory.weightbytes import pp_ranges
 
 RING_SOURCE = (
     "stock NCCL builds tree/PAT connections to non-adjacent ranks, and RoCE queue-pair setup does not follow the "
@@ -37,6 +38,8 @@ class Parallel:
     pp: int = 1
     dp: int = 1
     expert_parallel: bool = False
+    # VLLM_PP_LAYER_PARTITION: the layers of each stage, when the profile sets it
+    partition: tuple[int, ...] | None = None
 
     @property
     def world(self) -> int:
@@ -59,7 +62,14 @@ def parallel_of(profile: Profile) -> Parallel:
         pp=size("pipeline-parallel-size", "pp"),
         dp=size("data-parallel-size", "dp"),
         expert_parallel=args.get("enable-expert-parallel") is True,
+        partition=layer_partition(profile),
     )
+
+
+def layer_partition(profile: Profile) -> tuple[int, ...] | None:
+    """The profile's VLLM_PP_LAYER_PARTITION (its grammar is checked at load: digits and commas), else None."""
+    text = str(profile.model.env.get("VLLM_PP_LAYER_PARTITION") or "")
+    return tuple(int(n) for n in text.split(",")) if text else None
 
 
 @dataclass
@@ -78,16 +88,35 @@ class ParallelCheck:
         return not self.problems
 
 
-def pp_layers(layers: int, pp: int) -> list[tuple[int, int]]:
-    """vLLM's get_pp_indices without VLLM_PP_LAYER_PARTITION: equal shares, the remainder on the later stages
-    (the first stage also holds the embedding, the last the LM head)."""
-    base, extra = divmod(layers, pp)
-    sizes = [base + (1 if i >= pp - extra else 0) for i in range(pp)]
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+def stage_without_attention(arch: Architecture, stages: list[tuple[int, int]]) -> str | None:
+    """A hybrid model (gated-delta-net `linear_attention` and `full_attention` layers) split so that a stage
+    lacks one of the two kinds: vLLM (0.31 on) fails that launch after every rank has loaded its weights. A stage
+    without full attention reports every KV-cache layout and the head stops at start-up ("AssertionError:
+    Workers disagree on supported KV cache layouts", resolve_kv_cache_layout in vllm/v1/attention/backends/
+    utils.py); a stage without gated-delta-net layers fails the first request ("AssertionError: no mamba layers
+    in the model", get_mamba_groups in vllm/v1/worker/mamba_utils.py). Both seen for real with PP=3 on three
+    CPU-twin nodes (benchmarks/cluster-three.md). Refused before anything starts."""
+    kinds = arch.layer_types
+    present = set(kinds)
+    if len(present) < 2 or len(stages) < 2:
+        return None
+
+    def lacking(bounds: list[tuple[int, int]]) -> list[int]:
+        return [i for i, (lo, hi) in enumerate(bounds) if set(kinds[lo:hi]) != present]
+
+    bare = lacking(stages)
+    if not bare or len(kinds) != sum(hi - lo for lo, hi in stages):
+        return None
+    good = [pp for pp in range(1, min(arch.layers, 16) + 1) if not lacking(pp_ranges(arch.layers, pp))]
+    where = ", ".join(f"stage {i} (layers {stages[i][0]}-{stages[i][1] - 1})" for i in bare)
+    return (
+        f"pipeline-parallel-size {len(stages)}: {where} lack(s) full-attention or gated-delta-net layers of this "
+        'hybrid model, and vLLM then fails after loading the weights ("Workers disagree on supported KV cache '
+        'layouts" or "no mamba layers in the model"); fix: a pipeline-parallel-size whose every stage holds '
+        f"both kinds ({', '.join(map(str, good))} for its layers "
+        f"{''.join('F' if k == 'full_attention' else 'L' for k in kinds)}), or VLLM_PP_LAYER_PARTITION in the "
+        "profile's env to move the boundaries"
+    )
 
 
 def _divides(what: str, count: int, tp: int, problems: list[str]) -> None:
@@ -160,8 +189,17 @@ def check_parallel(
         problems.append(
             f"pipeline-parallel-size {par.pp} exceeds the {arch.layers} layers; fix: at most {arch.layers} stages"
         )
+    elif par.partition and (len(par.partition) != par.pp or sum(par.partition) != arch.layers):
+        problems.append(
+            f"VLLM_PP_LAYER_PARTITION {','.join(map(str, par.partition))} gives {len(par.partition)} stages of "
+            f"{sum(par.partition)} layers, but the layout has {par.pp} stages and the model {arch.layers} layers "
+            "(vLLM refuses it at start-up); fix: one count per stage, summing to the layers"
+        )
     else:
-        found.stages = pp_layers(arch.layers, par.pp)
+        found.stages = pp_ranges(arch.layers, par.pp, par.partition)
+        bare = stage_without_attention(arch, found.stages)
+        if bare:
+            problems.append(bare)
     if par.dp > 1:
         problems.append(
             f"data-parallel-size {par.dp}: vLLM's multi-node data parallelism has its own rendezvous "

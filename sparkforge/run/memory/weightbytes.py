@@ -93,11 +93,17 @@ def layer_parts(arch: Architecture, kind: str, tp: int) -> dict[str, int]:
     return parts
 
 
-def pp_ranges(layers: int, pp: int) -> list[tuple[int, int]]:
-    """vLLM's even partition of decoder layers over pipeline stages (the remainder to the last stages)."""
-    base, extra = divmod(layers, pp)
-    sizes = [base + (1 if i >= pp - extra else 0) for i in range(pp)]
-    starts = [sum(sizes[:i]) for i in range(pp)]
+def pp_ranges(layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[tuple[int, int]]:
+    """vLLM's partition of decoder layers over pipeline stages (get_pp_indices, vllm/distributed/utils.py): the
+    given VLLM_PP_LAYER_PARTITION, else equal shares with the remainder added one each to the stages before the
+    last, from the second-to-last backwards (5 layers over 3 stages: 2,2,1; 4 over 3: 1,2,1)."""
+    if partition:
+        sizes = list(partition)
+    else:
+        sizes = [layers // pp] * pp
+        for i in range(2, layers % pp + 2):
+            sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 
 from sparkforge.boundary import linear_regex
-from sparkforge.console import Echo
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.run.launch import ContainerPlan, NodeLaunch, describe_plan
@@ -69,13 +68,14 @@ def launch_plan(
     for line in describe_plan(plan, [e.node.label for e in engines]):
         session.echo(line)
     if not dry:
-        start_plan(engines, plan, echo=session.echo, health_timeout_s=health_timeout_s)
+        start_plan(session, engines, plan, health_timeout_s=health_timeout_s)
 
 
 def start_plan(
-    engines: Sequence[NodeEngine], plan: ContainerPlan, *, echo: Echo, health_timeout_s: float
+    session: Session, engines: Sequence[NodeEngine], plan: ContainerPlan, *, health_timeout_s: float
 ) -> None:
     """Start workers then the head, wait for health; on failure: cause, last lines, everything removed."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     try:
         for launch in plan.start_order():
@@ -86,8 +86,8 @@ def start_plan(
             engine.start(launch.container)
             echo(f"started {launch.container.name} on {engine.node.label}")
             if launch.exec_argv:
-                _ray_exec(engine, launch, len(engines), echo)
-        wait_healthy(engines, plan, echo=echo, timeout_s=health_timeout_s)
+                _ray_exec(session, engine, launch, len(engines))
+        wait_healthy(session, engines, plan, timeout_s=health_timeout_s)
     except BaseException:
         kept = _keep(engines, plan)
         removed = cluster_down(engines, plan.profile)
@@ -105,7 +105,7 @@ def _keep(engines: Sequence[NodeEngine], plan: ContainerPlan) -> str:
     return f"; their logs are kept in {where}"
 
 
-def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) -> None:
+def _ray_exec(session: Session, engine: NodeEngine, launch: NodeLaunch, count: int) -> None:
     for _ in range(30):  # Ray's own readiness: every node joined (as eugr's launcher waits, 30 x 2 s)
         status = engine.runner.capture(
             engine.command("exec", launch.container.name, "ray", "status"),
@@ -121,11 +121,14 @@ def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) ->
             f"{engine.node.label}: Ray did not see {count} nodes within 60 s; fix: run 'invoke cluster.doctor'"
         )
     engine.call("exec", "exec", "--detach", launch.container.name, *launch.exec_argv)
-    echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
+    session.echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
 
 
-def wait_healthy(engines: Sequence[NodeEngine], plan: ContainerPlan, *, echo: Echo, timeout_s: float) -> None:
+def wait_healthy(
+    session: Session, engines: Sequence[NodeEngine], plan: ContainerPlan, *, timeout_s: float
+) -> None:
     """Poll every container and the head's /health (from inside the head container); explain any exit."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     head = by_rank[0]
     end = time.monotonic() + timeout_s

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.allowlist import RESOURCE_ENV
 from sparkforge.recipe.profile import Profile
@@ -102,17 +102,18 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
 
 
 def fetch_weights(
+    session: Session,
     engines: Sequence[NodeEngine],
     profile: Profile,
     options: LaunchOptions,
     *,
-    echo: Echo,
     dry: bool = False,
     timeout_s: float | None = None,
     address: str | None = None,
 ) -> dict[str, float]:
     """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage.
     With --weights shared and peers, the head's copy is then streamed to them through `address` (its link's)."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     downloads = plan_downloads(profile, sorted(by_rank), options)
     for line in download_lines(profile, options, {r: e.node.label for r, e in by_rank.items()}, dry=dry):
@@ -162,12 +163,12 @@ def fetch_weights(
             by_rank[download.rank].remove([download.container.name])
     peers = [e for rank, e in sorted(by_rank.items()) if rank != downloads[0].rank]
     if options.weights == "shared" and peers:
-        from sparkforge.run.weights.weightstream import share_weights
+        from sparkforge.run.weights.weightstream import Transfer, share_weights
 
         folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{profile.model.model.replace('/', '--')}"
         head = by_rank[downloads[0].rank]
         start = time.monotonic()
-        share_weights(head, peers, options.image, address or "127.0.0.1", folder, folder, echo=echo)
+        share_weights(session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder))
         for peer in peers:
             done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
