@@ -4,13 +4,21 @@ sparkforge.run.bench)."""
 from __future__ import annotations
 
 import json as _json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from sparkforge.cli import LazyHelp, echo, finish_report, session, task, user_errors
-from sparkforge.cli.memory import FORCE_HELP, memory_check
+from sparkforge.cli import LazyHelp, finish_report, task, user_errors
+from sparkforge.cli.families import DRY, Family, Option
+from sparkforge.cli.launchflags import FORCE, NODE, launch
+from sparkforge.context import Session
+
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags
+
+STORE_HELP = "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)"
 
 # Upper bounds of bench's numbers: far above any run on a Spark, low enough that a typo is refused, not run.
 MAX_CONCURRENCY = 4096
@@ -28,95 +36,155 @@ def suites():
     return SUITES
 
 
+@dataclass(frozen=True)
+class BenchFlags:
+    """bench's own flags (as given: words, checked by `bench_options`)."""
+
+    json: str = ""
+    suite: str = "default"
+    repeats: str = "5"
+    duration: str = "10"
+    target_detect: str = ""
+    budget: str = "1800"
+    threshold: str = "10"
+    concurrency: str = ""
+    depth: str = ""
+    input_len: str = ""
+    output_len: str = ""
+    num_prompts: str = ""
+    corpus: str = ""
+    store: str = ""
+    no_warmup: bool = False
+    performance: str = ""
+
+
+BENCH = Family(
+    "bench",
+    (
+        Option("json", "", "also write the result here (it is always kept in the result store)"),
+        Option(
+            "suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))
+        ),
+        Option(
+            "repeats",
+            "5",
+            "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
+        ),
+        Option(
+            "duration",
+            "10",
+            "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+        ),
+        Option(
+            "target_detect",
+            "",
+            "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
+        ),
+        Option("budget", "1800", "with --target-detect: the most seconds the bench runs (default 1800)"),
+        Option("threshold", "10", "with --target-detect: the threshold bench.compare will use (default 10)"),
+        Option("concurrency", "", "comma-separated concurrencies (default: the suite's)"),
+        Option("depth", "", "comma-separated context depths in tokens (default: the suite's)"),
+        Option("input_len", "", "prompt tokens (default: the suite's)"),
+        Option("output_len", "", "generated tokens, exact (default: the suite's)"),
+        Option("num_prompts", "", "vLLM's client: prompts per run (at least the concurrency)"),
+        Option(
+            "corpus",
+            "",
+            "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
+        ),
+        Option("store", "", STORE_HELP),
+        Option("no_warmup", False, "skip the warm-up run of each level"),
+        Option(
+            "performance",
+            "",
+            "also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
+        ),
+    ),
+    "benching",
+    BenchFlags,
+)
+# bench loads a server that already runs: the image is only named (the running container's own is recorded)
+BENCH_IMAGE = Family(
+    "image",
+    (
+        Option(
+            "image",
+            "",
+            "accepted for symmetry with serve; the running container's own image is what is recorded",
+        ),
+    ),
+)
+
+
 @task(
+    families=(DRY, launch(BENCH_IMAGE, NODE, FORCE), BENCH),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
-        "image": "accepted for symmetry with serve; the running container's own image is what is recorded",
-        "json": "also write the result here (it is always kept in the result store)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "suite": LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
-        "repeats": "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable "
-        "interval); their spread is the noise the comparison reads",
-        "duration": "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts "
-        "per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
-        "target_detect": "keep running rounds until a comparison with an equal bench could detect a slowdown of "
-        "this percent in every metric (80% power, at --threshold), or --budget ends; says which",
-        "budget": "with --target-detect: the most seconds the bench runs (default 1800)",
-        "threshold": "with --target-detect: the threshold bench.compare will use (default 10)",
-        "concurrency": "comma-separated concurrencies (default: the suite's)",
-        "depth": "comma-separated context depths in tokens (default: the suite's)",
-        "input_len": "prompt tokens (default: the suite's)",
-        "output_len": "generated tokens, exact (default: the suite's)",
-        "num_prompts": "vLLM's client: prompts per run (at least the concurrency)",
-        "corpus": "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
-        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
-        "no_warmup": "skip the warm-up run of each level",
-        "performance": "also write NVIDIA's performance file of this run here (docs/formats.md; read back by "
-        "bench.baseline)",
-        "force": FORCE_HELP,
         "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
         "contact nothing",
-    }
+    },
 )
 @user_errors
 def bench(
-    c: Context,
-    recipe: str,
-    profile: str,
-    image: str = "",
-    json: str = "",
-    node: str = "",
-    suite: str = "default",
-    repeats: str = "5",
-    duration: str = "10",
-    target_detect: str = "",
-    budget: str = "1800",
-    threshold: str = "10",
-    concurrency: str = "",
-    depth: str = "",
-    input_len: str = "",
-    output_len: str = "",
-    num_prompts: str = "",
-    corpus: str = "",
-    store: str = "",
-    no_warmup: bool = False,
-    force: bool = False,
-    dry: bool = False,
-    performance: str = "",
+    c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, benching: BenchFlags
 ) -> None:
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
-    from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
+    import os
 
-    check_output(json, "--json")  # the boundary: before any engine or server is contacted
-    check_output(performance, "--performance")
-    # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
-    sizes = {
-        name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
-        for name, text, high in (
-            ("input_len", input_len, MAX_TOKENS),
-            ("output_len", output_len, MAX_TOKENS),
-            ("num_prompts", num_prompts, MAX_PROMPTS),
+    from sparkforge.run.bench.runner import run_bench, table
+    from sparkforge.run.bench.store import save
+    from sparkforge.run.launchplan import plan_task
+    from sparkforge.run.launchrun import check_launch
+    from sparkforge.run.memory.guard import judge_memory
+    from sparkforge.run.nodes import NodeEngine
+
+    options = bench_options(benching)  # every input checked before any engine or server is contacted
+    plan = plan_task(recipe, profile, flags, os.environ, starts=False)
+    check_launch(session, plan)
+    judge_memory(session, plan.memory, plan.profile.name, flags.force, plan.memory_refusal)
+    engine = NodeEngine(plan.nodes[0])
+    if session.runner.dry:
+        return _dry_run(session, options, engine.node.label, plan.profile.name)
+    report = run_bench(session, engine, plan.profile, replace(options, recipe_hash=plan.recipe.hash))
+    for line in table(report):
+        session.out(line)
+    target = report.extra["stopping"].get("target_detect")
+    if target:
+        session.out(
+            f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
+            f"{target['widest_floor_pct']}% at {target['widest']})"
         )
-    }
-    runs = parse_int("--repeats", repeats, low=1, high=MAX_REPEATS)
-    levels = {
-        name: parse_int_list(f"--{name}", text, low=low, high=high) if text else None
-        for name, text, low, high in (
-            ("concurrency", concurrency, 1, MAX_CONCURRENCY),
-            ("depth", depth, 0, MAX_TOKENS),
+    ident = report.extra["identity"]
+    chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
+    session.out(
+        f"vLLM {ident['vllm']}, image {ident['image']['id'][:19]}, backends {chosen_backends or 'none logged'}"
+    )
+    if report.extra["speculative"]:
+        spec = report.extra["speculative"]
+        session.out(
+            f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)"
         )
-    }
-    if corpus:
-        check_input(
-            corpus, "--corpus", 256 << 20
-        )  # a regular file (not a FIFO or /dev/zero), before any contact
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.profile import load_profile
+    stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", benching.store or None)
+    session.out(f"stored: {stored}")
+    if benching.performance:  # NVIDIA's performance file (run/bench/nvperf.py)
+        from sparkforge.run.bench.nvperf import write_performance
+
+        written = write_performance(report.to_dict(), Path(benching.performance), plan.recipe.name)
+        session.out(f"performance file: {written}")
+    finish_report(report, benching.json, hint="a level failed; see its reason above")
+
+
+def bench_options(given: BenchFlags):
+    """bench's own flags checked (numbers as ASCII digits in range, the corpus a regular file, the JSON path
+    writable) into the runner's options; refused before any engine or server is contacted."""
+    from sparkforge.boundary import check_input, check_output, parse_int, parse_int_list
+    from sparkforge.errors import RunError
     from sparkforge.run.bench.compare import check_threshold
     from sparkforge.run.bench.rounds import Target
-    from sparkforge.run.bench.runner import BenchOptions, run_bench, table
-    from sparkforge.run.bench.store import save
+    from sparkforge.run.bench.runner import BenchOptions
     from sparkforge.run.bench.suites import (
         check_percent,
         check_repeats,
@@ -124,82 +192,68 @@ def bench(
         choose_suite,
         parse_levels,
     )
-    from sparkforge.run.nodes import LOCAL, NodeEngine, parse_node
 
-    chosen = choose_suite(
-        suite,
-        concurrencies=parse_levels("--concurrency", ",".join(map(str, levels["concurrency"])), 1)
-        if levels["concurrency"]
-        else None,
-        depths=parse_levels("--depth", ",".join(map(str, levels["depth"])), 0) if levels["depth"] else None,
-        **sizes,
+    check_output(given.json, "--json")
+    check_output(given.performance, "--performance")
+    # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
+    sizes = {
+        name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None
+        for name, text, high in (
+            ("input_len", given.input_len, MAX_TOKENS),
+            ("output_len", given.output_len, MAX_TOKENS),
+            ("num_prompts", given.num_prompts, MAX_PROMPTS),
+        )
+    }
+    runs = parse_int("--repeats", given.repeats, low=1, high=MAX_REPEATS)
+    levels = {
+        name: parse_levels(
+            f"--{name}", ",".join(map(str, parse_int_list(f"--{name}", text, low=low, high=high))), low
+        )
+        if text
+        else None
+        for name, text, low, high in (
+            ("concurrency", given.concurrency, 1, MAX_CONCURRENCY),
+            ("depth", given.depth, 0, MAX_TOKENS),
+        )
+    }
+    if given.corpus:
+        check_input(given.corpus, "--corpus", 256 << 20)  # a regular file (not a FIFO or /dev/zero)
+    chosen = choose_suite(given.suite, concurrencies=levels["concurrency"], depths=levels["depth"], **sizes)
+    target = (
+        Target(
+            check_percent("--target-detect", given.target_detect),
+            check_threshold(given.threshold),
+            check_seconds("--budget", given.budget),
+        )
+        if given.target_detect
+        else None
     )
-    options = BenchOptions(
+    if target is not None and target.pct <= target.threshold_pct:
+        raise RunError(
+            f"bench: --target-detect {given.target_detect} is not above --threshold {given.threshold}: no "
+            "comparison at that threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. "
+            "--target-detect 20)"
+        )
+    return BenchOptions(
         chosen,
         check_repeats(runs),
-        not no_warmup,
-        Path(corpus) if corpus else None,
-        min_duration_s=check_seconds("--duration", duration, zero=True),
-        target=Target(
-            check_percent("--target-detect", target_detect),
-            check_threshold(threshold),
-            check_seconds("--budget", budget),
-        )
-        if target_detect
-        else None,
+        not given.no_warmup,
+        Path(given.corpus) if given.corpus else None,
+        min_duration_s=check_seconds("--duration", given.duration, zero=True),
+        target=target,
     )
-    if options.target is not None and options.target.pct <= options.target.threshold_pct:
-        from sparkforge.errors import RunError
-
-        raise RunError(
-            f"bench: --target-detect {target_detect} is not above --threshold {threshold}: no comparison at that "
-            "threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. --target-detect 20)"
-        )
-    engine = NodeEngine(parse_node(node) if node else LOCAL)
-    loaded = load_recipe(recipe)
-    served = load_profile(profile)
-    memory_check(recipe, served, "", force)  # before any engine or server is contacted
-    if dry:
-        return _dry_run(options, engine.node.label, served.name)
-    report = run_bench(session(), engine, served, replace(options, recipe_hash=loaded.hash))
-    for line in table(report):
-        echo(line)
-    target = report.extra["stopping"].get("target_detect")
-    if target:
-        echo(
-            f"--target-detect {target['pct']:g}%: {target['stopped']} after {target['rounds']} rounds (widest floor "
-            f"{target['widest_floor_pct']}% at {target['widest']})"
-        )
-    ident = report.extra["identity"]
-    chosen_backends = {kind: entry["names"] for kind, entry in report.extra["backends"].items()}
-    echo(
-        f"vLLM {ident['vllm']}, image {ident['image']['id'][:19]}, backends {chosen_backends or 'none logged'}"
-    )
-    if report.extra["speculative"]:
-        spec = report.extra["speculative"]
-        echo(
-            f"speculative decoding: acceptance {spec['acceptance_rate']:.2%}, mean acceptance length "
-            f"{spec['mean_acceptance_length']:.2f} (decode_steps_s = output_tok_s / that)"
-        )
-    stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", store or None)
-    echo(f"stored: {stored}")
-    if performance:  # NVIDIA's performance file (run/bench/nvperf.py)
-        from sparkforge.run.bench.nvperf import write_performance
-
-        echo(f"performance file: {write_performance(report.to_dict(), Path(performance), loaded.name)}")
-    finish_report(report, json, hint="a level failed; see its reason above")
 
 
-def _dry_run(options, node: str, profile: str) -> None:
+def _dry_run(session: Session, options, node: str, profile: str) -> None:
     """bench --dry: what would run against which server, every input already checked; nothing contacted."""
     from sparkforge.run.bench.runner import head_container
 
     suite = options.suite
     levels = ", ".join(f"c{c}-d{d}" for c, d in suite.levels())
-    echo(
+    session.echo(
         f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
     )
-    echo(
+    session.echo(
         f"suite {suite.name} ({suite.client}): prompt {suite.input_len} / generate {suite.output_len} tokens; "
         f"levels {levels}; per level {'a warm-up, then ' if options.warmup else ''}{options.repeats} repeats"
         + (
@@ -209,7 +263,7 @@ def _dry_run(options, node: str, profile: str) -> None:
         )
     )
     if options.target is not None:
-        echo(
+        session.echo(
             f"--target-detect {options.target.pct:g}%: more rounds until the smallest detectable slowdown is below "
             f"it at --threshold {options.target.threshold_pct:g}%, or {options.target.budget_s:g} s"
         )
@@ -249,33 +303,58 @@ def _result_paths(option: str, text: str) -> list[Path]:
     return [Path(p) for p in parts]
 
 
+@dataclass(frozen=True)
+class CompareFlags:
+    """bench.compare's flags beyond the two sides (as given)."""
+
+    threshold: str = "10"
+    json: str = ""
+    allow_different: bool = False
+    fail_inconclusive: bool = False
+    store: str = ""
+
+
+COMPARE = Family(
+    "compare",
+    (
+        Option(
+            "threshold",
+            "10",
+            "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
+        ),
+        Option("json", "", "write the comparison report here"),
+        Option(
+            "allow_different",
+            False,
+            "compare results measured with different settings, hardware or serve command (the differences are printed first)",
+        ),
+        Option(
+            "fail_inconclusive",
+            False,
+            "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
+        ),
+        Option(
+            "store",
+            "",
+            "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
+        ),
+    ),
+    "given",
+    CompareFlags,
+)
+
+
 @task(
     name="compare",
+    families=(COMPARE,),
     help={
-        "threshold": "percent a metric may get worse before it counts (default 10): regressed when the whole "
-        "95% interval of new/old is worse than it, inconclusive when the interval straddles it",
         "old": "the older result, or several of one image measured alike (A1.json,A2.json): pooled as one baseline "
         "(more repeats: a narrower interval)",
         "new": "the newer result (a bench JSON: `invoke bench --json`, or a file of the result store)",
-        "allow_different": "compare results measured with different settings, hardware or serve command "
-        "(the differences are printed first)",
-        "json": "write the comparison report here",
-        "fail_inconclusive": "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
-        "store": "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or "
-        "~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
     },
 )
 @user_errors
-def bench_compare(
-    c: Context,
-    old: str,
-    new: str,
-    threshold: str = "10",
-    json: str = "",
-    allow_different: bool = False,
-    fail_inconclusive: bool = False,
-    store: str = "",
-) -> None:
+def bench_compare(c: Context, session: Session, old: str, new: str, given: CompareFlags) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
     from invoke import Exit
 
@@ -284,30 +363,30 @@ def bench_compare(
     from sparkforge.run.bench.compare import compare, verdict_line
     from sparkforge.run.bench.store import entries
 
-    check_output(json, "--json")
-    _threshold(threshold)
+    check_output(given.json, "--json")
+    _threshold(given.threshold)
     olds = _result_paths("--old", old)
     if Path(new).resolve() in [p.resolve() for p in olds]:
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
-    stored = [] if store == "none" else [entry.doc for entry in entries(store or None)[0]]
-    report = compare(olds, Path(new), threshold, allow_different=allow_different, store=stored)
+    stored = [] if given.store == "none" else [entry.doc for entry in entries(given.store or None)[0]]
+    report = compare(olds, Path(new), given.threshold, allow_different=given.allow_different, store=stored)
     for key, sides in report.extra["allowed_differences"].items():
-        echo(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
     for key, sides in report.extra["differences"].items():
-        echo(f"differs: {key}: {sides['old']} -> {sides['new']}")
+        session.out(f"differs: {key}: {sides['old']} -> {sides['new']}")
     width = max([len(ch.name) for ch in report.checks] + [5])
-    echo(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
+    session.out(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
     for check in report.checks:
-        echo(f"  {check.name:<{width}}  {check.reason}")
+        session.out(f"  {check.name:<{width}}  {check.reason}")
     line = verdict_line(report)
-    echo(line)
-    if json:
-        report.write_json(Path(json))
-        echo(f"report: {json}")
+    session.out(line)
+    if given.json:
+        report.write_json(Path(given.json))
+        session.out(f"report: {given.json}")
     if report.extra["verdict"] == "regressed":
         failed = ", ".join(ch.name for ch in report.failed)
         raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
-    if report.extra["verdict"] == "inconclusive" and fail_inconclusive:
+    if report.extra["verdict"] == "inconclusive" and given.fail_inconclusive:
         raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
 
 
@@ -320,7 +399,7 @@ def bench_compare(
     },
 )
 @user_errors
-def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> None:
+def bench_history(c: Context, session: Session, recipe: str, store: str = "", json: str = "") -> None:
     """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
     from sparkforge.boundary import check_output, write_output
     from sparkforge.errors import RunError
@@ -331,7 +410,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
     loaded = load_recipe(recipe)
     found, unreadable = history(loaded.name, loaded.hash, store or None)
     for line in unreadable:
-        echo(f"skipped: {line}")
+        session.out(f"skipped: {line}")
     if not found:
         raise RunError(
             f"bench.history: no stored result of recipe {loaded.name} in {store_root(store or None)}; fix: run "
@@ -345,7 +424,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
             for c in s.doc["checks"]
         }
         figs = ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} failed" for k, v in levels.items())
-        echo(
+        session.out(
             f"{ident['date']}  {ident['image']['id'][:19]}  {s.doc['suite']['name']:15}  {figs} tok/s  {s.path}"
         )
         rows.append(
@@ -360,7 +439,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
         )
     if json:
         write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
-        echo(f"wrote {json}")
+        session.out(f"wrote {json}")
 
 
 @task(
@@ -376,6 +455,7 @@ def bench_history(c: Context, recipe: str, store: str = "", json: str = "") -> N
 @user_errors
 def bench_report(
     c: Context,
+    session: Session,
     results: str,
     html: str = "",
     png: str = "",
@@ -404,10 +484,10 @@ def bench_report(
         )
     if png_dir is not None:
         for name, data in pngs.items():
-            echo(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
+            session.out(f"wrote {write_output(png_dir / f'{name}.png', data, '--png')}")
     if html:
         write_output(html, page(docs, pngs, comparison), "--html")
-        echo(f"wrote {html}")
+        session.out(f"wrote {html}")
 
 
 ns = Collection("bench")

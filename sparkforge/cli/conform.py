@@ -1,49 +1,31 @@
-"""Invoke task `conform` (thin: the work is in sparkforge.run.conform)."""
+"""Invoke task `conform` (thin: one LaunchPlan, sparkforge/run/launchplan.py; the rows in sparkforge.run.conform)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
-from sparkforge.cli import LazyHelp, Whole, echo, finish_report, session, task, user_errors
-from sparkforge.cli.memory import FORCE_HELP, memory_check
-from sparkforge.cli.run import (
-    COMMON_HELP,
-    IFACE_HELP,
-    NODES_HELP,
-    NodeFlags,
-    doctor_options,
-    image_ref,
-    launch_options,
-    node_engine,
-    node_engines,
+from sparkforge.cli import LazyHelp, Whole, finish_report, task, user_errors
+from sparkforge.cli.families import DRY, Family, Option
+from sparkforge.cli.launchflags import (
+    FORCE,
+    IMAGE,
+    ITERABLE,
+    MOUNTS,
+    NODE,
+    NODES,
+    PROFILE_HELP,
+    RECIPE_HELP,
+    SERVER,
+    launch,
 )
+from sparkforge.context import Session
 
-
-def _dry_run(
-    loaded, engines, launch, doctor, health_timeout: int, selected: tuple[str, ...], attach: str
-) -> None:
-    """conform --dry: what would start (the profile as profiled; each row starts its own variants after it) and
-    which rows would run, in order; no engine is contacted."""
-    from sparkforge.run.conform.session import settings_of
-
-    rows = selected or tuple(settings_of(loaded).checks) or conform_rows().names()
-    if attach:
-        echo(f"conform --dry: would ask {attach}, the running deployment (no server started)")
-    else:
-        echo(f"conform --dry: would start {loaded.name} as profiled, then each row's server variants")
-        if len(engines) > 1:
-            from sparkforge.run.cluster.cluster import UpOptions, cluster_up
-
-            cluster_up(session(), engines, loaded, UpOptions(launch, doctor, health_timeout, True))
-        else:
-            from sparkforge.run.serve.serve import ServeOptions, serve_up
-
-            serve_up(session(), engines[0], loaded, ServeOptions(launch, chat=False, dry=True))
-    registry = conform_rows()
-    for index, name in enumerate(n for n in registry.names() if n in rows):
-        echo(f"row {index + 1}/{len(rows)} {name}: {registry.get(name).help}")
+if TYPE_CHECKING:
+    from sparkforge.run.launchplan import LaunchFlags, LaunchPlan
 
 
 def conform_rows():
@@ -53,117 +35,168 @@ def conform_rows():
     return ROWS
 
 
+@dataclass(frozen=True)
+class ConformFlags:
+    """conform's own flags beyond the launch (as given)."""
+
+    attach: str = ""
+    checks: str = ""
+    record: bool = False
+    golden: str = ""
+    json: str = ""
+    junit: str = ""
+    health_timeout: int = 1800
+
+
+CONFORM = Family(
+    "conform",
+    (
+        Option(
+            "attach",
+            "",
+            "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+        ),
+        Option(
+            "checks",
+            "",
+            LazyHelp(
+                lambda: conform_rows().help_text(
+                    "comma-separated rows to run (default: the profile's conform.checks, else all):"
+                )
+            ),
+        ),
+        Option(
+            "record",
+            False,
+            "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+        ),
+        Option("golden", "", "the golden file (default: golden/<profile>.json)"),
+        Option("json", "", "write the JSON report here"),
+        Option("junit", "", "write JUnit XML here"),
+        Option("health_timeout", Whole(1800), "seconds to wait for /health per server start"),
+    ),
+    "conforming",
+    ConformFlags,
+)
+CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
+
+
 @task(
-    iterable=["ulimit"],
+    families=(DRY, launch(*CONFORM_LAUNCH), CONFORM),
+    iterable=ITERABLE,
     help={
-        **{
-            k: v
-            for k, v in COMMON_HELP.items()
-            if k not in ("no_preflight", "dry", "weights", "trust_remote_code")
-        },
+        "recipe": RECIPE_HELP,
+        "profile": PROFILE_HELP,
+        "nodes": NODES.options[0].help
+        + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
         "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "
         "that would run; start nothing",
-        "attach": "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-        "checks": LazyHelp(
-            lambda: conform_rows().help_text(
-                "comma-separated rows to run (default: the profile's conform.checks, else all):"
-            )
-        ),
-        "record": "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
-        "golden": "the golden file (default: golden/<profile>.json)",
-        "json": "write the JSON report here",
-        "junit": "write JUnit XML here",
-        "node": "the engine to run on (default: the local one)",
-        "nodes": NODES_HELP
-        + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
-        "interface": IFACE_HELP,
-        "master_port": "rendezvous port of a multi-node launch (--master-port)",
-        "health_timeout": "seconds to wait for /health per server start",
-        "force": FORCE_HELP,
     },
 )
 @user_errors
 def conform(
-    c: Context,
-    recipe: str,
-    profile: str,
-    image: str = "",
-    attach: str = "",
-    checks: str = "",
-    record: bool = False,
-    golden: str = "",
-    json: str = "",
-    junit: str = "",
-    port: int = Whole(8000),
-    model_dir: str = "",
-    hf_token_file: str = "",
-    cache_dir: str = "/var/cache/sparkforge",
-    gpus: str = "all",
-    node: str = "",
-    nodes: str = "",
-    interface: str = "",
-    master_port: int = Whole(29501),
-    ulimit: list[str] | None = None,
-    health_timeout: int = Whole(1800),
-    hf_endpoint: str = "",
-    allow_unpinned_model: bool = False,
-    force: bool = False,
-    allow_unverified: bool = False,
-    dry: bool = False,
+    c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, conforming: ConformFlags
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
+    import os
+
+    from sparkforge.run.conform.session import run_conform
+    from sparkforge.run.launchplan import plan_task
+    from sparkforge.run.launchrun import check_launch, opt_ins
+
+    options = conform_options(conforming, flags)  # every input checked before an engine or a server
+    plan = plan_task(recipe, profile, flags, os.environ, dry=session.runner.dry, starts=not conforming.attach)
+    check_launch(session, plan)
+    opt_ins(session, plan)
+    if session.runner.dry:
+        return _dry_run(session, plan, conforming, options.checks)
+    options = plan_options(options, plan)
+    from sparkforge.run.nodes import NodeEngine
+
+    report = run_conform(session, [NodeEngine(n) for n in plan.nodes], plan.profile, options)
+    report.recipe = plan.recipe.name
+    finish_report(
+        report,
+        conforming.json,
+        conforming.junit,
+        hint="each failed row names the first divergence or the garble found",
+    )
+
+
+def conform_options(conforming: ConformFlags, flags: LaunchFlags):
+    """conform's own flags checked (rows, outputs, the attach URL, the health timeout) and the flag pairs that
+    exclude each other refused, before anything is loaded or contacted."""
     from sparkforge.boundary import check_output
     from sparkforge.errors import RunError
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.profile import load_profile
     from sparkforge.run.conform.client import check_url
-    from sparkforge.run.conform.session import ConformOptions, parse_checks, run_conform
+    from sparkforge.run.conform.session import ConformOptions, parse_checks
     from sparkforge.run.inputs import check_positive
 
-    selected = parse_checks(checks)  # every input checked before an engine or a server is contacted
-    check_output(json, "--json")
-    check_output(junit, "--junit")
-    if record and golden:
-        check_output(
-            golden, "--golden"
-        )  # --record writes it: no FIFO, folder or system path, before any start
-    if node and nodes:
+    selected = parse_checks(conforming.checks)
+    check_output(conforming.json, "--json")
+    check_output(conforming.junit, "--junit")
+    if conforming.record and conforming.golden:
+        check_output(conforming.golden, "--golden")  # --record writes it: no FIFO, folder or system path
+    if flags.node and flags.nodes:
         raise RunError(
             "conform: --node and --nodes both given; fix: --node E for one engine, --nodes A,B for several"
         )
-    if attach and nodes:
+    if conforming.attach and flags.nodes:
         raise RunError(
             "conform: --attach and --nodes both given; --attach asks a deployment that is already running (by its "
             "URL), --nodes starts one across the nodes; fix: give one of them"
         )
-    engines = node_engines(nodes) if nodes else [node_engine(node)]
-    if attach:
-        check_url(attach)
-    check_positive("--health-timeout", health_timeout)
-    loaded = load_profile(profile)
-    loaded_recipe = load_recipe(recipe)
-    recipe_name = loaded_recipe.name
-    launch = doctor = None
-    if not attach:
-        memory_check(recipe, loaded, model_dir, force)  # before any engine or server is contacted
-        flags = NodeFlags.of(image_ref(recipe, image, allow_unverified, dry=dry), locals())
-        launch = launch_options(flags)
-        if nodes:
-            doctor = doctor_options(flags)
-    if dry:
-        return _dry_run(loaded, engines, launch, doctor, health_timeout, selected, attach)
-    options = ConformOptions(
+    if conforming.attach:
+        check_url(conforming.attach)
+    check_positive("--health-timeout", conforming.health_timeout)
+    return ConformOptions(
         checks=selected,
-        attach=attach or None,
-        record=record,
-        golden=Path(golden) if golden else None,
-        explicit_golden=bool(golden),
-        launch=launch,
-        health_timeout_s=health_timeout,
-        image_ref=image or None,
-        doctor=doctor,
-        gpu=loaded_recipe.model.gpu if loaded_recipe.model.device == "cuda" else None,
+        attach=conforming.attach or None,
+        record=conforming.record,
+        golden=Path(conforming.golden) if conforming.golden else None,
+        explicit_golden=bool(conforming.golden),
+        health_timeout_s=conforming.health_timeout,
+        image_ref=flags.image or None,
     )
-    report = run_conform(session(), engines, loaded, options)
-    report.recipe = recipe_name
-    finish_report(report, json, junit, hint="each failed row names the first divergence or the garble found")
+
+
+def plan_options(options, plan: LaunchPlan):
+    """The launch plan's part of conform's options: the launch and (several nodes) the doctor, the GPU."""
+    from dataclasses import replace
+
+    starts = options.attach is None
+    return replace(
+        options,
+        launch=plan.launch if starts else None,
+        doctor=plan.doctor if starts and len(plan.nodes) > 1 else None,
+        gpu=plan.recipe.model.gpu if plan.device == "cuda" else None,
+    )
+
+
+def _dry_run(session: Session, plan: LaunchPlan, conforming: ConformFlags, selected: tuple[str, ...]) -> None:
+    """conform --dry: what would start (the profile as profiled; each row starts its own variants after it) and
+    which rows would run, in order; no engine is contacted."""
+    from sparkforge.run.conform.session import settings_of
+    from sparkforge.run.launchplan import plan_lines
+
+    registry = conform_rows()
+    rows = selected or tuple(settings_of(plan.profile).checks) or registry.names()
+    if conforming.attach:
+        session.echo(
+            f"conform --dry: would ask {conforming.attach}, the running deployment (no server started)"
+        )
+    else:
+        session.echo(
+            f"conform --dry: would start {plan.profile.name} as profiled, then each row's server variants"
+        )
+        if len(plan.nodes) > 1:
+            from sparkforge.run.cluster.cluster import UpOptions, cluster_up
+            from sparkforge.run.nodes import NodeEngine
+
+            up = UpOptions(plan.launch, plan.doctor, conforming.health_timeout, True)
+            cluster_up(session, [NodeEngine(n) for n in plan.nodes], plan.profile, up)
+        else:
+            for line in plan_lines(plan):
+                session.echo(line)
+    for index, name in enumerate(n for n in registry.names() if n in rows):
+        session.echo(f"row {index + 1}/{len(rows)} {name}: {registry.get(name).help}")

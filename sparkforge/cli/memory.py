@@ -3,53 +3,77 @@ sparkforge.run.memory)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Context
 from invoke.exceptions import Exit
 
-from sparkforge.cli import echo, task, user_errors, warn
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import Family, Option
+from sparkforge.cli.launchflags import FORCE_HELP
+from sparkforge.context import Session
 
-FORCE_HELP = "start even when the memory plan says the profile does not fit (the plan is still printed)"
+__all__ = ["FORCE_HELP", "memory", "memory_check"]  # FORCE_HELP: cli/cluster.py's
 
 
 def memory_check(recipe: str, profile, model_dir: str, force: bool):
-    """The one memory call of serve, cluster.up, conform and bench: plan, print, refuse (or --force)."""
+    """cli/cluster.py's memory call until cluster.up makes a LaunchPlan (whose plan_task plans memory once)."""
+    from sparkforge.cli.families import session_from
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.run.memory.guard import memory_guard
 
     device = load_recipe(recipe).model.device
-    return memory_guard(
-        profile,
-        Path(model_dir).resolve() if model_dir else None,
-        device=device,
-        force=force,
-        echo=echo,
-        warn=warn,
-    )
+    where = Path(model_dir).resolve() if model_dir else None
+    return memory_guard(session_from({}), profile, where, device=device, force=force)
+
+
+@dataclass(frozen=True)
+class NodeSize:
+    """The node `invoke memory` judges against (as given): the Spark's size, or its MemAvailable."""
+
+    spark_memory: int = 0
+    mem_available: float = 0.0
+
+
+NODE_SIZE = Family(
+    "node size",
+    (
+        Option(
+            "spark_memory",
+            0,
+            "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
+        ),
+        Option(
+            "mem_available",
+            0.0,
+            "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
+        ),
+    ),
+    "node",
+    NodeSize,
+)
 
 
 @task(
+    families=(NODE_SIZE,),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its device: GB10 or the CPU twin)",
         "profile": "serve profile name in profiles/ or path to a profile file",
         "model_dir": "a directory holding the model's config.json (default: the one shipped for the profile's "
         "model and revision, profiles/checkpoints/<org>/<name>/<revision>.json)",
         "json": "write the plan as JSON here",
-        "spark_memory": "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
-        "mem_available": "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget "
-        "against it instead of the Spark's size",
-    }
+    },
 )
 @user_errors
 def memory(
     c: Context,
+    session: Session,
     recipe: str,
     profile: str,
+    node: NodeSize,
     model_dir: str = "",
     json: str = "",
-    spark_memory: int = 0,
-    mem_available: float = 0.0,
 ) -> None:
     """Memory plan per node: weights, KV cache per layer type, activation, graphs, the host's reserve; verdict."""
     import json as json_lib
@@ -62,62 +86,21 @@ def memory(
 
     check_output(json, "--json")  # the boundary: before anything is read
     available = (
-        int(float(check_number("--mem-available", mem_available, low=1, high=4096)) * (1 << 30))
-        if mem_available
+        int(float(check_number("--mem-available", node.mem_available, low=1, high=4096)) * (1 << 30))
+        if node.mem_available
         else None
     )
     loaded = load_profile(profile)
-    size = spark_memory or loaded.model.spark_memory_gb
+    size = node.spark_memory or loaded.model.spark_memory_gb
     mem = node_memory(load_recipe(recipe).model.device, spark_gb=size, available=available)
     plan = plan_profile(loaded, Path(model_dir).resolve() if model_dir else None, mem)
     for line in plan_lines(plan):
-        echo(line)
+        session.out(line)
     if json:
         write_output(json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
-        echo(f"plan: {json}")
+        session.out(f"plan: {json}")
     if not plan.fits:
         raise Exit(
             f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",
             code=1,
         )
-
-
-WATCHDOG_HELP = (
-    "auto (default: on for a GB10 recipe with --gpus all), on or off: while serving, stop the server cleanly "
-    "before the host runs out of memory (serve then stays in the foreground; Ctrl-C leaves the server running)"
-)
-FLOOR_HELP = (
-    "the watchdog stops the server when the node's MemAvailable falls below this many GiB (default 4)"
-)
-
-
-def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
-    """--watchdog and --watchdog-floor checked before anything is contacted: (mode, floor in bytes)."""
-    from sparkforge.boundary import check_number
-    from sparkforge.run.inputs import check_choice
-
-    check_choice("--watchdog", mode, ("auto", "on", "off"))
-    return mode, int(
-        float(check_number("--watchdog-floor", floor_gib, low=0, high=1024, low_open=True)) * (1 << 30)
-    )
-
-
-def serve_watchdog(recipe: str, engine, container: str, options: tuple[str, int], gpus: str) -> None:
-    """After a healthy serve: watch the node's memory in the foreground; a stop is a failure naming why."""
-    from sparkforge.errors import RunError
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.memory.serving import watch_container
-
-    mode, floor = options
-    if mode == "off" or (mode == "auto" and (gpus == "none" or load_recipe(recipe).model.device == "cpu")):
-        return
-    try:
-        stopped = watch_container(engine, container, floor=floor, echo=echo)
-    except KeyboardInterrupt:
-        echo(f"watchdog: no longer watching; {container} keeps running unguarded")
-        return
-    if stopped is None:
-        raise RunError(
-            f"the server {container} exited on its own; fix: 'invoke cluster.logs' or 'docker logs {container}'"
-        )
-    raise RunError(f"{stopped.message}\nlast lines of {container}:\n{stopped.last_lines.rstrip()}")

@@ -7,7 +7,7 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +29,16 @@ CACHES = {
     "flashinfer": "/root/.cache/flashinfer",
     "triton": "/root/.triton",
 }
+
+
+# Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
+_ARCH = """
+import sys
+from vllm.model_executor.models.registry import ModelRegistry
+archs = ModelRegistry.get_supported_archs()
+print(f"registered={len(archs)}")
+sys.exit(0 if sys.argv[1] in archs else 3)
+"""
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,9 @@ class NodeLaunch:
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class ContainerPlan:
+    """The containers of one launch: per node, the exact argv, environment, mounts and ports."""
+
     profile: str
     nodes: tuple[NodeLaunch, ...]
     head_address: str
@@ -125,14 +137,13 @@ def model_revision(profile: Profile) -> str | None:
     return pinned_revision(profile.model.args)
 
 
-def check_model_pin(profile: Profile, options: LaunchOptions, echo: Callable[[str], None]) -> None:
-    """A model from the hub is served at a pinned commit, or the command line says it may not be; then, before
-    any container starts, one warning line per opt-in past the allow-list."""
-    for line in profile.opt_ins():
-        echo(line)
+def check_model_pin(profile: Profile, options: LaunchOptions) -> list[str]:
+    """A model from the hub is served at a pinned commit, or the command line says it may not be (RunError
+    otherwise, before any container starts); the lines to say: one per opt-in past the allow-list."""
+    said = list(profile.opt_ins())
     check_token_reach(profile, options)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
-        return
+        return said
     given = profile.model.args.get("revision")
     raise RunError(
         f"profile {profile.name}: the model {profile.model.model} is not pinned to a commit"
@@ -208,7 +219,7 @@ def plan_launch(
     node_mounts: Sequence[
         Sequence[str]
     ] = (),  # per node, e.g. the host's libnccl over the image's (--nccl host)
-) -> LaunchPlan:
+) -> ContainerPlan:
     """One container per node (rank = position in --nodes, the head first), fully spelled out.
 
     A node with RDMA devices (`node_rdma`) also gets /dev/infiniband; IPC_LOCK and memlock=-1 every node has.
@@ -307,9 +318,44 @@ def plan_launch(
         f"--{f.flag}: {f.path} (sha256 {f.sha256}) mounted read-only at {f.target}" for f in profile.files
     )
     listens, warnings = _listens(profile, addresses, options)
-    return LaunchPlan(
+    return ContainerPlan(
         profile.name, tuple(launches), head, options.port, notes, tuple(listens), tuple(warnings)
     )
+
+
+LaunchPlan = ContainerPlan  # the name run/cluster still imports; new code: ContainerPlan
+
+
+def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
+    """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
+    if profile.model.architecture:
+        return profile.model.architecture
+    config = model_dir / "config.json" if model_dir else None
+    if config is None or not config.is_file():
+        return None
+    from sparkforge.boundary import read_json
+    from sparkforge.errors import SparkforgeError
+
+    try:
+        doc = read_json(config, "--model-dir config.json")
+    except SparkforgeError:
+        return None
+    archs = doc.get("architectures") if isinstance(doc, dict) else None
+    return str(archs[0]) if isinstance(archs, list) and archs else None
+
+
+def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:
+    """The docker argv of the architecture check (the image with the profile's environment, no network, no
+    mounts), or None when the model class is unknown before the download."""
+    arch = model_architecture(profile, options.model_dir)
+    if arch is None:
+        return None
+    return ["run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
+            "-c", _ARCH, arch]  # fmt: skip
+
+
+def _env_flags(profile: Profile) -> list[str]:
+    return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
 
 
 def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
@@ -337,7 +383,7 @@ def shown_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
     return shlex.join(out)
 
 
-def describe_plan(plan: LaunchPlan, labels: Sequence[str]) -> list[str]:
+def describe_plan(plan: ContainerPlan, labels: Sequence[str]) -> list[str]:
     """Human lines: per node, the exact docker argv (shell-quoted) and its environment."""
     import shlex
 

@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from cluster_fixtures import VLLM_REF
 
+from sparkforge.commands import Runner
 from sparkforge.console import say
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
@@ -176,7 +178,8 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
     options = LaunchOptions(image=VLLM_REF, cache_dir=str(cache))  # the phase runs without a GPU
     lines: list[str] = []
     start = time.monotonic()
-    done = fetch_weights(engines, profile, options, echo=lambda line: (lines.append(line), say(line)))
+    heard = Session(echo=lambda line: (lines.append(line), say(line)), runner=Runner(stream=False))
+    done = fetch_weights(heard, engines, profile, options)
     print(f"weights phase (cached, offline) on two nodes: {time.monotonic() - start:.1f} s")
     assert set(done) == {e.node.label for e in engines}
     assert (
@@ -189,7 +192,8 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
     )
     # shared: once on the head, then streamed over the fabric link (one cache path here: nothing left to move)
     head_ip = two_nodes.nodes[0].fabric_ip
-    shared = fetch_weights(engines, profile, replace(options, weights="shared"), echo=say, address=head_ip)
+    loud = Session(echo=say, runner=Runner(stream=False))
+    shared = fetch_weights(loud, engines, profile, replace(options, weights="shared"), address=head_ip)
     assert list(shared) == [e.node.label for e in engines]
 
     os.environ["SPARKFORGE_LOG_DIR"] = str(tmp_path / "logs")
@@ -197,7 +201,7 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
         other = profile_path.with_name("absent.yaml")
         other.write_text(profile_path.read_text().replace("sparkforge-test/tiny", "sparkforge-test/absent"))
         with pytest.raises(RunError) as caught:
-            fetch_weights(engines, load_profile(str(other)), options, echo=say)
+            fetch_weights(loud, engines, load_profile(str(other)), options)
     finally:
         del os.environ["SPARKFORGE_LOG_DIR"]
     text = str(caught.value)
@@ -212,7 +216,7 @@ def test_weights_phase_on_every_node_and_a_failed_download_names_the_stage(two_n
 def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_path: Path) -> None:
     """The head's model folder into the peer's own cache over fabric0, for real: 128 MiB of weights, a resumed
     partial file, the Hugging Face cache's symlinks recreated, progress on the way."""
-    from sparkforge.run.weights.weightstream import share_weights
+    from sparkforge.run.weights.weightstream import Transfer, share_weights
 
     a = two_nodes.nodes[0]
     source = tmp_path / "head" / "models--sparkforge-test--big"
@@ -233,10 +237,10 @@ def test_shared_weights_stream_over_the_fabric_link_resumably(two_nodes, tmp_pat
     os.environ["SPARKFORGE_PROGRESS_S"] = "0.5"
     start = time.monotonic()
     try:
+        heard = Session(echo=lambda line: (lines.append(line), say(line)), runner=Runner(stream=False))
         (done,) = share_weights(
-            engines[0], engines[1:], VLLM_REF, a.fabric_ip, str(source), str(dest),
-            echo=lambda line: (lines.append(line), say(line)),
-        ).values()  # fmt: skip
+            heard, engines[0], engines[1:], Transfer(VLLM_REF, a.fabric_ip, str(source), str(dest))
+        ).values()
     finally:
         del os.environ["SPARKFORGE_PROGRESS_S"]
     wall = time.monotonic() - start

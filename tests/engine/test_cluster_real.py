@@ -19,6 +19,8 @@ import pytest
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
 
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.recipe.loader import REPO_ROOT
 
 # CI budget (tests/engine/ci_budget.py): cost on a fresh CI machine once the twin is built; benchmarks/ci.md.
@@ -138,7 +140,9 @@ def test_without_the_doctor_the_wrong_address_hangs_vllm_after_loading_weights(
         for launch in plan.start_order():
             engines[launch.rank].start(launch.container)
         with pytest.raises(RunError) as failure:
-            wait_healthy(engines, plan, echo=say, timeout_s=HANG_WATCH_S)
+            wait_healthy(
+                Session(echo=say, runner=Runner(stream=False)), engines, plan, timeout_s=HANG_WATCH_S
+            )
         seconds = time.monotonic() - start
         head = engines[0].logs(plan.nodes[0].container.name)
         worker = engines[1].logs(plan.nodes[1].container.name)

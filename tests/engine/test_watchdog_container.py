@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.run.memory.serving import watch_container
 from sparkforge.run.nodes import LOCAL, NodeEngine
 from tests.memory_grower import grower
@@ -27,7 +29,9 @@ def test_the_watchdog_stops_a_container_before_its_memory_limit() -> None:
     )  # fmt: skip
     try:
         engine = NodeEngine(LOCAL)
-        stopped = watch_container(engine, name, floor=96 << 20, interval=0.2)
+        stopped = watch_container(
+            Session(echo=print, runner=Runner(stream=False)), engine, name, floor=96 << 20, interval=0.2
+        )
         state = engine.state(name)
     finally:
         subprocess.run(["docker", "rm", "--force", name], capture_output=True)

@@ -196,6 +196,8 @@ def _rounds(sigma: float, seed: int):
 def test_target_detect_runs_rounds_until_the_floor_is_reached_or_the_budget_ends(
     sigma: float, target: float, budget: float, stopped: str
 ) -> None:
+    from sparkforge.commands import Runner
+    from sparkforge.context import Session
     from sparkforge.run.bench.rounds import Target, more_rounds, widest_floor
 
     repeats, one_more_round = _rounds(sigma, 3)
@@ -204,8 +206,9 @@ def test_target_detect_runs_rounds_until_the_floor_is_reached_or_the_budget_ends
     options = Target(target, 10, budget)
     said: list[str] = []
     started = time.monotonic()
+    session = Session(echo=said.append, runner=Runner(stream=False))
     out = more_rounds(
-        options, 2, lambda: {(1, 0): (list(repeats), [], None)}, one_more_round, said.append, started
+        session, options, 2, lambda: {(1, 0): (list(repeats), [], None)}, one_more_round, started
     )
     target_state = out["target_detect"]
     assert target_state["stopped"] == stopped and target_state["rounds"] == len(repeats)

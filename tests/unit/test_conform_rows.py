@@ -19,13 +19,14 @@ def test_the_profile_schema_allows_exactly_the_registered_rows_in_their_order() 
     assert ROWS.names() == CHECKS
     assert ConformSettings().checks == list(ROWS.defaults())
     with pytest.raises(ValueError, match="checks"):
-        ConformSettings.model_validate({"checks": ["determinism", "speed"]})
+        ConformSettings.model_validate({"checks": [ROWS.names()[0], "speed"]})
 
 
 def test_checks_are_parsed_by_the_registry_in_its_order_and_an_unknown_one_names_every_row() -> None:
-    assert parse_checks("equivalence, determinism") == ("determinism", "equivalence")
+    first, *_, last = ROWS.names()
+    assert parse_checks(f"{last}, {first}") == (first, last)
     with pytest.raises(RunError, match="unknown conform row 'speed'") as info:
-        parse_checks("determinism,speed")
+        parse_checks(f"{first},speed")
     assert all(name in str(info.value) for name in ROWS.names())
 
 

@@ -19,8 +19,9 @@ def conform_dry(*extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_dry_prints_the_plan_and_the_rows_and_starts_nothing() -> None:
+    first, *_, last = ROWS.names()
     done = conform_dry(
-        "--profile", "qwen35-35b-a3b-fp8", "--checks", "api,determinism", "--node", "ssh://me@spark9.invalid"
+        "--profile", "qwen35-35b-a3b-fp8", "--checks", f"{last},{first}", "--node", "ssh://me@spark9.invalid"
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -28,8 +29,8 @@ def test_dry_prints_the_plan_and_the_rows_and_starts_nothing() -> None:
     assert "docker run --detach --pull never --name sparkforge-serve-qwen35-35b-a3b-fp8-0" in out
     rows = [line for line in out.splitlines() if line.startswith("row ")]
     assert rows == [
-        f"row 1/2 determinism: {ROWS.get('determinism').help}",
-        f"row 2/2 api: {ROWS.get('api').help}",
+        f"row 1/2 {first}: {ROWS.get(first).help}",
+        f"row 2/2 {last}: {ROWS.get(last).help}",
     ]  # the registry's order, not the order asked
     assert "ssh" not in done.stderr  # the node was never dialled
 

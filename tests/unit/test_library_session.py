@@ -14,22 +14,21 @@ import importlib, json, pathlib, sys
 import sparkforge
 from sparkforge.commands import Runner
 from sparkforge.context import Session
-from sparkforge.recipe.profile import load_profile
-from sparkforge.run.launch import LaunchOptions
-from sparkforge.run.nodes import LOCAL, NodeEngine
-from sparkforge.run.serve.serve import ServeOptions, serve_up
+from sparkforge.run import launchrun
+from sparkforge.run.launchplan import LaunchFlags, plan_task
 
 lines = []
-session = Session(echo=lines.append, runner=Runner(stream=False))
-launch = LaunchOptions("example.invalid/vllm:1", port=18499, gpus=False, allow_unpinned_model=True)
-plan, reply = serve_up(session, NodeEngine(LOCAL), load_profile("qwen35-35b-a3b-fp8"), ServeOptions(launch, dry=True))
+session = Session(echo=lines.append, runner=Runner(stream=False, dry=True), warn=lines.append)
+flags = LaunchFlags("sparkforge-example/vllm:1", port=18499, gpus="none", allow_unpinned_model=True, no_preflight=True)
+plan = plan_task("vllm-qwen35", "qwen35-35b-a3b-fp8", flags, {})
+reply = launchrun.serve(session, plan, launchrun.Serving())
 root = pathlib.Path(sparkforge.__file__).parent
 for path in sorted(root.rglob("*.py")):  # a file walk: pkgutil's walk would import cli/ to look inside it
     parts = path.relative_to(root.parent).with_suffix("").parts
     name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
     if not name.startswith(("sparkforge.cli", "sparkforge.verify.inimage")):
         importlib.import_module(name)
-print(json.dumps({"lines": lines, "container": plan.head.container.name, "reply": reply,
+print(json.dumps({"lines": lines, "container": plan.containers.head.container.name, "reply": reply,
                   "invoke": sorted(m for m in sys.modules if m == "invoke" or m.startswith("invoke."))}))
 """
 
@@ -44,23 +43,27 @@ def test_a_hand_built_session_runs_serve_dry_and_no_library_module_loads_invoke(
     assert out["reply"] is None and out["container"] == "sparkforge-serve-qwen35-35b-a3b-fp8-0"
     # the plan went to the session's echo: the exact docker argv (the image, no GPU request with gpus off)
     (run,) = [line for line in out["lines"] if line.startswith("docker run ")]
-    assert " example.invalid/vllm:1 " in run and "--gpus" not in run and "--ipc host" in run, run
+    assert " sparkforge-example/vllm:1 " in run and "--gpus" not in run and "--ipc host" in run, run
     assert "download: skipped (--gpus none: vLLM stops before loading)" in out["lines"]
 
 
 def test_a_tasks_flags_by_name_keep_their_defaults_where_the_task_has_none() -> None:
     from sparkforge.cli.run import NodeFlags, launch_options
+    from sparkforge.run.launchplan import LaunchFlags
 
     def serve_like(image: str = "", port: int = 18000, ulimit: list[str] | None = None, gpus: str = "none",
                    json: str = "out.json") -> NodeFlags:  # fmt: skip
         return NodeFlags.of("example.invalid/vllm:2", locals())
 
     flags = serve_like(image="ignored", ulimit=["nofile=4096"])
-    assert flags == NodeFlags("example.invalid/vllm:2", port=18000, gpus="none", ulimit=("nofile=4096",))
-    assert (flags.master_port, flags.backend, flags.weights) == (
-        29501,
-        "mp",
-        "each",
+    assert flags == NodeFlags(
+        "example.invalid/vllm:2", LaunchFlags(port=18000, gpus="none", ulimit=("nofile=4096",))
+    )
+    defaults = LaunchFlags()
+    assert (flags.flags.master_port, flags.flags.backend, flags.flags.weights) == (
+        defaults.master_port,
+        defaults.backend,
+        defaults.weights,
     )  # not options of the task
     launch = launch_options(flags)
     assert (launch.image, launch.port, launch.gpus, launch.ulimits) == ("example.invalid/vllm:2", 18000, False,

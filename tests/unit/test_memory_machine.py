@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.commands import Runner
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.checkpoints import checkpoint_path
 from sparkforge.recipe.loader import REPO_ROOT
@@ -209,16 +211,15 @@ def test_a_gpu_profile_without_a_config_is_refused_not_waved_through(tmp_path: P
         tmp_path, SMALL, "other-model", ("model: Qwen/Qwen3.5-35B-A3B-FP8", "model: someone/Unknown-7B")
     )
     warned: list[str] = []
+    session = Session(echo=print, runner=Runner(), warn=warned.append)
     with pytest.raises(RunError, match="no memory plan") as err:
-        memory_guard(load_profile(str(unknown)), None, echo=lambda _: None, warn=warned.append)
+        memory_guard(session, load_profile(str(unknown)), None)
     assert "profiles/checkpoints/someone/Unknown-7B/unpinned.json" in str(err.value) and "--model-dir" in str(
         err.value
     )
     # --force starts it, warned; the CPU twin (a test vehicle) is warned only
-    assert memory_guard(load_profile(str(unknown)), None, force=True, echo=print, warn=warned.append) is None
-    assert (
-        memory_guard(load_profile(str(unknown)), None, device="cpu", echo=print, warn=warned.append) is None
-    )
+    assert memory_guard(session, load_profile(str(unknown)), None, force=True) is None
+    assert memory_guard(session, load_profile(str(unknown)), None, device="cpu") is None
     assert len(warned) == 2 and all("no memory plan" in w for w in warned)
 
 

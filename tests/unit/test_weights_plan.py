@@ -53,14 +53,18 @@ def test_the_stage_a_start_reached() -> None:
 
 
 def test_the_weight_server_never_listens_on_every_interface() -> None:
+    from sparkforge.commands import Runner
+    from sparkforge.context import Session
     from sparkforge.errors import RunError
     from sparkforge.run.nodes import NodeEngine, parse_nodes
-    from sparkforge.run.weights.weightstream import share_weights
+    from sparkforge.run.weights.weightstream import Transfer, share_weights
+
+    session = Session(echo=print, runner=Runner(stream=False))
 
     # Unroutable engines (TEST-NET): the refusal comes before either is contacted.
     head, peer = (NodeEngine(n) for n in parse_nodes("tcp://192.0.2.1:2376,tcp://192.0.2.2:2376"))
     for address in ("0.0.0.0", "::", ""):
         with pytest.raises(RunError, match="every interface"):
             share_weights(
-                head, [peer], "img", address, "/c/hub/models--a--b", "/c/hub/models--a--b", echo=print
+                session, head, [peer], Transfer("img", address, "/c/hub/models--a--b", "/c/hub/models--a--b")
             )

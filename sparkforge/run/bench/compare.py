@@ -130,10 +130,9 @@ def compare_docs(
         for metric in (m for m in METRICS if m in old_v and m in new_v):
             report.add(
                 metric_check(
-                    f"{name}:{metric}",
+                    name,
                     metric,
-                    old_v[metric],
-                    new_v[metric],
+                    (old_v[metric], new_v[metric]),
                     threshold_pct,
                     load,
                     old_benches=sizes,
@@ -145,21 +144,22 @@ def compare_docs(
 
 
 def metric_check(
-    name: str,
+    level: str,
     metric: str,
-    old: list[float],
-    new: list[float],
+    sides: tuple[list[float], list[float]],
     threshold_pct: float,
     load: dict[str, Any],
     *,
     old_benches: list[int] | None = None,
     drift: Drift | None = None,
 ) -> Check:
-    """One metric of one level: interval.estimate's verdict, its line (ratio, interval, floor) and evidence."""
+    """One metric of one level (the check `LEVEL:METRIC`): interval.estimate's verdict of the (old, new) repeats,
+    its line (ratio, interval, floor) and evidence."""
+    old, new = sides
     est = estimate(old, new, METRICS[metric], threshold_pct, old_benches=old_benches, drift=drift)
     a, b = Spread.of(old), Spread.of(new)
     return Check(
-        name,
+        f"{level}:{metric}",
         VERDICT_STATUS[est.verdict],
         f"{est.verdict}: {est.describe()}; median {a.median:.4g} -> {b.median:.4g}",
         {

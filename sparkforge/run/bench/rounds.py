@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.run.bench.interval import needed_mde
 from sparkforge.run.bench.noise import METRICS
 from sparkforge.run.bench.suites import level_name
@@ -29,11 +29,11 @@ class Target:
 
 
 def more_rounds(
+    session: Session,
     target: Target | None,
     rounds: int,
     measured: Callable[[], dict],
     one_more_round: Callable[[int], None],
-    echo: Echo,
     started: float,
 ) -> dict[str, Any]:
     """--target-detect: after `rounds` rounds, more until every metric's floor is at most the target, a level
@@ -52,7 +52,7 @@ def more_rounds(
         elif spent + last_round_s > target.budget_s:
             why = "budget"
         else:
-            echo(
+            session.echo(
                 f"  round {rounds + 1}: the widest floor is {_floor(floor)} ({where}), target "
                 f"{target.pct:g}% ..."
             )
@@ -60,7 +60,7 @@ def more_rounds(
             one_more_round(rounds + 1)
             rounds, last_round_s = rounds + 1, time.monotonic() - began
             continue
-        echo(
+        session.echo(
             f"--target-detect {target.pct:g}%: {why} after {rounds} rounds: the widest floor is "
             f"{_floor(floor)} ({where})"
             + (f"; the budget of {target.budget_s:g} s ended first" if why == "budget" else "")

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge.commands import Command
-from sparkforge.console import Echo
 from sparkforge.context import Session, cache_root
 from sparkforge.errors import CommandError, RunError
 from sparkforge.recipe.profile import Profile
@@ -122,7 +121,7 @@ def _vllm_call(engine: NodeEngine, name: str, runs: list[dict], options: BenchOp
 
 
 def _vllm_levels(
-    engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo
+    session: Session, engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions
 ) -> tuple[dict, dict[str, Any]]:
     suite, started = options.suite, time.monotonic()
     nonce = secrets.randbelow(1 << 24)  # fresh prompts for every bench: none was cached by an earlier bench
@@ -149,7 +148,7 @@ def _vllm_levels(
                 runs[-1]["scale_to_s"] = options.min_duration_s
         return runs
 
-    echo(
+    session.echo(
         f"vllm bench serve: {len(suite.levels())} level(s) x ({'1 warm-up + ' if options.warmup else ''}"
         f"{options.repeats} repeats) in interleaved rounds, {suite.input_len} in / {suite.output_len} out tokens, "
         f"each repeat at least {options.min_duration_s:g} s, seeds {suite.seed}+{nonce}+run ..."
@@ -169,7 +168,7 @@ def _vllm_levels(
         more, _out = _vllm_call(engine, name, runs_of([(lv, f"r{index}") for lv in suite.levels()]), options)
         lines.update(more)
 
-    stopping = more_rounds(options.target, options.repeats, measured, one_more_round, echo, started)
+    stopping = more_rounds(session, options.target, options.repeats, measured, one_more_round, started)
     return measured(), {"prompts_per_run": prompts, **stopping}
 
 
@@ -236,10 +235,12 @@ def _install_benchy(engine: NodeEngine, name: str, options: BenchOptions) -> str
     return ":".join(paths)
 
 
-def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions, echo: Echo):
+def _benchy_levels(
+    session: Session, engine: NodeEngine, name: str, ctx: dict[str, str], options: BenchOptions
+):
     suite, started = options.suite, time.monotonic()
     pythonpath = _install_benchy(engine, name, options)
-    echo(
+    session.echo(
         f"llama-benchy {LLAMA_BENCHY_VERSION}: {len(suite.levels())} level(s) x {options.repeats} interleaved "
         f"rounds (one run per level, each warmed), pp {suite.input_len} / tg {suite.output_len}, depths "
         f"{list(suite.depths)} ..."
@@ -296,11 +297,11 @@ def _benchy_levels(engine: NodeEngine, name: str, ctx: dict[str, str], options: 
         if errors:
             return measured(), None, {}
     stopping = more_rounds(
+        session,
         options.target,
         options.repeats,
         measured,
         lambda i: one_round(i) if not errors else None,
-        echo,
         started,
     )
     book = f"{RESULT_DIR}/home/.cache/llama-benchy/{hashlib.md5(LLAMA_BENCHY_BOOK.encode()).hexdigest()}.txt"
@@ -341,9 +342,9 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
     start = time.monotonic()
     corpus = None
     if options.suite.client == "llama-benchy":
-        measured, corpus, stopping = _benchy_levels(engine, name, ctx, options, echo)
+        measured, corpus, stopping = _benchy_levels(session, engine, name, ctx, options)
     else:
-        measured, stopping = _vllm_levels(engine, name, ctx, options, echo)
+        measured, stopping = _vllm_levels(session, engine, name, ctx, options)
     spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
     report = Report(
         command="bench",

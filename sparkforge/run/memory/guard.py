@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.checkpoints import checkpoint_path, pinned_revision
 from sparkforge.recipe.profile import PROFILES_DIR, Profile
@@ -50,40 +50,53 @@ def plan_profile(
     return plan_memory(profile.name, arch, read_settings(args, dict(profile.model.env), arch), mem)
 
 
-def memory_guard(
-    profile: Profile,
-    model_dir: Path | None,
-    *,
-    device: str = "gpu",
-    force: bool = False,
-    echo: Echo,
-    warn: Echo,
-    available: int | None = None,
-) -> MemoryPlan | None:
-    """Plan, print, refuse: a profile that does not fit raises (the plan printed, '--force' named). A GB10
-    profile without a countable checkpoint config is refused too (nothing proves it fits); only --force starts
-    it. The CPU twin (a test vehicle whose KV cache is a fixed VLLM_CPU_KVCACHE_SPACE) is let through, warned."""
+def plan_or_refuse(
+    profile: Profile, model_dir: Path | None, device: str, force: bool
+) -> tuple[MemoryPlan | None, list[str]]:
+    """The profile's plan and the warnings it needs, before anything prints or starts: a GB10 profile without a
+    countable checkpoint config is refused (nothing proves it fits); only --force starts it. The CPU twin (a
+    test vehicle whose KV cache is a fixed VLLM_CPU_KVCACHE_SPACE) is let through, warned."""
     try:
-        mem = node_memory(device, spark_gb=profile.model.spark_memory_gb, available=available)
-        plan = plan_profile(profile, model_dir, mem)
+        mem = node_memory(device, spark_gb=profile.model.spark_memory_gb)
+        return plan_profile(profile, model_dir, mem), []
     except RunError as exc:
         if device == "cpu" or force:
-            warn(f"warning: no memory plan for {profile.name}: {exc}")
-            return None
+            return None, [f"warning: no memory plan for {profile.name}: {exc}"]
         raise RunError(
             f"profile {profile.name}: no memory plan, so nothing shows it fits: {exc}; nothing was started or "
             "downloaded"
         ) from None
+
+
+def judge_memory(
+    session: Session, plan: MemoryPlan | None, profile: str, force: bool, refusal: str = ""
+) -> MemoryPlan | None:
+    """Print the plan; refuse a profile that does not fit (the plan printed, '--force' named) or that has no
+    plan (`refusal`: plan_or_refuse's reason)."""
+    if refusal:
+        raise RunError(refusal)
+    if plan is None:
+        return None
     for line in plan_lines(plan):
-        echo(line)
+        session.echo(line)
     for line in plan.warnings:
-        warn(f"warning: {line}")
+        session.warn(f"warning: {line}")
     if plan.fits:
         return plan
     if force:
-        warn(f"warning: --force: starting {profile.name} although the memory plan says it does not fit")
+        session.warn(f"warning: --force: starting {profile} although the memory plan says it does not fit")
         return plan
     raise RunError(
-        f"profile {profile.name} does not fit: {'; '.join(plan.reasons)}; nothing was started or downloaded; "
+        f"profile {profile} does not fit: {'; '.join(plan.reasons)}; nothing was started or downloaded; "
         f"fix: {'; or '.join(plan.fixes) or 'see the plan above'} (or --force to try anyway)"
     )
+
+
+def memory_guard(
+    session: Session, profile: Profile, model_dir: Path | None, *, device: str = "gpu", force: bool = False
+) -> MemoryPlan | None:
+    """Plan, print, refuse: the one memory call of a launch (plan_or_refuse, then judge_memory)."""
+    plan, warnings = plan_or_refuse(profile, model_dir, device, force)
+    for line in warnings:
+        session.warn(line)
+    return judge_memory(session, plan, profile.name, force)

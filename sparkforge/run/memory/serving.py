@@ -9,7 +9,7 @@ container and its log stay for `serve.down`.
 
 from __future__ import annotations
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.run.memory.watchdog import (
     DEFAULT_FLOOR,
@@ -64,21 +64,21 @@ def container_reading(engine: NodeEngine, container: str, cgroup: bool) -> Memor
 
 
 def watch_container(
+    session: Session,
     engine: NodeEngine,
     container: str,
     *,
     floor: int = DEFAULT_FLOOR,
     interval: float = DEFAULT_INTERVAL,
-    echo: Echo = lambda _: None,
 ) -> WatchdogStop | None:
     """Watch a running server until it exits (None) or memory runs low (stopped; the stop returned)."""
     cgroup = memory_limit(engine, container) > 0
-    echo(
+    session.echo(
         f"watchdog: watching {'the container memory limit' if cgroup else 'MemAvailable'} of {container} on "
         f"{engine.node.label} every {interval:g} s (floor {floor / (1 << 30):.2f} GiB); Ctrl-C stops watching and "
         "leaves the server running"
     )
-    return watch(
+    stopped = watch(
         lambda: container_reading(engine, container, cgroup),
         lambda: engine.call(
             "stop", "stop", "--time", str(STOP_GRACE_S), container, timeout=STOP_GRACE_S + 30
@@ -87,5 +87,7 @@ def watch_container(
         floor=floor,
         interval=interval,
         name=f"the server {container}",
-        echo=echo,
     )
+    if stopped is not None:
+        session.echo(stopped.message)
+    return stopped

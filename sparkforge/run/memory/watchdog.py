@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkforge.console import Echo
-
 GiB = 1 << 30
 DEFAULT_FLOOR = 4 * GiB  # below this, page cache is gone and the next allocation stalls the whole machine
 DEFAULT_INTERVAL = 2.0
@@ -71,7 +69,6 @@ def watch(
     floor: int = DEFAULT_FLOOR,
     interval: float = DEFAULT_INTERVAL,
     name: str = "the server",
-    echo: Echo = lambda _: None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> WatchdogStop | None:
     """Poll until the server is gone (`read` returns None: None is returned) or memory falls below `floor`: then
@@ -93,6 +90,5 @@ def watch(
                 "max-model-len or max-num-seqs ('invoke memory' shows the plan), or free the host's memory; "
                 "--watchdog off serves unguarded"
             )
-            echo(message)
             return WatchdogStop(reading, floor, message, lines)
         sleep(interval)

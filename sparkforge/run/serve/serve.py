@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile, expect_pattern
-from sparkforge.run.launch import LaunchOptions, LaunchPlan, check_model_pin, plan_launch, shown_argv
+from sparkforge.run.launch import ContainerPlan, LaunchOptions, architecture_argv, plan_launch
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.run.serve.start import cluster_down, launch_plan
 from sparkforge.run.weights.weights import fetch_weights
@@ -34,14 +33,6 @@ try:
     print(urllib.request.urlopen(req, timeout=600).read().decode())
 except urllib.error.HTTPError as exc:
     print(exc.read().decode().replace("\\n", " "))
-"""
-# Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
-_ARCH = """
-import sys
-from vllm.model_executor.models.registry import ModelRegistry
-archs = ModelRegistry.get_supported_archs()
-print(f"registered={len(archs)}")
-sys.exit(0 if sys.argv[1] in archs else 3)
 """
 
 
@@ -68,20 +59,6 @@ class ChatReply:
         )
 
 
-def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
-    """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
-    if profile.model.architecture:
-        return profile.model.architecture
-    config = model_dir / "config.json" if model_dir else None
-    if config is None or not config.is_file():
-        return None
-    try:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return None
-    return str(archs[0]) if archs else None
-
-
 def check_architecture(
     session: Session, engine: NodeEngine, profile: Profile, options: LaunchOptions
 ) -> None:
@@ -106,20 +83,6 @@ def check_architecture(
     if result.returncode != 0:
         raise RunError(f"cannot read the model registry of {options.image}: {result.output.strip()[-400:]}")
     session.echo(f"model class {arch}: registered in the image's vLLM")
-
-
-def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:
-    """The docker argv of the architecture check (the image with the profile's environment, no network, no
-    mounts), or None when the model class is unknown before the download."""
-    arch = model_architecture(profile, options.model_dir)
-    if arch is None:
-        return None
-    return ["run", "--rm", "--network", "none", "--entrypoint", "python3", *_env_flags(profile), options.image,
-            "-c", _ARCH, arch]  # fmt: skip
-
-
-def _env_flags(profile: Profile) -> list[str]:
-    return [flag for key, value in sorted(profile.model.env.items()) for flag in ("--env", f"{key}={value}")]
 
 
 def ask(session: Session, engine: NodeEngine, container: str, port: int, profile: Profile) -> ChatReply:
@@ -174,31 +137,26 @@ class ServeOptions:
     launch: LaunchOptions
     health_timeout_s: float = 1800
     chat: bool = True  # ask once after health (the answer check)
-    dry: bool = False  # print the plan, start nothing
     down_on_fail: bool = False  # a wrong answer removes the (healthy) deployment
+    containers: ContainerPlan | None = None  # as the launch plan decided them (None: planned from `launch`)
 
 
 def serve_up(
     session: Session, engine: NodeEngine, profile: Profile, options: ServeOptions
-) -> tuple[LaunchPlan, ChatReply | None]:
-    """Start the profile on this node, wait for health, ask once; a failed start is removed, a failed answer
-    leaves the healthy deployment running (to inspect it) unless `down_on_fail`."""
+) -> tuple[ContainerPlan, ChatReply | None]:
+    """Start the profile on this node (its pin and opt-ins checked by the launch plan, sparkforge/run/launchplan.py),
+    wait for health, ask once; a failed start is removed, a failed answer leaves the healthy deployment running (to
+    inspect it) unless `down_on_fail`."""
     if profile.model.nodes != 1:
         raise RunError(
             f"profile {profile.name} needs {profile.model.nodes} nodes; fix: 'invoke cluster.up --profile {profile.name} --nodes A,B'"
         )
-    echo, launch, dry = session.echo, options.launch, options.dry
-    check_model_pin(profile, launch, echo)
-    plan = plan_launch(profile, ["127.0.0.1"], [{}], launch)
-    if not dry:
-        check_architecture(session, engine, profile, launch)
-    elif (argv := architecture_argv(profile, launch)) is not None:
-        echo(
-            f"# container: the architecture check (the profile's environment, no network): docker {shown_argv(argv)}"
-        )
-    fetch_weights([engine], profile, launch, echo=echo, dry=dry)
-    launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=dry)
-    if dry or not options.chat:
+    launch = options.launch
+    plan = options.containers or plan_launch(profile, ["127.0.0.1"], [{}], launch)
+    check_architecture(session, engine, profile, launch)
+    fetch_weights(session, [engine], profile, launch)
+    launch_plan(session, [engine], plan, health_timeout_s=options.health_timeout_s, dry=False)
+    if not options.chat:
         return plan, None
     try:
         reply = ask(session, engine, plan.head.container.name, launch.port, profile)

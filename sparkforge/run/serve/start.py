@@ -11,10 +11,9 @@ import time
 from collections.abc import Sequence
 
 from sparkforge.boundary import linear_regex
-from sparkforge.console import Echo
 from sparkforge.context import Session
 from sparkforge.errors import RunError
-from sparkforge.run.launch import LaunchPlan, NodeLaunch, describe_plan
+from sparkforge.run.launch import ContainerPlan, NodeLaunch, describe_plan
 from sparkforge.run.nodes import LABEL, NodeEngine
 from sparkforge.run.postmortem import keep_logs, stage_of
 
@@ -58,19 +57,25 @@ def serve_label(profile: str | None = None) -> str:
 
 
 def launch_plan(
-    session: Session, engines: Sequence[NodeEngine], plan: LaunchPlan, *, health_timeout_s: float, dry: bool
+    session: Session,
+    engines: Sequence[NodeEngine],
+    plan: ContainerPlan,
+    *,
+    health_timeout_s: float,
+    dry: bool,
 ) -> None:
     """Print the plan (docker argv and env per node); unless `dry`, start it and wait for health."""
     for line in describe_plan(plan, [e.node.label for e in engines]):
         session.echo(line)
     if not dry:
-        start_plan(engines, plan, echo=session.echo, health_timeout_s=health_timeout_s)
+        start_plan(session, engines, plan, health_timeout_s=health_timeout_s)
 
 
 def start_plan(
-    engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, health_timeout_s: float
+    session: Session, engines: Sequence[NodeEngine], plan: ContainerPlan, *, health_timeout_s: float
 ) -> None:
     """Start workers then the head, wait for health; on failure: cause, last lines, everything removed."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     try:
         for launch in plan.start_order():
@@ -81,8 +86,8 @@ def start_plan(
             engine.start(launch.container)
             echo(f"started {launch.container.name} on {engine.node.label}")
             if launch.exec_argv:
-                _ray_exec(engine, launch, len(engines), echo)
-        wait_healthy(engines, plan, echo=echo, timeout_s=health_timeout_s)
+                _ray_exec(session, engine, launch, len(engines))
+        wait_healthy(session, engines, plan, timeout_s=health_timeout_s)
     except BaseException:
         kept = _keep(engines, plan)
         removed = cluster_down(engines, plan.profile)
@@ -90,7 +95,7 @@ def start_plan(
         raise
 
 
-def _keep(engines: Sequence[NodeEngine], plan: LaunchPlan) -> str:
+def _keep(engines: Sequence[NodeEngine], plan: ContainerPlan) -> str:
     """Every launch container's full log, kept before removal (never masking the failure being raised)."""
     by_rank = {e.node.rank: e for e in engines}
     try:
@@ -100,7 +105,7 @@ def _keep(engines: Sequence[NodeEngine], plan: LaunchPlan) -> str:
     return f"; their logs are kept in {where}"
 
 
-def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) -> None:
+def _ray_exec(session: Session, engine: NodeEngine, launch: NodeLaunch, count: int) -> None:
     for _ in range(30):  # Ray's own readiness: every node joined (as eugr's launcher waits, 30 x 2 s)
         status = engine.runner.capture(
             engine.command("exec", launch.container.name, "ray", "status"),
@@ -116,11 +121,14 @@ def _ray_exec(engine: NodeEngine, launch: NodeLaunch, count: int, echo: Echo) ->
             f"{engine.node.label}: Ray did not see {count} nodes within 60 s; fix: run 'invoke cluster.doctor'"
         )
     engine.call("exec", "exec", "--detach", launch.container.name, *launch.exec_argv)
-    echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
+    session.echo(f"vllm serve started inside {launch.container.name} (Ray backend)")
 
 
-def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo, timeout_s: float) -> None:
+def wait_healthy(
+    session: Session, engines: Sequence[NodeEngine], plan: ContainerPlan, *, timeout_s: float
+) -> None:
     """Poll every container and the head's /health (from inside the head container); explain any exit."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     head = by_rank[0]
     end = time.monotonic() + timeout_s
@@ -153,7 +161,7 @@ def wait_healthy(engines: Sequence[NodeEngine], plan: LaunchPlan, *, echo: Echo,
     )
 
 
-def explain_exit(engines: Sequence[NodeEngine], plan: LaunchPlan, rank: int, code: int | None) -> str:
+def explain_exit(engines: Sequence[NodeEngine], plan: ContainerPlan, rank: int, code: int | None) -> str:
     """One paragraph: which node's vLLM exited, the likely cause and fix, then the last lines of every node."""
     by_rank = {e.node.rank: e for e in engines}
     tails = {launch.rank: by_rank[launch.rank].logs(launch.container.name, tail=12) for launch in plan.nodes}

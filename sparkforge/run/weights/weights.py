@@ -10,10 +10,10 @@ on disk instead of racing a first download of ~120 GB. A failed download keeps i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sparkforge.console import Echo
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.allowlist import RESOURCE_ENV
 from sparkforge.recipe.profile import Profile
@@ -102,45 +102,23 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
 
 
 def fetch_weights(
+    session: Session,
     engines: Sequence[NodeEngine],
     profile: Profile,
     options: LaunchOptions,
     *,
-    echo: Echo,
     dry: bool = False,
     timeout_s: float | None = None,
     address: str | None = None,
 ) -> dict[str, float]:
     """Run the downloads to the end (progress on `echo`); seconds per node. RunError names the node and stage.
     With --weights shared and peers, the head's copy is then streamed to them through `address` (its link's)."""
+    echo = session.echo
     by_rank = {e.node.rank: e for e in engines}
     downloads = plan_downloads(profile, sorted(by_rank), options)
-    if not downloads:
-        if options.model_dir is None:
-            why = (
-                "--weights skip: vLLM downloads" if options.gpus else "--gpus none: vLLM stops before loading"
-            )
-            echo(f"download: skipped ({why})")
-        return {}
-    where = (
-        "once, on the head, then streamed to the peers" if options.weights == "shared" else "on every node"
-    )
-    revision = model_revision(profile) or "the hub's current files (--allow-unpinned-model)"
-    hub = options.hf_endpoint or "https://huggingface.co"
-    echo(
-        f"download: {profile.model.model} at {revision} from {hub} into {options.cache_dir}/huggingface {where}"
-    )
-    if dry:
-        for download in downloads:
-            echo(
-                f"# container: the download on {by_rank[download.rank].node.label} (holds the token file, if "
-                f"given): docker {shown_argv(run_argv(download.container))}"
-            )
-        if options.weights == "shared" and len(by_rank) > 1:
-            echo(
-                "# containers: the weight server on the head and a puller on each peer (a per-run key, never "
-                "sent over the link: sparkforge/run/weights/weightstream.py)"
-            )
+    for line in download_lines(profile, options, {r: e.node.label for r, e in by_rank.items()}, dry=dry):
+        echo(line)
+    if dry or not downloads:
         return {}
     end = None if timeout_s is None else time.monotonic() + timeout_s
     done: dict[str, float] = {}
@@ -185,15 +163,48 @@ def fetch_weights(
             by_rank[download.rank].remove([download.container.name])
     peers = [e for rank, e in sorted(by_rank.items()) if rank != downloads[0].rank]
     if options.weights == "shared" and peers:
-        from sparkforge.run.weights.weightstream import share_weights
+        from sparkforge.run.weights.weightstream import Transfer, share_weights
 
         folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{profile.model.model.replace('/', '--')}"
         head = by_rank[downloads[0].rank]
         start = time.monotonic()
-        share_weights(head, peers, options.image, address or "127.0.0.1", folder, folder, echo=echo)
+        share_weights(session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder))
         for peer in peers:
             done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
+
+
+def download_lines(
+    profile: Profile, options: LaunchOptions, labels: Mapping[int, str], *, dry: bool
+) -> list[str]:
+    """What the download phase says before it starts (and, `dry`, each container's exact argv): pure."""
+    downloads = plan_downloads(profile, sorted(labels), options)
+    if not downloads:
+        if options.model_dir is not None:
+            return []
+        why = "--weights skip: vLLM downloads" if options.gpus else "--gpus none: vLLM stops before loading"
+        return [f"download: skipped ({why})"]
+    where = (
+        "once, on the head, then streamed to the peers" if options.weights == "shared" else "on every node"
+    )
+    revision = model_revision(profile) or "the hub's current files (--allow-unpinned-model)"
+    hub = options.hf_endpoint or "https://huggingface.co"
+    lines = [
+        f"download: {profile.model.model} at {revision} from {hub} into {options.cache_dir}/huggingface {where}"
+    ]
+    if not dry:
+        return lines
+    lines += [
+        f"# container: the download on {labels[d.rank]} (holds the token file, if given): "
+        f"docker {shown_argv(run_argv(d.container))}"
+        for d in downloads
+    ]
+    if options.weights == "shared" and len(labels) > 1:
+        lines.append(
+            "# containers: the weight server on the head and a puller on each peer (a per-run key, never "
+            "sent over the link: sparkforge/run/weights/weightstream.py)"
+        )
+    return lines
 
 
 def _failed(engine: NodeEngine, download: Download, last: dict[str, object], options: LaunchOptions) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
@@ -64,20 +66,27 @@ def json_events(text: str) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """One model folder from the head to its peers: the image the server and pullers run, the head's link
+    address the server listens on, the folder on the head and on each peer."""
+
+    image: str
+    address: str
+    source: str
+    dest: str
+    port: int = PORT
+    timeout_s: float = 3600
+
+
 def share_weights(
-    head: NodeEngine,
-    peers: Sequence[NodeEngine],
-    image: str,
-    address: str,
-    source: str,
-    dest: str,
-    *,
-    echo: Callable[[str], None],
-    port: int = PORT,
-    timeout_s: float = 3600,
+    session: Session, head: NodeEngine, peers: Sequence[NodeEngine], transfer: Transfer
 ) -> dict[str, dict[str, Any]]:
-    """Stream `source` (a folder on the head) into `dest` on every peer through `address:port`; per peer the
-    final event (bytes, moved, resumed, seconds). RunError names the node, what stopped and the fix."""
+    """Stream `transfer.source` (a folder on the head) into `transfer.dest` on every peer through the head's
+    address; per peer the final event (bytes, moved, resumed, seconds). RunError names the node, what stopped
+    and the fix."""
+    image, address, source, dest = transfer.image, transfer.address, transfer.source, transfer.dest
+    port, timeout_s, echo = transfer.port, transfer.timeout_s, session.echo
     if address in ("", "0.0.0.0", "::", "[::]"):
         raise RunError(
             f"stage weights: the weight server would listen on every interface ({address or 'no address'}); fix: "
@@ -127,19 +136,20 @@ def share_weights(
             by_label[label].remove([spec.name])
             by_label[label].start(spec)
             started.append((by_label[label], spec.name))
-        return _watch(by_label, pulls, echo, time.monotonic() + timeout_s, address)
+        return _watch(session, by_label, pulls, time.monotonic() + timeout_s, address)
     finally:
         for engine, name in started:
             engine.remove([name])
 
 
 def _watch(
+    session: Session,
     by_label: dict[str, NodeEngine],
     pulls: dict[str, ContainerSpec],
-    echo: Callable[[str], None],
     end: float,
     address: str,
 ) -> dict[str, dict[str, Any]]:
+    echo = session.echo
     done: dict[str, dict[str, Any]] = {}
     seen: dict[str, int] = {}
     while len(done) < len(pulls):
