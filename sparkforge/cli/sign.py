@@ -42,7 +42,7 @@ def _tools(key: str):
 )
 @user_errors
 def images(c: Context, recipe: str, published: str, key: str = "") -> None:
-    """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
+    """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance and SBOM."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import sign_published
     from sparkforge.registry.signinputs import parse_published
@@ -53,6 +53,12 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
     echo(f"sparkforge: signing {loaded.model.publish.repository}@{index} with {signer.describe()}")
     for signed in sign_published(loaded, index, platforms, cosign, signer):
         echo(f"sparkforge: signed {signed.reference} ({signed.what})")
+    from sparkforge.registry.publish import tools_for
+    from sparkforge.registry.sbomtrust import attest_published  # each image's SBOM, read from its layers
+
+    tools = tools_for(loaded, cosign.runner, None, echo, "sign")
+    for signed in attest_published(loaded, platforms, cosign, signer, tools):
+        echo(f"sparkforge: attested {signed.reference} ({signed.what})")
 
 
 def _decided(loaded, tools, published: str, platform: str, image: str) -> str:

@@ -29,7 +29,9 @@ SPDX_PREDICATE = "https://spdx.dev/Document"  # cosign's `--type spdxjson`: the 
 LOCK_PATH = "opt/sparkforge/lock.json"
 DPKG_STATUS = "var/lib/dpkg/status"
 TOOL = "sparkforge"
-BUILD_ANNOTATION = "sparkforge.vllm-build="  # the prefix of the vLLM package's annotation comment (JSON after)
+BUILD_ANNOTATION = (
+    "sparkforge.vllm-build="  # the prefix of the vLLM package's annotation comment (JSON after)
+)
 LOCK_ANNOTATION = "sparkforge.lock-sha256="
 # The CUDA runtime's own libraries by file name (not libcurl, not a project's lib*cuda_ext*.so).
 CUDA_LIB = re.compile(
@@ -110,9 +112,13 @@ class Sbom:
                 "downloadLocation": "NOASSERTION",
                 "filesAnalyzed": False,
                 "primaryPackagePurpose": "CONTAINER",
-                "checksums": [{"algorithm": "SHA256", "checksumValue": self.image_id.removeprefix("sha256:")}],
+                "checksums": [
+                    {"algorithm": "SHA256", "checksumValue": self.image_id.removeprefix("sha256:")}
+                ],
                 "comment": f"recipe {self.recipe} hash {self.recipe_hash}",
-                **_annotations(self.created, [LOCK_ANNOTATION + self.lock_sha256] if self.lock_sha256 else []),
+                **_annotations(
+                    self.created, [LOCK_ANNOTATION + self.lock_sha256] if self.lock_sha256 else []
+                ),
             }
         ]
         relationships = [_rel("SPDXRef-DOCUMENT", "DESCRIBES", image_id)]
@@ -126,7 +132,11 @@ class Sbom:
                 "filesAnalyzed": False,
                 "primaryPackagePurpose": "LIBRARY",
                 "externalRefs": [
-                    {"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": package.purl}
+                    {
+                        "referenceCategory": "PACKAGE-MANAGER",
+                        "referenceType": "purl",
+                        "referenceLocator": package.purl,
+                    }
                 ],
                 "sourceInfo": f"{package.kind} {package.location}".strip(),
             }
@@ -137,15 +147,19 @@ class Sbom:
                 entry.update(_annotations(self.created, [BUILD_ANNOTATION + facts]))
             packages.append(entry)
             relationships.append(_rel(image_id, "CONTAINS", ident))
-        files = []
-        for lib in self.cuda:
-            ident = spdx_id("file", lib.path)
-            files.append(
+        for lib in self.cuda:  # packages, not SPDX files: a file entry needs a SHA-1, RECORD holds SHA-256
+            ident = spdx_id("cuda", lib.path)
+            packages.append(
                 {
-                    "fileName": "./" + lib.path,
+                    "name": lib.path.rsplit("/", 1)[-1],
                     "SPDXID": ident,
-                    "fileTypes": ["BINARY"],
+                    "versionInfo": "NOASSERTION",
+                    "packageFileName": "/" + lib.path,
+                    "downloadLocation": "NOASSERTION",
+                    "filesAnalyzed": False,
+                    "primaryPackagePurpose": "LIBRARY",
                     "checksums": [{"algorithm": "SHA256", "checksumValue": lib.sha256}],
+                    "sourceInfo": f"cuda {lib.path}",
                     "comment": "CUDA library",
                 }
             )
@@ -159,7 +173,6 @@ class Sbom:
             "documentNamespace": f"https://sparkforge.dev/spdx/{self.image_id.removeprefix('sha256:')}",
             "creationInfo": {"created": self.created, "creators": [f"Tool: {TOOL}"]},
             "packages": packages,
-            "files": files,
             "relationships": relationships,
         }
 
@@ -231,9 +244,7 @@ def _read(files: Mapping[str, Path], path: str) -> bytes:
     return source.read_bytes()
 
 
-def sbom_of_files(
-    files: Mapping[str, Path], subject: str, image_id: str, labels: Mapping[str, str]
-) -> Sbom:
+def sbom_of_files(files: Mapping[str, Path], subject: str, image_id: str, labels: Mapping[str, str]) -> Sbom:
     """The SBOM of an image whose visible files are `files` (path inside the image -> a readable host path)."""
     md5sums = {
         p.rsplit("/", 1)[1].removesuffix(".md5sums"): hashlib.sha256(_read(files, p)).hexdigest()
@@ -332,17 +343,25 @@ def image_sbom(ref: str) -> Sbom:
 def from_spdx(doc: Mapping[str, Any]) -> Sbom:
     """An SBOM back from an SPDX document this module wrote (or AuditError naming what is wrong)."""
     if doc.get("spdxVersion") != "SPDX-2.3" or not isinstance(doc.get("packages"), list):
-        raise AuditError("not an SPDX 2.3 JSON document with packages; fix: pass what 'invoke sbom --json' wrote")
+        raise AuditError(
+            "not an SPDX 2.3 JSON document with packages; fix: pass what 'invoke sbom --json' wrote"
+        )
     top, *rest = doc["packages"] or [{}]
     packages, vllm, lock_sha = [], None, ""
     for note in top.get("annotations") or []:
         if str(note.get("comment", "")).startswith(LOCK_ANNOTATION):
             lock_sha = note["comment"][len(LOCK_ANNOTATION) :]
+    cuda = []
     for entry in rest:
         kind, _, location = str(entry.get("sourceInfo", "")).partition(" ")
         sums = [c["checksumValue"] for c in entry.get("checksums") or [] if c.get("algorithm") == "SHA256"]
+        if kind == "cuda":
+            cuda.append(CudaLibrary(location, sums[0] if sums else ""))
+            continue
         packages.append(
-            Package(kind, str(entry.get("name")), str(entry.get("versionInfo")), location, sums[0] if sums else "")
+            Package(
+                kind, str(entry.get("name")), str(entry.get("versionInfo")), location, sums[0] if sums else ""
+            )
         )
         for note in entry.get("annotations") or []:
             if str(note.get("comment", "")).startswith(BUILD_ANNOTATION):
@@ -356,14 +375,10 @@ def from_spdx(doc: Mapping[str, Any]) -> Sbom:
     comment = str(top.get("comment", ""))
     match = re.fullmatch(r"recipe (\S*) hash (\S*)", comment)
     recipe, recipe_hash = match.groups() if match else ("", "")
-    cuda = tuple(
-        CudaLibrary(str(f.get("fileName", "")).removeprefix("./"), f["checksums"][0]["checksumValue"])
-        for f in doc.get("files") or []
-    )
     created = str((doc.get("creationInfo") or {}).get("created", ""))
     return Sbom(
         str(doc.get("name", "")), str(top.get("versionInfo", "")), recipe, recipe_hash, created,
-        tuple(sorted(packages)), cuda, vllm, lock_sha,
+        tuple(sorted(packages)), tuple(cuda), vllm, lock_sha,
     )  # fmt: skip
 
 
@@ -395,7 +410,9 @@ def label_problems(sbom: Sbom, labels: Mapping[str, str]) -> list[str]:
         if have != want:
             problems.append(f"its {what} is {have!r}, the label says {want!r}")
     build = vllm_build(labels, {})
-    if build and (sbom.vllm is None or (sbom.vllm.version, sbom.vllm.commit) != (build.version, build.commit)):
+    if build and (
+        sbom.vllm is None or (sbom.vllm.version, sbom.vllm.commit) != (build.version, build.commit)
+    ):
         have = f"{sbom.vllm.version}@{sbom.vllm.commit}" if sbom.vllm else "none"
         problems.append(f"its vLLM build is {have}, the pin label says {build.version}@{build.commit}")
     return problems
@@ -412,7 +429,9 @@ def content_problems(signed: Sbom, actual: Sbom, limit: int = 8) -> list[str]:
     if {(c.path, c.sha256) for c in signed.cuda} != {(c.path, c.sha256) for c in actual.cuda}:
         problems.append("its CUDA libraries differ from the image's")
     if signed.lock_sha256 != actual.lock_sha256:
-        problems.append(f"its lock sha256 {signed.lock_sha256[:12]} is not the image's {actual.lock_sha256[:12]}")
+        problems.append(
+            f"its lock sha256 {signed.lock_sha256[:12]} is not the image's {actual.lock_sha256[:12]}"
+        )
     if signed.vllm != actual.vllm:
         problems.append("its vLLM build facts differ from the image's labels and lock")
     return problems
@@ -436,7 +455,13 @@ class Change:
         return f"{self.kind} {self.name} {self.what}: {self.before or '-'} -> {self.after or '-'}"
 
     def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "name": self.name, "change": self.what, "before": self.before, "after": self.after}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "change": self.what,
+            "before": self.before,
+            "after": self.after,
+        }
 
 
 def package_changes(a: Sbom, b: Sbom) -> list[Change]:
