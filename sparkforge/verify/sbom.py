@@ -116,9 +116,7 @@ class Sbom:
                     {"algorithm": "SHA256", "checksumValue": self.image_id.removeprefix("sha256:")}
                 ],
                 "comment": f"recipe {self.recipe} hash {self.recipe_hash}",
-                **_annotations(
-                    self.created, [LOCK_ANNOTATION + self.lock_sha256] if self.lock_sha256 else []
-                ),
+                **_annotations(self.created, self._notes()),
             }
         ]
         relationships = [_rel("SPDXRef-DOCUMENT", "DESCRIBES", image_id)]
@@ -142,9 +140,6 @@ class Sbom:
             }
             if package.sha256:
                 entry["checksums"] = [{"algorithm": "SHA256", "checksumValue": package.sha256}]
-            if self.vllm and package.kind == "python" and normalise(package.name) == "vllm":
-                facts = json.dumps(self.vllm.to_json(), sort_keys=True)
-                entry.update(_annotations(self.created, [BUILD_ANNOTATION + facts]))
             packages.append(entry)
             relationships.append(_rel(image_id, "CONTAINS", ident))
         for lib in self.cuda:  # packages, not SPDX files: a file entry needs a SHA-1, RECORD holds SHA-256
@@ -175,6 +170,13 @@ class Sbom:
             "packages": packages,
             "relationships": relationships,
         }
+
+    def _notes(self) -> list[str]:
+        """The image package's annotations: the lock's sha256 and the vLLM build facts (JSON)."""
+        notes = [LOCK_ANNOTATION + self.lock_sha256] if self.lock_sha256 else []
+        if self.vllm:
+            notes.append(BUILD_ANNOTATION + json.dumps(self.vllm.to_json(), sort_keys=True))
+        return notes
 
 
 def normalise(name: str) -> str:
@@ -349,8 +351,17 @@ def from_spdx(doc: Mapping[str, Any]) -> Sbom:
     top, *rest = doc["packages"] or [{}]
     packages, vllm, lock_sha = [], None, ""
     for note in top.get("annotations") or []:
-        if str(note.get("comment", "")).startswith(LOCK_ANNOTATION):
-            lock_sha = note["comment"][len(LOCK_ANNOTATION) :]
+        comment = str(note.get("comment", ""))
+        if comment.startswith(LOCK_ANNOTATION):
+            lock_sha = comment[len(LOCK_ANNOTATION) :]
+        if comment.startswith(BUILD_ANNOTATION):
+            facts = json.loads(comment[len(BUILD_ANNOTATION) :])
+            vllm = VllmBuild(
+                str(facts.get("version")),
+                str(facts.get("commit")),
+                tuple(facts.get("patches") or ()),
+                tuple(facts.get("archList") or ()),
+            )
     cuda = []
     for entry in rest:
         kind, _, location = str(entry.get("sourceInfo", "")).partition(" ")
@@ -363,17 +374,7 @@ def from_spdx(doc: Mapping[str, Any]) -> Sbom:
                 kind, str(entry.get("name")), str(entry.get("versionInfo")), location, sums[0] if sums else ""
             )
         )
-        for note in entry.get("annotations") or []:
-            if str(note.get("comment", "")).startswith(BUILD_ANNOTATION):
-                facts = json.loads(note["comment"][len(BUILD_ANNOTATION) :])
-                vllm = VllmBuild(
-                    str(facts.get("version")),
-                    str(facts.get("commit")),
-                    tuple(facts.get("patches") or ()),
-                    tuple(facts.get("archList") or ()),
-                )
-    comment = str(top.get("comment", ""))
-    match = re.fullmatch(r"recipe (\S*) hash (\S*)", comment)
+    match = re.fullmatch(r"recipe (\S*) hash (\S*)", str(top.get("comment", "")))
     recipe, recipe_hash = match.groups() if match else ("", "")
     created = str((doc.get("creationInfo") or {}).get("created", ""))
     return Sbom(

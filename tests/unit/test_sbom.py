@@ -38,7 +38,12 @@ LABELS = {
 }
 LOCK = {
     "components": {
-        "vllm": {"version": "0.33.0", "commit": "4ba787ec9", "source": "wheel", "patches": ["0001-fix.patch"]},
+        "vllm": {
+            "version": "0.33.0",
+            "commit": "4ba787ec9",
+            "source": "wheel",
+            "patches": ["0001-fix.patch"],
+        },
         "flashinfer": {"package": "flashinfer-python", "version": "0.7.2.post1", "source": "wheel"},
     },
     "build": {"torch_cuda_arch_list": ["12.0", "12.1a"]},
@@ -63,7 +68,9 @@ def _tree(root: Path, versions: dict[str, str] | None = None) -> dict[str, Path]
     }
     for dist, version in versions.items():
         info = f"{dist}-{version}.dist-info"
-        files[f"{ENV}/{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+        files[f"{ENV}/{info}/METADATA"] = (
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+        )
     lib = b"\x7fELF cublas"
     files[f"{ENV}/nvidia/cu13/lib/libcublas.so.13"] = lib
     files[f"{ENV}/nvidia_cublas-13.0.0.dist-info/METADATA"] = b"Name: nvidia-cublas\nVersion: 13.0.0\n"
@@ -117,9 +124,10 @@ def test_spdx_document_is_deterministic_and_reads_back(tmp_path: Path) -> None:
     found = _read(tmp_path)
     doc = found.to_spdx()
     assert json.dumps(doc) == json.dumps(_read(tmp_path).to_spdx())  # same image, same bytes
-    assert doc["spdxVersion"] == "SPDX-2.3" and doc["creationInfo"]["created"] == LABELS[
-        "org.opencontainers.image.created"
-    ]
+    assert (
+        doc["spdxVersion"] == "SPDX-2.3"
+        and doc["creationInfo"]["created"] == LABELS["org.opencontainers.image.created"]
+    )
     ids = [p["SPDXID"] for p in doc["packages"]]
     assert len(ids) == len(set(ids)) and all(i.startswith("SPDXRef-") for i in ids)
     purls = {r["referenceLocator"] for p in doc["packages"] for r in p.get("externalRefs", [])}
