@@ -99,7 +99,10 @@ def test_sign_step_attests_each_sbom_and_pull_checks_it(signed: Signed) -> None:
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
     doc = json.loads(cli.stdout)
-    assert doc["spdxVersion"] == "SPDX-2.3" and doc["packages"][0]["versionInfo"] == local.image_id
+    assert (
+        doc["spdxVersion"] == "SPDX-2.3"
+        and doc["packages"][0]["versionInfo"] == image_sbom(pulled.image).image_id
+    )
 
 
 def test_refuses_an_image_without_a_signed_sbom_unless_allowed_loudly(signed: Signed, tmp_path: Path) -> None:
