@@ -57,7 +57,10 @@ def images(c: Context, recipe: str, published: str, key: str = "") -> None:
     from sparkforge.registry.sbomtrust import attest_published  # each image's SBOM, read from its layers
 
     tools = tools_for(loaded, cosign.runner, None, echo, "sign")
-    for signed in attest_published(loaded, platforms, cosign, signer, tools):
+    from sparkforge.registry.buildprov import attest_published as attest_buildkit  # buildx builds' provenance
+
+    attested = attest_published(loaded, platforms, cosign, signer, tools)
+    for signed in [*attested, *attest_buildkit(loaded, index, platforms, cosign, signer)]:
         echo(f"sparkforge: attested {signed.reference} ({signed.what})")
 
 
