@@ -56,12 +56,17 @@ def facts_of(predicate: Mapping[str, Any]) -> BuildFacts:
     for material in predicate.get("materials") or []:
         uri, digest = str(material.get("uri", "")), (material.get("digest") or {}).get("sha256")
         if uri.startswith("pkg:docker/") and digest:
-            name, _, version = urllib.parse.unquote(uri[len("pkg:docker/") :].split("?", 1)[0]).rpartition(
-                "@"
-            )
-            ref = f"{name}@{version}" if version.startswith("sha256:") else f"{name}:{version}"
-            bases.append((ref, f"sha256:{digest}"))
+            bases.append((_material_ref(uri), f"sha256:{digest}"))
     return BuildFacts(str(args.get(REVISION_ARG, "")), tuple(hashes), tuple(bases))
+
+
+def _material_ref(uri: str) -> str:
+    """`pkg:docker/NAME@TAG?...` or `pkg:docker/NAME?digest=sha256:...` as docker writes the reference."""
+    path, _, query = uri[len("pkg:docker/") :].partition("?")
+    path = urllib.parse.unquote(path)
+    name, _, version = path.rpartition("@") if "@" in path else (path, "", "")
+    version = version or (urllib.parse.parse_qs(query).get("digest") or [""])[0]
+    return f"{name}@{version}" if version.startswith("sha256:") else f"{name}:{version}" if version else name
 
 
 def label_problems(facts: BuildFacts, labels: Mapping[str, str]) -> list[str]:

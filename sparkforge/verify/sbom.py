@@ -17,11 +17,13 @@ import base64
 import hashlib
 import json
 import re
+import tarfile
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sparkforge.errors import AuditError
 
@@ -246,8 +248,17 @@ def _read(files: Mapping[str, Path], path: str) -> bytes:
     return source.read_bytes()
 
 
-def sbom_of_files(files: Mapping[str, Path], subject: str, image_id: str, labels: Mapping[str, str]) -> Sbom:
-    """The SBOM of an image whose visible files are `files` (path inside the image -> a readable host path)."""
+def sbom_of_files(
+    files: Mapping[str, Path],
+    subject: str,
+    image_id: str,
+    labels: Mapping[str, str],
+    hashed: Mapping[str, str] | None = None,
+) -> Sbom:
+    """The SBOM of an image whose visible files are `files` (path inside the image -> a readable host path).
+
+    `hashed`: sha256 of files already read (the export reader hashes CUDA libraries as they stream by)."""
+    hashed = hashed or {}
     md5sums = {
         p.rsplit("/", 1)[1].removesuffix(".md5sums"): hashlib.sha256(_read(files, p)).hexdigest()
         for p in files
@@ -279,7 +290,7 @@ def sbom_of_files(files: Mapping[str, Path], subject: str, image_id: str, labels
     for path in sorted(files):
         if CUDA_LIB.fullmatch(path.rsplit("/", 1)[-1]):
             owner, digest = owners.get(path, ("", ""))
-            cuda.append(CudaLibrary(path, digest or _file_sha(files[path]), owner))
+            cuda.append(CudaLibrary(path, digest or hashed.get(path) or _file_sha(files[path]), owner))
     lock: dict[str, Any] = {}
     lock_sha = ""
     if LOCK_PATH in files:
@@ -323,20 +334,68 @@ def vllm_build(labels: Mapping[str, str], lock: Mapping[str, Any]) -> VllmBuild 
     return VllmBuild(version, commit, tuple(patches), tuple(str(a) for a in arch))
 
 
-def image_sbom(ref: str) -> Sbom:
-    """The SBOM of a local image, read from the engine's layer store (nothing in the image runs)."""
+def image_sbom(ref: str, reader: str = "auto") -> Sbom:
+    """The SBOM of a local image, read from the engine's layer store (`reader` "auto" falls back to the export
+    stream where the store is not readable here; "export" always streams). Nothing in the image runs."""
     from sparkforge import engine
     from sparkforge.verify import imagefs
 
-    tree = imagefs.image_tree(ref)
-    if tree is None:
-        raise AuditError(
-            f"cannot read the layers of {ref} here (another storage driver, a remote engine, or no permission "
-            "to /var/lib/docker); fix: run as a user who can read the engine's overlay2 store, on the engine's host"
-        )
     info = engine.inspect_image(ref)
     labels = (info.get("Config") or {}).get("Labels") or {}
-    return sbom_of_files({f.path: f.source for f in tree.files}, ref, str(info["Id"]), labels)
+    tree = imagefs.image_tree(ref) if reader != "export" else None
+    if tree is not None:
+        return sbom_of_files({f.path: f.source for f in tree.files}, ref, str(info["Id"]), labels)
+    # another store (containerd's snapshotter), a remote engine: the files it needs, from the export stream
+    with (
+        tempfile.TemporaryDirectory(prefix="sparkforge-sbom-") as tmp,
+        engine.ExportedFilesystem(ref) as stream,
+    ):
+        files, hashed = _from_export(stream, Path(tmp))
+        return sbom_of_files(files, ref, str(info["Id"]), labels, hashed)
+
+
+def wanted(path: str) -> bool:
+    """The files an SBOM reads: dpkg's database, distribution metadata, the lock (CUDA libraries are hashed)."""
+    folder, _, leaf = path.rpartition("/")
+    return (
+        path in (DPKG_STATUS, LOCK_PATH)
+        or (folder == "var/lib/dpkg/info" and leaf.endswith(".md5sums"))
+        or (folder.endswith(".dist-info") and leaf in ("METADATA", "RECORD"))
+        or (folder.endswith(".egg-info") and leaf == "PKG-INFO")
+    )
+
+
+def _from_export(stream: IO[bytes], tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """The SBOM's files of an exported filesystem copied under `tmp`, and each CUDA library's sha256 (streamed,
+    never written)."""
+    files: dict[str, Path] = {}
+    hashed: dict[str, str] = {}
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        for member in archive:
+            path = member.name.removeprefix("./").lstrip("/")
+            link = member.linkname.removeprefix("./").lstrip("/")
+            if member.islnk() and link in files:
+                files[path] = files[link]
+                if link in hashed:
+                    hashed[path] = hashed[link]
+                continue
+            if not member.isfile():
+                continue
+            is_cuda = bool(CUDA_LIB.fullmatch(path.rsplit("/", 1)[-1]))
+            if not (is_cuda or (wanted(path) and member.size <= MAX_META_BYTES)):
+                continue
+            handle = archive.extractfile(member)
+            assert handle is not None
+            if is_cuda:
+                digest = hashlib.sha256()
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+                hashed[path], files[path] = digest.hexdigest(), tmp / "cuda-library-not-kept"
+                continue
+            target = tmp / str(len(files))
+            target.write_bytes(handle.read())
+            files[path] = target
+    return files, hashed
 
 
 # ---- reading a document back, and checking it ---------------------------------------------------

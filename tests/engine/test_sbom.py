@@ -125,3 +125,10 @@ def test_diff_names_exactly_the_changed_distribution(vllm_image: str, ci_sbom: S
         assert [r["item"] for r in check.details["changes"]] == ["python agent-detector"]
     finally:
         engine.remove_image(changed)
+
+
+def test_export_reader_agrees_with_the_layer_reader(base_amd64: str) -> None:
+    # The export stream is the reader where the layer store is not readable (the buildx engine's containerd
+    # snapshotter, a remote engine): the same image, the same document.
+    layers, export = image_sbom(base_amd64), image_sbom(base_amd64, reader="export")
+    assert export.to_spdx() == layers.to_spdx() and len(layers.packages) > 100

@@ -8,7 +8,6 @@ test here adds one rebuilt image and a few cosign calls (~10 s).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
+from attestation_edits import rewrite_attestations
 from signing_fixtures import PASSWORD, Signed, docker_build, verify_report
 
 from sparkforge import engine
@@ -120,31 +119,11 @@ def test_refuses_an_image_without_a_signed_sbom_unless_allowed_loudly(signed: Si
     assert any("WARNING (--allow-unverified)" in ln and "NO VERIFIED SBOM" in ln for ln in lines), lines
 
 
-def _tamper(signed: Signed, image: str) -> None:
-    """Edit the SBOM attestation in the registry after signing (one package's version), keeping its signature and
-    the other attestations: the .att manifest is deleted and the envelopes attached again."""
-    out = subprocess.run(
-        ["cosign", "download", "attestation", image], check=True, capture_output=True, text=True
-    ).stdout
-    envelopes = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    name, digest = image.split("/", 1)[1].split("@")
-    found = signed.registry.manifest(name, digest.replace(":", "-") + ".att")
-    assert found is not None
-    response = requests.delete(f"{signed.registry.url}/v2/{name}/manifests/{found[0]}", timeout=10)
-    assert response.status_code == 202, response.text
-    edited = 0
-    for i, envelope in enumerate(envelopes):
-        statement = json.loads(base64.b64decode(envelope["payload"]))
-        if statement["predicateType"] == SPDX_PREDICATE:
-            package = statement["predicate"]["packages"][1]
-            package["versionInfo"] = package["versionInfo"] + "-edited"
-            envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
-            edited += 1
-        path = Path(signed.runner.log_dir or "/tmp") / f"envelope-{digest[7:19]}-{i}.json"
-        path.write_text(json.dumps(envelope))
-        subprocess.run(["cosign", "attach", "attestation", "--attestation", str(path), image], check=True,
-                       capture_output=True)  # fmt: skip
-    assert edited == 1
+def _edit_sbom(statement: dict) -> dict:
+    if statement["predicateType"] == SPDX_PREDICATE:
+        package = statement["predicate"]["packages"][1]
+        package["versionInfo"] += "-edited"  # one package's version, after signing
+    return statement
 
 
 def test_refuses_an_sbom_edited_after_signing(signed: Signed, tmp_path: Path) -> None:
@@ -152,7 +131,7 @@ def test_refuses_an_sbom_edited_after_signing(signed: Signed, tmp_path: Path) ->
     _pull(signed, "edited-sbom")  # signed as published: accepted
     engine.remove_image(image)
     engine.remove_image(f"{signed.recipe.model.publish.repository}:edited-sbom")
-    _tamper(signed, image)
+    assert rewrite_attestations(signed.registry, image, _edit_sbom, tmp_path / "edited") == 1
     with pytest.raises(SigningError, match=r"carries no signed SBOM \(cosign: .*\)"):
         _pull(signed, "edited-sbom")
 
