@@ -9,6 +9,7 @@ labels, its lock, or the packages read from the image itself. `--allow-unverifie
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from sparkforge import engine
 from sparkforge.context import Session
@@ -38,14 +39,22 @@ def attest_image(
             f"{ref!r}: attest an SBOM on a platform image of {repo} by digest ({repo}@sha256:...)"
         )
     _local(ref, platform, tools)
-    found = sboms.image_sbom(ref)
     config = tools.config_digest(ref)
+    found = as_config(sboms.image_sbom(ref), ref, config)
     if found.image_id != config:
         raise SigningError(
             f"refusing to attest an SBOM on {ref}: the local image is {found.image_id[:19]}, the registry's "
             f"config is {config[:19]}; fix: remove the local image and sign again (it is pulled by digest)"
         )
     cosign.attest(ref, SPDX_PREDICATE, found.to_spdx(), signer)
+    return found
+
+
+def as_config(found: Sbom, ref: str, config: str) -> Sbom:
+    """The SBOM naming the image by its config digest: the containerd image store's image ID is the manifest
+    digest (`ref`'s), the overlay2 store's is the config digest."""
+    if found.image_id == ref.rsplit("@", 1)[-1]:
+        return replace(found, image_id=config)
     return found
 
 
@@ -118,8 +127,11 @@ def check_pulled(
     """
     if trusted_unsigned:
         return
+    from sparkforge.registry.publish import session_tools
+
     platform = engine.image_platform(local)
-    actual = sboms.image_sbom(local)
+    config = session_tools(session, recipe, "pull-sbom").config_digest(local)
+    actual = as_config(sboms.image_sbom(local), local, config)
     cosign = Cosign(session.runner)
     policy = Policy.of(recipe)
     assert policy is not None  # signed images only (trusted_unsigned is False)

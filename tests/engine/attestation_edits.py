@@ -39,7 +39,8 @@ def rewrite_attestations(registry: LocalRegistry, image: str, edit: Edit, folder
             changed += 1
         if edited is None:
             continue
-        envelope["payload"] = base64.b64encode(json.dumps(edited).encode()).decode()
+        if edited != statement:  # an unchanged statement keeps its signed bytes
+            envelope["payload"] = base64.b64encode(json.dumps(edited).encode()).decode()
         path = folder / f"envelope-{digest[7:19]}-{i}.json"
         path.write_text(json.dumps(envelope))
         subprocess.run(
