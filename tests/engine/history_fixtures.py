@@ -165,8 +165,13 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     cosign, signer = Cosign(runner), Signer(str(state["keys"] / "cosign.key"))
     image = f"{recipe.model.publish.repository}@{pushed.digest}"
     from sparkforge.registry.cosign import sign_published
+    from sparkforge.registry.manifests import Manifests
+    from sparkforge.registry.sbomtrust import attest_published as attest_sboms
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
+    attest_sboms(
+        recipe, published.platforms, cosign, signer, Manifests(eng, runner, recipe.model.publish.repository)
+    )
     attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
     kernels = for_target(tag, recipe.model.gpu, [], recipe=recipe.name, verify_checks=JIT)
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)
