@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _head() -> str:
 
 
 @pytest.fixture
-def on_buildx(signed: Signed, monkeypatch: pytest.MonkeyPatch) -> Signed:
+def on_buildx(signed: Signed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Signed]:
     """The signed fixture with its CLI calls (here and in subprocesses) on the buildx engine."""
     if not (hostsetup.BUILDX_CONFIG / "cli-plugins" / "docker-buildx").exists():
         skip_or_fail("buildx is not installed; run 'invoke engine.up --buildx' (CI: .ci/run does)")
@@ -52,7 +53,14 @@ def on_buildx(signed: Signed, monkeypatch: pytest.MonkeyPatch) -> Signed:
         )
     for key, value in hostsetup.buildx_env().items():
         monkeypatch.setenv(key, value)
-    return dataclasses.replace(signed, eng=Engine("/usr/bin/docker", "buildx", "", "docker"))
+    yield dataclasses.replace(signed, eng=Engine("/usr/bin/docker", "buildx", "", "docker"))
+    listed = buildx_docker(
+        "images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", check=False
+    ).stdout.split("\n")
+    for ref, image_id in (line.split() for line in listed if line.startswith(signed.registry.host + "/")):
+        buildx_docker(
+            "rmi", "--force", image_id if ref.endswith(":<none>") else ref, check=False
+        )  # ours only
 
 
 def _built(signed: Signed, tmp_path: Path, tag: str, revision: str) -> tuple[str, dict[str, str]]:
