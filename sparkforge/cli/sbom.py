@@ -21,8 +21,10 @@ from sparkforge.console import cell
 )
 @user_errors
 def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool = False) -> None:
-    """What is inside an image: Debian packages, Python distributions (with RECORD hashes), CUDA libraries and
-    the vLLM build (commit, patches, arch list); a table, or SPDX 2.3 JSON with --json."""
+    """What is inside an image, as a table or SPDX 2.3 JSON (an SBOM read from its layers).
+
+    Debian packages, Python distributions (with RECORD hashes), CUDA libraries and the vLLM build (commit,
+    patches, arch list)."""
     from sparkforge.boundary import write_output
     from sparkforge.errors import InputError
     from sparkforge.oci import check_reference
@@ -32,10 +34,11 @@ def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool 
     if signed:
         if not recipe:
             raise InputError("--signed needs --recipe R (whose signing key and repository to check)")
+        from sparkforge.cli import session
         from sparkforge.recipe.loader import load_recipe
         from sparkforge.registry.sbomtrust import signed_sbom
 
-        found = signed_sbom(load_recipe(recipe), image)
+        found = signed_sbom(session(), load_recipe(recipe), image)
     else:
         found = image_sbom(image)
     if json:

@@ -12,7 +12,6 @@ carry only sparkforge's own signed provenance (registry/trust.py), which pull al
 from __future__ import annotations
 
 import base64
-import json
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json
 from sparkforge.context import Session
 from sparkforge.errors import PublishError
 from sparkforge.recipe import plan
@@ -97,7 +97,7 @@ def label_problems(facts: BuildFacts, labels: Mapping[str, str]) -> list[str]:
 def registry_statement(registry: Registry, top: str, digest: str) -> dict[str, Any] | None:
     """BuildKit's provenance statement for platform image `digest` in the index `top` (None: it has none)."""
     found = registry.manifest(top)
-    index = json.loads(found[0]) if found else {}
+    index = parse_json(found[0].decode("utf-8", "replace"), f"{registry.repository}@{top}") if found else {}
     for entry in index.get("manifests") or []:
         notes = entry.get("annotations") or {}
         if notes.get("vnd.docker.reference.type") != "attestation-manifest":
@@ -105,10 +105,12 @@ def registry_statement(registry: Registry, top: str, digest: str) -> dict[str, A
         if notes.get("vnd.docker.reference.digest") != digest:
             continue
         got = registry.manifest(str(entry["digest"]))
-        manifest = json.loads(got[0]) if got else {}
+        where = f"{registry.repository}@{entry['digest']}"
+        manifest = parse_json(got[0].decode("utf-8", "replace"), where) if got else {}
         for layer in manifest.get("layers") or []:
             if (layer.get("annotations") or {}).get("in-toto.io/predicate-type") == BUILDKIT_PROVENANCE:
-                statement = json.loads(registry.blob(str(layer["digest"]), MAX_STATEMENT))
+                blob = registry.blob(str(layer["digest"]), MAX_STATEMENT).decode("utf-8", "replace")
+                statement = parse_json(blob, f"BuildKit's provenance beside {digest}")
                 subjects = {f"sha256:{s['digest'].get('sha256')}" for s in statement.get("subject") or []}
                 if digest not in subjects:
                     raise PublishError(

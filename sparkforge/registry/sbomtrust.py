@@ -88,11 +88,9 @@ def signed_sboms(recipe: Recipe, ref: str, cosign: Cosign) -> tuple[list[Sbom], 
     return out, found.reason
 
 
-def signed_sbom(recipe: Recipe, ref: str, cosign: Cosign | None = None) -> Sbom:
+def signed_sbom(session: Session, recipe: Recipe, ref: str) -> Sbom:
     """The newest signed SBOM of `ref` (for `invoke sbom --signed`), or SigningError."""
-    from sparkforge.commands import Runner
-
-    found, reason = signed_sboms(recipe, ref, cosign or Cosign(Runner(stream=False)))
+    found, reason = signed_sboms(recipe, ref, Cosign(session.runner))
     if not found:
         raise SigningError(
             f"{ref} has no SBOM attestation signed by {Policy.of(recipe).describe()}"  # type: ignore[union-attr]

@@ -18,13 +18,13 @@ import hashlib
 import json
 import re
 import tarfile
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import IO, Any
 
+from sparkforge.boundary import parse_json
 from sparkforge.errors import AuditError
 
 SPDX_PREDICATE = "https://spdx.dev/Document"  # cosign's `--type spdxjson`: the in-toto predicate type
@@ -241,21 +241,26 @@ def record_hashes(record: str) -> dict[str, str]:
     return out
 
 
-def _read(files: Mapping[str, Path], path: str) -> bytes:
+def _read(files: Mapping[str, Path | bytes], path: str) -> bytes:
+    """One metadata file: in memory (the export reader's), or read from the layer store."""
+    from sparkforge.verify import imagefs
+
     source = files[path]
-    if source.stat().st_size > MAX_META_BYTES:
+    data = source if isinstance(source, bytes) else imagefs.read_file(source, MAX_META_BYTES)
+    if len(data) > MAX_META_BYTES:
         raise AuditError(f"{path} in the image is over {MAX_META_BYTES} bytes; not a package database")
-    return source.read_bytes()
+    return data
 
 
 def sbom_of_files(
-    files: Mapping[str, Path],
+    files: Mapping[str, Path | bytes],
     subject: str,
     image_id: str,
     labels: Mapping[str, str],
     hashed: Mapping[str, str] | None = None,
 ) -> Sbom:
-    """The SBOM of an image whose visible files are `files` (path inside the image -> a readable host path).
+    """The SBOM of an image whose visible files are `files` (path inside the image -> a host path in the layer
+    store, or the file's bytes).
 
     `hashed`: sha256 of files already read (the export reader hashes CUDA libraries as they stream by)."""
     hashed = hashed or {}
@@ -295,7 +300,7 @@ def sbom_of_files(
     lock_sha = ""
     if LOCK_PATH in files:
         raw = _read(files, LOCK_PATH)
-        lock, lock_sha = json.loads(raw), _sha(raw)
+        lock, lock_sha = parse_json(raw.decode("utf-8", "replace"), LOCK_PATH), _sha(raw)
     return Sbom(
         subject,
         image_id,
@@ -314,12 +319,10 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _file_sha(source: Path | bytes) -> str:
+    from sparkforge.verify import imagefs
+
+    return _sha(source) if isinstance(source, bytes) else imagefs.file_sha256(source)
 
 
 def vllm_build(labels: Mapping[str, str], lock: Mapping[str, Any]) -> VllmBuild | None:
@@ -346,12 +349,9 @@ def image_sbom(ref: str, reader: str = "auto") -> Sbom:
     if tree is not None:
         return sbom_of_files({f.path: f.source for f in tree.files}, ref, str(info["Id"]), labels)
     # another store (containerd's snapshotter), a remote engine: the files it needs, from the export stream
-    with (
-        tempfile.TemporaryDirectory(prefix="sparkforge-sbom-") as tmp,
-        engine.ExportedFilesystem(ref) as stream,
-    ):
-        files, hashed = _from_export(stream, Path(tmp))
-        return sbom_of_files(files, ref, str(info["Id"]), labels, hashed)
+    with engine.ExportedFilesystem(ref) as stream:
+        files, hashed = _from_export(stream)
+    return sbom_of_files(files, ref, str(info["Id"]), labels, hashed)
 
 
 def wanted(path: str) -> bool:
@@ -365,10 +365,10 @@ def wanted(path: str) -> bool:
     )
 
 
-def _from_export(stream: IO[bytes], tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
-    """The SBOM's files of an exported filesystem copied under `tmp`, and each CUDA library's sha256 (streamed,
-    never written)."""
-    files: dict[str, Path] = {}
+def _from_export(stream: IO[bytes]) -> tuple[dict[str, Path | bytes], dict[str, str]]:
+    """The SBOM's files of an exported filesystem (their bytes), and each CUDA library's sha256 (streamed, never
+    kept)."""
+    files: dict[str, Path | bytes] = {}
     hashed: dict[str, str] = {}
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
@@ -390,11 +390,9 @@ def _from_export(stream: IO[bytes], tmp: Path) -> tuple[dict[str, Path], dict[st
                 digest = hashlib.sha256()
                 while chunk := handle.read(1 << 20):
                     digest.update(chunk)
-                hashed[path], files[path] = digest.hexdigest(), tmp / "cuda-library-not-kept"
+                hashed[path], files[path] = digest.hexdigest(), b""
                 continue
-            target = tmp / str(len(files))
-            target.write_bytes(handle.read())
-            files[path] = target
+            files[path] = handle.read(MAX_META_BYTES + 1)
     return files, hashed
 
 
@@ -414,7 +412,7 @@ def from_spdx(doc: Mapping[str, Any]) -> Sbom:
         if comment.startswith(LOCK_ANNOTATION):
             lock_sha = comment[len(LOCK_ANNOTATION) :]
         if comment.startswith(BUILD_ANNOTATION):
-            facts = json.loads(comment[len(BUILD_ANNOTATION) :])
+            facts = parse_json(comment[len(BUILD_ANNOTATION) :], "the SBOM's vLLM build annotation")
             vllm = VllmBuild(
                 str(facts.get("version")),
                 str(facts.get("commit")),
@@ -437,9 +435,16 @@ def from_spdx(doc: Mapping[str, Any]) -> Sbom:
     recipe, recipe_hash = match.groups() if match else ("", "")
     created = str((doc.get("creationInfo") or {}).get("created", ""))
     return Sbom(
-        str(doc.get("name", "")), str(top.get("versionInfo", "")), recipe, recipe_hash, created,
-        tuple(sorted(packages)), tuple(cuda), vllm, lock_sha,
-    )  # fmt: skip
+        str(doc.get("name", "")),
+        str(top.get("versionInfo", "")),
+        recipe,
+        recipe_hash,
+        created,
+        tuple(sorted(packages)),
+        tuple(cuda),
+        vllm,
+        lock_sha,
+    )
 
 
 def lock_problems(sbom: Sbom, lock: Mapping[str, Any]) -> list[str]:

@@ -33,7 +33,14 @@ from sparkforge.registry.cosign import Policy, Signer
 from tests.prerequisites import skip_or_fail
 from tests.unit.test_evidence import GB10
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow(
+        cost_s=230,
+        rank=40,
+        reason="the signed fixture (80 s, shared) and three buildx builds, invoke sign and invoke pull runs (140 s)",
+    ),
+]
 
 
 def _head() -> str:

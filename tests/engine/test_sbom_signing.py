@@ -20,6 +20,7 @@ from attestation_edits import rewrite_attestations
 from signing_fixtures import PASSWORD, Signed, docker_build, verify_report
 
 from sparkforge import engine
+from sparkforge.context import Session
 from sparkforge.errors import EngineError
 from sparkforge.registry import pull as pulling
 from sparkforge.registry.attest import attest_report
@@ -85,8 +86,9 @@ def test_sign_step_attests_each_sbom_and_pull_checks_it(signed: Signed) -> None:
         re.search(r"its SBOM signed by key .* matches the image \(\d+ packages", ln) for ln in lines
     ), "\n".join(lines)
     assert not any("NO VERIFIED SBOM" in ln for ln in lines)
+    session = Session(echo=lambda _: None, runner=signed.runner)
     for platform, digest in signed.published.platforms.items():
-        attested = signed_sbom(signed.recipe, f"{repo}@{digest}", signed.cosign())
+        attested = signed_sbom(session, signed.recipe, f"{repo}@{digest}")
         local = image_sbom(f"{repo}@{digest}")
         assert attested.image_id == local.image_id == signed.manifests().config_digest(f"{repo}@{digest}")
         assert attested.packages == local.packages and len(local.packages) > 50, platform  # Debian's minbase
