@@ -21,6 +21,7 @@ from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
+from sparkforge.cli import sbom as cli_sbom
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
 from sparkforge.cli import task, user_errors
@@ -95,6 +96,7 @@ ns.add_task(cli_publish.images)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_collection(cli_trust.ns)  # a publisher's TUF root: trust.init, rotate, recover, status
 ns.add_task(cli_size.size)
+ns.add_task(cli_sbom.sbom)
 ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)
 ns.add_task(cli_diff.kernels)

@@ -161,10 +161,7 @@ def test_overlay_from_a_pull_request_built_verified_and_diffed(
     image = result.tagged[0]
     labels = engine.image_labels(image)
     assert labels["dev.sparkforge.recipe-hash"] == overlay.hash
-    assert (
-        labels["dev.sparkforge.overlay.base"]
-        == f"sparkforge-candidate/ci-wheels-amd64@{wheels_image}"
-    )
+    assert labels["dev.sparkforge.overlay.base"] == f"sparkforge-candidate/ci-wheels-amd64@{wheels_image}"
     assert labels["dev.sparkforge.overlay.patch.1"] == f"vllm:{overlay.model.patches[0].sha256}"
     assert labels["dev.sparkforge.pin.vllm"] == engine.image_labels(wheels_image)["dev.sparkforge.pin.vllm"]
     lock = json.loads(engine.read_image_file(image, "/opt/sparkforge/lock.json") or b"{}")
