@@ -7,7 +7,9 @@ from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import Whole, echo, finish_report, session, task, user_errors
+from sparkforge.cli import Whole, finish_report, task, user_errors
+from sparkforge.cli.families import DRY
+from sparkforge.context import Session
 
 OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
 
@@ -42,6 +44,7 @@ def _base_image(recipe, image: str) -> str:
 @user_errors
 def write(
     c: Context,
+    session: Session,
     recipe: str,
     image: str = "",
     patch: str = "",
@@ -64,56 +67,56 @@ def write(
     source = OverlaySource(
         Path(patch) if patch else None, int(pr) or None, Path(checkout) if checkout else None
     )
-    s = session()
     base = _base_image(loaded, image)
     request = OverlayRequest(loaded, base, package, source, name, Path(out) if out else None)
-    written = write_overlay(s, request)
-    echo(f"wrote {written.path} and {written.patch} ({len(written.kept)} file(s): {', '.join(written.kept)})")
+    written = write_overlay(session, request)
+    session.out(
+        f"wrote {written.path} and {written.patch} ({len(written.kept)} file(s): {', '.join(written.kept)})"
+    )
     if written.dropped:
-        echo(f"left out (not installed in the image): {', '.join(written.dropped)}")
+        session.out(f"left out (not installed in the image): {', '.join(written.dropped)}")
     if not no_preflight:
-        report = run_overlay_preflight(s, load_overlay(written.path)).report
+        report = run_overlay_preflight(session, load_overlay(written.path)).report
         finish_report(
             report,
+            out=session.out,
             hint=f"the overlay was written; fix the patch or the base, then 'invoke overlay.preflight --overlay {written.path}'",
         )
 
 
 @task(help={"overlay": OVERLAY_HELP, "json": "write the preflight report (JSON) here"})
 @user_errors
-def preflight(c: Context, overlay: str, json: str = "") -> None:
+def preflight(c: Context, session: Session, overlay: str, json: str = "") -> None:
     """Check an overlay in seconds: patch rules, the pinned base, every patch applies at the image's versions."""
     from sparkforge.boundary import check_output
     from sparkforge.imagebuild.overlay.model import load_overlay
     from sparkforge.imagebuild.overlay.preflight import run_overlay_preflight
 
     check_output(json, "--json")
-    finish_report(run_overlay_preflight(session(), load_overlay(overlay)).report, json)
+    finish_report(run_overlay_preflight(session, load_overlay(overlay)).report, json, out=session.out)
 
 
 @task(
+    families=(DRY,),
     help={
         "overlay": OVERLAY_HELP,
         "gpus": "verify's GPU mode: all, none or auto",
         "no_verify": "build only (the image is not tagged)",
         "no_cache": "build without BuildKit's cache",
-        "dry": "print the build command; build nothing",
-    }
+    },
 )
 @user_errors
 def build(
     c: Context,
+    session: Session,
     overlay: str,
     gpus: str = "auto",
     no_verify: bool = False,
     no_cache: bool = False,
-    dry: bool = False,
 ) -> None:
     """Build an overlay on its verified base (minutes), verify it like any image, then tag it."""
     import datetime as dt
 
-    from sparkforge.commands import Runner
-    from sparkforge.context import Session
     from sparkforge.imagebuild.overlay.build import OverlayBuildOptions, build_overlay
     from sparkforge.imagebuild.overlay.model import load_overlay
     from sparkforge.recipe.plan import LOG_ROOT
@@ -121,17 +124,13 @@ def build(
 
     loaded = load_overlay(overlay)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = session(dry=dry)
-    s = Session(
-        echo=base.echo,
-        runner=Runner(dry=dry, log_dir=LOG_ROOT / loaded.name / f"{stamp}-overlay", echo=echo, stream=True),
-        warn=base.warn,
-    )
+    dry = session.runner.dry
+    logged = session.logged(LOG_ROOT / loaded.name / f"{stamp}-overlay")
     options = OverlayBuildOptions(verify=not no_verify, gpus=gpu_mode(gpus), no_cache=no_cache, dry=dry)
-    result = build_overlay(s, loaded, options)
+    result = build_overlay(logged, loaded, options)
     if result.tagged:
-        echo(f"sparkforge: overlay {loaded.name} verified and tagged {', '.join(result.tagged)}")
-        echo(f"compare: invoke diff {loaded.model.base.image} {result.tagged[0]}")
+        session.out(f"sparkforge: overlay {loaded.name} verified and tagged {', '.join(result.tagged)}")
+        session.out(f"compare: invoke diff {loaded.model.base.image} {result.tagged[0]}")
 
 
 ns = Collection("overlay")

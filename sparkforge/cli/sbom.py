@@ -7,8 +7,9 @@ import json as _json
 
 from invoke import Context
 
-from sparkforge.cli import echo, task, user_errors
+from sparkforge.cli import task, user_errors
 from sparkforge.console import cell
+from sparkforge.context import Session
 
 
 @task(
@@ -20,7 +21,9 @@ from sparkforge.console import cell
     }
 )
 @user_errors
-def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool = False) -> None:
+def sbom(
+    c: Context, session: Session, image: str, json: str = "", recipe: str = "", signed: bool = False
+) -> None:
     """What is inside an image, as a table or SPDX 2.3 JSON (an SBOM read from its layers).
 
     Debian packages, Python distributions (with RECORD hashes), CUDA libraries and the vLLM build (commit,
@@ -34,11 +37,10 @@ def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool 
     if signed:
         if not recipe:
             raise InputError("--signed needs --recipe R (whose signing key and repository to check)")
-        from sparkforge.cli import session
         from sparkforge.recipe.loader import load_recipe
         from sparkforge.registry.sbomtrust import signed_sbom
 
-        found = signed_sbom(session(), load_recipe(recipe), image)
+        found = signed_sbom(session, load_recipe(recipe), image)
     else:
         found = image_sbom(image)
     if json:
@@ -48,13 +50,13 @@ def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool 
             return
         write_output(json, text, "--json")
     kinds = {k: sum(p.kind == k for p in found.packages) for k in ("deb", "python")}
-    echo(
+    session.out(
         f"{image}: image {found.image_id[:19]}, recipe {found.recipe or '-'} ({found.recipe_hash[:12] or '-'}); "
         f"{kinds['deb']} Debian packages, {kinds['python']} Python distributions, {len(found.cuda)} CUDA libraries"
     )
     if found.vllm:
         v = found.vllm
-        echo(
+        session.out(
             f"vLLM {v.version} commit {v.commit or '-'}; patches: {', '.join(v.patches) or 'none'}; "
             f"arch list: {' '.join(v.arch_list) or '-'}"
         )
@@ -64,6 +66,8 @@ def sbom(c: Context, image: str, json: str = "", recipe: str = "", signed: bool 
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0, 0, 0, 0]
     for r in rows:
-        echo(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}")
+        session.out(
+            f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}"
+        )
     if json:
-        echo(f"wrote {json}")
+        session.out(f"wrote {json}")

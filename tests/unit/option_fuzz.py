@@ -97,6 +97,7 @@ def baselines(tmp: Path) -> dict[str, str]:
         "result": str(RESULT),
         "performance": str(RESULT),
         "overlay": str(OVERLAY),
+        "image": "sparkforge-fuzz/none:latest",
     }
 
 
