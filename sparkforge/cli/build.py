@@ -3,12 +3,13 @@ options once, takes the one Session of its call (cli/families.py) and calls the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, NETWORK
+from sparkforge.cli.families import DRY, NETWORK, Family
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -73,86 +74,96 @@ def preflight(
     finish_report(run_preflight(session, load_recipe(recipe), options), json)
 
 
+@dataclass(frozen=True)
+class BuildFlags:
+    """build's own flags as given; `options` checks and parses them once (the one parse of --base-image)."""
+
+    platform: str = ""
+    target: str = "runtime"
+    base_image: str = ""
+    secret: list[str] | None = None
+    tag: list[str] | None = None
+    builder: str = ""
+    no_cache: bool = False
+    no_verify: bool = False
+    no_preflight: bool = False
+    no_probe: bool = False
+    push_by_digest: bool = False
+    metadata_file: str = ""
+    source: list[str] | None = None
+    network: str = ""
+    gpus: str = "auto"
+    cache_from: list[str] | None = None
+    cache_to: list[str] | None = None
+
+    def options(self, loaded):  # -> imagebuild.stage.BuildOptions
+        """The typed build options, every value checked before the engine is asked anything."""
+        from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, source_built
+        from sparkforge.oci import check_platform
+        from sparkforge.recipe.plan import check_reference
+        from sparkforge.verify.suite import gpu_mode
+
+        if self.platform:
+            check_platform("--platform", self.platform)
+        for ref in self.tag or ():
+            check_reference("--tag", ref)  # before the hour-long build, not at tagging time
+        return BuildOptions(
+            platform=self.platform or None,
+            target=self.target,
+            bases=parse_base_image(self.base_image),
+            secrets=tuple(self.secret or ()),
+            tags=tuple(self.tag or ()),
+            builder=self.builder or None,
+            no_cache=self.no_cache,
+            verify=not self.no_verify,
+            gpus=gpu_mode(self.gpus),
+            push_by_digest=self.push_by_digest,
+            network=self.network or None,
+            sources=parse_sources(self.source or [], source_built(loaded)),
+            preflight=not self.no_preflight,
+            probe=not self.no_probe,
+            metadata_file=Path(self.metadata_file) if self.metadata_file else None,
+            cache_from=tuple(c for c in self.cache_from or () if c),  # empty: none (a release tag's build)
+            cache_to=tuple(c for c in self.cache_to or () if c),
+        )
+
+
+BUILDING = Family.of(
+    BuildFlags,
+    "building",
+    **{k: v for k, v in STAGE_HELP.items() if k != "recipe"},
+    target="stop at this stage (toolchain, source, build, runtime); only runtime is verified and tagged",
+    secret="extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
+    tag="final tag(s) instead of the recipe's scheme (repeatable)",
+    builder="buildx builder to use (remote or multi-node BuildKit)",
+    no_verify="tag without verifying (loudly warned)",
+    no_preflight="skip the upstream preflight checks",
+    no_probe="source recipes: skip the compile probe that runs before the full compile",
+    push_by_digest="push to the recipe's repository by digest (buildx; CI)",
+    metadata_file="write BuildKit's metadata (digest) here",
+    gpus="verify's GPU use: all, none or auto",
+    cache_from="BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
+    cache_to="BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
+)
+
+
 @task(
-    families=(NETWORK, DRY),
+    families=(NETWORK, DRY, BUILDING),
     iterable=["secret", "tag", "source", "cache_from", "cache_to"],
-    help={
-        **STAGE_HELP,
-        "target": "stop at this stage (toolchain, source, build, runtime); only runtime is verified and tagged",
-        "secret": "extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
-        "tag": "final tag(s) instead of the recipe's scheme (repeatable)",
-        "builder": "buildx builder to use (remote or multi-node BuildKit)",
-        "no_verify": "tag without verifying (loudly warned)",
-        "no_preflight": "skip the upstream preflight checks",
-        "no_probe": "source recipes: skip the compile probe that runs before the full compile",
-        "push_by_digest": "push to the recipe's repository by digest (buildx; CI)",
-        "metadata_file": "write BuildKit's metadata (digest) here",
-        "gpus": "verify's GPU use: all, none or auto",
-        "cache_from": "BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
-        "cache_to": "BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
-        "json": "with --dry: also write the plan as JSON here",
-    },
+    help={"recipe": RECIPE_HELP, "json": "with --dry: also write the plan as JSON here"},
 )
 @user_errors
-def build(
-    c: Context,
-    session: Session,
-    recipe: str,
-    platform: str = "",
-    target: str = "runtime",
-    base_image: str = "",
-    secret: list[str] | None = None,
-    tag: list[str] | None = None,
-    builder: str = "",
-    no_cache: bool = False,
-    no_verify: bool = False,
-    no_preflight: bool = False,
-    no_probe: bool = False,
-    push_by_digest: bool = False,
-    metadata_file: str = "",
-    source: list[str] | None = None,
-    network: str = "",
-    gpus: str = "auto",
-    cache_from: list[str] | None = None,
-    cache_to: list[str] | None = None,
-    json: str = "",
-) -> None:
+def build(c: Context, session: Session, building: BuildFlags, recipe: str, json: str = "") -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags (--dry: print the plan)."""
     import json as json_lib
 
     from sparkforge.boundary import check_output, write_output
     from sparkforge.imagebuild.pipeline import execute, plan
-    from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, source_built
-    from sparkforge.oci import check_platform
     from sparkforge.recipe.loader import load_recipe
-    from sparkforge.recipe.plan import check_reference
-    from sparkforge.verify.suite import gpu_mode
 
-    if platform:
-        check_platform("--platform", platform)  # the boundary: before the engine
     check_output(json, "--json")
     loaded = load_recipe(recipe)  # the one load of this build
-    for ref in tag or ():
-        check_reference("--tag", ref)  # before the hour-long build, not at tagging time
-    options = BuildOptions(
-        platform=platform or None,
-        target=target,
-        bases=parse_base_image(base_image),  # the one parse of --base-image
-        secrets=tuple(secret or ()),
-        tags=tuple(tag or ()),
-        builder=builder or None,
-        no_cache=no_cache,
-        verify=not no_verify,
-        gpus=gpu_mode(gpus),
-        push_by_digest=push_by_digest,
-        network=network or None,
-        sources=parse_sources(source or [], source_built(loaded)),
-        preflight=not no_preflight,
-        probe=not no_probe,
-        metadata_file=Path(metadata_file) if metadata_file else None,
-        cache_from=tuple(c for c in cache_from or () if c),  # empty: none (a release tag's build)
-        cache_to=tuple(c for c in cache_to or () if c),
-    )
+    options = building.options(loaded)
     made = plan(session, loaded, options)
     if json and made.dry:
         write_output(json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")

@@ -4,12 +4,14 @@ report of an image, optionally attested). Thin: parse, call sparkforge.registry,
 from __future__ import annotations
 
 import json as _json
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Context
 
 from sparkforge.boundary import write_output
 from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import SIGNING, Family, Signing
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -164,43 +166,51 @@ def history(
     _write(session, json, _json.dumps(views if not tag else views[0], indent=2, sort_keys=True) + "\n")
 
 
+@dataclass(frozen=True)
+class KernelsFlags:
+    """kernels' own flags: what vLLM's selection is asked about, the evidence beside it, where the report goes."""
+
+    profile: str = ""
+    model_config: str = ""
+    runner_image: str = ""
+    serve_log: str = ""
+    verify_report: str = ""
+    gpu: str = ""
+    all_libraries: bool = False
+    json: str = ""
+    markdown: str = ""
+    attest: bool = False
+
+
+ASKING = Family.of(
+    KernelsFlags,
+    "asking",
+    profile="serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
+    "profiles/checkpoints/<org>/<name>/<revision>.json, keyed by its model, unless --model-config)",
+    model_config="the checkpoint's config.json (overrides the profile's)",
+    runner_image="for a wheel or directory: an image holding the same vLLM to run its selection in",
+    serve_log="vLLM's log of a start of this profile: what it selected, set beside the prediction",
+    verify_report="a verify report of this image ('invoke verify --report'): its JIT checks (default: this "
+    "machine's latest verify record of the image)",
+    gpu="GPU target (default: the recipe's)",
+    all_libraries="open every library of the target (default: only those the verdicts depend on: the recipe's "
+    "required ones and those of the kernels vLLM names)",
+    json="write the kernel report (JSON) here",
+    markdown="write the kernel report (Markdown, for a release page) here",
+    attest="attach the report to IMAGE (repository@sha256:...) as a signed attestation (--key signs)",
+)
+
+
 @task(
+    families=(ASKING, SIGNING),
     help={
         "recipe": RECIPE_HELP,
         "image": "image, wheel or directory to report on (default: the recipe's candidate for its first platform)",
-        "profile": "serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
-        "profiles/checkpoints/<org>/<name>/<revision>.json, keyed by its model, unless --model-config)",
-        "model_config": "the checkpoint's config.json (overrides the profile's)",
-        "runner_image": "for a wheel or directory: an image holding the same vLLM to run its selection in",
-        "serve_log": "vLLM's log of a start of this profile: what it selected, set beside the prediction",
-        "verify_report": "a verify report of this image ('invoke verify --report'): its JIT checks (default: "
-        "this machine's latest verify record of the image)",
-        "gpu": "GPU target (default: the recipe's)",
-        "all_libraries": "open every library of the target (default: only those the verdicts depend on: the "
-        "recipe's required ones and those of the kernels vLLM names)",
-        "json": "write the kernel report (JSON) here",
-        "markdown": "write the kernel report (Markdown, for a release page) here",
-        "attest": "attach the report to IMAGE (repository@sha256:...) as a signed attestation",
-        "key": "cosign private key for --attest (default: $SPARKFORGE_SIGNING_KEY; none: keyless)",
-    }
+    },
 )
 @user_errors
 def kernels(
-    c: Context,
-    session: Session,
-    recipe: str,
-    image: str = "",
-    profile: str = "",
-    model_config: str = "",
-    runner_image: str = "",
-    serve_log: str = "",
-    verify_report: str = "",
-    json: str = "",
-    markdown: str = "",
-    attest: bool = False,
-    key: str = "",
-    gpu: str = "",
-    all_libraries: bool = False,
+    c: Context, session: Session, asking: KernelsFlags, signing: Signing, recipe: str, image: str = ""
 ) -> None:
     """Per layer type, what vLLM selects on the recipe's GPU, where that code comes from and if it can run."""
     from sparkforge.boundary import check_input, check_output, read_json, read_text
@@ -215,8 +225,8 @@ def kernels(
             check_input(image, "--image", MAX_WHEEL_BYTES)
     elif image:
         check_reference("--image", image)
-    check_output(json, "--json")
-    check_output(markdown, "--markdown")
+    check_output(asking.json, "--json")
+    check_output(asking.markdown, "--markdown")
     loaded = load_recipe(recipe)
     if not image:
         from sparkforge.registry.pulled import resolve
@@ -225,30 +235,29 @@ def kernels(
         session.echo(f"sparkforge: image {found.image}: {found.why}")
     ref = image or found.image
     checks = None
-    if verify_report:
+    if asking.verify_report:
         from sparkforge.registry.signinputs import parse_verify_report
 
         data = parse_verify_report(
-            read_json(verify_report, "--verify-report"), f"--verify-report {verify_report}"
+            read_json(asking.verify_report, "--verify-report"), f"--verify-report {asking.verify_report}"
         )
         checks = list(data["checks"])
     log = None
-    if serve_log:
-        log = read_text(serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
-    ask = selection_input(profile, model_config, runner_image)
-    query = KernelsQuery(loaded.name, checks, ask, log, all_libraries)
-    report = for_target(ref, gpu or loaded.model.gpu, loaded.model.audit.require, query)
+    if asking.serve_log:
+        log = read_text(asking.serve_log, "--serve-log", SERVE_LOG_MAX_BYTES)
+    ask = selection_input(asking.profile, asking.model_config, asking.runner_image)
+    query = KernelsQuery(loaded.name, checks, ask, log, asking.all_libraries)
+    report = for_target(ref, asking.gpu or loaded.model.gpu, loaded.model.audit.require, query)
     data = report.to_dict()
     text = to_markdown(data)
     session.out(text)
-    _write(session, json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
-    _write(session, markdown, text, "--markdown")
-    if attest:
+    _write(session, asking.json, _json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _write(session, asking.markdown, text, "--markdown")
+    if asking.attest:
         from sparkforge.registry.attest import attest_kernels
-        from sparkforge.registry.cosign import Cosign, Signer
 
-        signer = Signer.from_env(key)
-        signed = attest_kernels(loaded, ref, data, Cosign(session.runner), signer)
+        cosign, signer = signing.tools(session)
+        signed = attest_kernels(loaded, ref, data, cosign, signer)
         session.echo(f"sparkforge: attested {signed.reference} ({signed.what}) with {signer.describe()}")
     if report.status != "passed":  # exit status follows the report (attested or not)
         raise SparkforgeError(

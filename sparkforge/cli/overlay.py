@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import Collection, Context
 
-from sparkforge.cli import Whole, finish_report, task, user_errors
-from sparkforge.cli.families import DRY
+from sparkforge.cli import finish_report, task, user_errors
+from sparkforge.cli.families import DRY, Family
 from sparkforge.context import Session
 
 OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
@@ -27,34 +28,41 @@ def _base_image(recipe, image: str) -> str:
     return found
 
 
+@dataclass(frozen=True)
+class Writing:
+    """What the overlay is made of (the patch, or a pull request from a local clone) and where it goes."""
+
+    image: str = ""
+    patch: str = ""
+    pr: int = 0
+    checkout: str = ""
+    package: str = "vllm"
+    name: str = ""
+    out: str = ""
+    no_preflight: bool = False
+
+
+WRITING = Family.of(
+    Writing,
+    "writing",
+    image="the verified base image (default: the recipe's local candidate); pinned by digest in the overlay",
+    patch="a patch file ('git diff' or 'git format-patch' output)",
+    pr="instead: a pull request number, read from --checkout (its squash or merge commit; no network)",
+    checkout="a local git clone of the package's repository (with --pr)",
+    package="the installed package the patch changes: vllm, transformers or flashinfer (default vllm)",
+    name="the overlay's name (default <recipe>-pr<N> or <recipe>-<patch name>)",
+    out="where to write the overlay recipe (default recipes/overlays/<name>.yaml)",
+    no_preflight="write without checking the patch applies to the base image",
+)
+
+
 @task(
     name="write",
-    help={
-        "recipe": "the recipe the base image was built from (name in recipes/ or a path)",
-        "image": "the verified base image (default: the recipe's local candidate); pinned by digest in the overlay",
-        "patch": "a patch file ('git diff' or 'git format-patch' output)",
-        "pr": "instead: a pull request number, read from --checkout (its squash or merge commit; no network)",
-        "checkout": "a local git clone of the package's repository (with --pr)",
-        "package": "the installed package the patch changes: vllm, transformers or flashinfer (default vllm)",
-        "name": "the overlay's name (default <recipe>-pr<N> or <recipe>-<patch name>)",
-        "out": "where to write the overlay recipe (default recipes/overlays/<name>.yaml)",
-        "no_preflight": "write without checking the patch applies to the base image",
-    },
+    families=(WRITING,),
+    help={"recipe": "the recipe the base image was built from (name in recipes/ or a path)"},
 )
 @user_errors
-def write(
-    c: Context,
-    session: Session,
-    recipe: str,
-    image: str = "",
-    patch: str = "",
-    pr: int = Whole(0),
-    checkout: str = "",
-    package: str = "vllm",
-    name: str = "",
-    out: str = "",
-    no_preflight: bool = False,
-) -> None:
+def write(c: Context, session: Session, writing: Writing, recipe: str) -> None:
     """Write an overlay recipe: a verified image plus a patch (a file, or a pull request from a local clone)."""
     from sparkforge.boundary import check_output
     from sparkforge.imagebuild.overlay.model import load_overlay
@@ -62,20 +70,21 @@ def write(
     from sparkforge.imagebuild.overlay.write import OverlayRequest, OverlaySource, write_overlay
     from sparkforge.recipe.loader import load_recipe
 
-    check_output(out, "--out")
+    w = writing
+    check_output(w.out, "--out")
     loaded = load_recipe(recipe)
     source = OverlaySource(
-        Path(patch) if patch else None, int(pr) or None, Path(checkout) if checkout else None
+        Path(w.patch) if w.patch else None, int(w.pr) or None, Path(w.checkout) if w.checkout else None
     )
-    base = _base_image(loaded, image)
-    request = OverlayRequest(loaded, base, package, source, name, Path(out) if out else None)
+    base = _base_image(loaded, w.image)
+    request = OverlayRequest(loaded, base, w.package, source, w.name, Path(w.out) if w.out else None)
     written = write_overlay(session, request)
     session.out(
         f"wrote {written.path} and {written.patch} ({len(written.kept)} file(s): {', '.join(written.kept)})"
     )
     if written.dropped:
         session.out(f"left out (not installed in the image): {', '.join(written.dropped)}")
-    if not no_preflight:
+    if not w.no_preflight:
         report = run_overlay_preflight(session, load_overlay(written.path)).report
         finish_report(
             report,
