@@ -8,6 +8,7 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.cli import finish_report, task, user_errors
+from sparkforge.context import Session
 
 
 @task(
@@ -22,6 +23,7 @@ from sparkforge.cli import finish_report, task, user_errors
 @user_errors
 def baseline(
     c: Context,
+    session: Session,
     result: str,
     performance: str,
     threshold: str = "10",
@@ -41,4 +43,4 @@ def baseline(
         threshold_pct=check_threshold(threshold),
         allow_different=allow_different,
     )
-    finish_report(report, json, hint="see the table above")
+    finish_report(report, json, hint="see the table above", out=session.out)
