@@ -60,7 +60,11 @@ class ShortFlagTask(invoke.Task):
         from sparkforge.cli.parsing import TaskArgument, route_through_project
 
         route_through_project()
-        args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        helps = dict(self.help)  # Invoke pops each option's help as it reads it: a second reading would have none
+        try:
+            args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        finally:
+            self.help.update(helps)
         for arg in args:
             arg.__class__ = TaskArgument  # the same object, marked as a sparkforge option
             arg.task_name = task_key(self.body)  # the boundary types its values (sparkforge.cli.options)

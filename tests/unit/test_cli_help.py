@@ -95,3 +95,11 @@ def test_help_output_shows_placeholders_for_whole_numbers_and_repeatables() -> N
     result = invoke("--help", "serve")
     assert result.returncode == 0, result.stderr
     assert "--port=PORT" in result.stdout and "--ulimit=ULIMIT" in result.stdout
+
+
+def test_reading_a_tasks_options_twice_keeps_every_help_line() -> None:
+    """Invoke pops each option's help as it builds the arguments; help, the fuzzer and the parser all read them."""
+    for context_task in (tasks.ns.tasks["conform"], tasks.ns.tasks["build"]):
+        first = {a.name: str(a.help) for a in context_task.get_arguments()}
+        second = {a.name: str(a.help) for a in context_task.get_arguments()}
+        assert first == second and all(second.values()), second
