@@ -114,9 +114,9 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     ),
     "sparkforge/run/jobs.py": ({"json", "path-io"}, f"{OWN} (tests/image helpers); {CONTAINER}"),
     "sparkforge/run/postmortem.py": ({"path-io"}, "keeps a failed node's log under logs/ (its own folder)"),
-    "sparkforge/run/serve/serve.py": (
+    "sparkforge/run/launch.py": (
         {"json", "path-io"},
-        f"{CONTAINER}; a model folder's config.json the user named with --model-dir",
+        "a model folder's config.json the user named with --model-dir",
     ),
     "sparkforge/run/weights/weightstream.py": (
         {"json"},
