@@ -10,7 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import Family, Option
+from sparkforge.cli.families import Family
 from sparkforge.cli.launchflags import FORCE_HELP
 from sparkforge.context import Session
 
@@ -36,22 +36,11 @@ class NodeSize:
     mem_available: float = 0.0
 
 
-NODE_SIZE = Family(
-    "node size",
-    (
-        Option(
-            "spark_memory",
-            0,
-            "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
-        ),
-        Option(
-            "mem_available",
-            0.0,
-            "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
-        ),
-    ),
-    "node",
+NODE_SIZE = Family.of(
     NodeSize,
+    "node",
+    spark_memory="the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
+    mem_available="the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
 )
 
 

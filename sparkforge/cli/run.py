@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from invoke import Collection, Context
 
 from sparkforge.cli import echo, task, user_errors, warn
-from sparkforge.cli.families import DRY, NETWORK, Family, Option
+from sparkforge.cli.families import DRY, NETWORK, Family
 from sparkforge.cli.launchflags import (
     FORCE,
     IFACE_HELP,
@@ -63,20 +63,13 @@ class ServeFlags:
     watchdog_floor: float = 4.0
 
 
-SERVE = Family(
-    "serve",
-    (
-        Option("no_chat", False, "skip the chat completion"),
-        Option(
-            "down_on_fail",
-            False,
-            "remove the deployment when the answer check fails (default: keep the healthy deployment)",
-        ),
-        Option("watchdog", "auto", WATCHDOG_HELP),
-        Option("watchdog_floor", 4.0, FLOOR_HELP),
-    ),
-    "serving",
+SERVE = Family.of(
     ServeFlags,
+    "serving",
+    no_chat="skip the chat completion",
+    down_on_fail="remove the deployment when the answer check fails (default: keep the healthy deployment)",
+    watchdog=WATCHDOG_HELP,
+    watchdog_floor=FLOOR_HELP,
 )
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
