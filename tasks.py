@@ -15,10 +15,13 @@ from sparkforge.cli import diff as cli_diff
 from sparkforge.cli import docs as cli_docs
 from sparkforge.cli import engine as cli_engine
 from sparkforge.cli import memory as cli_memory
+from sparkforge.cli import nvperf as cli_nvperf
+from sparkforge.cli import overlay as cli_overlay
 from sparkforge.cli import probe as cli_probe
 from sparkforge.cli import publish as cli_publish
 from sparkforge.cli import rebuild as cli_rebuild
 from sparkforge.cli import run as cli_run
+from sparkforge.cli import sbom as cli_sbom
 from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
 from sparkforge.cli import task, user_errors
@@ -93,6 +96,7 @@ ns.add_task(cli_publish.images)
 ns.add_collection(cli_sign.ns)  # signing hook: sign, sign.attest, sign.install
 ns.add_collection(cli_trust.ns)  # a publisher's TUF root: trust.init, rotate, recover, status
 ns.add_task(cli_size.size)
+ns.add_task(cli_sbom.sbom)
 ns.add_task(cli_diff.diff)
 ns.add_task(cli_diff.history)
 ns.add_task(cli_diff.kernels)
@@ -103,7 +107,9 @@ ns.add_collection(cli_engine.ns)
 ns.add_collection(ci_ns)
 ns.add_collection(cli_run.serve_ns)
 ns.add_collection(cli_cluster.cluster_ns)
+cli_bench.ns.add_task(cli_nvperf.baseline)  # bench.baseline: against NVIDIA's performance file
 ns.add_collection(cli_bench.ns)
 ns.add_task(cli_conform.conform)
 ns.add_task(cli_memory.memory)
 ns.add_collection(cli_docs.ns)
+ns.add_collection(cli_overlay.ns)  # overlay (write), overlay.preflight, overlay.build

@@ -326,12 +326,22 @@ def _final(path: Path, option: str) -> Path:
     return final
 
 
+def check_output_dir(path: Path | str, option: str) -> Path:
+    """What `output_dir` would refuse (a symlink, file, pipe or device there, a system folder, a link out of the
+    project on the way), checked without creating it: the folder it would use (an existing folder is fine)."""
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        path = Path(os.path.abspath(path))  # `--out .` or `build/..`: the folder itself
+    folder = _output_parent(path, option) / path.name
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
+    return folder
+
+
 def output_dir(path: Path | str, option: str) -> Path:
     """A folder for several outputs (`--png DIR`), created if missing: never a symlink, never a system folder,
     never reached through a link that leads out of the project; files go in with `write_output`."""
-    folder = _final(Path(path), option)
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise InputError(f"{option} {path}: a symlink or file is there, not a folder; fix: name a new folder")
+    folder = check_output_dir(path, option)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -395,9 +405,16 @@ def check_number(
     good = good and (isinstance(parsed, int) or math.isfinite(parsed))  # type: ignore[arg-type]
     good = good and (low < parsed if low_open else low <= parsed) and parsed <= high  # type: ignore[operator]
     if not good:
-        bounds = f"{'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
+        bounds = (
+            f"{'above' if low_open else 'from'} {_bound(low)} {'up ' if low_open else ''}to {_bound(high)}"
+        )
         raise InputError(f"{option} {str(value)[:60]!r} is not {kind} {bounds}; fix: pass {kind} {bounds}")
     return parsed  # type: ignore[return-value]
+
+
+def _bound(value: float) -> str:
+    """A bound as a reader writes it: 10000000, not 1e+07."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
 
 
 def check_label(

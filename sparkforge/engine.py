@@ -341,6 +341,29 @@ def read_image_file(image: str, path: str) -> bytes | None:
         container.remove(force=True)
 
 
+def read_image_files(image: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+    """Several files from one created (never started) container: path -> bytes, None when absent."""
+    import docker.errors
+
+    with sdk_errors(f"read {len(paths)} file(s) from {image}"):
+        container = _client().containers.create(image, entrypoint=["/bin/true"], command=[])
+    out: dict[str, bytes | None] = {}
+    try:
+        for path in paths:
+            try:
+                chunks, _ = container.get_archive(path)
+            except docker.errors.NotFound:
+                out[path] = None
+                continue
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+                member = archive.next()
+                handle = archive.extractfile(member) if member and member.isfile() else None
+                out[path] = handle.read() if handle else None
+    finally:
+        container.remove(force=True)
+    return out
+
+
 def image_layer_dirs(ref: str) -> tuple[Path, ...] | None:
     """The image's layer directories in the engine's own store, bottom to top, when this host can read them.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import invoke
@@ -12,7 +11,6 @@ from invoke.exceptions import Exit, ParseError
 
 from sparkforge.cli.families import GLOBAL, Family, finish_report, takes_session, with_families
 from sparkforge.console import say, warn
-from sparkforge.context import Session
 from sparkforge.errors import SparkforgeError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,12 +56,14 @@ class ShortFlagTask(invoke.Task):
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[invoke.Argument]:
+        from sparkforge.cli.options import task_key
         from sparkforge.cli.parsing import TaskArgument, route_through_project
 
         route_through_project()
         args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         for arg in args:
             arg.__class__ = TaskArgument  # the same object, marked as a sparkforge option
+            arg.task_name = task_key(self.body)  # the boundary types its values (sparkforge.cli.options)
         return args
 
 
@@ -104,26 +104,6 @@ class Whole(int):
 
 # One default output for the whole tool (sparkforge/console.py): progress and results on stdout, warnings on stderr.
 echo = say
-
-
-def session(
-    *, offline: bool = False, ca_bundle: str = "", stream: bool = False, dry: bool = False
-) -> Session:
-    """The one Session of a task: the console, a runner (`dry`: it prints every command and runs none),
-    --offline, and the CA bundle from --ca-bundle or $SPARKFORGE_CA_BUNDLE (read here, once, not deep in the
-    library). The cache is the environment's ($SPARKFORGE_CACHE, else the XDG cache)."""
-    import os
-
-    from sparkforge.commands import Runner
-
-    bundle = ca_bundle or os.environ.get("SPARKFORGE_CA_BUNDLE", "")
-    return Session(
-        echo=echo,
-        runner=Runner(stream=stream, dry=dry, echo=echo),
-        offline=offline,
-        ca_bundle=Path(bundle) if bundle else None,
-        warn=warn,
-    )
 
 
 __all__ = ["Whole", "echo", "finish_report", "user_errors", "warn"]

@@ -55,6 +55,7 @@ class BenchFlags:
     corpus: str = ""
     store: str = ""
     no_warmup: bool = False
+    performance: str = ""
 
 
 BENCH = Family.of(
@@ -75,6 +76,7 @@ BENCH = Family.of(
     corpus="spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
     store=STORE_HELP,
     no_warmup="skip the warm-up run of each level",
+    performance="also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
 )
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
@@ -142,6 +144,11 @@ def bench(
         )
     stored = save(report.to_dict(), _json.dumps(report.to_dict(), indent=2) + "\n", benching.store or None)
     session.out(f"stored: {stored}")
+    if benching.performance:  # NVIDIA's performance file (run/bench/nvperf.py)
+        from sparkforge.run.bench.nvperf import write_performance
+
+        written = write_performance(report.to_dict(), Path(benching.performance), plan.recipe.name)
+        session.out(f"performance file: {written}")
     finish_report(report, benching.json, hint="a level failed; see its reason above")
 
 
@@ -162,6 +169,7 @@ def bench_options(given: BenchFlags):
     )
 
     check_output(given.json, "--json")
+    check_output(given.performance, "--performance")
     # Numbers as ASCII digits in range ('1_0', '٣', '²' refused: Python's int() reads the first two as 10 and 3).
     sizes = {
         name: parse_int(f"--{name.replace('_', '-')}", text, low=1, high=high) if text else None

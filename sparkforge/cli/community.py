@@ -54,7 +54,7 @@ class Reading:
         from sparkforge.recipe.community.formats import FORMATS
 
         if self.format and self.format not in FORMATS:
-            raise Exit(f"sparkforge: --format {self.format!r}: use eugr or sparkarena", code=2)
+            raise Exit(f"sparkforge: --format {self.format!r}: use {', '.join(FORMATS)}", code=2)
         given = list(self.set or [])
         overrides = dict(item.split("=", 1) for item in given if "=" in item)
         if len(overrides) != len(given):
@@ -74,7 +74,8 @@ class Reading:
 READING = Family.of(
     Reading,
     "reading",
-    format='eugr (recipe_version "1") or sparkarena (recipe_version 2); default: from the file',
+    format='eugr (recipe_version "1"), sparkarena (recipe_version 2), nvidia-v3 or nvidia-v4 (NVIDIA\'s catalog, '
+    "schema_version 3/4); default: from the file",
     extra="the words the community runner takes after `--` (appended to the command, the last flag wins)",
     set="KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
     allow="ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it does; written into the profile with the reason (repeatable)",
@@ -134,6 +135,12 @@ def import_(
     serving = pinned.recipe.name if pinned else "R"
     target = Path(out) if out else PROFILES_DIR / f"{imported.name}.yaml"
     path = write_profile(imported, target, force=force, recipe=serving)
+    carried = _carry_mods(imported, source, pinned)
+    notes = [
+        n
+        for n in notes
+        if not any(n.message.startswith(f"mod {v.mod!r} ") for v in carried.verdicts if v.kind != "missing")
+    ]
     echo(f"wrote {path} (profile {imported.name}, {imported.document['nodes']} node(s), {where})")
     for fact in facts:
         echo(fact)
@@ -147,6 +154,21 @@ def import_(
         warn(f"left out: {note}")
     ref = imported.name if path.resolve().parent == PROFILES_DIR.resolve() else str(path)
     echo(f"next: {imported.next_command(serving, ref)}")
+    for verdict in carried.verdicts:
+        if verdict.kind == "patch":
+            echo(f"carried: {verdict}")
+        elif verdict.kind != "missing":
+            warn(f"refused: {verdict}")
+    if carried.patches:
+        echo(
+            f"mods written as overlay patches: {', '.join(str(p) for p in carried.patches)}; next: {carried.next_step}"
+        )
+    if carried.refused:
+        raise Exit(
+            f"sparkforge: {where}: {len(carried.refused)} mod(s) refused (named above); {path} was written without "
+            "them; fix: carry a mod's patch instead of its script, or leave the mod out (docs/overlays.md)",
+            code=1,
+        )
     if imported.unmountable:
         raise Exit(
             f"sparkforge: {where}: {len(imported.unmountable)} flag(s) name files the container would not have; "
@@ -165,6 +187,15 @@ def import_(
     if not notes:
         checked = "" if pinned else " (flags not checked against a vLLM: --no-preflight)"
         echo(f"imports cleanly: nothing needs attention{checked}")
+
+
+def _carry_mods(imported, source: str, pinned):
+    """The recipe's mods judged from their files: patches become an overlay series, scripts are refused."""
+    from sparkforge.imagebuild.overlay.mods import carry_mods
+    from sparkforge.recipe.loader import load_recipe
+
+    base = pinned.recipe if pinned else load_recipe(DEFAULT_RECIPE)
+    return carry_mods(imported.recipe, None if "://" in source else Path(source), base, imported.name)
 
 
 def _memory_plan(session: Session, path: Path, imported, device: str) -> None:
@@ -221,7 +252,7 @@ PINNING = Family.of(
     help={
         "profile": "serve profile name in profiles/ or a path",
         "recipe": "sparkforge recipe whose image serves it (its candidate tag unless --image)",
-        "format": 'sparkarena (recipe_version 2) or eugr (recipe_version "1")',
+        "format": 'sparkarena (recipe_version 2), eugr (recipe_version "1"), nvidia-v4 or nvidia-v3 (NVIDIA\'s catalog)',
         "out": "file to write (default: print it)",
     },
 )
@@ -238,12 +269,13 @@ def export(
     """A serve profile becomes a community recipe; --realize pins image digest and model revision."""
     from sparkforge.boundary import check_output, write_output
     from sparkforge.recipe import plan
+    from sparkforge.recipe.community.formats import FORMATS
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.registry.realize import export_community
 
-    if format not in ("sparkarena", "eugr"):
-        raise Exit(f"sparkforge: --format {format!r}: use sparkarena or eugr", code=2)
+    if format not in FORMATS:
+        raise Exit(f"sparkforge: --format {format!r}: use {', '.join(FORMATS)}", code=2)
     check_output(out, "--out")  # the boundary: before any registry or hub is asked
     loaded, prof = load_recipe(recipe), load_profile(profile)
     image = pinning.image

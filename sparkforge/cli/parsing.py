@@ -40,7 +40,23 @@ def flag_names(name: str) -> list[str]:
 
 
 class TaskArgument(invoke.Argument):
-    """An option of a sparkforge task: what marks a parser context as ours (Invoke's core flags are not)."""
+    """An option of a sparkforge task: what marks a parser context as ours (Invoke's core flags are not). Each
+    value given is typed by the boundary (sparkforge/cli/options.py) as Invoke parses it, before the task runs."""
+
+    task_name = ""  # the task function's name, set by ShortFlagTask.get_arguments
+
+    def set_value(self, value: object, cast: bool = True) -> None:
+        if cast and isinstance(value, str):
+            from sparkforge.cli.options import type_option
+            from sparkforge.errors import InputError
+
+            try:
+                type_option(
+                    self.task_name, (self.name or "").replace("-", "_"), value, empty_ok=self.default == ""
+                )
+            except InputError as exc:
+                raise ParseError(f"sparkforge: {exc}") from None
+        super().set_value(value, cast=cast)
 
 
 def ours(context: ParserContext | None) -> bool:

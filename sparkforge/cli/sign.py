@@ -34,7 +34,7 @@ def _read_json(path: str, what: str) -> dict:
 )
 @user_errors
 def images(c: Context, session: Session, signing: Signing, recipe: str, published: str) -> None:
-    """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance."""
+    """Sign every platform image and the index that 'invoke publish' wrote; attest each image's provenance and SBOM."""
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.registry.cosign import sign_published
     from sparkforge.registry.signinputs import parse_published
@@ -45,6 +45,14 @@ def images(c: Context, session: Session, signing: Signing, recipe: str, publishe
     session.echo(f"sparkforge: signing {loaded.model.publish.repository}@{index} with {signer.describe()}")
     for signed in sign_published(loaded, index, platforms, cosign, signer):
         session.out(f"sparkforge: signed {signed.reference} ({signed.what})")
+    from sparkforge.registry.buildprov import attest_published as attest_buildkit  # buildx builds' provenance
+    from sparkforge.registry.publish import session_tools
+    from sparkforge.registry.sbomtrust import attest_published  # each image's SBOM, read from its layers
+
+    tools = session_tools(session, loaded, "sign")
+    attested = attest_published(loaded, platforms, cosign, signer, tools)
+    for signed in [*attested, *attest_buildkit(loaded, index, platforms, cosign, signer)]:
+        session.out(f"sparkforge: attested {signed.reference} ({signed.what})")
 
 
 def _decided(loaded, tools, published: str, platform: str, image: str) -> str:

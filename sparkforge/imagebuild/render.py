@@ -62,6 +62,11 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def template_environment() -> jinja2.Environment:
+    """The one Jinja2 environment every Dockerfile template renders in (StrictUndefined, `sh` and `dq` guards)."""
+    return _environment()
+
+
 def render_dockerfile(recipe: Recipe, bases: plan.Bases | None = None) -> str:
     """The Dockerfile text for a recipe (on its pinned base images unless `bases` overrides them)."""
     values = dataclasses.asdict(plan.template_values(recipe, bases))

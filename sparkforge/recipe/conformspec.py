@@ -120,7 +120,7 @@ class ConformSettings(BaseModel):
     )
     max_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
     concurrency: Annotated[int, Field(ge=2, le=256)] = 4
-    seed: int = 1234
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 1234  # vLLM's sampling seed: a 32-bit signed int
     # A prompt longer than max-num-batched-tokens, so that chunked prefill really splits it (words repeated).
     long_prompt_words: Annotated[int, Field(ge=0, le=100000)] = 600
     long_decode: LongDecode = Field(default_factory=LongDecode)

@@ -22,6 +22,7 @@ SECTIONS = (
     "versions",
     "cuda",
     "packages",
+    "sbom",
     "kernels",
     "selection",
     "backends",
@@ -117,6 +118,24 @@ def _split_packages(side: Side) -> tuple[dict[str, str] | None, dict[str, str] |
     return cuda, {k: v for k, v in side.packages.items() if k not in cuda}
 
 
+def sbom_rows(a: Any, b: Any) -> list[dict[str, Any]]:
+    """The packages (Debian, Python per environment) whose version or hash differs between two SBOMs."""
+    if a is None or b is None:
+        return []
+    from sparkforge.verify.sbom import package_changes
+
+    return [
+        {
+            "section": "sbom",
+            "item": f"{c.kind} {c.name}",
+            "a": c.before or None,
+            "b": c.after or None,
+            "change": c.what,
+        }
+        for c in package_changes(a, b)
+    ]
+
+
 def compare(a: Side, b: Side) -> Report:
     """Every difference between two sides, as a `diff` report: one check per section, rows in `changes`."""
     warnings = []
@@ -138,6 +157,7 @@ def compare(a: Side, b: Side) -> Report:
         ),
         "cuda": _changes("cuda", cuda_a, cuda_b),
         "packages": _changes("packages", other_a, other_b),
+        "sbom": sbom_rows(a.sbom, b.sbom),
         "kernels": _kernel_rows(a, b),
         "selection": [
             {**r, "change": f"{r['item']}: {r['a'] or '-'} -> {r['b'] or '-'}"}
@@ -157,6 +177,7 @@ def compare(a: Side, b: Side) -> Report:
     }
     missing = {
         "packages": a.packages is None or b.packages is None,
+        "sbom": a.sbom is None or b.sbom is None,
         "kernels": a.kernels is None or b.kernels is None,
         "selection": a.selection is None or b.selection is None,
         "size": a.size is None or b.size is None,

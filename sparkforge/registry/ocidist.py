@@ -15,10 +15,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 
-from sparkforge.errors import PublishError
+from sparkforge.errors import InputError, PublishError
 from sparkforge.oci import is_local_registry
 
 USER_ENV, PASSWORD_ENV = "SPARKFORGE_REGISTRY_USER", "SPARKFORGE_REGISTRY_PASSWORD"
@@ -34,6 +35,67 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY_CONFIG = b"{}"
 MAX_MANIFEST = 4 << 20  # distribution's own manifest limit
 TIMEOUT_S = 30
+MAX_TOKEN_ANSWER = 1 << 20  # a bearer token answer: a few KiB
+
+
+def error_text(response: requests.Response, limit: int = 200) -> str:
+    """The first `limit` bytes of an error answer, printable (a 1 GiB error body is never read whole)."""
+    try:
+        head = response.raw.read(limit, decode_content=True) if response.raw is not None else b""
+    except (requests.RequestException, OSError, ValueError):
+        head = b""
+    finally:
+        response.close()
+    text = head.decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+def token_from_realm(
+    registry: Registry, params: dict[str, str], scope: str, credentials: tuple[str, str] | None
+) -> str:
+    """A bearer token from the realm a 401 named, through the one fetcher (a total deadline, a byte cap, its
+    redirect rules). The registry's credentials go only to a realm on the registry's own host: a 401 that
+    names another host gets an anonymous request, never the user and password."""
+    import base64
+
+    from sparkforge.boundary import parse_json
+    from sparkforge.urlfetch import FetchError, check_url, direct_session, fetch_url, proxied_session
+
+    realm = params["realm"]
+    try:
+        scheme, host, _ = check_url(realm, f"the token service of {registry.repository}")
+    except FetchError:
+        return ""
+    if scheme != "https" and not is_local_registry(registry.repository):
+        return ""  # a token over plain HTTP only from a registry on this machine
+    headers = {}
+    if credentials and host == registry.host.split(":")[0].lower():
+        pair = f"{credentials[0]}:{credentials[1]}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    query = urlencode({"service": params.get("service", ""), "scope": f"repository:{registry.name}:{scope}"})
+    url = f"{realm}{'&' if '?' in realm else '?'}{query}"
+    try:
+        session = direct_session() if is_local_registry(registry.repository) else proxied_session()
+        got = fetch_url(
+            session,
+            url,
+            what="a registry token",
+            max_bytes=MAX_TOKEN_ANSWER,
+            deadline=TIMEOUT_S,
+            headers=headers,
+            ok_status=(401, 403),
+        )
+        answer = parse_json(got.text, "the registry's token answer")
+    except (FetchError, PublishError, InputError):
+        return ""
+    if got.status_code != 200 or not isinstance(answer, dict):
+        return ""
+    token = answer.get("token") or answer.get("access_token") or ""
+    return (
+        token
+        if isinstance(token, str) and token.isascii() and token.isprintable() and len(token) < 16384
+        else ""
+    )
 
 
 def sha256(data: bytes) -> str:
@@ -71,13 +133,7 @@ class Registry:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         if not challenge.lower().startswith("bearer") or "realm" not in params:
             return False
-        query = {"service": params.get("service", ""), "scope": f"repository:{self.name}:{scope}"}
-        got = requests.get(
-            params["realm"], params=query, auth=(user, password or "") if user else None, timeout=TIMEOUT_S
-        )
-        if got.status_code != 200:
-            return False
-        self._token = got.json().get("token") or got.json().get("access_token") or ""
+        self._token = token_from_realm(self, params, scope, (user, password or "") if user else None)
         return bool(self._token)
 
     def _request(self, method: str, url: str, scope: str = "pull", **kwargs: Any) -> requests.Response:
@@ -85,6 +141,7 @@ class Registry:
             headers = dict(kwargs.pop("headers", {}) or {})
             if self._token:
                 headers["Authorization"] = f"Bearer {self._token}"
+            kwargs.setdefault("stream", True)  # a body is read only as far as its reader's cap, never whole
             try:
                 response = self.session.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
             except requests.RequestException as exc:
@@ -187,6 +244,6 @@ class Registry:
     def _check(self, response: requests.Response, what: str) -> None:
         if response.status_code >= 300:
             raise PublishError(
-                f"{self.repository}: could not {what} (HTTP {response.status_code}: {response.text[:200]}); fix: "
+                f"{self.repository}: could not {what} (HTTP {response.status_code}: {error_text(response)}); fix: "
                 f"log in with push rights ({USER_ENV}/{PASSWORD_ENV}) or check the repository name"
             )

@@ -119,6 +119,12 @@ def pull_image(session: Session, recipe: Recipe, options: PullOptions) -> Pulled
         raise PublishError(f"pull of {ref} failed; log in to the registry if it is private.\n{exc}") from None
     # the labels must claim the commit the signed provenance names, before any tag is written
     signing_check.check_labels(trusted, engine.image_labels(local), lambda: engine.remove_image(local))
+    # the signed SBOM and BuildKit's signed provenance agree with the labels, the lock and the image itself
+    from sparkforge.registry import buildprov, sbomtrust
+
+    sbomtrust.check_pulled(session, recipe, trusted.unsigned, local, options.allow_unverified)
+    pulled_image = buildprov.PulledImage(trusted.digest, trusted.top, trusted.unsigned)
+    buildprov.check_pulled(session, recipe, pulled_image, options.allow_unverified)
     if local != ref and "@" not in ref:
         engine.tag_image(local, ref)  # `docker run REPO:TAG` then means the image that was checked
     found = engine.image_platform(local)

@@ -44,6 +44,7 @@ class Side:
     bench: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     selection: dict[str, str] | None = None  # layer -> what vLLM selects ('KERNEL (verdict)')
+    sbom: Any = None  # verify.sbom.Sbom read from the image's layers (images only)
 
 
 def _library_key(path: str) -> str:
@@ -109,6 +110,7 @@ def _fetch(session: Session, ref: str) -> None:
 def image_side(session: Session, ref: str, bench: Path | None = None) -> Side:
     """Read an image (pulled first when only its registry has it); refuse one without sparkforge labels."""
     from sparkforge.verify.imagefs import image_tree
+    from sparkforge.verify.sbom import image_sbom
     from sparkforge.verify.size import packages
     from sparkforge.verify.suite import LOCK_PATH, audit_subject
 
@@ -167,6 +169,7 @@ def image_side(session: Session, ref: str, bench: Path | None = None) -> Side:
         bench_numbers(bench) if bench else None,
         tuple(notes),
         kernels_report.selected_by_layer({"layers": rows}) if chosen else None,
+        image_sbom(image_id) if tree is not None else None,  # the packages diff's sbom section compares
     )
 
 

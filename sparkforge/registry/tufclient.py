@@ -102,7 +102,9 @@ def metadata_dir(repository: str, root: bytes) -> Path:
     name = re.sub(r"[^A-Za-z0-9._-]", "_", repository)
     path = cache_path("tuf", name, root_fingerprint(root), "root.json").parent
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    from sparkforge.registry.tufcache import check_trust_folder
+
+    return check_trust_folder(path)  # before python-tuf opens anything in it (no link, FIFO or stray file)
 
 
 @dataclass(frozen=True)

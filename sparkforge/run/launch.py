@@ -7,7 +7,6 @@ container per node, then `vllm serve --distributed-executor-backend ray` on the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,11 +333,15 @@ def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
     config = model_dir / "config.json" if model_dir else None
     if config is None or not config.is_file():
         return None
+    from sparkforge.boundary import read_json
+    from sparkforge.errors import SparkforgeError
+
     try:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError):
+        doc = read_json(config, "--model-dir config.json")
+    except SparkforgeError:
         return None
-    return str(archs[0]) if archs else None
+    archs = doc.get("architectures") if isinstance(doc, dict) else None
+    return str(archs[0]) if isinstance(archs, list) and archs else None
 
 
 def architecture_argv(profile: Profile, options: LaunchOptions) -> list[str] | None:

@@ -338,6 +338,24 @@ def read_layers_scoped(
     return _once_per_inode(visible), total
 
 
+def read_file(source: Path, max_bytes: int) -> bytes:
+    """The bytes of one image file (a LayerFile's `source`), at most `max_bytes` (AuditError beyond)."""
+    with source.open("rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise AuditError(f"{source}: over {max_bytes} bytes, not read")
+    return data
+
+
+def file_sha256(source: Path) -> str:
+    """The sha256 (hex) of one image file, read in chunks."""
+    digest = hashlib.sha256()
+    with source.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def image_tree(ref: str) -> ImageTree | None:
     """The image's files from the engine's layer store; None when this host cannot read the store."""
     layers = engine.image_layer_dirs(ref)

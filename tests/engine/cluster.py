@@ -34,6 +34,25 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.Comple
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout)
 
 
+def veth(left: tuple[str, str], right: tuple[str, str]) -> None:
+    """A cable: a veth pair from (namespace, name) to (namespace, name), both ends down and unaddressed."""
+    sh(
+        "ip",
+        "link",
+        "add",
+        left[1],
+        "netns",
+        left[0],
+        "type",
+        "veth",
+        "peer",
+        "name",
+        right[1],
+        "netns",
+        right[0],
+    )
+
+
 @dataclass
 class TestNode:
     """One namespaced node: its engine socket, its fabric and LAN addresses."""
@@ -121,21 +140,7 @@ class TestCluster:
             node.root.mkdir(parents=True, exist_ok=True)
             node.run.mkdir(parents=True, exist_ok=True)
             # The LAN: a veth whose far end sits alone in its own namespace; the default route points there.
-            sh(
-                "ip",
-                "-n",
-                netns,
-                "link",
-                "add",
-                "lan0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "uplink",
-                "netns",
-                f"{netns}-lan",
-            )
+            veth((netns, "lan0"), (f"{netns}-lan", "uplink"))
             sh("ip", "-n", netns, "addr", "add", f"{node.lan_ip}/24", "dev", "lan0")
             sh("ip", "-n", netns, "link", "set", "lan0", "up")
             sh("ip", "-n", f"{netns}-lan", "link", "set", "uplink", "up")
@@ -144,42 +149,14 @@ class TestCluster:
         # The fabric: a point-to-point veth between two nodes (a shared bridge for more).
         if count == 2:
             a, b = self.nodes
-            sh(
-                "ip",
-                "link",
-                "add",
-                "fabric0",
-                "netns",
-                a.netns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "fabric0",
-                "netns",
-                b.netns,
-            )
+            veth((a.netns, "fabric0"), (b.netns, "fabric0"))
         else:
             fabric = f"{self.tag}-fabric"
             self._netns(fabric)
             sh("ip", "-n", fabric, "link", "add", "br0", "type", "bridge")
             sh("ip", "-n", fabric, "link", "set", "br0", "up")
             for node in self.nodes:
-                sh(
-                    "ip",
-                    "-n",
-                    fabric,
-                    "link",
-                    "add",
-                    f"p{node.index}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "fabric0",
-                    "netns",
-                    node.netns,
-                )
+                veth((fabric, f"p{node.index}"), (node.netns, "fabric0"))
                 sh("ip", "-n", fabric, "link", "set", f"p{node.index}", "master", "br0", "up")
         for node in self.nodes:
             sh("ip", "-n", node.netns, "addr", "add", f"{node.fabric_ip}/24", "dev", "fabric0")
@@ -262,6 +239,44 @@ class TestCluster:
         # so a hard-linked copy would block the second engine; it makes fresh ones.
         for part in ("image", "overlay2"):
             sh("cp", "-a", "--link", str(source.root / "data" / part), str(dest / part), timeout=600)
+
+    def load_image(self, image: str) -> dict[str, float]:
+        """`image` on every node: streamed once into the first node's engine, the others' stores hard-linked
+        copies of it (clone_store); every engine running after. Returns the figures (seconds, GB)."""
+        from sparkforge.commands import Command
+        from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
+
+        first = self.nodes[0]
+        self.start_engine(first)
+        start = time.monotonic()
+        size = distribute_image(Command((DOCKER,)), image, [NodeEngine(parse_node(first.url))])
+        figures = {"stream_s": round(time.monotonic() - start, 1), "image_gb": size / 1e9}
+        self.stop_engine(first)
+        start = time.monotonic()
+        for node in self.nodes[1:]:
+            self.clone_store(first, node)
+        figures["clone_s"] = round(time.monotonic() - start, 1)
+        for node in self.nodes:
+            self.start_engine(node)
+        return figures
+
+    def recable(self, cables: list[tuple[int, int, str]], *, forward: bool = False) -> list[str]:
+        """The switch (every fabric0) out, a cable per (a, b, subnet) instead (positions in `nodes`): a veth
+        named after the peer (`to{index}`), each end at subnet.{its node's index}; rp_filter off (a reply may
+        come in over another cable); `forward`: every node routes. Returns each cable's first end's address."""
+        keys = ("net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+        for node in self.nodes:
+            sh("ip", "-n", node.netns, "link", "del", "fabric0")
+            for key in (*keys, *(("net.ipv4.ip_forward=1",) if forward else ())):
+                sh("ip", "netns", "exec", node.netns, "sysctl", "-qw", key)
+        for a, b, subnet in cables:
+            left, right = self.nodes[a], self.nodes[b]
+            veth((left.netns, f"to{right.index}"), (right.netns, f"to{left.index}"))
+            for where, name in ((left, f"to{right.index}"), (right, f"to{left.index}")):
+                sh("ip", "-n", where.netns, "addr", "add", f"{subnet}.{where.index}/24", "dev", name)
+                sh("ip", "-n", where.netns, "link", "set", name, "up")
+        time.sleep(1.5)  # linkwatch: operstate follows `link set up` within a second
+        return [f"{subnet}.{self.nodes[a].index}" for a, _, subnet in cables]
 
     def kill_node(self, node: TestNode) -> None:
         """Power the node off: SIGKILL every process in its namespace (engine, containerd, shims, containers)."""

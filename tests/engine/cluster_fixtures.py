@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster import DOCKER, DOCKERD, TestCluster, sh
@@ -63,32 +65,31 @@ def vllm_image(
     sh(DOCKER, "rmi", VLLM_REF, check=False)  # the tag only: the layers stay with the recipe's candidate
 
 
-@pytest.fixture(scope="session")
-def two_nodes(vllm_image: str) -> Iterator[TestCluster]:
-    """Two namespaced nodes holding the real image: streamed once into node a, node b shares its store."""
-    from sparkforge.commands import Command
-    from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
-
+@contextlib.contextmanager
+def cluster_holding(
+    image: str, count: int, figures: dict[str, float], **create: Any
+) -> Iterator[TestCluster]:
+    """`count` namespaced nodes holding `image` (TestCluster.load_image: streamed once, the other stores
+    hard-linked copies), removed at the end, also on failure; the set-up figures land in `figures`."""
     missing = _missing_tools()
     if missing:
         skip_or_fail(
             f"the namespaced test cluster needs {', '.join(missing)} (apt: iproute2 util-linux openssh-server)"
         )
-    remove_stale()
-    cluster = TestCluster.create(2)
+    cluster = TestCluster.create(count, **create)
     try:
-        a, b = cluster.nodes
-        cluster.start_engine(a)
-        start = time.monotonic()
-        size = distribute_image(Command((DOCKER,)), vllm_image, [NodeEngine(parse_node(a.url))])
-        TIMINGS["stream_load_s"], TIMINGS["image_gb"] = time.monotonic() - start, size / 1e9
-        cluster.stop_engine(a)
-        start = time.monotonic()
-        cluster.clone_store(a, b)
-        TIMINGS["clone_s"] = time.monotonic() - start
-        cluster.start_engine(a)
-        cluster.start_engine(b)
+        figures.update(cluster.load_image(image))
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def two_nodes(vllm_image: str) -> Iterator[TestCluster]:
+    """Two namespaced nodes holding the real image: streamed once into node a, node b shares its store."""
+    remove_stale()
+    try:
+        with cluster_holding(vllm_image, 2, TIMINGS) as cluster:
+            yield cluster
+    finally:
         print(f"\ncluster set-up timings: {TIMINGS}")

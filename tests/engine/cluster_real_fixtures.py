@@ -14,50 +14,30 @@ from contextlib import contextmanager
 
 import cluster_cpus
 import pytest
-from cluster import DOCKER, PREFIX, TestCluster
-from cluster_fixtures import _missing_tools
+from cluster import PREFIX, TestCluster
+from cluster_fixtures import cluster_holding
 from real_fixtures import REAL_TIMINGS
-
-from tests.prerequisites import skip_or_fail
 
 
 @contextmanager
 def twin_cluster(cpu_twin: str, count: int, tag: str) -> Iterator[TestCluster]:
-    """`count` namespaced nodes holding the twin: streamed once into the first node's engine, the others' stores
-    hard-linked copies of it; each node its own share of this machine's CPUs (shared when there are fewer CPUs
-    than nodes). Everything removed on the way out, also on failure."""
-    from sparkforge.commands import Command
-    from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
-
-    missing = _missing_tools()
-    if missing:
-        skip_or_fail(f"the namespaced test cluster needs {', '.join(missing)} (apt: iproute2 util-linux)")
-    cluster = TestCluster.create(count, tag=tag, own_cpus=True)
+    """`count` namespaced nodes holding the twin (cluster_holding: streamed once into the first node's engine, the
+    others' stores hard-linked copies of it); each node its own share of this machine's CPUs (shared when there are
+    fewer CPUs than nodes). Everything removed on the way out, also on failure."""
+    figures: dict[str, float] = {}
+    start = time.monotonic()
     try:
-        first = cluster.nodes[0]
-        cluster.start_engine(first)
-        start = time.monotonic()
-        size = distribute_image(Command((DOCKER,)), cpu_twin, [NodeEngine(parse_node(first.url))])
-        REAL_TIMINGS["twin_stream_s"], REAL_TIMINGS["twin_gb"] = (
-            round(time.monotonic() - start, 1),
-            size / 1e9,
-        )
-        cluster.stop_engine(first)
-        start = time.monotonic()
-        for node in cluster.nodes[1:]:
-            cluster.clone_store(first, node)
-        REAL_TIMINGS["twin_clone_s"] = round(time.monotonic() - start, 1)
-        for node in cluster.nodes:
-            cluster.start_engine(node)
-        # Each node its own CPUs, as each Spark has (cluster_cpus.py): the ranks' OpenMP threads never share one.
-        held = {n.name: cluster_cpus.allowed(f"{cluster.tag}-{n.name}") for n in cluster.nodes}
-        assert held == {n.name: cluster.cpus(n) for n in cluster.nodes}, held
-        if len(cluster_cpus.machine_cpus()) >= count:
-            assert not set(held["a"]) & set(held["b"]), held
-        yield cluster
+        with cluster_holding(cpu_twin, count, figures, tag=tag, own_cpus=True) as cluster:
+            REAL_TIMINGS.update({f"twin_{k}": v for k, v in figures.items()})
+            # Each node its own CPUs, as each Spark has (cluster_cpus.py): the ranks' OpenMP threads never share one.
+            held = {n.name: cluster_cpus.allowed(f"{cluster.tag}-{n.name}") for n in cluster.nodes}
+            assert held == {n.name: cluster.cpus(n) for n in cluster.nodes}, held
+            if len(cluster_cpus.machine_cpus()) >= count:
+                names = sorted(held)
+                assert not any(set(held[x]) & set(held[y]) for x in names for y in names if x < y), held
+            yield cluster
+            start = time.monotonic()
     finally:
-        start = time.monotonic()
-        cluster.close()
         REAL_TIMINGS["twin_cluster_close_s"] = round(time.monotonic() - start, 1)
         print(f"\nreal cluster timings: {REAL_TIMINGS}")
 

@@ -141,6 +141,12 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     (context / "lock.json").write_text(
         json.dumps(plan.lock(recipe, bases))
     )  # as the runtime stage carries it
+    site = context / "opt" / "venv" / "lib" / "python3.11" / "site-packages"
+    for name, component in plan.lock(recipe, bases)["components"].items():  # the locked wheels, as installed
+        dist, version = str(component.get("package") or name), component["version"]
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     labels = {**plan.labels(recipe, bases), "org.opencontainers.image.revision": _head()}
     dockerfile = f"FROM {base}\nCOPY opt /opt\nCOPY lock.json /opt/sparkforge/lock.json\n" + "".join(
         f"LABEL {key}={json.dumps(value)}\n" for key, value in labels.items()
@@ -165,8 +171,13 @@ def _release(state: dict, name: str, base: str, recipe: Recipe, tmp: Path) -> Re
     cosign, signer = Cosign(runner), Signer(str(state["keys"] / "cosign.key"))
     image = f"{recipe.model.publish.repository}@{pushed.digest}"
     from sparkforge.registry.cosign import sign_published
+    from sparkforge.registry.manifests import Manifests
+    from sparkforge.registry.sbomtrust import attest_published as attest_sboms
 
     sign_published(recipe, published.index, published.platforms, cosign, signer)
+    attest_sboms(
+        recipe, published.platforms, cosign, signer, Manifests(eng, runner, recipe.model.publish.repository)
+    )
     attest_gpu(Release(recipe, tag, pushed.digest, published.index), GB10, runner, state["keys"])
     kernels = for_target(tag, recipe.model.gpu, [], KernelsQuery(recipe.name, JIT))
     attest_kernels(recipe, image, kernels.to_dict(), cosign, signer)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from cluster import veth
+
 HELPER = Path(__file__).resolve().parents[1] / "image" / "cluster_sanity.py"
 
 
@@ -39,7 +41,7 @@ class Fabric:
                 self.namespaces.append(ns)
                 sh("ip", "-n", ns, "link", "set", "lo", "up")
                 # The LAN: the default route, on an address no peer shares (the Wi-Fi vLLM's get_ip() would pick).
-                sh("ip", "-n", ns, "link", "add", "lan0", "type", "veth", "peer", "name", "uplink")
+                veth((ns, "lan0"), (ns, "uplink"))
                 sh("ip", "-n", ns, "link", "set", "uplink", "up")  # the LAN's far end: no address, no peer
                 sh("ip", "-n", ns, "addr", "add", f"10.88.{i}.1/24", "dev", "lan0")
                 sh("ip", "-n", ns, "link", "set", "lan0", "up")
@@ -58,21 +60,7 @@ class Fabric:
     def cable(self, a: int, b: int, subnet: str, mtu: int = 9000, first: int = 1) -> None:
         """A veth between node a (`to{b+1}`, address .a+first) and node b (`to{a+1}`, .b+first) on `subnet`."""
         left, right = f"to{b + 1}", f"to{a + 1}"
-        sh(
-            "ip",
-            "link",
-            "add",
-            left,
-            "netns",
-            self.ns(a),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            right,
-            "netns",
-            self.ns(b),
-        )
+        veth((self.ns(a), left), (self.ns(b), right))
         for node, name in ((a, left), (b, right)):
             sh("ip", "-n", self.ns(node), "addr", "add", f"{subnet}.{node + first}/24", "dev", name)
             sh("ip", "-n", self.ns(node), "link", "set", name, "mtu", str(mtu), "up")
@@ -85,21 +73,7 @@ class Fabric:
         sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", hub, "link", "set", "br0", "mtu", str(mtu), "up")
         for i in range(self.count):
-            sh(
-                "ip",
-                "link",
-                "add",
-                f"p{i + 1}",
-                "netns",
-                hub,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "fabric0",
-                "netns",
-                self.ns(i),
-            )
+            veth((hub, f"p{i + 1}"), (self.ns(i), "fabric0"))
             sh("ip", "-n", hub, "link", "set", f"p{i + 1}", "mtu", str(mtu), "master", "br0", "up")
             sh("ip", "-n", self.ns(i), "addr", "add", f"{subnet}.{i + 1}/24", "dev", "fabric0")
             sh("ip", "-n", self.ns(i), "link", "set", "fabric0", "mtu", str(mtu), "up")

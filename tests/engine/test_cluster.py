@@ -22,10 +22,11 @@ import pytest
 from cluster import DOCKER
 from cluster_fixtures import TIMINGS, VLLM_REF
 
-from sparkforge.commands import Command
+from sparkforge.commands import Command, Runner
+from sparkforge.context import Session
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.cluster.cluster import ensure_image
-from sparkforge.run.cluster.doctor import run_doctor
+from sparkforge.run.cluster.doctor import DoctorPlan, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.nodes import LABEL, NodeEngine, distribute_image, parse_nodes
 
@@ -184,7 +185,8 @@ def test_different_images_are_refused_and_distribution_fixes_it(two_nodes, base_
         distribute_image(Command((DOCKER,)), ref, [engines[0]])  # node a: the image of this machine
         b.docker("tag", VLLM_REF, ref)  # node b: another image under the same name
         options = DoctorOptions(image=ref, sanity=False)
-        before = {c.name: c for c in run_doctor(engines, options).report.checks}
+        session, plan = Session(echo=print, runner=Runner()), DoctorPlan(tuple(engines), options)
+        before = {c.name: c for c in run_doctor(session, plan).report.checks}
         assert before["image"].status == "failed"
         assert (
             "different image on different nodes" in before["image"].reason
@@ -192,10 +194,10 @@ def test_different_images_are_refused_and_distribution_fixes_it(two_nodes, base_
         )
         assert before["addresses"].status == "skipped"
         start = time.monotonic()
-        ids = ensure_image(engines, ref, print, distribute=True, docker=DOCKER)
+        ids = ensure_image(session, engines, ref, distribute=True, docker=DOCKER)
         print(f"distribution of the base image to node b: {time.monotonic() - start:.1f} s")
         assert len(set(ids.values())) == 1
-        after = {c.name: c for c in run_doctor(engines, options).report.checks}
+        after = {c.name: c for c in run_doctor(session, plan).report.checks}
         assert after["image"].status == "passed", after["image"].reason
     finally:
         for node in (a, b):
@@ -299,7 +301,10 @@ def test_node_killed_mid_check_gives_a_clear_error_and_leaves_nothing(two_nodes)
 
     thread = threading.Thread(
         target=lambda: result.update(
-            doctor=run_doctor(engines, DoctorOptions(image=VLLM_REF, interface="fabric0"), echo)
+            doctor=run_doctor(
+                Session(echo=echo, runner=Runner()),
+                DoctorPlan(tuple(engines), DoctorOptions(image=VLLM_REF, interface="fabric0")),
+            )
         )
     )
     thread.start()

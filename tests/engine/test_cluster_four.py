@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from cluster import DOCKER, TestCluster, sh
-from cluster_fixtures import _missing_tools
+from cluster_fixtures import cluster_holding
 
 from sparkforge.recipe.loader import REPO_ROOT
-from tests.prerequisites import skip_or_fail
 
 # CI budget (tests/engine/ci_budget.py): four engines and one 0.4 GB image cloned by hard links.
 pytestmark = [
@@ -54,25 +53,8 @@ def probe_image(base_amd64: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def four_nodes(probe_image: str) -> Iterator[TestCluster]:
-    from sparkforge.commands import Command
-    from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
-
-    missing = _missing_tools()
-    if missing:
-        skip_or_fail(f"the namespaced test cluster needs {', '.join(missing)}")
-    cluster = TestCluster.create(4, tag=f"sf4n{os.getpid()}")
-    try:
-        first = cluster.nodes[0]
-        cluster.start_engine(first)
-        distribute_image(Command((DOCKER,)), probe_image, [NodeEngine(parse_node(first.url))])
-        cluster.stop_engine(first)
-        for node in cluster.nodes[1:]:
-            cluster.clone_store(first, node)
-        for node in cluster.nodes:
-            cluster.start_engine(node)
+    with cluster_holding(probe_image, 4, {}, tag=f"sf4n{os.getpid()}") as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def _doctor(
@@ -91,40 +73,10 @@ def _doctor(
 
 
 def _ring(cluster: TestCluster) -> list[str]:
-    """Re-cable the switch as a ring: fabric0 out, a veth from each node to the next, each its own subnet; every
-    node may forward. Returns each node's advertised address (its end of the cable to the next node)."""
+    """Re-cable the switch as a ring: a cable from each node to the next, each its own subnet; every node may
+    forward. Returns each node's advertised address (its end of the cable to the next node)."""
     count = len(cluster.nodes)
-    for node in cluster.nodes:
-        sh("ip", "-n", node.netns, "link", "del", "fabric0")
-        for key in (
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.default.rp_filter=0",
-        ):
-            sh("ip", "netns", "exec", node.netns, "sysctl", "-qw", key)
-    for i, node in enumerate(cluster.nodes):
-        peer = cluster.nodes[(i + 1) % count]
-        left, right = f"to{peer.index}", f"to{node.index}"
-        sh(
-            "ip",
-            "link",
-            "add",
-            left,
-            "netns",
-            node.netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            right,
-            "netns",
-            peer.netns,
-        )
-        for where, name, host in ((node, left, node.index), (peer, right, peer.index)):
-            sh("ip", "-n", where.netns, "addr", "add", f"10.79.{i}.{host}/24", "dev", name)
-            sh("ip", "-n", where.netns, "link", "set", name, "up")
-    time.sleep(1.5)  # linkwatch: operstate follows `link set up` within a second
-    return [f"10.79.{i}.{node.index}" for i, node in enumerate(cluster.nodes)]
+    return cluster.recable([(i, (i + 1) % count, f"10.79.{i}") for i in range(count)], forward=True)
 
 
 def test_four_nodes_switch_then_ring(four_nodes: TestCluster, probe_image: str, tmp_path: Path) -> None:

@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, TestCluster, sh
-from cluster_fixtures import _missing_tools
+from cluster import TestCluster, sh
+from cluster_fixtures import cluster_holding
 from real_fixtures import cpu_twin  # noqa: F401 - the session's twin image, shared with the other real tests
 
 from sparkforge.recipe.loader import REPO_ROOT
-from tests.prerequisites import skip_or_fail
 
 # CI budget (tests/engine/ci_budget.py): one 6.1 GB stream of the twin (~200 s under load), two hard-link clones.
 pytestmark = [
@@ -31,37 +30,9 @@ ADVERTISED = ("10.80.1.1", "10.80.2.2", "10.80.3.3")  # each node's end of one o
 
 @pytest.fixture(scope="module")
 def mesh3(cpu_twin: str) -> Iterator[TestCluster]:  # noqa: F811 - the fixture imported above
-    from sparkforge.commands import Command
-    from sparkforge.run.nodes import NodeEngine, distribute_image, parse_node
-
-    missing = _missing_tools()
-    if missing:
-        skip_or_fail(f"the namespaced test cluster needs {', '.join(missing)}")
-    cluster = TestCluster.create(3, tag=f"sfm3{os.getpid()}")
-    try:
-        first = cluster.nodes[0]
-        cluster.start_engine(first)
-        distribute_image(Command((DOCKER,)), cpu_twin, [NodeEngine(parse_node(first.url))])
-        cluster.stop_engine(first)
-        for node in cluster.nodes[1:]:
-            cluster.clone_store(first, node)
-        for node in cluster.nodes:
-            cluster.start_engine(node)
-        for node in cluster.nodes:  # the switch (bridge) out: three cables instead
-            sh("ip", "-n", node.netns, "link", "del", "fabric0")
-            for key in ("net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"):
-                sh("ip", "netns", "exec", node.netns, "sysctl", "-qw", key)
-        for a, b, subnet in ((0, 1, "10.80.1"), (1, 2, "10.80.2"), (0, 2, "10.80.3")):
-            left, right = cluster.nodes[a], cluster.nodes[b]
-            sh("ip", "link", "add", f"to{right.index}", "netns", left.netns, "type", "veth", "peer", "name",
-               f"to{left.index}", "netns", right.netns)  # fmt: skip
-            for where, name in ((left, f"to{right.index}"), (right, f"to{left.index}")):
-                sh("ip", "-n", where.netns, "addr", "add", f"{subnet}.{where.index}/24", "dev", name)
-                sh("ip", "-n", where.netns, "link", "set", name, "up")
-        time.sleep(1.5)  # linkwatch: operstate follows `link set up` within a second
+    with cluster_holding(cpu_twin, 3, {}, tag=f"sfm3{os.getpid()}") as cluster:
+        cluster.recable([(0, 1, "10.80.1"), (1, 2, "10.80.2"), (0, 2, "10.80.3")])  # the switch out: 3 cables
         yield cluster
-    finally:
-        cluster.close()
 
 
 def _doctor(cluster: TestCluster, image: str, tmp_path: Path) -> tuple[int, dict]:

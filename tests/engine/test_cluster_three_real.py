@@ -6,7 +6,8 @@ The four-layer trained model (L F L F) splits over three stages as 1/2/1, two of
 vLLM then fails after loading (seen for real, benchmarks/cluster-three.md): sparkforge refuses it before anything
 starts. Padded with two layers that compute nothing (tests/engine/tiny_padded.py: L F L F L F), the doctor passes
 (topology: switch), every rank loads its part (their logs say so), the head answers all 16 numbers of the
-progression right through the three stages, and cluster.down leaves nothing."""
+progression right through the three stages, and cluster.down leaves nothing. (conform's rows over the same
+three nodes: an engine-core failure under vLLM 0.32's CPU build, benchmarks/cluster-three.md.)"""
 
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
 from __future__ import annotations

@@ -30,6 +30,7 @@ from sparkforge import engine
 from sparkforge.recipe.loader import load_recipe
 from sparkforge.registry.attest import attest_report
 from sparkforge.registry.cosign import PROVENANCE, Signer, SigningError, Source, provenance
+from sparkforge.registry.sbomtrust import attest_image
 from tests import registry_calls as calls
 from tests.recipe_files import write_recipe_file
 from tests.unit.test_evidence import GB10, H200
@@ -55,6 +56,8 @@ def _signed_image(signed: Signed, tmp_path: Path, tag: str, unique: str) -> str:
     signed.cosign().sign(ref, signer)
     source = Source.detect(signed.runner)
     signed.cosign().attest(ref, PROVENANCE, provenance(signed.recipe, "linux/amd64", source), signer)
+    attest_image(signed.recipe, ref, "linux/amd64", signed.cosign(), signer, signed.manifests())  # its SBOM
+    engine.remove_image(ref)
     if tag == "latest":  # a moving tag: promote's signed log says it names this image
         log_move(signed, tag, digest, {"linux/amd64": digest})
     return ref

@@ -173,4 +173,8 @@ def test_history_and_report_tasks_answer_in_one_paragraph(tmp_path: Path) -> Non
     out = run("bench.report", str(BASE))
     assert out.returncode == 1 and "nothing to write; fix: pass --html" in out.stderr
     out = run("bench.compare", str(BASE), str(BASE), "--threshold", "nan")
-    assert out.returncode == 1 and "not a finite percent > 0" in out.stderr and "Traceback" not in out.stderr
+    assert (
+        out.returncode == 1
+        and "--threshold 'nan' is not a number above 0" in out.stderr
+        and "Traceback" not in out.stderr
+    )

@@ -182,11 +182,11 @@ def test_sign_attest_refuses_hostile_report_fields(
 
 def test_whole_number_options_refuse_non_ascii_digits_on_the_command_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "invoke", "cluster.logs", "--nodes", "unix:///nonexistent", "--tail", "1_0"],
+        [sys.executable, "-m", "invoke", "cluster.logs", "--tail", "1_0", "--nodes", "unix:///nonexistent"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **OFFLINE},
     )  # fmt: skip
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "'1_0' given to a whole-number option" in result.stderr and "fix:" in result.stderr
+    assert "--tail '1_0' is not a whole number" in result.stderr and "fix:" in result.stderr
 
 
 def test_conform_record_target_is_checked_before_any_start(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ import socket
 
 import pytest
 
-from sparkforge.run.cluster.doctor import run_doctor
+from sparkforge.commands import Runner
+from sparkforge.context import Session
+from sparkforge.run.cluster.doctor import DoctorPlan, run_doctor
 from sparkforge.run.facts import Deadlines, DoctorOptions
 from sparkforge.run.nodes import NodeEngine, parse_nodes
 
@@ -28,9 +30,8 @@ def _closed_port(host: str) -> int:
 
 def _engines_reason(nodes: str) -> str:
     engines = [NodeEngine(node) for node in parse_nodes(nodes)]
-    result = run_doctor(
-        engines, DoctorOptions(image="none:none", deadlines=Deadlines(engines=20), quick=True)
-    )
+    options = DoctorOptions(image="none:none", deadlines=Deadlines(engines=20), quick=True)
+    result = run_doctor(Session(echo=lambda _: None, runner=Runner()), DoctorPlan(tuple(engines), options))
     checks = {c.name: c for c in result.report.checks}
     assert checks["engines"].status == "failed"
     return checks["engines"].reason

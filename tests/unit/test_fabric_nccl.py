@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.run.cluster.clusterflags import ClusterFlags
+from sparkforge.run.cluster.clusterplan import fabric_settings
 from sparkforge.run.cluster.inventory import SYSFS_ENV, fabric_report, local_facts, nccl_sources
 from sparkforge.run.cluster.stages import host_mounts
 from sparkforge.run.facts import NodeFacts
 from sparkforge.run.jobs import FACTS_SCRIPT
+from sparkforge.run.launchplan import FlagError
 
 
 def _helper():
@@ -90,12 +92,12 @@ def test_the_probe_runs_vllms_own_get_ip_without_importing_vllm(tmp_path: Path, 
 
 
 def test_rdma_devices_without_a_verbs_library_in_the_image_fail_the_addresses_stage() -> None:
-    from sparkforge.run.cluster.doctor import _verbs_problem
+    from sparkforge.run.cluster.addresses import verbs_problem
 
     rdma = {"rdma": {"rocep1s0f1": {}, "roceP2p1s0f1": {}}}
     missing = {"libibverbs": False, "error": "libibverbs.so.1: cannot open shared object file", "mlx5": False}
     fact = NodeFacts(0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": missing})
-    text = _verbs_problem(fact) or ""
+    text = verbs_problem(fact) or ""
     assert (
         "node0: the node has RDMA devices (roceP2p1s0f1, rocep1s0f1) but in the image libibverbs.so.1 does not load"
         in text
@@ -104,14 +106,14 @@ def test_rdma_devices_without_a_verbs_library_in_the_image_fail_the_addresses_st
     no_mlx5 = NodeFacts(
         0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": {"libibverbs": True, "mlx5": False}}
     )
-    assert "the mlx5 verbs provider is missing" in (_verbs_problem(no_mlx5) or "")
+    assert "the mlx5 verbs provider is missing" in (verbs_problem(no_mlx5) or "")
     good = NodeFacts(
         0, "node0", "", "", [], {}, {}, fabric={**rdma, "verbs": {"libibverbs": True, "mlx5": True}}
     )
     bare = NodeFacts(
         0, "node0", "", "", [], {}, {}, fabric={"rdma": {}, "verbs": missing}
     )  # no devices: no need
-    assert _verbs_problem(good) is None and _verbs_problem(bare) is None
+    assert verbs_problem(good) is None and verbs_problem(bare) is None
 
 
 def _tree_with_nccl(tmp_path: Path, name: str, nccl: bool) -> Path:
@@ -157,10 +159,8 @@ def test_cluster_fabric_nccl_host_names_the_nodes_library_or_refuses(tmp_path: P
     assert "local: --nccl host, but the node has no NCCL library" in out and "fix: install" in out
 
     proc = _fabric(_tree_with_nccl(tmp_path, "bad", False), "--nccl", "both")
-    with pytest.raises(RunError) as doctors:  # the doctor's and cluster.up's own check of the value
-        from sparkforge.cli.cluster import _nccl
-
-        _nccl("both")
+    with pytest.raises(FlagError) as doctors:  # the doctor's and cluster.up's own check of the value
+        fabric_settings(ClusterFlags(nccl="both"))
     assert proc.returncode != 0 and f"sparkforge: {doctors.value}" in proc.stderr.splitlines()
 
 

@@ -35,6 +35,7 @@ def test_family_options_reach_the_session_and_quiet_silences_only_progress(
 ) -> None:
     monkeypatch.delenv("SPARKFORGE_CA_BUNDLE", raising=False)
     SEEN.clear()
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")  # --ca-bundle names an existing file
     run(["greet", "--name", "ann", "--offline", "--ca-bundle", str(tmp_path / "ca.pem"), "--dry"])
     loud = capsys.readouterr().out
     run(["greet", "--name", "bo", "--quiet"])

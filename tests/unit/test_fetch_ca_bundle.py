@@ -63,9 +63,12 @@ def test_without_a_chosen_bundle_requests_variables_still_apply(monkeypatch: pyt
 def test_the_sessions_bundle_is_the_one_preflight_verifies_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """cli.session reads --ca-bundle, else $SPARKFORGE_CA_BUNDLE, once; the fetcher preflight makes from the
-    session verifies with it, whatever the environment says later."""
-    from sparkforge.cli import session
+    """The task's session (cli/families.py session_from) reads --ca-bundle, else $SPARKFORGE_CA_BUNDLE, once;
+    the fetcher preflight makes from the session verifies with it, whatever the environment says later."""
+    from sparkforge.cli.families import session_from
+
+    def session(**given: object):
+        return session_from(given)
 
     chosen, other = tmp_path / "proxy-ca.pem", tmp_path / "other-ca.pem"
     monkeypatch.setenv("SPARKFORGE_CA_BUNDLE", str(chosen))

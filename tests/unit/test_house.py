@@ -91,12 +91,7 @@ def test_one_default_output_stream_for_progress(capfd: pytest.CaptureFixture[str
     Runner(dry=True).run(Command.of("true", "dry"), "step")
     out, err = capfd.readouterr()
     assert (out, err) == ("from-the-program\ntrue dry\n", "")
-    defaults = {
-        fn.__qualname__: inspect.signature(fn).parameters["echo"].default
-        for fn in (
-            print_report,
-        )
-    }
+    defaults = {fn.__qualname__: inspect.signature(fn).parameters["echo"].default for fn in (print_report,)}
     assert set(defaults.values()) == {console.say}, defaults
     built = session_from({})  # what every task's session says through (the registry's steps take it)
     assert built.echo is console.say and built.out is console.say and built.warn is console.warn

@@ -9,7 +9,7 @@ Spark Arena (sparkrun, RECIPES.md and sparkrun/core/recipe.py): `recipe_version:
 (required), `model_revision`, `runtime` (Spark Arena takes `vllm` / `vllm-ray`; sparkrun also resolves
 `vllm-distributed`), `container`, `command` (a template; `{model}` and every `defaults` key, substituted
 until nothing changes), `defaults`, `env`, `min_nodes`, `max_nodes`, `mode`, `solo_only`, `cluster_only`,
-`metadata`, `runtime_config`, lifecycle hooks, `benchmark`, `builder`.
+`metadata`, `runtime_config`, lifecycle hooks, `benchmark`, `builder`; the experimental recipes' `mods`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pydantic import (
 from sparkforge.errors import RecipeError
 from sparkforge.recipe.yamlfile import YamlDoc
 
-Format = Literal["eugr", "sparkarena"]
-FORMATS: tuple[Format, ...] = ("eugr", "sparkarena")
+Format = Literal["eugr", "sparkarena", "nvidia-v3", "nvidia-v4"]
+FORMATS: tuple[Format, ...] = ("eugr", "sparkarena", "nvidia-v3", "nvidia-v4")  # NVIDIA's catalog: nvidia.py
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -98,6 +98,8 @@ class SparkArenaRecipe(_Strict):
     stop_after_post: StrictBool = False
     builder: StrictStr | None = None
     builder_config: dict[StrictStr, Any] = Field(default_factory=dict)
+    # Spark Arena's experimental recipes: the runner's mods (paths), judged at import (sparkforge/imagebuild/overlay/mods.py).
+    mods: list[StrictStr] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class CommunityRecipe:
 
 def detect_format(data: dict[str, Any], where: str) -> Format:
     """Which format a document is, from its version keys (the runner requires one; sparkrun defaults to 2)."""
+    if str(data.get("schema_version")) in ("3", "4"):  # NVIDIA's catalog (recipe/community/nvidia.py)
+        return "nvidia-v3" if str(data["schema_version"]) == "3" else "nvidia-v4"
     version = str(data.get("recipe_version", data.get("sparkrun_version", "")))
     if version == "1":
         return "eugr"
@@ -220,6 +224,8 @@ def read_community(
             f"{where}: recipe_version says {found}, but --format {fmt} was asked; fix: drop --format or name the "
             "file of that format"
         )
+    if fmt in ("nvidia-v3", "nvidia-v4"):
+        return _read_nvidia(doc, where, fmt)
     if fmt == "eugr" and data.get("recipe_version") == 1:
         data["recipe_version"] = "1"  # YAML 1 and "1": run-recipe.py compares str(recipe_version)
     if fmt == "sparkarena":
@@ -260,7 +266,8 @@ def read_community(
         if getattr(model, k)
     }
     rc = dict(model.runtime_config)
-    mods, build_args = tuple(rc.pop("mods", ()) or ()), tuple(rc.pop("build_args", ()) or ())
+    mods = (*model.mods, *(rc.pop("mods", ()) or ()))
+    build_args = tuple(rc.pop("build_args", ()) or ())
     uncarried.update({f"runtime_config.{k}": v for k, v in rc.items()})
     nodes = max(model.min_nodes, 2 if model.cluster_only or model.mode == "cluster" else 1)
     base = CommunityRecipe(
@@ -286,6 +293,19 @@ def read_community(
     return _replace_command(
         base, _fill_sparkarena(model.command, {**base.defaults, "model": model.model}, base)
     )
+
+
+def _read_nvidia(doc: YamlDoc, where: str, fmt: Format) -> CommunityRecipe:
+    """NVIDIA's catalog (nvidia.py parses it) as the CommunityRecipe the other formats give."""
+    from sparkforge.recipe.community.nvidia import parse_nvidia
+
+    try:
+        serve = parse_nvidia(dict(doc.data), where, fmt)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise _errors(exc, doc, where, fmt) from None
+    fields = (serve.name, serve.description, serve.model, serve.image, serve.command)
+    single = (serve.nodes > 1, serve.nodes == 1, serve.nodes, serve.revision, "vllm")
+    return CommunityRecipe(fmt, where, *fields, {}, dict(serve.env), doc.lines, (), (), *single)
 
 
 def _replace_command(recipe: CommunityRecipe, command: str) -> CommunityRecipe:

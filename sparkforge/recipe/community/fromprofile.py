@@ -149,6 +149,8 @@ def export_document(
     profile: Profile, fmt: Format, pins: Pins, *, trust_remote_code: bool = False
 ) -> dict[str, object]:
     """The recipe document of `fmt` that serves `profile` with the image (and pins) given."""
+    if fmt in ("nvidia-v3", "nvidia-v4"):
+        return _nvidia(profile, fmt, pins, trust_remote_code)
     _refuse_unrepresentable(profile, fmt)
     model = profile.model
     words, defaults = _command(profile, fmt, pins, trust_remote_code)
@@ -175,6 +177,32 @@ def export_document(
     doc.update({"metadata": metadata, "defaults": defaults, **({"env": env} if env else {})})
     doc["command"] = shell_line(words)
     return doc
+
+
+def _nvidia(profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool) -> dict[str, object]:
+    """NVIDIA's catalog document (recipe/community/nvidia.py): the pinned args as its argv list or mapping."""
+    from sparkforge.recipe.community.nvidia import nvidia_document
+
+    model = profile.model
+    if model.gpus_per_node != 1:
+        raise RecipeError(
+            f"profile {profile.name}: gpus_per_node {model.gpus_per_node}: a DGX Spark has one GPU"
+        )
+    args = pinned_args(dict(model.args), pins.model_revision)
+    args |= {"served-model-name": model.served_model_name} if model.served_model_name else {}
+    args |= {"trust-remote-code": True} if trust_remote_code else {}
+    name = f"{profile.name}-sparkforge-{pins.recipe_hash[:12]}" if pins.recipe_hash else profile.name
+    return nvidia_document(
+        fmt,  # type: ignore[arg-type]
+        name,
+        model.description,
+        model.model,
+        args,
+        dict(model.env),
+        image=pins.image,
+        revision=pins.model_revision,
+        nodes=model.nodes,
+    )
 
 
 class _Literal(str):

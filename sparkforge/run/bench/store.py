@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import output_dir, walk_tree, write_output
 from sparkforge.errors import RunError
 from sparkforge.run.bench.results import load_result
 
+MAX_ENTRIES = 200_000  # files and folders in a store: years of nightly benches on many images
 _DIGEST = re.compile(r"(sha256):([0-9a-f]{64})")
 
 
@@ -38,17 +40,16 @@ def image_key(image: dict[str, Any]) -> str:
 
 
 def save(doc: dict[str, Any], text: str, root: str | Path | None = None) -> Path:
-    """Write a result's JSON text into the store; the path written."""
-    folder = store_root(root) / image_key(doc["identity"]["image"])
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write a result's JSON text into the store; the path written. Through the boundary: a link planted in
+    the store (the image's folder, or the file's name) is never followed, a file or pipe there is refused."""
+    folder = output_dir(store_root(root) / image_key(doc["identity"]["image"]), "--store")
     stamp = doc["identity"]["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
     path = folder / f"{stamp}-{doc['suite']['name']}.json"
     n = 1
     while path.exists():
         n += 1
         path = folder / f"{stamp}-{doc['suite']['name']}-{n}.json"
-    path.write_text(text)
-    return path
+    return write_output(path, text, "--store")
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,13 @@ def entries(root: str | Path | None = None) -> tuple[list[Stored], list[str]]:
     found, unreadable = [], []
     if not base.is_dir():
         return [], []
-    for path in sorted(base.glob("*/*.json")):
+    # The store's own layout (<key>/<file>.json) without following a link: a link planted in the store (to
+    # another folder or to a file elsewhere) is not a result of this store.
+    top = base.resolve()
+    results = [
+        p for p in walk_tree(top, "--store", max_depth=2, max_entries=MAX_ENTRIES) if p.suffix == ".json"
+    ]
+    for path in sorted(p for p in results if len(p.relative_to(top).parts) == 2):
         try:
             found.append(Stored(path, load_result(path)))
         except RunError as exc:

@@ -11,16 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkforge.commands import Command
-from sparkforge.console import Echo
 from sparkforge.context import Session
 from sparkforge.engine import docker_cli
 from sparkforge.errors import RunError
 from sparkforge.recipe.profile import Profile
-from sparkforge.run.cluster.doctor import DoctorResult, network_env, run_doctor
+from sparkforge.run.cluster.doctor import DoctorPlan, DoctorResult, network_env, run_doctor
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.launch import (
+    ContainerPlan,
     LaunchOptions,
-    LaunchPlan,
     check_model_pin,
     plan_launch,
 )
@@ -31,32 +30,28 @@ from sparkforge.run.weights.weights import fetch_weights
 
 @dataclass(frozen=True)
 class UpResult:
-    plan: LaunchPlan
+    plan: ContainerPlan
     doctor: DoctorResult | None
     seconds: float
 
 
 def ensure_image(
-    engines: Sequence[NodeEngine],
-    image: str,
-    echo: Echo,
-    *,
-    distribute: bool = False,
-    docker: str | None = None,
+    session: Session, engines: Sequence[NodeEngine], image: str, *, distribute: bool = False, docker: str = ""
 ) -> dict[str, str]:
     """Prove the same image ID on every node; with `distribute`, stream this machine's image (its `docker`
     client, default the engine seam's) to the nodes that differ."""
     ids = {e.node.label: e.image_id(image) for e in engines}
     if distribute:
+        echo = session.echo
         source = Command((docker or docker_cli(),))
-        local = local_image_id(source, image)
+        local = local_image_id(source, image, session.runner)
         differ = [e for e in engines if ids[e.node.label] != local]
         if differ:
             echo(
                 f"distributing {image} ({local[:19]}) to {', '.join(e.node.label for e in differ)} (streamed docker save/load)"
             )
             start = time.monotonic()
-            size = distribute_image(source, image, differ)
+            size = distribute_image(source, image, differ, session.runner)
             echo(f"distributed {size / 1e9:.2f} GB in {time.monotonic() - start:.0f} s")
             ids = {e.node.label: e.image_id(image) for e in engines}
             wrong = [label for label, found in ids.items() if found != local]
@@ -94,7 +89,7 @@ def cluster_up(
         fetch_weights(session, engines, profile, launch, dry=True)  # its containers, printed
         launch_plan(session, engines, plan, health_timeout_s=health_timeout_s, dry=True)
         return UpResult(plan, None, time.monotonic() - start)
-    result = run_doctor(engines, doctor, echo=echo)
+    result = run_doctor(session, DoctorPlan(tuple(engines), doctor))
     if result.report.status != "passed":
         failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)
         raise RunError(f"cluster.doctor failed, nothing was launched. {failed}")

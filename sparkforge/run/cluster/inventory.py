@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkforge.console import cell
+from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.report import Check, Report
 from sparkforge.run.cluster.fabric import FabricChoice, choose_all, describe_ports, parse_node, twins
@@ -24,6 +25,9 @@ from sparkforge.run.cluster.topology import nccl_environment, read_topology
 from sparkforge.run.facts import DoctorOptions
 from sparkforge.run.jobs import FACTS_SCRIPT, Job, first_event, run_jobs
 from sparkforge.run.nodes import NodeEngine
+
+if TYPE_CHECKING:
+    from sparkforge.run.cluster.clusterplan import ClusterPlan, FabricSettings
 
 SYSFS_ENV = "SPARKFORGE_SYSFS"
 
@@ -170,13 +174,11 @@ def _tree_faults(raw: Mapping[str, Any]) -> list[str]:
 
 
 def describe_choices(
-    choices: Sequence[FabricChoice],
-    say: Callable[[str], None],
-    warn: Callable[[str], None],
-    sources: Sequence[NcclSource] = (),
+    session: Session, choices: Sequence[FabricChoice], sources: Sequence[NcclSource] = ()
 ) -> None:
     """Human lines: per node the environment it will set, then every warning; with --nccl host, the libnccl each
     node loads, its bind mount and the ABI check."""
+    say, warn = session.out, session.warn
     for i, choice in enumerate(choices):
         if choice.error:
             continue
@@ -194,3 +196,34 @@ def describe_choices(
             say(f"  ABI check {library.status}: {cell(library.reason)}")
         for line in choice.warnings:
             warn(f"warning: {cell(line)}")
+
+
+def read_fabric(
+    session: Session, plan: ClusterPlan | None, interface: str, settings: FabricSettings, test: bool
+) -> Report:
+    """`cluster.fabric`: each node's facts (the plan's nodes, each read by its image's helper; None: this machine
+    or the SPARKFORGE_SYSFS tree), the choice and env per node said, and with `test` the link test; the report."""
+    if plan is not None:
+        for line in plan.warnings:
+            session.warn(line)
+        for line in plan.notes:
+            session.echo(line)
+        engines, ref = [NodeEngine(n) for n in plan.nodes], plan.doctor.image
+        labels, raws = [e.node.label for e in engines], remote_facts(engines, ref)
+    else:
+        engines, labels, raws, ref = [], ["local"], [local_facts()], ""
+    libraries = (remote_nccl(engines, ref) if engines else [local_nccl()]) if settings.nccl == "host" else []
+    sources = nccl_sources(labels, settings.nccl, libraries)
+    declared = [e.node.address for e in engines]  # `--nodes URL=ADDR`: the same decision as a discovered node
+    report, choices = fabric_report(
+        labels, raws, interface or None, settings.gid_index, declared, sources, settings.layout
+    )
+    describe_choices(session, choices, sources)
+    if test:
+        from sparkforge.run.cluster.linktest import link_check
+
+        with report.timed("link-test") as check:
+            parsed = [parse_node(label, raw) for label, raw in zip(labels, raws, strict=True)]
+            link_check(check, engines, parsed, choices, raws, ref)
+        session.out(f"link-test {check.status}: {check.reason}")
+    return report

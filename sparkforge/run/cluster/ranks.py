@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from sparkforge.report import Check
 from sparkforge.run.cluster.stages import NCCL_DEBUG_ENV, NcclFound, library_answers
 from sparkforge.run.facts import DoctorOptions, NodeFacts
 from sparkforge.run.jobs import (
@@ -24,6 +26,7 @@ from sparkforge.run.jobs import (
     first_event,
     open_gate,
     remove_jobs,
+    run_jobs,
     start_jobs,
     wait_jobs,
 )
@@ -149,3 +152,84 @@ def _between(first: dict[str, Any] | None, last: dict[str, Any] | None) -> float
     if not first or not last:
         return None
     return round(float(last["t"]) - float(first["t"]), 3)
+
+
+@dataclass(frozen=True)
+class Sanity:
+    """The sanity stage's record: the master, each rank's stages and NCCL lines (the transport stage reads them)."""
+
+    details: dict[str, Any]
+
+
+def sanity(
+    check: Check,
+    engines: Sequence[NodeEngine],
+    facts: Sequence[NodeFacts],
+    options: DoctorOptions,
+    held: HeldRanks | None = None,
+) -> Sanity:
+    """One rank per node: Gloo all-reduce, NCCL with GPUs, vLLM's MessageQueue. `held`: the ranks already
+    started (imported, waiting at their gate): opened here; else started here."""
+    start = time.monotonic()
+    if held is not None:
+        outcomes, gate = held.run()
+    else:
+        jobs = sanity_jobs(engines, facts, options, gated=False)
+        outcomes, gate = (
+            run_jobs(jobs, options.image, "sanity", options.deadlines.sanity, poll_s=POLL_S),
+            None,
+        )
+    by_rank = {f.rank: f for f in facts}
+    check.details = {
+        "master": f"{by_rank[0].address}:{options.master_port}",
+        "ranks": {o.job.engine.node.label: _rank_summary(o) for o in outcomes},
+        "wall_s": round(time.monotonic() - start, 2),
+        **({"gate": gate} if gate else {}),
+    }
+    lost = [o for o in outcomes if o.node_lost]
+    problems = [
+        rank_problem(o, "sanity", options.deadlines.sanity)
+        for o in (lost or outcomes)  # a lost node explains the others' stop: name it alone
+        if o.node_lost or o.exit_code != 0 or first_event(o, "finished") is None
+    ]
+    if problems:
+        check.status = "failed"
+        check.reason = " ".join(problems)
+        return Sanity(check.details)
+    done = sorted({str(e["stage"]) for o in outcomes for e in o.events if e.get("event") == "done"})
+    check.reason = f"{len(engines)} ranks passed {', '.join(done)} in {check.details['wall_s']} s"
+    return Sanity(check.details)
+
+
+def _rank_summary(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "exit_code": outcome.exit_code,
+        "seconds": outcome.seconds,
+        "node_lost": outcome.node_lost,
+        "stages": [e for e in outcome.events if e.get("event") in ("done", "skipped", "failed")],
+        "open_stage": outcome.open_stage(),
+        "last_lines": outcome.last_lines,
+        "nccl_lines": [
+            line
+            for line in outcome.lines
+            if "NCCL INFO" in line and any(k in line for k in ("NET/", "Using network", "libibverbs"))
+        ][:20],
+    }
+
+
+def rank_problem(outcome: Outcome, what: str, deadline: float) -> str:
+    """One paragraph on a rank (or probe) that was lost, stuck or failed: the node, the stage, the last lines."""
+    node = outcome.job.engine.node
+    who = f"rank {node.rank} ({node.label})"
+    if outcome.node_lost:
+        return (
+            f"{who} was lost during the {what}: {outcome.node_lost}. Its containers on the other nodes were "
+            "removed; fix: bring the node back (engine, power, network) and rerun the doctor."
+        )
+    stage = outcome.open_stage()
+    tail = outcome.last_lines.replace("\n", " | ")[-600:]
+    if outcome.exit_code is None:
+        where = f"stuck in stage '{stage}'" if stage else "never reported a stage (slow start or import)"
+        return f"{who} did not finish the {what} within {deadline:g} s: {where}. Last lines: {tail}"
+    where = f" in stage '{stage}'" if stage else ""
+    return f"{who} failed the {what}{where} (exit {outcome.exit_code}). Last lines: {tail}"

@@ -279,21 +279,22 @@ def nccl_library(
     options: DoctorOptions,
     facts: Sequence[NodeFacts] = (),
     probed: NcclFound | None = None,
-) -> None:
+) -> dict[int, list[str]]:
     """Path, version and sha256 of the libnccl each node's image really loads (torch imported, /proc/self/maps),
     beside the node's own NCCL; with --nccl host, the node's library bind-mounted over it and proven loaded.
+    Returns each node's (rank's) mounts of the launch: --nccl host's bind mount, else none.
 
     `probed`: the image's libnccl already read (the doctor probes it in the background during the cheap
     stages: the torch import is most of this stage's time)."""
     found, problems = probed if probed is not None else nccl_probe(engines, options, {})
     hosts = {f.label: f.host.get("nccl") for f in facts}
     check.details = {label: {**v, "host": hosts.get(label)} for label, v in found.items()}
+    mounts: dict[int, list[str]] = {}
     if not problems and options.nccl_source == "host":
         mounts, problems = host_mounts(facts, found)
         if not problems:
             found, problems = nccl_probe(engines, options, mounts)
             for fact in facts:
-                fact.mounts = mounts.get(fact.rank, [])
                 got, host = found.get(fact.label, {}), hosts.get(fact.label) or {}
                 check.details.setdefault(fact.label, {})["loaded_host"] = got.get("sha256") == host.get(
                     "sha256"
@@ -304,13 +305,13 @@ def nccl_library(
                     )
     if problems:
         check.status, check.reason = "failed", "; ".join(problems)
-        return
+        return mounts
     if all(not v.get("path") for v in found.values()):
         check.status = "skipped"
         check.reason = (
             "torch loads no NCCL library in this image (" + str(next(iter(found.values())).get("error")) + ")"
         )
-        return
+        return mounts
     identities = {(v.get("version"), v.get("sha256")) for v in found.values()}
     if len(identities) > 1:
         listing = "; ".join(
@@ -323,7 +324,7 @@ def nccl_library(
             "the version strings agree (vllm-project/vllm#42354); fix: run one image everywhere ('invoke "
             "cluster.up --distribute') and drop any NCCL from LD_LIBRARY_PATH/LD_PRELOAD on the nodes"
         )
-        return
+        return mounts
     one = next(iter(found.values()))
     source = "the nodes' own (--nccl host)" if options.nccl_source == "host" else "the image"
     check.reason = (
@@ -358,10 +359,11 @@ def nccl_library(
     if refused:
         check.status = "failed"
         check.reason += "; " + "; ".join(refused)
-        return
+        return mounts
     notes += warned
     if notes:
         check.reason += "; warning: " + "; ".join(notes)
+    return mounts
 
 
 # NCCL's own transports (NET/IB, NET/Socket) and its net plugins (NET/IBext_v11, NET/IBext...); "Using network X".

@@ -12,9 +12,10 @@ answers must not hide in a thought cut short by max_tokens, on for the reasoning
 from __future__ import annotations
 
 import base64
-import json
 import zlib
 
+from sparkforge.boundary import parse_json
+from sparkforge.errors import InputError
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
@@ -101,7 +102,14 @@ def _image(
     thinking: dict,
 ) -> str:
     """A base64 PNG answered, and its tokens counted: the prompt usage with it minus the same chat without it."""
-    limits = json.loads(str(args.get("limit-mm-per-prompt", "{}")) or "{}")
+    try:  # the profile's flag, through the boundary's JSON (a malformed value is this row's failure, not a crash)
+        limits = parse_json(str(args.get("limit-mm-per-prompt", "{}")) or "{}", "--limit-mm-per-prompt")
+    except InputError as exc:
+        failures.append(f"the profile's limit-mm-per-prompt is not JSON: {str(exc)[:200]}")
+        return "limit-mm-per-prompt not JSON"
+    if not isinstance(limits, dict):
+        failures.append(f"the profile's limit-mm-per-prompt is not a JSON object: {str(limits)[:100]}")
+        return "limit-mm-per-prompt not an object"
     if limits.get("image", 1) == 0:
         return "skipped: the profile disables image input (limit-mm-per-prompt image 0)"
     text = {"type": "text", "text": settings.image_prompt}
@@ -150,8 +158,8 @@ def _tool_call(client: OpenAIClient, args: dict, failures: list[str], thinking: 
         )
         return "no tool call"
     try:
-        json.loads(calls[0]["function"]["arguments"])
-    except (ValueError, KeyError, TypeError):
+        parse_json(str(calls[0]["function"]["arguments"]), "the tool call's arguments")
+    except (InputError, KeyError, TypeError):
         failures.append(f"the tool call's arguments are not JSON: {str(calls[0])[:200]}")
         return "arguments not JSON"
     return f"{calls[0]['function'].get('name')} with JSON arguments"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -298,11 +297,8 @@ class HeadExecClient(OpenAIClient):
 
 
 def counter(metrics: str, name: str) -> float:
-    """The sum of a Prometheus counter over its label sets (vLLM exports `<name>_total`)."""
-    total = 0.0
-    pattern = re.compile(rf"^{re.escape(name)}(?:_total)?(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)$")
-    for line in metrics.splitlines():
-        match = pattern.match(line)
-        if match:
-            total += float(match.group(1))
-    return total
+    """The sum of a Prometheus counter over its label sets (vLLM exports `<name>_total`): run/prometheus.py's
+    one reader (a series twice or an infinite counter refused)."""
+    from sparkforge.run.prometheus import counter_total
+
+    return counter_total(metrics, name)

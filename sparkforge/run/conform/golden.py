@@ -19,6 +19,7 @@ from sparkforge.errors import InputError, RunError
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient
 from sparkforge.run.conform.conformrun import ConformOptions, ConformRun
+from sparkforge.run.conform.goldentypes import check_golden
 from sparkforge.run.conform.logprobs import Decode, judge, rule_name
 from sparkforge.run.conform.served_checks import decodes, render, served_text
 
@@ -95,6 +96,12 @@ def read_golden(path: Path, model: str, revision: dict[str, Any]) -> Golden:
         )
     try:  # the boundary: a regular file (no FIFO, /dev/zero), 8 MiB, strict JSON (no NaN, no key twice)
         data = read_json(path, "--golden", max_bytes=MAX_GOLDEN_BYTES, expect=None)
+    except InputError as exc:
+        raise RunError(
+            f"{str(exc).rpartition('; fix:')[0]}; nothing was started or stopped; fix: record it again with --record"
+        ) from None
+    try:  # every value typed: ids in range, logprobs finite and <= 0, no token twice in a top list
+        check_golden(data, f"golden file {path}")
     except InputError as exc:
         raise RunError(
             f"{str(exc).rpartition('; fix:')[0]}; nothing was started or stopped; fix: record it again with --record"

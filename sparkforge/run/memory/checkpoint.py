@@ -145,6 +145,13 @@ def _quantization(config: dict[str, Any], where: str) -> Quantization:
 
 def parse_architecture(config: dict[str, Any], source: str) -> Architecture:
     """The dimensions of a Qwen3.5 checkpoint's config.json; anything else is refused with the fix."""
+    from sparkforge.errors import InputError
+    from sparkforge.run.memory.configtypes import check_checkpoint
+
+    try:
+        check_checkpoint(config, source)  # every value typed and bounded before the arithmetic below
+    except InputError as exc:
+        raise RunError(str(exc)) from None
     archs = config.get("architectures") or []
     name = str(archs[0]) if isinstance(archs, list) and archs else "?"
     if name not in KNOWN_ARCHITECTURES:

@@ -16,6 +16,7 @@ from typing import Any
 from sparkforge.boundary import parse_json
 from sparkforge.errors import InputError, RunError
 from sparkforge.run.memory.checkpoint import DTYPE_BYTES, Architecture
+from sparkforge.run.memory.configtypes import check_speculative
 from sparkforge.run.memory.kvcache import CacheSettings, KvSpec, kv_spec
 from sparkforge.run.memory.weightbytes import Split, cdiv, stage_weights
 
@@ -223,11 +224,14 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
 
     def number(value: Any, flag: str, kind: type = int) -> Any:
         try:
-            return kind(value)
-        except (TypeError, ValueError):
+            parsed = kind(value)
+        except (TypeError, ValueError, OverflowError):
+            parsed = None
+        if isinstance(value, bool) or parsed is None or not 0 < parsed <= 1 << 40 or parsed != parsed:
             raise RunError(
-                f"profile flag --{flag} {value!r} is not a number; fix: a {kind.__name__}"
+                f"profile flag --{flag} {value!r} is not a positive number of at most 2^40; fix: a {kind.__name__}"
             ) from None
+        return parsed
 
     spec_raw = _flag(args, "speculative-config")
     num_spec, mtp = 0, False
@@ -241,8 +245,11 @@ def read_settings(args: dict[str, Any], env: dict[str, str], arch: Architecture)
                 f"profile flag --speculative-config {spec_raw!r} is not a JSON object; fix: e.g. "
                 '\'{"method": "mtp", "num_speculative_tokens": 2}\''
             )
-        num_spec = number(spec.get("num_speculative_tokens", 1), "speculative-config num_speculative_tokens")
-        mtp = "mtp" in str(spec.get("method", "")).lower()
+        try:
+            typed_spec = check_speculative(spec, "profile flag --speculative-config")
+        except InputError as exc:
+            raise RunError(str(exc)) from None
+        num_spec, mtp = typed_spec.num_speculative_tokens, "mtp" in typed_spec.method.lower()
     limit = str(_flag(args, "limit-mm-per-prompt") or "")
     multimodal = bool(arch.vision_params) and not ('"image": 0' in limit and '"video": 0' in limit)
     prefix = _flag(args, "enable-prefix-caching")
