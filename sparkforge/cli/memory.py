@@ -11,21 +11,7 @@ from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
 from sparkforge.cli.families import Family
-from sparkforge.cli.launchflags import FORCE_HELP
 from sparkforge.context import Session
-
-__all__ = ["FORCE_HELP", "memory", "memory_check"]  # FORCE_HELP: cli/cluster.py's
-
-
-def memory_check(recipe: str, profile, model_dir: str, force: bool):
-    """cli/cluster.py's memory call until cluster.up makes a LaunchPlan (whose plan_task plans memory once)."""
-    from sparkforge.cli.families import session_from
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.memory.guard import memory_guard
-
-    device = load_recipe(recipe).model.device
-    where = Path(model_dir).resolve() if model_dir else None
-    return memory_guard(session_from({}), profile, where, device=device, force=force)
 
 
 @dataclass(frozen=True)
