@@ -58,50 +58,25 @@ class BenchFlags:
     performance: str = ""
 
 
-BENCH = Family(
-    "bench",
-    (
-        Option("json", "", "also write the result here (it is always kept in the result store)"),
-        Option(
-            "suite", "default", LazyHelp(lambda: suites().help_text("the load profile (default: default):"))
-        ),
-        Option(
-            "repeats",
-            "5",
-            "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
-        ),
-        Option(
-            "duration",
-            "10",
-            "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
-        ),
-        Option(
-            "target_detect",
-            "",
-            "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
-        ),
-        Option("budget", "1800", "with --target-detect: the most seconds the bench runs (default 1800)"),
-        Option("threshold", "10", "with --target-detect: the threshold bench.compare will use (default 10)"),
-        Option("concurrency", "", "comma-separated concurrencies (default: the suite's)"),
-        Option("depth", "", "comma-separated context depths in tokens (default: the suite's)"),
-        Option("input_len", "", "prompt tokens (default: the suite's)"),
-        Option("output_len", "", "generated tokens, exact (default: the suite's)"),
-        Option("num_prompts", "", "vLLM's client: prompts per run (at least the concurrency)"),
-        Option(
-            "corpus",
-            "",
-            "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
-        ),
-        Option("store", "", STORE_HELP),
-        Option("no_warmup", False, "skip the warm-up run of each level"),
-        Option(
-            "performance",
-            "",
-            "also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
-        ),
-    ),
-    "benching",
+BENCH = Family.of(
     BenchFlags,
+    "benching",
+    json="also write the result here (it is always kept in the result store)",
+    suite=LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
+    repeats="measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
+    duration="vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+    target_detect="keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
+    budget="with --target-detect: the most seconds the bench runs (default 1800)",
+    threshold="with --target-detect: the threshold bench.compare will use (default 10)",
+    concurrency="comma-separated concurrencies (default: the suite's)",
+    depth="comma-separated context depths in tokens (default: the suite's)",
+    input_len="prompt tokens (default: the suite's)",
+    output_len="generated tokens, exact (default: the suite's)",
+    num_prompts="vLLM's client: prompts per run (at least the concurrency)",
+    corpus="spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
+    store=STORE_HELP,
+    no_warmup="skip the warm-up run of each level",
+    performance="also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
 )
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
@@ -314,33 +289,14 @@ class CompareFlags:
     store: str = ""
 
 
-COMPARE = Family(
-    "compare",
-    (
-        Option(
-            "threshold",
-            "10",
-            "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
-        ),
-        Option("json", "", "write the comparison report here"),
-        Option(
-            "allow_different",
-            False,
-            "compare results measured with different settings, hardware or serve command (the differences are printed first)",
-        ),
-        Option(
-            "fail_inconclusive",
-            False,
-            "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
-        ),
-        Option(
-            "store",
-            "",
-            "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
-        ),
-    ),
-    "given",
+COMPARE = Family.of(
     CompareFlags,
+    "given",
+    threshold="percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
+    json="write the comparison report here",
+    allow_different="compare results measured with different settings, hardware or serve command (the differences are printed first)",
+    fail_inconclusive="exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
+    store="result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
 )
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from invoke import Context
 
 from sparkforge.cli import LazyHelp, Whole, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, Family, Option
+from sparkforge.cli.families import DRY, Family
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
@@ -45,38 +45,23 @@ class ConformFlags:
     golden: str = ""
     json: str = ""
     junit: str = ""
-    health_timeout: int = 1800
+    health_timeout: int = Whole(1800)
 
 
-CONFORM = Family(
-    "conform",
-    (
-        Option(
-            "attach",
-            "",
-            "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-        ),
-        Option(
-            "checks",
-            "",
-            LazyHelp(
-                lambda: conform_rows().help_text(
-                    "comma-separated rows to run (default: the profile's conform.checks, else all):"
-                )
-            ),
-        ),
-        Option(
-            "record",
-            False,
-            "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
-        ),
-        Option("golden", "", "the golden file (default: golden/<profile>.json)"),
-        Option("json", "", "write the JSON report here"),
-        Option("junit", "", "write JUnit XML here"),
-        Option("health_timeout", Whole(1800), "seconds to wait for /health per server start"),
-    ),
-    "conforming",
+CONFORM = Family.of(
     ConformFlags,
+    "conforming",
+    attach="check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+    checks=LazyHelp(
+        lambda: conform_rows().help_text(
+            "comma-separated rows to run (default: the profile's conform.checks, else all):"
+        )
+    ),
+    record="store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+    golden="the golden file (default: golden/<profile>.json)",
+    json="write the JSON report here",
+    junit="write JUnit XML here",
+    health_timeout="seconds to wait for /health per server start",
 )
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 

@@ -10,22 +10,8 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import Family, Option
-from sparkforge.cli.launchflags import FORCE_HELP
+from sparkforge.cli.families import Family
 from sparkforge.context import Session
-
-__all__ = ["FORCE_HELP", "memory", "memory_check"]  # FORCE_HELP: cli/cluster.py's
-
-
-def memory_check(recipe: str, profile, model_dir: str, force: bool):
-    """cli/cluster.py's memory call until cluster.up makes a LaunchPlan (whose plan_task plans memory once)."""
-    from sparkforge.cli.families import session_from
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.memory.guard import memory_guard
-
-    device = load_recipe(recipe).model.device
-    where = Path(model_dir).resolve() if model_dir else None
-    return memory_guard(session_from({}), profile, where, device=device, force=force)
 
 
 @dataclass(frozen=True)
@@ -36,22 +22,11 @@ class NodeSize:
     mem_available: float = 0.0
 
 
-NODE_SIZE = Family(
-    "node size",
-    (
-        Option(
-            "spark_memory",
-            0,
-            "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
-        ),
-        Option(
-            "mem_available",
-            0.0,
-            "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
-        ),
-    ),
-    "node",
+NODE_SIZE = Family.of(
     NodeSize,
+    "node",
+    spark_memory="the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
+    mem_available="the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
 )
 
 

@@ -4,27 +4,23 @@ its own LaunchPlan."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from sparkforge.cli import echo, task, user_errors, warn
-from sparkforge.cli.families import DRY, NETWORK, Family, Option
+from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import DRY, NETWORK, Family
 from sparkforge.cli.launchflags import (
     FORCE,
-    IFACE_HELP,
     IMAGE,
     ITERABLE,
     MOUNTS,
     NODE,
-    NODES_HELP,
     PROFILE_HELP,
     RECIPE_HELP,
     SERVER,
     START,
-    flag_help,
     launch,
 )
 from sparkforge.context import Session
@@ -63,20 +59,13 @@ class ServeFlags:
     watchdog_floor: float = 4.0
 
 
-SERVE = Family(
-    "serve",
-    (
-        Option("no_chat", False, "skip the chat completion"),
-        Option(
-            "down_on_fail",
-            False,
-            "remove the deployment when the answer check fails (default: keep the healthy deployment)",
-        ),
-        Option("watchdog", "auto", WATCHDOG_HELP),
-        Option("watchdog_floor", 4.0, FLOOR_HELP),
-    ),
-    "serving",
+SERVE = Family.of(
     ServeFlags,
+    "serving",
+    no_chat="skip the chat completion",
+    down_on_fail="remove the deployment when the answer check fails (default: keep the healthy deployment)",
+    watchdog=WATCHDOG_HELP,
+    watchdog_floor=FLOOR_HELP,
 )
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
@@ -123,105 +112,3 @@ def serve_down(c: Context, session: Session, node: str = "", profile: str = "") 
 serve_ns = Collection("serve")
 serve_ns.add_task(serve, "serve", default=True)
 serve_ns.add_task(serve_down, "down")
-
-
-# cli/cluster.py's helpers (doctor, fabric, up) until cluster.up makes its own LaunchPlan: adapters over
-# sparkforge/run/launchplan.py, whose functions check each flag once.
-
-__all__ = ["COMMON_HELP", "IFACE_HELP", "NODES_HELP", "RECIPE_HELP", "NodeFlags", "doctor_options", "image_ref",
-           "known_bad_guard", "launch_options", "node_engines", "preflight_profile", "serve", "serve_ns"]  # fmt: skip
-COMMON_HELP = {
-    "recipe": RECIPE_HELP,
-    "profile": PROFILE_HELP,
-    **flag_help(IMAGE, MOUNTS, SERVER, START),
-    "dry": "print the exact plan (docker argv and env per node), start nothing",
-}
-
-
-def image_ref(recipe: str, image: str, allow_unverified: bool = False, dry: bool = False) -> str:
-    """The image a node task runs, through the one resolver (registry/pulled.py), said with the reason."""
-    from sparkforge.recipe.loader import load_recipe
-    from sparkforge.run.launchplan import LaunchFlags, resolve_image
-
-    if image:
-        from sparkforge.recipe import plan
-
-        plan.check_reference("--image", image)  # the boundary: before the recipe or the engine
-        if not recipe:  # cluster.doctor/fabric without a recipe: the image as named (run with --pull never)
-            return image
-    flags = LaunchFlags(image=image, allow_unverified=allow_unverified)
-    found, why, said = resolve_image(load_recipe(recipe), flags, dry=dry)
-    for line in said:
-        warn(line)
-    echo(f"sparkforge: image {found}: {why}")
-    return found
-
-
-def preflight_profile(recipe: str, profile, skip: bool) -> None:
-    """The (loaded) profile's flags and parsers against the recipe's pinned vLLM: fails in seconds, not at launch."""
-    if not skip:
-        from sparkforge.cli.families import session_from
-        from sparkforge.recipe.loader import load_recipe
-        from sparkforge.run.launchrun import preflight_profile as check
-
-        check(session_from({}), load_recipe(recipe), profile)
-
-
-def known_bad_guard(recipe: str, profile) -> None:
-    """A profile on a vLLM with a public report of silent wrong output: refused (or warned) before anything starts."""
-    from sparkforge.preflight.knownbad import guard
-    from sparkforge.recipe.loader import load_recipe
-
-    guard(profile, load_recipe(recipe).model.components.vllm.version, warn)
-
-
-def node_engines(nodes: str) -> list:
-    """Every node checked (and plain tcp:// warned) before any engine is contacted."""
-    import os
-
-    from sparkforge.run.launchplan import LaunchFlags, plan_nodes
-    from sparkforge.run.nodes import NodeEngine
-
-    parsed, said = plan_nodes(LaunchFlags(nodes=nodes), os.environ)
-    for line in said:
-        warn(line)
-    return [NodeEngine(n) for n in parsed]
-
-
-@dataclass(frozen=True)
-class NodeFlags:
-    """cli/cluster.py's flags by name (`NodeFlags.of(image, locals())`) until cluster.up makes a LaunchPlan: the
-    image and the LaunchFlags its parameters name; a flag the task does not have keeps LaunchFlags' default."""
-
-    image: str
-    flags: LaunchFlags
-
-    @classmethod
-    def of(cls, image: str, options: Mapping[str, Any]) -> NodeFlags:
-        from sparkforge.run.launchplan import LaunchFlags
-
-        given = {
-            f.name: options[f.name] for f in fields(LaunchFlags) if f.name != "image" and f.name in options
-        }
-        if "ulimit" in given:
-            given["ulimit"] = tuple(given["ulimit"] or ())
-        return cls(image, LaunchFlags(**given))
-
-
-def doctor_options(flags: NodeFlags, sanity: bool = True):
-    """The doctor's options from the flags, each checked (interface, port, --gpus, paths made absolute)."""
-    from sparkforge.run import launchplan
-
-    return launchplan.doctor_options(flags.image, flags.flags, sanity)
-
-
-def launch_options(flags: NodeFlags):
-    """The launch options from the flags, each checked before any engine or download; opt-ins warned."""
-    import os
-
-    from sparkforge.run import launchplan
-
-    options = launchplan.launch_options(flags.image, flags.flags, os.environ)
-    for line in launchplan.flag_warnings(flags.flags):
-        warn(line)
-    return options

@@ -323,9 +323,6 @@ def plan_launch(
     )
 
 
-LaunchPlan = ContainerPlan  # the name run/cluster still imports; new code: ContainerPlan
-
-
 def model_architecture(profile: Profile, model_dir: Path | None) -> str | None:
     """The model class to serve: the profile's `architecture`, else the model directory's config.json."""
     if profile.model.architecture:

@@ -107,7 +107,6 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     ),
     "sparkforge/run/jobs.py": ({"json", "path-io"}, f"{OWN} (tests/image helpers); {CONTAINER}"),
     "sparkforge/run/postmortem.py": ({"path-io"}, "keeps a failed node's log under logs/ (its own folder)"),
-    "sparkforge/run/serve/serve.py": ({"json"}, CONTAINER),
     "sparkforge/run/weights/weightstream.py": (
         {"json"},
         "issue 42 owns the weight server and puller (manifest lines)",

@@ -47,24 +47,26 @@ def test_a_hand_built_session_runs_serve_dry_and_no_library_module_loads_invoke(
     assert "download: skipped (--gpus none: vLLM stops before loading)" in out["lines"]
 
 
-def test_a_tasks_flags_by_name_keep_their_defaults_where_the_task_has_none() -> None:
-    from sparkforge.cli.run import NodeFlags, launch_options
-    from sparkforge.run.launchplan import LaunchFlags
+def test_a_tasks_launch_flags_keep_their_defaults_where_the_task_has_none() -> None:
+    """A task takes only some launch groups (cli/launchflags.py); the flags it lacks keep LaunchFlags' defaults."""
+    from invoke import Context
 
-    def serve_like(image: str = "", port: int = 18000, ulimit: list[str] | None = None, gpus: str = "none",
-                   json: str = "out.json") -> NodeFlags:  # fmt: skip
-        return NodeFlags.of("example.invalid/vllm:2", locals())
+    from sparkforge.cli import task
+    from sparkforge.cli.launchflags import SERVER, launch
+    from sparkforge.run.launchplan import LaunchFlags, launch_options
 
-    flags = serve_like(image="ignored", ulimit=["nofile=4096"])
-    assert flags == NodeFlags(
-        "example.invalid/vllm:2", LaunchFlags(port=18000, gpus="none", ulimit=("nofile=4096",))
-    )
-    defaults = LaunchFlags()
-    assert (flags.flags.master_port, flags.flags.backend, flags.flags.weights) == (
-        defaults.master_port,
-        defaults.backend,
-        defaults.weights,
-    )  # not options of the task
-    launch = launch_options(flags)
-    assert (launch.image, launch.port, launch.gpus, launch.ulimits) == ("example.invalid/vllm:2", 18000, False,
-                                                                        ("nofile=4096",))  # fmt: skip
+    seen: list[LaunchFlags] = []
+
+    @task(families=(launch(SERVER),), iterable=["ulimit"])
+    def serve_like(c: Context, flags: LaunchFlags) -> None:
+        """Takes the server group only."""
+        seen.append(flags)
+
+    assert "master_port" not in {a.name for a in serve_like.get_arguments()}  # not an option of the task
+    serve_like(Context(), port=18000, gpus="none", ulimit=["nofile=4096"])
+    (flags,) = seen
+    assert flags == LaunchFlags(port=18000, gpus="none", ulimit=("nofile=4096",))
+    options = launch_options("example.invalid/vllm:2", flags, {})
+    assert (options.image, options.port, options.gpus, options.ulimits, options.master_port) == (
+        "example.invalid/vllm:2", 18000, False, ("nofile=4096",), LaunchFlags().master_port
+    )  # fmt: skip

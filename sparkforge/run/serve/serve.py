@@ -9,7 +9,6 @@ failed answer, or one not matching `check.expect`, fails serve (a green health c
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -46,11 +45,14 @@ class ChatReply:
     @classmethod
     def parse(cls, text: str) -> ChatReply:
         """vLLM's OpenAI reply; the reasoning parser's part is `reasoning` (0.33.0; `reasoning_content` before)."""
+        from sparkforge.boundary import parse_json
+        from sparkforge.errors import InputError
+
         try:
-            doc = json.loads(text)
+            doc = parse_json(text, "the chat completion")  # the served model's answer: untrusted
             choice = doc["choices"][0]
             message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (InputError, KeyError, IndexError, TypeError, AttributeError):
             raise RunError(f"the chat completion did not return an OpenAI reply: {text[:400]}") from None
         reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
         usage = {k: int(v) for k, v in (doc.get("usage") or {}).items() if isinstance(v, int)}
