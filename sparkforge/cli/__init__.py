@@ -60,7 +60,9 @@ class ShortFlagTask(invoke.Task):
         from sparkforge.cli.parsing import TaskArgument, route_through_project
 
         route_through_project()
-        helps = dict(self.help)  # Invoke pops each option's help as it reads it: a second reading would have none
+        helps = dict(
+            self.help
+        )  # Invoke pops each option's help as it reads it: a second reading would have none
         try:
             args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         finally:
