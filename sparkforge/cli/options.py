@@ -634,6 +634,8 @@ TASK_KINDS: dict[tuple[str, str], Kind] = {
     ("overlay.write", "name"): NAME,
     ("overlay.preflight", "overlay"): OVERLAY,
     ("overlay.build", "overlay"): OVERLAY,
+    ("sbom.sbom", "since"): IMAGE_REF,
+    ("sbom.sbom", "notes"): OUTPUT_FILE,
     ("nvperf.baseline", "result"): INPUT_FILE,
     ("nvperf.baseline", "performance"): INPUT_FILE,
     ("bench.bench", "performance"): OUTPUT_FILE,

@@ -4,26 +4,44 @@ sparkforge.verify.sbom (or the signed one from the registry), print."""
 from __future__ import annotations
 
 import json as _json
+from dataclasses import dataclass
 
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
+from sparkforge.cli.families import Family
 from sparkforge.console import cell
 from sparkforge.context import Session
 
 
+@dataclass(frozen=True)
+class SbomFlags:
+    """Where the SBOM comes from (the layers, or the signed copy) and what is written: SPDX JSON, release notes."""
+
+    json: str = ""
+    recipe: str = ""
+    signed: bool = False
+    since: str = ""
+    notes: str = ""
+
+
+SBOM = Family.of(
+    SbomFlags,
+    "wanted",
+    json="write the SPDX 2.3 JSON document here ('-': to standard output, nothing else printed)",
+    recipe="with --signed: the recipe whose signer and repository to check",
+    signed="read the SBOM attested (signed) in the registry for --image (REPOSITORY@sha256:...) instead",
+    since="the previous release's image: write release notes of what changed inside from the two SBOMs",
+    notes="with --since: write the release notes (Markdown) here (default: print them)",
+)
+
+
 @task(
-    help={
-        "image": "the image: local (NAME:TAG, or REPOSITORY@sha256:... as 'invoke pull' left it)",
-        "json": "write the SPDX 2.3 JSON document here ('-': to standard output, nothing else printed)",
-        "recipe": "with --signed: the recipe whose signer and repository to check",
-        "signed": "print the SBOM attested (signed) in the registry for --image (REPOSITORY@sha256:...) instead",
-    }
+    families=(SBOM,),
+    help={"image": "the image: local (NAME:TAG, or REPOSITORY@sha256:... as 'invoke pull' left it)"},
 )
 @user_errors
-def sbom(
-    c: Context, session: Session, image: str, json: str = "", recipe: str = "", signed: bool = False
-) -> None:
+def sbom(c: Context, session: Session, wanted: SbomFlags, image: str) -> None:
     """What is inside an image, as a table or SPDX 2.3 JSON (an SBOM read from its layers).
 
     Debian packages, Python distributions (with RECORD hashes), CUDA libraries and the vLLM build (commit,
@@ -31,24 +49,36 @@ def sbom(
     from sparkforge.boundary import write_output
     from sparkforge.errors import InputError
     from sparkforge.oci import check_reference
-    from sparkforge.verify.sbom import image_sbom
 
-    check_reference("--image", image, need_digest=signed)  # the boundary: before any engine or registry call
-    if signed:
-        if not recipe:
-            raise InputError("--signed needs --recipe R (whose signing key and repository to check)")
-        from sparkforge.recipe.loader import load_recipe
-        from sparkforge.registry.sbomtrust import signed_sbom
+    check_reference(
+        "--image", image, need_digest=wanted.signed
+    )  # the boundary: before any engine or registry
 
-        found = signed_sbom(session, load_recipe(recipe), image)
-    else:
-        found = image_sbom(image)
-    if json:
+    if wanted.since:
+        check_reference("--since", wanted.since, need_digest=wanted.signed)
+    if wanted.notes and not wanted.since:
+        raise InputError("--notes needs --since OLD (the previous release's image to compare with)")
+    if wanted.signed and not wanted.recipe:
+        raise InputError("--signed needs --recipe R (whose signing key and repository to check)")
+    found = _read(session, image, wanted.recipe, wanted.signed)
+    if wanted.since:
+        from sparkforge.verify.sbom import release_notes
+
+        text = release_notes(
+            _read(session, wanted.since, wanted.recipe, wanted.signed), found, wanted.since, image
+        )
+        if wanted.notes:
+            write_output(wanted.notes, text, "--notes")
+            session.out(f"wrote {wanted.notes}")
+        else:
+            session.out(text.rstrip())
+        return
+    if wanted.json:
         text = _json.dumps(found.to_spdx(), indent=1, sort_keys=True) + "\n"
-        if json == "-":
+        if wanted.json == "-":
             print(text, end="")
             return
-        write_output(json, text, "--json")
+        write_output(wanted.json, text, "--json")
     kinds = {k: sum(p.kind == k for p in found.packages) for k in ("deb", "python")}
     session.out(
         f"{image}: image {found.image_id[:19]}, recipe {found.recipe or '-'} ({found.recipe_hash[:12] or '-'}); "
@@ -69,5 +99,17 @@ def sbom(
         session.out(
             f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}"
         )
-    if json:
-        session.out(f"wrote {json}")
+    if wanted.json:
+        session.out(f"wrote {wanted.json}")
+
+
+def _read(session: Session, image: str, recipe: str, signed: bool):  # -> verify.sbom.Sbom
+    """An image's SBOM: the signed one attested in the registry (--signed), else read from its layers."""
+    if signed:
+        from sparkforge.recipe.loader import load_recipe
+        from sparkforge.registry.sbomtrust import signed_sbom
+
+        return signed_sbom(session, load_recipe(recipe), image)
+    from sparkforge.verify.sbom import image_sbom
+
+    return image_sbom(image)

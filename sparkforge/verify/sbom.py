@@ -547,3 +547,49 @@ def package_changes(a: Sbom, b: Sbom) -> list[Change]:
             assert p is not None
             out.append(Change(key, p.kind, p.name, text(x), text(y)))
     return out
+
+
+def release_notes(old: Sbom, new: Sbom, old_ref: str, new_ref: str) -> str:
+    """The release notes' "what changed inside" section from two SBOMs: the vLLM build, then every package
+    added, removed or changed (Debian, Python, CUDA libraries by checksum), one Markdown table per kind."""
+    from sparkforge.console import md_cell, md_code
+
+    lines = [f"## What changed inside: {md_code(old_ref)} -> {md_code(new_ref)}", ""]
+    if old.vllm != new.vllm:
+
+        def build(v: VllmBuild | None) -> str:
+            return (
+                f"{v.version} {v.commit or '-'} (patches: {', '.join(v.patches) or 'none'})" if v else "none"
+            )
+
+        lines += [f"- vLLM build: {md_cell(build(old.vllm))} -> {md_cell(build(new.vllm))}", ""]
+    changes = package_changes(old, new)
+    cuda_old = {c.path: c.sha256 for c in old.cuda}
+    cuda_new = {c.path: c.sha256 for c in new.cuda}
+    cuda = [
+        (path, cuda_old.get(path, ""), cuda_new.get(path, ""))
+        for path in sorted(set(cuda_old) | set(cuda_new))
+        if cuda_old.get(path) != cuda_new.get(path)
+    ]
+    if not changes and not cuda:
+        lines.append("No package changed (Debian, Python, CUDA libraries).")
+        return "\n".join(lines) + "\n"
+    for kind, title in (("deb", "Debian packages"), ("python", "Python distributions")):
+        rows = [c for c in changes if c.kind == kind]
+        if rows:
+            lines += [
+                f"### {title} ({len(rows)})",
+                "",
+                "| package | change | before | after |",
+                "|---|---|---|---|",
+            ]
+            lines += [
+                f"| {md_cell(c.name)} | {c.what} | {md_cell(c.before or '-')} | {md_cell(c.after or '-')} |"
+                for c in rows
+            ]
+            lines.append("")
+    if cuda:
+        lines += [f"### CUDA libraries ({len(cuda)})", "", "| library | before | after |", "|---|---|---|"]
+        lines += [f"| {md_code(p)} | {b[:12] or '-'} | {a[:12] or '-'} |" for p, b, a in cuda]
+        lines.append("")
+    return "\n".join(lines)

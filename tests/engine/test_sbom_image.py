@@ -123,6 +123,16 @@ def test_diff_names_exactly_the_changed_distribution(vllm_image: str, ci_sbom: S
         report = compare(replace(side, sbom=ci_sbom), replace(side, sbom=other))
         check = next(c for c in report.checks if c.name == "sbom")
         assert [r["item"] for r in check.details["changes"]] == ["python agent-detector"]
+        # the release notes from the two images' SBOMs, through the task: that one package and nothing else
+        notes = tmp_path / "notes.md"
+        done = subprocess.run(
+            [sys.executable, "-m", "invoke", "sbom", "--image", changed, "--since", vllm_image, "--notes", str(notes)],
+            cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        text = notes.read_text()
+        assert "### Python distributions (1)" in text and "| agent-detector | changed |" in text
+        assert "Debian packages" not in text and "CUDA libraries" not in text
     finally:
         engine.remove_image(changed)
 

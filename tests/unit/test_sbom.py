@@ -158,3 +158,13 @@ def test_package_changes_name_exactly_the_changed_package(tmp_path: Path) -> Non
     doc = a.to_spdx()
     doc["packages"][1]["versionInfo"] = "9.9"  # an edit of the document after it was written
     assert sbom.content_problems(sbom.from_spdx(doc), a) and not sbom.content_problems(tampered, a)
+
+
+def test_release_notes_name_exactly_what_changed_inside(tmp_path: Path) -> None:
+    a, b = _read(tmp_path / "a"), _read(tmp_path / "b", vllm="0.33.1")
+    notes = sbom.release_notes(a, b, "repo@sha256:old", "repo@sha256:new")
+    assert notes.startswith("## What changed inside: `repo@sha256:old` -> `repo@sha256:new`")
+    assert "### Python distributions (1)" in notes and "| vllm | changed | 0.33.0 (" in notes
+    assert "Debian packages" not in notes  # only the kinds that changed get a table
+    same = sbom.release_notes(a, a, "x", "x")
+    assert "No package changed" in same and "###" not in same
