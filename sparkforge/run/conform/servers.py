@@ -112,13 +112,17 @@ class Servers:
             entry["spec_decode_error"] = str(exc)[:600]
             self.session.echo(f"  (speculative decoding's counters could not be read: {exc})")
 
-    def keep_failed_logs(self, engines: Sequence[NodeEngine], profile: Profile, report: Report) -> None:
-        """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback)."""
+    def keep_failed_logs(
+        self, engines: Sequence[NodeEngine], profile: Profile, report: Report, *, aborted: bool = False
+    ) -> None:
+        """Before conform removes a server that failed a request, its full log is kept (vLLM's traceback): a row's
+        failed request, or (`aborted`) a request outside the rows (the warm-up, the reference pass) that ended
+        the run."""
         echo = self.session.echo
         failed = [
             c for c in report.checks if c.status == "failed" and c.reason.startswith("a request failed")
         ]
-        if not self.started or len(failed) <= self.logs_kept_for:
+        if not self.started or (len(failed) <= self.logs_kept_for and not aborted):
             return
         self.logs_kept_for = len(failed)
         names = [f"sparkforge-serve-{profile.name}-{rank}" for rank in range(len(engines))]

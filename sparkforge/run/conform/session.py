@@ -102,6 +102,9 @@ def run_conform(
             for index, row in enumerate(chosen, 1):
                 stages.stage(index, row.name)
                 row.run(run)
+    except RunError:  # a request outside the rows failed (a crashed engine core): its log is the evidence
+        servers.keep_failed_logs(engines, profile, report, aborted=True)
+        raise
     finally:
         servers.keep_failed_logs(engines, profile, report)
         servers.stop(engines, profile)
