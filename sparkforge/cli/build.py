@@ -132,7 +132,8 @@ BUILDING = Family.of(
     BuildFlags,
     "building",
     **{k: v for k, v in STAGE_HELP.items() if k != "recipe"},
-    target="stop at this stage (toolchain, source, build, runtime); only runtime is verified and tagged",
+    target="stop at this stage (toolchain, source, build-env, probe, build, base, runtime); only runtime is "
+    "verified and tagged",
     secret="extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
     tag="final tag(s) instead of the recipe's scheme (repeatable)",
     builder="buildx builder to use (remote or multi-node BuildKit)",

@@ -524,7 +524,7 @@ OPTION_KINDS: dict[str, Kind] = {
     "results": INPUT_FILES,
     "bench": INPUT_FILE,
     "ca_bundle": INPUT_FILE,
-    "golden": INPUT_FILE,
+    "golden": OUTPUT_FILE,  # read, or written with --record: a writable place (the reader checks what it reads)
     "corpus": INPUT_FILE,
     "serve_log": INPUT_FILE,
     "verify_report": INPUT_FILE,
@@ -582,7 +582,8 @@ OPTION_KINDS: dict[str, Kind] = {
     "layout": LAYOUT,
     "network": choice("default", "host", "none"),
     "format": choice("eugr", "sparkarena"),
-    "target": choice("toolchain", "source", "build", "runtime"),
+    # dockerfiles/vllm.Dockerfile.j2's stages, in order (tests/unit/test_option_fuzz.py keeps them in step)
+    "target": choice("toolchain", "source", "build-env", "probe", "build", "base", "runtime"),
     "checks": NAME_LIST,
     "suite": NAME,
     "builder": NAME,
@@ -647,13 +648,17 @@ def kind_of(task: str, option: str) -> Kind | None:
     return TASK_KINDS.get((task, option)) or OPTION_KINDS.get(option)
 
 
+# Repeatable options where an empty value is a value: `--cache-from ''` says "no cache" (a release tag's build).
+EMPTY_IS_A_VALUE = frozenset({"cache_from", "cache_to"})
+
+
 def type_option(task: str, option: str, value: str, *, empty_ok: bool) -> str:
     """`value` given to `task`'s `--option`, checked by its kind (an untyped option passes the common rule);
     an InputError names the option, the value and the fix. `empty_ok`: '' means "not given" (the option's
     default is ''). The string itself is returned: the task reads it."""
     flag = "-" + option if len(option) == 1 else "--" + option.replace("_", "-")
     check_text(flag, value)
-    if not value and not empty_ok:
+    if not value and not empty_ok and option not in EMPTY_IS_A_VALUE:
         raise InputError(f"{flag} '' is empty; fix: give a value, or leave the option out for its default")
     kind = kind_of(task, option)
     if kind is not None and value:

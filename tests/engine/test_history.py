@@ -137,4 +137,4 @@ def test_the_commands_print_history_diff_and_refuse_a_bad_digest(releases: Relea
     assert json.loads((tmp_path / "d.json").read_text())["command"] == "diff"
     bad = _invoke("pull", "--recipe", recipe, "--digest", "sha256:nothex")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert "--digest 'sha256:nothex': pass one sha256:<64 hex> digest" in bad.stderr and "fix:" in bad.stderr
+    assert "--digest 'sha256:nothex' is not a digest" in bad.stderr and "fix:" in bad.stderr

@@ -72,10 +72,8 @@ def _published_rebuild(signed: Signed, tmp_path: Path, tag: str, sbom: bool) -> 
 
 def _pull(signed: Signed, tag: str, **kw) -> tuple[pulling.Pulled, list[str]]:
     lines: list[str] = []
-    pulled = pulling.pull(
-        signed.recipe, tag, platform="linux/amd64", runner=signed.runner, eng=signed.eng,
-        echo=lines.append, warn=lines.append, **kw,
-    )  # fmt: skip
+    session = Session(echo=lines.append, runner=signed.runner, engine=signed.eng, warn=lines.append)
+    pulled = pulling.pull_image(session, signed.recipe, pulling.PullOptions(tag, "linux/amd64", **kw))
     return pulled, lines
 
 

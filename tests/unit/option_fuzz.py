@@ -18,7 +18,7 @@ from pathlib import Path
 
 from invoke import Collection, Program
 
-from sparkforge.cli.options import UNIVERSAL, Kind, kind_of, task_key
+from sparkforge.cli.options import EMPTY_IS_A_VALUE, UNIVERSAL, Kind, kind_of, task_key
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "real" / "bench-cpu-twin-default.json"
@@ -171,7 +171,7 @@ def classes_for(option: Option) -> list[str]:
     classes = set(UNIVERSAL) | (set(kind.refuses) if kind else set())
     if kind is not None and kind.low is not None and kind.low >= 0:
         classes.add("negative")
-    if option.default == "":
+    if option.default == "" or option.name in EMPTY_IS_A_VALUE:
         classes.discard("empty")
     else:
         classes.add("empty")

@@ -183,3 +183,16 @@ def test_the_command_line_refuses_alike(tmp_path: Path, task_name: str, args: li
     assert seconds < 20 + CASE_SECONDS, (
         seconds
     )  # python + invoke start: ~0.5 s idle, a few s on a loaded machine
+
+
+def test_the_target_choice_is_the_templates_stages() -> None:
+    import re
+
+    from sparkforge.cli.options import OPTION_KINDS
+
+    template = (Path(__file__).resolve().parents[2] / "dockerfiles" / "vllm.Dockerfile.j2").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", template, re.MULTILINE)
+    for stage in stages:
+        OPTION_KINDS["target"].check("--target", stage)  # each one taken
+    with pytest.raises(Exception, match="--target"):
+        OPTION_KINDS["target"].check("--target", "not-a-stage")
