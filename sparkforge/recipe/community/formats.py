@@ -124,6 +124,7 @@ class CommunityRecipe:
     model_revision: str | None = None
     runtime: str = "vllm"
     uncarried: dict[str, object] = field(default_factory=dict)  # keys sparkforge does not run (hooks, ...)
+    notes: tuple[tuple[str, str], ...] = ()  # (key, what the format's own reader left out and why)
 
     def at(self, *key: str) -> str:
         """`file:line: key` for a message."""
@@ -304,7 +305,7 @@ def _read_nvidia(doc: YamlDoc, where: str, fmt: Format) -> CommunityRecipe:
     except ValidationError as exc:
         raise _errors(exc, doc, where, fmt) from None
     fields = (serve.name, serve.description, serve.model, serve.image, serve.command)
-    single = (serve.nodes > 1, serve.nodes == 1, serve.nodes, serve.revision, "vllm")
+    single = (serve.nodes > 1, serve.nodes == 1, serve.nodes, None, "vllm", {}, serve.notes)
     return CommunityRecipe(fmt, where, *fields, {}, dict(serve.env), doc.lines, (), (), *single)
 
 

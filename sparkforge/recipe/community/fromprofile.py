@@ -180,8 +180,10 @@ def export_document(
 
 
 def _nvidia(profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool) -> dict[str, object]:
-    """NVIDIA's catalog document (recipe/community/nvidia.py): the pinned args as its argv list or mapping."""
-    from sparkforge.recipe.community.nvidia import nvidia_document
+    """NVIDIA's catalog document (recipe/community/nvidia.py): the pinned args as its serve.command."""
+    import datetime
+
+    from sparkforge.recipe.community.nvidia import ServeSpec, nvidia_document
 
     model = profile.model
     if model.gpus_per_node != 1:
@@ -191,18 +193,13 @@ def _nvidia(profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool) 
     args = pinned_args(dict(model.args), pins.model_revision)
     args |= {"served-model-name": model.served_model_name} if model.served_model_name else {}
     args |= {"trust-remote-code": True} if trust_remote_code else {}
-    name = f"{profile.name}-sparkforge-{pins.recipe_hash[:12]}" if pins.recipe_hash else profile.name
-    return nvidia_document(
-        fmt,  # type: ignore[arg-type]
-        name,
-        model.description,
-        model.model,
-        args,
-        dict(model.env),
-        image=pins.image,
-        revision=pins.model_revision,
-        nodes=model.nodes,
+    description = model.description
+    if pins.recipe_hash:
+        description = f"{description} (sparkforge {pins.recipe} {pins.recipe_hash[:12]})".strip()
+    spec = ServeSpec(
+        model.model, args, dict(model.env), model.nodes, pins.image, description, model.served_model_name
     )
+    return nvidia_document(fmt, spec, datetime.datetime.now(datetime.UTC).date())  # type: ignore[arg-type]
 
 
 class _Literal(str):
@@ -220,8 +217,17 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(_Literal, _literal)
 
 
+def _blocks(value: object) -> object:
+    """Multi-line strings inside mappings and lists (NVIDIA's serve.command) as YAML blocks too."""
+    if isinstance(value, dict):
+        return {k: _blocks(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blocks(v) for v in value]
+    return _Literal(value) if isinstance(value, str) and "\n" in value else value
+
+
 def export_text(document: dict[str, object], header: list[str]) -> str:
-    body = {k: _Literal(v) if k == "command" and isinstance(v, str) else v for k, v in document.items()}
+    body = {k: _Literal(v) if k == "command" and isinstance(v, str) else _blocks(v) for k, v in document.items()}
     text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=False, width=4096)
     return "".join(f"# {comment_line(line)}\n" for line in header) + text
 

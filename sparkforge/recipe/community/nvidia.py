@@ -1,126 +1,138 @@
 """NVIDIA's recipe catalog format (NVIDIA/local-ai-inference-recipes), schema versions 3 and 4, read strictly and
-written back. The schema here is sparkforge's reading of that catalog, written without its files at hand: the keys
-and their meaning are stated in docs/formats.md (section "NVIDIA's catalog") with what was assumed; unknown keys are
-errors, as for the other two formats, so a catalog file that differs says where.
+written back. The keys follow the catalog as read on 2026-12-05 (commits 12b25c6 / dedcf6b; docs/formats.md):
+`models/<org>/<model>/<hardware>/<os>/<backend>/[variant/]recipe.yaml`. Unknown keys are errors, as for the other
+formats, so a catalog file that differs says where.
 
-v3 keeps the vLLM arguments as an argv list under `serve.args`; v4 keeps them as a mapping (`engine_args`: a flag's
-name without dashes -> its value; true is a bare flag, false its `--no-` form, a list repeats the flag).
-Both are turned into the `vllm serve MODEL ...` command the other formats carry, so import checks them the same way.
+What runs is `serve.command`, shell text: optional `export K=V` lines, then `vllm serve MODEL \\` with one flag per
+continued line (a multi-node head adds `--nnodes/--node-rank/--master-addr "$HEAD_IP"/--master-port`, its workers
+`--headless`). It is turned into the one-line `vllm serve MODEL ...` command the other formats carry, so import
+checks it the same way (allow-list, parsing, preflight); the launch flags sparkforge's cluster.up sets itself are
+taken out here and named, and so is everything `runtime.setup_command` (the author's `docker run`) does.
 """
 
 from __future__ import annotations
 
+import datetime
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from sparkforge.errors import RecipeError
 
-Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 NvidiaFormat = Literal["nvidia-v3", "nvidia-v4"]
-ENGINES = ("vllm",)
+BACKENDS = ("vllm",)
+# The launch flags sparkforge's cluster.up (and serve) set themselves: taken out of the catalog's command, named.
+LAUNCH_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "headless", "host", "port")
+_VALUELESS = ("headless",)
+_CONTINUATION = re.compile(r"\\[ \t]*\r?\n")
+_EXPORT = re.compile(r"export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+HARDWARE_BY_NODES = {1: "dgx-spark", 2: "dgx-spark-2gpu", 4: "dgx-spark-4gpu"}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class V3Model(_Strict):
-    id: StrictStr = Field(min_length=1)  # the Hugging Face repository
-    revision: StrictStr | None = None
+class Platform(_Strict):
+    os: StrictStr  # linux | windows
+    execution: Literal["container"]
 
 
-class V3Engine(_Strict):
-    name: StrictStr = "vllm"
-    container: StrictStr = Field(min_length=1)
-    version: StrictStr | None = None
+class Precision(_Strict):
+    label: StrictStr
 
 
-class V3Hardware(_Strict):
-    systems: list[StrictStr] = Field(default_factory=lambda: ["dgx-spark"])
-    nodes: StrictInt = Field(1, ge=1, le=64)
+class Checkpoint(_Strict):
+    target: StrictStr  # https://huggingface.co/ORG/NAME
+    target_label: StrictStr = Field(min_length=1)  # ORG/NAME
+    draft: StrictStr | None = None
+    draft_label: StrictStr | None = None
 
 
-class V3Serve(_Strict):
-    args: list[StrictStr] = Field(default_factory=list)  # argv after `vllm serve MODEL`
-    env: dict[StrictStr, Scalar] = Field(default_factory=dict)
-    port: StrictInt = Field(8000, ge=1, le=65535)
+class Topology(_Strict):
+    summary: StrictStr
+    gpu_count: StrictInt = Field(ge=1)
+    node_count: StrictInt = Field(ge=1, le=64)
+    tensor_parallel_size: StrictInt | None = Field(None, ge=1)
 
 
-class RecipeV3(_Strict):
-    schema_version: Literal[3]
-    name: StrictStr = Field(min_length=1)
-    display_name: StrictStr | None = None
-    description: StrictStr = ""
-    model: V3Model
-    engine: V3Engine
-    hardware: V3Hardware = Field(default_factory=V3Hardware)
-    serve: V3Serve = Field(default_factory=V3Serve)
-    performance: StrictStr | None = None  # the performance file, relative to the recipe
-    tags: list[StrictStr] = Field(default_factory=list)
-
-
-class V4Metadata(_Strict):
-    title: StrictStr = ""
-    description: StrictStr = ""
-    tags: list[StrictStr] = Field(default_factory=list)
-
-
-class V4Model(_Strict):
-    source: Literal["huggingface"] = "huggingface"
-    repo: StrictStr = Field(min_length=1)
-    revision: StrictStr | None = None
-
-
-class V4Runtime(_Strict):
-    engine: StrictStr = "vllm"
+class Runtime(_Strict):
+    kind: Literal["container"]
+    label: StrictStr
     image: StrictStr = Field(min_length=1)
-    engine_version: StrictStr | None = None
+    image_url: StrictStr
+    setup_label: StrictStr
+    setup_target: Literal["single-node", "all-nodes"]
+    setup_instructions: StrictStr
+    setup_command: StrictStr
 
 
-class V4Deployment(_Strict):
-    nodes: StrictInt = Field(1, ge=1, le=64)
-    gpus_per_node: StrictInt = Field(1, ge=1, le=8)
-    port: StrictInt = Field(8000, ge=1, le=65535)
+class ExtraCommand(_Strict):
+    id: StrictStr
+    label: StrictStr
+    target: StrictStr  # workers
+    instructions: StrictStr | None = None
+    command: StrictStr
 
 
-class V4Performance(_Strict):
-    file: StrictStr
+class Serve(_Strict):
+    label: StrictStr
+    target: Literal["single-node", "head"]
+    instructions: StrictStr | None = None
+    command: StrictStr = Field(min_length=1)
+    port: StrictInt = Field(ge=1, le=65535)
+    api_model: StrictStr
+    additional_commands: list[ExtraCommand] | None = None
 
 
-class RecipeV4(_Strict):
+class Validation(_Strict):
+    validated_at: datetime.date
+    validated_by: StrictStr
+    tested_stack: TestedStack
+
+
+class TestedStack(_Strict):
+    os_version: StrictStr
+    driver: StrictStr
+    cuda: StrictStr
+
+
+Validation.model_rebuild()
+
+
+class _Recipe(_Strict):
+    title: StrictStr
+    model: StrictStr  # the catalog's lowercase slug, org/name
+    hardware: StrictStr
+    platform: Platform
+    backend: StrictStr
+    backend_version: StrictStr
+    status: StrictStr  # optimized | experimental | ...
+    variant: StrictStr | None = None
+    precision: Precision
+    checkpoint: Checkpoint
+    concurrency: StrictInt = Field(ge=1)
+    topology: Topology
+    sampling: dict[StrictStr, Any] | None = None
+    security: StrictStr
+    notes: StrictStr | None = None
+    runtime: Runtime
+    serve: Serve
+
+
+class RecipeV3(_Recipe):
+    schema_version: Literal[3]
+    validation: Validation
+    mtp: StrictStr | None = None
+
+
+class RecipeV4(_Recipe):
     schema_version: Literal[4]
-    id: StrictStr = Field(min_length=1)
-    metadata: V4Metadata = Field(default_factory=V4Metadata)
-    model: V4Model
-    runtime: V4Runtime
-    deployment: V4Deployment = Field(default_factory=V4Deployment)
-    engine_args: dict[StrictStr, Scalar | list[Scalar]] = Field(default_factory=dict)
-    environment: dict[StrictStr, Scalar] = Field(default_factory=dict)
-    performance: V4Performance | None = None
-
-
-def _arg_words(args: dict[str, Any]) -> list[str]:
-    words: list[str] = []
-    for key, value in args.items():
-        if value is True:
-            words.append(f"--{key}")
-        elif value is False:
-            words.append(f"--no-{key}")
-        else:
-            for item in value if isinstance(value, list) else [value]:
-                words += [f"--{key}", str(item)]
-    return words
+    spec_dec: StrictStr | None = None
+    min_vidmem_gb: StrictInt | None = Field(None, ge=1)
 
 
 @dataclass(frozen=True)
@@ -129,86 +141,254 @@ class NvidiaServe:
 
     name: str
     description: str
-    model: str
+    model: str  # the Hugging Face repository (checkpoint.target_label)
     image: str
-    command: str  # `vllm serve MODEL ...`, shell-quoted
-    env: dict[str, object]
+    command: str  # `vllm serve MODEL ...`, one line, shell-quoted, launch flags taken out
+    env: dict[str, object]  # the command's `export K=V` lines
     nodes: int
-    revision: str | None
+    notes: tuple[tuple[str, str], ...]  # (key, what was not carried and why)
+
+
+def _shell_lines(text: str) -> list[str]:
+    return [line.strip() for line in _CONTINUATION.sub(" ", text).split("\n") if line.strip()]
+
+
+def _split(line: str, where: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise RecipeError(f"{where}: does not split into words ({exc}); fix: check its quotes") from None
+
+
+def _serve_command(text: str, where: str) -> tuple[list[str], dict[str, object], list[str]]:
+    """`export` lines -> env, the `vllm serve` line -> its words with the launch flags out (named)."""
+    env: dict[str, object] = {}
+    serve: list[str] | None = None
+    dropped: list[str] = []
+    for line in _shell_lines(text):
+        match = _EXPORT.fullmatch(line)
+        if match:
+            value = _split(match.group(2), where) if match.group(2).strip() else [""]
+            env[match.group(1)] = value[0] if len(value) == 1 else " ".join(value)
+            continue
+        words = _split(line, where)
+        if words[:2] != ["vllm", "serve"] or serve is not None:
+            raise RecipeError(
+                f"{where}: line {line[:60]!r} is neither `export K=V` nor the one `vllm serve MODEL ...` command; "
+                "fix: import a vLLM recipe whose serve.command is those lines"
+            )
+        serve = words
+    if serve is None:
+        raise RecipeError(f"{where}: no `vllm serve MODEL ...` line; fix: import a vLLM recipe")
+    kept = serve[:3]
+    i = 3
+    while i < len(serve):
+        word = serve[i]
+        name = word[2:].split("=", 1)[0].replace("_", "-") if word.startswith("--") else ""
+        if name in LAUNCH_FLAGS:
+            take = 1 if "=" in word or name in _VALUELESS else 2
+            dropped.append(" ".join(serve[i : i + take]))
+            i += take
+            continue
+        kept.append(word)
+        i += 1
+    return kept, env, dropped
+
+
+def _setup_flags(text: str, where: str) -> list[str]:
+    """The author's `docker run` flags (and export lines) of runtime.setup_command, as written."""
+    named: list[str] = []
+    for line in _shell_lines(text):
+        if _EXPORT.fullmatch(line):
+            named.append(line)
+            continue
+        words = _split(line, where)
+        if words[:2] == ["docker", "run"]:
+            named += [w for w in words[2:-1]]  # the last word is the image
+    return named
 
 
 def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaServe:
     """An NVIDIA catalog document, validated (pydantic's ValidationError for the caller to explain with lines)."""
-    model = (RecipeV3 if fmt == "nvidia-v3" else RecipeV4).model_validate(data)
-    if isinstance(model, RecipeV3):
-        engine, image, hf, revision = (
-            model.engine.name,
-            model.engine.container,
-            model.model.id,
-            model.model.revision,
+    recipe = (RecipeV3 if fmt == "nvidia-v3" else RecipeV4).model_validate(data)
+    if recipe.backend not in BACKENDS:
+        raise RecipeError(
+            f"{where}: backend {recipe.backend!r}: sparkforge builds and serves vLLM only (a llama.cpp recipe "
+            "runs llama-server's GGUF files, not a vLLM argv); fix: import a recipe with backend: vllm"
         )
-        words, env, nodes, port = (
-            list(model.serve.args),
-            dict(model.serve.env),
-            model.hardware.nodes,
-            model.serve.port,
+    words, env, dropped = _serve_command(recipe.serve.command, f"{where}: serve.command")
+    port = next((d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--port")), str(recipe.serve.port))
+    host = next((d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--host")), "0.0.0.0")
+    command = shlex.join([*words, "--host", host, "--port", port])
+    notes: list[tuple[str, str]] = []
+    cluster = [d for d in dropped if not d.startswith(("--host", "--port"))]
+    if cluster:
+        notes.append(
+            ("serve.command", f"{', '.join(cluster)}: the launch flags sparkforge's cluster.up sets itself; dropped")
         )
-        name, description = model.name, model.description or model.display_name or model.name
-    else:
-        engine, image, hf, revision = (
-            model.runtime.engine,
-            model.runtime.image,
-            model.model.repo,
-            model.model.revision,
-        )
-        words, env = _arg_words(dict(model.engine_args)), dict(model.environment)
-        nodes, port = model.deployment.nodes, model.deployment.port
-        name, description = model.id, model.metadata.description or model.metadata.title or model.id
-        if model.deployment.gpus_per_node != 1:
-            raise RecipeError(
-                f"{where}: deployment.gpus_per_node {model.deployment.gpus_per_node}: a DGX Spark has one GPU; "
-                "fix: import a recipe for one GPU per node"
+    for key, value in list(env.items()):
+        if "<" in str(value) or "$" in str(value):
+            notes.append(
+                (f"serve.command.{key}", f"export {key}={value}: a value of the author's machines; not carried")
             )
-    if engine not in ENGINES:
-        raise RecipeError(f"{where}: engine {engine!r} is not vLLM; fix: import only vLLM recipes")
-    has_host = any(w == "--host" or w.startswith("--host=") for w in words)
-    has_port = any(w == "--port" or w.startswith("--port=") for w in words)
-    tail = ([] if has_host else ["--host", "0.0.0.0"]) + ([] if has_port else ["--port", str(port)])
-    command = shlex.join(["vllm", "serve", hf, *words, *tail])
-    return NvidiaServe(name, description, hf, image, command, env, nodes, revision)
+            del env[key]
+    setup = _setup_flags(recipe.runtime.setup_command, where)
+    if setup:
+        notes.append(
+            (
+                "runtime.setup_command",
+                f"the author's container launch ({' '.join(setup)}): sparkforge's serve/cluster.up starts its own "
+                "container (host network, GPUs, model cache); not carried",
+            )
+        )
+    if recipe.sampling:
+        notes.append(("sampling", f"{recipe.sampling}: the clients' request settings, not a server flag; not carried"))
+    for extra in recipe.serve.additional_commands or []:
+        notes.append(
+            (
+                "serve.additional_commands",
+                f"{extra.id} ({extra.target}): sparkforge's cluster.up starts the workers from the same profile",
+            )
+        )
+    description = recipe.notes or recipe.title
+    name = f"{recipe.model.rsplit('/', 1)[-1]}-{recipe.hardware}" + (f"-{recipe.variant}" if recipe.variant else "")
+    nodes = recipe.topology.node_count
+    return NvidiaServe(name, description, recipe.checkpoint.target_label, recipe.runtime.image, command, env, nodes, tuple(notes))
 
 
-def nvidia_document(
-    fmt: NvidiaFormat,
-    name: str,
-    description: str,
-    model: str,
-    args: dict[str, Any],
-    env: dict[str, str],
-    *,
-    image: str,
-    revision: str | None = None,
-    nodes: int = 1,
-) -> dict[str, object]:
-    """The catalog document of `fmt` for a served model (`args`: profile args, flag name -> value)."""
-    if fmt == "nvidia-v3":
-        doc: dict[str, object] = {
-            "schema_version": 3,
-            "name": name,
-            "description": description,
-            "model": {"id": model, **({"revision": revision} if revision else {})},
-            "engine": {"name": "vllm", "container": image},
-            "hardware": {"systems": ["dgx-spark"], "nodes": nodes},
-            "serve": {"args": _arg_words(args), **({"env": env} if env else {}), "port": 8000},
-        }
-        return doc
-    return {
-        "schema_version": 4,
-        "id": name,
-        "metadata": {"title": name, "description": description},
-        "model": {"source": "huggingface", "repo": model, **({"revision": revision} if revision else {})},
-        "runtime": {"engine": "vllm", "image": image},
-        "deployment": {"nodes": nodes, "gpus_per_node": 1, "port": 8000},
-        "engine_args": dict(args),
-        **({"environment": env} if env else {}),
+@dataclass(frozen=True)
+class ServeSpec:
+    """What an export serves: the profile's model, pinned args (flag -> value), env, node count, image."""
+
+    model: str
+    args: dict[str, Any]
+    env: dict[str, str]
+    nodes: int
+    image: str
+    description: str
+    served_model_name: str | None = None
+
+
+def _flag_words(args: dict[str, Any]) -> list[list[str]]:
+    lines: list[list[str]] = []
+    for key, value in args.items():
+        if value is True:
+            lines.append([f"--{key}"])
+        elif value is False:
+            lines.append([f"--no-{key}"])
+        else:
+            for item in value if isinstance(value, list) else [value]:
+                lines.append([f"--{key}", shlex.quote(str(item))])
+    return lines
+
+
+def _render(spec: ServeSpec, rank: int | None) -> str:
+    """`export K=V` lines, then `vllm serve MODEL \\` with one flag per continued line."""
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
+    lines = [["vllm", "serve", shlex.quote(spec.model)], *_flag_words(spec.args)]
+    if rank is not None:
+        lines += [["--nnodes", str(spec.nodes)], ["--node-rank", str(rank)]]
+        lines += [["--master-addr", '"$HEAD_IP"'], ["--master-port", '"$MASTER_PORT"']]
+        lines += [["--headless"]] if rank else []
+    if not rank:
+        lines += [["--host", "0.0.0.0"], ["--port", "8000"]]
+    return "\n".join([*exports, " \\\n  ".join(" ".join(line) for line in lines)]) + "\n"
+
+
+def _precision(spec: ServeSpec) -> str:
+    quant = spec.args.get("quantization")
+    if isinstance(quant, str):
+        return quant.upper()
+    found = re.search(r"(NVFP4(?:-W4A16)?|FP8|FP4|AWQ|GPTQ|INT4|INT8|BF16)", spec.model, re.IGNORECASE)
+    return found.group(1).upper() if found else "BF16"
+
+
+def _version(image: str) -> str:
+    tag = image.split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    found = re.search(r"(\d+\.\d+\.\d+)", tag)
+    return found.group(1) if found else "unknown"
+
+
+def nvidia_document(fmt: NvidiaFormat, spec: ServeSpec, today: datetime.date) -> dict[str, object]:
+    """The catalog document of `fmt` serving `spec` (status experimental: sparkforge's export, not NVIDIA's)."""
+    hardware = HARDWARE_BY_NODES.get(spec.nodes, f"dgx-spark-{spec.nodes}gpu")
+    tp = spec.args.get("tensor-parallel-size")
+    multi = spec.nodes > 1
+    image_name = spec.image.split("@", 1)[0].rsplit(":", 1)[0] if ":" in spec.image.split("/")[-1] or "@" in spec.image else spec.image
+    docker = ["docker run -it --rm --gpus all --ipc host --network host", "-v ~/.cache/huggingface:/root/.cache/huggingface"]
+    setup = (["export HEAD_IP=<head-connectx-ip>", "export MASTER_PORT=29501"] if multi else []) + [
+        " \\\n  ".join([*docker, *(['-e HEAD_IP="$HEAD_IP"', '-e MASTER_PORT="$MASTER_PORT"'] if multi else []), f"--entrypoint /bin/bash {spec.image}"])
+    ]
+    serve: dict[str, object] = {
+        "label": "Start the vLLM server" + (" on the head node" if multi else ""),
+        "target": "head" if multi else "single-node",
+        "instructions": None,
+        "command": _render(spec, 0 if multi else None),
+        "port": 8000,
+        "api_model": spec.served_model_name or spec.model,
     }
+    if multi:
+        serve["additional_commands"] = [
+            {
+                "id": "worker",
+                "label": f"Start vLLM on worker node {rank}",
+                "target": "workers",
+                "instructions": f"Run inside the container on worker node {rank}.",
+                "command": _render(spec, rank),
+            }
+            for rank in range(1, spec.nodes)
+        ]
+    doc: dict[str, object] = {
+        "schema_version": 3 if fmt == "nvidia-v3" else 4,
+        "title": f"{spec.model.rsplit('/', 1)[-1]} · DGX Spark{f' x{spec.nodes}' if multi else ''} · vLLM",
+        "model": spec.model.lower(),
+        "hardware": hardware,
+        "platform": {"os": "linux", "execution": "container"},
+        "backend": "vllm",
+        "backend_version": _version(spec.image),
+        "status": "experimental",
+        "variant": None,
+    }
+    if fmt == "nvidia-v3":
+        doc["validation"] = {
+            "validated_at": today,
+            "validated_by": "sparkforge export (not validated by NVIDIA)",
+            "tested_stack": {"os_version": "unknown", "driver": "unknown", "cuda": "unknown"},
+        }
+        doc["mtp"] = None
+    else:
+        doc["spec_dec"] = None
+        doc["min_vidmem_gb"] = None
+    doc.update(
+        {
+            "precision": {"label": _precision(spec)},
+            "checkpoint": {
+                "target": f"https://huggingface.co/{spec.model}",
+                "target_label": spec.model,
+                "draft": None,
+                "draft_label": None,
+            },
+            "concurrency": int(spec.args.get("max-num-seqs", 1)) if str(spec.args.get("max-num-seqs", 1)).isdigit() else 1,
+            "topology": {
+                "summary": f"{spec.nodes} x DGX Spark" + (f", TP={tp}" if tp else ""),
+                "gpu_count": spec.nodes,
+                "node_count": spec.nodes,
+                "tensor_parallel_size": int(tp) if str(tp).isdigit() else None,
+            },
+            "sampling": None,
+            "security": "Exported by sparkforge: check the image and model pins before serving.",
+            "notes": spec.description or None,
+            "runtime": {
+                "kind": "container",
+                "label": "vLLM container",
+                "image": spec.image,
+                "image_url": f"https://hub.docker.com/r/{image_name}" if image_name.count("/") == 1 else image_name,
+                "setup_label": "Start the container" + (" on every node" if multi else ""),
+                "setup_target": "all-nodes" if multi else "single-node",
+                "setup_instructions": "Run on " + ("every node (set HEAD_IP to the head's ConnectX address)." if multi else "the DGX Spark."),
+                "setup_command": "\n".join(setup) + "\n",
+            },
+            "serve": serve,
+        }
+    )
+    return doc

@@ -359,6 +359,7 @@ def import_recipe(
         )
         for k in recipe.uncarried
     ]
+    attention += [Attention(recipe.at(*k.split(".")), note) for k, note in recipe.notes]
     document: dict[str, object] = {
         "description": _one_line(recipe.description),
         "model": argv.model,
