@@ -30,43 +30,64 @@ def pinned() -> PinnedVllm:
     return PinnedVllm(load_recipe(str(CI_RECIPE)), make_fetcher())
 
 
+V3 = SAMPLES / "v3-qwen35-35b-spark.recipe.yaml"
+V4 = SAMPLES / "v4-qwen35-122b-2spark.recipe.yaml"
+SAMPLE_NAMES = sorted(p.name for p in SAMPLES.glob("*.recipe.yaml"))
+
+
 def test_samples_are_detected_by_schema_version_and_read() -> None:
-    v3, v4 = (
-        read_yaml(SAMPLES / n) for n in ("nvidia-v3-qwen35-35b-fp8.yaml", "nvidia-v4-qwen35-122b-tp2.yaml")
-    )
+    v3, v4 = read_yaml(V3), read_yaml(V4)
     assert detect_format(v3.data, "v3") == "nvidia-v3" and detect_format(v4.data, "v4") == "nvidia-v4"
     three = read_community(v3, "v3.yaml")
     assert three.command.startswith("vllm serve Qwen/Qwen3.5-35B-A3B-FP8 --max-model-len 32768")
-    assert three.model_revision == "0123456789abcdef0123456789abcdef01234567" and three.min_nodes == 1
+    assert three.env == {"VLLM_USE_FLASHINFER_SAMPLER": "1"} and three.min_nodes == 1
     four = read_community(v4, "v4.yaml")
-    assert "--tensor-parallel-size 2" in four.command and "--no-enable-chunked-prefill" in four.command
-    assert "--enable-prefix-caching --no-enable" in four.command and four.min_nodes == 2 and four.cluster_only
+    assert four.min_nodes == 2 and four.cluster_only and "--tensor-parallel-size 2" in four.command
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "HEAD_IP"):
+        assert flag not in four.command
+    notes = dict(four.notes)
+    assert "--nnodes 2, --node-rank 0, --master-addr $HEAD_IP, --master-port $MASTER_PORT" in notes["serve.command"]
+    assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in notes["runtime.setup_command"]
+    assert "temperature" in notes["sampling"] and "worker" in notes["serve.additional_commands"]
 
 
 def test_an_unknown_key_is_refused_with_its_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text((SAMPLES / "nvidia-v4-qwen35-122b-tp2.yaml").read_text() + "launcher: docker\n")
+    bad.write_text(V4.read_text() + "launcher: docker\n")
     with pytest.raises(
         RecipeError, match=r"bad.yaml:\d+: unknown top-level key 'launcher' for the nvidia-v4"
     ):
         read_community(read_yaml(bad), str(bad))
+    v3_keys = tmp_path / "v3keys.yaml"  # schema 4's keys are not schema 3's
+    v3_keys.write_text(V3.read_text() + "spec_dec: mtp\n")
+    with pytest.raises(RecipeError, match=r"unknown top-level key 'spec_dec' for the nvidia-v3"):
+        read_community(read_yaml(v3_keys), str(v3_keys))
 
 
-@pytest.mark.parametrize(
-    "sample", sorted(p.name for p in SAMPLES.glob("*.yaml") if "performance" not in p.name)
-)
-def test_import_gives_a_pinned_profile(pinned, sample: str, tmp_path: Path) -> None:
+def test_llama_cpp_is_refused_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "llama.yaml"
+    path.write_text(V3.read_text().replace("backend: vllm", "backend: llama-cpp"))
+    with pytest.raises(RecipeError, match=r"backend 'llama-cpp'.*vLLM only.*GGUF"):
+        read_community(read_yaml(path), str(path))
+
+
+def test_import_names_what_is_not_carried(pinned) -> None:
+    imported = import_with(pinned, read_source(str(V4), pinned.fetcher))
+    text = " ".join(a.message for a in imported.attention)
+    assert "--nnodes 2" in text and "NCCL_SOCKET_IFNAME" in text
+    assert imported.document["nodes"] == 2 and imported.document["env"] == {"VLLM_MARLIN_USE_ATOMIC_ADD": "1"}
+
+
+@pytest.mark.parametrize("sample", SAMPLE_NAMES)
+def test_import_gives_a_profile(pinned, sample: str, tmp_path: Path) -> None:
     imported = import_with(pinned, read_source(str(SAMPLES / sample), pinned.fetcher))
-    args = imported.document["args"]
-    assert args["revision"] == args["tokenizer-revision"] == args["code-revision"]  # the one pin, everywhere
+    assert "revision" not in imported.document["args"]  # the catalog pins no model revision
     profile = load_profile(write_profile(imported, tmp_path / f"{imported.name}.yaml"))
     assert profile.model.nodes in (1, 2)
 
 
 @pytest.mark.parametrize("fmt", NVIDIA)
-@pytest.mark.parametrize(
-    "sample", sorted(p.name for p in SAMPLES.glob("*.yaml") if "performance" not in p.name)
-)
+@pytest.mark.parametrize("sample", SAMPLE_NAMES)
 def test_import_export_import_is_stable(pinned, tmp_path: Path, sample: str, fmt: str) -> None:
     first = import_with(pinned, read_source(str(SAMPLES / sample), pinned.fetcher))
     profile = load_profile(write_profile(first, tmp_path / "a" / f"{first.name}.yaml"))
@@ -85,11 +106,14 @@ def test_exports_of_shipped_profiles_validate(ref: str, fmt: str) -> None:
     text = export_text(export_document(profile, fmt, PINS), ["test"])  # type: ignore[arg-type]
     check_export(text, fmt, profile, PINS)  # type: ignore[arg-type]  # strict schema, then the same profile back
     data = yaml.safe_load(text)
-    if fmt == "nvidia-v3":
-        recipe3 = RecipeV3.model_validate(data)
-        assert recipe3.model.revision == "b" * 40 and recipe3.engine.container == PINS.image
-        assert recipe3.hardware.nodes == profile.model.nodes and "c" * 12 in recipe3.name
-    else:
-        recipe4 = RecipeV4.model_validate(data)
-        assert recipe4.model.revision == "b" * 40 and recipe4.runtime.image == PINS.image
-        assert recipe4.deployment.nodes == profile.model.nodes and recipe4.engine_args["revision"] == "b" * 40
+    recipe = (RecipeV3 if fmt == "nvidia-v3" else RecipeV4).model_validate(data)
+    assert recipe.runtime.image == PINS.image and recipe.topology.node_count == profile.model.nodes
+    assert recipe.hardware == {1: "dgx-spark", 2: "dgx-spark-2gpu", 4: "dgx-spark-4gpu"}.get(
+        profile.model.nodes, recipe.hardware
+    )
+    assert f"--revision {'b' * 40}" in recipe.serve.command and "c" * 12 in (recipe.notes or "")
+    assert all(line.rstrip().endswith("\\") for line in recipe.serve.command.splitlines()[:-1] if "vllm" in line)
+    if profile.model.nodes > 1:
+        workers = recipe.serve.additional_commands or []
+        assert recipe.serve.target == "head" and len(workers) == profile.model.nodes - 1
+        assert "--headless" in workers[0].command and "--node-rank 1" in workers[0].command
