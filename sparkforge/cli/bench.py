@@ -147,7 +147,7 @@ def bench(
     if benching.performance:  # NVIDIA's performance file (run/bench/nvperf.py)
         from sparkforge.run.bench.nvperf import write_performance
 
-        written = write_performance(report.to_dict(), Path(benching.performance), plan.recipe.name)
+        written = write_performance(report.to_dict(), Path(benching.performance))
         session.out(f"performance file: {written}")
     finish_report(report, benching.json, hint="a level failed; see its reason above")
 

@@ -1,14 +1,16 @@
-"""NVIDIA's performance file (beside each recipe of its catalog): written from a bench result, read as a baseline.
+"""NVIDIA's performance file (`performance.yaml` beside each `recipe.yaml` of its catalog, schema_version 1, as
+read on 2026-12-05; docs/formats.md): written from a bench result, read as a baseline.
 
-The file records what the figures belong to: the recipe (id and hash), the image digest, the model revision,
-the harness and its version, the dataset (token lengths), and per concurrency the figures (output tokens/s, median
-time to first token and inter-token latency). Its keys are sparkforge's stated reading of NVIDIA's format
-(docs/formats.md, "performance file"). A comparison says first whether the two runs are comparable at all (same
-harness, same dataset); figures are matched by concurrency and context depth.
+The file records what the figures belong to (the recipe file's sha256, the image digest, the model revision, the
+harness and its version, the system) and one profile per measured workload (tokens, dataset, concurrency) with
+three means: prefill tokens/s, decode tokens/s, end-to-end latency. A comparison says first whether the two runs
+are comparable at all (same harness, same token lengths); figures are matched by concurrency and context tokens.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -22,69 +24,108 @@ from sparkforge.recipe.yamlfile import read_yaml
 from sparkforge.report import Check, Report
 
 SCHEMA = 1
-# Our figure -> the performance file's key (medians of the repeats).
-FIGURES = {
-    "output_tok_s": "output_token_throughput_tok_s",
-    "ttft_ms": "time_to_first_token_ms_p50",
-    "itl_ms": "inter_token_latency_ms_p50",
+# The performance file's figures (means over the repeats) and which way is better.
+HIGHER_IS_BETTER = {
+    "prefill_tokens_per_second_mean": True,
+    "decode_tokens_per_second_mean": True,
+    "e2e_latency_ms_mean": False,
 }
-HIGHER_IS_BETTER = {"output_tok_s": True, "ttft_ms": False, "itl_ms": False}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PerfRecipe(_Strict):
-    id: StrictStr
-    sha256: StrictStr | None = None
+Number = StrictFloat | StrictInt
 
 
-class PerfImage(_Strict):
-    ref: StrictStr | None = None
-    digest: StrictStr
+class Harness(_Strict):
+    name: StrictStr
+    version: StrictStr
 
 
-class PerfModel(_Strict):
-    id: StrictStr
-    revision: StrictStr | None = None
+class PerfSystem(_Strict):
+    label: StrictStr
+    accelerator: StrictStr
+    accelerator_count: StrictInt = Field(ge=0)
+    operating_system: StrictStr
+    os_version: StrictStr
+    driver_version: StrictStr
+    cuda_version: StrictStr
 
 
-class PerfDataset(_Strict):
-    name: StrictStr = "synthetic"
+class PerfSoftware(_Strict):
+    backend_version: StrictStr
+    model_revision: StrictStr | None = None  # a 40-hex Hugging Face commit in the catalog
+    runtime_revision: StrictStr  # the image digest, sha256:...
+
+
+class Workload(_Strict):
     input_tokens: StrictInt = Field(ge=1)
+    context_tokens: StrictInt = Field(ge=0)
+    dataset: StrictStr
+    profile: StrictStr
+    input_tokens_min: StrictInt = Field(ge=0)
+    input_tokens_max: StrictInt = Field(ge=0)
+    input_tokens_total: StrictInt = Field(ge=0)
     output_tokens: StrictInt = Field(ge=1)
-
-
-class PerfBenchmark(_Strict):
-    harness: StrictStr
-    harness_version: StrictStr
-    dataset: PerfDataset
-    date: StrictStr | None = None
-
-
-class PerfResult(_Strict):
     concurrency: StrictInt = Field(ge=1)
-    context_depth: StrictInt = Field(0, ge=0)
-    output_token_throughput_tok_s: StrictFloat | StrictInt = Field(ge=0)
-    time_to_first_token_ms_p50: StrictFloat | StrictInt | None = Field(None, ge=0)
-    inter_token_latency_ms_p50: StrictFloat | StrictInt | None = Field(None, ge=0)
+    requests: StrictInt = Field(ge=1)
+    warmup_requests: StrictInt = Field(ge=0)
+
+
+class Results(_Strict):
+    prefill_tokens_per_second_mean: Number | None = Field(None, ge=0)
+    decode_tokens_per_second_mean: Number | None = Field(None, ge=0)
+    e2e_latency_ms_mean: Number | None = Field(None, ge=0)
+
+
+class PerfProfile(_Strict):
+    id: StrictStr = Field(min_length=1)
+    workload: Workload
+    results: Results
 
 
 class Performance(_Strict):
     schema_version: Literal[1]
-    recipe: PerfRecipe
-    image: PerfImage
-    model: PerfModel
-    benchmark: PerfBenchmark
-    hardware: dict[StrictStr, StrictStr | StrictInt] = Field(default_factory=dict)
-    results: list[PerfResult] = Field(min_length=1)
+    status: StrictStr
+    recipe_sha256: StrictStr = Field(pattern=r"^[0-9a-f]{64}$")
+    launch_id: StrictStr = "default"
+    measured_at: datetime.date
+    harness: Harness
+    system: PerfSystem
+    software: PerfSoftware
+    profiles: list[PerfProfile] = Field(min_length=1)
 
 
-def _median(level: dict[str, Any], figure: str) -> float | None:
-    summary = (level.get("details") or {}).get("summary") or {}
-    value = (summary.get(figure) or {}).get("median")
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return round(sum(kept) / len(kept), 3) if kept and len(kept) == len(values) else None
+
+
+def level_means(level: dict[str, Any], input_tokens: int, output_tokens: int) -> dict[str, float | None]:
+    """A bench level's figures as the performance file's three means (over the level's repeats): decode =
+    output tokens/s; prefill = the client's prefill tokens/s where it records one, else the prompt's tokens
+    (input + context) over TTFT; end-to-end latency = TTFT + (output tokens - 1) x ITL (where ITL was measured)."""
+    runs = level["details"].get("repeats") or []
+    prompt = input_tokens + int(level["details"].get("depth") or 0)
+
+    def prefill(run: dict[str, Any]) -> float | None:
+        if isinstance(run.get("prefill_tok_s"), int | float):
+            return float(run["prefill_tok_s"])
+        ttft = run.get("ttft_ms")
+        return prompt / (ttft / 1000) if isinstance(ttft, int | float) and ttft > 0 else None
+
+    def e2e(run: dict[str, Any]) -> float | None:
+        ttft, itl = run.get("ttft_ms"), run.get("itl_ms")
+        ok = isinstance(ttft, int | float) and isinstance(itl, int | float)
+        return ttft + (output_tokens - 1) * itl if ok else None  # type: ignore[operator]
+
+    return {
+        "prefill_tokens_per_second_mean": _mean([prefill(r) for r in runs]) if runs else None,
+        "decode_tokens_per_second_mean": _mean([r.get("output_tok_s") for r in runs]) if runs else None,
+        "e2e_latency_ms_mean": _mean([e2e(r) for r in runs]) if runs else None,
+    }
 
 
 def harness_of(result: dict[str, Any]) -> tuple[str, str]:
@@ -95,64 +136,90 @@ def harness_of(result: dict[str, Any]) -> tuple[str, str]:
     return client, version
 
 
-def performance_document(result: dict[str, Any], recipe_id: str) -> dict[str, Any]:
-    """The performance file of a (loaded, schema 2) bench result."""
+def _dataset(result: dict[str, Any]) -> str:
+    corpus = result["suite"].get("corpus") or {}
+    return str(corpus.get("url") or result["suite"]["params"].get("dataset") or "random")
+
+
+def recipe_sha256(result: dict[str, Any], recipe_file: Path | None) -> str:
+    """The catalog's recipe_sha256: the sha256 of the recipe file (NVIDIA's, as `invoke export` writes it) when
+    there is one, else sparkforge's recipe hash of the image that ran."""
+    if recipe_file is not None and recipe_file.is_file():
+        return hashlib.sha256(recipe_file.read_bytes()).hexdigest()
+    return str(result["identity"].get("recipe_hash") or "")
+
+
+def performance_document(result: dict[str, Any], recipe_file: Path | None = None) -> dict[str, Any]:
+    """The performance file of a (loaded, schema 2) bench result: one profile per passed level."""
     ident = result["identity"]
     params = result["suite"]["params"]
     digests = ident["image"].get("digests") or []
     harness, version = harness_of(result)
-    rows = []
+    input_tokens, output_tokens = int(params.get("input_len") or 1), int(params.get("output_len") or 1)
+    profiles = []
     for level in result["checks"]:
         if level.get("status") != "passed":
             continue
         details = level["details"]
-        row: dict[str, Any] = {
-            "concurrency": int(details["concurrency"]),
-            "context_depth": int(details["depth"]),
-        }
-        for ours, theirs in FIGURES.items():
-            value = _median(level, ours)
-            if value is not None:
-                row[theirs] = round(value, 3)
-        if FIGURES["output_tok_s"] in row:
-            rows.append(row)
-    if not rows:
+        concurrency, depth = int(details["concurrency"]), int(details["depth"])
+        means = level_means(level, input_tokens, output_tokens)
+        if means["decode_tokens_per_second_mean"] is None:
+            continue
+        requests = int(params.get("num_prompts") or 0) or concurrency
+        prompt = input_tokens + depth
+        profiles.append(
+            {
+                "id": f"{result['suite']['name']}-c{concurrency}-d{depth}",
+                "workload": {
+                    "input_tokens": input_tokens,
+                    "context_tokens": depth,
+                    "dataset": _dataset(result),
+                    "profile": str(result["suite"]["name"]),
+                    "input_tokens_min": prompt,
+                    "input_tokens_max": prompt,
+                    "input_tokens_total": prompt * requests,
+                    "output_tokens": output_tokens,
+                    "concurrency": concurrency,
+                    "requests": requests,
+                    "warmup_requests": 1 if params.get("warmup") else 0,
+                },
+                "results": means,
+            }
+        )
+    if not profiles:
         raise RunError("the bench result has no passed level with output tokens/s; nothing to write")
     hardware = ident.get("hardware") or {}
+    gpus = hardware.get("gpus") or []
+    first = gpus[0] if gpus and isinstance(gpus[0], dict) else {}
     return {
         "schema_version": SCHEMA,
-        "recipe": {"id": recipe_id, "sha256": ident.get("recipe_hash") or None},
-        "image": {
-            "ref": ident["image"].get("ref"),
-            "digest": (digests[0].rsplit("@", 1)[-1] if digests else ident["image"]["id"]),
+        "status": "experimental",
+        "recipe_sha256": recipe_sha256(result, recipe_file),
+        "launch_id": "default",
+        "measured_at": datetime.date.fromisoformat(str(ident.get("date") or "")[:10]),
+        "harness": {"name": harness, "version": version},
+        "system": {
+            "label": "DGX Spark" if "GB10" in str(first.get("name", "")) else str(hardware.get("machine") or "unknown"),
+            "accelerator": str(first.get("name") or "none"),
+            "accelerator_count": len(gpus),
+            "operating_system": "linux",
+            "os_version": str(hardware.get("os") or "unknown"),
+            "driver_version": str(first.get("driver") or "unknown"),
+            "cuda_version": str(hardware.get("cuda") or "unknown"),
         },
-        "model": {"id": str(result["model"]), "revision": (ident.get("model") or {}).get("revision")},
-        "benchmark": {
-            "harness": harness,
-            "harness_version": version,
-            "dataset": {
-                "name": str(params.get("dataset") or "random"),
-                "input_tokens": int(params.get("input_len") or 1),
-                "output_tokens": int(params.get("output_len") or 1),
-            },
-            "date": ident.get("date"),
+        "software": {
+            "backend_version": str(ident.get("vllm") or "unknown"),
+            "model_revision": (ident.get("model") or {}).get("revision"),
+            "runtime_revision": digests[0].rsplit("@", 1)[-1] if digests else ident["image"]["id"],
         },
-        "hardware": {
-            k: v
-            for k, v in {
-                "machine": hardware.get("machine"),
-                "gpus": len(hardware.get("gpus") or []),
-                "cpus": hardware.get("cpus"),
-            }.items()
-            if v is not None
-        },
-        "results": rows,
+        "profiles": profiles,
     }
 
 
-def write_performance(result: dict[str, Any], path: Path, recipe_id: str) -> Path:
-    """Write the performance file (YAML) of a bench result; it is read back and validated before it is kept."""
-    document = performance_document(result, recipe_id)
+def write_performance(result: dict[str, Any], path: Path) -> Path:
+    """Write the performance file (YAML) of a bench result; validated before it is kept. recipe_sha256 is the
+    sha256 of the `recipe.yaml` beside `path` when there is one (the catalog's layout), else the recipe hash."""
+    document = performance_document(result, path.parent / "recipe.yaml")
     Performance.model_validate(document)
     return write_output(path, yaml.safe_dump(document, sort_keys=False), "--performance")
 
@@ -171,7 +238,7 @@ def read_performance(path: Path) -> Performance:
         raise RecipeError(
             "not a performance file: "
             + "; ".join(problems)
-            + "; fix: pass the performance file beside the recipe"
+            + "; fix: pass the performance.yaml beside the catalog's recipe.yaml"
         ) from None
 
 
@@ -182,26 +249,29 @@ def compare_with_baseline(
     threshold_pct: float = 10.0,
     allow_different: bool = False,
 ) -> Report:
-    """This run against a published performance file: per level and figure, ours vs theirs (a regression past
-    `threshold_pct` fails); runs with another harness or dataset are refused unless `allow_different`."""
+    """This run against a published performance file: per profile (concurrency, context tokens) and figure, ours
+    vs theirs (a regression past `threshold_pct` fails); another harness or token lengths are refused unless
+    `allow_different`."""
     report = Report(
-        command="bench.baseline", subject=f"{result['identity']['image']['id'][:19]} vs {baseline.recipe.id}"
+        command="bench.baseline",
+        subject=f"{result['identity']['image']['id'][:19]} vs recipe {baseline.recipe_sha256[:12]}",
     )
     harness, version = harness_of(result)
     params = result["suite"]["params"]
-    ours_dataset = (int(params.get("input_len") or 0), int(params.get("output_len") or 0))
-    theirs = baseline.benchmark
+    ours_tokens = (int(params.get("input_len") or 1), int(params.get("output_len") or 1))
     differences = []
-    if harness != theirs.harness:
-        differences.append(f"harness {harness} {version} vs {theirs.harness} {theirs.harness_version}")
-    if ours_dataset != (theirs.dataset.input_tokens, theirs.dataset.output_tokens):
+    if harness != baseline.harness.name:
+        differences.append(f"harness {harness} {version} vs {baseline.harness.name} {baseline.harness.version}")
+    theirs_tokens = sorted({(p.workload.input_tokens, p.workload.output_tokens) for p in baseline.profiles})
+    if ours_tokens not in theirs_tokens:
         differences.append(
-            f"dataset {ours_dataset[0]}/{ours_dataset[1]} tokens vs {theirs.dataset.input_tokens}/{theirs.dataset.output_tokens}"
+            f"tokens {ours_tokens[0]}/{ours_tokens[1]} in/out vs "
+            + ", ".join(f"{i}/{o}" for i, o in theirs_tokens)
         )
     report.extra.update(
         {
             "baseline": baseline.model_dump(mode="json"),
-            "harness": {"ours": [harness, version], "theirs": [theirs.harness, theirs.harness_version]},
+            "harness": {"ours": [harness, version], "theirs": [baseline.harness.name, baseline.harness.version]},
             "differences": differences,
         }
     )
@@ -212,42 +282,40 @@ def compare_with_baseline(
                 "failed",
                 "not the same measurement: "
                 + "; ".join(differences)
-                + "; fix: run invoke bench with the same harness "
-                "and token lengths (--harness, --input-len, --output-len), or pass --allow-different",
+                + "; fix: run invoke bench with the same harness and token lengths (--harness, --input-len, "
+                "--output-len), or pass --allow-different",
             )
         )
         return report
     report.add(
-        Check("comparable", "passed", "; ".join(differences) or f"same harness ({harness}) and dataset")
+        Check("comparable", "passed", "; ".join(differences) or f"same harness ({harness}) and token lengths")
     )
     levels = {(int(c["details"]["concurrency"]), int(c["details"]["depth"])): c for c in result["checks"]}
-    for row in baseline.results:
-        name = f"c{row.concurrency}-d{row.context_depth}"
-        level = levels.get((row.concurrency, row.context_depth))
-        if level is None or level.get("status") != "passed":
-            report.add(Check(name, "skipped", "this run did not measure that level"))
+    for profile in baseline.profiles:
+        work = profile.workload
+        name = f"{profile.id} (c{work.concurrency}, context {work.context_tokens})"
+        if (work.input_tokens, work.output_tokens) != ours_tokens:
+            why = f"published at {work.input_tokens}/{work.output_tokens} tokens in/out, this run at "
+            report.add(Check(name, "skipped", why + f"{ours_tokens[0]}/{ours_tokens[1]}"))
             continue
+        level = levels.get((work.concurrency, work.context_tokens))
+        if level is None or level.get("status") != "passed":
+            report.add(Check(name, "skipped", "this run did not measure that concurrency and context"))
+            continue
+        ours = level_means(level, ours_tokens[0], ours_tokens[1])
         figures, worst = {}, []
-        for ours_key, key in FIGURES.items():
-            published, measured = getattr(row, key), _median(level, ours_key)
+        for key, higher in HIGHER_IS_BETTER.items():
+            published, measured = getattr(profile.results, key), ours[key]
             if published is None or measured is None or published == 0:
                 continue
             change = (measured - published) / published * 100
-            figures[ours_key] = {"ours": measured, "theirs": float(published), "change_pct": round(change, 2)}
-            worse = -change if HIGHER_IS_BETTER[ours_key] else change
-            if worse > threshold_pct:
-                worst.append(f"{ours_key} {change:+.1f}%")
+            figures[key] = {"ours": measured, "theirs": float(published), "change_pct": round(change, 2)}
+            if (-change if higher else change) > threshold_pct:
+                worst.append(f"{key} {change:+.1f}%")
         text = ", ".join(
             f"{k} {v['ours']:.1f} vs {v['theirs']:.1f} ({v['change_pct']:+.1f}%)" for k, v in figures.items()
         )
         status = "failed" if worst else "passed"
-        report.add(
-            Check(
-                name,
-                status,
-                text
-                + (f"; worse than the baseline past {threshold_pct:g}%: {', '.join(worst)}" if worst else ""),
-                figures,
-            )
-        )
+        tail = f"; worse than the baseline past {threshold_pct:g}%: {', '.join(worst)}" if worst else ""
+        report.add(Check(name, status, (text or "no figure in common") + tail, figures))
     return report
