@@ -581,7 +581,7 @@ OPTION_KINDS: dict[str, Kind] = {
     "watchdog": choice("auto", "on", "off"),
     "layout": LAYOUT,
     "network": choice("default", "host", "none"),
-    "format": choice("eugr", "sparkarena"),
+    "format": choice("eugr", "sparkarena", "nvidia-v3", "nvidia-v4"),
     # dockerfiles/vllm.Dockerfile.j2's stages, in order (tests/unit/test_option_fuzz.py keeps them in step)
     "target": choice("toolchain", "source", "build-env", "probe", "build", "base", "runtime"),
     "checks": NAME_LIST,
