@@ -85,12 +85,16 @@ def test_the_catalog_sample_is_read_and_compared_per_concurrency() -> None:
     ours = load_result(DEFAULT)
     refused = compare_with_baseline(ours, sample)
     assert [c.name for c in refused.checks] == ["comparable"] and refused.status == "failed"
-    assert "harness vllm bench serve" in refused.checks[0].reason and "aiperf 0.12.0" in refused.checks[0].reason
+    assert (
+        "harness vllm bench serve" in refused.checks[0].reason and "aiperf 0.12.0" in refused.checks[0].reason
+    )
     allowed = compare_with_baseline(ours, sample, allow_different=True, threshold_pct=10)
     by_id = {c.name.split(" ")[0]: c for c in allowed.checks[1:]}
     assert by_id["long-c1"].status == "skipped"  # 8192 prompt tokens: context 0 at c1 is short-c1's level
     # CPU twin c1 decodes ~150 tok/s vs 150 published; c2 ~1000 published is far above it: failed.
-    assert by_id["short-c2"].status == "failed" and "decode_tokens_per_second_mean" in by_id["short-c2"].reason
+    assert (
+        by_id["short-c2"].status == "failed" and "decode_tokens_per_second_mean" in by_id["short-c2"].reason
+    )
     assert set(by_id["short-c1"].details) == {
         "prefill_tokens_per_second_mean",
         "decode_tokens_per_second_mean",

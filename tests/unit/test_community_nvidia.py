@@ -46,7 +46,10 @@ def test_samples_are_detected_by_schema_version_and_read() -> None:
     for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "HEAD_IP"):
         assert flag not in four.command
     notes = dict(four.notes)
-    assert "--nnodes 2, --node-rank 0, --master-addr $HEAD_IP, --master-port $MASTER_PORT" in notes["serve.command"]
+    assert (
+        "--nnodes 2, --node-rank 0, --master-addr $HEAD_IP, --master-port $MASTER_PORT"
+        in notes["serve.command"]
+    )
     assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in notes["runtime.setup_command"]
     assert "temperature" in notes["sampling"] and "worker" in notes["serve.additional_commands"]
 
@@ -112,7 +115,9 @@ def test_exports_of_shipped_profiles_validate(ref: str, fmt: str) -> None:
         profile.model.nodes, recipe.hardware
     )
     assert f"--revision {'b' * 40}" in recipe.serve.command and "c" * 12 in (recipe.notes or "")
-    assert all(line.rstrip().endswith("\\") for line in recipe.serve.command.splitlines()[:-1] if "vllm" in line)
+    assert all(
+        line.rstrip().endswith("\\") for line in recipe.serve.command.splitlines()[:-1] if "vllm" in line
+    )
     if profile.model.nodes > 1:
         workers = recipe.serve.additional_commands or []
         assert recipe.serve.target == "head" and len(workers) == profile.model.nodes - 1

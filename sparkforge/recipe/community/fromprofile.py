@@ -227,7 +227,9 @@ def _blocks(value: object) -> object:
 
 
 def export_text(document: dict[str, object], header: list[str]) -> str:
-    body = {k: _Literal(v) if k == "command" and isinstance(v, str) else _blocks(v) for k, v in document.items()}
+    body = {
+        k: _Literal(v) if k == "command" and isinstance(v, str) else _blocks(v) for k, v in document.items()
+    }
     text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=False, width=4096)
     return "".join(f"# {comment_line(line)}\n" for line in header) + text
 

@@ -204,7 +204,7 @@ def _setup_flags(text: str, where: str) -> list[str]:
             continue
         words = _split(line, where)
         if words[:2] == ["docker", "run"]:
-            named += [w for w in words[2:-1]]  # the last word is the image
+            named += words[2:-1]  # the last word is the image
     return named
 
 
@@ -217,19 +217,27 @@ def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaS
             "runs llama-server's GGUF files, not a vLLM argv); fix: import a recipe with backend: vllm"
         )
     words, env, dropped = _serve_command(recipe.serve.command, f"{where}: serve.command")
-    port = next((d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--port")), str(recipe.serve.port))
+    port = next(
+        (d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--port")), str(recipe.serve.port)
+    )
     host = next((d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--host")), "0.0.0.0")
     command = shlex.join([*words, "--host", host, "--port", port])
     notes: list[tuple[str, str]] = []
     cluster = [d for d in dropped if not d.startswith(("--host", "--port"))]
     if cluster:
         notes.append(
-            ("serve.command", f"{', '.join(cluster)}: the launch flags sparkforge's cluster.up sets itself; dropped")
+            (
+                "serve.command",
+                f"{', '.join(cluster)}: the launch flags sparkforge's cluster.up sets itself; dropped",
+            )
         )
     for key, value in list(env.items()):
         if "<" in str(value) or "$" in str(value):
             notes.append(
-                (f"serve.command.{key}", f"export {key}={value}: a value of the author's machines; not carried")
+                (
+                    f"serve.command.{key}",
+                    f"export {key}={value}: a value of the author's machines; not carried",
+                )
             )
             del env[key]
     setup = _setup_flags(recipe.runtime.setup_command, where)
@@ -242,7 +250,9 @@ def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaS
             )
         )
     if recipe.sampling:
-        notes.append(("sampling", f"{recipe.sampling}: the clients' request settings, not a server flag; not carried"))
+        notes.append(
+            ("sampling", f"{recipe.sampling}: the clients' request settings, not a server flag; not carried")
+        )
     for extra in recipe.serve.additional_commands or []:
         notes.append(
             (
@@ -251,9 +261,20 @@ def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaS
             )
         )
     description = recipe.notes or recipe.title
-    name = f"{recipe.model.rsplit('/', 1)[-1]}-{recipe.hardware}" + (f"-{recipe.variant}" if recipe.variant else "")
+    name = f"{recipe.model.rsplit('/', 1)[-1]}-{recipe.hardware}" + (
+        f"-{recipe.variant}" if recipe.variant else ""
+    )
     nodes = recipe.topology.node_count
-    return NvidiaServe(name, description, recipe.checkpoint.target_label, recipe.runtime.image, command, env, nodes, tuple(notes))
+    return NvidiaServe(
+        name,
+        description,
+        recipe.checkpoint.target_label,
+        recipe.runtime.image,
+        command,
+        env,
+        nodes,
+        tuple(notes),
+    )
 
 
 @dataclass(frozen=True)
@@ -314,10 +335,20 @@ def nvidia_document(fmt: NvidiaFormat, spec: ServeSpec, today: datetime.date) ->
     hardware = HARDWARE_BY_NODES.get(spec.nodes, f"dgx-spark-{spec.nodes}gpu")
     tp = spec.args.get("tensor-parallel-size")
     multi = spec.nodes > 1
-    image_name = spec.image.split("@", 1)[0].rsplit(":", 1)[0] if ":" in spec.image.split("/")[-1] or "@" in spec.image else spec.image
-    docker = ["docker run -it --rm --gpus all --ipc host --network host", "-v ~/.cache/huggingface:/root/.cache/huggingface"]
+    image_name = spec.image.split("@", 1)[0]  # the repository, without tag or digest
+    image_name = image_name.rsplit(":", 1)[0] if ":" in image_name.rsplit("/", 1)[-1] else image_name
+    docker = [
+        "docker run -it --rm --gpus all --ipc host --network host",
+        "-v ~/.cache/huggingface:/root/.cache/huggingface",
+    ]
     setup = (["export HEAD_IP=<head-connectx-ip>", "export MASTER_PORT=29501"] if multi else []) + [
-        " \\\n  ".join([*docker, *(['-e HEAD_IP="$HEAD_IP"', '-e MASTER_PORT="$MASTER_PORT"'] if multi else []), f"--entrypoint /bin/bash {spec.image}"])
+        " \\\n  ".join(
+            [
+                *docker,
+                *(['-e HEAD_IP="$HEAD_IP"', '-e MASTER_PORT="$MASTER_PORT"'] if multi else []),
+                f"--entrypoint /bin/bash {spec.image}",
+            ]
+        )
     ]
     serve: dict[str, object] = {
         "label": "Start the vLLM server" + (" on the head node" if multi else ""),
@@ -368,7 +399,9 @@ def nvidia_document(fmt: NvidiaFormat, spec: ServeSpec, today: datetime.date) ->
                 "draft": None,
                 "draft_label": None,
             },
-            "concurrency": int(spec.args.get("max-num-seqs", 1)) if str(spec.args.get("max-num-seqs", 1)).isdigit() else 1,
+            "concurrency": int(spec.args.get("max-num-seqs", 1))
+            if str(spec.args.get("max-num-seqs", 1)).isdigit()
+            else 1,
             "topology": {
                 "summary": f"{spec.nodes} x DGX Spark" + (f", TP={tp}" if tp else ""),
                 "gpu_count": spec.nodes,
@@ -382,10 +415,13 @@ def nvidia_document(fmt: NvidiaFormat, spec: ServeSpec, today: datetime.date) ->
                 "kind": "container",
                 "label": "vLLM container",
                 "image": spec.image,
-                "image_url": f"https://hub.docker.com/r/{image_name}" if image_name.count("/") == 1 else image_name,
+                "image_url": f"https://hub.docker.com/r/{image_name}"
+                if image_name.count("/") == 1
+                else image_name,
                 "setup_label": "Start the container" + (" on every node" if multi else ""),
                 "setup_target": "all-nodes" if multi else "single-node",
-                "setup_instructions": "Run on " + ("every node (set HEAD_IP to the head's ConnectX address)." if multi else "the DGX Spark."),
+                "setup_instructions": "Run on "
+                + ("every node (set HEAD_IP to the head's ConnectX address)." if multi else "the DGX Spark."),
                 "setup_command": "\n".join(setup) + "\n",
             },
             "serve": serve,

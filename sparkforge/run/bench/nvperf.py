@@ -199,7 +199,9 @@ def performance_document(result: dict[str, Any], recipe_file: Path | None = None
         "measured_at": datetime.date.fromisoformat(str(ident.get("date") or "")[:10]),
         "harness": {"name": harness, "version": version},
         "system": {
-            "label": "DGX Spark" if "GB10" in str(first.get("name", "")) else str(hardware.get("machine") or "unknown"),
+            "label": "DGX Spark"
+            if "GB10" in str(first.get("name", ""))
+            else str(hardware.get("machine") or "unknown"),
             "accelerator": str(first.get("name") or "none"),
             "accelerator_count": len(gpus),
             "operating_system": "linux",
@@ -261,7 +263,9 @@ def compare_with_baseline(
     ours_tokens = (int(params.get("input_len") or 1), int(params.get("output_len") or 1))
     differences = []
     if harness != baseline.harness.name:
-        differences.append(f"harness {harness} {version} vs {baseline.harness.name} {baseline.harness.version}")
+        differences.append(
+            f"harness {harness} {version} vs {baseline.harness.name} {baseline.harness.version}"
+        )
     theirs_tokens = sorted({(p.workload.input_tokens, p.workload.output_tokens) for p in baseline.profiles})
     if ours_tokens not in theirs_tokens:
         differences.append(
@@ -271,7 +275,10 @@ def compare_with_baseline(
     report.extra.update(
         {
             "baseline": baseline.model_dump(mode="json"),
-            "harness": {"ours": [harness, version], "theirs": [baseline.harness.name, baseline.harness.version]},
+            "harness": {
+                "ours": [harness, version],
+                "theirs": [baseline.harness.name, baseline.harness.version],
+            },
             "differences": differences,
         }
     )
