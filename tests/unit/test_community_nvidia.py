@@ -52,6 +52,18 @@ def test_samples_are_detected_by_schema_version_and_read() -> None:
     )
     assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in notes["runtime.setup_command"]
     assert "temperature" in notes["sampling"] and "worker" in notes["serve.additional_commands"]
+    assert "differ" not in notes["serve.additional_commands"]  # the sample's worker runs the head's flags
+
+
+def test_a_worker_command_that_differs_from_the_heads_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        V4.read_text().replace(
+            "          --gpu-memory-utilization 0.85", "          --gpu-memory-utilization 0.7"
+        )
+    )
+    notes = dict(read_community(read_yaml(path), str(path)).notes)
+    assert "differ from the head's" in notes["serve.additional_commands"]
 
 
 def test_an_unknown_key_is_refused_with_its_line(tmp_path: Path) -> None:

@@ -217,6 +217,7 @@ def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaS
             "runs llama-server's GGUF files, not a vLLM argv); fix: import a recipe with backend: vllm"
         )
     words, env, dropped = _serve_command(recipe.serve.command, f"{where}: serve.command")
+    env_as_written = dict(env)
     port = next(
         (d.split()[-1].split("=")[-1] for d in dropped if d.startswith("--port")), str(recipe.serve.port)
     )
@@ -254,10 +255,18 @@ def parse_nvidia(data: dict[str, Any], where: str, fmt: NvidiaFormat) -> NvidiaS
             ("sampling", f"{recipe.sampling}: the clients' request settings, not a server flag; not carried")
         )
     for extra in recipe.serve.additional_commands or []:
+        worker, worker_env, _ = _serve_command(extra.command, f"{where}: serve.additional_commands")
+        same = worker == words and worker_env == env_as_written
+        differs = (
+            ""
+            if same
+            else "; its vLLM flags or exports differ from the head's, which sparkforge runs everywhere"
+        )
         notes.append(
             (
                 "serve.additional_commands",
-                f"{extra.id} ({extra.target}): sparkforge's cluster.up starts the workers from the same profile",
+                f"{extra.id} ({extra.target}): sparkforge's cluster.up starts the workers from the same profile"
+                + differs,
             )
         )
     description = recipe.notes or recipe.title
