@@ -105,7 +105,9 @@ def install_aiperf(session: Session) -> Path:
     return home / "bin" / AIPERF
 
 
-def aiperf_argv(suite: Suite, ctx: dict[str, str], level: tuple[int, int], seed: int, out_dir: Path) -> list[str]:
+def aiperf_argv(
+    suite: Suite, ctx: dict[str, str], level: tuple[int, int], seed: int, out_dir: Path
+) -> list[str]:
     """`aiperf profile` arguments for one run of one level (flags as `aiperf profile --help` of 0.13.0 names them)."""
     concurrency, depth = level
     prompts = max(suite.num_prompts, concurrency)
@@ -206,17 +208,25 @@ def aiperf_levels(
                 check=False, timeout=options.timeout_s,
             )  # fmt: skip
         except CommandError as exc:
-            raise RunError(f"bench --harness aiperf: {exc}; fix: a smaller suite, or a longer --timeout") from None
+            raise RunError(
+                f"bench --harness aiperf: {exc}; fix: a smaller suite, or a longer --timeout"
+            ) from None
         if tag == "warmup":
             return
         seeds.setdefault(level, []).append(seed)
         export = out / EXPORT
         if done.returncode != 0 or not export.is_file():
-            problem = f"{level_name(*level)}-{tag}: aiperf exited {done.returncode}: {done.output.strip()[-300:]}"
+            problem = (
+                f"{level_name(*level)}-{tag}: aiperf exited {done.returncode}: {done.output.strip()[-300:]}"
+            )
             found.setdefault(level, []).append(({}, problem))
             return
         figures, completed, failed = export_figures(str(export), json.loads(export.read_text()))
-        bad = f"{level_name(*level)}-{tag}: {failed} of {completed + failed} requests failed" if failed else None
+        bad = (
+            f"{level_name(*level)}-{tag}: {failed} of {completed + failed} requests failed"
+            if failed
+            else None
+        )
         found.setdefault(level, []).append((figures, bad))
 
     def measured() -> dict[tuple[int, int], Any]:

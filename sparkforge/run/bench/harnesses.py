@@ -54,4 +54,3 @@ HARNESSES: Registry[Harness] = Registry(
     RunError,
     columns=("harness", "what runs the load", "key"),
 )
-
