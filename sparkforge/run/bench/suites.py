@@ -19,8 +19,10 @@ from sparkforge.extensions import Entry, Registry
 
 LLAMA_BENCHY = "llama-benchy"
 LLAMA_BENCHY_VERSION = "0.4.0"
-AIPERF, AIPERF_VERSION = "aiperf", "0.13.0"  # bench --harness aiperf (aiperf.py; its lock: tools/aiperf-<version>.txt)
-CLIENT_VERSIONS = {LLAMA_BENCHY: LLAMA_BENCHY_VERSION, AIPERF: AIPERF_VERSION}  # vLLM's client: the image's vLLM
+# bench --harness aiperf (aiperf.py; its lock: tools/aiperf-<version>.txt)
+AIPERF, AIPERF_VERSION = "aiperf", "0.13.0"
+# The pinned clients' versions, recorded per result (vLLM's client: the served image's vLLM).
+CLIENT_VERSIONS = {LLAMA_BENCHY: LLAMA_BENCHY_VERSION, AIPERF: AIPERF_VERSION}
 # The PyPI wheels llama-benchy runs from (pure Python), by their sha256 on PyPI. Its other requirements (aiohttp,
 # numpy, openai, pydantic, requests, tokenizers, transformers) are vLLM's own; tabulate is not.
 CLIENT_WHEELS = (
