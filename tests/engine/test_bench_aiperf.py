@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tiny_fixture
 import yaml
+from test_bench_real import TIMINGS, invoke  # the same `invoke` subprocess, timed
 
 from sparkforge.recipe.loader import REPO_ROOT
 
@@ -30,22 +29,6 @@ IMAGE = "sparkforge-candidate/ci-cpu-twin:e34fec4f7f42-amd64"  # built by CI's c
 RECIPE = str(REPO_ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
 PROFILE = str(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-aiperf.yaml")
 PORT = "18495"
-TIMINGS: dict[str, float] = {}
-
-
-def invoke(*args: str, timeout: float = 1800) -> tuple[int, str]:
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    TIMINGS[args[0]] = round(time.monotonic() - start, 1)
-    out = proc.stdout + proc.stderr
-    print(f"$ invoke {' '.join(args)}\n{out[-6000:]}")
-    return proc.returncode, out
 
 
 @pytest.fixture(scope="module")

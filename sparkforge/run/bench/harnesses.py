@@ -22,13 +22,17 @@ if TYPE_CHECKING:
 Harness = Callable[["Session", "NodeEngine", dict[str, Any], dict[str, str], "BenchOptions"], tuple]
 
 
-def _suite_client(session, engine, info, ctx, options) -> tuple:  # type: ignore[no-untyped-def]
+def _suite_client(
+    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
+) -> tuple:
     from sparkforge.run.bench.runner import suite_client
 
     return suite_client(session, engine, info, ctx, options)
 
 
-def _aiperf(session, engine, info, ctx, options) -> tuple:  # type: ignore[no-untyped-def]
+def _aiperf(
+    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
+) -> tuple:
     from sparkforge.run.bench.aiperf import aiperf_levels
 
     return aiperf_levels(session, engine, info, ctx, options)
