@@ -2,8 +2,8 @@
 
 tests/fixtures/aiperf/ holds two `profile_export_aiperf.json` files aiperf 0.13.0 wrote against the CPU twin serving
 the tiny model (port 18495, prompt 128 / generate 32 + a 256-token prefix, concurrency 2, 4 requests): one by hand,
-one by `invoke bench --harness aiperf` itself (its `run_info.cli_command` is the argv sparkforge built; aiperf left
-`output_token_throughput_per_user` out of that run). The real run end to end: tests/engine/test_bench_aiperf.py.
+one by `invoke bench --harness aiperf` itself (its `run_info.cli_command` is the argv sparkforge built; in that run
+every response arrived as ONE stream chunk: no token timing, refused). The real run end to end: tests/engine/test_bench_aiperf.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sparkforge.run.bench.suites import AIPERF_VERSION, choose_suite
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "aiperf"
 BY_HAND = FIXTURES / "profile_export_aiperf-c2-d256.json"
-BY_BENCH = FIXTURES / "profile_export_aiperf-c2-d256-no-per-user.json"
+BY_BENCH = FIXTURES / "profile_export_aiperf-c2-d256-one-chunk.json"
 
 
 def _doc(path: Path) -> dict:
@@ -46,11 +46,6 @@ def test_a_real_export_gives_the_repeat_figures_by_their_keys_and_units() -> Non
     # what the run was: 32 tokens out exactly (ignore_eos + min_tokens), 128 + the 256-token prefix in
     assert doc["output_sequence_length"]["p50"] == 32 and doc["input_sequence_length"]["p50"] == 384
     assert all(v > 0 for v in figures.values())
-
-
-def test_a_run_without_the_per_user_figure_keeps_the_others() -> None:
-    figures, completed, failed = aiperf.export_figures("by-bench", _doc(BY_BENCH))
-    assert set(figures) == {"output_tok_s", "ttft_ms", "itl_ms"} and (completed, failed) == (4, 0)
 
 
 @pytest.mark.parametrize(
@@ -151,3 +146,13 @@ def test_the_harness_row_sets_the_client_the_result_records() -> None:
     assert "client_version" not in own.suite.params()  # vLLM's client: the served image's vLLM (identity)
     with pytest.raises(RunError, match=r"--harness: unknown bench harness row .genai-perf.*suite, aiperf"):
         bench_options(BenchFlags(harness="genai-perf"))
+
+
+def test_a_run_whose_responses_came_as_one_chunk_has_no_token_timing_and_is_refused() -> None:
+    """Seen for real (depth 256 on the CPU twin): all 4 responses in one chunk, ITL 0, TTFT = latency."""
+    doc = _doc(BY_BENCH)
+    assert doc["inter_token_latency"]["p50"] == 0 and doc["http_req_chunks_received"]["max"] == 1
+    with pytest.raises(
+        RunError, match=r"every response arrived as one stream chunk.*re-run on a quieter machine"
+    ):
+        aiperf.export_figures("one-chunk", doc)

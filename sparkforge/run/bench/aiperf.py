@@ -159,6 +159,17 @@ def export_figures(where: str, doc: Any) -> tuple[dict[str, float], int, int]:
             f"{where}: aiperf_version {doc.get('aiperf_version')!r}, is_complete {doc.get('is_complete')!r}: not a "
             f"complete export of aiperf {AIPERF_VERSION}; fix: re-run the benchmark"
         )
+    chunks = doc.get("http_req_chunks_received")
+    if (
+        isinstance(chunks, dict)
+        and chunks.get("max") == 1
+        and _stat(where, doc, "output_sequence_length", "max", "tokens") > 1
+    ):
+        raise RunError(
+            f"{where}: every response arrived as one stream chunk (http_req_chunks_received max 1): aiperf could time "
+            "no token after the first (inter-token latency 0 ms, time to first token = the whole request); the "
+            "host was starved or the server coalesced the stream; fix: re-run on a quieter machine"
+        )
     completed = int(_stat(where, doc, "completed_request_count", "avg", "requests"))
     errors = doc.get("error_request_count")  # present only when a request failed
     failed = int(_stat(where, doc, "error_request_count", "avg", "requests")) if errors is not None else 0
@@ -221,7 +232,11 @@ def aiperf_levels(
             )
             found.setdefault(level, []).append(({}, problem))
             return
-        figures, completed, failed = export_figures(str(export), json.loads(export.read_text()))
+        try:
+            figures, completed, failed = export_figures(str(export), json.loads(export.read_text()))
+        except RunError as exc:  # a run without token timing fails its level, saying why
+            found.setdefault(level, []).append(({}, f"{level_name(*level)}-{tag}: {exc}"))
+            return
         bad = (
             f"{level_name(*level)}-{tag}: {failed} of {completed + failed} requests failed"
             if failed
