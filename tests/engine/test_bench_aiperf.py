@@ -6,7 +6,7 @@ tiny trained Qwen3.5-MoE through vLLM's OpenAI server (tests/profiles/cpu-tiny-a
 port 18495, so it never meets the other real tests' container and port); aiperf is installed from its pinned lock
 into sparkforge's cache (once per machine: ~1 min, 1.2 GB) and run on this host against that port at small sizes
 (prompt 128 / generate 32, concurrency 1 and 2, 4 requests, 2 repeats; depth 0 only: at depth 256 the twin
-streamed 3 of 8 runs' responses as one chunk, which the reader refuses, see the unit tests); its exports are read into
+streamed 3 of 18 runs' responses as one chunk, which the reader refuses, see the unit tests); its exports are read into
 the result, which records the harness and version, as does the performance file.
 """
 
