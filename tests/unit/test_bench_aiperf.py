@@ -3,7 +3,7 @@
 tests/fixtures/aiperf/ holds two `profile_export_aiperf.json` files aiperf 0.13.0 wrote against the CPU twin serving
 the tiny model (port 18495, prompt 128 / generate 32 + a 256-token prefix, concurrency 2, 4 requests): one by hand,
 one by `invoke bench --harness aiperf` itself (its `run_info.cli_command` is the argv sparkforge built; in that run
-every response arrived as ONE stream chunk: no token timing, refused). The real run end to end: tests/engine/test_bench_aiperf.py.
+every response arrived as ONE stream chunk: no token timing, refused). The real run end to end: tests/engine/test_bench_aiperf_real.py.
 """
 
 from __future__ import annotations

@@ -23,19 +23,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkforge.boundary import read_bytes, read_json, read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
-from sparkforge.errors import CommandError, RunError
+from sparkforge.errors import CommandError, RunError, SparkforgeError
 from sparkforge.run.bench.rounds import more_rounds
 from sparkforge.run.bench.suites import AIPERF, AIPERF_VERSION, Suite, level_name, run_order
 
 if TYPE_CHECKING:
-    from sparkforge.run.bench.runner import BenchOptions
     from sparkforge.run.nodes import NodeEngine
 
 LOCK = Path(__file__).with_name("tools") / f"aiperf-{AIPERF_VERSION}.txt"
 EXPORT = "profile_export_aiperf.json"
 PYTHONS = ((3, 11), (3, 13))  # the Python versions aiperf 0.13.0 supports (and the lock was resolved for)
+MAX_LOCK_BYTES = 4 << 20  # the lock is ~350 kB
+RERUN = "re-run the benchmark (aiperf's export is incomplete)"
 MARKER = "sparkforge-installed.json"  # written last: a folder without it is a half-done install
 
 
@@ -44,15 +46,15 @@ def tool_home(session: Session) -> Path:
 
 
 def _lock_sha256() -> str:
-    return hashlib.sha256(LOCK.read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes(LOCK, "aiperf lock", MAX_LOCK_BYTES)).hexdigest()
 
 
 def installed(session: Session) -> Path | None:
     """The pinned aiperf program when its venv was installed from this lock; None otherwise."""
     home = tool_home(session)
     try:
-        done = json.loads((home / MARKER).read_text())
-    except (OSError, ValueError):
+        done = read_json(home / MARKER, "aiperf install marker", named=False, within=(session.cache_dir,))
+    except (OSError, ValueError, SparkforgeError):
         return None
     program = home / "bin" / AIPERF
     ok = isinstance(done, dict) and done.get("lock_sha256") == _lock_sha256() and program.is_file()
@@ -76,7 +78,11 @@ def install_aiperf(session: Session) -> Path:
             f"bench --harness aiperf: aiperf {AIPERF_VERSION} runs on Python 3.11 to 3.13, sparkforge runs on "
             f"{sys.version.split()[0]}; fix: run sparkforge from a Python 3.11-3.13 venv, or use the suite's own client"
         )
-    packages = sum(1 for line in LOCK.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    packages = sum(
+        1
+        for line in read_text(LOCK, "aiperf lock", MAX_LOCK_BYTES).splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     shutil.rmtree(home, ignore_errors=True)  # a half-done install (no marker) starts again
     home.parent.mkdir(parents=True, exist_ok=True)
     session.echo(
@@ -101,7 +107,8 @@ def install_aiperf(session: Session) -> Path:
             f"bench --harness aiperf: {home}/bin/aiperf --version says {version.output.strip()[-80:]!r}, not "
             f"{AIPERF_VERSION}; fix: delete {home} and run again"
         )
-    (home / MARKER).write_text(json.dumps({"version": AIPERF_VERSION, "lock_sha256": _lock_sha256()}) + "\n")
+    marker = json.dumps({"version": AIPERF_VERSION, "lock_sha256": _lock_sha256()}) + "\n"
+    write_output(home / MARKER, marker, "aiperf install marker")
     return home / "bin" / AIPERF
 
 
@@ -189,9 +196,10 @@ def host_path(info: dict[str, Any], path: str) -> str:
 
 
 def aiperf_levels(
-    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
+    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: Any
 ) -> tuple[dict, None, dict[str, Any]]:
-    """Every level x (warm-up + repeats) in interleaved rounds with aiperf on this host; (measured, corpus, stopping)."""
+    """`options`: runner.BenchOptions (not imported: runner dispatches here through harnesses.HARNESSES).
+    Every level x (warm-up + repeats) in interleaved rounds with aiperf on this host; (measured, corpus, stopping)."""
     if engine.node.kind not in ("local", "unix"):
         raise RunError(
             f"bench --harness aiperf: aiperf runs on this host against 127.0.0.1, the profile runs on "
@@ -215,9 +223,11 @@ def aiperf_levels(
         argv = aiperf_argv(suite, ctx, level, seed, out)
         try:
             done = session.runner.capture(
-                Command((str(program), *argv), cwd=work), f"bench-aiperf-{level_name(*level)}-{tag}",
-                check=False, timeout=options.timeout_s,
-            )  # fmt: skip
+                Command((str(program), *argv), cwd=work),
+                f"bench-aiperf-{level_name(*level)}-{tag}",
+                check=False,
+                timeout=options.timeout_s,
+            )
         except CommandError as exc:
             raise RunError(
                 f"bench --harness aiperf: {exc}; fix: a smaller suite, or a longer --timeout"
@@ -233,8 +243,9 @@ def aiperf_levels(
             found.setdefault(level, []).append(({}, problem))
             return
         try:
-            figures, completed, failed = export_figures(str(export), json.loads(export.read_text()))
-        except RunError as exc:  # a run without token timing fails its level, saying why
+            doc = read_json(export, "aiperf export", named=False, within=(session.cache_dir,), fix=RERUN)
+            figures, completed, failed = export_figures(str(export), doc)
+        except SparkforgeError as exc:  # an unreadable export, or a run without token timing: its level fails
             found.setdefault(level, []).append(({}, f"{level_name(*level)}-{tag}: {exc}"))
             return
         bad = (

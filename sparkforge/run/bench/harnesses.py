@@ -1,7 +1,7 @@
 """Load harnesses: which client sends a suite's load (`bench --harness`). One row each; `--harness`, its help and
 the table in docs/run.md are generated from it.
 
-A row's function runs every level of the suite x (warm-up + repeats) in interleaved rounds and returns
+A row's function (None: the suite's own client, runner.suite_client) runs every level of the suite x (warm-up + repeats) in interleaved rounds and returns
 (measured, corpus, stopping) as runner.run_bench reads them. The harness and its version are recorded in every
 result (`suite.client`, `suite.params.client_version`, `suite.harness`).
 """
@@ -9,36 +9,23 @@ result (`suite.client`, `suite.params.client_version`, `suite.harness`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkforge.errors import RunError
 from sparkforge.extensions import Entry, Registry
 
-if TYPE_CHECKING:
-    from sparkforge.context import Session
-    from sparkforge.run.bench.runner import BenchOptions
-    from sparkforge.run.nodes import NodeEngine
-
-Harness = Callable[["Session", "NodeEngine", dict[str, Any], dict[str, str], "BenchOptions"], tuple]
+# (session, engine, the head container's inspect, ctx {port, model, tokenizer}, runner.BenchOptions) ->
+# (measured, corpus, stopping). Not imported here: runner dispatches to these rows (no import circle).
+Harness = Callable[[Any, Any, dict[str, Any], dict[str, str], Any], tuple]
 
 
-def _suite_client(
-    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
-) -> tuple:
-    from sparkforge.run.bench.runner import suite_client
-
-    return suite_client(session, engine, info, ctx, options)
-
-
-def _aiperf(
-    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
-) -> tuple:
+def _aiperf(session: Any, engine: Any, info: dict[str, Any], ctx: dict[str, str], options: Any) -> tuple:
     from sparkforge.run.bench.aiperf import aiperf_levels
 
     return aiperf_levels(session, engine, info, ctx, options)
 
 
-HARNESSES: Registry[Harness] = Registry(
+HARNESSES: Registry[Harness | None] = Registry(
     "bench harness",
     "--harness",
     [
@@ -46,7 +33,7 @@ HARNESSES: Registry[Harness] = Registry(
             "suite",
             "the suite's own client, in the head's serve container: vllm bench serve (default, quick) or "
             "llama-benchy (spark-arena-v2)",
-            _suite_client,
+            None,  # runner.suite_client
         ),
         Entry(
             "aiperf",

@@ -358,7 +358,8 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
     start = time.monotonic()
     from sparkforge.run.bench.harnesses import HARNESSES
 
-    measured, corpus, stopping = HARNESSES.get(options.harness).run(session, engine, info, ctx, options)
+    harness = HARNESSES.get(options.harness).run or suite_client
+    measured, corpus, stopping = harness(session, engine, info, ctx, options)
     spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
     report = Report(
         command="bench",
