@@ -19,10 +19,11 @@ from sparkforge.extensions import Entry, Registry
 Harness = Callable[[Any, Any, dict[str, Any], dict[str, str], Any], tuple]
 
 
-def _aiperf(session: Any, engine: Any, info: dict[str, Any], ctx: dict[str, str], options: Any) -> tuple:
+def _aiperf(*args: Any) -> tuple:
+    """aiperf.aiperf_levels (imported when the row runs)."""
     from sparkforge.run.bench.aiperf import aiperf_levels
 
-    return aiperf_levels(session, engine, info, ctx, options)
+    return aiperf_levels(*args)
 
 
 HARNESSES: Registry[Harness | None] = Registry(
