@@ -56,6 +56,14 @@ class BenchFlags:
     store: str = ""
     no_warmup: bool = False
     performance: str = ""
+    harness: str = "suite"
+
+
+def harnesses():
+    """The bench harnesses' registry, imported when asked."""
+    from sparkforge.run.bench.harnesses import HARNESSES
+
+    return HARNESSES
 
 
 BENCH = Family.of(
@@ -77,6 +85,7 @@ BENCH = Family.of(
     store=STORE_HELP,
     no_warmup="skip the warm-up run of each level",
     performance="also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
+    harness=LazyHelp(lambda: harnesses().help_text("who sends the load (default: suite):")),
 )
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
@@ -209,6 +218,9 @@ def bench_options(given: BenchFlags):
             "comparison at that threshold flags a slowdown below it; fix: pass a target above the threshold (e.g. "
             "--target-detect 20)"
         )
+    harness = harnesses().get(given.harness).name  # an unknown name: refused naming every row
+    if harness != "suite":  # the result records the harness as its client (and its version: Suite.params)
+        chosen = replace(chosen, client=harness)
     return BenchOptions(
         chosen,
         check_repeats(runs),
@@ -216,6 +228,7 @@ def bench_options(given: BenchFlags):
         Path(given.corpus) if given.corpus else None,
         min_duration_s=check_seconds("--duration", given.duration, zero=True),
         target=target,
+        harness=harness,
     )
 
 

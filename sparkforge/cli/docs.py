@@ -22,6 +22,7 @@ def registry_pages() -> list[tuple[Table, Path]]:
     """
     from sparkforge.preflight.checks import CHECKS as PREFLIGHT_CHECKS
     from sparkforge.recipe.fields import recipe_fields
+    from sparkforge.run.bench.harnesses import HARNESSES
     from sparkforge.run.bench.suites import SUITES
     from sparkforge.run.cluster.doctor import STAGES as DOCTOR_STAGES
     from sparkforge.run.conform.rows import ROWS as CONFORM_ROWS
@@ -31,6 +32,7 @@ def registry_pages() -> list[tuple[Table, Path]]:
         (PREFLIGHT_CHECKS, ROOT / "docs" / "checks.md"),
         (IMAGE_CHECKS, ROOT / "docs" / "checks.md"),
         (SUITES, ROOT / "docs" / "run.md"),
+        (HARNESSES, ROOT / "docs" / "run.md"),
         (CONFORM_ROWS, ROOT / "docs" / "run.md"),
         (DOCTOR_STAGES, ROOT / "docs" / "run.md"),
         (recipe_fields(), ROOT / "docs" / "reference.md"),

@@ -586,6 +586,7 @@ OPTION_KINDS: dict[str, Kind] = {
     "target": choice("toolchain", "source", "build-env", "probe", "build", "base", "runtime"),
     "checks": NAME_LIST,
     "suite": NAME,
+    "harness": choice("suite", "aiperf"),
     "builder": NAME,
     "gpu": GPU,
     "require": GLOB,

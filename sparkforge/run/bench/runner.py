@@ -67,6 +67,7 @@ class BenchOptions:
     min_duration_s: float = 0.0
     target: Target | None = None  # --target-detect: more rounds until the floor or the budget (rounds.py)
     recipe_hash: str | None = None  # the recipe the served image must be built from (None: not checked)
+    harness: str = "suite"  # --harness: a row of harnesses.HARNESSES (the suite's own client, or aiperf)
 
 
 def head_container(profile: str) -> str:
@@ -311,6 +312,21 @@ def _benchy_levels(
     return measured(), corpus, stopping
 
 
+def suite_client(
+    session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
+) -> tuple:
+    """The suite's own client in the head's container (harness `suite`): (measured, corpus, stopping)."""
+    name = head_container_of(info)
+    if options.suite.client == "llama-benchy":
+        return _benchy_levels(session, engine, name, ctx, options)
+    measured, stopping = _vllm_levels(session, engine, name, ctx, options)
+    return measured, None, stopping
+
+
+def head_container_of(info: dict[str, Any]) -> str:
+    return str(info.get("Name") or "").lstrip("/")
+
+
 def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:
     got = _exec(engine, name, "bench-metrics", "python3", "-c", METRICS_SCRIPT, port, timeout=60)
     return (
@@ -340,11 +356,10 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
     engine.call("bench-dir", "exec", name, "mkdir", "-p", RESULT_DIR)
     before = _metrics(engine, name, ctx["port"])
     start = time.monotonic()
-    corpus = None
-    if options.suite.client == "llama-benchy":
-        measured, corpus, stopping = _benchy_levels(session, engine, name, ctx, options)
-    else:
-        measured, stopping = _vllm_levels(session, engine, name, ctx, options)
+    from sparkforge.run.bench.harnesses import HARNESSES
+
+    harness = HARNESSES.get(options.harness).run or suite_client
+    measured, corpus, stopping = harness(session, engine, info, ctx, options)
     spec = figures.acceptance(before, _metrics(engine, name, ctx["port"]))
     report = Report(
         command="bench",
@@ -389,6 +404,12 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
                     "prompts": "fresh per run",  # seeds: suite seed + a per-bench nonce + the run's index
                 },
                 "corpus": corpus,
+                # who sent the load, at which version (vLLM's own client: the served image's vLLM)
+                "harness": {
+                    "name": options.harness,
+                    "client": options.suite.client,
+                    "version": options.suite.params().get("client_version") or ident["vllm"],
+                },
             },
             "stopping": stopping,  # prompts per run (vLLM's client) and --target-detect's outcome
             "identity": ident,

@@ -19,6 +19,10 @@ from sparkforge.extensions import Entry, Registry
 
 LLAMA_BENCHY = "llama-benchy"
 LLAMA_BENCHY_VERSION = "0.4.0"
+# bench --harness aiperf (aiperf.py; its lock: tools/aiperf-<version>.txt)
+AIPERF, AIPERF_VERSION = "aiperf", "0.13.0"
+# The pinned clients' versions, recorded per result (vLLM's client: the served image's vLLM).
+CLIENT_VERSIONS = {LLAMA_BENCHY: LLAMA_BENCHY_VERSION, AIPERF: AIPERF_VERSION}
 # The PyPI wheels llama-benchy runs from (pure Python), by their sha256 on PyPI. Its other requirements (aiohttp,
 # numpy, openai, pydantic, requests, tokenizers, transformers) are vLLM's own; tabulate is not.
 CLIENT_WHEELS = (
@@ -89,7 +93,7 @@ class Suite:
     """A load profile: the client and the sizes/levels it runs at."""
 
     name: str
-    client: str  # "vllm bench serve" | "llama-benchy"
+    client: str  # "vllm bench serve" | "llama-benchy" | "aiperf" (bench --harness aiperf)
     input_len: int
     output_len: int
     depths: tuple[int, ...]
@@ -102,8 +106,8 @@ class Suite:
     def params(self) -> dict[str, Any]:
         data = asdict(self)
         data["depths"], data["concurrencies"] = list(self.depths), list(self.concurrencies)
-        if self.client == LLAMA_BENCHY:
-            data["client_version"] = LLAMA_BENCHY_VERSION
+        if self.client in CLIENT_VERSIONS:
+            data["client_version"] = CLIENT_VERSIONS[self.client]
         return data
 
     def levels(self) -> list[tuple[int, int]]:
