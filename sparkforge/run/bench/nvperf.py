@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from sparkforge.boundary import write_output
+from sparkforge.boundary import read_bytes, write_output
 from sparkforge.errors import RecipeError, RunError
 from sparkforge.recipe.yamlfile import read_yaml
 from sparkforge.report import Check, Report
@@ -145,7 +145,11 @@ def recipe_sha256(result: dict[str, Any], recipe_file: Path | None) -> str:
     """The catalog's recipe_sha256: the sha256 of the recipe file (NVIDIA's, as `invoke export` writes it) when
     there is one, else sparkforge's recipe hash of the image that ran."""
     if recipe_file is not None and recipe_file.is_file():
-        return hashlib.sha256(recipe_file.read_bytes()).hexdigest()
+        # The recipe beside the file the user named (--performance): inside that folder, at most 1 MiB.
+        raw = read_bytes(
+            recipe_file, "--performance's recipe.yaml", 1 << 20, named=False, within=[recipe_file.parent]
+        )
+        return hashlib.sha256(raw).hexdigest()
     return str(result["identity"].get("recipe_hash") or "")
 
 
