@@ -46,6 +46,7 @@ class ConformFlags:
     json: str = ""
     junit: str = ""
     health_timeout: int = Whole(1800)
+    reference_model_dir: str = ""
 
 
 CONFORM = Family.of(
@@ -62,6 +63,8 @@ CONFORM = Family.of(
     json="write the JSON report here",
     junit="write JUnit XML here",
     health_timeout="seconds to wait for /health per server start",
+    reference_model_dir="the folder the reference row's transformers reads (the same path on the head node; "
+    "default: --model-dir): e.g. the unquantized checkpoint of a quantized served model",
 )
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
@@ -115,7 +118,7 @@ def conform_options(conforming: ConformFlags, flags: LaunchFlags):
     from sparkforge.errors import RunError
     from sparkforge.run.conform.client import check_url
     from sparkforge.run.conform.session import ConformOptions, parse_checks
-    from sparkforge.run.inputs import check_positive
+    from sparkforge.run.inputs import check_host_path, check_positive
 
     selected = parse_checks(conforming.checks)
     check_output(conforming.json, "--json")
@@ -134,6 +137,8 @@ def conform_options(conforming: ConformFlags, flags: LaunchFlags):
     if conforming.attach:
         check_url(conforming.attach)
     check_positive("--health-timeout", conforming.health_timeout)
+    reference = Path(conforming.reference_model_dir).resolve() if conforming.reference_model_dir else None
+    check_host_path("--reference-model-dir", str(reference or ""))
     return ConformOptions(
         checks=selected,
         attach=conforming.attach or None,
@@ -142,6 +147,7 @@ def conform_options(conforming: ConformFlags, flags: LaunchFlags):
         explicit_golden=bool(conforming.golden),
         health_timeout_s=conforming.health_timeout,
         image_ref=flags.image or None,
+        reference_model_dir=reference,
     )
 
 

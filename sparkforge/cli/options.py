@@ -536,6 +536,7 @@ OPTION_KINDS: dict[str, Kind] = {
     "model_config": INPUT_FILE,
     "key": KEY_OR_URI,
     "model_dir": HOST_PATH,
+    "reference_model_dir": HOST_PATH,
     "cache_dir": HOST_PATH,
     "hf_token_file": HOST_PATH,
     "port": PORT,

@@ -94,6 +94,18 @@ class Speculative(BaseModel):
     min_acceptance: Annotated[float, Field(gt=0, le=1)] | None = None
 
 
+class ReferenceRule(BaseModel):
+    """The `reference` row: transformers scores the served continuation teacher-forced; every served token's
+    logprob must lie within `tolerance` nats of the reference's (run/conform/teacher.py). The default is 4 x the
+    largest delta measured between a cached decode and a teacher-forced pass on a GPU in bf16
+    (benchmarks/conform-gpu.md); a profile whose two sides compute differently (another dtype, a quantized served
+    checkpoint against its unquantized reference) states its own, measured: the row reports the deltas it saw."""
+
+    model_config = STRICT
+
+    tolerance: Annotated[float, Field(gt=0, le=20)] = 0.212
+
+
 class LongDecode(BaseModel):
     model_config = STRICT
 
@@ -131,4 +143,5 @@ class ConformSettings(BaseModel):
     known_answer: KnownAnswer | None = None
     known_answers: KnownAnswers = Field(default_factory=KnownAnswers)
     speculative: Speculative = Field(default_factory=Speculative)
+    reference: ReferenceRule = Field(default_factory=ReferenceRule)
     checks: list[Literal[CHECKS]] = Field(default_factory=lambda: list(CHECKS))  # type: ignore[valid-type]

@@ -1,5 +1,6 @@
-"""The GPU-nondeterminism rule (vLLM's check_logprobs_close) and the reference row's verdict, on decodes shaped
-as vLLM and transformers give them: top-5 {token id: logprob} per position."""
+"""The GPU-nondeterminism rule (vLLM's check_logprobs_close), which the rows comparing the server with itself use,
+on decodes shaped as vLLM gives them: top-5 {token id: logprob} per position (the reference row's teacher-forced
+rule: test_conform_teacher.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.logprobs import Decode, first_difference, judge, judge_prompt
-from sparkforge.run.conform.reference import compare, pieces_text, reference_decodes
 
 
 def _top(*pairs: tuple[int, float]) -> dict[int, float]:
@@ -68,40 +68,6 @@ def test_exact_mode_missing_logprobs_and_an_early_end_fail() -> None:
 def test_different_prompt_sets_are_refused() -> None:
     with pytest.raises(ValueError, match="different prompt sets"):
         judge([Decode((1,))], [])
-
-
-def _answer(decodes: list[tuple[list[int], list[dict[int, float]]]]) -> dict:
-    pieces = {str(i): str(i - 4) for i in range(4, 104)} | {"104": "user"}
-    return {
-        "decodes": [{"token_ids": ids, "top": [[[t, lp] for t, lp in top.items()] for top in tops]}
-                    for ids, tops in decodes],
-        "pieces": pieces, "class": "Qwen3_5MoeForConditionalGeneration", "transformers": "5.19.0",
-    }  # fmt: skip
-
-
-def test_the_reference_row_passes_within_the_rule_and_fails_outside_it_with_both_top5_lists() -> None:
-    served = [Completion((9, 10, 42), "", "length", top=(SURE, SURE, TIE_A))]
-    close = compare(served, _answer([([9, 10, 43], [SURE, SURE, TIE_B])]), 3.2)
-    assert close.status == "passed", close.reason
-    assert "0 identical" in close.reason and "diverge within the rule" in close.reason
-    wrong = compare([Completion((9, 10, 104), "", "length", top=(SURE, SURE, SURE_WRONG))],
-                    _answer([([9, 10, 42], [SURE, SURE, SURE])]), 3.2)  # fmt: skip
-    assert wrong.status == "failed" and wrong.details["position"] == 2
-    # The text around it (the reference's tokenizer pieces), both continuations and both top-5 lists.
-    assert "after '5 6'" in wrong.reason and "vLLM continues 'user' [104]" in wrong.reason
-    assert "transformers continues '38' [42]" in wrong.reason and "'user'=104 -0.01" in wrong.reason
-    assert "NOT accepted" in wrong.reason and "run after the servers stopped" in wrong.reason
-
-
-def test_a_malformed_reference_answer_is_refused() -> None:
-    from sparkforge.errors import RunError
-
-    with pytest.raises(RunError, match="for 2 prompts"):
-        reference_decodes({"decodes": []}, 2)
-    with pytest.raises(RunError, match="token ids and top-K pairs"):
-        reference_decodes({"decodes": [{"token_ids": ["x"], "top": []}]}, 1)
-    assert pieces_text({"pieces": {"1": " a", "2": "b"}})([1, 2]) == " ab"
-    assert pieces_text({"pieces": {"1": "a", "2": "b"}})([1, 2]) == "a b" and pieces_text({})([1]) is None
 
 
 def test_the_golden_identifies_weights_by_their_bytes_not_their_size(tmp_path, monkeypatch) -> None:

@@ -36,6 +36,7 @@ class ConformOptions:
     image_ref: str | None = None
     doctor: DoctorOptions | None = None  # several nodes: cluster.up's doctor before the launch
     gpu: str | None = None  # the recipe's GPU (sm_121): `invoke kernels`' prediction beside what vLLM logged
+    reference_model_dir: Path | None = None  # the reference row's weights (default: the launch's --model-dir)
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """The `reference` row: the served answers set against an implementation outside the server, Hugging Face
-transformers in the same image on the same weights (hf_reference.py, in a container of its own).
+transformers in the same image (hf_reference.py, in a container of its own) on the same weights, or on the
+folder `--reference-model-dir` names (an unquantized checkpoint beside a quantized served one; a clean copy beside
+a faulty one).
 
-Both sides decode the same token ids (the served tokenizer's), greedy, top-5 logprobs; each prompt is judged by
-vLLM's `check_logprobs_close` rule (conform/logprobs.py), and the first divergence is reported with both top-5
-lists and the text around it, accepted or not. The container runs after conform has stopped its servers: a real
-checkpoint need not fit in memory twice (on a Spark, 128 GB hold one copy of a 35B model and its KV cache);
-the report says so and how long it took.
+transformers scores every served continuation teacher-forced, and each position is judged on logprob values by
+the rule of teacher.py: a fault that changes no greedy token still moves the values. The first position outside
+the rule is reported with the text before it, both logprobs and both top-5 lists; every prompt's largest delta
+and the deltas' median, p99 and maximum are in the details (the figures a profile's tolerance comes from). The
+container runs after conform has stopped its servers: a real checkpoint need not fit in memory twice (on a Spark,
+128 GB hold one copy of a 35B model and its KV cache); the report says so and how long it took.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.conformrun import ConformRun
-from sparkforge.run.conform.logprobs import TOP_K, Decode, judge, rule_name
-from sparkforge.run.conform.served_checks import decodes, render
+from sparkforge.run.conform.logprobs import TOP_K
+from sparkforge.run.conform.served_checks import decodes, show_top, text
+from sparkforge.run.conform.teacher import Miss, Scored, judge, noise, rule_name
 from sparkforge.run.launch import MODEL_MOUNT
 from sparkforge.run.nodes import NodeEngine
 
@@ -34,7 +38,7 @@ NAMES = ("vLLM", "transformers")
 
 @dataclass(frozen=True)
 class ReferenceRun:
-    """Where and how the reference decodes: the image, the model folder on the node, GPUs or not."""
+    """Where and how the reference scores: the image, the model folder on the node, GPUs or not."""
 
     image: str
     model_dir: Path
@@ -43,10 +47,11 @@ class ReferenceRun:
 
 
 def request(
-    profile: Profile, prompt_ids: list[list[int]], served: list[Completion], max_tokens: int, gpus: bool
+    profile: Profile, prompt_ids: list[list[int]], served: list[Completion], gpus: bool
 ) -> dict[str, Any]:
-    """The script's request: the served dtype (the profile's, else the checkpoint's), the served prompt ids, and
-    the served ids whose text the report may show (the servers are stopped by then: the image's tokenizer says)."""
+    """The script's request: the served dtype (the profile's, else the checkpoint's), the served prompt ids and
+    continuations, and the ids whose text the report may show (the servers are stopped by then: the image's
+    tokenizer says)."""
     args = {k.replace("_", "-"): v for k, v in profile.model.args.items()}
     # On a CPU (the twin) float32 and one thread: bf16 matmuls are emulated on most CPUs and threads fight a busy
     # machine (benchmarks/conform.md: 43 s -> 4 s a prompt); on a GPU the served dtype.
@@ -55,7 +60,7 @@ def request(
     tokenizer = tokenizer if tokenizer.startswith(MODEL_MOUNT) else MODEL_MOUNT  # a hub id: the folder's own
     shown = sorted({t for c in served for t in (*c.token_ids, *(i for top in c.top for i in top))})
     return {"model": MODEL_MOUNT, "tokenizer": tokenizer, "dtype": dtype, "device": "cuda" if gpus else "cpu",
-            "top": TOP_K, "max_tokens": max_tokens, "prompts": prompt_ids, "pieces_of": shown,
+            "top": TOP_K, "prompts": prompt_ids, "served": [list(c.token_ids) for c in served], "pieces_of": shown,
             "threads": 0 if gpus else 1}  # fmt: skip
 
 
@@ -85,22 +90,32 @@ def run_reference(engine: NodeEngine, run: ReferenceRun, ask: dict[str, Any]) ->
     return answer
 
 
-def reference_decodes(answer: dict[str, Any], count: int) -> list[Decode]:
-    """The answer's decodes, checked in shape (ids, top-K pairs), one per prompt."""
-    found = answer.get("decodes")
-    if not isinstance(found, list) or len(found) != count:
-        raise RunError(f"the transformers reference answered {type(found).__name__} for {count} prompts")
+def reference_scores(answer: dict[str, Any], served: list[Completion]) -> list[Scored]:
+    """The answer's scores, checked in shape (a logprob and top-K pairs per served token), one per prompt."""
+    found = answer.get("scored")
+    if not isinstance(found, list) or len(found) != len(served):
+        raise RunError(
+            f"the transformers reference answered {type(found).__name__} for {len(served)} prompts"
+        )
     out = []
-    for item in found:
-        ids, top = item.get("token_ids"), item.get("top")
+    for item, completion in zip(found, served, strict=True):
+        values, top = (
+            item.get("logprob") if isinstance(item, dict) else None,
+            item.get("top") if isinstance(item, dict) else None,
+        )
         if not (
-            isinstance(ids, list)
+            isinstance(values, list)
             and isinstance(top, list)
-            and all(isinstance(i, int) for i in ids)
+            and len(values) == len(top) == len(completion.token_ids)
+            and all(isinstance(v, float | int) and not isinstance(v, bool) for v in values)
             and all(isinstance(p, list) and all(isinstance(x, list) and len(x) == 2 for x in p) for p in top)
         ):
-            raise RunError("the transformers reference's decode is not token ids and top-K pairs")
-        out.append(Decode(tuple(ids), tuple({int(t): float(lp) for t, lp in p} for p in top)))
+            raise RunError(
+                "the transformers reference's scores are not a logprob and top-K pairs per served token"
+            )
+        out.append(
+            Scored(tuple(float(v) for v in values), tuple({int(t): float(lp) for t, lp in p} for p in top))
+        )
     return out
 
 
@@ -118,32 +133,53 @@ def pieces_text(answer: dict[str, Any]) -> Callable[[Sequence[int]], str | None]
     return text_of
 
 
-def compare(served: list[Completion], answer: dict[str, Any], seconds: float) -> Check:
-    """The row: every prompt under the logprobs rule, the first divergence (accepted or not) in words."""
-    ref = reference_decodes(answer, len(served))
-    found = judge(decodes(served), ref)
+def render(miss: Miss, served: Completion, text_of: Callable[[Sequence[int]], str | None]) -> str:
+    """The first position outside the rule as a reader needs it: where, the text before it, the served token with
+    both logprobs, and both top-5 lists."""
+    pos = miss.position
+    before = text(served.token_ids[max(0, pos - 8) : pos], text_of) if pos else "(the start)"
+    mine = "none" if miss.served is None else f"{miss.served:.3f}"
+    return (
+        f"prompt {miss.prompt} fails at token {pos} after {before}: vLLM served {text([miss.token], text_of)} "
+        f"at logprob {mine}, transformers gives it {miss.reference:.3f} (vLLM's top-{TOP_K} "
+        f"{show_top(miss.served_top, text_of)}, transformers' {show_top(miss.reference_top, text_of)}): "
+        f"{miss.why}"
+    )
+
+
+def compare(served: list[Completion], answer: dict[str, Any], seconds: float, tolerance: float) -> Check:
+    """The row: every position of every prompt under the teacher-forced rule; the first miss in words."""
+    verdicts = judge(decodes(served), reference_scores(answer, served), tolerance)
     tokens = sum(len(c.token_ids) for c in served)
+    misses = [v.miss for v in verdicts if v.miss is not None]
+    ties = sum(v.near_ties for v in verdicts)
+    spread = noise(verdicts)
     details: dict[str, Any] = {
-        "prompts": len(served), "tokens": tokens, "rule": rule_name(False), "seconds": round(seconds, 1),
+        "prompts": len(served), "tokens": tokens, "rule": rule_name(tolerance), "tolerance": tolerance,
+        "seconds": round(seconds, 1), "deltas": spread, "near_ties": ties,
+        "max_delta_per_prompt": [round(v.max_delta, 4) for v in verdicts],
         "sequential": "conform stopped its servers first: the checkpoint need not fit in memory twice",
-        **{k: answer.get(k) for k in ("class", "transformers", "torch", "load_s", "generate_s")},
-        "divergences": [d.to_dict() for d in found],
+        **{k: answer.get(k) for k in ("class", "transformers", "torch", "load_s", "score_s")},
+        "misses": [m.to_dict() for m in misses],
     }  # fmt: skip
     ran = f"transformers {answer.get('transformers')} ({answer.get('class')}), run after the servers stopped, {seconds:.0f} s"
-    rejected = [d for d in found if not d.accepted]
-    if found:
-        first = rejected[0] if rejected else found[0]
-        refs = [Completion(d.token_ids, "", "", top=d.top) for d in ref]
-        shown = render(first, NAMES, served[first.prompt], refs[first.prompt], pieces_text(answer))
+    if misses:
+        first = misses[0]
         details.update({"prompt": first.prompt, "position": first.position})
-    if rejected:
-        return Check("reference", "failed", f"{shown} ({ran})", details)
-    identical = len(served) - len(found)
-    within = f"; {len(found)} diverge within the rule, first: {shown}" if found else ""
+        shown = render(first, served[first.prompt], pieces_text(answer))
+        return Check(
+            "reference",
+            "failed",
+            f"{shown}; {len(misses)} of {len(served)} prompts outside the rule ({ran})",
+            details,
+        )
+    largest = spread.get("max", 0.0)
+    within = f", {ties} near ties accepted" if ties else ""
     return Check(
         "reference",
         "passed",
-        f"{len(served)} prompts, {identical} identical to transformers, {tokens} tokens ({ran}){within}",
+        f"{len(served)} prompts, {tokens} tokens scored by transformers teacher-forced, the largest logprob delta "
+        f"{largest} nats (tolerance {tolerance:g}){within} ({ran})",
         details,
     )
 
@@ -154,13 +190,13 @@ def reference_row(
     profile: Profile,
     served: list[Completion],
     prompt_ids: list[list[int]],
-    max_tokens: int,
+    tolerance: float,
 ) -> Check:
     """Run the reference and judge it; a reference that cannot run is this row's failure, named."""
     start = time.monotonic()
     try:
-        answer = run_reference(engine, run, request(profile, prompt_ids, served, max_tokens, run.gpus))
-        row = compare(served, answer, time.monotonic() - start)
+        answer = run_reference(engine, run, request(profile, prompt_ids, served, run.gpus))
+        row = compare(served, answer, time.monotonic() - start, tolerance)
     except RunError as exc:
         row = Check("reference", "failed", f"the transformers reference did not run: {str(exc)[:800]}")
     row.duration_s = time.monotonic() - start
@@ -169,7 +205,7 @@ def reference_row(
 
 def reference_conform_row(run: ConformRun) -> None:
     """The registry's `reference` row (run/conform/rows.py): after the other rows, conform's servers are stopped
-    (one copy of the weights in memory), then transformers decodes the served prompt ids and is judged."""
+    (one copy of the weights in memory), then transformers scores the served continuations and is judged."""
     options, launch = run.options, run.options.launch
     why = ""
     if options.attach or launch is None:
@@ -177,22 +213,32 @@ def reference_conform_row(run: ConformRun) -> None:
             "--attach: conform did not start the server, so it cannot free its memory for the reference; fix: run "
             "conform without --attach (with --model-dir)"
         )
-    elif launch.model_dir is None:
-        why = "the reference reads the weights from --model-dir; fix: pass --model-dir (the checkpoint's folder)"
+    elif launch.model_dir is None and options.reference_model_dir is None:
+        why = (
+            "the reference reads the weights from --model-dir or --reference-model-dir; fix: pass --model-dir "
+            "(the checkpoint's folder)"
+        )
     elif not run.inputs.get("prompt_ids"):
         why = "the served prompts were not tokenized"
-    if why or launch is None or launch.model_dir is None:
+    weights = options.reference_model_dir or (launch.model_dir if launch else None)
+    if why or launch is None or weights is None:
         run.report.add(Check("reference", "skipped", why))
         run.echo(f"  reference: skipped: {why}")
         return
     run.servers.keep_failed_logs(run.engines, run.profile, run.report)
     run.servers.stop(run.engines, run.profile)
     run.echo(
-        "conform: the transformers reference (the servers are stopped: one copy of the weights in memory) ..."
+        f"conform: the transformers reference on {weights} (the servers are stopped: one copy of the weights in "
+        "memory) ..."
     )
-    where = ReferenceRun(launch.image, launch.model_dir, launch.gpus)
+    where = ReferenceRun(launch.image, weights, launch.gpus)
     row = reference_row(
-        run.engines[0], where, run.profile, run.reference, run.inputs["prompt_ids"], run.settings.max_tokens
+        run.engines[0],
+        where,
+        run.profile,
+        run.reference,
+        run.inputs["prompt_ids"],
+        run.settings.reference.tolerance,
     )
     run.report.add(row)
     run.echo(f"  reference: {row.status} ({row.duration_s:.1f} s) {row.reason[:600]}")

@@ -118,9 +118,9 @@ def render(
     """A divergence as a reader needs it: where, the text before it, each side's continuation and top-5 lists
     (`text_of`: ids to text, None when unknown)."""
     pos = found.position
-    before = _text(left.token_ids[max(0, pos - 8) : pos], text_of) if pos else "(the start)"
-    sides = [_text(c.token_ids[pos : pos + 8], text_of) for c in (left, right)]
-    tops = [_show_top(top, text_of) for top in (found.left_top, found.right_top)]
+    before = text(left.token_ids[max(0, pos - 8) : pos], text_of) if pos else "(the start)"
+    sides = [text(c.token_ids[pos : pos + 8], text_of) for c in (left, right)]
+    tops = [show_top(top, text_of) for top in (found.left_top, found.right_top)]
     verdict = "accepted" if found.accepted else "NOT accepted"
     return (
         f"prompt {found.prompt} diverges at token {pos} after {before}: {names[0]} continues {sides[0]} "
@@ -128,14 +128,16 @@ def render(
     )
 
 
-def _text(ids: Sequence[int], text_of: Callable[[Sequence[int]], str | None]) -> str:
+def text(ids: Sequence[int], text_of: Callable[[Sequence[int]], str | None]) -> str:
+    """Ids as the report shows them: their text (when known) and the ids."""
     if not ids:
         return "(nothing: it ended)"
-    text = text_of(list(ids))
-    return f"{text!r} {list(ids)}" if text is not None else str(list(ids))
+    shown = text_of(list(ids))
+    return f"{shown!r} {list(ids)}" if shown is not None else str(list(ids))
 
 
-def _show_top(top, text_of: Callable[[Sequence[int]], str | None]) -> str:
+def show_top(top, text_of: Callable[[Sequence[int]], str | None]) -> str:
+    """A top-k {id: logprob} as the report shows it, most likely first."""
     if not top:
         return "none"
     ranked = sorted(top.items(), key=lambda kv: -kv[1])
