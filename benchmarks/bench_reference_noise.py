@@ -1,9 +1,10 @@
 """The `reference` rule's floor: how much weight noise it sees (benchmarks/conform.md, "The reference row's floor").
 
 The trained tiny model (tests/engine/tiny_trained_qwen35moe.py, cached by the engine tests) is copied with every
-floating-point tensor multiplied by (1 + s * N(0, 1)) for each noise level s; conform's own reference decode
-(sparkforge/run/conform/hf_reference.py, in the CPU twin) runs on the clean and on each noisy copy with conform's
-prompt set of the twin profile, and conform/logprobs.py judges clean vs noisy exactly as the `reference` row
+floating-point tensor multiplied by (1 + s * N(0, 1)) for each noise level s; conform's own reference script
+(sparkforge/run/conform/hf_reference.py, in the CPU twin) scores the clean model's continuation of conform's
+prompt set of the twin profile (the progression it was trained on, which its greedy decode is) teacher-forced on
+the clean and on each noisy copy, and conform/teacher.py judges clean vs noisy exactly as the `reference` row
 judges vLLM vs transformers. Prints one JSON line per level.
 
 Usage: python3 benchmarks/bench_reference_noise.py TWIN_IMAGE MODEL_DIR [LEVELS, e.g. 0.01,0.03,0.1]
@@ -18,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkforge.run.conform.logprobs import first_difference, judge
-from sparkforge.run.conform.reference import ReferenceRun, reference_decodes, run_reference
+from sparkforge.run.conform.client import Completion
+from sparkforge.run.conform.logprobs import Decode
+from sparkforge.run.conform.reference import ReferenceRun, reference_scores, run_reference
+from sparkforge.run.conform.teacher import DEFAULT_TOLERANCE, judge, noise
 from sparkforge.run.launch import MODEL_MOUNT
 from sparkforge.run.nodes import LOCAL, NodeEngine
 
@@ -50,6 +53,15 @@ def prompt_ids() -> list[list[int]]:
     return [[int(w) + 4 for w in words] for words in texts]
 
 
+def continuations(count: int = 48) -> list[list[int]]:
+    """What the trained model answers each prompt greedily: the progression of its last two numbers, mod 100."""
+    out = []
+    for ids in prompt_ids():
+        a, b = ids[-2] - 4, ids[-1] - 4
+        out.append([(b + (b - a) * (k + 1)) % 100 + 4 for k in range(count)])
+    return out
+
+
 def noisy_copy(engine: NodeEngine, image: str, model: Path, level: float, into: Path) -> None:
     for item in model.iterdir():  # copies (a link would point outside the container's mount)
         if item.is_dir():
@@ -61,36 +73,36 @@ def noisy_copy(engine: NodeEngine, image: str, model: Path, level: float, into: 
                 timeout=600)  # fmt: skip
 
 
-def decode(engine: NodeEngine, image: str, model: Path) -> tuple[list, float]:
+def score(engine: NodeEngine, image: str, model: Path) -> tuple[list, float]:
+    served = continuations()
     ask = {"model": MODEL_MOUNT, "tokenizer": f"{MODEL_MOUNT}/tokenizer", "dtype": "float32", "device": "cpu",
-           "top": 5, "max_tokens": 48, "prompts": prompt_ids(), "pieces_of": [], "threads": 1}  # fmt: skip
+           "top": 5, "prompts": prompt_ids(), "served": served, "pieces_of": [], "threads": 1}  # fmt: skip
     start = time.monotonic()
     answer = run_reference(engine, ReferenceRun(image, model, gpus=False), ask)
-    return reference_decodes(answer, len(ask["prompts"])), time.monotonic() - start
+    completions = [Completion(tuple(ids), "", "length") for ids in served]
+    return reference_scores(answer, completions), time.monotonic() - start
 
 
 def main(image: str, model: Path, levels: list[float]) -> None:
     engine = NodeEngine(LOCAL)
-    clean, seconds = decode(engine, image, model)
+    clean, seconds = score(engine, image, model)
+    # The clean scores as the served side (its values of its own tokens and its top-5), the noisy copy as the
+    # reference: the row's rule, unchanged.
+    served = [
+        Decode(tuple(ids), tuple({**top, t: lp} for t, lp, top in zip(ids, s.logprob, s.top, strict=True)))
+        for ids, s in zip(continuations(), clean, strict=True)
+    ]
     print(json.dumps({"level": 0.0, "seconds": round(seconds, 1)}), flush=True)
     for level in levels:
         with tempfile.TemporaryDirectory(prefix="noisy-model-", dir=model.parent) as tmp:
             noisy_copy(engine, image, model.resolve(), level, Path(tmp))
-            noisy, seconds = decode(engine, image, Path(tmp))
-        found = judge(clean, noisy)
-        # What the rule does not look at while the tokens agree: how far the chosen token's logprob moved.
-        shifts = []
-        for a, b in zip(clean, noisy, strict=True):
-            same = first_difference(a.token_ids, b.token_ids)
-            for i, t in enumerate(a.token_ids[: len(a.token_ids) if same is None else same]):
-                shifts.append(abs(a.top[i][t] - b.top[i][t]))  # t leads both lists where the ids agree
+            noisy, seconds = score(engine, image, Path(tmp))
+        verdicts = judge(served, noisy, DEFAULT_TOLERANCE)
+        misses = [v.miss for v in verdicts if v.miss is not None]
         print(json.dumps({
-            "level": level, "seconds": round(seconds, 1),
-            "identical": len(clean) - len(found), "accepted": sum(d.accepted for d in found),
-            "rejected": sum(not d.accepted for d in found),
-            "top1_logprob_shift_max": round(max(shifts, default=0.0), 4),
-            "top1_logprob_shift_mean": round(sum(shifts) / max(len(shifts), 1), 5),
-            "first": [d.to_dict() for d in found[:3]],
+            "level": level, "seconds": round(seconds, 1), "tolerance": DEFAULT_TOLERANCE,
+            "prompts_failing": len(misses), "of": len(verdicts), "deltas": noise(verdicts),
+            "first": [m.to_dict() for m in misses[:2]],
         }), flush=True)  # fmt: skip
 
 

@@ -6,12 +6,14 @@ The four-layer trained model (L F L F) splits over three stages as 1/2/1, two of
 vLLM then fails after loading (seen for real, benchmarks/cluster-three.md): sparkforge refuses it before anything
 starts. Padded with two layers that compute nothing (tests/engine/tiny_padded.py: L F L F L F), the doctor passes
 (topology: switch), every rank loads its part (their logs say so), the head answers all 16 numbers of the
-progression right through the three stages, and cluster.down leaves nothing. (conform's rows over the same
-three nodes: an engine-core failure under vLLM 0.32's CPU build, benchmarks/cluster-three.md.)"""
+progression right through the three stages, and cluster.down leaves nothing. Then `invoke conform --nodes A,B,C`
+over the same three ranks: conform's 120 known answers as chats and a 256-token decode exact to the last token,
+through all three stages, and nothing left running."""
 
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 from cluster import PREFIX, TestCluster
 from cluster_real_fixtures import twin_cluster
+from conform_fixtures import conform
 from real_fixtures import REAL_TIMINGS, TWIN_RECIPE, TWIN_REF, cpu_twin, trained_model  # noqa: F401
 from test_cluster_real import LOADED
 from test_serve_real import invoke
@@ -29,9 +32,10 @@ from sparkforge.recipe.loader import REPO_ROOT
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.slow(
-        cost_s=660,
+        cost_s=960,
         rank=40,
-        reason="the twin streamed into three namespaced nodes (186 s), PP=3 serving (235 s), teardown (204 s)",
+        reason="the twin streamed into three namespaced nodes (186 s), PP=3 serving (235 s), teardown (204 s), "
+        "conform's known answers and long decode over the three (~300 s)",
     ),
 ]
 PROFILE = "cpu-tiny-qwen35moe-pp3"
@@ -92,3 +96,28 @@ def test_cluster_up_serves_pipeline_parallel_three_with_every_rank_holding_part_
     assert down == 0 and "removed 1 container(s)" in text
     assert {n.name: n.containers() for n in trio.nodes} == {n.name: [] for n in trio.nodes}
     print(f"real cluster timings: {REAL_TIMINGS}")
+
+
+def test_conform_known_answers_and_the_long_decode_hold_on_pipeline_parallel_three(
+    trio: TestCluster, trained_model: Path, tmp_path: Path
+) -> None:
+    report = tmp_path / "pp3.json"
+    code, out, seconds = conform(
+        PROFILE_PATH, "--image", TWIN_REF, "--nodes", ",".join(n.url for n in trio.nodes), "--interface", "fabric0",
+        "--gpus", "none", "--model-dir", str(pad(trained_model, tmp_path / "padded")), "--cache-dir",
+        str(tmp_path / "cache"), "--port", "18473", "--master-port", "29513", "--ulimit", "nofile=16384",
+        "--health-timeout", "1200", "--json", str(report),
+    )  # fmt: skip
+    REAL_TIMINGS["conform_pp3_s"] = round(seconds, 1)
+    doc = json.loads(report.read_text()) if report.is_file() else {}
+    rows = {c["name"]: c for c in doc.get("checks", [])}
+    print(
+        json.dumps({n: (r["status"], round(r["duration_s"], 1), r["reason"][:300]) for n, r in rows.items()})
+    )
+    assert code == 0, out[-5000:]
+    assert [s["config"] for s in doc["servers"]] == ["as profiled, 3 nodes"]
+    answers = rows["known-answers"]
+    assert answers["status"] == "passed" and "120/120 right" in answers["reason"], answers["reason"]
+    long = rows["long-decode"]["details"]
+    assert rows["long-decode"]["status"] == "passed" and long["right"] == long["answer_tokens"] == 256, long
+    assert {n.name: n.containers() for n in trio.nodes} == {n.name: [] for n in trio.nodes}

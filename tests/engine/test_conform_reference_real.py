@@ -1,14 +1,16 @@
 """The `reference` row for real: vLLM's CPU platform in the twin against Hugging Face transformers of the same
 image on the same trained tiny Qwen3.5-MoE (hf_reference.py in a container of its own, after conform stopped its
-servers), judged by vLLM's check_logprobs_close rule.
+servers), which scores every served continuation teacher-forced, judged on logprob values (run/conform/teacher.py).
 
 - Clean: the session's clean conform run (conform_fixtures.clean_conform, no extra server start) passes
-  `reference`, every prompt identical to transformers, and carries what vLLM logged it selected at start.
+  `reference`, every position within the tolerance (measured: at most 1e-4 nats), and carries what vLLM logged it
+  selected at start.
 - A fault identical in every mode, planted INSIDE the real vLLM (tests/engine/planted_faults.py's CorruptAfter,
   loaded by vLLM's own --logits-processors: every greedy decode says "user" from token 40 on): streaming,
   concurrency, prefix caching and determinism cannot see it (they compare the server with itself; determinism
   runs here and passes); `reference` fails, naming prompt 0, token 40, the text before it, both continuations
   and both top-5 lists. One server start.
+(Faults inside the model: test_conform_model_faults_real.py.)
 """
 
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
@@ -40,7 +42,7 @@ def _rows(doc: dict) -> dict[str, dict]:
 @pytest.mark.slow(
     cost_s=450, rank=2, reason="the clean conform run and the reference container (406 s), if not made"
 )
-def test_reference_passes_on_the_trained_model_identical_to_transformers(
+def test_reference_passes_on_the_trained_model_within_the_tolerance(
     clean_conform: tuple[dict, Path],
 ) -> None:
     doc, _ = clean_conform
@@ -49,9 +51,11 @@ def test_reference_passes_on_the_trained_model_identical_to_transformers(
     assert row["status"] == "passed", row["reason"]
     details = row["details"]
     assert details["class"] == "Qwen3_5MoeForConditionalGeneration" and details["transformers"] == "5.19.0"
-    # 6 prompts of 48 tokens and the 2000-word prompt's 48: every one identical to transformers' greedy decode.
-    assert details["prompts"] == 7 and details["tokens"] == 7 * 48 and details["divergences"] == []
-    assert "7 identical to transformers" in row["reason"] and "after the servers stopped" in row["reason"]
+    # 6 prompts of 48 tokens and the 2000-word prompt's 48: every position scored, none outside the rule (the CPU's
+    # own noise between vLLM's bf16 decode and transformers' float32 pass: 1e-4 nats measured, benchmarks/conform.md).
+    assert details["prompts"] == 7 and details["tokens"] == 7 * 48 and details["misses"] == []
+    assert details["deltas"]["positions"] == 7 * 48 and details["deltas"]["max"] <= 0.01, details["deltas"]
+    assert "teacher-forced" in row["reason"] and "after the servers stopped" in row["reason"]
     assert "need not fit in memory twice" in details["sequential"]
     REAL_TIMINGS["conform_reference_s"] = round(row["duration_s"], 1)
     # Which kernels produced the answers: what vLLM logged at start, beside the prediction (none on a CPU recipe).
@@ -104,9 +108,9 @@ def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
     row = rows["reference"]
     assert row["status"] == "failed" and row["details"]["position"] == 40, row["reason"]
     reason = row["reason"]
-    # The first divergence: where, the text before it, both continuations, both top-5 lists, the rule's verdict.
-    # Prompt "0 1" continues 2 3 4 ...: token k is the number k + 2 (its id: the number + 4).
+    # The first position outside the rule: where, the text before it, the served token with both logprobs, both
+    # top-5 lists. Prompt "0 1" continues 2 3 4 ...: token k is the number k + 2 (its id: the number + 4).
     before = " ".join(str(k + 2) for k in range(32, 40))
-    assert reason.startswith(f"prompt 0 diverges at token 40 after '{before}'"), reason
-    assert "vLLM continues 'user user" in reason and "transformers continues '42 43" in reason, reason
-    assert "NOT accepted: 104 not in the right's top-5" in reason and "'42'=46" in reason, reason
+    assert reason.startswith(f"prompt 0 fails at token 40 after '{before}'"), reason
+    assert "vLLM served 'user' [104]" in reason and "transformers' ['42'=46" in reason, reason
+    assert "logprobs differ by" in reason and "7 of 7 prompts outside the rule" in reason, reason

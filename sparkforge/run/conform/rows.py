@@ -87,9 +87,11 @@ ROWS: Registry[Row] = Registry(
         ),
         Entry(
             "reference",
-            "the served answers against Hugging Face transformers of the same image on the same "
-            "weights (top-5 logprobs, vLLM's check_logprobs_close rule), after the servers stop",
+            "every served token scored by Hugging Face transformers of the same image, teacher-forced, on the "
+            "same weights or --reference-model-dir: the served token's and both top-5 lists' logprobs within the "
+            "tolerance, after the servers stop",
             reference_conform_row,
+            key="conform.reference.tolerance",
         ),
     ],
     RunError,
