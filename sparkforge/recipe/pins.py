@@ -86,7 +86,11 @@ def reached(args: Mapping[str, object], model: str = "") -> list[Reach]:
         if flag in WHOLE and is_hub_id(value):
             out.append(Reach(flag, str(value), WHOLE[flag]))
         elif flag == "lora-modules":
-            out += [Reach(f"lora-modules.{n}", p, f"the LoRA adapter {n}") for n, p in lora_items(value) if is_hub_id(p)]
+            out += [
+                Reach(f"lora-modules.{n}", p, f"the LoRA adapter {n}")
+                for n, p in lora_items(value)
+                if is_hub_id(p)
+            ]
         elif flag in ("speculative-config", "speculative-config.model"):
             parsed = _json(value) if flag == "speculative-config" else value
             drafter = parsed.get("model") if isinstance(parsed, dict) else parsed if "." in flag else None

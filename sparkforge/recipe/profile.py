@@ -28,6 +28,7 @@ from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.allowlist import Verdict, blocked, opt_in_warnings, owner_only, verdicts
 from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
+from sparkforge.recipe.pins import HEX40, HUB_ID, PIN_FIX, pin_problems, snapshot_value
 from sparkforge.recipe.serveargs import (
     MODEL,
     RESERVED_FLAGS,
@@ -38,7 +39,6 @@ from sparkforge.recipe.serveargs import (
     is_secret_value,
     norm_flag,
 )
-from sparkforge.recipe.pins import HEX40, HUB_ID, PIN_FIX, pin_problems, snapshot_value
 from sparkforge.recipe.values import model_finding
 
 PROFILES_DIR = REPO_ROOT / "profiles"

@@ -407,7 +407,9 @@ def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]
             return []  # Hub repositories (pinned by the profile's repositories:) or the owner's /models folders
         why = REPOSITORY_FLAGS[flag]
         if any(model_finding(str(p)) for p in off):
-            why = f"{str(off[0])[:80]}: a URI the loader fetches from elsewhere, where no commit pins anything"
+            why = (
+                f"{str(off[0])[:80]}: a URI the loader fetches from elsewhere, where no commit pins anything"
+            )
         return [Finding(flag, "refused", why)]
     pattern = PATH_FLAGS.get(flag)
     if flag.split(".", 1)[0] in vllmvalues.FLAGS:

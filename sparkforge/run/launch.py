@@ -276,7 +276,13 @@ def plan_launch(
             env.update(
                 {"RAY_NODE_IP_ADDRESS": addresses[rank], "RAY_OVERRIDE_NODE_IP_ADDRESS": addresses[rank]}
             )
-        serve = ["serve", model, *profile.serve_args(HUB_CACHE), *_revision_args(profile, options), *model_extra]
+        serve = [
+            "serve",
+            model,
+            *profile.serve_args(HUB_CACHE),
+            *_revision_args(profile, options),
+            *model_extra,
+        ]
         serve += ["--trust-remote-code"] if options.trust_remote_code else []
         exec_argv: tuple[str, ...] = ()
         if options.backend == "mp":

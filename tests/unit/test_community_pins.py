@@ -68,7 +68,10 @@ def test_an_unpinned_repository_is_written_waiting_for_its_commit_and_refused_un
     tail, repo, entry = KINDS[kind]
     imported, out = _import(_recipe(tmp_path, fmt, tail), tmp_path / "p.yaml")
     named = [str(a) for a in imported.refused]
-    assert any(f" {entry}: {repo} " in n and "refused until pinned" in n and "fix: write its full" in n for n in named)
+    assert any(
+        f" {entry}: {repo} " in n and "refused until pinned" in n and "fix: write its full" in n
+        for n in named
+    )
     profile = load_profile(out)
     assert profile.model.repositories == {repo: None}
     with pytest.raises(RunError, match=f"{repo} .*has no pinned commit.*fix: write its full 40-hex commit"):
@@ -98,11 +101,15 @@ def test_a_branch_tag_pr_or_short_commit_is_refused(fmt: str, ref: str, tmp_path
     # In the recipe: --tokenizer-revision beside a tokenizer of its own; no opt-in lets it through.
     src = _recipe(tmp_path, fmt, f"--tokenizer evil/tok --tokenizer-revision {ref}")
     imported, out = _import(src, tmp_path / "p.yaml")
-    assert any(" --tokenizer-revision: refused: " in str(a) and "no opt-in" in str(a) for a in imported.refused)
+    assert any(
+        " --tokenizer-revision: refused: " in str(a) and "no opt-in" in str(a) for a in imported.refused
+    )
     assert ref not in "\n".join(line for line in out.read_text().splitlines() if not line.startswith("#"))
     # In the profile: the commit a repository is pinned to.
     out.write_text(out.read_text().replace("evil/tok: null", f"evil/tok: {ref}"))
-    with pytest.raises(ProfileError, match=r"repositories: evil/tok: .* is a branch, tag or PR ref.*fix: write"):
+    with pytest.raises(
+        ProfileError, match=r"repositories: evil/tok: .* is a branch, tag or PR ref.*fix: write"
+    ):
         load_profile(out)
 
 
@@ -113,7 +120,9 @@ def test_a_full_commit_in_the_recipe_pins_its_tokenizer(fmt: str, tmp_path: Path
     assert not imported.refused
     profile = load_profile(out)
     assert profile.model.repositories == {"evil/tok": COMMIT}
-    assert profile.model.args["tokenizer-revision"] == MODEL_PIN  # derived from the model's pin, not the recipe
+    assert (
+        profile.model.args["tokenizer-revision"] == MODEL_PIN
+    )  # derived from the model's pin, not the recipe
     check_model_pin(profile, _options())
 
 
@@ -126,7 +135,9 @@ def test_a_full_commit_in_the_recipe_pins_its_tokenizer(fmt: str, tmp_path: Path
 def test_a_non_hub_uri_or_a_path_is_refused(fmt: str, tail: str, tmp_path: Path) -> None:
     imported, out = _import(_recipe(tmp_path, fmt, tail), tmp_path / "p.yaml")
     flag = shlex.split(tail)[-2]
-    assert any(f" {flag}: refused: " in str(a) and "fix: " in str(a) for a in imported.refused), imported.refused
+    assert any(f" {flag}: refused: " in str(a) and "fix: " in str(a) for a in imported.refused), (
+        imported.refused
+    )
     profile = load_profile(out)
     assert flag.lstrip("-") not in profile.model.args and not profile.model.repositories
     if "://" in tail:  # a URI names the fetch as such
@@ -138,7 +149,7 @@ def test_auto_map_code_in_another_repository_is_refused(fmt: str, tmp_path: Path
     tail = '--hf-overrides \'{"auto_map": {"AutoConfig": "evil/code--cfg.Config"}}\''
     imported, out = _import(_recipe(tmp_path, fmt, tail), tmp_path / "p.yaml")
     assert any(" --hf-overrides.auto_map: refused: " in str(a) for a in imported.refused)
-    assert "evil/code" not in "\n".join(l for l in out.read_text().splitlines() if not l.startswith("#"))
+    assert "evil/code" not in "\n".join(x for x in out.read_text().splitlines() if not x.startswith("#"))
     # Written by hand with an opt-in: still refused, no pin can hold it.
     out.write_text(
         f"description: d\nmodel: q/m\nargs:\n  revision: {MODEL_PIN}\n"
@@ -154,10 +165,14 @@ def test_a_profile_lists_exactly_the_repositories_its_args_reach(tmp_path: Path)
     path.write_text(f"description: d\nmodel: q/m\nargs:\n  revision: {MODEL_PIN}\n  tokenizer: evil/tok\n")
     with pytest.raises(ProfileError, match=r"args\.tokenizer: reaches evil/tok .*does not list; fix: write"):
         load_profile(path)
-    path.write_text(f"description: d\nmodel: q/m\nargs:\n  revision: {MODEL_PIN}\nrepositories:\n  evil/tok: {COMMIT}\n")
+    path.write_text(
+        f"description: d\nmodel: q/m\nargs:\n  revision: {MODEL_PIN}\nrepositories:\n  evil/tok: {COMMIT}\n"
+    )
     with pytest.raises(ProfileError, match="evil/tok: no arg reaches it; fix: remove the entry"):
         load_profile(path)
-    path.write_text(f"description: d\nmodel: q/m\nargs:\n  tokenizer: evil/tok\nrepositories:\n  s3://b/t: {COMMIT}\n")
+    path.write_text(
+        f"description: d\nmodel: q/m\nargs:\n  tokenizer: evil/tok\nrepositories:\n  s3://b/t: {COMMIT}\n"
+    )
     with pytest.raises(ProfileError, match="is not a Hugging Face repository id"):
         load_profile(path)
     # The model itself is pinned by args.revision: naming it as its own tokenizer needs no entry.

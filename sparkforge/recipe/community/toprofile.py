@@ -35,9 +35,9 @@ from sparkforge.recipe.community.vllmargv import (
     parse_serve,
     split_command,
 )
+from sparkforge.recipe.pins import PIN_FIX, reached
 from sparkforge.recipe.profile import FILE_FLAGS, PROFILE_NAME, file_refusal, load_profile, names_a_file
 from sparkforge.recipe.serveargs import check_env, check_flag, check_value, norm_flag
-from sparkforge.recipe.pins import PIN_FIX, reached
 from sparkforge.recipe.values import HEX40, model_finding
 
 SPARKFORGE_HOST = "0.0.0.0"

@@ -186,7 +186,9 @@ def fetch_weights(
         start = time.monotonic()
         for repo, _ in fetched(profile, options):  # the model's folder, then each pinned repository's
             folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{repo.replace('/', '--')}"
-            share_weights(session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder))
+            share_weights(
+                session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder)
+            )
         for peer in peers:
             done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
