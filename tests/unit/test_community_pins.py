@@ -185,3 +185,25 @@ def test_a_profile_lists_exactly_the_repositories_its_args_reach(tmp_path: Path)
     )
     with pytest.raises(RunError, match="--weights skip"):
         check_model_pin(load_profile(path), _options(weights="skip"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_carries_the_pins_and_imports_back_with_the_tokenizers(fmt: str, tmp_path: Path) -> None:
+    from sparkforge.recipe.loader import REPO_ROOT, load_recipe
+    from sparkforge.registry.realize import export_community
+
+    drafter = '{"method": "draft_model", "model": "evil/draft", "num_speculative_tokens": 2}'
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        f"description: d\nmodel: q/m\nargs:\n  revision: {MODEL_PIN}\n  tokenizer: evil/tok\n"
+        f"  speculative-config: '{drafter}'\nrepositories:\n  evil/tok: {COMMIT}\n  evil/draft: {MODEL_PIN}\n"
+    )
+    recipe = load_recipe(str(REPO_ROOT / "tests" / "recipes" / "ci-wheels-amd64.yaml"))
+    text = export_community(load_profile(path), recipe, fmt, "img:1")  # imports it back, or raises
+    assert f"# pinned: evil/tok at {COMMIT}" in text and f"# pinned: evil/draft at {MODEL_PIN}" in text
+    out = tmp_path / f"{fmt}-back.yaml"
+    out.write_text(text)
+    imported, written = _import(out, tmp_path / "back.yaml")
+    # The tokenizer's pin travels in --tokenizer-revision; the drafter's waits for its commit (named, refused).
+    assert load_profile(written).model.repositories == {"evil/tok": COMMIT, "evil/draft": None}
+    assert [a for a in imported.refused if "evil/draft" in str(a)]

@@ -295,6 +295,58 @@ def test_unproven_clients_cannot_take_the_slots_nor_drip_forever(tmp_path: Path)
     assert "Traceback" not in err, err
 
 
+def test_a_flood_from_many_addresses_cannot_starve_the_owners_puller(tmp_path: Path) -> None:
+    # 24 addresses (more than MAX_UNPROVEN / PER_ADDRESS = 16) each keep PER_ADDRESS dripping connections open,
+    # reconnecting as soon as one is cut: every unproven slot is taken the whole time, by the server's defaults.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    data = _model(src)
+    server = Server(src, tmp_path / "m")
+    stop = threading.Event()
+    opened, refused = [0], [0]
+
+    def flood(source: str) -> None:
+        while not stop.is_set():
+            try:
+                sock = socket.create_connection((HEAD, server.port), timeout=5, source_address=(source, 0))
+            except OSError:
+                continue
+            opened[0] += 1
+            try:
+                while not stop.is_set():
+                    sock.sendall(b"G")
+                    if sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                        refused[0] += 1  # answered (503 or 408): the server let it go
+                        break
+                    time.sleep(0.1)
+            except BlockingIOError:
+                time.sleep(0.1)
+                continue
+            except OSError:
+                pass
+            finally:
+                sock.close()
+
+    attackers = [
+        threading.Thread(target=flood, args=(f"127.0.0.{10 + i % 24}",), daemon=True) for i in range(24 * 4)
+    ]
+    try:
+        for thread in attackers:
+            thread.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        code, events, err = _pull(server.base, dst, server.digest, env={"SPARKFORGE_DEADLINE_S": "30"})
+        wall = time.monotonic() - start
+        print(f"pull under a flood from 24 addresses: {wall:.1f} s; {opened[0]} flood connections opened")
+        assert code == 0, (events[-1:], err)
+        assert (dst / "blobs" / "w0").read_bytes() == data and wall < 15
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(5)
+        err = server.stop()
+    assert "Traceback" not in err, err
+
+
 class _Head(http.server.BaseHTTPRequestHandler):
     """A server at another address. `key` None: a spoofer that does not hold the run's key (it answers /hello
     with a made-up proof, or relays it to the real head when `relay` is set). With `key`: a hostile head that

@@ -342,8 +342,8 @@ def import_recipe(
     tokenizer, given = args.get("tokenizer"), args.get("tokenizer-revision")
     if tokenizer in repositories and isinstance(given, str) and HEX40.fullmatch(given):
         repositories[str(tokenizer)] = given
-        args.pop("tokenizer-revision")
-        kept = [o for o in kept if o.flag != "tokenizer-revision"]
+        # The model's pin in its place (serve passes the tokenizer's snapshot folder, which the pin names).
+        args["tokenizer-revision"] = pin if isinstance(pin, str) else args.pop("tokenizer-revision")
     for flag in ("revision", "tokenizer-revision", "code-revision"):
         given = args.get(flag)
         if given is not None and given != pin:

@@ -13,8 +13,11 @@ cached beside the HF cache; its sha256 printed as a JSON event that sparkforge r
 channel (the engine's logs); the document itself served to a proven peer at `/manifest`. It serves only the
 manifest's regular files, opened without following links; strict paths and Range headers (4xx, never a
 traceback); the request head must arrive whole within HEAD_S of the connect (a dripping client is cut off); a
-client address not yet proven holds at most PER_ADDRESS connections (and all of them MAX_UNPROVEN), so unproven
-clients never take the slots of the proven peers (MAX_CLIENTS transfers).
+client address not yet proven holds at most PER_ADDRESS connections, so unproven clients never take the slots of
+the proven peers (MAX_CLIENTS transfers). All unproven connections together hold at most MAX_UNPROVEN: when a new
+one would pass it, the oldest waiting connection of the address holding the most is cut, never the newcomer
+refused. A flood from any number of addresses then cannot starve the owner's puller, which sends its request
+the moment it connects and holds one connection: the flood's own connections are cut first.
 
 The puller: proves the head, fetches the manifest and checks it against the sha256 sparkforge passed (64 hex
 characters on its command line, whatever the model's file count), validates every entry (relative paths inside
@@ -80,7 +83,8 @@ document = json.dumps([{k: v for k, v in e.items() if k != "mtime_ns"} for e in 
 def mac(*parts):
     return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
 lock = threading.Lock()
-unproven, proven, known, last_seq = {}, [0], set(), {}
+# pending: connection id -> [address, socket, cut]: unproven connections whose request is awaited.
+pending, proven, known, last_seq, ids = {}, [0], set(), {}, [0]
 RANGE = re.compile(r"bytes=([0-9]{1,15})-")
 AUTH = re.compile(r"([0-9a-f]{64}) ([0-9]{1,15}) ([0-9a-f]{64})")
 NONCE = re.compile(r"[0-9a-f]{64}")
@@ -155,7 +159,23 @@ def send_file(sock, rel, headers):
         sock.sendall(f"HTTP/1.0 {206 if start else 200} OK\r\nContent-Length: {left}\r\nConnection: close\r\n\r\n".encode())
         while left > 0 and (chunk := handle.read(min(1 << 22, left))):
             sock.sendall(chunk); left -= len(chunk)
-def handle(sock, address):
+def waiting(address=None):
+    return sum(1 for a, _, cut in pending.values() if not cut and address in (None, a))
+def make_room():
+    # The oldest waiting connection of the address holding the most is cut (lock held): a flood of many
+    # addresses loses its own connections first; a peer that sent its request at once is not kept out.
+    counts = {}
+    for a, _, cut in pending.values():
+        if not cut:
+            counts[a] = counts.get(a, 0) + 1
+    most = max(counts.values())
+    victim = next(entry for entry in pending.values() if not entry[2] and counts[entry[0]] == most)
+    victim[2] = True
+    try:
+        victim[1].shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+def handle(sock, address, cid):
     counted = True
     try:
         request = read_head(sock)
@@ -178,7 +198,7 @@ def handle(sock, address):
         if not proven_by(address, target, headers):
             return reply(sock, 403)
         with lock:
-            unproven[address] -= 1
+            pending.pop(cid, None)
             counted = False
             if proven[0] >= MAX_CLIENTS:
                 return reply(sock, 503)
@@ -202,10 +222,7 @@ def handle(sock, address):
     finally:
         if counted:
             with lock:
-                unproven[address] -= 1
-        with lock:
-            if not unproven.get(address):
-                unproven.pop(address, None)
+                pending.pop(cid, None)
         try:
             sock.close()
         except OSError:
@@ -220,18 +237,22 @@ while True:
         continue
     address = peer[0]
     with lock:
-        mine = unproven.get(address, 0)
-        full = mine >= PER_ADDRESS or (address not in known and sum(unproven.values()) >= MAX_UNPROVEN)
+        full = waiting(address) >= PER_ADDRESS
         if not full:
-            unproven[address] = mine + 1
+            # The total: an address that has proven the key once is not held to it; for the others room is
+            # made by cutting the flood's oldest, never by refusing the newcomer.
+            if address not in known and waiting() >= MAX_UNPROVEN:
+                make_room()
+            ids[0] += 1
+            cid = ids[0]
+            pending[cid] = [address, sock, False]
     if full:
-        # Limits per address: unproven clients of one address never hold more than PER_ADDRESS connections,
-        # and an address that has proven the key once is not kept out by the others' total.
+        # Per address: unproven clients of one address never hold more than PER_ADDRESS connections.
         sock.settimeout(1)
         reply(sock, 503)
         sock.close()
         continue
-    threading.Thread(target=handle, args=(sock, address), daemon=True).start()
+    threading.Thread(target=handle, args=(sock, address, cid), daemon=True).start()
 """
 
 PULL_SCRIPT = r"""
