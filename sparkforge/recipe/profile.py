@@ -28,6 +28,7 @@ from sparkforge.errors import ProfileError, RecipeError
 from sparkforge.recipe.allowlist import Verdict, blocked, opt_in_warnings, owner_only, verdicts
 from sparkforge.recipe.conformspec import STRICT, ConformSettings, Prompt
 from sparkforge.recipe.loader import REPO_ROOT, explain_errors, read_yaml, resolve_named_file
+from sparkforge.recipe.pins import HEX40, HUB_ID, PIN_FIX, pin_problems, snapshot_value
 from sparkforge.recipe.serveargs import (
     MODEL,
     RESERVED_FLAGS,
@@ -94,6 +95,9 @@ class ProfileModel(BaseModel):
     # Per-entry opt-ins past the allow-list (a flag without dashes or a variable -> the reviewer's reason);
     # every task that starts a container prints one warning per entry.
     allow: dict[str, Annotated[StrictStr, Field(min_length=3, max_length=300)]] = Field(default_factory=dict)
+    # Every other Hub repository the args reach (tokenizer, drafter, LoRA adapters, config) -> its full commit;
+    # null: listed by import, waiting for its commit (loads; every launch refuses it). sparkforge/recipe/pins.py
+    repositories: dict[str, StrictStr | None] = Field(default_factory=dict)
     served_model_name: str | None = None
     # The model class the checkpoint's config.json names: checked against the image's vLLM before any download.
     architecture: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
@@ -166,6 +170,29 @@ class ProfileModel(BaseModel):
             if owner_only(key):
                 raise ValueError(f"{key}: {owner_only(key)}")
         return allow
+
+    @field_validator("repositories")
+    @classmethod
+    def _commits(cls, repositories: dict[str, str | None]) -> dict[str, str | None]:
+        for repo, commit in repositories.items():
+            if not HUB_ID.fullmatch(repo):
+                raise ValueError(
+                    f"{repo[:80]!r} is not a Hugging Face repository id; fix: write it as owner/name (a path or "
+                    "a URI pins nothing: a folder is served from the owner's /models)"
+                )
+            if commit is not None and not HEX40.fullmatch(commit):
+                raise ValueError(
+                    f"{repo}: {commit[:60]!r} is a branch, tag or PR ref, not a full commit (its owner can change "
+                    f"what it names); fix: {PIN_FIX.format(repo=repo)}"
+                )
+        return repositories
+
+    @model_validator(mode="after")
+    def _pins(self) -> ProfileModel:
+        problems = pin_problems(self.args, self.model, self.repositories)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _allow_list(self) -> ProfileModel:
@@ -275,11 +302,15 @@ class Profile:
             self.model.allow, self.model.env, f"profile {self.name} ({self.path})", self.model.args
         )
 
-    def serve_args(self) -> list[str]:
-        """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false)."""
+    def serve_args(self, hub_cache: str = "") -> list[str]:
+        """The profile's `vllm serve` arguments after the model: --flag value, --flag (true), --no-flag (false).
+        With `hub_cache` (the Hugging Face cache inside the container) each pinned repository the args reach is
+        given as the folder of its snapshot, which the download phase fetched at the pin."""
         argv: list[str] = []
         mounted = {f.flag: f.target for f in self.files}
         for key, value in self.model.args.items():
+            if hub_cache:
+                value = snapshot_value(key, value, self.model.model, self.model.repositories, hub_cache)  # type: ignore[assignment]
             if norm_flag(key) in mounted:
                 argv += [f"--{key}", mounted[norm_flag(key)]]
             elif value is True:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from sparkforge.boundary import parse_json
 from sparkforge.errors import InputError
 from sparkforge.recipe import vllmvalues
+from sparkforge.recipe.pins import HEX40, HUB_ID, is_hub_id, lora_items
 
 MAX_DEPTH = 4
 # Field names that say what a free-text field takes: (pattern, what it would do). The first match names it.
@@ -58,6 +59,12 @@ REVIEWED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     ("CompilationConfig", "splitting_ops"): (_OP + r"::" + _OP + r"(\.[a-z]+)?", "torch op names (ns::op)"),
     ("StructuredOutputsConfig", "reasoning_parser"): (_OP, "a reasoning parser's registered name"),
+    # The drafter: a Hub repository listed under the profile's repositories: (sparkforge/recipe/pins.py), or a
+    # folder of the owner's /models mount.
+    ("SpeculativeConfig", "model"): (
+        HUB_ID.pattern + r"|/models(/[A-Za-z0-9_.-]{1,128}){0,8}",
+        "a Hugging Face repository pinned under repositories:, or a folder of the owner's /models",
+    ),
 }
 # Enum values that load code although the class lists them: (class, field) -> value -> why.
 REFUSED_VALUES: dict[tuple[str, str], dict[str, str]] = {
@@ -332,14 +339,14 @@ def env_finding(name: str, value: str, resource: Mapping[str, str]) -> Finding |
     )
 
 
-HEX40 = re.compile(r"[0-9a-f]{40}")
 REVISION_FLAGS = ("revision", "code-revision", "tokenizer-revision")
-# Flags whose value is another repository (or a local copy of one): every artefact is pinned by the profile.
+# Flags whose value is another repository (or a local copy of one): a Hub repository passes here and is pinned
+# under the profile's repositories: (sparkforge/recipe/pins.py); a folder passes only under the owner's /models.
 REPOSITORY_FLAGS = {
-    "tokenizer": "loads the tokenizer (and its code, with remote code) from another repository at no pinned commit",
-    "hf-config-path": "reads the model's config from another repository or folder",
-    "lora-modules": "loads LoRA adapters from other repositories or folders at no pinned commit",
-    "spec-model": "loads a drafter from another repository at no pinned commit",
+    "tokenizer": "loads the tokenizer (and its code, with remote code) from outside the Hub and the owner's /models",
+    "hf-config-path": "reads the model's config from outside the Hub and the owner's /models",
+    "lora-modules": "loads LoRA adapters from outside the Hub and the owner's /models",
+    "spec-model": "loads a drafter from outside the Hub and the owner's /models",
 }
 # Flags whose value is a file the container reads: the recipe never picks one (files live beside the profile).
 PATH_FLAGS = {
@@ -394,9 +401,16 @@ def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]
             ]
         return []
     if flag in REPOSITORY_FLAGS:
-        if text is not None and _OWNER_MODELS.fullmatch(text) and ".." not in text.split("/"):
-            return []  # a folder of the owner's --model-dir mount, not a repository
-        return [Finding(flag, "refused", REPOSITORY_FLAGS[flag])]
+        places = [p for _, p in lora_items(value)] if flag == "lora-modules" else [text]
+        off = [p for p in places if not (is_hub_id(p) or _owner_folder(p))]
+        if not off:
+            return []  # Hub repositories (pinned by the profile's repositories:) or the owner's /models folders
+        why = REPOSITORY_FLAGS[flag]
+        if any(model_finding(str(p)) for p in off):
+            why = (
+                f"{str(off[0])[:80]}: a URI the loader fetches from elsewhere, where no commit pins anything"
+            )
+        return [Finding(flag, "refused", why)]
     pattern = PATH_FLAGS.get(flag)
     if flag.split(".", 1)[0] in vllmvalues.FLAGS:
         return []  # a JSON value: judged field by field (flag_findings)
@@ -425,6 +439,11 @@ def _plain(key: str, value: object, args: Mapping[str, object]) -> list[Finding]
             "the files a profile needs live beside it",
         )
     ]
+
+
+def _owner_folder(text: str | None) -> bool:
+    """A folder of the owner's --model-dir mount, not a repository."""
+    return text is not None and _OWNER_MODELS.fullmatch(text) is not None and ".." not in text.split("/")
 
 
 def _private(word: str) -> bool:

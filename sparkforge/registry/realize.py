@@ -124,6 +124,9 @@ def export_community(
     # The profile's opt-ins past the allow-list, visibly: whoever imports this recipe meets the same refusals
     # and opts in for themselves (import --allow ENTRY=REASON), having read what was reviewed here.
     header += [f"opt-in: {line.split(' opts in to ', 1)[1]}" for line in profile.opt_ins()]
+    # The other repositories' pins (a recipe has no place for a drafter's or an adapter's commit): visible, so
+    # whoever imports it writes them back under repositories: (import lists each, waiting for its commit).
+    header += [f"pinned: {repo} at {commit}" for repo, commit in profile.model.repositories.items()]
     text = export_text(export_document(profile, fmt, pins, trust_remote_code=trust_remote_code), header)
     check_export(text, fmt, profile, pins)
     return text

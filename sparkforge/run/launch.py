@@ -29,6 +29,7 @@ CACHES = {
     "flashinfer": "/root/.cache/flashinfer",
     "triton": "/root/.triton",
 }
+HUB_CACHE = f"{CACHES['huggingface']}/hub"  # where the download phase puts each repository's pinned snapshot
 
 
 # Runs in the image: is the model class in the image's own vLLM registry? (No model, no download, no device.)
@@ -142,6 +143,7 @@ def check_model_pin(profile: Profile, options: LaunchOptions) -> list[str]:
     otherwise, before any container starts); the lines to say: one per opt-in past the allow-list."""
     said = list(profile.opt_ins())
     check_token_reach(profile, options)
+    check_repository_pins(profile, options)
     if options.model_dir is not None or model_revision(profile) or options.allow_unpinned_model:
         return said
     given = profile.model.args.get("revision")
@@ -152,6 +154,25 @@ def check_model_pin(profile: Profile, options: LaunchOptions) -> list[str]:
         f"'revision: <40-hex commit>' under args in {profile.path} (import writes a recipe's model_revision there), "
         "pass --model-dir, or --allow-unpinned-model to accept the hub's current files"
     )
+
+
+def check_repository_pins(profile: Profile, options: LaunchOptions) -> None:
+    """Every other repository the profile reaches has its commit, and a download phase fetches it at that commit
+    (RunError before any container starts): --allow-unpinned-model covers the model alone."""
+    from sparkforge.recipe.pins import PIN_FIX, unpinned
+
+    waiting = unpinned(profile.model.repositories)
+    if waiting:
+        raise RunError(
+            f"profile {profile.name}: {', '.join(waiting)} (reached by its args) has no pinned commit; nothing was "
+            f"started; fix: {PIN_FIX.format(repo=waiting[0])} in {profile.path}"
+        )
+    if profile.model.repositories and options.gpus and options.weights == "skip":
+        raise RunError(
+            f"profile {profile.name}: {', '.join(profile.model.repositories)} are served from the snapshots the "
+            "download phase fetches at their pins, which --weights skip leaves out; nothing was started; fix: drop "
+            "--weights skip"
+        )
 
 
 def check_token_reach(profile: Profile, options: LaunchOptions) -> None:
@@ -255,7 +276,13 @@ def plan_launch(
             env.update(
                 {"RAY_NODE_IP_ADDRESS": addresses[rank], "RAY_OVERRIDE_NODE_IP_ADDRESS": addresses[rank]}
             )
-        serve = ["serve", model, *profile.serve_args(), *_revision_args(profile, options), *model_extra]
+        serve = [
+            "serve",
+            model,
+            *profile.serve_args(HUB_CACHE),
+            *_revision_args(profile, options),
+            *model_extra,
+        ]
         serve += ["--trust-remote-code"] if options.trust_remote_code else []
         exec_argv: tuple[str, ...] = ()
         if options.backend == "mp":

@@ -41,9 +41,10 @@ NAMED = {
         "VLLM_NIC_SELECTION_VARS": "refused",
     },
 }  # fmt: skip
-PAYLOADS = ("qwen_tools", "rp.py", "qwen-community/drafter", "qwen-community/tokenizer", "qwen-community/lora",
-            "code--cfg", "refs/pr", "main", "/run/secrets/hf_token", "snapshots/3f1c0ffee0000000000000000000000000000000/cc",
-            "libnic", "ext://")  # fmt: skip
+PAYLOADS = ("qwen_tools", "rp.py", "code--cfg", "refs/pr", "main", "/run/secrets/hf_token",
+            "snapshots/3f1c0ffee0000000000000000000000000000000/cc", "libnic", "ext://")  # fmt: skip
+# Other repositories at no commit: written under repositories: as null, refused by every launch until pinned.
+REPOS = ("qwen-community/drafter", "qwen-community/tokenizer", "qwen-community/lora")
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -83,8 +84,29 @@ def test_every_value_class_is_refused_or_named_and_none_reaches_docker_run(name:
     text = out.read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     assert not any(p in body for p in PAYLOADS), body
+    profile = load_profile(out)
+    waiting = [r for r in REPOS if r in body]
+    assert waiting and all(profile.model.repositories[r] is None for r in waiting)
+    refusal = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight",
+                      "--force", "--image", "sparkforge-test/none:1", "--allow-unpinned-model")  # fmt: skip
+    assert refusal.returncode != 0 and "docker run" not in refusal.stdout
+    assert "has no pinned commit" in refusal.stderr and "fix: write its full 40-hex commit" in refusal.stderr
+    # Pinned, each reaches vLLM as the folder of its snapshot at the pin (fetched by the download container).
+    commit = "c0ffee" + "1" * 34
+    out.write_text(text.replace(": null", f": {commit}"))
     docker = _dry(out)
-    assert docker and not any(p in word for p in PAYLOADS for argv in docker for word in argv)
+    assert docker and not any(p in word for p in PAYLOADS + REPOS for argv in docker for word in argv)
+    serve = next(argv for argv in docker if "serve" in argv)
+    for repo in waiting:
+        folder = f"/root/.cache/huggingface/hub/models--{repo.replace('/', '--')}/snapshots/{commit}"
+        assert any(folder in word for word in serve), (folder, serve)
+    # The download container fetches each at its pin (the dry run prints it).
+    dry = _invoke("serve", "--recipe", str(CI_RECIPE), "--profile", str(out), "--dry", "--no-preflight", "--force",
+                  "--image", "sparkforge-test/none:1", "--allow-unpinned-model")  # fmt: skip
+    line = next(x for x in dry.stdout.splitlines() if x.startswith("# container: the download"))
+    download = shlex.split(line.split(": docker ", 1)[1])
+    for repo in waiting:
+        assert download[download.index(repo) + 1] == commit
     # What was clean in the same recipe is carried: the reviewed fields and values.
     profile = load_profile(out)
     if name.startswith("eugr"):

@@ -11,6 +11,7 @@ import hmac
 import http.server
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -57,9 +58,10 @@ def _reply(sock: socket.socket) -> bytes:
 class Server:
     """The head's weight server as a process on HEAD, its `serving` event read from its first line."""
 
-    def __init__(self, root: Path, cache: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, cache: Path, env: dict[str, str] | None = None, tls: bool = False) -> None:
+        # Plain HTTP by default: the HMAC layer on its own (share_weights always adds TLS, tested below).
         self.proc = subprocess.Popen(
-            [sys.executable, *serve_args(str(root), HEAD, 0, KEY, str(cache / "src.json"))],
+            [sys.executable, *serve_args(str(root), HEAD, 0, KEY, str(cache / "src.json"), tls=tls)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -67,7 +69,7 @@ class Server:
         )
         self.event = json.loads(self.proc.stdout.readline())  # type: ignore[union-attr]
         self.port = int(self.event["address"].rsplit(":", 1)[1])
-        self.base = f"http://{HEAD}:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://{HEAD}:{self.port}"
         self.digest = self.event["manifest_sha256"]
 
     def raw(self, request: bytes, source: str = "127.0.0.1", timeout: float = 10) -> bytes:
@@ -112,9 +114,10 @@ def _pull(
     key: str = KEY,
     env: dict[str, str] | None = None,
     timeout: float = 120,
+    cert: str = "",
 ) -> tuple[int, list[dict], str]:
     done = subprocess.run(
-        [sys.executable, *pull_args(base, str(dest), key, digest)],
+        [sys.executable, *pull_args(base, str(dest), key, digest, cert)],
         capture_output=True,
         text=True,
         env={**os.environ, "SPARKFORGE_PROGRESS_S": "0", **(env or {})},
@@ -292,6 +295,97 @@ def test_unproven_clients_cannot_take_the_slots_nor_drip_forever(tmp_path: Path)
         for thread in attackers:
             thread.join(5)
         err = server.stop()
+    assert "Traceback" not in err, err
+
+
+def test_a_flood_from_many_addresses_cannot_starve_the_owners_puller(tmp_path: Path) -> None:
+    # 24 addresses (more than MAX_UNPROVEN / PER_ADDRESS = 16) each keep PER_ADDRESS dripping connections open,
+    # reconnecting as soon as one is cut: every unproven slot is taken the whole time, by the server's defaults.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    data = _model(src)
+    server = Server(src, tmp_path / "m")
+    stop = threading.Event()
+    opened, refused = [0], [0]
+
+    def flood(source: str) -> None:
+        while not stop.is_set():
+            try:
+                sock = socket.create_connection((HEAD, server.port), timeout=5, source_address=(source, 0))
+            except OSError:
+                continue
+            opened[0] += 1
+            try:
+                while not stop.is_set():
+                    sock.sendall(b"G")
+                    if sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                        refused[0] += 1  # answered (503 or 408): the server let it go
+                        break
+                    time.sleep(0.1)
+            except BlockingIOError:
+                time.sleep(0.1)
+                continue
+            except OSError:
+                pass
+            finally:
+                sock.close()
+
+    attackers = [
+        threading.Thread(target=flood, args=(f"127.0.0.{10 + i % 24}",), daemon=True) for i in range(24 * 4)
+    ]
+    try:
+        for thread in attackers:
+            thread.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        code, events, err = _pull(server.base, dst, server.digest, env={"SPARKFORGE_DEADLINE_S": "30"})
+        wall = time.monotonic() - start
+        print(f"pull under a flood from 24 addresses: {wall:.1f} s; {opened[0]} flood connections opened")
+        assert code == 0, (events[-1:], err)
+        assert (dst / "blobs" / "w0").read_bytes() == data and wall < 15
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(5)
+        err = server.stop()
+    assert "Traceback" not in err, err
+
+
+def test_tls_with_a_per_run_certificate_pinned_by_its_sha256(tmp_path: Path) -> None:
+    import ssl
+
+    src = tmp_path / "src"
+    data = _model(src)
+    server = Server(src, tmp_path / "m", {"SPARKFORGE_HEAD_S": "2"}, tls=True)
+    other = Server(src, tmp_path / "m2", tls=True)  # the same key and files, another certificate
+    try:
+        cert = server.event["cert_sha256"]
+        assert re.fullmatch(r"[0-9a-f]{64}", cert) and cert != other.event["cert_sha256"]
+        # What the server presents is the certificate whose sha256 it printed on the control channel.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        raw = socket.create_connection((HEAD, server.port), timeout=10)
+        with context.wrap_socket(raw) as tls:
+            assert hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest() == cert
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        code, events, err = _pull(server.base, tmp_path / "dst", server.digest, cert=cert)
+        assert code == 0, (events[-1:], err)
+        assert (tmp_path / "dst" / "blobs" / "w0").read_bytes() == data
+        # The puller sends nothing to a server with another certificate, even one holding the run's key.
+        code, events, _ = _pull(other.base, tmp_path / "no", other.digest, cert=cert)
+        assert code == 1 and "presented a certificate with sha256" in events[-1]["error"]
+        assert not (tmp_path / "no" / "blobs").exists()
+        # Nor does it fall back to plain HTTP, nor take a plain http:// URL with a certificate.
+        code, events, _ = _pull(f"http://{HEAD}:{server.port}", tmp_path / "no", server.digest, cert=cert)
+        assert code == 1 and "not https://HOST:PORT" in events[-1]["error"]
+        # Plain HTTP at the TLS server is cut, no traceback; a handshake that never completes is cut at HEAD_S.
+        assert b"200" not in server.raw(b"GET /hello HTTP/1.0\r\n\r\n")
+        began = time.monotonic()
+        with socket.create_connection((HEAD, server.port), timeout=10) as silent:
+            silent.sendall(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
+            assert silent.recv(100) == b""
+        assert 1.5 < time.monotonic() - began < 5
+    finally:
+        err = server.stop() + other.stop()
     assert "Traceback" not in err, err
 
 

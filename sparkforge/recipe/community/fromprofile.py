@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,15 +61,21 @@ def _slot(key: str, taken: dict[str, object]) -> str:
     return slot
 
 
-def pinned_args(args: dict[str, object], revision: str | None) -> dict[str, object]:
+def pinned_args(
+    args: dict[str, object], revision: str | None, repositories: Mapping[str, str | None] | None = None
+) -> dict[str, object]:
     """The args with the model pinned: --revision, and the tokenizer and code at the same commit (what import
-    writes from a recipe's model_revision: --revision alone leaves them at main, GHSA-3ww4-5jv9-j5gm)."""
+    writes from a recipe's model_revision: --revision alone leaves them at main, GHSA-3ww4-5jv9-j5gm). With
+    `repositories`, a tokenizer of its own at its own pin (what import reads back as that tokenizer's pin)."""
     if revision:
         args["revision"] = revision
     pin = args.get("revision")
     for flag in ("tokenizer-revision", "code-revision"):
         if isinstance(pin, str) and flag not in args:
             args[flag] = pin
+    own = (repositories or {}).get(str(args.get("tokenizer")))
+    if own and "tokenizer-revision" in args:
+        args["tokenizer-revision"] = own
     return args
 
 
@@ -79,7 +86,7 @@ def _command(
     model = profile.model
     defaults: dict[str, object] = {"port": 8000, "host": "0.0.0.0"}
     words = ["vllm", "serve", "{model}" if fmt == "sparkarena" else _word(model.model, fmt)]
-    args = pinned_args(dict(model.args), pins.model_revision)
+    args = pinned_args(dict(model.args), pins.model_revision, model.repositories)
     for key, value in args.items():
         if value is True:
             words.append(f"--{key}")
@@ -190,7 +197,7 @@ def _nvidia(profile: Profile, fmt: Format, pins: Pins, trust_remote_code: bool) 
         raise RecipeError(
             f"profile {profile.name}: gpus_per_node {model.gpus_per_node}: a DGX Spark has one GPU"
         )
-    args = pinned_args(dict(model.args), pins.model_revision)
+    args = pinned_args(dict(model.args), pins.model_revision, model.repositories)
     args |= {"served-model-name": model.served_model_name} if model.served_model_name else {}
     args |= {"trust-remote-code": True} if trust_remote_code else {}
     description = model.description

@@ -35,6 +35,7 @@ from sparkforge.recipe.community.vllmargv import (
     parse_serve,
     split_command,
 )
+from sparkforge.recipe.pins import PIN_FIX, reached
 from sparkforge.recipe.profile import FILE_FLAGS, PROFILE_NAME, file_refusal, load_profile, names_a_file
 from sparkforge.recipe.serveargs import check_env, check_flag, check_value, norm_flag
 from sparkforge.recipe.values import HEX40, model_finding
@@ -335,6 +336,14 @@ def import_recipe(
     # Every revision is derived from the one pin (the recipe's model_revision, else a full-commit --revision);
     # a --revision, --code-revision or --tokenizer-revision that says otherwise is refused, never carried.
     pin = recipe.model_revision if HEX40.fullmatch(recipe.model_revision or "") else args.get("revision")
+    # Every other repository the args reach is listed with its commit: the source's full-commit
+    # --tokenizer-revision for a tokenizer of its own, else none yet (the profile then waits for it).
+    repositories: dict[str, str | None] = {r.repo: None for r in reached(args, argv.model)}
+    tokenizer, given = args.get("tokenizer"), args.get("tokenizer-revision")
+    if tokenizer in repositories and isinstance(given, str) and HEX40.fullmatch(given):
+        repositories[str(tokenizer)] = given
+        # The model's pin in its place (serve passes the tokenizer's snapshot folder, which the pin names).
+        args["tokenizer-revision"] = pin if isinstance(pin, str) else args.pop("tokenizer-revision")
     for flag in ("revision", "tokenizer-revision", "code-revision"):
         given = args.get(flag)
         if given is not None and given != pin:
@@ -351,6 +360,15 @@ def import_recipe(
             args[flag] = pin
             if not any(o.flag == flag for o in kept):
                 kept.append(Option(flag, (pin,), "model_revision"))
+    for reach in reached(args, argv.model):
+        if repositories[reach.repo] is None:
+            refused.append(
+                Attention(
+                    where,
+                    f"--{reach.flag}: {reach.repo} ({reach.what}): refused until pinned: another repository at no "
+                    f"commit, written under repositories: as null; fix: {PIN_FIX.format(repo=reach.repo)}",
+                )
+            )
     attention += _mods(recipe) + _build_args(recipe)
     attention += [
         Attention(
@@ -368,6 +386,8 @@ def import_recipe(
     document["args"] = args
     if env:
         document["env"] = env
+    if repositories:
+        document["repositories"] = repositories
     if launch.served:
         document["served_model_name"] = launch.served
     stale = sorted(set(allow) - used)

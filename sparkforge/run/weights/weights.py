@@ -33,19 +33,22 @@ from sparkforge.run.weights.weightstream import json_events
 _DOWNLOAD = """
 import json, os, sys, threading, time
 from huggingface_hub import constants, snapshot_download
-repo, revision = sys.argv[1], sys.argv[2] or None
+# (repository, revision) pairs: the model first (unless served from --model-dir), then each pinned repository.
+pairs = list(zip(sys.argv[1::2], [r or None for r in sys.argv[2::2]]))
 # What serving reads: weights, configs, tokenizer, chat template. Never the repository's code (*.py) or pickles.
 serving = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
-folder = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
+folders = [os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--")) for repo, _ in pairs]
 result = {}
 def fetch():
     try:
-        result["path"] = snapshot_download(repo_id=repo, revision=revision, allow_patterns=serving)
+        for repo, revision in pairs:
+            path = snapshot_download(repo_id=repo, revision=revision, allow_patterns=serving)
+            result.setdefault("path", path)
     except Exception as exc:
         result["error"] = f"{exc.__class__.__name__}: {exc}"
 def size():
     total = 0
-    for base, _, files in os.walk(os.path.join(folder, "blobs")):
+    for base, _, files in (w for folder in folders for w in os.walk(os.path.join(folder, "blobs"))):
         total += sum(os.path.getsize(os.path.join(base, f)) for f in files if not os.path.islink(os.path.join(base, f)))
     return total
 start = time.monotonic()
@@ -61,6 +64,9 @@ print(json.dumps({"event": "done", "path": result["path"], "bytes": size(), "sec
 """
 
 
+UNPINNED = "the hub's current files (--allow-unpinned-model)"
+
+
 @dataclass(frozen=True)
 class Download:
     """One node's download container."""
@@ -69,10 +75,21 @@ class Download:
     container: ContainerSpec
 
 
+def fetched(profile: Profile, options: LaunchOptions) -> list[tuple[str, str]]:
+    """(repository, revision) the download phase fetches: the model (not with --model-dir; '' when unpinned and
+    allowed), then every other repository at its pin (also with --model-dir: vLLM is given their snapshots)."""
+    if options.weights == "skip" or not options.gpus:
+        return []
+    model = [(profile.model.model, model_revision(profile) or "")] if downloads_first(options) else []
+    return model + [(repo, commit) for repo, commit in profile.model.repositories.items() if commit]
+
+
 def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOptions) -> list[Download]:
-    """A container per node (only the head's with --weights shared); none with --model-dir (the doctor checks it),
-    with --weights skip, or with --gpus none (vLLM stops at device detection, before loading any weights)."""
-    if not downloads_first(options):
+    """A container per node (only the head's with --weights shared); none with --weights skip, or with --gpus
+    none (vLLM stops at device detection, before loading any weights), or with --model-dir and no other
+    repository (the doctor checks the folder)."""
+    pairs = fetched(profile, options)
+    if not pairs:
         return []
     hf = f"{options.cache_dir.rstrip('/')}/huggingface:{CACHES['huggingface']}"
     mounts: tuple[str, ...] = (hf,)
@@ -91,7 +108,7 @@ def plan_downloads(profile: Profile, ranks: Sequence[int], options: LaunchOption
                 name=f"sparkforge-weights-{profile.name}-{rank}",
                 image=options.image,
                 entrypoint="python3",
-                args=("-c", _DOWNLOAD, profile.model.model, model_revision(profile) or ""),
+                args=("-c", _DOWNLOAD, *(word for pair in pairs for word in pair)),
                 env={"PYTHONUNBUFFERED": "1", **env},
                 labels={LABEL: "weights", f"{LABEL}.profile": profile.name, f"{LABEL}.rank": str(rank)},
                 mounts=mounts,
@@ -165,10 +182,13 @@ def fetch_weights(
     if options.weights == "shared" and peers:
         from sparkforge.run.weights.weightstream import Transfer, share_weights
 
-        folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{profile.model.model.replace('/', '--')}"
         head = by_rank[downloads[0].rank]
         start = time.monotonic()
-        share_weights(session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder))
+        for repo, _ in fetched(profile, options):  # the model's folder, then each pinned repository's
+            folder = f"{options.cache_dir.rstrip('/')}/huggingface/hub/models--{repo.replace('/', '--')}"
+            share_weights(
+                session, head, peers, Transfer(options.image, address or "127.0.0.1", folder, folder)
+            )
         for peer in peers:
             done[peer.node.label] = round(time.monotonic() - start, 1)
     return done
@@ -187,10 +207,10 @@ def download_lines(
     where = (
         "once, on the head, then streamed to the peers" if options.weights == "shared" else "on every node"
     )
-    revision = model_revision(profile) or "the hub's current files (--allow-unpinned-model)"
     hub = options.hf_endpoint or "https://huggingface.co"
     lines = [
-        f"download: {profile.model.model} at {revision} from {hub} into {options.cache_dir}/huggingface {where}"
+        f"download: {repo} at {revision or UNPINNED} from {hub} into {options.cache_dir}/huggingface {where}"
+        for repo, revision in fetched(profile, options)
     ]
     if not dry:
         return lines

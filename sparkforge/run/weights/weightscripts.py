@@ -13,8 +13,17 @@ cached beside the HF cache; its sha256 printed as a JSON event that sparkforge r
 channel (the engine's logs); the document itself served to a proven peer at `/manifest`. It serves only the
 manifest's regular files, opened without following links; strict paths and Range headers (4xx, never a
 traceback); the request head must arrive whole within HEAD_S of the connect (a dripping client is cut off); a
-client address not yet proven holds at most PER_ADDRESS connections (and all of them MAX_UNPROVEN), so unproven
-clients never take the slots of the proven peers (MAX_CLIENTS transfers).
+client address not yet proven holds at most PER_ADDRESS connections, so unproven clients never take the slots of
+the proven peers (MAX_CLIENTS transfers). All unproven connections together hold at most MAX_UNPROVEN: when a new
+one would pass it, the oldest waiting connection of the address holding the most is cut, never the newcomer
+refused. A flood from any number of addresses then cannot starve the owner's puller, which sends its request
+the moment it connects and holds one connection: the flood's own connections are cut first.
+
+TLS (as share_weights runs them): the server makes a per-run self-signed certificate at start (the image's
+`openssl`; its key never leaves the container) and prints its sha256 beside the manifest's on the control channel;
+sparkforge passes it to each puller, which completes the handshake, compares the certificate's sha256 with it and
+sends nothing to any other. The handshake and the request head share HEAD_S. (Without a fingerprint both
+programs speak plain HTTP: the HMAC layer on its own, as the hostile-head tests exercise it.)
 
 The puller: proves the head, fetches the manifest and checks it against the sha256 sparkforge passed (64 hex
 characters on its command line, whatever the model's file count), validates every entry (relative paths inside
@@ -32,6 +41,7 @@ AUTH_HEADER = "X-Sparkforge-Auth"  # a peer's per-request proof
 SERVE_SCRIPT = r"""
 import hashlib, hmac, json, os, re, secrets, socket, stat, sys, threading, time, urllib.parse
 root, host, port, key, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode(), sys.argv[5]
+tls = sys.argv[6:] == ["tls"]
 IDLE_S = float(os.environ.get("SPARKFORGE_IDLE_S", "30"))  # a proven peer's silence before it is dropped
 HEAD_S = float(os.environ.get("SPARKFORGE_HEAD_S", "5"))  # the whole request head, from connect to blank line
 MAX_CLIENTS = int(os.environ.get("SPARKFORGE_MAX_CLIENTS", "16"))  # proven transfers at once
@@ -80,7 +90,8 @@ document = json.dumps([{k: v for k, v in e.items() if k != "mtime_ns"} for e in 
 def mac(*parts):
     return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
 lock = threading.Lock()
-unproven, proven, known, last_seq = {}, [0], set(), {}
+# pending: connection id -> [address, socket, cut]: unproven connections whose request is awaited.
+pending, proven, known, last_seq, ids = {}, [0], set(), {}, [0]
 RANGE = re.compile(r"bytes=([0-9]{1,15})-")
 AUTH = re.compile(r"([0-9a-f]{64}) ([0-9]{1,15}) ([0-9a-f]{64})")
 NONCE = re.compile(r"[0-9a-f]{64}")
@@ -91,9 +102,9 @@ def reply(sock, code, headers=(), body=b""):
         sock.sendall(head.encode() + body)
     except OSError:
         pass
-def read_head(sock):
+def read_head(sock, began):
     # The request line and headers within HEAD_S of the connect, at most 8 KiB: a dripping client is cut off.
-    end, data = time.monotonic() + HEAD_S, b""
+    end, data = began + HEAD_S, b""
     while b"\r\n\r\n" not in data:
         left = end - time.monotonic()
         if left <= 0 or len(data) > 8192:
@@ -155,10 +166,47 @@ def send_file(sock, rel, headers):
         sock.sendall(f"HTTP/1.0 {206 if start else 200} OK\r\nContent-Length: {left}\r\nConnection: close\r\n\r\n".encode())
         while left > 0 and (chunk := handle.read(min(1 << 22, left))):
             sock.sendall(chunk); left -= len(chunk)
-def handle(sock, address):
-    counted = True
+def waiting(address=None):
+    return sum(1 for a, _, cut in pending.values() if not cut and address in (None, a))
+def make_room():
+    # The oldest waiting connection of the address holding the most is cut (lock held): a flood of many
+    # addresses loses its own connections first; a peer that sent its request at once is not kept out.
+    counts = {}
+    for a, _, cut in pending.values():
+        if not cut:
+            counts[a] = counts.get(a, 0) + 1
+    most = max(counts.values())
+    victim = next(entry for entry in pending.values() if not entry[2] and counts[entry[0]] == most)
+    victim[2] = True
     try:
-        request = read_head(sock)
+        victim[1].shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+def handshake(sock, cid):
+    # TLS within HEAD_S of the connect, however slowly the client drips it: a twin of the socket cuts it.
+    twin = sock.dup()
+    with lock:
+        if cid in pending:
+            pending[cid][1] = twin
+    def cut():
+        try:
+            twin.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    timer = threading.Timer(HEAD_S, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        sock.settimeout(HEAD_S)
+        return context.wrap_socket(sock, server_side=True), twin
+    finally:
+        timer.cancel()
+def handle(sock, address, cid):
+    counted, twin, began = True, None, time.monotonic()
+    try:
+        if context is not None:
+            sock, twin = handshake(sock, cid)
+        request = read_head(sock, began)
         if request is None:
             return reply(sock, 408)
         if request == ():
@@ -178,7 +226,7 @@ def handle(sock, address):
         if not proven_by(address, target, headers):
             return reply(sock, 403)
         with lock:
-            unproven[address] -= 1
+            pending.pop(cid, None)
             counted = False
             if proven[0] >= MAX_CLIENTS:
                 return reply(sock, 503)
@@ -202,17 +250,34 @@ def handle(sock, address):
     finally:
         if counted:
             with lock:
-                unproven[address] -= 1
-        with lock:
-            if not unproven.get(address):
-                unproven.pop(address, None)
+                pending.pop(cid, None)
+        for each in (sock, twin):
+            try:
+                each.close() if each is not None else None
+            except OSError:
+                pass
+context, cert_sha256 = None, ""
+if tls:
+    import ssl, subprocess, tempfile
+    with tempfile.TemporaryDirectory() as folder:  # the key lives in memory once loaded; the files go
+        cert, pem_key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
         try:
-            sock.close()
-        except OSError:
-            pass
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-keyout", pem_key, "-out", cert, "-days", "2", "-subj", "/CN=sparkforge-weights"],
+                           check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(json.dumps({"event": "failed", "error": f"no per-run certificate (openssl in the image): {exc}"}),
+                  flush=True)
+            sys.exit(1)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert, pem_key)
+        with open(cert) as handle_:
+            cert_sha256 = hashlib.sha256(ssl.PEM_cert_to_DER_cert(handle_.read())).hexdigest()
 server = socket.create_server((host, port), backlog=128)
 print(json.dumps({"event": "serving", "address": f"{host}:{server.getsockname()[1]}", "files": len(files),
-                  "entries": len(entries), "manifest_sha256": hashlib.sha256(document).hexdigest()}), flush=True)
+                  "entries": len(entries), "manifest_sha256": hashlib.sha256(document).hexdigest(),
+                  **({"cert_sha256": cert_sha256} if tls else {})}), flush=True)
 while True:
     try:
         sock, peer = server.accept()
@@ -220,23 +285,28 @@ while True:
         continue
     address = peer[0]
     with lock:
-        mine = unproven.get(address, 0)
-        full = mine >= PER_ADDRESS or (address not in known and sum(unproven.values()) >= MAX_UNPROVEN)
+        full = waiting(address) >= PER_ADDRESS
         if not full:
-            unproven[address] = mine + 1
+            # The total: an address that has proven the key once is not held to it; for the others room is
+            # made by cutting the flood's oldest, never by refusing the newcomer.
+            if address not in known and waiting() >= MAX_UNPROVEN:
+                make_room()
+            ids[0] += 1
+            cid = ids[0]
+            pending[cid] = [address, sock, False]
     if full:
-        # Limits per address: unproven clients of one address never hold more than PER_ADDRESS connections,
-        # and an address that has proven the key once is not kept out by the others' total.
+        # Per address: unproven clients of one address never hold more than PER_ADDRESS connections.
         sock.settimeout(1)
         reply(sock, 503)
         sock.close()
         continue
-    threading.Thread(target=handle, args=(sock, address), daemon=True).start()
+    threading.Thread(target=handle, args=(sock, address, cid), daemon=True).start()
 """
 
 PULL_SCRIPT = r"""
 import hashlib, hmac, http.client, json, os, posixpath, re, secrets, stat, sys, threading, time, urllib.parse
 base, dest, key, want = sys.argv[1], sys.argv[2], sys.argv[3].encode(), sys.argv[4]
+pin = sys.argv[5] if len(sys.argv) > 5 else ""  # the sha256 of the head's per-run certificate: TLS
 every = float(os.environ.get("SPARKFORGE_PROGRESS_S", "2"))
 DEADLINE_S = float(os.environ.get("SPARKFORGE_DEADLINE_S", "3600"))  # the whole transfer, whatever the server does
 IO_S = float(os.environ.get("SPARKFORGE_IO_S", "60"))  # one silent read or connect
@@ -252,8 +322,16 @@ def expire():
     fail(f"the transfer did not finish within its deadline of {DEADLINE_S:g} s; the parts are kept (resumable)")
 watchdog = threading.Timer(DEADLINE_S, expire); watchdog.daemon = True; watchdog.start()
 url = urllib.parse.urlsplit(base)
-if url.scheme != "http" or not url.hostname or url.port is None or url.path or url.query or not HEX64.fullmatch(want):
-    fail(f"{base!r}: not http://HOST:PORT with the manifest's sha256; nothing asked")
+scheme = "https" if pin else "http"
+if url.scheme != scheme or not url.hostname or url.port is None or url.path or url.query or not HEX64.fullmatch(want) or (pin and not HEX64.fullmatch(pin)):
+    fail(f"{base!r}: not {scheme}://HOST:PORT with the manifest's sha256 (and, for https, the certificate's); nothing asked")
+context = None
+if pin:
+    import ssl
+    # The certificate is the run's own, self-signed: no CA decides; its sha256, from the control channel, does.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
 dialled = f"{url.hostname}:{url.port}"
 def mac(*parts):
     return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
@@ -261,8 +339,17 @@ def get(target, headers):
     # One request on its own connection (headers() is called per attempt: a fresh proof each time); http.client
     # follows no redirect and reads no proxy from the environment. A busy head (503) is asked again.
     for attempt in range(60):
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=IO_S)
+        if context is None:
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=IO_S)
+        else:
+            conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=IO_S, context=context)
         try:
+            conn.connect()
+            seen = hashlib.sha256(conn.sock.getpeercert(binary_form=True) or b"").hexdigest() if pin else ""
+            if not hmac.compare_digest(seen, pin):
+                conn.close()
+                fail(f"the server at {dialled} presented a certificate with sha256 {seen[:16]}..., not this run's "
+                     f"{pin[:16]}...: it is not the head; nothing was sent")
             conn.request("GET", target, headers=headers())
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
@@ -418,12 +505,14 @@ report("done")
 """
 
 
-def serve_args(root: str, host: str, port: int, key: str, cache: str) -> tuple[str, ...]:
-    """`python3` arguments of the head's server: the folder, where it listens, the per-run key, the manifest cache."""
-    return ("-c", SERVE_SCRIPT, root, host, str(port), key, cache)
+def serve_args(root: str, host: str, port: int, key: str, cache: str, *, tls: bool = True) -> tuple[str, ...]:
+    """`python3` arguments of the head's server: the folder, where it listens, the per-run key, the manifest cache;
+    `tls`: a per-run certificate, its sha256 printed in the `serving` event."""
+    return ("-c", SERVE_SCRIPT, root, host, str(port), key, cache, *(("tls",) if tls else ()))
 
 
-def pull_args(base: str, dest: str, key: str, manifest_sha256: str) -> tuple[str, ...]:
+def pull_args(base: str, dest: str, key: str, manifest_sha256: str, cert_sha256: str = "") -> tuple[str, ...]:
     """`python3` arguments of a peer's puller: the server's URL, the folder, the per-run key and the sha256 of the
-    manifest the head printed (the manifest itself is fetched from the proven head and checked against it)."""
-    return ("-c", PULL_SCRIPT, base, dest, key, manifest_sha256)
+    manifest the head printed (the manifest itself is fetched from the proven head and checked against it); with
+    `cert_sha256` (an https:// URL), the only certificate it talks to."""
+    return ("-c", PULL_SCRIPT, base, dest, key, manifest_sha256, *((cert_sha256,) if cert_sha256 else ()))

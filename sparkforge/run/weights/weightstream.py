@@ -11,6 +11,7 @@ cache's snapshot links recreated only inside the folder; one deadline over the w
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -116,15 +117,21 @@ def share_weights(
                     "free that port on the head or check that the address is the head's link address"
                 )
             time.sleep(0.5)
+        cert = str(serving.get("cert_sha256", ""))
+        if not re.fullmatch(r"[0-9a-f]{64}", cert):
+            raise RunError(
+                f"stage weights: the head's weights server printed no certificate sha256 ({cert[:80]!r}); fix: "
+                "check that the image has openssl (the server makes a per-run certificate with it)"
+            )
         echo(
             f"  weights: the head's manifest lists {serving.get('entries')} entries (size and sha256 per file; "
-            f"sha256 {serving['manifest_sha256'][:12]})"
+            f"sha256 {serving['manifest_sha256'][:12]}; TLS certificate sha256 {cert[:12]})"
         )
         pulls = {
             peer.node.label: _spec(
                 f"sparkforge-weights-pull-{peer.node.rank}",
                 image,
-                pull_args(f"http://{address}:{port}", "/weights", key, serving["manifest_sha256"]),
+                pull_args(f"https://{address}:{port}", "/weights", key, serving["manifest_sha256"], cert),
                 (f"{dest}:/weights",),
                 "pull",
                 {"SPARKFORGE_DEADLINE_S": f"{timeout_s:g}"},
