@@ -6,6 +6,8 @@ executor's serving is tests/engine/test_bench_real.py's."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
 import statistics
 import subprocess
 import sys
@@ -149,3 +151,30 @@ def test_bench_dry_prints_the_interleaved_schedule_and_blocks_on_request() -> No
     assert no_new.returncode == 1 and "fix: add --image NEW" in no_new.stderr
     same = _invoke("--baseline", "x:1", "--image", "x:1")
     assert same.returncode == 1 and "is also the --image" in same.stderr
+
+
+def _order_sim():
+    spec = importlib.util.spec_from_file_location(
+        "bench_order_sim", ROOT / "benchmarks" / "bench_order_sim.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_interleaving_cancels_a_trend_that_blocks_read_as_a_change_of_the_image() -> None:
+    # benchmarks/bench_order_sim.py (bench-drift.md, "Two images in turn"), fewer draws, a fixed seed.
+    sim = _order_sim()
+    slowing = sim.order_rates(7, 300, 0.5, 4.0, 0.0)  # the machine 4 % slower per bench, no change
+    assert slowing["ratio_interleaved"] == pytest.approx(0.96, abs=0.01)  # one bench apart
+    assert slowing["ratio_blocks"] == pytest.approx(0.96**3, abs=0.015)  # three benches apart
+    assert slowing["blocks"] >= slowing["interleaved"] + 0.02  # false alarms from the order alone
+    hiding = sim.order_rates(7, 300, 0.5, -4.0, 30.0)  # speeding up while the candidate is 30 % slower
+    assert hiding["interleaved"] >= hiding["blocks"] + 0.2
+    flat = sim.order_rates(7, 300, 0.5, 0.0, 0.0)  # no trend: the order changes nothing
+    assert (
+        abs(flat["ratio_interleaved"] - flat["ratio_blocks"]) < 0.015
+        and max(flat["interleaved"], flat["blocks"]) < 0.03
+    )
+    committed = json.loads((ROOT / "benchmarks" / "results" / "bench_order_sim.json").read_text())
+    assert committed["benches_each"] == sim.BENCHES and len(committed["cells"]) == 12

@@ -52,10 +52,10 @@ def run_pairs(
         finally:
             serve_down(engine, plan.profile.name)  # one server at a time: stopped before the next starts
         report.extra["pairing"] = {**pair.record(), "position": slot.position, "role": slot.role}
-        doc = report.to_dict()
-        path = save(doc, json.dumps(doc, indent=2) + "\n", store)
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+        path = save(report.to_dict(), text, store)
         session.echo(f"  stored: {path}")
-        results[slot.role].append((str(path), doc))
+        results[slot.role].append((str(path), json.loads(text)))  # as bench.compare would read the file
     return results
 
 
