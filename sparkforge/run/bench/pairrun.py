@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from sparkforge.boundary import parse_json
 from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.report import Report
@@ -55,7 +56,7 @@ def run_pairs(
         text = json.dumps(report.to_dict(), indent=2) + "\n"
         path = save(report.to_dict(), text, store)
         session.echo(f"  stored: {path}")
-        results[slot.role].append((str(path), json.loads(text)))  # as bench.compare would read the file
+        results[slot.role].append((str(path), parse_json(text, str(path))))  # as bench.compare reads it
     return results
 
 
