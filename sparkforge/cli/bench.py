@@ -12,7 +12,7 @@ from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
 from sparkforge.cli.families import DRY, Family, Option
-from sparkforge.cli.launchflags import FORCE, NODE, launch
+from sparkforge.cli.launchflags import FORCE, ITERABLE, MOUNTS, NODE, SERVER, START, launch
 from sparkforge.context import Session
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ MAX_CONCURRENCY = 4096
 MAX_TOKENS = 1 << 20  # prompt, output and context depth in tokens
 MAX_PROMPTS = 1_000_000
 MAX_REPEATS = 100
+MAX_BENCHES = 50  # per image in a two-image run (--benches)
 MAX_RESULTS = 32  # result files in one compare or report
 MAX_THRESHOLD = 1000  # percent
 
@@ -57,6 +58,9 @@ class BenchFlags:
     no_warmup: bool = False
     performance: str = ""
     harness: str = "suite"
+    baseline: str = ""
+    benches: str = "3"
+    no_interleave: bool = False
 
 
 def harnesses():
@@ -75,7 +79,7 @@ BENCH = Family.of(
     duration="vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
     target_detect="keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
     budget="with --target-detect: the most seconds the bench runs (default 1800)",
-    threshold="with --target-detect: the threshold bench.compare will use (default 10)",
+    threshold="with --target-detect or --baseline: the threshold bench.compare uses (default 10)",
     concurrency="comma-separated concurrencies (default: the suite's)",
     depth="comma-separated context depths in tokens (default: the suite's)",
     input_len="prompt tokens (default: the suite's)",
@@ -86,6 +90,11 @@ BENCH = Family.of(
     no_warmup="skip the warm-up run of each level",
     performance="also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
     harness=LazyHelp(lambda: harnesses().help_text("who sends the load (default: suite):")),
+    baseline="an image to compare --image against: bench serves each in turn with the profile (both must be local), "
+    "benches it, stops it, then compares the two (exit 1 on a regression)",
+    benches="with --baseline: benches of each image (default 3), pooled per image in the comparison",
+    no_interleave="with --baseline: every baseline bench first, then every candidate bench (default: interleaved, "
+    "A B A B ..., so the machine's drift falls on both)",
 )
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
@@ -94,20 +103,22 @@ BENCH_IMAGE = Family(
         Option(
             "image",
             "",
-            "accepted for symmetry with serve; the running container's own image is what is recorded",
+            "with --baseline: the candidate image, served in turn with the baseline; without: accepted for "
+            "symmetry with serve (the running container's own image is what is recorded)",
         ),
     ),
 )
 
 
 @task(
-    families=(DRY, launch(BENCH_IMAGE, NODE, FORCE), BENCH),
+    families=(DRY, launch(BENCH_IMAGE, NODE, MOUNTS, SERVER, START, FORCE), BENCH),
+    iterable=ITERABLE,
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its hash is recorded)",
         "profile": "serve profile name in profiles/ or path; it must be running (invoke serve / cluster.up)",
         "node": "the engine the profile's head runs on (default: the local one)",
-        "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load; "
-        "contact nothing",
+        "dry": "print the memory plan, the suite's levels and sizes, the repeats and the server it would load "
+        "(with --baseline: the order of the two images' benches); contact nothing",
     },
 )
 @user_errors
@@ -117,6 +128,7 @@ def bench(
     """A load suite against a served profile: per level the median and min..max of the repeats, with identity."""
     import os
 
+    from sparkforge.errors import InputError
     from sparkforge.run.bench.runner import run_bench, table
     from sparkforge.run.bench.store import save
     from sparkforge.run.launchplan import plan_task
@@ -125,6 +137,12 @@ def bench(
     from sparkforge.run.nodes import NodeEngine
 
     options = bench_options(benching)  # every input checked before any engine or server is contacted
+    if benching.baseline:
+        return _two_images(session, (recipe, profile), flags, benching, options)
+    if benching.no_interleave:
+        raise InputError(
+            "bench: --no-interleave orders the benches of two images; fix: add --baseline OLD --image NEW, or drop it"
+        )
     plan = plan_task(recipe, profile, flags, os.environ, starts=False)
     check_launch(session, plan)
     judge_memory(session, plan.memory, plan.profile.name, flags.force, plan.memory_refusal)
@@ -232,14 +250,17 @@ def bench_options(given: BenchFlags):
     )
 
 
-def _dry_run(session: Session, options, node: str, profile: str) -> None:
-    """bench --dry: what would run against which server, every input already checked; nothing contacted."""
+def _dry_run(session: Session, options, node: str, profile: str, *, serves: bool = False) -> None:
+    """bench --dry: what would run against which server, every input already checked; nothing contacted.
+    `serves`: a two-image run, which starts the server of each bench itself."""
     from sparkforge.run.bench.runner import head_container
 
     suite = options.suite
     levels = ", ".join(f"c{c}-d{d}" for c, d in suite.levels())
     session.echo(
-        f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
+        f"bench --dry: would serve {profile} on {node} for each bench below, bench it, and stop it"
+        if serves
+        else f"bench --dry: would load {head_container(profile)} on {node} (start it first: invoke serve / cluster.up)"
     )
     session.echo(
         f"suite {suite.name} ({suite.client}): prompt {suite.input_len} / generate {suite.output_len} tokens; "
@@ -255,6 +276,81 @@ def _dry_run(session: Session, options, node: str, profile: str) -> None:
             f"--target-detect {options.target.pct:g}%: more rounds until the smallest detectable slowdown is below "
             f"it at --threshold {options.target.threshold_pct:g}%, or {options.target.budget_s:g} s"
         )
+
+
+def _two_images(
+    session: Session, names: tuple[str, str], flags: LaunchFlags, benching: BenchFlags, options
+) -> None:
+    """bench --baseline OLD --image NEW: both launches planned and checked, the schedule printed (--dry: only
+    that), then every bench in order (run/bench/pairrun.py) and the comparison; exit 1 on a regression."""
+    import os
+
+    from sparkforge.boundary import parse_int
+    from sparkforge.errors import InputError
+    from sparkforge.recipe.plan import check_reference
+    from sparkforge.run.bench.compare import check_threshold
+    from sparkforge.run.bench.pairing import plan_pairs
+    from sparkforge.run.launchplan import plan_task
+    from sparkforge.run.launchrun import check_launch, check_profile, opt_ins
+
+    check_reference("--baseline", benching.baseline)
+    if not flags.image:
+        raise InputError(
+            f"bench: --baseline {benching.baseline} needs the image to compare with it; fix: add --image NEW"
+        )
+    benches = parse_int("--benches", benching.benches, low=1, high=MAX_BENCHES)
+    threshold = check_threshold(benching.threshold)
+    pair = plan_pairs(benching.baseline, flags.image, benches, interleave=not benching.no_interleave)
+    recipe, profile = names
+    launches = {
+        image: plan_task(recipe, profile, replace(flags, image=image), os.environ, dry=session.runner.dry)
+        for image in (pair.baseline, pair.candidate)
+    }
+    for plan in launches.values():
+        check_launch(session, plan)
+    check_profile(session, launches[pair.candidate])
+    opt_ins(session, launches[pair.candidate])
+    head = launches[pair.candidate]
+    if session.runner.dry:
+        _dry_run(session, options, head.nodes[0].label, head.profile.name, serves=True)
+        for line in pair.lines():
+            session.echo(line)
+        return None
+    from sparkforge.run.bench.pairrun import compare_pairs, run_pairs
+
+    results = run_pairs(session, pair, launches, options, benching.store or None)
+    report = compare_pairs(pair, results, threshold, benching.store or None)
+    session.out(
+        f"order {pair.order()} ({'interleaved' if pair.interleave else 'in blocks, --no-interleave'})"
+    )
+    return _comparison_out(session, report, benching.json, fail_inconclusive=False)
+
+
+def _comparison_out(session: Session, report, json_path: str, *, fail_inconclusive: bool) -> None:
+    """A comparison's lines, its JSON where asked, and the exit: 1 on a regression, 2 when inconclusive and
+    `fail_inconclusive`."""
+    from invoke import Exit
+
+    for key, sides in report.extra["allowed_differences"].items():
+        session.out(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
+    for key, sides in report.extra["differences"].items():
+        session.out(f"differs: {key}: {sides['old']} -> {sides['new']}")
+    width = max([len(ch.name) for ch in report.checks] + [5])
+    session.out(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
+    for check in report.checks:
+        session.out(f"  {check.name:<{width}}  {check.reason}")
+    from sparkforge.run.bench.compare import verdict_line
+
+    line = verdict_line(report)
+    session.out(line)
+    if json_path:
+        report.write_json(Path(json_path))
+        session.out(f"report: {json_path}")
+    if report.extra["verdict"] == "regressed":
+        failed = ", ".join(ch.name for ch in report.failed)
+        raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
+    if report.extra["verdict"] == "inconclusive" and fail_inconclusive:
+        raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
 
 
 def _threshold(text: str) -> None:
@@ -325,11 +421,9 @@ COMPARE = Family.of(
 @user_errors
 def bench_compare(c: Context, session: Session, old: str, new: str, given: CompareFlags) -> None:
     """Compare bench results: per metric new/old with its interval; exit 1 on a regression (2: inconclusive, asked)."""
-    from invoke import Exit
-
     from sparkforge.boundary import check_output
     from sparkforge.errors import InputError
-    from sparkforge.run.bench.compare import compare, verdict_line
+    from sparkforge.run.bench.compare import compare
     from sparkforge.run.bench.store import entries
 
     check_output(given.json, "--json")
@@ -339,24 +433,7 @@ def bench_compare(c: Context, session: Session, old: str, new: str, given: Compa
         raise InputError(f"--new {new} is also an --old result; fix: compare two different results")
     stored = [] if given.store == "none" else [entry.doc for entry in entries(given.store or None)[0]]
     report = compare(olds, Path(new), given.threshold, allow_different=given.allow_different, store=stored)
-    for key, sides in report.extra["allowed_differences"].items():
-        session.out(f"NOT ALIKE (--allow-different): {key}: {sides['old']} -> {sides['new']}")
-    for key, sides in report.extra["differences"].items():
-        session.out(f"differs: {key}: {sides['old']} -> {sides['new']}")
-    width = max([len(ch.name) for ch in report.checks] + [5])
-    session.out(f"bench.compare {report.subject} (threshold {report.extra['threshold_pct']:g}%):")
-    for check in report.checks:
-        session.out(f"  {check.name:<{width}}  {check.reason}")
-    line = verdict_line(report)
-    session.out(line)
-    if given.json:
-        report.write_json(Path(given.json))
-        session.out(f"report: {given.json}")
-    if report.extra["verdict"] == "regressed":
-        failed = ", ".join(ch.name for ch in report.failed)
-        raise Exit(f"sparkforge: bench.compare failed ({failed}); {line}", code=1)
-    if report.extra["verdict"] == "inconclusive" and given.fail_inconclusive:
-        raise Exit(f"sparkforge: bench.compare inconclusive (--fail-inconclusive); {line}", code=2)
+    _comparison_out(session, report, given.json, fail_inconclusive=given.fail_inconclusive)
 
 
 @task(

@@ -70,11 +70,14 @@ class SampledAnswers(BaseModel):
 
 
 class KnownAnswers(BaseModel):
-    """The `known-answers` row: how many shipped probes (sparkforge/run/conform/probes.py) from which seed, and the
-    accuracy the Wilson 95 % interval's lower bound must reach."""
+    """The `known-answers` row: which shipped probe set, how many probes from which seed, and the accuracy the
+    Wilson 95 % interval's lower bound must reach. `probes`: `instruct` (the default: worded for a real instruction
+    model, sparkforge/run/conform/instruct_probes.py) or `twin` (the words the committed tiny model learnt,
+    sparkforge/run/conform/probes.py)."""
 
     model_config = STRICT
 
+    probes: Literal["instruct", "twin"] = "instruct"
     seed: Annotated[int, Field(ge=0, le=2**31)] = 0
     # 120 probes right to the last: a lower bound of 0.97; one wrong in 120: 0.95.
     count: Annotated[int, Field(ge=6, le=2000)] = 120

@@ -197,3 +197,52 @@ def test_both_suites_measure_store_compare_and_chart(served: str, tmp_path: Path
     page.feed(html.read_text())
     assert len(page.images) == 2 and all(src.startswith("data:image/png;base64,") for src in page.images)
     assert (tmp_path / "png" / "by-concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow(
+    cost_s=600,
+    rank=60,
+    reason="two tags of the twin benched in turn, A B A B: four serves and four quick benches (estimated, not yet "
+    "measured)",
+)
+def test_two_local_images_benched_interleaved_then_compared(
+    cpu_twin: str, trained_model: Path, tmp_path: Path
+) -> None:
+    """`bench --baseline A --image B`: two tags of the twin image, each served, benched and stopped in the order
+    A B A B (one server at a time), every result stored with its pairing, then the pooled comparison."""
+    old, new = f"{cpu_twin}-abab-a", f"{cpu_twin}-abab-b"
+    for tag in (old, new):
+        subprocess.run(["docker", "tag", cpu_twin, tag], check=True, timeout=60)
+    profile = tmp_path / "cpu-tiny-qwen35moe-abab.yaml"  # its own name and port beside the module's server
+    profile.write_text(Path(PROFILE).read_text())
+    store, out = tmp_path / "store", tmp_path / "pair.json"
+    try:
+        code, text = invoke(
+            "bench", "--recipe", TWIN_RECIPE, "--profile", str(profile), "--baseline", old, "--image", new,
+            "--benches", "2", "--suite", "quick", "--repeats", "2", "--no-warmup", "--duration", "0",
+            "--gpus", "none", "--model-dir", str(trained_model), "--cache-dir", str(tmp_path / "cache"),
+            "--port", "18483", "--ulimit", "nofile=16384", "--store", str(store), "--json", str(out),
+            timeout=2400,
+        )  # fmt: skip
+    finally:
+        invoke("serve.down", "--profile", profile.stem)
+        subprocess.run(["docker", "rmi", old, new], check=False, timeout=60)
+    assert "Traceback" not in text and "order ABAB (interleaved)" in text, text[-4000:]
+    # One image under two tags: no regression can be real (exit 1 only on one).
+    assert code == 0 and "REGRESSED" not in text, text[-4000:]
+    said = [line for line in text.splitlines() if line.startswith("bench ") and "/4: " in line]
+    assert [line.split()[2] for line in said] == ["baseline", "candidate", "baseline", "candidate"], said
+    stored = sorted(store.glob("sha256-*/*.json"))
+    docs = [json.loads(p.read_text()) for p in stored]
+    assert len(docs) == 4 and {d["pairing"]["order"] for d in docs} == {"ABAB"}
+    assert sorted((d["pairing"]["position"], d["pairing"]["role"]) for d in docs) == [
+        (1, "baseline"), (2, "candidate"), (3, "baseline"), (4, "candidate"),
+    ]  # fmt: skip
+    assert all(c["status"] == "passed" for d in docs for c in d["checks"])
+    report = json.loads(out.read_text())
+    assert report["command"] == "bench.compare" and report["pairing"]["interleaved"] is True
+    assert (
+        len(report["pairing"]["results"]["baseline"]) == 2 == len(report["pairing"]["results"]["candidate"])
+    )
+    throughput = next(c for c in report["checks"] if c["name"].endswith(":output_tok_s"))
+    assert throughput["details"]["benches_old"] == 2 and throughput["details"]["n_new"] == 4, throughput

@@ -1,13 +1,19 @@
-"""The known-answers row's parts: the seeded probe set, the judge of one reply, the Wilson interval and the verdict
-against the floor, the profile keys (strict)."""
+"""The known-answers row's parts: the seeded probe sets (the twin's, the instruction model's), the judge of one
+reply on its answer span, the Wilson interval and the verdict against the floor, what the floor lets pass (the
+figures docs/run.md quotes), the profile keys (strict)."""
 
 from __future__ import annotations
+
+import math
+import re
 
 import pytest
 from pydantic import ValidationError
 
 from sparkforge.recipe.conformspec import ConformSettings, KnownAnswers
-from sparkforge.run.conform.known_answers import reply_text, score, wilson
+from sparkforge.run.conform.answer_span import answer_spans, judge
+from sparkforge.run.conform.instruct_probes import INSTRUCTION, instruct_probe_set
+from sparkforge.run.conform.known_answers import PROBE_SETS, reply_text, score, wilson
 from sparkforge.run.conform.probes import KINDS, WORDS, probe_set
 
 
@@ -41,6 +47,90 @@ def test_a_reply_is_judged_exactly_with_case_spacing_and_a_full_stop_aside() -> 
     arithmetic = probe_set(0, 1)[0]
     assert arithmetic.judge(f" {arithmetic.answer}. ") and not arithmetic.judge(f"{arithmetic.answer} 7")
     assert not arithmetic.judge(str(int(arithmetic.answer) + 1)) and not arithmetic.judge("")
+
+
+def test_the_instruct_set_asks_the_twins_questions_as_prose_with_one_answer_only_instruction() -> None:
+    twin, instruct = probe_set(5, 60, 4), instruct_probe_set(5, 60, 4)
+    assert [(p.kind, p.answer) for p in instruct] == [(p.kind, p.answer) for p in twin]
+    for asked, learnt in zip(instruct, twin, strict=True):
+        assert asked.prompt.endswith(INSTRUCTION) and asked.prompt.count("Answer:") == 1, asked.prompt
+        assert asked.prompt[0].isupper() and " ?" not in asked.prompt and " ." not in asked.prompt
+        assert "answer with the number" not in asked.prompt and " i " not in asked.prompt
+        # The question's own numbers, in the twin's order.
+        assert re.findall(r"\d+", asked.prompt) == re.findall(r"\d+", learnt.prompt)
+    by_kind = {p.kind: p.prompt for p in instruct}
+    assert (
+        by_kind["arithmetic"].startswith("What is ")
+        and "? Reply with the answer only" in by_kind["arithmetic"]
+    )
+    assert (
+        "What number did I ask you to remember?" in by_kind["recall"]
+        and "The sky is blue." in by_kind["recall"]
+    )
+
+
+def _lead_ins(answer: str) -> list[str]:
+    """A real model's ways of giving `answer` around a sentence of its own."""
+    return [
+        f"Sure! Here is the answer.\n\n{answer}",
+        f"Answer: {answer}",
+        f"Sure, here it is.\nAnswer: {answer}",
+        f"**Answer:** `{answer}`",
+        f"The answer is {answer}.",
+        f"{answer}\n\nI hope this helps.",
+        f"<think>easy</think>\nAnswer: {answer}",
+    ]
+
+
+@pytest.mark.parametrize("probes", [probe_set(0, 120), instruct_probe_set(0, 120)], ids=["twin", "instruct"])
+def test_the_judge_reads_the_answer_span_past_a_lead_in_and_refuses_a_wrong_answer(probes) -> None:
+    for probe in probes:
+        wrong = " ".join(str((int(w) + 1) % 100) if w.isdigit() else w for w in probe.answer.split())
+        assert judge(probe, probe.answer)  # the bare answer, as the twin replies
+        for reply in _lead_ins(probe.answer):
+            assert judge(probe, reply), (probe, reply)
+            assert not judge(probe, reply.replace(probe.answer, wrong)), (probe, reply)
+        # The marker decides: a right number first and a wrong "Answer:" line is wrong.
+        assert not judge(probe, f"{probe.answer}\nAnswer: {wrong}")
+        assert not judge(probe, "Sure, here it is.") and not judge(probe, "")
+
+
+def test_the_spans_judged() -> None:
+    assert answer_spans("Sure.\nAnswer: 4 5\nDone.") == ["Sure.\nAnswer: 4 5\nDone.", "4 5"]
+    assert answer_spans("Hello.\n\n12\n") == ["Hello.\n\n12\n", "Hello.", "12"]
+    assert answer_spans("Answers vary: 7") == ["Answers vary: 7", "Answers vary: 7", "Answers vary: 7"]
+
+
+def test_the_twin_set_is_judged_as_the_tiny_model_learnt_it() -> None:
+    # Every reply the exact rule (Probe.judge, the trainer's) accepts, the span judge accepts.
+    for probe in probe_set(0, 120):
+        for reply in (
+            probe.answer,
+            f" {probe.answer}. ",
+            probe.answer.upper(),
+            probe.answer.replace(" ", "  "),
+        ):
+            assert probe.judge(reply) == judge(probe, reply)
+    assert set(PROBE_SETS) == {"instruct", "twin"} and PROBE_SETS["twin"] is probe_set
+
+
+def test_the_floor_at_120_probes_needs_115_right_and_a_model_right_97_in_100_passes_85_percent() -> None:
+    # docs/run.md, "What the floor claims", quotes these figures.
+    def smallest_pass(total: int, floor: float) -> int:
+        return next(k for k in range(total + 1) if wilson(k, total)[0] >= floor)
+
+    def pass_chance(accuracy: float, total: int, floor: float) -> float:
+        return sum(
+            math.comb(total, k) * accuracy**k * (1 - accuracy) ** (total - k)
+            for k in range(smallest_pass(total, floor), total + 1)
+        )
+
+    assert (
+        smallest_pass(120, 0.9) == 115 and smallest_pass(120, 0.8) == 105 and smallest_pass(500, 0.9) == 464
+    )
+    chances = {a: round(pass_chance(a, 120, 0.9), 2) for a in (0.9, 0.95, 0.97, 0.98)}
+    assert chances == {0.9: 0.02, 0.95: 0.44, 0.97: 0.85, 0.98: 0.97}
+    assert round(pass_chance(0.95, 500, 0.9), 2) == 0.99
 
 
 def test_the_wilson_interval() -> None:
@@ -78,7 +168,7 @@ def test_a_chat_reply_without_content_is_an_empty_answer() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"floor": "0.9"}, {"count": 3}, {"floor": 1.5}, {"seed": True}, {"extra": 1}]
+    "bad", [{"floor": "0.9"}, {"count": 3}, {"floor": 1.5}, {"seed": True}, {"extra": 1}, {"probes": "real"}]
 )
 def test_the_profile_keys_are_strict(bad: dict) -> None:
     with pytest.raises(ValidationError):

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.run.conform.instruct_probes import instruct_probe_set
 from sparkforge.run.conform.known_answers import known_answers, sampled_answers
 from sparkforge.run.conform.probes import probe_set
 
@@ -97,3 +98,26 @@ def test_the_sampled_keys_are_strict(bad: dict) -> None:
         ConformSettings.model_validate({"known_answers": {"sampled": bad}})
     defaults = ConformSettings.model_validate({}).known_answers.sampled
     assert (defaults.temperature, defaults.top_p, defaults.floor) == (0.6, 0.95, 0.8)
+
+
+def test_a_real_models_lead_in_passes_the_instruct_set_the_default_for_a_profile_without_twin(
+    tmp_path,
+) -> None:
+    # A real model's replies: a sentence of its own, then the "Answer:" line the instruct probes ask for.
+    instruct = instruct_probe_set(0, 120)
+    replies = {p.prompt: f"Sure, here it is.\nAnswer: {p.answer.replace(' , ', ', ')}" for p in instruct}
+    handler = type("Handler", (_Chats,), {"answers": replies, "bodies": []})
+    real = tmp_path / "cpu-tiny-qwen35moe-conform.yaml"
+    real.write_text(PLAIN.read_text().replace("    probes: twin\n", ""))
+    with http_server(handler) as base:
+        run = conform_run(real, base)
+        assert run.settings.known_answers.probes == "instruct"  # the default
+        known_answers(run)
+        twin = conform_run(PLAIN, base)  # the twin's words: not what this server was asked
+        known_answers(twin)
+    (row,) = run.report.checks
+    assert row.status == "passed" and row.details["right"] == 120 and row.details["probes"] == "instruct", (
+        row.reason
+    )
+    assert [b["messages"][0]["content"] for b in handler.bodies[:120]] == [p.prompt for p in instruct]
+    assert twin.report.checks[0].status == "failed" and twin.report.checks[0].details["probes"] == "twin"

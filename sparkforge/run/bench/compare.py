@@ -127,6 +127,7 @@ def compare_docs(
         load = {"old": _outside(before[name]), "new": _outside(after[name])}
         old_v, new_v = _values(before[name]), _values(after[name])
         sizes = before[name]["details"].get("bench_sizes")
+        new_sizes = after[name]["details"].get("bench_sizes")  # several candidate benches (pooled)
         for metric in (m for m in METRICS if m in old_v and m in new_v):
             report.add(
                 metric_check(
@@ -137,6 +138,7 @@ def compare_docs(
                     load,
                     old_benches=sizes,
                     drift=(drift or {}).get(metric),
+                    new_benches=new_sizes,
                 )
             )
     report.extra.update(verdict_summary(report))
@@ -152,11 +154,20 @@ def metric_check(
     *,
     old_benches: list[int] | None = None,
     drift: Drift | None = None,
+    new_benches: list[int] | None = None,
 ) -> Check:
     """One metric of one level (the check `LEVEL:METRIC`): interval.estimate's verdict of the (old, new) repeats,
     its line (ratio, interval, floor) and evidence."""
     old, new = sides
-    est = estimate(old, new, METRICS[metric], threshold_pct, old_benches=old_benches, drift=drift)
+    est = estimate(
+        old,
+        new,
+        METRICS[metric],
+        threshold_pct,
+        old_benches=old_benches,
+        drift=drift,
+        new_benches=new_benches,
+    )
     a, b = Spread.of(old), Spread.of(new)
     return Check(
         f"{level}:{metric}",

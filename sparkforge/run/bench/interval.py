@@ -20,7 +20,8 @@ to the next (between-bench / within-bench standard deviation about 0.5 quiet, 1.
 repeats of one bench share that bench's draw, so they are not independent, and treating them so makes more repeats
 raise the false alarms. The interval is a random-effects one: a log figure = image + bench + repeat noise; the old
 mean is the mean of its benches' means, and its variance sigma^2 * mean(1/n_b)/k + tau^2/k (k benches), the new
-side's sigma^2/m + tau^2 (one bench); sigma^2 is the within-bench variance pooled over every bench of both sides,
+side's sigma^2/m + tau^2 (one bench; j benches of an interleaved two-image run: as the old side's, over j);
+sigma^2 is the within-bench variance pooled over every bench of both sides,
 tau^2 the between-bench variance estimated from the bench store (compare.drift_from_results: every image with
 two or more alike results, method of moments, pooled), else from the pooled baseline's own benches; the degrees
 of freedom by Satterthwaite. The drift also sets a floor no number of repeats goes below (`drift_floor_pct`: the
@@ -193,19 +194,25 @@ def estimate(
     *,
     old_benches: Sequence[int] | None = None,
     drift: Drift | None = None,
+    new_benches: Sequence[int] | None = None,
 ) -> Estimate:
     """The interval and verdict for one metric: old = every baseline repeat (pooled; `old_benches` the repeats
-    of each pooled bench, in order), new = the new repeats (one bench); `drift` the store's between-bench variance
-    (else estimated from the baseline's benches when there are two or more, else none: repeats independent)."""
+    of each pooled bench, in order), new = the new repeats (one bench, or several: `new_benches`, as an
+    interleaved two-image bench makes); `drift` the store's between-bench variance (else estimated from the
+    baseline's benches when there are two or more, else none: repeats independent)."""
     a, b = _logs(old), _logs(new)
     groups = _split(a, old_benches) if a is not None else [old]
     base = {"n_old": len(old), "n_new": len(new), "threshold_pct": threshold_pct, "benches_old": len(groups)}
     if a is None or b is None:
         return Estimate("inconclusive", None, None, None, None, None, df=None, **base)
-    k, m = len(groups), len(b)
-    diff = statistics.fmean(b) - statistics.fmean(statistics.fmean(g) for g in groups)
+    news = _split(b, new_benches)
+    k, j = len(groups), len(news)
+    # each side's mean is the mean of its benches' means; one new bench: the mean of its repeats
+    diff = statistics.fmean(statistics.fmean(h) for h in news) - statistics.fmean(
+        statistics.fmean(g) for g in groups
+    )
     ratio, worse = math.exp(diff), _worse(diff, higher_is_better)
-    within_df = len(a) + m - k - 1
+    within_df = len(a) + len(b) - k - j
     if drift is None and k >= 2:
         own = between_variance(groups)
         drift = Drift(own[0], own[1], k, "baseline") if own else None
@@ -213,10 +220,14 @@ def estimate(
         return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
     sw2 = (
         sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
-        + sum((x - statistics.fmean(b)) ** 2 for x in b)
+        + sum((x - statistics.fmean(h)) ** 2 for h in news for x in h)
     ) / max(within_df, 1)
-    within = sw2 * (sum(1 / len(g) for g in groups) / k**2 + 1 / m) if within_df >= 1 else 0.0
-    between = drift.tau2 * (1 / k + 1) if drift else 0.0
+    within = (
+        sw2 * (sum(1 / len(g) for g in groups) / k**2 + sum(1 / len(h) for h in news) / j**2)
+        if within_df >= 1
+        else 0.0
+    )
+    between = drift.tau2 * (1 / k + 1 / j) if drift else 0.0
     if within + between <= 0 and within_df < 1:
         return Estimate("inconclusive", ratio, None, None, None, worse, df=None, **base)
     se = math.sqrt(within + between)

@@ -1,7 +1,9 @@
-"""The `known-answers` row: the shipped probe set (sparkforge/run/conform/probes.py, from the profile's seed) asked
-as greedy chats, each reply right or wrong; accuracy with its Wilson 95 % interval, passed when the interval's
-lower bound reaches the profile's floor (`conform.known_answers.floor`): a deterministic fault that is identical
-in every mode (a scale off by a constant, wrong expert routing) fails here while every comparison of the server
+"""The `known-answers` row: a shipped probe set (`conform.known_answers.probes`: `instruct`, worded for a real
+model, sparkforge/run/conform/instruct_probes.py, or `twin`, the words the tiny model learnt, probes.py; from the
+profile's seed) asked as greedy chats, each reply right or wrong on its answer span (answer_span.py); accuracy
+with its Wilson 95 % interval, passed when the interval's lower bound reaches the profile's floor
+(`conform.known_answers.floor`; what that claims: docs/run.md, "What the floor claims"): a deterministic fault
+that is identical in every mode (a scale off by a constant, wrong expert routing) fails here while every comparison of the server
 with itself passes.
 
 The `sampled-answers` row asks the same probes with sampling (`conform.known_answers.sampled`: temperature,
@@ -14,15 +16,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 from sparkforge.recipe.conformspec import KnownAnswers, SampledAnswers
 from sparkforge.report import Check
+from sparkforge.run.conform.answer_span import judge
 from sparkforge.run.conform.apisurface import chat, thinking_switch
 from sparkforge.run.conform.conformrun import ConformRun
+from sparkforge.run.conform.instruct_probes import instruct_probe_set
 from sparkforge.run.conform.probes import Probe, probe_set
 from sparkforge.run.conform.spec_decode import uses_speculative
 
 Z95 = 1.959964
+# `conform.known_answers.probes`: each set's maker (seed, count, recall span).
+PROBE_SETS: dict[str, Callable[[int, int, int], list[Probe]]] = {
+    "instruct": instruct_probe_set,
+    "twin": probe_set,
+}
 
 
 def wilson(right: int, total: int, z: float = Z95) -> tuple[float, float]:
@@ -43,7 +53,7 @@ def score(
     seed: int | None = None,
 ) -> Check:
     """The row's verdict from the replies (one per probe, in order) against `spec.floor`."""
-    right = [probe.judge(reply) for probe, reply in zip(probes, replies, strict=True)]
+    right = [judge(probe, reply) for probe, reply in zip(probes, replies, strict=True)]
     total, hits = len(probes), sum(right)
     low, high = wilson(hits, total)
     kinds, kinds_right = (
@@ -90,7 +100,7 @@ def reply_text(doc: object) -> str:
 def _asked(run: ConformRun, sampled: bool) -> tuple[list[Probe], list[str]]:
     """The probe set and each reply: greedy, or sampled with the profile's knobs and a seed per probe."""
     spec = run.settings.known_answers
-    probes = probe_set(spec.seed, spec.count, spec.recall_span)
+    probes = PROBE_SETS[spec.probes](spec.seed, spec.count, spec.recall_span)
     thinking = thinking_switch({k.replace("_", "-"): v for k, v in run.profile.model.args.items()}, False)
     knobs = {"temperature": spec.sampled.temperature, "top_p": spec.sampled.top_p} if sampled else {}
     replies = [
@@ -110,7 +120,12 @@ def _asked(run: ConformRun, sampled: bool) -> tuple[list[Probe], list[str]]:
 
 
 def known_answers(run: ConformRun) -> None:
-    run.timed("known-answers", lambda: score(*_asked(run, False), run.settings.known_answers))
+    def row() -> Check:
+        check = score(*_asked(run, False), run.settings.known_answers)
+        check.details["probes"] = run.settings.known_answers.probes
+        return check
+
+    run.timed("known-answers", row)
 
 
 def sampled_answers(run: ConformRun) -> None:
@@ -118,7 +133,9 @@ def sampled_answers(run: ConformRun) -> None:
 
     def row() -> Check:
         check = score(*_asked(run, True), sampled, "sampled-answers", run.settings.seed)
-        check.details.update(temperature=sampled.temperature, top_p=sampled.top_p)
+        check.details.update(
+            temperature=sampled.temperature, top_p=sampled.top_p, probes=run.settings.known_answers.probes
+        )
         check.reason = f"temperature {sampled.temperature:g}, top-p {sampled.top_p:g}: {check.reason}"
         greedy = next((c for c in run.report.checks if c.name == "known-answers"), None)
         if check.status == "failed" and greedy is not None and greedy.status == "passed":
