@@ -24,6 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib", "/usr", "/bin", "/sbin",
                "/lib", "/lib64")  # fmt: skip
 MAX_JSON_BYTES = 16 << 20
+MAX_PATCH_BYTES = 64 << 20  # a patch of a series (patches/): the largest upstream diffs are a few MiB
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 1_000_000
 MAX_INT_DIGITS = 40  # a JSON integer's digits: a count or size never needs more (Python parses 4,300)
