@@ -71,8 +71,6 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         "issue 42 owns recipe/community/*: the trial copy "
         "in a temporary folder, the profile after check_output",
     ),
-    "sparkforge/registry/cosign.py": ({"json", "path-io"}, f"{ENGINE}; {SCRATCH} (the predicate for cosign)"),
-    "sparkforge/registry/cosigninstall.py": ({"path-io"}, f"{SCRATCH} (apt sources for the cosign .deb)"),
     "sparkforge/registry/earlier.py": (
         {"path-io", "walk"},
         "the project's own recipes at an earlier commit, from `git archive` into a temporary folder",
@@ -86,7 +84,6 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         f"{CONTAINER} (the bench clients' JSON); hashes a wheel the user named for the identity",
     ),
     "sparkforge/run/jobs.py": ({"json", "path-io"}, f"{OWN} (tests/image helpers); {CONTAINER}"),
-    "sparkforge/verify/evidence.py": ({"path-io", "walk"}, f"{OWN} (hashes verify/inimage, the suite)"),
     "sparkforge/verify/selection.py": (
         {"json", "path-io"},
         f"{OWN} (the selection script); {CACHE}; {CONTAINER}",
@@ -116,8 +113,9 @@ def test_the_allow_list_only_shrinks() -> None:
     assert all(len(reason) > 20 for _, reason in ALLOWED.values())
     # issue 59: the registry client (every method through urlfetch.request_url), the engine's error types, the
     # docker-save manifest, the weight progress lines, patches/ reads and hashes, node logs, workflows, csrc/'s
-    # walk and a wheel's file list left the list; no entry speaks HTTP any more.
-    assert len(ALLOWED) <= 28
+    # walk, a wheel's file list, cosign's envelopes and predicate, its apt sources and the suite's digest left
+    # the list; no entry speaks HTTP any more.
+    assert len(ALLOWED) <= 25
     assert not any("http" in kinds for kinds, _ in ALLOWED.values())
 
 
