@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import posixpath
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib", "/usr", "/bin", "/sbin",
                "/lib", "/lib64")  # fmt: skip
 MAX_JSON_BYTES = 16 << 20
+MAX_PATCH_BYTES = 64 << 20  # a patch of a series (patches/): the largest upstream diffs are a few MiB
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 1_000_000
 MAX_INT_DIGITS = 40  # a JSON integer's digits: a count or size never needs more (Python parses 4,300)
@@ -174,6 +176,11 @@ def read_text(
     return text
 
 
+# Portable rules: standard library only and no other name of this module (but MAX_INT_DIGITS), so that programs
+# running inside an image without sparkforge (the weight server and puller) run these very functions: their
+# source is shipped into the programs' text (run/weights/weightscripts.py, PORTABLE), a test proves it.
+
+
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -200,19 +207,110 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def loads_strict(text: str | bytes) -> Any:
+    """JSON with finite numbers only (no NaN, Infinity, 1e309), integers of at most MAX_INT_DIGITS digits and no
+    key twice; a ValueError (or RecursionError) otherwise. parse_json's core, and the weight puller's."""
+    return json.loads(
+        text,
+        parse_constant=_refuse_constant,
+        parse_float=_finite_float,
+        parse_int=_bounded_int,
+        object_pairs_hook=_unique_keys,
+    )
+
+
+def manifest_path(rel: object) -> str | None:
+    """A weight manifest's path as given when it is relative, normalised POSIX, free of '..' and control
+    characters and outside the part folder; None otherwise."""
+    if (
+        not isinstance(rel, str)
+        or not rel
+        or rel.startswith("/")
+        or any(ord(c) < 32 or c == "\x7f" for c in rel)
+    ):
+        return None
+    norm = posixpath.normpath(rel)
+    if norm != rel or norm == "." or norm.split("/")[0] in ("..", ".sparkforge-part") or "/../" in "/" + norm:
+        return None
+    return norm
+
+
+def check_manifest(
+    entries: object, max_size: int = 1 << 42, max_entries: int = 1_000_000
+) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[str, str]]]:
+    """A weight manifest's files {path: (size, sha256)} and links {path: (target, resolved path)}: every path
+    `manifest_path`'s, none twice nor both a file and a folder, sizes whole numbers in 0..`max_size`, sha256s 64
+    lower-case hex characters, links only to files of the manifest; a ValueError naming the entry otherwise."""
+    files: dict[str, tuple[int, str]] = {}
+    links: dict[str, tuple[str, str]] = {}
+    folders: set[str] = set()
+    if isinstance(entries, list) and len(entries) > max_entries:
+        raise ValueError(f"the manifest lists {len(entries)} entries, more than {max_entries}")
+    for entry in entries if isinstance(entries, list) else [None]:
+        rel = manifest_path(entry.get("path")) if isinstance(entry, dict) else None
+        if rel is None or not isinstance(entry, dict):
+            raise ValueError(
+                f"manifest entry {str(entry)[:200]!r}: not a relative path inside the model folder"
+            )
+        if rel in files or rel in links:
+            raise ValueError(f"{rel}: listed twice in the manifest")
+        folders.update("/".join(rel.split("/")[:i]) for i in range(1, rel.count("/") + 1))
+        if "link" in entry:
+            target = entry["link"]
+            joined = posixpath.join(posixpath.dirname(rel), target) if isinstance(target, str) else ""
+            resolved = posixpath.normpath(joined) if joined else ""
+            if (
+                not isinstance(target, str)
+                or target.startswith("/")
+                or resolved.startswith("..")
+                or resolved in (".", "")
+            ):
+                raise ValueError(f"{rel}: link to {str(target)[:200]!r} leaves the model folder")
+            links[rel] = (target, resolved)
+            continue
+        size, digest = entry.get("size"), entry.get("sha256")
+        hexdigits = (
+            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        )
+        if type(size) is not int or not 0 <= size <= max_size or not hexdigits:
+            raise ValueError(
+                f"{rel}: the manifest gives no size in 0..{max_size} and hex sha256 ({str(digest)[:80]!r})"
+            )
+        files[rel] = (size, str(digest))
+    for rel in sorted(folders & (set(files) | set(links))):
+        raise ValueError(f"{rel}: both a file and a folder in the manifest")
+    for rel, (target, resolved) in links.items():
+        if resolved not in files:
+            raise ValueError(f"{rel}: link to {target!r} points at no file of the manifest")
+    return files, links
+
+
+PORTABLE = (
+    _refuse_constant,
+    _finite_float,
+    _bounded_int,
+    _unique_keys,
+    loads_strict,
+    manifest_path,
+    check_manifest,
+)
+
+
+def portable_source() -> str:
+    """The portable rules as program text (MAX_INT_DIGITS, then each function's own source), for a program
+    that runs where sparkforge is not installed; it needs `json`, `math` and `posixpath` imported."""
+    import inspect
+
+    return "\n\n".join([f"MAX_INT_DIGITS = {MAX_INT_DIGITS!r}", *(inspect.getsource(f) for f in PORTABLE)])
+
+
 def parse_json(
     text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH, max_items: int = MAX_JSON_ITEMS
 ) -> Any:
     """JSON as the boundary takes it: finite numbers only (no NaN, Infinity, 1e309), no key twice, bounded
     nesting and size."""
     try:
-        data = json.loads(
-            text,
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-            object_pairs_hook=_unique_keys,
-        )
+        data = loads_strict(text)
     except RecursionError:
         raise InputError(
             f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: name the file sparkforge wrote"

@@ -125,7 +125,8 @@ def _client() -> Any:
 def sdk_errors(what: str) -> Iterator[None]:
     """Translate the Docker SDK's errors (APIError, connection errors) into one EngineError naming the step."""
     import docker.errors
-    import requests
+
+    from sparkforge.urlfetch import ConnectionFailure
 
     try:
         yield
@@ -138,7 +139,7 @@ def sdk_errors(what: str) -> Iterator[None]:
             f"{what}: the Docker engine refused ({exc.status_code}: {exc.explanation or exc}); fix: check the "
             "image reference and the engine's log ('journalctl -u docker' or /var/log/dockerd.log)"
         ) from None
-    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
+    except (docker.errors.DockerException, ConnectionFailure) as exc:
         raise EngineError(
             f"{what}: {engine_stopped_message(_sdk_address(), what)} ({exc.__class__.__name__})"
         ) from None

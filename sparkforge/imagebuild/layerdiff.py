@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sparkforge.boundary import parse_json
 
 SMALL_TEXT = 16 << 10  # a content diff is shown for text files up to this size
 DIFF_LINES = 40
@@ -98,11 +99,11 @@ class LayerDiff:
 def read_saved(archive: Path) -> SavedImage:
     """The (first) image of a `docker save` archive."""
     with tarfile.open(archive) as tar:
-        manifest = json.loads(_read(tar, "manifest.json"))[0]
+        manifest = parse_json(_read(tar, "manifest.json").decode("utf-8"), f"{archive}: manifest.json")[0]
         raw = _read(tar, manifest["Config"])
     return SavedImage(
         archive,
-        json.loads(raw),
+        parse_json(raw.decode("utf-8"), f"{archive}: {manifest['Config']}"),
         "sha256:" + hashlib.sha256(raw).hexdigest(),
         tuple(manifest["Layers"]),
     )

@@ -18,14 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
-
 from sparkforge.boundary import parse_json, read_json
 from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, PreflightError
-from sparkforge.urlfetch import Fetched, FetchError, Unreachable, fetch_url
+from sparkforge.urlfetch import Fetched, FetchError, HttpSession, Unreachable, fetch_url, retrying_session
 
 _CHUNK = 1 << 20
 _RANGE_BLOCK = 256 * 1024  # ranged reads fetch at least this much: a zip directory is read in few requests
@@ -49,41 +45,10 @@ def preflight_cache(*parts: str) -> Path:
     return cache_path("preflight", *parts)
 
 
-class _Session(requests.Session):
-    """A Session whose own `verify` (the chosen CA bundle) wins over REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE.
-
-    requests puts those variables over `session.verify` for every request that passes no `verify` of its own
-    (Session.merge_environment_settings, with trust_env), so a bundle set on the session was silently replaced;
-    trust_env stays on for the proxy variables (builds reach PyPI through a TLS proxy)."""
-
-    def merge_environment_settings(
-        self, url: str, proxies: Any, stream: Any, verify: Any, cert: Any
-    ) -> dict[str, Any]:
-        if verify is None and self.verify is not True:
-            verify = self.verify
-        return super().merge_environment_settings(url, proxies, stream, verify, cert)
-
-
-def _session(retries: int, ca_bundle: Path | None = None) -> requests.Session:
-    retry = Retry(
-        total=retries,
-        connect=1,  # an unreachable host (no DNS, firewall) should fail fast, not after backoffs
-        read=1,  # a read timeout retried once: the fetcher's total deadline bounds the rest
-        backoff_factor=0.5,
-        status_forcelist=(429, 500, 502, 503, 504),
-        allowed_methods=frozenset({"GET", "HEAD"}),
-        raise_on_status=False,
-    )
-    session = _Session()
-    adapter = HTTPAdapter(max_retries=retry)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-    session.headers["User-Agent"] = "sparkforge-preflight"
+def _session(retries: int, ca_bundle: Path | None = None) -> HttpSession:
     # The CA bundle builds use (a TLS-intercepting proxy's) is trusted for upstream facts too.
     bundle = str(ca_bundle) if ca_bundle else os.environ.get("SPARKFORGE_CA_BUNDLE")
-    if bundle:
-        session.verify = bundle
-    return session
+    return retrying_session(retries, bundle, "sparkforge-preflight")
 
 
 @dataclass(frozen=True)
@@ -93,7 +58,7 @@ class Fetcher:
     offline: bool = False
     timeout: float = 30.0
     retries: int = 3
-    session: requests.Session = field(default_factory=lambda: _session(3), compare=False, repr=False)
+    session: HttpSession = field(default_factory=lambda: _session(3), compare=False, repr=False)
 
     def _refuse_offline(self, what: str) -> None:
         if self.offline:

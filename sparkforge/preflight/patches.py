@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import MAX_PATCH_BYTES, read_bytes
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.report import Check
@@ -93,11 +94,16 @@ def explain_failure(patch_text: str, output: str) -> str:
     return errors[0] if errors else (output.splitlines() or ["git apply failed"])[-1]
 
 
+def read_patch(patch: Path) -> str:
+    """A patch of patches/ as text (a stray byte replaced: a patch may carry a binary hunk's context)."""
+    return read_bytes(patch, "patch", MAX_PATCH_BYTES).decode("utf-8", "replace")
+
+
 def prepare_scratch(root: Path, patches: list[Path], scratch: Path) -> list[str]:
     """Copy the files the series touches from `root` into `scratch`; returns those copied."""
     copied = []
     for patch in patches:
-        text = patch.read_text(errors="replace")
+        text = read_patch(patch)
         if escaping_paths(text):
             raise ValueError(
                 f"{patch}: names paths outside the source tree: {', '.join(escaping_paths(text))}"
@@ -135,7 +141,7 @@ def check_patches(
             "shipped); fix: put the patch itself in patches/"
         )
         return
-    escaping = {_display(p, repo_root): escaping_paths(p.read_text(errors="replace")) for p in patches}
+    escaping = {_display(p, repo_root): escaping_paths(read_patch(p)) for p in patches}
     escaping = {name: paths for name, paths in escaping.items() if paths}
     if escaping:
         check.status = "failed"
@@ -151,7 +157,7 @@ def check_patches(
     problems: list[str] = []
     for patch in patches:
         name = _display(patch, repo_root)
-        text = patch.read_text(errors="replace")
+        text = read_patch(patch)
         ok, output = _git_apply(session, scratch, patch, "--check", "-v")
         if ok:
             _git_apply(session, scratch, patch)

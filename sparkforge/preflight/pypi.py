@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from sparkforge import oci
+from sparkforge.boundary import write_output
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import (
     Fetcher,
@@ -164,5 +165,5 @@ def cached_members(
         wanted = [*members, *(n for n in names if suffixes and n.endswith(tuple(suffixes)))]
         tmp = scratch_dir("wheels")
         extract_wheel_members(archive, wanted, tmp)  # the one guarded copy (no absolute or '..' members)
-    (tmp / WHEEL_FILE_LIST).write_text("\n".join(names) + "\n")
+    write_output(tmp / WHEEL_FILE_LIST, "\n".join(names) + "\n", "a wheel's file list")
     return publish_dir(tmp, final)

@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
+from sparkforge.boundary import walk_tree
 from sparkforge.errors import SparkforgeError
 
 
@@ -16,7 +17,8 @@ class ProbeError(SparkforgeError):
 def source_files(root: Path) -> list[str]:
     """Every .cu/.cpp under csrc/, relative to the vLLM root."""
     csrc = root / "csrc"
-    return sorted(str(p.relative_to(root)) for p in csrc.rglob("*") if p.suffix in (".cu", ".cpp"))
+    files = walk_tree(csrc, "vLLM's csrc/", max_entries=200_000)  # no link followed out of the tree
+    return sorted(str(p.relative_to(root)) for p in files if p.suffix in (".cu", ".cpp"))
 
 
 def closest(unit: str, candidates: Sequence[str], count: int = 3) -> list[str]:

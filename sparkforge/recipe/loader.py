@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sparkforge.boundary import is_system_path
+from sparkforge.boundary import MAX_PATCH_BYTES, is_system_path, sha256_file
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.schema import RecipeModel
 from sparkforge.recipe.yamlfile import YamlDoc, read_yaml
@@ -62,7 +62,7 @@ class Recipe:
         for name, component in self.model.components.items():
             for patch in component.patches:
                 digest.update(f"{name}:{patch}:".encode())
-                digest.update(hashlib.sha256(patch_file(patch).read_bytes()).digest())
+                digest.update(bytes.fromhex(sha256_file(patch_file(patch), "patch", MAX_PATCH_BYTES)))
         return digest.hexdigest()
 
     def patch_paths(self) -> list[Path]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import __version__, oci
+from sparkforge.boundary import MAX_PATCH_BYTES, sha256_file
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
 
@@ -107,8 +107,8 @@ def lock(recipe: Recipe, effective: Bases | None = None) -> dict[str, Any]:
     patches = []
     for name, component in m.components.items():
         for patch in component.patches:
-            data = (REPO_ROOT / patch).read_bytes()
-            patches.append({"component": name, "path": patch, "sha256": hashlib.sha256(data).hexdigest()})
+            digest = sha256_file(REPO_ROOT / patch, "patch", MAX_PATCH_BYTES)
+            patches.append({"component": name, "path": patch, "sha256": digest})
     return {
         "tool": "sparkforge",
         "version": __version__,

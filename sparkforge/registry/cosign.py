@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import parse_json, write_output
 from sparkforge.commands import Command, Result, Runner
 from sparkforge.errors import CommandError, PublishError
 from sparkforge.recipe import plan
@@ -266,7 +267,7 @@ class Cosign:
         path = (
             folder / f"predicate-{hashlib.sha256(ref.encode()).hexdigest()[:12]}-{_slug(predicate_type)}.json"
         )
-        path.write_text(json.dumps(predicate, indent=2, sort_keys=True) + "\n")
+        write_output(path, json.dumps(predicate, indent=2, sort_keys=True) + "\n", "cosign's predicate")
         argv = (self.binary, "attest", "--yes", *signer.sign_args(), "--type", predicate_type)
         self.runner.run(Command((*argv, "--predicate", str(path), ref)), "cosign-attest", quiet=True)
 
@@ -318,9 +319,9 @@ def _statements(output: str, predicate_type: str) -> list[Statement]:
     for line in output.splitlines():
         if not line.startswith("{"):
             continue
-        envelope = json.loads(line)
+        envelope = parse_json(line, "cosign's DSSE envelope")
         raw = base64.b64decode(envelope["payload"])
-        statement = json.loads(raw)
+        statement = parse_json(raw.decode("utf-8", "replace"), "the envelope's in-toto statement")
         if statement.get("predicateType") != predicate_type:
             continue
         subjects = tuple(

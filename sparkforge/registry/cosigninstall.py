@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkforge.boundary import write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.registry.cosign import SigningError
@@ -19,9 +20,11 @@ def install_cosign(session: Session, mirror: str, workdir: Path) -> str:
     sources = state / "sources.list.d"
     for sub in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
         sub.mkdir(parents=True, exist_ok=True)
-    (sources / "trixie.sources").write_text(
+    write_output(
+        sources / "trixie.sources",
         f"Types: deb\nURIs: {mirror}\nSuites: trixie\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        "apt sources",
     )
     opts = (
         "-o",

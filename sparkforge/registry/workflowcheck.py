@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from sparkforge.boundary import read_text
+
 # Triggers that carry someone else's code or choice of ref to a job (fork PRs, comments, chained runs).
 UNSAFE_TRIGGERS = (
     "pull_request",
@@ -44,6 +46,7 @@ CHOICE = re.compile(r"\(?\s*(matrix|inputs|github)\.[\w.-]+\s*[!=]=\s*'[^']*'\s*
 CACHE_WORDS = re.compile(
     r"type=(registry|gha|local|s3|azblob)|cache-(from|to)(?!\s+\"?\$\{CACHE_(FROM|TO)\})"
 )
+MAX_WORKFLOW_BYTES = 1 << 20  # a workflow file: a few KiB
 
 
 def _split(expression: str, op: str) -> list[str]:
@@ -199,5 +202,8 @@ def cache_problems(workflows: Mapping[str, Mapping[Any, Any]]) -> list[str]:
 
 
 def check_files(folder: Path, repository: str) -> list[str]:
-    workflows = {p.name: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.y*ml"))}
+    workflows = {
+        p.name: yaml.safe_load(read_text(p, "workflow", MAX_WORKFLOW_BYTES)) or {}
+        for p in sorted(folder.glob("*.y*ml"))
+    }
     return workflow_problems(workflows, repository)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkforge.boundary import linear_regex
+from sparkforge.boundary import linear_regex, write_output
 from sparkforge.run.nodes import NodeEngine
 
 LOG_DIR_ENV = "SPARKFORGE_LOG_DIR"  # default: ./logs/run
@@ -40,5 +40,5 @@ def keep_logs(engines: Sequence[NodeEngine], names: Sequence[str], root: Path | 
     where.mkdir(parents=True, exist_ok=True)
     for engine, name in zip(engines, names, strict=True):
         text = engine.logs(name, timeout=60)
-        (where / f"node{engine.node.rank}-{name}.log").write_text(text)
+        write_output(where / f"node{engine.node.rank}-{name}.log", text, "a node's log")
     return where

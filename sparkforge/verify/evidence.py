@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import sha256_file, walk_tree
 from sparkforge.verify.imagechecks import IMAGE_CHECKS
 
 # Every check the in-image suite must report, in its order (the registry; rows declared in inimage/checklist.py).
@@ -48,14 +49,17 @@ def sm_of(capability: str) -> str:
     return f"sm_{major}{minor}"
 
 
+MAX_SUITE_FILE = 16 << 20  # a file of the in-image suite: a few KiB of Python
+
+
 def suite_digest(root: Path) -> str:
     """sha256 over the suite's files (relative path and bytes, sorted): which suite judged an image."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if not path.is_file() or any(part in SUITE_IGNORED for part in path.parts) or path.suffix == ".pyc":
+    for path in walk_tree(root, "the in-image suite"):  # regular files only, no link followed
+        if any(part in SUITE_IGNORED for part in path.parts) or path.suffix == ".pyc":
             continue
         digest.update(str(path.relative_to(root)).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(bytes.fromhex(sha256_file(path, "the in-image suite", MAX_SUITE_FILE)))
     return "sha256:" + digest.hexdigest()
 
 

@@ -123,7 +123,7 @@ def test_deptry_is_clean_over_the_package_and_the_tests() -> None:
 
 
 def test_deptry_fails_on_a_transitive_import(tmp_path: Path) -> None:
-    # The real configuration, with urllib3 taken out of the declared dependencies: fetch.py imports it
+    # The real configuration, with urllib3 taken out of the declared dependencies: urlfetch.py imports it
     # directly while requests still brings it, which must be an error (DEP003), not a pass.
     text = (REPO_ROOT / "pyproject.toml").read_text()
     (tmp_path / "pyproject.toml").write_text(re.sub(r'\n  "urllib3>=[^\n]*', "", text))
@@ -135,7 +135,7 @@ def test_deptry_fails_on_a_transitive_import(tmp_path: Path) -> None:
     result = subprocess.run(deptry_argv(tmp_path), cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1
     assert re.search(
-        r"sparkforge/preflight/fetch\.py:\d+:\d+: DEP003 'urllib3'", result.stdout + result.stderr
+        r"sparkforge/urlfetch\.py:\d+:\d+: DEP003 'urllib3'", result.stdout + result.stderr
     )
 
 

@@ -26,15 +26,20 @@ sends nothing to any other. The handshake and the request head share HEAD_S. (Wi
 programs speak plain HTTP: the HMAC layer on its own, as the hostile-head tests exercise it.)
 
 The puller: proves the head, fetches the manifest and checks it against the sha256 sparkforge passed (64 hex
-characters on its command line, whatever the model's file count), validates every entry (relative paths inside
-the folder, hex sha256, integer sizes, no path twice, no path both a file and a folder, links only to manifest
-files) before anything is written; never follows a redirect; one total deadline (SPARKFORGE_DEADLINE_S) over
+characters on its command line, whatever the model's file count), reads it as strict JSON and validates every
+entry (relative paths inside the folder, hex sha256, integer sizes, no path twice, no path both a file and a
+folder, links only to manifest files) before anything is written, by the boundary's own functions
+(boundary.loads_strict, check_manifest: their source travels in the program, `program`); never follows a redirect; one total deadline (SPARKFORGE_DEADLINE_S) over
 everything the server does, each read and connect bounded too; never writes through a link planted in the folder;
 each file is written to a part file named by its sha256, read at most to the manifest's size, checked, and only
 then renamed into place (resumable: a part is re-hashed before it is continued).
 """
 
 from __future__ import annotations
+
+import functools
+
+from sparkforge.boundary import portable_source
 
 AUTH_HEADER = "X-Sparkforge-Auth"  # a peer's per-request proof
 
@@ -59,8 +64,8 @@ def manifest():
     cached = {}
     try:
         with open(cache) as handle:
-            cached = {e["path"]: e for e in json.load(handle) if HEX64.fullmatch(str(e.get("sha256")))}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            cached = {e["path"]: e for e in loads_strict(handle.read()) if HEX64.fullmatch(str(e.get("sha256")))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         cached = {}
     out = []
     for base, dirs, files in os.walk(root):
@@ -386,43 +391,12 @@ if response.status != 200:
 raw = response.read(MAX_MANIFEST + 1); conn.close()
 if len(raw) > MAX_MANIFEST or hashlib.sha256(raw).hexdigest() != want:
     fail(f"the manifest's sha256 is not the {want} the head printed; nothing written")
+# The boundary's own rules (shipped above this program's text): strict JSON, then every entry checked.
 try:
-    entries = json.loads(raw)
-except ValueError:
-    fail("the manifest is not JSON; nothing written")
-def clean(rel):
-    # A manifest path: relative, normalised, no '..', no NUL or control characters, not the part folder.
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or any(ord(c) < 32 for c in rel):
-        return None
-    norm = posixpath.normpath(rel)
-    if norm != rel or norm == "." or norm.split("/")[0] in ("..", ".sparkforge-part") or "/../" in "/" + norm:
-        return None
-    return norm
-files, links, folders = {}, {}, set()
-for entry in entries if isinstance(entries, list) else [None]:
-    rel = clean(entry.get("path")) if isinstance(entry, dict) else None
-    if rel is None:
-        fail(f"manifest entry {str(entry)[:200]!r}: not a relative path inside the model folder; nothing written")
-    if rel in files or rel in links:
-        fail(f"{rel}: listed twice in the manifest; nothing written")
-    folders.update("/".join(rel.split("/")[:i]) for i in range(1, rel.count("/") + 1))
-    if "link" in entry:
-        target = entry["link"]
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target)) if isinstance(target, str) else ""
-        if not isinstance(target, str) or target.startswith("/") or resolved.startswith("..") or resolved == ".":
-            fail(f"{rel}: link to {str(target)[:200]!r} leaves the model folder; nothing written")
-        links[rel] = (target, resolved)
-    else:
-        size, digest = entry.get("size"), entry.get("sha256")
-        if type(size) is not int or size < 0 or not isinstance(digest, str) or not HEX64.fullmatch(digest):
-            fail(f"{rel}: the manifest gives no size and hex sha256 ({str(digest)[:80]!r}); nothing written")
-        files[rel] = (size, digest)
-        total += size
-for rel in folders & (set(files) | set(links)):
-    fail(f"{rel}: both a file and a folder in the manifest; nothing written")
-for rel, (target, resolved) in links.items():
-    if resolved not in files:
-        fail(f"{rel}: link to {target!r} points at no file of the manifest; nothing written")
+    files, links = check_manifest(loads_strict(raw.decode("utf-8")))
+except (ValueError, RecursionError) as exc:
+    fail(f"{str(exc)[:300]}; nothing written")
+total = sum(size for size, _ in files.values())
 def real_dir(rel):
     # Every folder from dest down to rel is a real folder (created here), never a link planted in dest.
     path = dest
@@ -505,14 +479,21 @@ report("done")
 """
 
 
+@functools.cache
+def program(script: str) -> str:
+    """`script` after the boundary's portable rules (boundary.portable_source): the image has no sparkforge, so
+    the very functions the host runs travel in the program's text."""
+    return f"from __future__ import annotations\nimport json, math, posixpath\n{portable_source()}\n{script}"
+
+
 def serve_args(root: str, host: str, port: int, key: str, cache: str, *, tls: bool = True) -> tuple[str, ...]:
     """`python3` arguments of the head's server: the folder, where it listens, the per-run key, the manifest cache;
     `tls`: a per-run certificate, its sha256 printed in the `serving` event."""
-    return ("-c", SERVE_SCRIPT, root, host, str(port), key, cache, *(("tls",) if tls else ()))
+    return ("-c", program(SERVE_SCRIPT), root, host, str(port), key, cache, *(("tls",) if tls else ()))
 
 
 def pull_args(base: str, dest: str, key: str, manifest_sha256: str, cert_sha256: str = "") -> tuple[str, ...]:
     """`python3` arguments of a peer's puller: the server's URL, the folder, the per-run key and the sha256 of the
     manifest the head printed (the manifest itself is fetched from the proven head and checked against it); with
     `cert_sha256` (an https:// URL), the only certificate it talks to."""
-    return ("-c", PULL_SCRIPT, base, dest, key, manifest_sha256, *((cert_sha256,) if cert_sha256 else ()))
+    return ("-c", program(PULL_SCRIPT), base, dest, key, manifest_sha256, *((cert_sha256,) if cert_sha256 else ()))

@@ -10,7 +10,6 @@ cache's snapshot links recreated only inside the folder; one deadline over the w
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -18,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkforge.boundary import parse_json
 from sparkforge.context import Session
-from sparkforge.errors import RunError
+from sparkforge.errors import InputError, RunError
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 from sparkforge.run.postmortem import keep_logs
 from sparkforge.run.weights.weightscripts import pull_args, serve_args
@@ -61,9 +61,11 @@ def json_events(text: str) -> list[dict[str, Any]]:
     for line in text.splitlines():
         if line.startswith("{"):
             try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
+                event = parse_json(line, "a weight transfer's progress line")
+            except InputError:
+                continue  # a line that is not strict JSON is not an event
+            if isinstance(event, dict):
+                out.append(event)
     return out
 
 
