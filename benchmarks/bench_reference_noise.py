@@ -22,7 +22,7 @@ from pathlib import Path
 from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.logprobs import Decode
 from sparkforge.run.conform.reference import ReferenceRun, reference_scores, run_reference
-from sparkforge.run.conform.teacher import DEFAULT_TOLERANCE, judge, noise
+from sparkforge.run.conform.teacher import Tolerances, judge, noise
 from sparkforge.run.launch import MODEL_MOUNT
 from sparkforge.run.nodes import LOCAL, NodeEngine
 
@@ -97,11 +97,11 @@ def main(image: str, model: Path, levels: list[float]) -> None:
         with tempfile.TemporaryDirectory(prefix="noisy-model-", dir=model.parent) as tmp:
             noisy_copy(engine, image, model.resolve(), level, Path(tmp))
             noisy, seconds = score(engine, image, Path(tmp))
-        verdicts = judge(served, noisy, DEFAULT_TOLERANCE)
+        verdicts = judge(served, noisy, Tolerances())
         misses = [v.miss for v in verdicts if v.miss is not None]
         print(json.dumps({
-            "level": level, "seconds": round(seconds, 1), "tolerance": DEFAULT_TOLERANCE,
-            "prompts_failing": len(misses), "of": len(verdicts), "deltas": noise(verdicts),
+            "level": level, "seconds": round(seconds, 1), "tolerances": [Tolerances().served, Tolerances().top],
+            "prompts_failing": len(misses), "of": len(verdicts), "deltas": noise(verdicts), "top_deltas": noise(verdicts, top=True),
             "first": [m.to_dict() for m in misses[:2]],
         }), flush=True)  # fmt: skip
 

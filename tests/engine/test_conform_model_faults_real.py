@@ -5,7 +5,8 @@ another role tag), while the `reference` row's transformers reads the clean fold
 
 Each fault must fail at least one of the two rows that look at the model's answers (`known-answers`: 120 probes
 as chats; `reference`: every served position scored teacher-forced against the clean weights); which row caught
-which fault is printed and recorded (benchmarks/conform.md, docs/conform-rows.md's table). The output layer at
+which fault is printed and recorded (benchmarks/conform.md, docs/run.md's table). The chat template leaves the
+weights and the completions path as they are: `reference` must pass it (no false alarm). The output layer at
 half scale changes no greedy token: known-answers passes it 120/120 and only the logprob values show it.
 """
 
@@ -29,7 +30,7 @@ MUST_FAIL = {
     "lm_head x0.5": {"reference"},
     "experts x0.5": {"reference"},
     "routing swapped": {"reference"},
-    "rope_theta x100": {"reference"},
+    "rope_theta x100": {"known-answers"},
     "chat template": {"known-answers"},
 }
 CAUGHT: dict[str, dict[str, str]] = {}
@@ -59,7 +60,7 @@ def _caught(fault: str, cpu_twin: str, trained_model: Path, tmp_path: Path) -> d
     if "reference" in failed:
         # Named where and by how much, against the clean weights the reference read.
         row = rows["reference"]
-        assert "fails at token" in row["reason"] and "nats (tolerance 0.212)" in row["reason"], row["reason"]
+        assert "fails at token" in row["reason"] and "tolerance" in row["reason"], row["reason"]
         assert str(trained_model) in out
     return rows
 
@@ -86,4 +87,7 @@ def test_an_output_layer_at_half_scale_changes_no_answer_and_is_caught_by_refere
 def test_a_fault_inside_the_model_is_caught_by_a_row_reading_the_answers(
     fault: str, cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
-    _caught(fault, cpu_twin, trained_model, tmp_path)
+    rows = _caught(fault, cpu_twin, trained_model, tmp_path)
+    if fault == "chat template":
+        # The weights are the clean ones: the reference (completions, the same ids) must not raise a false alarm.
+        assert rows["reference"]["status"] == "passed", rows["reference"]["reason"]

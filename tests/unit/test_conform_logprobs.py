@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.logprobs import Decode, first_difference, judge, judge_prompt
 
 

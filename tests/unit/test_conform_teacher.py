@@ -11,9 +11,9 @@ from sparkforge.errors import RunError
 from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.logprobs import Decode
 from sparkforge.run.conform.reference import compare, pieces_text, reference_scores
-from sparkforge.run.conform.teacher import Scored, judge, judge_prompt, noise
+from sparkforge.run.conform.teacher import Scored, Tolerances, judge, judge_prompt, noise
 
-TOL = 0.212
+TOL = Tolerances(0.212, 1.0)
 # A confident answer (p 0.98): the second choice is 4.6 nats below.
 SURE = {42: -0.0202, 17: -4.62, 7: -6.5, 9: -7.4, 11: -8.2}
 # The same distribution at half the output scale: the same argmax, every value moved (a fault greedy never sees).
@@ -38,7 +38,7 @@ def test_a_scaled_output_layer_that_changes_no_token_fails_on_the_values() -> No
     served = Decode((42, 42), (HALF, HALF))
     verdict = judge_prompt(2, served, _scored([42, 42], [SURE, SURE]), TOL)
     assert verdict.miss is not None and (verdict.miss.prompt, verdict.miss.position) == (2, 0)
-    assert verdict.miss.why == "token 11's logprobs differ by 3.800 nats (tolerance 0.212)"
+    assert verdict.miss.why == "the served token's logprobs differ by 0.260 nats (tolerance 0.212)"
     # A model so sure of its token that its logprob stays near 0 at half scale: the top-5 behind it still move.
     sure = {42: -1e-9, 17: -21.0, 7: -22.0, 9: -23.0, 11: -24.0}
     halved = {42: -3e-5, 17: -10.5, 7: -11.0, 9: -11.5, 11: -12.0}
@@ -50,6 +50,17 @@ def test_small_noise_within_the_tolerance_passes() -> None:
     noisy = {t: lp + 0.05 for t, lp in SURE.items()}
     verdict = judge_prompt(0, Decode((42,), (noisy,)), _scored([42], [SURE]), TOL)
     assert verdict.miss is None and verdict.max_delta == pytest.approx(0.05)
+
+
+def test_the_tail_has_its_own_tolerance() -> None:
+    # A tail token 0.23 nats off (the twin's clean bf16 server against float32 transformers) passes the top-k
+    # tolerance; 1.5 nats fails it, named with that tolerance.
+    tail = {**SURE, 11: -8.2 + 0.23}
+    assert judge_prompt(0, Decode((42,), (tail,)), _scored([42], [SURE]), TOL).miss is None
+    far = {**SURE, 11: -8.2 + 1.5}
+    verdict = judge_prompt(0, Decode((42,), (far,)), _scored([42], [SURE]), TOL)
+    assert verdict.miss is not None and verdict.top_deltas == (pytest.approx(1.5),)
+    assert verdict.miss.why == "token 11's logprobs differ by 1.500 nats (top-k tolerance 1)"
 
 
 def test_a_near_tie_the_reference_would_flip_is_accepted_and_counted() -> None:

@@ -134,9 +134,7 @@ def test_deptry_fails_on_a_transitive_import(tmp_path: Path) -> None:
     (tmp_path / "benchmarks").mkdir()
     result = subprocess.run(deptry_argv(tmp_path), cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1
-    assert re.search(
-        r"sparkforge/urlfetch\.py:\d+:\d+: DEP003 'urllib3'", result.stdout + result.stderr
-    )
+    assert re.search(r"sparkforge/urlfetch\.py:\d+:\d+: DEP003 'urllib3'", result.stdout + result.stderr)
 
 
 def test_pin_changes_lists_what_moved() -> None:

@@ -27,7 +27,7 @@ from sparkforge.run.conform.client import Completion
 from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.logprobs import TOP_K
 from sparkforge.run.conform.served_checks import decodes, show_top, text
-from sparkforge.run.conform.teacher import Miss, Scored, judge, noise, rule_name
+from sparkforge.run.conform.teacher import Miss, Scored, Tolerances, judge, noise, rule_name
 from sparkforge.run.launch import MODEL_MOUNT
 from sparkforge.run.nodes import NodeEngine
 
@@ -147,16 +147,17 @@ def render(miss: Miss, served: Completion, text_of: Callable[[Sequence[int]], st
     )
 
 
-def compare(served: list[Completion], answer: dict[str, Any], seconds: float, tolerance: float) -> Check:
+def compare(served: list[Completion], answer: dict[str, Any], seconds: float, rule: Tolerances) -> Check:
     """The row: every position of every prompt under the teacher-forced rule; the first miss in words."""
-    verdicts = judge(decodes(served), reference_scores(answer, served), tolerance)
+    verdicts = judge(decodes(served), reference_scores(answer, served), rule)
     tokens = sum(len(c.token_ids) for c in served)
     misses = [v.miss for v in verdicts if v.miss is not None]
     ties = sum(v.near_ties for v in verdicts)
-    spread = noise(verdicts)
+    spread, top = noise(verdicts), noise(verdicts, top=True)
     details: dict[str, Any] = {
-        "prompts": len(served), "tokens": tokens, "rule": rule_name(tolerance), "tolerance": tolerance,
-        "seconds": round(seconds, 1), "deltas": spread, "near_ties": ties,
+        "prompts": len(served), "tokens": tokens, "rule": rule_name(rule), "tolerance": rule.served,
+        "top_tolerance": rule.top, "seconds": round(seconds, 1), "deltas": spread, "top_deltas": top,
+        "near_ties": ties,
         "max_delta_per_prompt": [round(v.max_delta, 4) for v in verdicts],
         "sequential": "conform stopped its servers first: the checkpoint need not fit in memory twice",
         **{k: answer.get(k) for k in ("class", "transformers", "torch", "load_s", "score_s")},
@@ -179,7 +180,8 @@ def compare(served: list[Completion], answer: dict[str, Any], seconds: float, to
         "reference",
         "passed",
         f"{len(served)} prompts, {tokens} tokens scored by transformers teacher-forced, the largest logprob delta "
-        f"{largest} nats (tolerance {tolerance:g}){within} ({ran})",
+        f"{largest} nats (tolerance {rule.served:g}), in the top-5 {top.get('max', 0.0)} (tolerance {rule.top:g})"
+        f"{within} ({ran})",
         details,
     )
 
@@ -190,13 +192,13 @@ def reference_row(
     profile: Profile,
     served: list[Completion],
     prompt_ids: list[list[int]],
-    tolerance: float,
+    rule: Tolerances,
 ) -> Check:
     """Run the reference and judge it; a reference that cannot run is this row's failure, named."""
     start = time.monotonic()
     try:
         answer = run_reference(engine, run, request(profile, prompt_ids, served, run.gpus))
-        row = compare(served, answer, time.monotonic() - start, tolerance)
+        row = compare(served, answer, time.monotonic() - start, rule)
     except RunError as exc:
         row = Check("reference", "failed", f"the transformers reference did not run: {str(exc)[:800]}")
     row.duration_s = time.monotonic() - start
@@ -238,7 +240,7 @@ def reference_conform_row(run: ConformRun) -> None:
         run.profile,
         run.reference,
         run.inputs["prompt_ids"],
-        run.settings.reference.tolerance,
+        Tolerances(run.settings.reference.tolerance, run.settings.reference.top_tolerance),
     )
     run.report.add(row)
     run.echo(f"  reference: {row.status} ({row.duration_s:.1f} s) {row.reason[:600]}")

@@ -496,4 +496,12 @@ def pull_args(base: str, dest: str, key: str, manifest_sha256: str, cert_sha256:
     """`python3` arguments of a peer's puller: the server's URL, the folder, the per-run key and the sha256 of the
     manifest the head printed (the manifest itself is fetched from the proven head and checked against it); with
     `cert_sha256` (an https:// URL), the only certificate it talks to."""
-    return ("-c", program(PULL_SCRIPT), base, dest, key, manifest_sha256, *((cert_sha256,) if cert_sha256 else ()))
+    return (
+        "-c",
+        program(PULL_SCRIPT),
+        base,
+        dest,
+        key,
+        manifest_sha256,
+        *((cert_sha256,) if cert_sha256 else ()),
+    )
