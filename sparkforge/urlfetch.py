@@ -289,7 +289,7 @@ def request_url(
         raise ValueError(
             f"request_url: method {method!r} or redirect policy {policy.redirects!r} is not known"
         )
-    max_bytes, deadline, ok_status = policy.max_bytes, policy.deadline, policy.ok_status
+    deadline, ok_status = policy.deadline, policy.ok_status
     end = time.monotonic() + deadline
     current, sent = url, {"Accept-Encoding": "gzip, identity", **(headers or {})}
     check_url(url, what)
@@ -343,7 +343,7 @@ def request_url(
             return Fetched(current, response.status_code, CaseInsensitiveDict(response.headers), head)
         if policy.content_types and 200 <= response.status_code < 300:
             _check_type(response, current, what, policy.content_types)
-        return _read_body(response, current, what, max_bytes, end, deadline, sink, ok_status)
+        return _read_body(response, current, what, policy, end, sink)
     raise FetchError(
         f"{what}: {url[:200]} redirects more than {MAX_REDIRECTS} times; fix: give the final URL"
     )
@@ -384,13 +384,12 @@ def _read_body(
     response: requests.Response,
     url: str,
     what: str,
-    max_bytes: int,
+    policy: Policy,
     end: float,
-    deadline: float,
     sink: Callable[[bytes], Any] | None,
-    ok_status: Collection[int],
 ) -> Fetched:
     where = f"{what} ({url[:200]})"
+    max_bytes, deadline, ok_status = policy.max_bytes, policy.deadline, policy.ok_status
     expired = threading.Event()
 
     def cut() -> None:  # the total deadline: a body that drips is cut off, whatever each read's timeout
