@@ -110,6 +110,30 @@ BENCH_IMAGE = Family(
 )
 
 
+# Launch flags that only shape a server bench starts: without --baseline, bench measures a running server and
+# they would do nothing, so they are refused rather than silently ignored.
+_START_ONLY = (
+    "hf_token_file", "cache_dir", "gpus", "ulimit", "hf_endpoint", "allow_unpinned_model", "weights",
+    "trust_remote_code",
+)
+
+
+def _refuse_start_flags(flags: LaunchFlags) -> None:
+    """Refuse the start-only flags given without --baseline (each compared with LaunchFlags' default)."""
+    from dataclasses import fields
+
+    from sparkforge.errors import InputError
+
+    defaults = {f.name: f.default for f in fields(flags) if f.name in _START_ONLY}
+    given = [name for name, default in defaults.items() if getattr(flags, name) not in (default, None, ())]
+    if given:
+        named = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InputError(
+            f"bench: {named} shape(s) a server bench starts, and without --baseline bench measures the one already "
+            "running; fix: give them to `invoke serve` (or cluster.up), or add --baseline OLD --image NEW"
+        )
+
+
 @task(
     families=(DRY, launch(BENCH_IMAGE, NODE, MOUNTS, SERVER, START, FORCE), BENCH),
     iterable=ITERABLE,
@@ -143,6 +167,7 @@ def bench(
         raise InputError(
             "bench: --no-interleave orders the benches of two images; fix: add --baseline OLD --image NEW, or drop it"
         )
+    _refuse_start_flags(flags)
     plan = plan_task(recipe, profile, flags, os.environ, starts=False)
     check_launch(session, plan)
     judge_memory(session, plan.memory, plan.profile.name, flags.force, plan.memory_refusal)

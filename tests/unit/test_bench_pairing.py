@@ -120,7 +120,7 @@ def test_the_comparison_pools_each_side_as_benches_and_records_the_order(tmp_pat
 def _invoke(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "invoke", "bench", "--dry", "--recipe", "tests/recipes/ci-cpu-twin.yaml",
-         "--profile", "tests/profiles/cpu-tiny-qwen35moe-bench.yaml", "--gpus", "none", "--no-preflight",
+         "--profile", "tests/profiles/cpu-tiny-qwen35moe-bench.yaml", "--no-preflight",
          "--model-dir", str(ROOT / "tests" / "fixtures" / "tiny-qwen35moe"), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -147,6 +147,10 @@ def test_bench_dry_prints_the_interleaved_schedule_and_blocks_on_request() -> No
     assert blocks.returncode == 0 and "order AABB" in blocks.stdout + blocks.stderr
     alone = _invoke("--no-interleave")
     assert alone.returncode == 1 and "--no-interleave orders the benches of two images" in alone.stderr
+    # A flag that only shapes a server bench would start is refused without --baseline, not ignored.
+    idle = _invoke("--gpus", "none", "--weights", "skip")
+    assert idle.returncode == 1 and "--gpus, --weights shape(s) a server bench starts" in idle.stderr
+    assert _invoke("--baseline", "x:1", "--image", "x:2", "--gpus", "none").returncode == 0
     no_new = _invoke("--baseline", "sparkforge/ci-cpu-twin:old")
     assert no_new.returncode == 1 and "fix: add --image NEW" in no_new.stderr
     same = _invoke("--baseline", "x:1", "--image", "x:1")

@@ -26,20 +26,19 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sparkforge.recipe.conformspec import ReferenceRule
 from sparkforge.run.conform.logprobs import Decode
 
-DEFAULT_TOLERANCE = 0.212  # nats: 4 x 0.053, the largest noise measured on a GPU (benchmarks/conform-gpu.md)
-# nats, for the other tokens of either top-k: their logprobs lie far from 0, where a logit's rounding error is not
-# cancelled (the twin's clean bf16 server against float32 transformers: up to 0.23 nats, benchmarks/conform.md)
-DEFAULT_TOP_TOLERANCE = 1.0
+# The defaults live once, in the profile schema (recipe/conformspec.py ReferenceRule), with where they come from.
+_FIELDS = ReferenceRule.model_fields
 
 
 @dataclass(frozen=True)
 class Tolerances:
     """How far the server's logprobs may lie from the reference's: the served token's, the other top-k tokens'."""
 
-    served: float = DEFAULT_TOLERANCE
-    top: float = DEFAULT_TOP_TOLERANCE
+    served: float = _FIELDS["tolerance"].default
+    top: float = _FIELDS["top_tolerance"].default
 
 
 @dataclass(frozen=True)
