@@ -113,7 +113,13 @@ BENCH_IMAGE = Family(
 # Launch flags that only shape a server bench starts: without --baseline, bench measures a running server and
 # they would do nothing, so they are refused rather than silently ignored.
 _START_ONLY = (
-    "hf_token_file", "cache_dir", "gpus", "ulimit", "hf_endpoint", "allow_unpinned_model", "weights",
+    "hf_token_file",
+    "cache_dir",
+    "gpus",
+    "ulimit",
+    "hf_endpoint",
+    "allow_unpinned_model",
+    "weights",
     "trust_remote_code",
 )
 
