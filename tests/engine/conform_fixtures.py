@@ -24,6 +24,8 @@ FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
 SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
+KV_FAULT = Path(__file__).with_name("planted_kv_fault.py")
+KV_FAULTY = "sparkforge-run-test/cpu-twin:planted-kv-fault"
 
 
 def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
@@ -37,19 +39,27 @@ def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
     return tag
 
 
-def spec_faulty_image(cpu_twin: str, context: Path, tag: str = SPEC_FAULTY) -> str:
-    """The twin plus one layer holding tests/engine/planted_spec_fault.py and the .pth that plants it at every
-    interpreter start (the rejection sampler accepts every draft); the caller removes it."""
+def planted_image(cpu_twin: str, context: Path, source: Path, tag: str) -> str:
+    """The twin plus one layer holding `source` (a planted_*.py module) and the .pth that plants it at every
+    interpreter start (its `install()`: an import hook, silent until vLLM imports the module it wraps); the caller
+    removes it."""
+    module = "sparkforge_" + source.stem.removeprefix("planted_")
     context.mkdir()
-    shutil.copy(SPEC_FAULT, context / "sparkforge_spec_fault.py")
-    (context / "sparkforge_spec_fault.pth").write_text(
-        "import sparkforge_spec_fault; sparkforge_spec_fault.install()\n"
-    )
-    (context / "Dockerfile").write_text(
-        f"FROM {cpu_twin}\nCOPY sparkforge_spec_fault.py sparkforge_spec_fault.pth {SITE}/\n"
-    )
+    shutil.copy(source, context / f"{module}.py")
+    (context / f"{module}.pth").write_text(f"import {module}; {module}.install()\n")
+    (context / "Dockerfile").write_text(f"FROM {cpu_twin}\nCOPY {module}.py {module}.pth {SITE}/\n")
     sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
     return tag
+
+
+def spec_faulty_image(cpu_twin: str, context: Path) -> str:
+    """tests/engine/planted_spec_fault.py planted (the rejection sampler accepts every draft, shifted by one id)."""
+    return planted_image(cpu_twin, context, SPEC_FAULT, SPEC_FAULTY)
+
+
+def kv_faulty_image(cpu_twin: str, context: Path) -> str:
+    """tests/engine/planted_kv_fault.py planted (every KV block past the first reads back a stale block)."""
+    return planted_image(cpu_twin, context, KV_FAULT, KV_FAULTY)
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:

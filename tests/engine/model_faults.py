@@ -9,6 +9,11 @@ safetensors file's bytes and config.json (the tiny model is bf16 throughout).
 - `rope_theta x100`: the RoPE base of the served config a hundred times the checkpoint's.
 - `chat template`: the served chat template writes another role tag, the weights untouched (the tokens a chat
   request reaches the model with are not the ones it learnt).
+- `tokenizer swapped`: the served tokenizer maps the words "3" and "7" to each other's ids (a tokenizer file from
+  another revision of the vocabulary), the weights and template untouched.
+
+A fault in the server rather than the checkpoint (the KV cache read back stale past the first block) is planted in
+a derived image instead: tests/engine/planted_kv_fault.py.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import sys
 from array import array
 from pathlib import Path
 
-FAULTS = ("lm_head x0.5", "experts x0.5", "routing swapped", "rope_theta x100", "chat template")
+FAULTS = (
+    "lm_head x0.5",
+    "experts x0.5",
+    "routing swapped",
+    "rope_theta x100",
+    "chat template",
+    "tokenizer swapped",
+)
 WEIGHTS = "model.safetensors"
 
 
@@ -91,6 +103,16 @@ def plant(clean: Path, out: Path, fault: str) -> Path:
             text = template.read_text()
             assert "<|im_start|>" in text, template
             template.write_text(text.replace("<|im_start|>", "<|im_start|>x"))
+    elif fault == "tokenizer swapped":
+        tokenizers = [
+            p for p in (out / "tokenizer.json", out / "tokenizer" / "tokenizer.json") if p.is_file()
+        ]
+        assert tokenizers, f"no tokenizer.json in {clean}"
+        for path in tokenizers:
+            doc = json.loads(path.read_text())
+            vocab = doc["model"]["vocab"]
+            vocab["3"], vocab["7"] = vocab["7"], vocab["3"]
+            path.write_text(json.dumps(doc))
     else:
         assert _edit_weights(out / WEIGHTS, fault) > 0, f"{fault}: no tensor matched in {clean}"
     return out
