@@ -219,7 +219,7 @@ def test_two_local_images_benched_interleaved_then_compared(
     try:
         code, text = invoke(
             "bench", "--recipe", TWIN_RECIPE, "--profile", str(profile), "--baseline", old, "--image", new,
-            "--benches", "2", "--suite", "quick", "--repeats", "2", "--no-warmup", "--duration", "0",
+            "--benches", "2", "--suite", "quick", "--repeats", "2", "--no-warmup", "--duration", "1",
             "--gpus", "none", "--model-dir", str(trained_model), "--cache-dir", str(tmp_path / "cache"),
             "--port", "18483", "--ulimit", "nofile=16384", "--store", str(store), "--json", str(out),
             timeout=2400,

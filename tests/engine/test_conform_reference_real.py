@@ -113,4 +113,7 @@ def test_a_fault_identical_in_every_mode_is_caught_by_reference_alone(
     before = " ".join(str(k + 2) for k in range(32, 40))
     assert reason.startswith(f"prompt 0 fails at token 40 after '{before}'"), reason
     assert "vLLM served 'user' [104]" in reason and "transformers' ['42'=46" in reason, reason
-    assert "logprobs differ by" in reason and "7 of 7 prompts outside the rule" in reason, reason
+    # vLLM reports the raw logprobs (before the logits processor that forced the token): the served token's own value
+    # agrees, and the near-tie rule is what refuses it (transformers' top-1 lies 15.8 nats above it).
+    assert "nats above the served token (a near tie is at most 0.212)" in reason, reason
+    assert "7 of 7 prompts outside the rule" in reason, reason
