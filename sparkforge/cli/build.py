@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON_REPORT, NETWORK, Family, Outputs
+from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, Family, Outputs
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
@@ -146,26 +146,25 @@ BUILDING = Family.of(
 
 
 @task(
-    families=(NETWORK, DRY, BUILDING),
+    families=(NETWORK, DRY, BUILDING, JSON),
     iterable=["secret", "tag", "source", "cache_from", "cache_to"],
     help={"recipe": RECIPE_HELP, "json": "with --dry: also write the plan as JSON here"},
 )
 @user_errors
-def build(c: Context, session: Session, building: BuildFlags, recipe: str, json: str = "") -> None:
+def build(c: Context, session: Session, building: BuildFlags, outputs: Outputs, recipe: str) -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags (--dry: print the plan)."""
     import json as json_lib
 
-    from sparkforge.boundary import check_output, write_output
+    from sparkforge.boundary import write_output
     from sparkforge.imagebuild.pipeline import execute, plan
     from sparkforge.recipe.loader import load_recipe
 
-    check_output(json, "--json")
     loaded = load_recipe(recipe)  # the one load of this build
     options = building.options(loaded)
     made = plan(session, loaded, options)
-    if json and made.dry:
-        write_output(json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")
-        session.out(f"plan: {json}")
+    if outputs.json and made.dry:
+        write_output(outputs.json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")
+        session.out(f"plan: {outputs.json}")
     execute(session, made)
 
 
