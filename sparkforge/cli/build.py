@@ -9,10 +9,9 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, Family, Outputs
+from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs
 from sparkforge.context import Session
 
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 # The options a stage build shares with the compile probe's (cli/probe.py): one help line each.
 STAGE_HELP = {
     "recipe": RECIPE_HELP,

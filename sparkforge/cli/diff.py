@@ -11,10 +11,9 @@ from invoke import Context
 
 from sparkforge.boundary import write_output
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import JSON, SIGNING, Family, Outputs, Signing
+from sparkforge.cli.families import JSON, RECIPE_HELP, SIGNING, Family, Outputs, Signing
 from sparkforge.context import Session
 
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
 MAX_WHEEL_BYTES = 8 << 30  # a vLLM or torch wheel (torch's aarch64 CUDA wheel is ~3 GiB)
 

@@ -56,6 +56,7 @@ class Family:
         return cls(into, options, into, value)
 
 
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"  # the --recipe of most tasks
 GLOBAL = Family(
     "global",
     (Option("quiet", False, "print only results, warnings and errors (no progress lines)"),),

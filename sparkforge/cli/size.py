@@ -8,11 +8,9 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import Whole, task, user_errors
-from sparkforge.cli.families import JSON_REPORT, Outputs
+from sparkforge.cli.families import JSON_REPORT, RECIPE_HELP, Outputs
 from sparkforge.console import cell
 from sparkforge.context import Session
-
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 def _gb(size: int) -> str:
