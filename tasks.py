@@ -26,10 +26,8 @@ from sparkforge.cli import sign as cli_sign
 from sparkforge.cli import size as cli_size
 from sparkforge.cli import task, user_errors
 from sparkforge.cli import trust as cli_trust
-from sparkforge.cli.families import JSON, NETWORK, Outputs
+from sparkforge.cli.families import JSON, NETWORK, RECIPE_HELP, Outputs
 from sparkforge.context import Session
-
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 @task(

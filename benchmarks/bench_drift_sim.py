@@ -20,6 +20,7 @@ import math
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,7 @@ THRESHOLD = 10.0
 SIGMA = 0.14  # a repeat's log-noise: the committed studies' within-bench sd is 0.12-0.18 (measured_ratios)
 STORE_BENCHES = 13  # a store like each committed study: 13 unchanged benches of 3 repeats
 STORE_REPEATS = 3
+MACHINES = (("quiet", 0.5), ("busy", 1.5))  # tau/sigma: the issue's round figures, a quiet and a busy machine
 
 
 def draw_bench(rng: random.Random, repeats: int, sigma: float, tau: float, shift: float = 0.0) -> list[float]:
@@ -138,7 +140,7 @@ def measured_ratios() -> dict:
 
 def study(trials: int = 1000, studies: int = 300, seed: int = 20261204) -> dict:
     cells = []
-    for name, ratio in (("quiet", 0.5), ("busy", 1.5)):
+    for name, ratio in MACHINES:
         for benches in (1, 3):
             for repeats in (3, 5, 10, 20):
                 for slowdown in (0.0, 30.0):
@@ -147,7 +149,7 @@ def study(trials: int = 1000, studies: int = 300, seed: int = 20261204) -> dict:
                                   "repeats": repeats, "slowdown_pct": slowdown, **r})  # fmt: skip
     pooling = {
         name: {str(s): pooling_studies(seed, studies, SIGMA, ratio, s) for s in (20.0, 30.0, 40.0)}
-        for name, ratio in (("quiet", 0.5), ("busy", 1.5))
+        for name, ratio in MACHINES
     }
     return {
         "what": "bench.compare's verdict under drift between benches, simulated (see the module docstring)",
@@ -160,7 +162,7 @@ def markdown(doc: dict) -> str:
     lines = ["| machine (tau/sigma) | baseline benches | repeats | unchanged: independent | unchanged: random-effects "
              "| 30 % slower: independent | 30 % slower: random-effects |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     cells = {(c["machine"], c["baseline_benches"], c["repeats"], c["slowdown_pct"]): c for c in doc["cells"]}
-    for machine, ratio in (("quiet", 0.5), ("busy", 1.5)):
+    for machine, ratio in MACHINES:
         for benches in (1, 3):
             for repeats in (3, 5, 10, 20):
                 z, s = cells[(machine, benches, repeats, 0.0)], cells[(machine, benches, repeats, 30.0)]
@@ -180,17 +182,21 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def simulation_cli(
+    study: Callable[..., dict], markdown: Callable[[dict], str], results: str, **counts: int
+) -> None:
+    """A simulation's command line: `study(**counts)` as JSON on stdout (each count an option, `--trials N`), or
+    `--markdown`: the tables from the committed results/<results>."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--markdown", action="store_true", help="print the tables from the committed results")
-    parser.add_argument("--trials", type=int, default=1000)
-    parser.add_argument("--studies", type=int, default=300)
+    for name, default in counts.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
     if args.markdown:
-        print(markdown(json.loads((REPO / "benchmarks" / "results" / "bench_drift_sim.json").read_text())))
+        print(markdown(json.loads((REPO / "benchmarks" / "results" / results).read_text())))
         return
-    print(json.dumps(study(args.trials, args.studies), indent=2))
+    print(json.dumps(study(**{name: getattr(args, name) for name in counts}), indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    simulation_cli(study, markdown, "bench_drift_sim.json", trials=1000, studies=300)

@@ -16,8 +16,6 @@ tests/unit/test_bench_pairing.py runs the same function with fewer draws and a f
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 import sys
@@ -27,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_drift_sim import SIGMA, THRESHOLD, draw_bench, store_drift  # noqa: E402
+from bench_drift_sim import MACHINES, SIGMA, THRESHOLD, draw_bench, simulation_cli, store_drift  # noqa: E402
 
 from sparkforge.run.bench.interval import estimate  # noqa: E402
 from sparkforge.run.bench.pairing import PairPlan  # noqa: E402
@@ -79,7 +77,7 @@ def study(trials: int = 1000, seed: int = 20261205) -> dict:
             "slowdown_pct": slow,
             **order_rates(seed, trials, ratio, trend, slow),
         }
-        for name, ratio in (("quiet", 0.5), ("busy", 1.5))
+        for name, ratio in MACHINES
         for trend in (0.0, 4.0, -4.0)
         for slow in (0.0, 30.0)
     ]
@@ -97,7 +95,7 @@ def markdown(doc: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     cells = {(c["machine"], c["trend_pct"], c["slowdown_pct"]): c for c in doc["cells"]}
-    for machine, ratio in (("quiet", 0.5), ("busy", 1.5)):
+    for machine, ratio in MACHINES:
         for trend in (0.0, 4.0, -4.0):
             z, s = cells[(machine, trend, 0.0)], cells[(machine, trend, 30.0)]
             lines.append(
@@ -108,16 +106,5 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--markdown", action="store_true", help="print the table from the committed results")
-    parser.add_argument("--trials", type=int, default=1000)
-    args = parser.parse_args()
-    if args.markdown:
-        print(markdown(json.loads((REPO / "benchmarks" / "results" / "bench_order_sim.json").read_text())))
-        return
-    print(json.dumps(study(args.trials), indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    simulation_cli(study, markdown, "bench_order_sim.json", trials=1000)

@@ -22,11 +22,6 @@ class Platform:
     machines: tuple[str, ...]  # every uname -m spelling of it
     runner: str  # GitHub-hosted runner that builds it natively
 
-    @property
-    def index_name(self) -> str:
-        """'os/arch/variant' as an index lists it (linux/arm64/v8)."""
-        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
-
 
 PLATFORMS: dict[str, Platform] = {
     "linux/amd64": Platform(
@@ -56,11 +51,6 @@ def canonical(os_name: str, architecture: str, variant: str | None = None) -> st
         if (known.os, known.architecture) == (os_name, architecture) and variant in (None, "", known.variant):
             return known.name
     return "/".join(p for p in (os_name, architecture, variant) if p)
-
-
-def machine_of(name: str) -> str:
-    """'linux/arm64' -> 'aarch64' (wheel platform tags, uname -m)."""
-    return get(name).machine
 
 
 def host_platform(machine: str | None = None) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, Family, Option
+from sparkforge.cli.families import DRY, JSON, Family, Option, Outputs
 from sparkforge.cli.launchflags import FORCE, ITERABLE, MOUNTS, NODE, SERVER, START, launch
 from sparkforge.context import Session
 
@@ -469,6 +469,7 @@ def bench_compare(c: Context, session: Session, old: str, new: str, given: Compa
 
 @task(
     name="history",
+    families=(JSON,),
     help={
         "recipe": "recipe name or path: its stored results (matched by recipe name or by this file's hash)",
         "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
@@ -476,14 +477,13 @@ def bench_compare(c: Context, session: Session, old: str, new: str, given: Compa
     },
 )
 @user_errors
-def bench_history(c: Context, session: Session, recipe: str, store: str = "", json: str = "") -> None:
+def bench_history(c: Context, session: Session, outputs: Outputs, recipe: str, store: str = "") -> None:
     """The stored bench results of a recipe, oldest first: date, image, suite, figures per level."""
-    from sparkforge.boundary import check_output, write_output
+    from sparkforge.boundary import write_output
     from sparkforge.errors import RunError
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.run.bench.store import history, store_root
 
-    check_output(json, "--json")
     loaded = load_recipe(recipe)
     found, unreadable = history(loaded.name, loaded.hash, store or None)
     for line in unreadable:
@@ -514,9 +514,9 @@ def bench_history(c: Context, session: Session, recipe: str, store: str = "", js
                 "output_tok_s": levels,
             }
         )
-    if json:
-        write_output(json, _json.dumps(rows, indent=2) + "\n", "--json")
-        session.out(f"wrote {json}")
+    if outputs.json:
+        write_output(outputs.json, _json.dumps(rows, indent=2) + "\n", "--json")
+        session.out(f"wrote {outputs.json}")
 
 
 @task(

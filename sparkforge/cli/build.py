@@ -9,10 +9,9 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, NETWORK, Family
+from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs
 from sparkforge.context import Session
 
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 # The options a stage build shares with the compile probe's (cli/probe.py): one help line each.
 STAGE_HELP = {
     "recipe": RECIPE_HELP,
@@ -32,11 +31,10 @@ def preflight_checks():
 
 
 @task(
-    families=(NETWORK,),
+    families=(NETWORK, JSON_REPORT),
     iterable=["profile"],
     help={
         "recipe": RECIPE_HELP,
-        "json": "write the JSON report here",
         "profile": "also check this serve profile's flags and parsers against the pinned vLLM (repeatable)",
         "source": "vLLM source: local checkout/dir, sdist path, or 'pypi'/'github' (default: pypi, then github)",
         "github_base": "GitHub (or mirror) base URL for source archives",
@@ -51,27 +49,25 @@ def preflight_checks():
 def preflight(
     c: Context,
     session: Session,
+    outputs: Outputs,
     recipe: str,
-    json: str = "",
     source: str = "",
     github_base: str = "https://github.com",
     profile: list[str] | None = None,
     checks: str = "",
 ) -> None:
     """Upstream checks before building: model classes, requirements, patches, CMake arch plan, images."""
-    from sparkforge.boundary import check_output
     from sparkforge.preflight.checks import PreflightOptions, run_preflight
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
 
-    check_output(json, "--json")  # the boundary: before the network
     options = PreflightOptions(
         source=source or None,
         github_base=github_base,
         checks=preflight_checks().parse(checks) if checks else (),
         profiles=tuple(load_profile(p) for p in profile or []),
     )
-    finish_report(run_preflight(session, load_recipe(recipe), options), json)
+    outputs.finish(session, run_preflight(session, load_recipe(recipe), options))
 
 
 @dataclass(frozen=True)
@@ -149,26 +145,25 @@ BUILDING = Family.of(
 
 
 @task(
-    families=(NETWORK, DRY, BUILDING),
+    families=(NETWORK, DRY, BUILDING, JSON),
     iterable=["secret", "tag", "source", "cache_from", "cache_to"],
     help={"recipe": RECIPE_HELP, "json": "with --dry: also write the plan as JSON here"},
 )
 @user_errors
-def build(c: Context, session: Session, building: BuildFlags, recipe: str, json: str = "") -> None:
+def build(c: Context, session: Session, building: BuildFlags, outputs: Outputs, recipe: str) -> None:
     """Preflight, BuildKit build to a candidate tag, verify, then the final tags (--dry: print the plan)."""
     import json as json_lib
 
-    from sparkforge.boundary import check_output, write_output
+    from sparkforge.boundary import write_output
     from sparkforge.imagebuild.pipeline import execute, plan
     from sparkforge.recipe.loader import load_recipe
 
-    check_output(json, "--json")
     loaded = load_recipe(recipe)  # the one load of this build
     options = building.options(loaded)
     made = plan(session, loaded, options)
-    if json and made.dry:
-        write_output(json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")
-        session.out(f"plan: {json}")
+    if outputs.json and made.dry:
+        write_output(outputs.json, json_lib.dumps(made.to_dict(), indent=2) + "\n", "--json")
+        session.out(f"plan: {outputs.json}")
     execute(session, made)
 
 
@@ -217,34 +212,32 @@ def verify(
 
 
 @task(
+    families=(JSON_REPORT,),
     iterable=["require"],
     help={
         "target": "a directory, a wheel/zip, a .so/.o file, or an image reference",
         "gpu": "GPU target, e.g. sm_121",
         "require": "library glob that must have kernels for the GPU (repeatable), e.g. 'vllm/_C*.so'",
         "recipe": "take --gpu and --require from this recipe",
-        "json": "write the JSON report here",
     },
 )
 @user_errors
 def audit(
     c: Context,
     session: Session,
+    outputs: Outputs,
     target: str,
     gpu: str = "",
     require: list[str] | None = None,
     recipe: str = "",
-    json: str = "",
 ) -> None:
     """Kernel coverage: which CUDA kernels in TARGET can run on the GPU (native, family, JIT, none)."""
     from invoke.exceptions import Exit
 
     from sparkforge.audit.coverage import format_audit_table
-    from sparkforge.boundary import check_output
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.verify.suite import audit_subject
 
-    check_output(json, "--json")
     requires = list(require or [])
     if recipe:
         loaded = load_recipe(recipe)
@@ -252,8 +245,8 @@ def audit(
         requires = requires or list(loaded.model.audit.require)
     report = audit_subject(target, gpu or "sm_121", requires)
     session.out(format_audit_table(report))
-    if json:
-        report.write_json(Path(json))
+    if outputs.json:
+        report.write_json(Path(outputs.json))
     if report.status != "passed":
         raise Exit(f"sparkforge: audit failed: {report.failed[0].reason}", code=1)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from invoke import Collection, Context
 
 from sparkforge.cli import Whole, task, user_errors
-from sparkforge.cli.families import DRY, NETWORK, Family, Option, Outputs
+from sparkforge.cli.families import DRY, JSON_REPORT, NETWORK, Family, Option, Outputs
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
@@ -134,7 +134,6 @@ UP = Family(
     lambda **given: _flags("Bringing", given),
 )
 UP_LAUNCH = (IMAGE, NODES, MOUNTS, SERVER, START, FORCE, BACKEND)
-OUTPUTS = Family.of(Outputs, "outputs", json="write the JSON report here")
 TASK_HELP = {"recipe": RECIPE_HELP, "profile": PROFILE_HELP}
 
 
@@ -152,7 +151,7 @@ def _flags(kind: str, given: dict[str, object]) -> Bringing | ClusterFlags:
     return getattr(clusterflags, kind)(**given)
 
 
-@task(families=(launch(NODES, LOOKED_FOR), cluster(FABRIC, BUSBW, QUICK), OUTPUTS), help={**TASK_HELP})
+@task(families=(launch(NODES, LOOKED_FOR), cluster(FABRIC, BUSBW, QUICK), JSON_REPORT), help={**TASK_HELP})
 @user_errors
 def doctor(
     c: Context,
@@ -203,7 +202,7 @@ def up(
 
 
 @task(
-    families=(launch(READ), cluster(FABRIC), OUTPUTS),
+    families=(launch(READ), cluster(FABRIC), JSON_REPORT),
     help={
         "recipe": RECIPE_HELP + " (with --nodes: the image whose helper reads each node's sysfs)",
         "test": "run perftest's ib_write_bw across every cabled twin pair at once (needs --nodes and perftest)",

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from invoke import Context
 
-from sparkforge.cli import LazyHelp, Whole, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, Family
+from sparkforge.cli import LazyHelp, Whole, task, user_errors
+from sparkforge.cli.families import DRY, REPORT, Family, Outputs
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
@@ -43,8 +43,6 @@ class ConformFlags:
     checks: str = ""
     record: bool = False
     golden: str = ""
-    json: str = ""
-    junit: str = ""
     health_timeout: int = Whole(1800)
     reference_model_dir: str = ""
 
@@ -60,8 +58,6 @@ CONFORM = Family.of(
     ),
     record="store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
     golden="the golden file (default: golden/<profile>.json)",
-    json="write the JSON report here",
-    junit="write JUnit XML here",
     health_timeout="seconds to wait for /health per server start",
     reference_model_dir="the folder the reference row's transformers reads (the same path on the head node; "
     "default: --model-dir): e.g. the unquantized checkpoint of a quantized served model",
@@ -70,7 +66,7 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
 
 @task(
-    families=(DRY, launch(*CONFORM_LAUNCH), CONFORM),
+    families=(DRY, launch(*CONFORM_LAUNCH), CONFORM, REPORT),
     iterable=ITERABLE,
     help={
         "recipe": RECIPE_HELP,
@@ -83,7 +79,13 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 )
 @user_errors
 def conform(
-    c: Context, session: Session, recipe: str, profile: str, flags: LaunchFlags, conforming: ConformFlags
+    c: Context,
+    session: Session,
+    recipe: str,
+    profile: str,
+    flags: LaunchFlags,
+    conforming: ConformFlags,
+    outputs: Outputs,
 ) -> None:
     """Correct answers: determinism, equivalence, long decode, prefix-cache hits, API, golden token ids."""
     import os
@@ -103,12 +105,7 @@ def conform(
 
     report = run_conform(session, [NodeEngine(n) for n in plan.nodes], plan.profile, options)
     report.recipe = plan.recipe.name
-    finish_report(
-        report,
-        conforming.json,
-        conforming.junit,
-        hint="each failed row names the first divergence or the garble found",
-    )
+    outputs.finish(session, report, hint="each failed row names the first divergence or the garble found")
 
 
 def conform_options(conforming: ConformFlags, flags: LaunchFlags):
@@ -121,8 +118,6 @@ def conform_options(conforming: ConformFlags, flags: LaunchFlags):
     from sparkforge.run.inputs import check_host_path, check_positive
 
     selected = parse_checks(conforming.checks)
-    check_output(conforming.json, "--json")
-    check_output(conforming.junit, "--junit")
     if conforming.record and conforming.golden:
         check_output(conforming.golden, "--golden")  # --record writes it: no FIFO, folder or system path
     if flags.node and flags.nodes:

@@ -11,10 +11,9 @@ from invoke import Context
 
 from sparkforge.boundary import write_output
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import SIGNING, Family, Signing
+from sparkforge.cli.families import JSON, RECIPE_HELP, SIGNING, Family, Outputs, Signing
 from sparkforge.context import Session
 
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
 MAX_WHEEL_BYTES = 8 << 30  # a vLLM or torch wheel (torch's aarch64 CUDA wheel is ~3 GiB)
 
@@ -49,6 +48,7 @@ def _write(session: Session, path: str, text: str, option: str = "--json") -> No
 
 
 @task(
+    families=(JSON,),
     iterable=["bench"],
     help={
         "a": "the older image (local, or REGISTRY/REPO:TAG or @sha256:...), or a recipe name/path",
@@ -59,10 +59,9 @@ def _write(session: Session, path: str, text: str, option: str = "--json") -> No
 )
 @user_errors
 def diff(
-    c: Context, session: Session, a: str, b: str, json: str = "", bench: list[str] | None = None
+    c: Context, session: Session, outputs: Outputs, a: str, b: str, bench: list[str] | None = None
 ) -> None:
     """What changed from A to B: versions, kernels, labels, lock, size, JIT, verify, benchmarks."""
-    from sparkforge.boundary import check_output
     from sparkforge.errors import InputError, SparkforgeError
     from sparkforge.recipe.loader import list_recipe_names
     from sparkforge.registry.diff import diff as run_diff
@@ -70,7 +69,6 @@ def diff(
     from sparkforge.run.bench.results import load_result
     from sparkforge.run.bench.store import stored_pair
 
-    check_output(json, "--json")
     recipes = list_recipe_names()
     for option, side in (("A", a), ("B", b)):  # the boundary, before any engine or registry is contacted
         _side(option, side, recipes)
@@ -82,9 +80,9 @@ def diff(
     paths = [Path(p) for p in bench or []] or stored_pair(a, b)
     report = run_diff(session, a, b, paths)
     session.out(format_table(report))
-    if json:
-        report.write_json(Path(json))
-        session.out(f"report: {json}")
+    if outputs.json:
+        report.write_json(Path(outputs.json))
+        session.out(f"report: {outputs.json}")
     if report.status != "passed":  # exit status follows the report
         raise SparkforgeError(
             f"diff failed ({', '.join(c.name for c in report.failed)}); see the table above"
@@ -92,21 +90,21 @@ def diff(
 
 
 @task(
+    families=(JSON,),
     help={
         "recipe": RECIPE_HELP,
         "tag": "moving tag whose history to list (default: each of the recipe's moving tags)",
         "json": "write the history (JSON) here",
         "no_attestations": "do not read each index's signed verify and kernel attestations (faster)",
-    }
+    },
 )
 @user_errors
 def history(
-    c: Context, session: Session, recipe: str, tag: str = "", json: str = "", no_attestations: bool = False
+    c: Context, session: Session, outputs: Outputs, recipe: str, tag: str = "", no_attestations: bool = False
 ) -> None:
     """The digests a moving tag has named, newest first, with dates, verify verdicts and kernel coverage."""
     import datetime as dt
 
-    from sparkforge.boundary import check_output
     from sparkforge.errors import InputError, PublishError
     from sparkforge.oci import check_tag
     from sparkforge.recipe import plan
@@ -116,7 +114,6 @@ def history(
 
     if tag:
         check_tag("--tag", tag)  # before the registry is contacted
-    check_output(json, "--json")
 
     loaded = load_recipe(recipe)
     moving = [t.rsplit(":", 1)[1] for t in plan.final_tags(loaded, dt.date.today()).moving]
@@ -163,7 +160,7 @@ def history(
                     f"      {platform}: {gpu}; {claim if signed else 'no signed verify claim'}; "
                     f"kernels: {cover or 'no signed kernel report'}"
                 )
-    _write(session, json, _json.dumps(views if not tag else views[0], indent=2, sort_keys=True) + "\n")
+    outputs.write(session, views if not tag else views[0])
 
 
 @dataclass(frozen=True)

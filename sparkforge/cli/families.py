@@ -6,8 +6,8 @@ the family options in their place, builds the one Session of the call from their
 Adding a global flag is one `Option(...)` line in GLOBAL (and, when the Session must carry it, one field).
 A family with `into` is not the Session's: its options become one typed value (`make(**values)`) that the body
 declares under that name, e.g. `def push(c, session: Session, outputs: Outputs, ...)` with
-`families=(REPORT,)`. The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON and REPORT
-(`Outputs`: --json, --junit), SIGNING (`Signing`: --key), IMAGE (`ImageChoice`: --image, --allow-unverified),
+`families=(REPORT,)`. The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON, JSON_REPORT and
+REPORT (`Outputs`: --json, --junit), SIGNING (`Signing`: --key), IMAGE (`ImageChoice`: --image, --allow-unverified),
 PULL (`PullChoice`: --platform,
 --allow-drift, --allow-unsigned, --allow-unverified), PLATFORM (`--platform`, checked).
 Nothing happens at import time beyond building these small frozen declarations.
@@ -56,6 +56,7 @@ class Family:
         return cls(into, options, into, value)
 
 
+RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"  # the --recipe of most tasks
 GLOBAL = Family(
     "global",
     (Option("quiet", False, "print only results, warnings and errors (no progress lines)"),),
@@ -145,6 +146,7 @@ def checked_platform(platform: str = "") -> str | None:
 
 
 JSON = Family.of(Outputs, "outputs", json="write the result (JSON) here")
+JSON_REPORT = Family.of(Outputs, "outputs", json="write the JSON report here")  # a checking task's --json
 REPORT = Family.of(Outputs, "outputs", json="write the JSON report here", junit="write JUnit XML here")
 SIGNING = Family.of(
     Signing,

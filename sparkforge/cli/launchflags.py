@@ -126,8 +126,3 @@ def _launch_flags(**given: Any) -> LaunchFlags:
     if "ulimit" in given:  # Invoke's iterable: a list, or None when never given
         given["ulimit"] = tuple(given["ulimit"] or ())
     return LaunchFlags(**given)
-
-
-def flag_help(*groups: Family) -> dict[str, str]:
-    """The groups' help lines, for a task's `help=`."""
-    return {o.name: o.help for group in groups for o in group.options}

@@ -10,7 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import Family
+from sparkforge.cli.families import JSON, Family, Outputs
 from sparkforge.context import Session
 
 
@@ -31,7 +31,7 @@ NODE_SIZE = Family.of(
 
 
 @task(
-    families=(NODE_SIZE,),
+    families=(NODE_SIZE, JSON),
     help={
         "recipe": "recipe name in recipes/ or path to a recipe file (its device: GB10 or the CPU twin)",
         "profile": "serve profile name in profiles/ or path to a profile file",
@@ -47,19 +47,18 @@ def memory(
     recipe: str,
     profile: str,
     node: NodeSize,
+    outputs: Outputs,
     model_dir: str = "",
-    json: str = "",
 ) -> None:
     """Memory plan per node: weights, KV cache per layer type, activation, graphs, the host's reserve; verdict."""
     import json as json_lib
 
-    from sparkforge.boundary import check_number, check_output, write_output
+    from sparkforge.boundary import check_number, write_output
     from sparkforge.recipe.loader import load_recipe
     from sparkforge.recipe.profile import load_profile
     from sparkforge.run.memory.guard import node_memory, plan_profile
     from sparkforge.run.memory.text import plan_lines
 
-    check_output(json, "--json")  # the boundary: before anything is read
     available = (
         int(float(check_number("--mem-available", node.mem_available, low=1, high=4096)) * (1 << 30))
         if node.mem_available
@@ -71,9 +70,9 @@ def memory(
     plan = plan_profile(loaded, Path(model_dir).resolve() if model_dir else None, mem)
     for line in plan_lines(plan):
         session.out(line)
-    if json:
-        write_output(json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
-        session.out(f"plan: {json}")
+    if outputs.json:
+        write_output(outputs.json, json_lib.dumps(plan.to_dict(), indent=2) + "\n", "--json")
+        session.out(f"plan: {outputs.json}")
     if not plan.fits:
         raise Exit(
             f"sparkforge: profile {loaded.name} does not fit; fix: {'; or '.join(plan.fixes) or 'see above'}",

@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import finish_report, task, user_errors
-from sparkforge.cli.families import DRY, Family
+from sparkforge.cli.families import DRY, JSON, Family, Outputs
 from sparkforge.context import Session
 
 OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
@@ -93,16 +93,14 @@ def write(c: Context, session: Session, writing: Writing, recipe: str) -> None:
         )
 
 
-@task(help={"overlay": OVERLAY_HELP, "json": "write the preflight report (JSON) here"})
+@task(families=(JSON,), help={"overlay": OVERLAY_HELP, "json": "write the preflight report (JSON) here"})
 @user_errors
-def preflight(c: Context, session: Session, overlay: str, json: str = "") -> None:
+def preflight(c: Context, session: Session, outputs: Outputs, overlay: str) -> None:
     """Check an overlay in seconds: patch rules, the pinned base, every patch applies at the image's versions."""
-    from sparkforge.boundary import check_output
     from sparkforge.imagebuild.overlay.model import load_overlay
     from sparkforge.imagebuild.overlay.preflight import run_overlay_preflight
 
-    check_output(json, "--json")
-    finish_report(run_overlay_preflight(session, load_overlay(overlay)).report, json, out=session.out)
+    outputs.finish(session, run_overlay_preflight(session, load_overlay(overlay)).report)
 
 
 @task(

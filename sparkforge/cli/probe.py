@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from invoke import Context
 
-from sparkforge.cli import finish_report, task, user_errors
+from sparkforge.cli import task, user_errors
 from sparkforge.cli.build import STAGE_HELP
-from sparkforge.cli.families import NETWORK
+from sparkforge.cli.families import JSON_REPORT, NETWORK, Outputs
 from sparkforge.context import Session
 
 
 @task(
-    families=(NETWORK,),
+    families=(NETWORK, JSON_REPORT),
     iterable=["source"],
-    help={**STAGE_HELP, "json": "write the JSON report here"},
+    help=dict(STAGE_HELP),
 )
 @user_errors
 def probe(
     c: Context,
     session: Session,
+    outputs: Outputs,
     recipe: str,
-    json: str = "",
     platform: str = "",
     base_image: str = "",
     source: list[str] | None = None,
@@ -28,7 +28,6 @@ def probe(
     no_cache: bool = False,
 ) -> None:
     """Compile probe: vLLM's own configure on the patched source, the recipe's probe units compiled, audited."""
-    from sparkforge.boundary import check_output
     from sparkforge.imagebuild.pipeline import plan
     from sparkforge.imagebuild.probe import run_probe
     from sparkforge.imagebuild.stage import (
@@ -43,7 +42,6 @@ def probe(
 
     if platform:
         check_platform("--platform", platform)  # the boundary: before the engine
-    check_output(json, "--json")
     loaded = load_recipe(recipe)
     options = BuildOptions(
         platform=platform or None,
@@ -54,4 +52,4 @@ def probe(
     )
     result = run_probe(session, plan(session, loaded, probe_options(options)))  # the build's probe stage
     session.out(f"objects and logs: {result.out_dir}")
-    finish_report(result.report, json)
+    outputs.finish(session, result.report)

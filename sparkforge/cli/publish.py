@@ -11,11 +11,9 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, Family, Outputs, PullChoice
+from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, RECIPE_HELP, Family, Outputs, PullChoice
 from sparkforge.context import Session
 from sparkforge.errors import PublishError
-
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,8 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import SIGNING, Family, Signing
+from sparkforge.cli.families import RECIPE_HELP, SIGNING, Family, Signing
 from sparkforge.context import Session
-
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
-
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 

@@ -8,10 +8,9 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import Whole, task, user_errors
+from sparkforge.cli.families import JSON_REPORT, RECIPE_HELP, Outputs
 from sparkforge.console import cell
 from sparkforge.context import Session
-
-RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"
 
 
 def _gb(size: int) -> str:
@@ -19,19 +18,19 @@ def _gb(size: int) -> str:
 
 
 @task(
+    families=(JSON_REPORT,),
     help={
         "image": "image reference in the local engine (default: the recipe's candidate tag)",
         "recipe": RECIPE_HELP + " (to find its candidate image)",
-        "json": "write the JSON report here",
         "top": "how many of the largest files and packages to list",
-    }
+    },
 )
 @user_errors
 def size(
-    c: Context, session: Session, image: str = "", recipe: str = "", json: str = "", top: int = Whole(15)
+    c: Context, session: Session, outputs: Outputs, image: str = "", recipe: str = "", top: int = Whole(15)
 ) -> None:
     """Size report of an image: bytes per layer, largest files and packages, and CUDA libraries shipped twice."""
-    from sparkforge.boundary import check_number, check_output
+    from sparkforge.boundary import check_number
     from sparkforge.oci import check_reference
     from sparkforge.recipe import plan
     from sparkforge.recipe.loader import load_recipe
@@ -40,7 +39,6 @@ def size(
     if image:
         check_reference("--image", image)  # the boundary: before any engine call
     check_number("--top", top, low=1, high=10_000, integer=True)
-    check_output(json, "--json")
     if not image:
         if not recipe:
             raise Exit("sparkforge: size needs --image REF or --recipe R", code=2)
@@ -65,8 +63,8 @@ def size(
         )
     check = report.checks[0]
     session.out(f"{check.name}: {check.status.upper()} - {check.reason}")
-    if json:
-        report.write_json(Path(json))
-        session.out(f"report: {json}")
+    if outputs.json:
+        report.write_json(Path(outputs.json))
+        session.out(f"report: {outputs.json}")
     if report.status != "passed":
         raise Exit(f"sparkforge: size: {check.reason}", code=1)

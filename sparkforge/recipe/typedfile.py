@@ -8,7 +8,6 @@ One reader per format; each format's model lives beside the code that uses it (r
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -51,12 +50,3 @@ def typed(model: type[M], data: Any, where: str, fix: str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise refusal(exc, where, fix) from None
-
-
-def read_typed(model: type[M], path: Path | str, option: str, *, fix: str, max_bytes: int = 16 << 20) -> M:
-    """A JSON file through the boundary (a regular file, no FIFO, device or folder, no link to a system file),
-    typed by `model`."""
-    from sparkforge.boundary import read_json
-
-    where = f"{option} {path}" if option else str(path)
-    return typed(model, read_json(path, option, max_bytes=max_bytes, fix=fix), where, fix)

@@ -259,7 +259,3 @@ def build_overlay(session: Session, overlay: Overlay, options: OverlayBuildOptio
         )
     engine.tag_image(image_id, built.final)
     return dataclasses.replace(OverlayResult(built, pre.report, image_id, report), tagged=(built.final,))
-
-
-def template_path() -> Path:
-    return TEMPLATES_DIR / TEMPLATE

@@ -124,11 +124,6 @@ def _patch_bytes(patch: str) -> bytes:
     return read_bytes(patch_file(patch), "patch", MAX_PATCH_BYTES, named=False)
 
 
-def is_overlay_file(path: Path) -> bool:
-    """Whether a YAML file declares `kind: overlay` (read bounded, as every recipe file is)."""
-    return read_yaml(path).data.get("kind") == "overlay"
-
-
 def load_overlay(ref: str | Path) -> Overlay:
     """Load and validate an overlay recipe (a path, or a name in recipes/overlays/); errors name file and key."""
     known = sorted(p.stem for p in OVERLAYS_DIR.glob("*.yaml")) if OVERLAYS_DIR.is_dir() else []

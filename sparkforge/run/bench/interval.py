@@ -106,19 +106,6 @@ def _logs(values: list[float]) -> list[float] | None:
     return [math.log(v) for v in values] if values and all(v > 0 for v in values) else None
 
 
-def _pooled(old: list[float], new: list[float]) -> tuple[float, float] | None:
-    """(standard error, degrees of freedom) of mean(new) - mean(old), the variance pooled over both sides; None
-    with one repeat a side (no spread measured at all)."""
-    n, m = len(old), len(new)
-    df = n + m - 2
-    if df < 1:
-        return None
-    squares = sum((x - statistics.fmean(old)) ** 2 for x in old) + sum(
-        (x - statistics.fmean(new)) ** 2 for x in new
-    )
-    return math.sqrt(squares / df * (1 / n + 1 / m)), float(df)
-
-
 def _worse(log_ratio: float, higher_is_better: bool) -> float:
     """A log ratio as percent worse (throughput: percent lower; latency: percent higher)."""
     return (1 - math.exp(log_ratio)) * 100 if higher_is_better else (math.exp(log_ratio) - 1) * 100

@@ -83,10 +83,6 @@ class Architecture:
     vision_intermediate: int = 0
 
     @property
-    def full_layers(self) -> int:
-        return sum(1 for t in self.layer_types if t == "full_attention")
-
-    @property
     def linear_layers(self) -> int:
         return sum(1 for t in self.layer_types if t == "linear_attention")
 
