@@ -345,7 +345,7 @@ def check_layout(
             found.problems.append(f"{par.describe()} = {par.world} GPUs, but {nodes} nodes were given")
         ring = ring_problem(par.tp, layout, variant == "switchless")
         found.problems += [ring] if ring else []
-        if par.tp > 1 or par.pp > 1:
+        if par.world > 1:
             found.warnings.append(
                 f"no checkpoint config for {profile.name}: its heads, experts and layers were not checked against "
                 f"{par.describe()}; fix: profiles/checkpoints/{profile.name}.json or --model-dir with config.json"
