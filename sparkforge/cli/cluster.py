@@ -111,7 +111,12 @@ SPLIT = Family(
         Option(
             "pp",
             Whole(0),
-            "pipeline-parallel-size over the nodes (default: the profile's); TP x PP is the node count",
+            "pipeline-parallel-size over the nodes (default: the profile's); TP x PP x DP is the node count",
+        ),
+        Option(
+            "dp",
+            Whole(0),
+            "data-parallel-size: replicas of TP x PP nodes each behind the head's API, on vLLM's own DP handshake (default: the profile's)",
         ),
     ),
 )

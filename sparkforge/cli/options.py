@@ -547,6 +547,7 @@ OPTION_KINDS: dict[str, Kind] = {
     "top": whole(1, 10**6),
     "tp": whole(0, 1024),
     "pp": whole(0, 1024),
+    "dp": whole(0, 1024),
     "spark_memory": whole(0, 4096),
     "repeats": whole(1, 1000),
     "benches": whole(1, 50),

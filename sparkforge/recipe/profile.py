@@ -218,11 +218,13 @@ class ProfileModel(BaseModel):
         args = {norm_flag(k): v for k, v in self.args.items()}
         tp = int(args.get("tensor-parallel-size", args.get("tp", 1)))  # type: ignore[arg-type]
         pp = int(args.get("pipeline-parallel-size", args.get("pp", 1)))  # type: ignore[arg-type]
+        dp = int(args.get("data-parallel-size", args.get("dp", 1)))  # type: ignore[arg-type]
         gpus = self.nodes * self.gpus_per_node
-        if tp * pp != gpus:
+        if tp * pp * dp != gpus:
+            times = f" x data-parallel-size {dp}" if dp > 1 else ""
             raise ValueError(
-                f"tensor-parallel-size {tp} x pipeline-parallel-size {pp} = {tp * pp} GPUs, but nodes {self.nodes} x "
-                f"gpus_per_node {self.gpus_per_node} = {gpus}; fix: make them equal (a Spark has one GPU)"
+                f"tensor-parallel-size {tp} x pipeline-parallel-size {pp}{times} = {tp * pp * dp} GPUs, but nodes "
+                f"{self.nodes} x gpus_per_node {self.gpus_per_node} = {gpus}; fix: make them equal (a Spark has one GPU)"
             )
         return self
 

@@ -1,8 +1,9 @@
 """The launch plan: the exact container (argv and environment) each node runs, from a profile and the doctor's facts.
 
 vLLM's own multi-node machinery only: the multiprocessing backend (`--nnodes/--node-rank/--master-addr/
---master-port`, `--headless` on every node but the head; workers start first), or Ray on request (a Ray
-container per node, then `vllm serve --distributed-executor-backend ray` on the head).
+--master-port`, and vLLM's data-parallel handshake for DP replicas: run/multinode.py; `--headless` on every node
+but the head; workers start first), or Ray on request (a Ray container per node, then `vllm serve
+--distributed-executor-backend ray` on the head).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Literal
 from sparkforge.errors import RunError
 from sparkforge.recipe.checkpoints import pinned_revision
 from sparkforge.recipe.profile import Profile
+from sparkforge.recipe.serveargs import norm_flag
 from sparkforge.run.jobs import RDMA_DEVICES
+from sparkforge.run.multinode import Rendezvous
 from sparkforge.run.nodes import LABEL, ContainerSpec, run_argv
 
 MODEL_MOUNT = "/models"
@@ -217,10 +220,7 @@ def _listens(
         "anyone who reaches the host can use the model; fix: firewall the port or serve on a trusted network"
     ]
     if len(addresses) > 1 and options.backend == "mp":
-        listens.append(
-            f"vLLM internode: rendezvous {head}:{options.master_port} (--master-addr), engine and NCCL traffic on "
-            "each node's link address (VLLM_HOST_IP, the fabric plan's interface)"
-        )
+        listens += rendezvous_of(profile, addresses, options).listens()
     if len(addresses) > 1 and options.backend == "ray":
         listens.append(f"Ray: {head}:{RAY_PORT} (GCS) and each node's --node-ip-address (its link address)")
     if options.weights == "shared" and len(addresses) > 1 and options.model_dir is None:
@@ -229,6 +229,13 @@ def _listens(
             "every file against the head's manifest"
         )
     return listens, warnings
+
+
+def rendezvous_of(profile: Profile, addresses: Sequence[str], options: LaunchOptions) -> Rendezvous:
+    """Where the nodes meet: the head's link address, the master port, the profile's data-parallel size."""
+    args = {norm_flag(k): v for k, v in profile.model.args.items()}
+    dp = int(args.get("data-parallel-size", args.get("dp", 1)))  # type: ignore[arg-type]
+    return Rendezvous(len(addresses), addresses[0], options.master_port, dp)
 
 
 def plan_launch(
@@ -259,6 +266,7 @@ def plan_launch(
         )
     model, model_extra = _model_arg(profile, options)
     head = addresses[0]
+    meet = rendezvous_of(profile, addresses, options) if options.backend == "mp" and count > 1 else None
     files_label = ",".join(f"{f.path.name}@sha256:{f.sha256}" for f in profile.files)
     launches = []
     for rank in range(count):
@@ -286,17 +294,7 @@ def plan_launch(
         serve += ["--trust-remote-code"] if options.trust_remote_code else []
         exec_argv: tuple[str, ...] = ()
         if options.backend == "mp":
-            if count > 1:
-                serve += [
-                    "--nnodes",
-                    str(count),
-                    "--node-rank",
-                    str(rank),
-                    "--master-addr",
-                    head,
-                    "--master-port",
-                    str(options.master_port),
-                ]
+            serve += meet.flags(rank) if meet else []
             serve += ["--headless"] if rank > 0 else ["--host", "0.0.0.0", "--port", str(options.port)]
             entrypoint, args = "vllm", tuple(serve)
         else:

@@ -71,7 +71,7 @@ def test_pipeline_split_follows_vllms_get_pp_indices() -> None:
 
 def test_node_count_and_dp_and_ring() -> None:
     assert check_parallel(A3B, Parallel(2, 1), 3).problems[0].startswith("TP=2 x PP=1 = 2 GPUs, but 3 nodes")
-    assert any("data-parallel-size 2" in p for p in check_parallel(A3B, Parallel(2, 1, 2), 4).problems)
+    assert check_parallel(A3B, Parallel(2, 1, 2), 4).fits  # 512 / (TP x DP = 4) = 128: one FP8 block each
     ring = check_parallel(A10B, Parallel(4, 1), 4, "ring")
     assert ring.problems[0].startswith(
         "tensor-parallel-size 4 spans 4 nodes of a switchless ring: stock NCCL"
@@ -93,8 +93,11 @@ def test_relayout_gives_the_memory_plan_per_node() -> None:
     assert (
         max(n.parts["weights"] for n in plan.nodes) < two.nodes[0].parts["weights"]
     )  # a third of the layers each
-    with pytest.raises(RunError, match="data-parallel rendezvous"):
-        relayout(profile, Parallel(2, 1, 2))
+    four = relayout(profile, Parallel(2, 1, 2))
+    assert four.model.nodes == 4 and parallel_of(four) == Parallel(2, 1, 2)
+    assert plan_profile(four, None).nodes[0].parts["weights"] == two.nodes[0].parts["weights"]  # per replica
+    with pytest.raises(ValueError, match="x data-parallel-size 2 = 4 GPUs, but nodes 3 x gpus_per_node 1"):
+        four.model.model_validate({**four.model.model_dump(), "nodes": 3})  # the profile's own rule counts DP
 
 
 TINY = load_architecture(REPO_ROOT / "tests" / "fixtures" / "tiny-qwen35moe" / "config.json")

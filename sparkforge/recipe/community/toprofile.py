@@ -51,7 +51,19 @@ _BUILD_ARG_HINTS = {
 }
 # Flags sparkforge writes itself at the end of the argv (the launch plan's order).
 _PLACED = ("port", "host", "served-model-name", "trust-remote-code", "distributed-executor-backend")
-_CLUSTER_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "headless", "data-parallel-address")
+_CLUSTER_FLAGS = (
+    "nnodes",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "headless",
+    "data-parallel-address",
+    # the data-parallel rendezvous cluster.up derives from the nodes (run/cluster/parallel.py DP_PLANNED)
+    "data-parallel-size-local",
+    "data-parallel-start-rank",
+    "data-parallel-rank",
+    "data-parallel-rpc-port",
+)
 
 
 @dataclass(frozen=True)
@@ -272,16 +284,21 @@ def import_recipe(
     attention: list[Attention] = []
     tp = _int(argv.get("tensor-parallel-size"), where)
     pp = _int(argv.get("pipeline-parallel-size"), where)
-    nodes = tp * pp
+    dp = _int(argv.get("data-parallel-size"), where)
+    nodes = tp * pp * dp  # one GPU per Spark: each DP replica its own TP x PP nodes (docs/clusters.md)
     if recipe.cluster_only and nodes < 2:
         attention.append(
             Attention(recipe.at("cluster_only"), f"cluster_only, but TP x PP = {nodes}: one node")
         )
     if recipe.solo_only and nodes > 1:
         attention.append(Attention(recipe.at("solo_only"), f"solo_only, but TP x PP = {nodes} nodes"))
-    if _int(argv.get("data-parallel-size"), where) > 1:
+    if dp > 1:
         attention.append(
-            Attention(where, "--data-parallel-size > 1: profiles place TP x PP GPUs; check the node count")
+            Attention(
+                where,
+                f"--data-parallel-size {dp}: the profile places {dp} replicas of TP x PP nodes ({nodes} nodes); "
+                "cluster.up derives the data-parallel rendezvous flags itself",
+            )
         )
     launch = _Launch()
     args: dict[str, object] = {}

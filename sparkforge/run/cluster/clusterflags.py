@@ -18,6 +18,7 @@ class ClusterFlags:
     min_busbw: str = ""  # GB/s floor of the transport stage (empty: 80 % of the port rate; 0: off)
     tp: int = 0  # tensor-parallel-size over the nodes (0: the profile's)
     pp: int = 0  # pipeline-parallel-size over the nodes (0: the profile's)
+    dp: int = 0  # data-parallel-size: replicas of TP x PP nodes each (0: the profile's)
     quick: bool = False  # the doctor's cheap stages only
 
 

@@ -1,6 +1,6 @@
 """The plan of a task over several nodes (`cluster.up`, `cluster.doctor`): one LaunchPlan (run/launchplan.py: the
 recipe and profile loaded once, every launch flag checked once, the image and the memory plan decided) with the
-cluster's own decisions on top: the fabric flags checked, --tp/--pp applied to the profile (the memory plan follows
+cluster's own decisions on top: the fabric flags checked, --tp/--pp/--dp applied to the profile (the memory plan follows
 the new split), the split judged against the model, the cabling and the known-bad list (LayoutPlan), and the
 doctor's options (the fabric flags, the split, the recipe's NCCL pin, the memory plan its memory stage holds each
 node to). Every refusal is raised here, before any engine is contacted; `--dry` prints the plan.
@@ -93,7 +93,7 @@ def plan_cluster(
     dry: bool = False,
 ) -> ClusterPlan:
     """`profile` (may be empty: the doctor alone) launched with `recipe`'s image over `flags.nodes`, split as
-    --tp/--pp say (0: the profile's). Every input checked before any engine: RunError/FlagError naming it."""
+    --tp/--pp/--dp say (0: the profile's). Every input checked before any engine: RunError/FlagError naming it."""
     from sparkforge.run.cluster.parallel import Parallel, check_layout, relayout
     from sparkforge.run.inputs import check_positive
 
@@ -102,15 +102,17 @@ def plan_cluster(
             "no --nodes given; fix: --nodes A,B (head first), e.g. ssh://me@spark1,ssh://me@spark2"
         )
     fabric_set = fabric_settings(cluster)
-    split = (cluster.tp, cluster.pp)
-    for name, value in zip(("--tp", "--pp"), split, strict=True):
+    split = (cluster.tp, cluster.pp, cluster.dp)
+    for name, value in zip(("--tp", "--pp", "--dp"), split, strict=True):
         if value:
             check_positive(name, value)
     if not profile:
         return _doctor_only(recipe, flags, fabric_set, env, cluster.quick)
     launch = plan_task(recipe, profile, flags, env, dry=dry)
     served = (
-        relayout(launch.profile, Parallel(split[0] or 1, split[1] or 1)) if any(split) else launch.profile
+        relayout(launch.profile, Parallel(split[0] or 1, split[1] or 1, split[2] or 1))
+        if any(split)
+        else launch.profile
     )
     pin = launch.recipe.model.runtime.nccl
     nccl = pin.model_dump(mode="json") if pin else None
@@ -121,6 +123,7 @@ def plan_cluster(
     if any(split):  # the memory plan follows the split
         launch = _replanned(launch, served)
     memory = launch.memory.to_dict() if launch.memory is not None and flags.gpus != "none" else None
+    memory = every_replica(memory, layout.parallel.dp) if memory else None
     doctor = replace(
         _with_fabric(launch.doctor or doctor_options(launch.image, flags), fabric_set, cluster.quick),
         parallel=(layout.parallel.tp, layout.parallel.pp),
@@ -129,6 +132,18 @@ def plan_cluster(
         memory_plan=memory,  # --gpus none: vLLM takes no gpu-memory-utilization share; the stage only reports
     )
     return ClusterPlan(launch.nodes, doctor, launch, layout)
+
+
+def every_replica(memory: dict[str, Any], dp: int) -> dict[str, Any]:
+    """The memory plan of one replica (its TP x PP nodes) repeated for each of the `dp` replicas, numbered by
+    node rank as --nodes orders them (replica r holds nodes r x width onwards), so that the doctor holds every
+    node to its budget. Conservative for MoE: vLLM shards the experts over TP x DP, the plan over TP alone."""
+    nodes = memory.get("nodes") or []
+    if dp == 1 or not nodes:
+        return memory
+    width = len(nodes)
+    copies = [{**n, "node": r * width + n["node"]} for r in range(dp) for n in nodes]
+    return {**memory, "nodes": copies}
 
 
 def _doctor_only(

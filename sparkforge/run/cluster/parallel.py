@@ -7,6 +7,9 @@ size divides by it, and with FP8 block quantization the per-rank share is whole 
 quantization block_n"); with expert parallelism the experts divide by TP x DP. Pipeline stages split the layers
 (vLLM's get_pp_indices: each stage at least one). One GB10 per Spark: TP x PP x DP is the node count. A TP group
 that spans more than two nodes of a switchless ring is refused unless the image's NCCL is the ring-only build.
+Data parallel: DP replicas of TP x PP nodes each, contiguous (vLLM 0.32: a node's DP rank is node_rank // (TP x PP),
+ParallelConfig.node_rank_within_dp); a MoE model's experts are sharded over TP x DP ranks unless expert parallel
+keeps them whole (FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp), so DP joins TP in the experts' split.
 Pure: `relayout` gives the profile the layout (its memory plan then follows), `check_parallel` the refusals.
 """
 
@@ -136,7 +139,7 @@ def _tp_fix(arch: Architecture, par: Parallel, nodes: int) -> str:
 
 def _tp_problems(arch: Architecture, par: Parallel) -> list[str]:
     tp, problems = par.tp, []
-    if tp == 1:
+    if tp * par.dp == 1:
         return problems
     _divides("attention heads", arch.heads, tp, problems)
     if arch.kv_heads and arch.kv_heads % tp and tp % arch.kv_heads:
@@ -146,13 +149,15 @@ def _tp_problems(arch: Architecture, par: Parallel) -> list[str]:
     linear = arch.linear_layers > 0
     _divides("gated-delta-net key heads", arch.linear_key_heads if linear else 0, tp, problems)
     _divides("gated-delta-net value heads", arch.linear_value_heads if linear else 0, tp, problems)
+    ranks = tp * par.dp  # without expert parallel vLLM shards each expert over TP x DP ranks
     if arch.experts and not par.expert_parallel:
-        share, rest = divmod(arch.moe_intermediate, tp)
+        share, rest = divmod(arch.moe_intermediate, ranks)
         block = arch.quant.block[0] if arch.quant.method == "fp8" else 1
+        over = f" over TP x DP = {ranks} ranks" if par.dp > 1 else ""
         if rest or share % block:
             problems.append(
-                f"it splits each expert's intermediate size {arch.moe_intermediate} into "
-                f"{arch.moe_intermediate / tp:g}, not whole FP8 blocks of {block} (vLLM: 'not divisible by weight "
+                f"it splits each expert's intermediate size {arch.moe_intermediate}{over} into "
+                f"{arch.moe_intermediate / ranks:g}, not whole FP8 blocks of {block} (vLLM: 'not divisible by weight "
                 f"quantization block_n = {block}'; enable-expert-parallel keeps experts whole per rank)"
             )
     return problems
@@ -176,10 +181,9 @@ def check_parallel(
         )
     tp_problems = _tp_problems(arch, par)
     if tp_problems:
-        problems.append(
-            f"tensor-parallel-size {par.tp} does not split the model: {'; '.join(tp_problems)}; fix: "
-            + _tp_fix(arch, par, nodes)
-        )
+        what = f"tensor-parallel-size {par.tp}" if par.dp == 1 else par.describe()
+        fix = _tp_fix(arch, par, nodes) if par.dp == 1 else "enable-expert-parallel, or another TP x DP"
+        problems.append(f"{what} does not split the model: {'; '.join(tp_problems)}; fix: {fix}")
     if arch.experts and par.expert_parallel and arch.experts % (par.tp * par.dp):
         problems.append(
             f"enable-expert-parallel: the {arch.experts} experts do not divide over TP x DP = {par.tp * par.dp} "
@@ -200,12 +204,6 @@ def check_parallel(
         bare = stage_without_attention(arch, found.stages)
         if bare:
             problems.append(bare)
-    if par.dp > 1:
-        problems.append(
-            f"data-parallel-size {par.dp}: vLLM's multi-node data parallelism has its own rendezvous "
-            "(--data-parallel-address/--data-parallel-rpc-port, one API server per DP rank), which cluster.up does "
-            "not plan; fix: TP x PP over the nodes, or one cluster.up per group of nodes behind a load balancer"
-        )
     ring = ring_problem(par.tp, layout, ring_only_nccl)
     if ring:
         problems.append(ring)
@@ -234,23 +232,54 @@ def ring_problem(tp: int, layout: str | None, ring_only_nccl: bool) -> str | Non
     )
 
 
-def relayout(profile: Profile, par: Parallel) -> Profile:
-    """The profile with `par` for its tensor/pipeline sizes and `nodes` = TP x PP (the args keep their order;
-    the memory plan and the launch read the new sizes). Refuses DP (check_parallel says why)."""
-    if par.dp > 1:
-        raise RunError(
-            f"{par.describe()}: cluster.up plans TP x PP over --nnodes, not vLLM's data-parallel rendezvous; fix: "
-            "TP x PP over the nodes, or one cluster.up per group of nodes"
+# vLLM's data-parallel launch flags that the cluster plan derives from the nodes (run/multinode.py): a profile's
+# own would contradict it (another load-balancing mode, another rank, another rendezvous port or backend).
+DP_PLANNED = (
+    "data-parallel-size-local",
+    "data-parallel-start-rank",
+    "data-parallel-rank",
+    "data-parallel-rpc-port",
+    "data-parallel-hybrid-lb",
+    "data-parallel-external-lb",
+    "data-parallel-multi-port-external-lb",
+    "data-parallel-backend",
+)
+
+
+def dp_problems(par: Parallel, args: Mapping[str, Any], backend: str) -> list[str]:
+    """Why a data-parallel layout cannot be launched as cluster.up plans it (vLLM's internal load balancing: one
+    API on the head, every other node headless with its DP start rank), with the fix; [] for DP=1."""
+    if par.dp == 1:
+        return []
+    problems = []
+    if backend != "mp":
+        problems.append(
+            f"data-parallel-size {par.dp} with --backend {backend}: cluster.up's Ray launch is one `vllm serve "
+            "--distributed-executor-backend ray` on the head, and vLLM's Ray data parallelism (--data-parallel-backend "
+            "ray) places its own engines, which cluster.up does not plan (vLLM also refuses --nnodes with it); fix: "
+            "--backend mp"
         )
-    args = {k: v for k, v in profile.model.args.items() if norm_flag(k) not in ("tp", "pp")}
+    given = [f"--{k}" for k in DP_PLANNED if k in args]
+    if given:
+        problems.append(
+            f"the profile sets {', '.join(given)}, which cluster.up derives from the nodes for vLLM's data-parallel "
+            "rendezvous (internal load balancing behind the head's API); fix: remove them from the profile's args"
+        )
+    return problems
+
+
+def relayout(profile: Profile, par: Parallel) -> Profile:
+    """The profile with `par` for its tensor/pipeline/data-parallel sizes and `nodes` = TP x PP x DP (the args
+    keep their order; the memory plan and the launch read the new sizes)."""
+    args = {k: v for k, v in profile.model.args.items() if norm_flag(k) not in ("tp", "pp", "dp")}
     args["tensor-parallel-size"] = par.tp
     args["pipeline-parallel-size"] = par.pp
-    if par.pp == 1:
-        args.pop("pipeline-parallel-size")
+    args["data-parallel-size"] = par.dp
+    for flag, size in (("pipeline-parallel-size", par.pp), ("data-parallel-size", par.dp)):
+        if size == 1:
+            args.pop(flag)
     try:
-        model = profile.model.model_validate(
-            {**profile.model.model_dump(), "args": args, "nodes": par.tp * par.pp}
-        )
+        model = profile.model.model_validate({**profile.model.model_dump(), "args": args, "nodes": par.world})
     except ValueError as exc:
         raise RunError(f"profile {profile.name} with {par.describe()}: {exc}") from None
     return Profile(profile.name, profile.path, model, profile.lines)
@@ -269,12 +298,27 @@ class LayoutPlan:
     cuda_graphs: bool = True  # false with enforce-eager
 
     def lines(self) -> list[str]:
+        par = self.parallel
         over = f" cabled as {self.layout}" if self.layout else ""
-        out = [f"layout: {self.parallel.describe()} over {self.nodes} nodes{over}"]
-        for i, (first, end) in enumerate(self.stages if self.parallel.pp > 1 else ()):
-            ranks = range(i * self.parallel.tp, (i + 1) * self.parallel.tp)
-            nodes = ", ".join(f"node{r}" for r in ranks)
-            out.append(f"  stage {i}: layers {first}-{end - 1} on {nodes}")
+        out = [f"layout: {par.describe()} over {self.nodes} nodes{over}"]
+        width = par.tp * par.pp  # the nodes of one replica, contiguous (vLLM: DP rank = node rank // width)
+        for replica in range(par.dp):
+            indent = "  "
+            if par.dp > 1:
+                nodes = ", ".join(f"node{replica * width + r}" for r in range(width))
+                role = "the API, its engine" if replica == 0 else "headless engine"
+                out.append(f"  DP rank {replica} ({role}): {nodes}")
+                indent = "    "
+            for i, (first, end) in enumerate(self.stages if par.pp > 1 else ()):
+                ranks = range(replica * width + i * par.tp, replica * width + (i + 1) * par.tp)
+                nodes = ", ".join(f"node{r}" for r in ranks)
+                out.append(f"{indent}stage {i}: layers {first}-{end - 1} on {nodes}")
+        if par.dp > 1:
+            out.append(
+                f"  each DP rank holds the whole model over its {width} node(s): the memory plan is one replica's, "
+                "every replica's nodes alike (a MoE's experts are sharded over TP x DP by vLLM, over TP in the "
+                "plan: an upper bound)"
+            )
         return out
 
 
@@ -301,7 +345,7 @@ def check_layout(
             found.problems.append(f"{par.describe()} = {par.world} GPUs, but {nodes} nodes were given")
         ring = ring_problem(par.tp, layout, variant == "switchless")
         found.problems += [ring] if ring else []
-        if par.tp > 1 or par.pp > 1:
+        if par.world > 1:
             found.warnings.append(
                 f"no checkpoint config for {profile.name}: its heads, experts and layers were not checked against "
                 f"{par.describe()}; fix: profiles/checkpoints/{profile.name}.json or --model-dir with config.json"
@@ -317,7 +361,7 @@ def check_layout(
             layout,
         )
     )
-    problems = found.problems + refused
+    problems = found.problems + dp_problems(par, args, backend) + refused
     cabled = find_layout(layout) if layout else None
     if cabled and not cabled.fits(nodes):
         problems.insert(
