@@ -474,10 +474,10 @@ def output_dir(path: Path | str, option: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path | str, option: str = "output", *, mode: int = 0o666) -> Iterator[BinaryIO]:
+def atomic_writer(path: Path | str, option: str = "output", *, mode: int | None = None) -> Iterator[BinaryIO]:
     """A binary file to stream an output into (a download, a cache entry); it appears at `path` whole, by an
     atomic rename, only when the block ends without an error; `write_output`'s refusals and rules otherwise
-    (`mode`: its permissions before the umask, 0o755 for a script)."""
+    (`mode`: its exact permissions, 0o755 for a script; else 0o666 less the umask, as open() gives)."""
     final = _final(Path(path), option)
     temp = ""
     try:
@@ -487,7 +487,7 @@ def atomic_writer(path: Path | str, option: str = "output", *, mode: int = 0o666
             yield out
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(temp, mode & ~mask)
+        os.chmod(temp, 0o666 & ~mask if mode is None else mode)
         os.replace(temp, final)
     except OSError as exc:
         raise InputError(
@@ -498,7 +498,7 @@ def atomic_writer(path: Path | str, option: str = "output", *, mode: int = 0o666
             os.unlink(temp)
 
 
-def write_output(path: Path | str, data: bytes | str, option: str = "output", *, mode: int = 0o666) -> Path:
+def write_output(path: Path | str, data: bytes | str, option: str = "output", *, mode: int | None = None) -> Path:
     """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
     component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
     with atomic_writer(path, option, mode=mode) as out:
