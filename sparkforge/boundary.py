@@ -340,7 +340,9 @@ def parse_json(
     try:
         data = _loads_nonfinite(text) if nonfinite else loads_strict(text)
     except RecursionError:
-        raise InputError(f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: {fix}") from None
+        raise InputError(
+            f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: {fix}"
+        ) from None
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:200]
         if isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip()):
@@ -498,7 +500,9 @@ def atomic_writer(path: Path | str, option: str = "output", *, mode: int | None 
             os.unlink(temp)
 
 
-def write_output(path: Path | str, data: bytes | str, option: str = "output", *, mode: int | None = None) -> Path:
+def write_output(
+    path: Path | str, data: bytes | str, option: str = "output", *, mode: int | None = None
+) -> Path:
     """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
     component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
     with atomic_writer(path, option, mode=mode) as out:

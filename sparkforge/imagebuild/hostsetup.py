@@ -120,7 +120,9 @@ def debian_mirror() -> str:
     for path in sources:
         if not path.is_file():
             continue
-        for match in re.finditer(r"(?:URIs:|^deb)\s+(\S*?/debian)/?\s", read_text(path, "apt sources", 1 << 20), re.MULTILINE):
+        for match in re.finditer(
+            r"(?:URIs:|^deb)\s+(\S*?/debian)/?\s", read_text(path, "apt sources", 1 << 20), re.MULTILINE
+        ):
             if "security" not in match.group(1):
                 return match.group(1)
     return "http://deb.debian.org/debian"
@@ -242,7 +244,7 @@ def _apt_options(tmp: Path) -> list[str]:
     write_output(
         tmp / "parts" / f"sparkforge-{BUILDX_SUITE}.sources",
         f"Types: deb\nURIs: {debian_mirror()}\nSuites: {BUILDX_SUITE}\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
     )
     pairs = {
         "Dir::Etc::SourceList": "/dev/null",

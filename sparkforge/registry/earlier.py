@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from sparkforge.commands import Command
 from sparkforge.boundary import read_text, walk_tree, write_output
+from sparkforge.commands import Command
 from sparkforge.errors import InputError, SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
 from sparkforge.recipe.yamlfile import MAX_YAML_BYTES

@@ -7,7 +7,6 @@ node that still answers, whatever happened.
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
@@ -89,7 +88,9 @@ class Background:
 def sanity_script() -> str:
     """The in-image helper and its readers as one `python3 -c` program."""
     try:
-        facts, sanity = (read_text(p, "", MAX_HELPER_BYTES, named=False) for p in (FACTS_SCRIPT, SANITY_SCRIPT))
+        facts, sanity = (
+            read_text(p, "", MAX_HELPER_BYTES, named=False) for p in (FACTS_SCRIPT, SANITY_SCRIPT)
+        )
     except InputError as exc:
         raise RunError(f"the doctor's in-image helper: {exc}") from None
     return _BOOTSTRAP.format(facts=facts, sanity=sanity)

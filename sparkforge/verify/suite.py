@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine
-from sparkforge.console import Stages
 from sparkforge.boundary import parse_json, write_output
+from sparkforge.console import Stages
 from sparkforge.errors import AuditError, EngineError, InputError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
 from sparkforge.recipe.budget import size_check
@@ -80,7 +80,9 @@ def check_lock(recipe: Recipe, data: bytes | None) -> Check:
     except InputError as exc:
         return Check("lock", "failed", str(exc))
     if not isinstance(lock, dict):
-        return Check("lock", "failed", f"{LOCK_PATH} in the image is no JSON object; rebuild with 'invoke build'")
+        return Check(
+            "lock", "failed", f"{LOCK_PATH} in the image is no JSON object; rebuild with 'invoke build'"
+        )
     if lock.get("recipe_hash") != recipe.hash:
         return Check(
             "lock",

@@ -47,7 +47,9 @@ def _kinds(node: ast.AST) -> set[str]:
         return set()
     owner = func.value.id if isinstance(func.value, ast.Name) else ""
     name = func.attr
-    base = func.value  # the chain's first name: `zipfile.ZipFile.open(archive, info)` opens a member, not a path
+    base = (
+        func.value
+    )  # the chain's first name: `zipfile.ZipFile.open(archive, info)` opens a member, not a path
     while isinstance(base, ast.Attribute):
         base = base.value
     module = base.id if isinstance(base, ast.Name) and base.id in _MODULES else ""

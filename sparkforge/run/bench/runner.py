@@ -355,7 +355,9 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
         "model": _flag(args, "--served-model-name", profile.model.served_model_name or profile.model.model),
     }
     printed = engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, path).strip()
-    reading = parse_json((printed.splitlines() or [""])[-1], "the hardware reading", nonfinite=True, fix=_CLIENT_FIX)
+    reading = parse_json(
+        (printed.splitlines() or [""])[-1], "the hardware reading", nonfinite=True, fix=_CLIENT_FIX
+    )
     model = model_identity(path, ctx["model"], reading)
     hardware = {k: v for k, v in reading.items() if k != "model_config_sha256"}
     image = _inspect(engine, "image", str(info.get("Image")))
