@@ -329,14 +329,16 @@ def parse_json(
     *,
     max_depth: int = MAX_JSON_DEPTH,
     max_items: int = MAX_JSON_ITEMS,
+    max_bytes: int | None = None,
     nonfinite: bool = False,
     fix: str = "name the file sparkforge wrote",
 ) -> Any:
     """JSON as the boundary takes it: finite numbers only (no NaN, Infinity, 1e309), no key twice, bounded
     nesting and size. `nonfinite`: NaN and Infinity are read as floats (what a program printed about a GPU
-    check); `fix`: the refusal's fix (e.g. which program printed it)."""
-    if len(text) > MAX_JSON_BYTES:
-        raise InputError(f"{where}: {len(text)} characters of JSON, more than {MAX_JSON_BYTES}; fix: {fix}")
+    check); `fix`: the refusal's fix (e.g. which program printed it); `max_bytes`: a cap on the text where no
+    file read capped it (a program's output)."""
+    if max_bytes is not None and len(text) > max_bytes:
+        raise InputError(f"{where}: {len(text)} characters of JSON, more than {max_bytes}; fix: {fix}")
     try:
         data = _loads_nonfinite(text) if nonfinite else loads_strict(text)
     except RecursionError:

@@ -12,7 +12,7 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
-from sparkforge.boundary import manifest_path, parse_json, read_source, write_output
+from sparkforge.boundary import MAX_JSON_BYTES, manifest_path, parse_json, read_source, write_output
 from sparkforge.context import Session
 from sparkforge.errors import EngineError, PreflightError
 from sparkforge.imagebuild.execute import run_stage
@@ -95,7 +95,7 @@ def _fetch_results(image: str, out_dir: Path) -> dict[str, Any]:
     if data is None:
         raise EngineError(f"{image} has no {IMAGE_DIR}/probe.json: the probe stage did not run its script")
     fix = "rebuild the probe stage ('invoke probe'); its script writes probe.json"
-    result = parse_json(data, f"{image}:{IMAGE_DIR}/probe.json", fix=fix)
+    result = parse_json(data, f"{image}:{IMAGE_DIR}/probe.json", max_bytes=MAX_JSON_BYTES, fix=fix)
     units = result.get("units", []) if isinstance(result, dict) else None
     if not isinstance(units, list) or not all(isinstance(u, dict) for u in units):
         raise EngineError(f"{image}:{IMAGE_DIR}/probe.json: no list of units; fix: {fix}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine
-from sparkforge.boundary import parse_json, write_output
+from sparkforge.boundary import MAX_JSON_BYTES, parse_json, write_output
 from sparkforge.console import Stages
 from sparkforge.errors import AuditError, EngineError, InputError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
@@ -288,7 +288,7 @@ def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
     """The suite's JSON document -> checks; anything untrustworthy in it becomes a failed 'image-suite' check."""
     try:
         # NaN stays readable: a GPU check may print one (a figure it could not measure); the check judges it.
-        document = parse_json(text, "the suite's report", nonfinite=True)
+        document = parse_json(text, "the suite's report", max_bytes=MAX_JSON_BYTES, nonfinite=True)
         raw = list(document["checks"])
     except (InputError, ValueError, KeyError, TypeError) as exc:
         return [Check("image-suite", "failed", f"the suite's report is not readable ({exc})")], {}

@@ -122,4 +122,4 @@ def test_parse_json_for_program_output_is_strict_unless_nan_is_expected() -> Non
     # bytes, as an image's file gives them
     assert boundary.parse_json(b'{"ok": true}', "probe.json") == {"ok": True}
     with pytest.raises(InputError, match="characters of JSON, more than"):
-        boundary.parse_json(" " * (boundary.MAX_JSON_BYTES + 1), "docker inspect")
+        boundary.parse_json(" " * 1025, "docker inspect", max_bytes=1024)

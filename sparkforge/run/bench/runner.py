@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import parse_json, sha256_file
+from sparkforge.boundary import MAX_JSON_BYTES, parse_json, sha256_file
 from sparkforge.commands import Command
 from sparkforge.context import Session, cache_root
 from sparkforge.errors import CommandError, InputError, RunError
@@ -279,7 +279,7 @@ def _benchy_levels(
             )
             return
         try:
-            doc = parse_json(raw.output, "llama-benchy's result", nonfinite=True)
+            doc = parse_json(raw.output, "llama-benchy's result", max_bytes=MAX_JSON_BYTES, nonfinite=True)
         except InputError as exc:
             raise RunError(
                 f"llama-benchy wrote no JSON result ({exc}); fix: see its output: {result.output[-400:]}"
