@@ -6,6 +6,7 @@ output through `write_output`; docs/inputs.md lists the rules once, with the tas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -14,9 +15,9 @@ import os
 import posixpath
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sparkforge.errors import InputError
 
@@ -141,6 +142,19 @@ def read_bytes(
             f"{where}: grew past {max_bytes} bytes while read; fix: name a file that is not written now"
         )
     return b"".join(chunks)
+
+
+MAX_SOURCE_BYTES = 16 << 20  # one file of an upstream source tree (vLLM's largest are under 1 MiB)
+
+
+def read_source(path: Path | str, root: Path | str, max_bytes: int = MAX_SOURCE_BYTES) -> str | None:
+    """A text file of a tree sparkforge extracted or wrote itself (an upstream checkout, a scratch folder),
+    decoded leniently (an upstream file may hold stray bytes); None when no regular file is there; a link that
+    leads out of `root` and the project, or an oversized file, is refused."""
+    if not Path(path).is_file():
+        return None
+    raw = read_bytes(path, "", max_bytes, named=False, within=[Path(root)])
+    return raw.decode("utf-8", errors="replace")
 
 
 def sha256_file(path: Path | str, option: str, max_bytes: int) -> str:
@@ -304,24 +318,38 @@ def portable_source() -> str:
     return "\n\n".join([f"MAX_INT_DIGITS = {MAX_INT_DIGITS!r}", *(inspect.getsource(f) for f in PORTABLE)])
 
 
+def _loads_nonfinite(text: str | bytes) -> Any:
+    """`loads_strict` but NaN and +-Infinity read as floats: for a report whose GPU figures may be NaN."""
+    return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+
+
 def parse_json(
-    text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH, max_items: int = MAX_JSON_ITEMS
+    text: str | bytes,
+    where: str,
+    *,
+    max_depth: int = MAX_JSON_DEPTH,
+    max_items: int = MAX_JSON_ITEMS,
+    max_bytes: int | None = None,
+    nonfinite: bool = False,
+    fix: str = "name the file sparkforge wrote",
 ) -> Any:
     """JSON as the boundary takes it: finite numbers only (no NaN, Infinity, 1e309), no key twice, bounded
-    nesting and size."""
+    nesting and size. `nonfinite`: NaN and Infinity are read as floats (what a program printed about a GPU
+    check); `fix`: the refusal's fix (e.g. which program printed it); `max_bytes`: a cap on the text where no
+    file read capped it (a program's output)."""
+    if max_bytes is not None and len(text) > max_bytes:
+        raise InputError(f"{where}: {len(text)} characters of JSON, more than {max_bytes}; fix: {fix}")
     try:
-        data = loads_strict(text)
+        data = _loads_nonfinite(text) if nonfinite else loads_strict(text)
     except RecursionError:
         raise InputError(
-            f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: name the file sparkforge wrote"
+            f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: {fix}"
         ) from None
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:200]
         if isinstance(exc, json.JSONDecodeError) and exc.pos >= len(text.rstrip()):
             reason = f"empty or truncated: {reason}"  # the text ended where more was expected
-        raise InputError(
-            f"{where}: cannot read it as JSON ({reason}); fix: name the file sparkforge wrote"
-        ) from None
+        raise InputError(f"{where}: cannot read it as JSON ({reason}); fix: {fix}") from None
     stack, items = [(data, 1)], 0
     while stack:
         node, depth = stack.pop()
@@ -332,7 +360,7 @@ def parse_json(
                 if depth > max_depth
                 else f"more than {max_items} values"
             )
-            raise InputError(f"{where}: cannot read it: {why}; fix: name the file sparkforge wrote")
+            raise InputError(f"{where}: cannot read it: {why}; fix: {fix}")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children)
     return data
@@ -449,20 +477,21 @@ def output_dir(path: Path | str, option: str) -> Path:
     return folder
 
 
-def write_output(path: Path | str, data: bytes | str, option: str = "output") -> Path:
-    """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
-    component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
+@contextlib.contextmanager
+def atomic_writer(path: Path | str, option: str = "output", *, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file to stream an output into (a download, a cache entry); it appears at `path` whole, by an
+    atomic rename, only when the block ends without an error; `write_output`'s refusals and rules otherwise
+    (`mode`: its exact permissions, 0o755 for a script; else 0o666 less the umask, as open() gives)."""
     final = _final(Path(path), option)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     temp = ""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name[:40]}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as out:
-            out.write(raw)
+            yield out
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(temp, 0o666 & ~mask)
+        os.chmod(temp, 0o666 & ~mask if mode is None else mode)
         os.replace(temp, final)
     except OSError as exc:
         raise InputError(
@@ -471,7 +500,60 @@ def write_output(path: Path | str, data: bytes | str, option: str = "output") ->
     finally:
         if temp and os.path.exists(temp):
             os.unlink(temp)
-    return final
+
+
+def write_output(
+    path: Path | str, data: bytes | str, option: str = "output", *, mode: int | None = None
+) -> Path:
+    """Write an output as named, atomically (a temporary file in the same folder, then rename): the final
+    component is replaced, never followed, when it is a symlink; a folder or device there is refused."""
+    with atomic_writer(path, option, mode=mode) as out:
+        out.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return _final(Path(path), option)
+
+
+def open_log(path: Path | str, option: str = "log", *, append: bool = False) -> BinaryIO:
+    """A log file sparkforge writes as a program runs (a step's output, a daemon's), opened for writing: created
+    or truncated (`append`: appended to), never through a symlink at its name, never a FIFO or device there;
+    `write_output`'s refusals for the folder."""
+    final = _final(Path(path), option)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(final, flags | (os.O_APPEND if append else 0), 0o666)
+    except OSError as exc:
+        raise InputError(
+            f"{option} {path}: cannot open it for writing ({exc.strerror}); fix: remove a link or pipe there"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{option} {path}: not a regular file; fix: remove what is there")
+    if not append:
+        os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def open_binary(path: Path | str, option: str, max_bytes: int) -> BinaryIO:
+    """A regular file of at most `max_bytes`, opened to read in pieces or map (a library, an archive, a layer):
+    `read_bytes`'s refusals (no FIFO, device, folder or link to a system file), checked on the descriptor."""
+    path = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    _refuse_system_link(path, where)
+    fd = _open_regular(path, where, max_bytes)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_tail(path: Path | str, option: str, max_bytes: int) -> str:
+    """The last `max_bytes` of a log sparkforge's own program wrote, decoded leniently (a cut character or a
+    program's stray bytes shown as U+FFFD); "" when it is missing; a FIFO, device or folder is refused."""
+    if not os.path.lexists(path):
+        return ""
+    with open_binary(path, option, 1 << 62) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(max(0, size - max_bytes))
+        return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 # The bounded parsers: option numbers written in ASCII and in range, lists of them, flags that exclude each

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkforge.boundary import open_log, write_output
 from sparkforge.console import say
 from sparkforge.errors import CommandError
 
@@ -179,8 +180,7 @@ class Runner:
         """Run `command` as step `step`; raise CommandError on a non-zero exit when `check`."""
         script, log = self._paths(step)
         if script is not None:
-            script.write_text(command.script())
-            script.chmod(0o755)
+            write_output(script, command.script(), "replay script", mode=0o755)
         if self.dry:
             self.echo(command.shell_line())
             return Result(command, 0, "", None)
@@ -202,13 +202,13 @@ class Runner:
                 f"{step}: cannot start {command.argv[0]!r} (not installed or not on PATH). "
                 f"Install it, or see README.md 'Quick start'."
             ) from exc
-        logf = log.open("w") if log is not None else None
+        logf = open_log(log, "step log") if log is not None else None
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append(line)
                 if logf:
-                    logf.write(line)
+                    logf.write(line.encode("utf-8", errors="replace"))
                 if on_line:
                     on_line(line.rstrip("\n"))
                 elif self.stream and not quiet:
@@ -235,7 +235,7 @@ class Runner:
         if self.dry:
             self.echo(f"{Command(('setsid', *command.argv), command.env).shell_line()} >{log} 2>&1 &")
             return
-        with log.open("ab") as out:
+        with open_log(log, "daemon log", append=True) as out:
             try:
                 subprocess.Popen(
                     list(command.argv),

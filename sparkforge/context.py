@@ -10,13 +10,13 @@ The library stays usable without Invoke: build a `Session` by hand (`Session(ech
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkforge.boundary import write_output
 from sparkforge.commands import Runner
 from sparkforge.console import say, warn
 
@@ -41,16 +41,8 @@ def cache_path(*parts: str, root: Path | None = None) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `data` to `path` through a temporary file and an atomic rename (the boundary's writer)."""
+    write_output(path, data, "cache")
     return path
 
 

@@ -27,7 +27,8 @@ from sparkforge.audit.elf import (
     is_data_section,
     section_bounds,
 )
-from sparkforge.errors import AuditError
+from sparkforge.boundary import open_binary
+from sparkforge.errors import AuditError, InputError
 
 # Part of every kept answer's key (verify/auditcache.py): bump it when the same bytes would be read differently.
 READER_VERSION = 1
@@ -50,6 +51,7 @@ FLAG_LZ4 = 0x2000  # CUDA 12 compression, `-compress-mode=speed` in CUDA 13
 MAX_ENTRIES_PER_FILE = 200_000
 MAX_ENTRY_HEADER = 4096
 MAX_NAME = 256
+MAX_FILE_BYTES = 1 << 40  # a library or object file on disk: mapped, never read whole
 CHUNK = 1 << 20
 
 _CONTAINER = struct.Struct("<IHHQ")
@@ -314,7 +316,7 @@ def is_candidate(head: bytes) -> bool:
 @contextmanager
 def mapped(path: Path) -> Iterator[Buffer | None]:
     """The file's bytes mapped read-only, or None when it is empty or not a candidate; never read whole."""
-    with path.open("rb") as handle:
+    with open_binary(path, "", MAX_FILE_BYTES) as handle:
         head = handle.read(4)
         if len(head) < 4 or not is_candidate(head):
             yield None
@@ -333,3 +335,5 @@ def read_fatbin_file(path: Path, where: str | None = None) -> FatbinFile | None:
         raise AuditError(
             f"{label}: cannot read ({exc.strerror or exc}). Check that the file exists and is readable."
         ) from exc
+    except InputError as exc:  # a FIFO, device or link to a system file where a library was expected
+        raise AuditError(str(exc)) from None

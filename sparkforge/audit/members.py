@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import IO
 
 from sparkforge.audit.fatbin import is_candidate
+from sparkforge.boundary import open_binary
 from sparkforge.console import printable
 from sparkforge.errors import AuditError
 
 MAX_MEMBER_BYTES = 4 << 30  # no CUDA library is this large (vLLM's _C: ~0.5 GB, libtorch_cuda: ~1.5 GB)
+MAX_TARGET_BYTES = 1 << 40  # an audit target (an image filesystem tar, a wheel, a library): 1 TiB
 MAX_RATIO = 200  # decompressed/compressed; deflate's ceiling is ~1032:1, real libraries stay far below
 RATIO_FLOOR = 64 << 20  # members up to this size may compress any amount (zero-filled sections)
 
@@ -100,7 +102,7 @@ def candidates(path: Path, infos: Sequence[zipfile.ZipInfo]) -> list[zipfile.Zip
     """The members that may carry device code, in one pass over the archive (a seek and a small read each):
     those whose first bytes say ELF or fatbin, and those only zipfile can read (encrypted, other methods)."""
     out = []
-    with path.open("rb") as raw:
+    with open_binary(path, "", MAX_TARGET_BYTES) as raw:
         for info in infos:
             check_member_name(info.filename, str(path))
             if info.file_size < 4:

@@ -28,11 +28,13 @@ from sparkforge.audit.coverage import ScannedFile, ScanResult, build_report, sco
 from sparkforge.audit.fatbin import FatbinFile, is_candidate, parse_buffer, read_fatbin_file
 from sparkforge.audit.members import (
     MAX_MEMBER_BYTES,
+    MAX_TARGET_BYTES,
     BoundedStream,
     candidates,
     check_member_name,
     member_limit,
 )
+from sparkforge.boundary import open_binary
 from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
@@ -154,11 +156,13 @@ def scan_zip(path: Path, workers: int, only: Sequence[str] | None = None) -> Sca
 
     Linear in the members: the index is read once, one pass peeks at each member's first bytes, and only the
     candidates are read, by a pool sharing one handle (zipfile reads under its lock, inflates outside it)."""
+    handle = open_binary(path, "", MAX_TARGET_BYTES)
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(handle)
     except (zipfile.BadZipFile, OSError) as exc:
+        handle.close()
         raise AuditError(f"{path}: not a readable zip or wheel ({exc}). Re-download it.") from exc
-    with archive:
+    with handle, archive:
         infos = [info for info in archive.infolist() if not info.is_dir()]
         keep = scope_filter(only)
         wanted = infos if keep is None else [i for i in infos if keep(i.filename)]
@@ -185,7 +189,7 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile 
             f"{limit} (a zip bomb, or no CUDA library); fix: audit the library from its real package"
         )
     try:
-        with archive.open(info) as opened:
+        with zipfile.ZipFile.open(archive, info) as opened:  # a member, read through BoundedStream
             member = BoundedStream(opened, limit, info.filename)
             head = member.read(4)
             if len(head) < 4 or not is_candidate(head):
@@ -249,7 +253,7 @@ def _scan_path(path: Path, workers: int, only: Sequence[str] | None) -> ScanResu
         return scan_directory(path, workers, only)
     if not path.is_file():
         raise AuditError(f"{path}: not a regular file (a device, socket or pipe). Pass a file or directory.")
-    with path.open("rb") as handle:
+    with open_binary(path, "", MAX_TARGET_BYTES) as handle:
         head = handle.read(4)
     if is_candidate(head):
         # A single file is the whole target: a corrupt one is an error, not a line in the report.
@@ -258,7 +262,7 @@ def _scan_path(path: Path, workers: int, only: Sequence[str] | None) -> ScanResu
     if zipfile.is_zipfile(path):
         return scan_zip(path, workers, only)
     if tarfile.is_tarfile(path):
-        with path.open("rb") as handle:
+        with open_binary(path, "", MAX_TARGET_BYTES) as handle:
             return scan_tar_stream(handle, str(path), only)
     raise AuditError(
         f"{path}: not a directory, wheel/zip, tar, ELF library/object or fatbin file. "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
+from sparkforge.boundary import read_tail
 from sparkforge.commands import Runner
 from sparkforge.context import Session
 from sparkforge.errors import CommandError, EngineError, VerifyError
@@ -139,7 +140,7 @@ def failure_paragraph(log: Path | None, output: str) -> str:
     """One paragraph from BuildKit's plain log: failing stage and step, likely cause and fix, log and replay."""
     from sparkforge.commands import engine_stopped_message, stopped_engine_in
 
-    text = (log.read_text(errors="replace") if log is not None and log.is_file() else output)[-40000:]
+    text = read_tail(log, "build log", 40000) if log is not None and log.is_file() else output[-40000:]
     steps = re.findall(r"(?:ERROR: |> )\[([a-z0-9_-]+) +(\d+/\d+)\] ([^\n]{0,100})", text)
     where = ""
     if steps:

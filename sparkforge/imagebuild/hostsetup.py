@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
+from sparkforge.boundary import read_tail, read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import EngineError
@@ -73,7 +74,7 @@ def engine_up(session: Session, *, qemu: bool = False, wait_s: int = 60) -> list
             deadline = time.monotonic() + wait_s
             while not engine.daemon_ready(session.runner):
                 if time.monotonic() > deadline:
-                    tail = DOCKER_LOG.read_text(errors="replace")[-1500:]
+                    tail = read_tail(DOCKER_LOG, "dockerd log", 1500)
                     raise EngineError(
                         f"dockerd did not come up in {wait_s}s; its log ({DOCKER_LOG}) ends:\n{tail}"
                     )
@@ -89,7 +90,7 @@ def engine_up(session: Session, *, qemu: bool = False, wait_s: int = 60) -> list
 def register_qemu(session: Session) -> SetupStep:
     """Let arm64 binaries run under emulation (binfmt_misc + qemu-user-static)."""
     entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
-    if entry.exists() and "enabled" in entry.read_text():
+    if entry.exists() and "enabled" in read_text(entry, "binfmt_misc", 4096):
         return SetupStep("qemu", "qemu-aarch64 binfmt already enabled")
     if not shutil.which("qemu-aarch64-static") or not shutil.which("update-binfmts"):
         session.runner.run(
@@ -119,7 +120,9 @@ def debian_mirror() -> str:
     for path in sources:
         if not path.is_file():
             continue
-        for match in re.finditer(r"(?:URIs:|^deb)\s+(\S*?/debian)/?\s", path.read_text(), re.MULTILINE):
+        for match in re.finditer(
+            r"(?:URIs:|^deb)\s+(\S*?/debian)/?\s", read_text(path, "apt sources", 1 << 20), re.MULTILINE
+        ):
             if "security" not in match.group(1):
                 return match.group(1)
     return "http://deb.debian.org/debian"
@@ -168,7 +171,7 @@ def build_base(
             Command.of("tar", "-C", str(rootfs), "-cf", str(Path(tmp) / "rootfs.tar"), "."), f"tar-{arch}"
         )
         shutil.rmtree(rootfs, ignore_errors=True)
-        (Path(tmp) / "Dockerfile").write_text(BASE_DOCKERFILE.format(label=BASE_INPUTS_LABEL, inputs=inputs))
+        write_output(Path(tmp) / "Dockerfile", BASE_DOCKERFILE.format(label=BASE_INPUTS_LABEL, inputs=inputs))
         # The CLI the engine's rule picks for builds (one with BuildKit), like every other build.
         docker = session.container_engine.docker
         session.runner.run(
@@ -238,9 +241,10 @@ def _apt_options(tmp: Path) -> list[str]:
     # A private apt state: the host's sources, lists and cache are left as they are.
     for sub in ("parts", "lists/partial", "cache/archives/partial"):
         (tmp / sub).mkdir(parents=True, exist_ok=True)
-    (tmp / "parts" / f"sparkforge-{BUILDX_SUITE}.sources").write_text(
+    write_output(
+        tmp / "parts" / f"sparkforge-{BUILDX_SUITE}.sources",
         f"Types: deb\nURIs: {debian_mirror()}\nSuites: {BUILDX_SUITE}\nComponents: main\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
     )
     pairs = {
         "Dir::Etc::SourceList": "/dev/null",
@@ -256,7 +260,7 @@ def install_buildx(session: Session) -> SetupStep:
     """docker-buildx, dockerd and containerd from Debian trixie (pinned), unpacked under BUILDX_ROOT."""
     stamp = BUILDX_ROOT / "versions.txt"
     wanted = "".join(f"{name}={version}\n" for name, version in sorted(BUILDX_DEBS.items()))
-    if stamp.is_file() and stamp.read_text() == wanted:
+    if stamp.is_file() and read_text(stamp, "buildx stamp", 1 << 16) == wanted:
         return SetupStep("buildx-install", f"buildx and dockerd from {BUILDX_SUITE} already in {BUILDX_ROOT}")
     with tempfile.TemporaryDirectory(prefix="sparkforge-apt-") as tmp_name:
         tmp = Path(tmp_name)
@@ -286,7 +290,7 @@ def install_buildx(session: Session) -> SetupStep:
                 if not session.runner.dry:
                     shutil.copy2(unpacked / file, target / Path(file).name)
     if not session.runner.dry:
-        stamp.write_text(wanted)
+        write_output(stamp, wanted, "buildx stamp")
     return SetupStep("buildx-install", f"{', '.join(pins)} unpacked in {BUILDX_ROOT} (system not upgraded)")
 
 
@@ -330,13 +334,13 @@ def start_buildx_engine(session: Session, wait_s: int = 60) -> SetupStep:
         session.runner.start(dockerd, BUILDX_LOG)
         return SetupStep("buildx-daemon", "would start the buildx engine")
     BUILDX_RUN.mkdir(parents=True, exist_ok=True)
-    (BUILDX_ROOT / "daemon.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_output(BUILDX_ROOT / "daemon.json", json.dumps(config, indent=2) + "\n", "daemon config")
     # A long-running daemon, not a step: started detached, like the host engine in engine_up.
     session.runner.start(dockerd, BUILDX_LOG)
     deadline = time.monotonic() + wait_s
     while not engine.daemon_ready(session.runner, buildx_env()):
         if time.monotonic() > deadline:
-            tail = BUILDX_LOG.read_text(errors="replace")[-1500:]
+            tail = read_tail(BUILDX_LOG, "dockerd log", 1500)
             raise EngineError(f"the buildx dockerd did not come up in {wait_s}s; {BUILDX_LOG} ends:\n{tail}")
         time.sleep(0.5)
     return SetupStep("buildx-daemon", f"started the buildx engine on {BUILDX_HOST} (log: {BUILDX_LOG})")

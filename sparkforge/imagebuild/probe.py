@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
+from sparkforge.boundary import MAX_JSON_BYTES, manifest_path, parse_json, read_source, write_output
 from sparkforge.context import Session
 from sparkforge.errors import EngineError, PreflightError
 from sparkforge.imagebuild.execute import run_stage
@@ -74,8 +74,8 @@ def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, A
             raise ProbeError(f"patch series: {check.reason}; nothing was built")
 
         def read_text(rel: str) -> str | None:
-            patched = scratch / rel
-            return patched.read_text() if patched.is_file() else tree.read_text(rel)
+            patched = read_source(scratch / rel, scratch)
+            return patched if patched is not None else tree.source_text(rel)
 
         problem = require_cmake(session)
         if problem:
@@ -94,20 +94,25 @@ def _fetch_results(image: str, out_dir: Path) -> dict[str, Any]:
     data = engine.read_image_file(image, f"{IMAGE_DIR}/probe.json")
     if data is None:
         raise EngineError(f"{image} has no {IMAGE_DIR}/probe.json: the probe stage did not run its script")
-    result = json.loads(data)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe.json").write_bytes(data)
+    fix = "rebuild the probe stage ('invoke probe'); its script writes probe.json"
+    result = parse_json(data, f"{image}:{IMAGE_DIR}/probe.json", max_bytes=MAX_JSON_BYTES, fix=fix)
+    units = result.get("units", []) if isinstance(result, dict) else None
+    if not isinstance(units, list) or not all(isinstance(u, dict) for u in units):
+        raise EngineError(f"{image}:{IMAGE_DIR}/probe.json: no list of units; fix: {fix}")
+    write_output(out_dir / "probe.json", data, "probe results")
     for name in ("configure.log",):
         text = engine.read_image_file(image, f"{IMAGE_DIR}/{name}")
         if text is not None:
-            (out_dir / name).write_bytes(text)
-    for unit in result.get("units", []):
+            write_output(out_dir / name, text, "probe results")
+    for unit in units:
         if unit.get("object"):
-            blob = engine.read_image_file(image, f"{IMAGE_DIR}/{unit['object']}")
+            # A path the image printed: relative, inside out_dir, or refused (never '..' or absolute).
+            rel = manifest_path(unit["object"])
+            if rel is None:
+                raise EngineError(f"probe.json names the object {str(unit['object'])[:120]!r}; fix: {fix}")
+            blob = engine.read_image_file(image, f"{IMAGE_DIR}/{rel}")
             if blob is not None:
-                path = out_dir / unit["object"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(blob)
+                write_output(out_dir / rel, blob, "probe results")
     return result
 
 

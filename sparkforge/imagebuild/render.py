@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jinja2
 
+from sparkforge.boundary import walk_tree, write_output
 from sparkforge.errors import RenderError
 from sparkforge.recipe import plan
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, patch_file
@@ -166,22 +167,20 @@ _REVISION = "@REVISION@"
 
 
 def _copy_tree(source: Path, dest: Path) -> None:
+    # The project's own scripts: regular files only (a link in them is never followed into the context).
     dest.mkdir(parents=True, exist_ok=True)
-    for item in sorted(source.rglob("*")):
+    for item in walk_tree(source, "in-image scripts"):
         if "__pycache__" in item.parts or item.suffix == ".pyc":
             continue
         target = dest / item.relative_to(source)
-        if item.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(item, target)
-            shutil.copymode(item, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(item, target)
+        shutil.copymode(item, target)
 
 
 def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None:
     root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(render_dockerfile(recipe, bases))
+    write_output(root / "Dockerfile", render_dockerfile(recipe, bases), "build context")
     _copy_tree(TEMPLATES_DIR / "files", root / "files")
     patches_dir = root / "patches"
     patches_dir.mkdir()
@@ -190,14 +189,14 @@ def _write_context(recipe: Recipe, root: Path, bases: plan.Bases | None) -> None
         for patch in component.patches:
             shutil.copyfile(patch_file(patch), patches_dir / Path(patch).name)  # a regular file in patches/
             series.append(Path(patch).name)
-    (patches_dir / "series").write_text("".join(f"{name}\n" for name in series))
+    write_output(patches_dir / "series", "".join(f"{name}\n" for name in series), "build context")
     for folder in IMAGE_TESTS_DIRS:
         _copy_tree(folder, root / "image-tests")
-    (root / "constraints.txt").write_text(plan.constraints(recipe))
-    (root / "lock.json").write_text(json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n")
-    script = root / "build.sh"
-    script.write_text(_build_script(recipe, bases or plan.bases(recipe)))
-    script.chmod(0o755)
+    write_output(root / "constraints.txt", plan.constraints(recipe), "build context")
+    lock = json.dumps(plan.lock(recipe, bases), indent=2, sort_keys=True) + "\n"
+    write_output(root / "lock.json", lock, "build context")
+    script = _build_script(recipe, bases or plan.bases(recipe))
+    write_output(root / "build.sh", script, "build context", mode=0o755)
 
 
 def render_context(recipe: Recipe, out_root: Path | None = None, bases: plan.Bases | None = None) -> Context:

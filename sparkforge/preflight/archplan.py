@@ -18,6 +18,7 @@ from typing import Any
 from packaging.version import Version
 
 from sparkforge.audit import compat
+from sparkforge.boundary import read_source, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
@@ -212,16 +213,19 @@ def plan_arches(session: Session, read_text: Callable[[str], str | None], inputs
     with tempfile.TemporaryDirectory(prefix="sparkforge-archplan-") as tmp:
         work = Path(tmp)
         select = work / "select_compute_arch.cmake"
-        if inputs.torch_select_cmake is not None:
-            select.write_text(inputs.torch_select_cmake.read_text())
+        torch = inputs.torch_select_cmake
+        torch_text = read_source(torch, torch.parent) if torch is not None else None
+        if torch_text is not None:
+            write_output(select, torch_text, "the arch plan's scripts")
             torch_step = f"torch {inputs.torch_version} select_compute_arch.cmake"
         else:
-            select.write_text(cmake.emulated_select_cmake())
+            write_output(select, cmake.emulated_select_cmake(), "the arch plan's scripts")
             torch_step = "emulated (torch's select_compute_arch.cmake unavailable)"
-        (work / "utils.cmake").write_text(utils_script)
-        (work / "CMakeLists.cmake").write_text(lists_script)
+        write_output(work / "utils.cmake", utils_script, "the arch plan's scripts")
+        write_output(work / "CMakeLists.cmake", lists_script, "the arch plan's scripts")
         driver = work / "driver.cmake"
-        driver.write_text(_driver(inputs, select, work / "utils.cmake", work / "CMakeLists.cmake"))
+        driver_text = _driver(inputs, select, work / "utils.cmake", work / "CMakeLists.cmake")
+        write_output(driver, driver_text, "the arch plan's scripts")
         result = session.runner.capture(
             Command.of("cmake", "-P", str(driver), cwd=work), "cmake-arch-plan", check=False
         )

@@ -8,7 +8,6 @@ of a few hundred recipes is checked in seconds after the first read.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from sparkforge.errors import PreflightError, RecipeError, SparkforgeError
+from sparkforge.boundary import read_json, walk_tree, write_output
+from sparkforge.errors import InputError, PreflightError, RecipeError, SparkforgeError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.preflight.registry import registered_architectures
@@ -40,6 +40,7 @@ from sparkforge.recipe.yamlfile import MAX_YAML_BYTES, YamlDoc, read_yaml
 from sparkforge.report import Check
 
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
+MAX_CONFIG_BYTES = 4 << 20  # a checkpoint's config.json (the largest are tens of KiB)
 
 
 def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
@@ -67,7 +68,7 @@ def read_source(ref: str, fetcher: Fetcher) -> tuple[YamlDoc, str]:
         )
     with tempfile.TemporaryDirectory(prefix="sparkforge-fetch-") as tmp:
         path = Path(tmp) / (ref.rstrip("/").rsplit("/", 1)[-1] or "recipe.yaml")
-        path.write_bytes(body)
+        write_output(path, body, "the fetched recipe")
         try:
             return read_yaml(path), ref
         except RecipeError as exc:
@@ -110,7 +111,7 @@ class PinnedVllm:
 
     def registry(self) -> dict[str, object]:
         if self._registry is None:
-            self._registry = dict(registered_architectures(self.tree().read_text(REGISTRY_PY) or ""))
+            self._registry = dict(registered_architectures(self.tree().source_text(REGISTRY_PY) or ""))
         return self._registry
 
     def installs(self, package: str) -> str:
@@ -119,7 +120,7 @@ class PinnedVllm:
             return f"recipe {self.recipe.name} pins it as a component"
         tree = self.tree()
         metadata = tree.wheel_metadata() if tree.kind == "wheel" else None
-        declared = wheel_requirements(metadata) if metadata else source_requirements(tree.read_text)
+        declared = wheel_requirements(metadata) if metadata else source_requirements(tree.source_text)
         env = marker_environment(self.recipe.model.platforms[0], self.recipe.model.python)
         for item in declared:
             req = item.requirement
@@ -237,8 +238,12 @@ def model_class(
     """The checkpoint's model class (config.json `architectures[0]`) and where it was read, or None and why."""
     for config in cached_configs(model, revision):
         try:
-            archs = json.loads(config.read_text()).get("architectures") or []
-        except (OSError, ValueError):
+            # A snapshot's files are links into its blobs: read inside the HF cache only, through the boundary.
+            data = read_json(config, "", max_bytes=MAX_CONFIG_BYTES, named=False, within=hf_cache_dirs())
+        except InputError:
+            continue
+        archs = data.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             continue
         if archs:
             return str(archs[0]), f"the HF cache ({config.parent.name[:12]})"
@@ -277,7 +282,9 @@ def catalog_files(root: Path) -> list[Path]:
         )
     if (root / "recipes").is_dir():
         root = root / "recipes"
-    return sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    real = root.resolve()  # the folder the user named, through a link of theirs; nothing inside is followed
+    files = walk_tree(real, "the catalog folder")
+    return [root / p.relative_to(real) for p in files if p.suffix in (".yaml", ".yml")]
 
 
 def catalog_refs(source: str, fetcher: Fetcher) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkforge.boundary import read_source
 from sparkforge.errors import PreflightError
 from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
@@ -59,7 +60,7 @@ def check_model_classes(check: Check, up: Upstream) -> None:
     tree = _tree(up)
     check_models(
         check,
-        tree.read_text(REGISTRY_PY),
+        tree.source_text(REGISTRY_PY),
         REGISTRY_PY,
         list(up.recipe.model.models.architectures),
         subject=up.subject,
@@ -72,7 +73,7 @@ def check_declared_requirements(check: Check, up: Upstream) -> None:
 
     tree, model = _tree(up), up.recipe.model
     if tree.kind != "wheel":
-        check_requirements(check, source_requirements(tree.read_text), model, subject=up.subject)
+        check_requirements(check, source_requirements(tree.source_text), model, subject=up.subject)
         return
     metadata = tree.wheel_metadata()
     if metadata is None:
@@ -121,8 +122,8 @@ def check_arch_plan(check: Check, up: Upstream) -> None:
         return
 
     def read_text(rel: str) -> str | None:
-        patched = scratch / rel
-        return patched.read_text() if patched.is_file() else tree.read_text(rel)
+        patched = read_source(scratch / rel, scratch)
+        return patched if patched is not None else tree.source_text(rel)
 
     inputs = ArchInputs.of(recipe, fetcher)
     judge_plan(check, plan_arches(up.session, read_text, inputs), inputs)

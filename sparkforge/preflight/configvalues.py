@@ -355,4 +355,4 @@ def tree_values(tree: UpstreamTree, fetcher: Fetcher, package: str, target: Whee
         return wheel_values(fetcher, package, tree.version or "", target)
     config = walk_tree(tree.root / CONFIG_DIR, "the vLLM source's config classes", max_entries=2000)
     listing = [str(p.relative_to(tree.root)) for p in config if p.suffix == ".py"]
-    return read_values(tree.read_text, listing)
+    return read_values(tree.source_text, listing)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkforge.boundary import parse_json, read_json
+from sparkforge.boundary import atomic_writer, parse_json, read_json, write_output
 from sparkforge.context import cache_path, write_atomic
 from sparkforge.errors import InputError, PreflightError
 from sparkforge.urlfetch import Fetched, FetchError, HttpSession, Unreachable, fetch_url, retrying_session
@@ -118,9 +118,11 @@ class Fetcher:
         self._refuse_offline(what)
         blobs = preflight_cache("blobs", "x").parent
         digest = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(dir=blobs, prefix=".download.", suffix=".part")
+        # Its name is its sha256, known at the end: streamed into a scratch folder of its own, then moved.
+        scratch = scratch_dir("blobs")
+        tmp = scratch / "download"
         try:
-            with os.fdopen(fd, "wb") as out:
+            with atomic_writer(tmp, "download") as out:
 
                 def sink(chunk: bytes) -> None:
                     digest.update(chunk)
@@ -147,7 +149,7 @@ class Fetcher:
             os.replace(tmp, final)
             return final
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def open_remote_zip(self, url: str, size: int, *, what: str) -> zipfile.ZipFile | None:
         """A ZipFile read through HTTP range requests, or None when the server ignores ranges."""
@@ -268,8 +270,6 @@ def extract_wheel_members(archive: zipfile.ZipFile, names: Iterable[str], dest: 
     for name in names:
         if name not in present or name.startswith("/") or ".." in Path(name).parts:
             continue
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(archive.read(name))
+        write_output(dest / name, archive.read(name), "wheel member")
         written.append(name)
     return written

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from sparkforge import oci
+from sparkforge.boundary import read_text, write_output
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
@@ -24,6 +25,7 @@ from sparkforge.preflight.images import fetch_manifest, parse_image
 from sparkforge.preflight.pypi import WheelTarget, resolve_file
 from sparkforge.preflight.sources import same_commit
 from sparkforge.recipe.loader import REPO_ROOT, Recipe
+from sparkforge.recipe.yamlfile import MAX_YAML_BYTES
 from sparkforge.urlfetch import check_url
 
 # Exit codes of `invoke lock --check`: 0 every pin verified (lenient: or unreachable), 1 drift or floating
@@ -208,10 +210,11 @@ def _write(recipe: Recipe, entries: list[LockEntry]) -> tuple[Path, ...]:
         ):
             continue
         for path in recipe.chain:
-            text = path.read_text()
+            text = read_text(path, "lock --write", MAX_YAML_BYTES)
             pattern = re.compile(rf"(?<![0-9A-Za-z]){re.escape(entry.pinned)}(?![0-9A-Za-z])")
             if pattern.search(text):
-                path.write_text(pattern.sub(entry.resolved, text))
+                # The recipe's real file (_check_writable allowed links inside the project): edited in place.
+                write_output(path.resolve(), pattern.sub(entry.resolved, text), "lock --write")
                 written.append(path)
                 break
     return tuple(dict.fromkeys(written))

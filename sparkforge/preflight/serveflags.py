@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkforge.boundary import read_source, walk_tree
 from sparkforge.errors import PreflightError
 from sparkforge.preflight.fetch import Fetcher
 from sparkforge.preflight.pypi import WHEEL_FILE_LIST, WheelTarget, resolve_file, wheel_members
+from sparkforge.preflight.sources import MAX_TREE_MEMBERS
 from sparkforge.report import Check, Report
 
 if TYPE_CHECKING:
@@ -214,7 +216,7 @@ def wheel_surface(fetcher: Fetcher, package: str, version: str, target: WheelTar
     """The serve surface of a PyPI wheel, reading only the needed members (HTTP range requests)."""
     dist = resolve_file(fetcher, package, version, wheel=target)
     root = wheel_members(fetcher, dist, [ARG_UTILS])
-    listing = (root / WHEEL_FILE_LIST).read_text().split()
+    listing = (read_source(root / WHEEL_FILE_LIST, root) or "").split()
     wanted = [
         n
         for n in listing
@@ -230,8 +232,7 @@ def wheel_surface(fetcher: Fetcher, package: str, version: str, target: WheelTar
     members = wheel_members(fetcher, dist, wanted)
 
     def read_text(rel: str) -> str | None:
-        path = members / rel
-        return path.read_text(errors="replace") if path.is_file() else None
+        return read_source(members / rel, members)
 
     return read_surface(read_text, listing)
 
@@ -294,8 +295,9 @@ def tree_surface(tree: UpstreamTree, fetcher: Fetcher, package: str, target: Whe
     """The serve surface of the vLLM tree preflight resolved (a source tree, or the pinned wheel)."""
     if tree.kind == "wheel":
         return wheel_surface(fetcher, package, tree.version or "", target)
-    listing = [str(p.relative_to(tree.root)) for p in tree.root.rglob("*.py")]
-    return read_surface(tree.read_text, listing)
+    files = walk_tree(tree.root, "the vLLM source", max_depth=32, max_entries=MAX_TREE_MEMBERS)
+    listing = [str(p.relative_to(tree.root)) for p in files if p.suffix == ".py"]
+    return read_surface(tree.source_text, listing)
 
 
 def check_serve_profiles(

@@ -8,7 +8,6 @@ directory, archive or wheel. Archives are cached by sha256 and extracted once.
 from __future__ import annotations
 
 import ast
-import hashlib
 import re
 import tarfile
 import zipfile
@@ -19,10 +18,12 @@ from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
 
+from sparkforge.boundary import read_source, sha256_file
 from sparkforge.commands import Command
 from sparkforge.context import Session
 from sparkforge.errors import CommandError, PreflightError
 from sparkforge.preflight.fetch import (
+    MAX_DOWNLOAD_BYTES,
     Fetcher,
     preflight_cache,
     publish_dir,
@@ -57,9 +58,9 @@ class UpstreamTree:
     commit_id: str | None = None  # the commit the tree says it is (full or abbreviated), if it says
     notes: tuple[str, ...] = ()
 
-    def read_text(self, rel: str) -> str | None:
-        path = self.root / rel
-        return path.read_text(errors="replace") if path.is_file() else None
+    def source_text(self, rel: str) -> str | None:
+        """The text of the tree's file `rel` (None when it has none), through the boundary's tree reader."""
+        return read_source(self.root / rel, self.root)
 
     def exists(self, rel: str) -> bool:
         if self.kind == "wheel":
@@ -68,11 +69,11 @@ class UpstreamTree:
 
     def wheel_files(self) -> frozenset[str]:
         listing = self.root / WHEEL_FILE_LIST
-        return frozenset(listing.read_text().split()) if listing.is_file() else frozenset()
+        return frozenset((read_source(listing, self.root) or "").split())
 
     def wheel_metadata(self) -> str | None:
         found = sorted(self.root.glob("*.dist-info/METADATA"))
-        return found[0].read_text(errors="replace") if found else None
+        return read_source(found[0], self.root) if found else None
 
     def describe(self) -> dict[str, object]:
         return {
@@ -169,8 +170,7 @@ def extract_archive(archive: Path, sha256: str) -> Path:
 
 def _tree_from_archive(archive: Path, sha256: str, origin: str, notes: tuple[str, ...] = ()) -> UpstreamTree:
     root = extract_archive(archive, sha256)
-    text = (root / VERSION_PY).read_text() if (root / VERSION_PY).is_file() else ""
-    version, commit = read_version_py(text)
+    version, commit = read_version_py(read_source(root / VERSION_PY, root) or "")
     return UpstreamTree(root, "source", origin, version, commit, notes)
 
 
@@ -208,9 +208,7 @@ WHEEL_MEMBERS = (VERSION_PY, REGISTRY_PY)
 
 
 def from_wheel_dir(root: Path, origin: str) -> UpstreamTree:
-    version, commit = read_version_py(
-        (root / VERSION_PY).read_text() if (root / VERSION_PY).is_file() else ""
-    )
+    version, commit = read_version_py(read_source(root / VERSION_PY, root) or "")
     return UpstreamTree(root, "wheel", origin, version, commit)
 
 
@@ -221,7 +219,7 @@ def from_pypi_wheel(fetcher: Fetcher, package: str, version: str, target: WheelT
 
 
 def from_local_wheel(path: Path) -> UpstreamTree:
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    sha = sha256_file(path, "--source", MAX_DOWNLOAD_BYTES)
     root = cached_members(
         f"{sha}-local", lambda: zipfile.ZipFile(path), WHEEL_MEMBERS, suffixes=(".dist-info/METADATA",)
     )
@@ -240,15 +238,13 @@ def from_directory(session: Session, path: Path) -> UpstreamTree:
                 f"{path}: cannot read the git HEAD ({exc}); fix: pass a valid checkout"
             ) from None
         return UpstreamTree(path, "source", f"git checkout {path}", None, head.output.strip())
-    version, commit = read_version_py(
-        (path / VERSION_PY).read_text() if (path / VERSION_PY).is_file() else ""
-    )
+    version, commit = read_version_py(read_source(path / VERSION_PY, path) or "")
     notes = () if commit else ("the directory does not say its commit (no .git, no vllm/_version.py)",)
     return UpstreamTree(path, "source", f"directory {path}", version, commit, notes)
 
 
 def from_local_archive(path: Path) -> UpstreamTree:
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    sha = sha256_file(path, "--source", MAX_DOWNLOAD_BYTES)
     return _tree_from_archive(path, sha, f"archive {path}")
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import yaml
 
+from sparkforge.boundary import read_text, walk_tree, write_output
 from sparkforge.commands import Command
-from sparkforge.errors import SparkforgeError
+from sparkforge.errors import InputError, SparkforgeError
 from sparkforge.recipe.loader import REPO_ROOT, Recipe, load_recipe
+from sparkforge.recipe.yamlfile import MAX_YAML_BYTES
 from sparkforge.registry.cosign import PROVENANCE, VERIFY_CLAIM, Cosign, Policy
 from sparkforge.registry.manifests import Manifests
 from sparkforge.registry.trust import judge_claims
@@ -43,8 +45,9 @@ def recipe_at(recipe: Recipe, revision: str, want_hash: str, tools: Manifests) -
             return None
         with tarfile.open(archive) as tar:
             tar.extractall(Path(tmp) / "tree", filter="data")
-        for path in (Path(tmp) / "tree").rglob("*.yaml"):
-            _without_signing(path)  # who signs is today's rule, and no input of the recipe hash
+        for path in walk_tree(Path(tmp) / "tree", "git archive"):
+            if path.suffix == ".yaml":
+                _without_signing(path)  # who signs is today's rule, and no input of the recipe hash
         try:
             old = load_recipe(Path(tmp) / "tree" / relative)
         except SparkforgeError:
@@ -54,12 +57,12 @@ def recipe_at(recipe: Recipe, revision: str, want_hash: str, tools: Manifests) -
 
 def _without_signing(path: Path) -> None:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = yaml.safe_load(read_text(path, "", MAX_YAML_BYTES))
+    except (InputError, yaml.YAMLError):
         return
     if isinstance(data, dict) and isinstance(data.get("publish"), dict) and "signing" in data["publish"]:
         del data["publish"]["signing"]
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        write_output(path, yaml.safe_dump(data, sort_keys=False), "git archive")
 
 
 def signed_gpu_problem(recipe: Recipe, tools: Manifests, platform: str, digest: str) -> str:

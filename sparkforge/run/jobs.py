@@ -7,7 +7,6 @@ node that still answers, whatever happened.
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
@@ -16,12 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sparkforge.errors import RunError
+from sparkforge.boundary import parse_json, read_text
+from sparkforge.errors import InputError, RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.run.nodes import LABEL, ContainerSpec, NodeEngine
 
 SANITY_SCRIPT = REPO_ROOT / "tests" / "image" / "cluster_sanity.py"
 FACTS_SCRIPT = SANITY_SCRIPT.with_name("cluster_facts.py")  # the readers, imported by the helper
+MAX_HELPER_BYTES = 1 << 20  # each of the two helper scripts (tens of KiB)
 HOST_ROOT = (
     "/run/sparkforge-host"  # where the probe finds what it reads of the node (cluster_facts.HOST_ROOT)
 )
@@ -87,9 +88,12 @@ class Background:
 def sanity_script() -> str:
     """The in-image helper and its readers as one `python3 -c` program."""
     try:
-        return _BOOTSTRAP.format(facts=FACTS_SCRIPT.read_text(), sanity=SANITY_SCRIPT.read_text())
-    except OSError as exc:
-        raise RunError(f"{exc.filename}: cannot read the doctor's in-image helper ({exc.strerror})") from None
+        facts, sanity = (
+            read_text(p, "", MAX_HELPER_BYTES, named=False) for p in (FACTS_SCRIPT, SANITY_SCRIPT)
+        )
+    except InputError as exc:
+        raise RunError(f"the doctor's in-image helper: {exc}") from None
+    return _BOOTSTRAP.format(facts=facts, sanity=sanity)
 
 
 @dataclass(frozen=True)
@@ -320,9 +324,12 @@ def _parse(outcome: Outcome, text: str) -> None:
     for line in outcome.lines:
         if line.startswith("{"):
             try:
-                outcome.events.append(json.loads(line))
-            except ValueError:
+                # NaN kept readable: a helper's figure it could not measure (the stage judges it).
+                event = parse_json(line, f"{outcome.name}'s output", nonfinite=True)
+            except InputError:
                 continue
+            if isinstance(event, dict):
+                outcome.events.append(event)
 
 
 def first_event(outcome: Outcome, kind: str) -> dict[str, Any] | None:

@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json, read_bytes, read_text, sha256_file
 from sparkforge.context import cache_path, write_atomic
-from sparkforge.errors import AuditError
+from sparkforge.errors import AuditError, InputError
 from sparkforge.report import Report
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
 CACHE_FORMAT = 1  # part of every cache key here: a change of the listing's or report's shape bumps it
+MAX_LISTING_BYTES = 1 << 30  # a cached layer listing: a few hundred bytes a file, up to millions of files
+MAX_LISTING_ITEMS = 50_000_000
 # Never ELF or fatbin: the kernel audit does not open these (two thirds of a vLLM image's 100k files).
 TEXT_SUFFIXES = frozenset(
     [
@@ -212,9 +215,10 @@ def _listing(root: Path, digest: str | None) -> LayerListing:
     cached = cache_path("layers", key + ".json")
     if cached.is_file():
         try:
-            data = json.loads(cached.read_bytes())
+            text = read_text(cached, "", MAX_LISTING_BYTES, named=False, within=[cached.parent])
+            data = parse_json(text, str(cached), max_items=MAX_LISTING_ITEMS)
             return LayerListing(int(data["device"]), tuple(tuple(e) for e in data["entries"]))  # type: ignore[misc]
-        except (ValueError, KeyError, TypeError):
+        except (InputError, ValueError, KeyError, TypeError):
             pass  # a damaged cache file is listed again and rewritten
     listing = list_layer(root)
     write_atomic(cached, json.dumps({"device": listing.device, "entries": listing.entries}).encode())
@@ -340,20 +344,18 @@ def read_layers_scoped(
 
 def read_file(source: Path, max_bytes: int) -> bytes:
     """The bytes of one image file (a LayerFile's `source`), at most `max_bytes` (AuditError beyond)."""
-    with source.open("rb") as handle:
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise AuditError(f"{source}: over {max_bytes} bytes, not read")
-    return data
+    try:
+        return read_bytes(source, "", max_bytes)
+    except InputError as exc:  # over max_bytes, or no regular file
+        raise AuditError(str(exc)) from None
 
 
 def file_sha256(source: Path) -> str:
     """The sha256 (hex) of one image file, read in chunks."""
-    digest = hashlib.sha256()
-    with source.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    try:
+        return sha256_file(source, "", 1 << 40)
+    except InputError as exc:
+        raise AuditError(str(exc)) from None
 
 
 def image_tree(ref: str) -> ImageTree | None:

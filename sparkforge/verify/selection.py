@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from sparkforge import engine
+from sparkforge.boundary import parse_json, read_bytes, read_json, read_text, write_output
 from sparkforge.context import cache_path, write_atomic
-from sparkforge.errors import SparkforgeError
+from sparkforge.errors import InputError, SparkforgeError
 from sparkforge.verify.suite import SUITE_DIR, SUITE_MOUNT
 
 SCRIPT = SUITE_DIR / "vllm_selection.py"
+MAX_CONFIG_BYTES = 4 << 20  # a checkpoint's config.json, or the selection script
+_SELECTION_FIX = "check that the image holds vLLM in /opt/venv and runs the checkout's vllm_selection.py"
 MARKER = "SPARKFORGE-SELECTION:"
 CAPABILITY = re.compile(r"sm_(\d{2,3})[af]?")
 PYTHON = "/opt/venv/bin/python3"
@@ -47,16 +50,19 @@ def capability(gpu: str) -> str:
 
 def read_model_config(path: Path) -> dict[str, Any]:
     """A checkpoint's config.json as a dict (one-paragraph error when it is not a JSON object)."""
+    where = f"model config {path}"
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
+        text = read_text(path, "model config", MAX_CONFIG_BYTES)
+    except InputError as exc:
         raise SelectionError(
-            f"model config {path}: cannot read it ({exc.strerror}); fix: pass the checkpoint's config.json"
+            f"{where}: cannot read it ({_reason(exc, where)}); fix: pass the checkpoint's config.json"
         ) from None
-    except ValueError as exc:
+    try:
+        data = parse_json(text, where)
+    except InputError as exc:
         raise SelectionError(
-            f"model config {path}: not JSON ({exc}); vLLM reads a checkpoint's config.json as JSON; fix: pass the "
-            "checkpoint's config.json (the file next to its safetensors), not a YAML or model card"
+            f"{where}: not JSON ({_reason(exc, where)}); vLLM reads a checkpoint's config.json as JSON; fix: pass "
+            "the checkpoint's config.json (the file next to its safetensors), not a YAML or model card"
         ) from None
     if not isinstance(data, dict) or "architectures" not in data:
         raise SelectionError(
@@ -64,6 +70,11 @@ def read_model_config(path: Path) -> dict[str, Any]:
             "config.json; fix: pass the config.json of the checkpoint the profile serves"
         )
     return data
+
+
+def _reason(exc: InputError, where: str) -> str:
+    """The boundary's refusal without its place and fix (the caller says both)."""
+    return str(exc).removeprefix(f"{where}: ").rpartition("; fix:")[0]
 
 
 def wheel_python_digests(wheel: Path) -> dict[str, str]:
@@ -98,14 +109,17 @@ def run_selection(
     `digests`: also the sha256 of the image's vLLM Python files (to compare a wheel with)."""
     request = {"capability": capability(gpu), "config": dict(config), "args": dict(args), "digests": digests}
     image_id = str(engine.inspect_image(image)["Id"])
-    script = SCRIPT.read_bytes()
+    script = read_bytes(SCRIPT, "", MAX_CONFIG_BYTES, named=False)
     cached = cache_path(
         "kernels", "selection", _key(image_id, hashlib.sha256(script).hexdigest(), request) + ".json"
     )
     if use_cache and cached.is_file():
-        return json.loads(cached.read_text())
+        try:
+            return read_json(cached, "", named=False, within=[cached.parent])  # type: ignore[no-any-return]
+        except InputError:
+            pass  # a damaged cache entry: asked again and rewritten
     with tempfile.TemporaryDirectory(prefix="sparkforge-selection-") as tmp:
-        (Path(tmp) / "request.json").write_text(json.dumps(request))
+        write_output(Path(tmp) / "request.json", json.dumps(request), "selection request")
         result = engine.run_container(
             image,
             [f"{SUITE_MOUNT}/vllm_selection.py", f"{REQUEST_MOUNT}/request.json"],
@@ -124,7 +138,12 @@ def run_selection(
             f"vLLM's selection in {image} exited {result.exit_code} with {len(lines)} answers (one expected); last "
             f"output: {(result.stderr or result.stdout)[-600:]}; fix: check that the image holds vLLM in /opt/venv"
         )
-    answer = json.loads(lines[0][len(MARKER) :])
+    try:
+        answer = parse_json(lines[0][len(MARKER) :], f"vLLM's selection in {image}", fix=_SELECTION_FIX)
+    except InputError as exc:
+        raise SelectionError(str(exc)) from None
+    if not isinstance(answer, dict):
+        raise SelectionError(f"vLLM's selection in {image} answered no JSON object; fix: {_SELECTION_FIX}")
     _refuse(answer, image, config, args)
     write_atomic(cached, json.dumps(answer, sort_keys=True).encode())
     return answer

@@ -8,7 +8,6 @@ or the same CUDA tool is a regular file at two paths: every node pulls both copi
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
 import time
 from collections import defaultdict
@@ -20,7 +19,9 @@ from typing import Any
 from sparkforge import engine
 from sparkforge.errors import AuditError
 from sparkforge.report import Check, Report
-from sparkforge.verify.imagefs import ImageTree, LayerFile, image_tree
+from sparkforge.verify.imagefs import ImageTree, LayerFile, file_sha256, image_tree, read_file
+
+MAX_RECORD_BYTES = 64 << 20  # a dist-info RECORD (torch's: ~2 MiB)
 
 TOP = 25
 # Shared libraries: "libcublasLt.so.13.1.0.3" -> "libcublasLt"; vendored copies ("libgomp-a34b3233.so.1",
@@ -77,11 +78,7 @@ def is_cuda(name: str) -> bool:
 
 def _digest(item: LayerFile, cache: dict[Path, str]) -> str:
     if item.source not in cache:
-        sha = hashlib.sha256()
-        with item.source.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(chunk)
-        cache[item.source] = sha.hexdigest()
+        cache[item.source] = file_sha256(item.source)
     return cache[item.source]
 
 
@@ -158,7 +155,7 @@ def packages(tree: ImageTree) -> list[dict[str, Any]]:
         if item.path.endswith(".dist-info/RECORD"):
             root = item.path.rsplit("/", 2)[0]
             dist = item.path.rsplit("/", 2)[1].removesuffix(".dist-info")
-            text = item.source.read_text(errors="replace")
+            text = read_file(item.source, MAX_RECORD_BYTES).decode("utf-8", errors="replace")
             for row in csv.reader(text.splitlines()):
                 if row:
                     member = str(PurePosixPath(root, row[0]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -12,8 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkforge import engine
+from sparkforge.boundary import MAX_JSON_BYTES, parse_json, write_output
 from sparkforge.console import Stages
-from sparkforge.errors import AuditError, EngineError, SparkforgeError, VerifyError
+from sparkforge.errors import AuditError, EngineError, InputError, SparkforgeError, VerifyError
 from sparkforge.recipe import plan
 from sparkforge.recipe.budget import size_check
 from sparkforge.recipe.loader import Recipe
@@ -75,7 +75,14 @@ def read_image_file(image: str, path: str) -> bytes | None:
 def check_lock(recipe: Recipe, data: bytes | None) -> Check:
     if data is None:
         return Check("lock", "failed", f"{LOCK_PATH} is missing from the image; rebuild with 'invoke build'")
-    lock = json.loads(data)
+    try:
+        lock = parse_json(data, f"{LOCK_PATH} in the image", fix="rebuild the image with 'invoke build'")
+    except InputError as exc:
+        return Check("lock", "failed", str(exc))
+    if not isinstance(lock, dict):
+        return Check(
+            "lock", "failed", f"{LOCK_PATH} in the image is no JSON object; rebuild with 'invoke build'"
+        )
     if lock.get("recipe_hash") != recipe.hash:
         return Check(
             "lock",
@@ -178,7 +185,7 @@ def run_image_suite(
         on_stderr_line=on_stderr_line,
     )
     if log_dir is not None:
-        (log_dir / "image-suite.log").write_text(result.stdout + result.stderr)
+        write_output(log_dir / "image-suite.log", result.stdout + result.stderr, "suite log")
     if result.exit_code == 124 and MARKER not in result.stdout:
         return [
             Check(
@@ -269,21 +276,21 @@ def _save_replay(log_dir: Path, run: SuiteRun) -> None:
     for host, target in run.volumes.items():
         command += ["--volume", f"{host}:{target}:ro"]
     log_dir.mkdir(parents=True, exist_ok=True)
-    script = log_dir / "image-suite.sh"
-    script.write_text(
+    script = (
         "#!/usr/bin/env bash\n# The in-image suite as verify ran it.\nset -euo pipefail\n"
         + shlex.join([*command, run.image, *run.argv])
         + "\n"
     )
-    script.chmod(0o755)
+    write_output(log_dir / "image-suite.sh", script, "suite replay", mode=0o755)
 
 
 def parse_suite_output(text: str) -> tuple[list[Check], dict[str, Any]]:
     """The suite's JSON document -> checks; anything untrustworthy in it becomes a failed 'image-suite' check."""
     try:
-        document = json.loads(text)
+        # NaN stays readable: a GPU check may print one (a figure it could not measure); the check judges it.
+        document = parse_json(text, "the suite's report", max_bytes=MAX_JSON_BYTES, nonfinite=True)
         raw = list(document["checks"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (InputError, ValueError, KeyError, TypeError) as exc:
         return [Check("image-suite", "failed", f"the suite's report is not readable ({exc})")], {}
     problems = evidence.suite_problems(raw)
     checks = [

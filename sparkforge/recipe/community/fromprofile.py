@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from sparkforge.boundary import write_output
 from sparkforge.errors import RecipeError
 from sparkforge.recipe.community.formats import Format, read_community
 from sparkforge.recipe.community.toprofile import import_recipe
@@ -258,7 +259,7 @@ def check_export(text: str, fmt: Format, profile: Profile, pins: Pins) -> None:
     """Read the exported text back as `fmt` and import it: it must be valid and give the same profile."""
     with tempfile.TemporaryDirectory(prefix="sparkforge-export-") as tmp:
         path = Path(tmp) / f"{profile.name}.yaml"
-        path.write_text(text)
+        write_output(path, text, "export's check")
         back = import_recipe(
             read_community(read_yaml(path), str(path), fmt),
             aliases=FALLBACK_ALIASES,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from sparkforge.boundary import write_output
 from sparkforge.errors import RecipeError, SparkforgeError
 from sparkforge.recipe.allowlist import (
     Verdict,
@@ -462,7 +463,7 @@ def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe:
     text = imported.text(recipe)
     with tempfile.TemporaryDirectory(prefix="sparkforge-import-") as tmp:
         trial = Path(tmp) / f"{out.stem}.yaml"
-        trial.write_text(text)
+        write_output(trial, text, "import's trial")
         try:
             load_profile(trial)
         except SparkforgeError as exc:
@@ -470,11 +471,5 @@ def write_profile(imported: Imported, out: Path, *, force: bool = False, recipe:
                 f"{imported.recipe.where}: the imported profile does not validate ({str(exc).replace(str(trial), str(out))}); "
                 "nothing was written; fix: correct the recipe's command or env"
             ) from None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except OSError as exc:
-        raise RecipeError(
-            f"{out}: cannot write the profile ({exc.strerror}); fix: choose a writable --out"
-        ) from None
+    write_output(out, text, "--out")
     return out

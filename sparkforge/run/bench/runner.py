@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sparkforge.boundary import MAX_JSON_BYTES, parse_json, sha256_file
 from sparkforge.commands import Command
 from sparkforge.context import Session, cache_root
-from sparkforge.errors import CommandError, RunError
+from sparkforge.errors import CommandError, InputError, RunError
 from sparkforge.recipe.profile import Profile
 from sparkforge.report import Check, Report
 from sparkforge.run.bench import figures
@@ -47,6 +48,8 @@ from sparkforge.run.bench.suites import (
 from sparkforge.run.nodes import NodeEngine
 from sparkforge.verify.started import started_backends
 
+MAX_WHEEL_BYTES = 1 << 30  # a pinned pure-Python client wheel (a few MiB)
+_CLIENT_FIX = "check that the image runs the vLLM it was built with (its output is the JSON line read here)"
 METRICS_SCRIPT = """
 import sys, urllib.request
 from sparkforge.boundary import linear_regex
@@ -75,10 +78,14 @@ def head_container(profile: str) -> str:
 
 
 def _inspect(engine: NodeEngine, kind: str, name: str) -> dict[str, Any]:
+    where = f"{engine.node.label}: docker inspect {kind} {name}"
     try:
-        return json.loads(engine.call(f"inspect-{kind}", "inspect", "--type", kind, name))[0]
-    except (ValueError, IndexError) as exc:
-        raise RunError(f"{engine.node.label}: cannot read {kind} {name}: {exc}") from None
+        found = parse_json(engine.call(f"inspect-{kind}", "inspect", "--type", kind, name), where)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    if not isinstance(found, list) or not found or not isinstance(found[0], dict):
+        raise RunError(f"{engine.node.label}: cannot read {kind} {name}: docker inspect listed no object")
+    return found[0]
 
 
 def _served(engine: NodeEngine, profile: Profile) -> tuple[str, dict[str, Any]]:
@@ -116,7 +123,7 @@ def _vllm_call(engine: NodeEngine, name: str, runs: list[dict], options: BenchOp
     lines = {}
     for line in result.output.splitlines():
         if line.startswith(MARK):
-            entry = json.loads(line[len(MARK) :])
+            entry = parse_json(line[len(MARK) :], "vLLM's benchmark client", nonfinite=True, fix=_CLIENT_FIX)
             lines[entry["run"]] = entry
     return lines, result.output
 
@@ -209,7 +216,7 @@ def _wheel(engine: NodeEngine, cache: Path, name: str, version: str, sha256: str
                 f"{name} {version}: cannot download its wheel from PyPI ({done.output.strip()[-300:]}); fix: put "
                 f"{wheel.name} (from PyPI) into {cache}, or use --suite default"
             )
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    digest = sha256_file(wheel, "", MAX_WHEEL_BYTES)
     if digest != sha256:
         raise RunError(
             f"{wheel}: sha256 {digest} is not PyPI's {sha256} for {name} {version}; fix: delete it and run again "
@@ -272,8 +279,8 @@ def _benchy_levels(
             )
             return
         try:
-            doc = json.loads(raw.output, parse_constant=float)
-        except ValueError as exc:
+            doc = parse_json(raw.output, "llama-benchy's result", max_bytes=MAX_JSON_BYTES, nonfinite=True)
+        except InputError as exc:
             raise RunError(
                 f"llama-benchy wrote no JSON result ({exc}); fix: see its output: {result.output[-400:]}"
             ) from None
@@ -347,8 +354,9 @@ def run_bench(session: Session, engine: NodeEngine, profile: Profile, options: B
         "tokenizer": _flag(args, "--tokenizer", path),
         "model": _flag(args, "--served-model-name", profile.model.served_model_name or profile.model.model),
     }
-    reading = json.loads(
-        engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, path).strip().splitlines()[-1]
+    printed = engine.call("hardware", "exec", name, "python3", "-c", HARDWARE_SCRIPT, path).strip()
+    reading = parse_json(
+        (printed.splitlines() or [""])[-1], "the hardware reading", nonfinite=True, fix=_CLIENT_FIX
     )
     model = model_identity(path, ctx["model"], reading)
     hardware = {k: v for k, v in reading.items() if k != "model_config_sha256"}
