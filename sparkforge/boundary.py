@@ -15,9 +15,10 @@ import os
 import posixpath
 import stat
 import tempfile
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from sparkforge.errors import InputError
 
@@ -543,6 +544,12 @@ def open_binary(path: Path | str, option: str, max_bytes: int) -> BinaryIO:
     fd = _open_regular(path, where, max_bytes)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def open_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> IO[bytes]:
+    """One member of an archive the caller opened through `open_binary` (a member, never a path on disk); the
+    caller bounds what it reads (audit/members.py BoundedStream), whatever size the member claims."""
+    return archive.open(info)
 
 
 def read_tail(path: Path | str, option: str, max_bytes: int) -> str:

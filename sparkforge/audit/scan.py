@@ -34,7 +34,7 @@ from sparkforge.audit.members import (
     check_member_name,
     member_limit,
 )
-from sparkforge.boundary import open_binary
+from sparkforge.boundary import open_binary, open_zip_member
 from sparkforge.errors import AuditError
 from sparkforge.report import Report
 
@@ -189,7 +189,7 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> FatbinFile 
             f"{limit} (a zip bomb, or no CUDA library); fix: audit the library from its real package"
         )
     try:
-        with zipfile.ZipFile.open(archive, info) as opened:  # a member, read through BoundedStream
+        with open_zip_member(archive, info) as opened:  # read through BoundedStream
             member = BoundedStream(opened, limit, info.filename)
             head = member.read(4)
             if len(head) < 4 or not is_candidate(head):

@@ -47,12 +47,6 @@ def _kinds(node: ast.AST) -> set[str]:
         return set()
     owner = func.value.id if isinstance(func.value, ast.Name) else ""
     name = func.attr
-    base = (
-        func.value
-    )  # the chain's first name: `zipfile.ZipFile.open(archive, info)` opens a member, not a path
-    while isinstance(base, ast.Attribute):
-        base = base.value
-    module = base.id if isinstance(base, ast.Name) and base.id in _MODULES else ""
     if (owner == "os" and name in ("open", "fdopen")) or (owner == "io" and name == "open"):
         return {"open"}
     if (owner == "os" and name == "walk") or name == "rglob":
@@ -64,7 +58,7 @@ def _kinds(node: ast.AST) -> set[str]:
     if owner == "re" and name in _SCANS and node.args and not _literal(node.args[0]):
         return {"regex-scan"}  # a pattern made from data: what it costs over a long text is not known here
     if name in _PATH_IO or (
-        name == "open" and owner not in _MODULES and not module and not isinstance(func.value, ast.Call)
+        name == "open" and owner not in _MODULES and not isinstance(func.value, ast.Call)
     ):
         return {"path-io"}
     return set()

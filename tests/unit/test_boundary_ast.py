@@ -48,7 +48,7 @@ def test_the_boundary_modules_exist_and_the_scanner_sees_a_bypass(tmp_path) -> N
     planted = "import json, os, re, requests\nopen('x')\njson.loads(s)\nos.walk('/')\nre.search(p, t)\nP.read_text()"
     kinds = set().union(*(_kinds(n) for n in ast.walk(ast.parse(planted))))
     assert kinds == set(KINDS)
-    # An archive member opened through its module's class is no path; a member opened on a variable still counts.
-    member = ast.parse("zipfile.ZipFile.open(archive, info)")
-    assert set().union(*(_kinds(n) for n in ast.walk(member))) == set()
-    assert set().union(*(_kinds(n) for n in ast.walk(ast.parse("archive.open(info)")))) == {"path-io"}
+    # Every `.open` on something else counts, however it is spelt (an archive member too: the boundary's
+    # open_zip_member opens one).
+    for spelt in ("archive.open(info)", "zipfile.ZipFile.open(archive, info)"):
+        assert set().union(*(_kinds(n) for n in ast.walk(ast.parse(spelt)))) == {"path-io"}, spelt
