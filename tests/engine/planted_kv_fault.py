@@ -18,6 +18,7 @@ import sys
 
 TARGET = "vllm.v1.attention.backends.cpu_attn"
 AFTER_BLOCKS = int(os.environ.get("SPARKFORGE_FAULT_KV_AFTER_BLOCKS", "1"))
+SAID: list[int] = []
 
 
 def stale_blocks(original, decoder):
@@ -35,6 +36,13 @@ def stale_blocks(original, decoder):
                 later = table[row][(columns >= AFTER_BLOCKS) & (columns < used[row])]
                 if later.numel():
                     kv_cache[later.long()] = kv_cache[table[row][AFTER_BLOCKS - 1].long()].clone()
+                    if not SAID:  # once per process: the fault really acts (the test's log shows it)
+                        SAID.append(block_size)
+                        print(
+                            f"sparkforge planted fault: KV blocks {later.tolist()[:8]} of {block_size} "
+                            f"tokens overwritten (seq_len {int(attn_metadata.seq_lens[row])})",
+                            file=sys.stderr,
+                        )
         return original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
 
     return forward
