@@ -18,6 +18,10 @@ import sys
 
 TARGET = "vllm.v1.attention.backends.cpu_attn"
 AFTER_BLOCKS = int(os.environ.get("SPARKFORGE_FAULT_KV_AFTER_BLOCKS", "1"))
+# stale: a later block reads back a copy of block AFTER_BLOCKS - 1; noise: it reads back garbage of SCALE x that
+# block's spread, the same garbage every step (seeded by the block's id)
+MODE = os.environ.get("SPARKFORGE_FAULT_KV_MODE", "stale")
+SCALE = float(os.environ.get("SPARKFORGE_FAULT_KV_SCALE", "1"))
 SAID: list[int] = []
 
 
@@ -35,7 +39,15 @@ def stale_blocks(original, decoder):
             for row in range(seqs):
                 later = table[row][(columns >= AFTER_BLOCKS) & (columns < used[row])]
                 if later.numel():
-                    kv_cache[later.long()] = kv_cache[table[row][AFTER_BLOCKS - 1].long()].clone()
+                    last_good = kv_cache[table[row][AFTER_BLOCKS - 1].long()].clone()
+                    if MODE == "noise":
+                        spread = float(last_good.float().std()) * SCALE
+                        for block in later.tolist():
+                            seeded = torch.Generator().manual_seed(int(block))
+                            garbage = torch.randn(last_good.shape, generator=seeded) * spread
+                            kv_cache[block] = garbage.to(kv_cache.dtype)
+                    else:
+                        kv_cache[later.long()] = last_good
                     if not SAID:  # once per process: the fault really acts (the test's log shows it)
                         SAID.append(block_size)
                         print(
