@@ -30,6 +30,17 @@ def stale_blocks(original, decoder):
     import torch
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        if os.environ.get("SPARKFORGE_FAULT_KV_DEBUG") and len(SAID) < 1 and attn_metadata is not None:
+            print(
+                "kvdebug",
+                self.attn_type,
+                decoder,
+                tuple(kv_cache.shape),
+                attn_metadata.seq_lens.tolist()[:4],
+                tuple(attn_metadata.block_table.shape),
+                attn_metadata.block_table[:2, :4].tolist(),
+                file=sys.stderr,
+            )
         if attn_metadata is not None and self.attn_type == decoder and kv_cache.numel():
             block_size = kv_cache.size()[2]
             seqs = attn_metadata.seq_lens.shape[0]
