@@ -113,6 +113,10 @@ class ReferenceRule(BaseModel):
     # nats, for the other tokens of either top-k: their logprobs lie far from 0, where a logit's rounding error is
     # not cancelled (the twin's clean bf16 server against float32 transformers: up to 0.23 nats)
     top_tolerance: Annotated[float, Field(gt=0, le=20)] = 1.0
+    # One long served continuation scored too: the long decode's prompt, this many tokens (at most what the
+    # profile's max-model-len leaves), top-5 logprobs at every position. A fault at long positions (the KV cache
+    # past its first blocks, RoPE far out) moves the values there and nowhere in the short prompt set. 0: off.
+    long_tokens: Annotated[int, Field(ge=0, le=262144)] = 1024
 
 
 class LongDecode(BaseModel):

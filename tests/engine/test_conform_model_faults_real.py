@@ -37,7 +37,7 @@ MUST_FAIL = {
     "rope_theta x100": {"known-answers"},
     "chat template": {"known-answers"},
     "tokenizer swapped": {"known-answers"},
-    "kv cache stale": {"long-decode"},
+    "kv cache stale": {"reference"},
 }
 CAUGHT: dict[str, dict[str, str]] = {}
 
@@ -106,13 +106,16 @@ def test_a_fault_inside_the_model_is_caught_by_a_row_reading_the_answers(
 @pytest.mark.slow(
     cost_s=420,
     rank=61,
-    reason="a derived twin image whose KV cache reads stale past the first block; known-answers, the reference and "
-    "the 4096-token long decode",
+    reason="a derived twin image whose KV cache reads stale past the first block; known-answers, the reference "
+    "(with its long continuation) and the 4096-token long decode",
 )
-def test_a_kv_cache_read_back_stale_past_the_first_block_is_caught_by_the_long_decode(
+def test_a_kv_cache_read_back_stale_past_the_first_block_is_caught_by_the_long_reference(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
     rows = _caught("kv cache stale", cpu_twin, trained_model, tmp_path, "known-answers,reference,long-decode")
-    # The probes and the reference's continuations fit in the first block (640 tokens): they pass, and only the
-    # long decode reaches the stale blocks.
-    assert rows["long-decode"]["status"] == "failed", rows["long-decode"]["reason"]
+    # The tiny model counts on through its linear-attention layers: no greedy token changes, the probes and the
+    # long decode pass. Only the values at long positions move, in the reference's long continuation (the prompt
+    # set's eighth), past the first block (384 tokens on this hybrid model).
+    assert rows["long-decode"]["status"] == "passed", rows["long-decode"]["reason"]
+    details = rows["reference"]["details"]
+    assert details["prompt"] == 7 and details["position"] > 300, rows["reference"]["reason"]

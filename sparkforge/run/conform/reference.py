@@ -234,12 +234,14 @@ def reference_conform_row(run: ConformRun) -> None:
         "memory) ..."
     )
     where = ReferenceRun(launch.image, weights, launch.gpus)
+    # The long continuation (settings.reference.long_tokens), when it was served, is scored as one prompt more.
+    long = [run.inputs["long_served"]] if "long_served" in run.inputs else []
     row = reference_row(
         run.engines[0],
         where,
         run.profile,
-        run.reference,
-        run.inputs["prompt_ids"],
+        [*run.reference, *long],
+        [*run.inputs["prompt_ids"], *([run.inputs["long_prompt_ids"]] if long else [])],
         Tolerances(run.settings.reference.tolerance, run.settings.reference.top_tolerance),
     )
     run.report.add(row)

@@ -19,6 +19,7 @@ from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.profile import Profile
+from sparkforge.recipe.serveargs import norm_flag
 from sparkforge.report import Report
 from sparkforge.run.conform import golden as goldens
 from sparkforge.run.conform import served_checks as checks
@@ -94,6 +95,7 @@ def run_conform(
         report.extra["vllm"] = client.version()
         if "reference" in selected:  # tokenized while the server as profiled is up (the variants replace it)
             inputs["prompt_ids"] = [client.tokenize(p) for p in prompts]
+            inputs.update(long_reference(client, profile, settings))
         run = ConformRun(
             report, client, engines, profile, settings, options, servers, session, prompts, reference, inputs
         )
@@ -128,3 +130,22 @@ def _check_nodes(profile: Profile, engines: Sequence[NodeEngine]) -> None:
             f"started or stopped; fix: pass --nodes with {profile.model.nodes} engines (A,B,...) for it, or a "
             "one-node profile without --nodes"
         )
+
+
+def long_reference(client: OpenAIClient, profile: Profile, settings: ConformSettings) -> dict[str, Any]:
+    """The reference's long continuation (settings.reference.long_tokens of the long decode's prompt, greedy, with
+    top-5 logprobs), capped to what the profile's max-model-len leaves after the prompt; {} when off."""
+    wanted = settings.reference.long_tokens
+    if not wanted:
+        return {}
+    prompt = settings.long_decode.prompt
+    ids = client.tokenize(prompt)
+    room = next(
+        (v for k, v in profile.model.args.items() if norm_flag(k) == norm_flag("max-model-len")), None
+    )
+    fits = not isinstance(room, bool) and str(room).isascii() and str(room).isdigit()
+    tokens = min(wanted, int(str(room)) - len(ids)) if fits else wanted
+    if tokens < 1:
+        return {}
+    served = client.complete(prompt, tokens, logprobs=TOP_K, ignore_eos=settings.long_decode.ignore_eos)
+    return {"long_prompt_ids": ids, "long_served": served}
