@@ -2,9 +2,7 @@
 copy of the trained tiny Qwen3.5-MoE (tests/engine/model_faults.py: the output layer at half scale, every expert's
 output at half scale, experts 0 and 1 swapped in the router, the RoPE base x100, a chat template that writes
 another role tag, a tokenizer with two words' ids swapped), while the `reference` row's transformers reads the
-clean folder (--reference-model-dir); and a fault in the server's KV cache (tests/engine/planted_kv_fault.py: past
-the first block of each sequence the attention reads a stale block back), served from a derived twin image with
-the clean weights.
+clean folder (--reference-model-dir). A fault in the server's KV cache: test_conform_kv_fault_real.py.
 
 Each fault must fail at least one of the two rows that look at the model's answers (`known-answers`: 120 probes
 as chats; `reference`: every served position scored teacher-forced against the clean weights); which row caught
@@ -101,21 +99,3 @@ def test_a_fault_inside_the_model_is_caught_by_a_row_reading_the_answers(
     if fault == "chat template":
         # The weights are the clean ones: the reference (completions, the same ids) must not raise a false alarm.
         assert rows["reference"]["status"] == "passed", rows["reference"]["reason"]
-
-
-@pytest.mark.slow(
-    cost_s=420,
-    rank=61,
-    reason="a derived twin image whose KV cache reads stale past the first block; known-answers, the reference "
-    "(with its long continuation) and the 4096-token long decode",
-)
-def test_a_kv_cache_read_back_stale_past_the_first_block_is_caught_by_the_long_reference(
-    cpu_twin: str, trained_model: Path, tmp_path: Path
-) -> None:
-    rows = _caught("kv cache stale", cpu_twin, trained_model, tmp_path, "known-answers,reference,long-decode")
-    # The tiny model counts on through its linear-attention layers: no greedy token changes, the probes and the
-    # long decode pass. Only the values at long positions move, in the reference's long continuation (the prompt
-    # set's eighth), past the first block (384 tokens on this hybrid model).
-    assert rows["long-decode"]["status"] == "passed", rows["long-decode"]["reason"]
-    details = rows["reference"]["details"]
-    assert details["prompt"] == 7 and details["position"] > 300, rows["reference"]["reason"]
