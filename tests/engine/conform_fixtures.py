@@ -24,8 +24,6 @@ FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
 SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
-KV_FAULT = Path(__file__).with_name("planted_kv_fault.py")
-KV_FAULTY = "sparkforge-run-test/cpu-twin:planted-kv-fault"
 
 
 def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
@@ -55,11 +53,6 @@ def planted_image(cpu_twin: str, context: Path, source: Path, tag: str) -> str:
 def spec_faulty_image(cpu_twin: str, context: Path) -> str:
     """tests/engine/planted_spec_fault.py planted (the rejection sampler accepts every draft, shifted by one id)."""
     return planted_image(cpu_twin, context, SPEC_FAULT, SPEC_FAULTY)
-
-
-def kv_faulty_image(cpu_twin: str, context: Path) -> str:
-    """tests/engine/planted_kv_fault.py planted (every KV block past the first reads back a stale block)."""
-    return planted_image(cpu_twin, context, KV_FAULT, KV_FAULTY)
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:

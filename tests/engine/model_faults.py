@@ -11,9 +11,6 @@ safetensors file's bytes and config.json (the tiny model is bf16 throughout).
   request reaches the model with are not the ones it learnt).
 - `tokenizer swapped`: the served tokenizer maps the words "3" and "7" to each other's ids (a tokenizer file from
   another revision of the vocabulary), the weights and template untouched.
-
-A fault in the server rather than the checkpoint (the KV cache read back stale past the first block) is planted in
-a derived image instead: tests/engine/planted_kv_fault.py.
 """
 
 from __future__ import annotations

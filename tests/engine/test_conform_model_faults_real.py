@@ -2,7 +2,7 @@
 copy of the trained tiny Qwen3.5-MoE (tests/engine/model_faults.py: the output layer at half scale, every expert's
 output at half scale, experts 0 and 1 swapped in the router, the RoPE base x100, a chat template that writes
 another role tag, a tokenizer with two words' ids swapped), while the `reference` row's transformers reads the
-clean folder (--reference-model-dir). A fault in the server's KV cache: test_conform_kv_fault_real.py.
+clean folder (--reference-model-dir).
 
 Each fault must fail at least one of the two rows that look at the model's answers (`known-answers`: 120 probes
 as chats; `reference`: every served position scored teacher-forced against the clean weights); which row caught
@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, conform, kv_faulty_image, launch_args
+from conform_fixtures import CONFORM_PROFILE, conform, launch_args
 from model_faults import FAULTS, plant
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
 from test_serve_real import invoke
@@ -35,28 +34,23 @@ MUST_FAIL = {
     "rope_theta x100": {"known-answers"},
     "chat template": {"known-answers"},
     "tokenizer swapped": {"known-answers"},
-    "kv cache stale": {"reference"},
 }
 CAUGHT: dict[str, dict[str, str]] = {}
 
 
-def _caught(
-    fault: str, cpu_twin: str, trained_model: Path, tmp_path: Path, rows: str = "known-answers,reference"
-) -> dict[str, dict]:
-    """conform's rows that read the answers on the faulty copy (the reference reading the clean folder); the rows,
-    after asserting that the rows meant to catch the fault failed."""
-    served = trained_model if fault == "kv cache stale" else plant(trained_model, tmp_path / "served", fault)
-    image = kv_faulty_image(cpu_twin, tmp_path / "image") if fault == "kv cache stale" else cpu_twin
+def _caught(fault: str, cpu_twin: str, trained_model: Path, tmp_path: Path) -> dict[str, dict]:
+    """conform's known-answers and reference rows on the faulty copy (the reference reading the clean folder); the
+    rows, after asserting that the rows meant to catch the fault failed."""
+    served = plant(trained_model, tmp_path / "served", fault)
     report = tmp_path / "conform.json"
     try:
         code, out, seconds = conform(
-            CONFORM_PROFILE, *launch_args(image, served, tmp_path / "cache"),
-            "--reference-model-dir", str(trained_model), "--checks", rows, "--json", str(report),
+            CONFORM_PROFILE, *launch_args(cpu_twin, served, tmp_path / "cache"),
+            "--reference-model-dir", str(trained_model), "--checks", "known-answers,reference",
+            "--json", str(report),
         )  # fmt: skip
     finally:
         invoke("serve.down", "--profile", Path(CONFORM_PROFILE).stem)
-        if image != cpu_twin:
-            sh(DOCKER, "rmi", image, check=False)
     REAL_TIMINGS[f"conform_model_fault_{fault.replace(' ', '_')}_s"] = round(seconds, 1)
     rows = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
     CAUGHT[fault] = {name: row["status"] for name, row in rows.items()}
