@@ -24,6 +24,8 @@ FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
 SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
+STATE_FAULT = Path(__file__).with_name("planted_state_fault.py")
+STATE_FAULTY = "sparkforge-run-test/cpu-twin:planted-state-fault"
 
 
 def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
@@ -53,6 +55,11 @@ def planted_image(cpu_twin: str, context: Path, source: Path, tag: str) -> str:
 def spec_faulty_image(cpu_twin: str, context: Path) -> str:
     """tests/engine/planted_spec_fault.py planted (the rejection sampler accepts every draft, shifted by one id)."""
     return planted_image(cpu_twin, context, SPEC_FAULT, SPEC_FAULTY)
+
+
+def state_faulty_image(cpu_twin: str, context: Path) -> str:
+    """tests/engine/planted_state_fault.py planted (the linear-attention state lost every 384 tokens)."""
+    return planted_image(cpu_twin, context, STATE_FAULT, STATE_FAULTY)
 
 
 def launch_args(image: str, model_dir: Path, cache: Path) -> list[str]:
