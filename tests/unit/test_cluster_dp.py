@@ -21,6 +21,7 @@ from sparkforge.run.cluster.parallel import (
     dp_problems,
     relayout,
 )
+from sparkforge.run.cluster.pitfalls import ClusterFacts, judge
 from sparkforge.run.launch import LaunchOptions, plan_launch
 from sparkforge.run.memory.checkpoint import load_architecture
 from sparkforge.run.multinode import Rendezvous
@@ -232,3 +233,17 @@ def test_cluster_up_dry_refuses_what_does_not_fit_a_replica_or_split() -> None:
     proc = _up("--profile", "qwen35-35b-a3b-fp8", "--nodes", nodes3, "--dp", "3")
     assert proc.returncode == 1 and "TP=1 x PP=1 x DP=3 does not split the model" in proc.stderr
     assert "docker run" not in proc.stdout
+
+
+def test_a_moe_with_dp_on_vllms_cpu_build_is_refused_before_launch_and_on_gpus_planned() -> None:
+    # Measured on the CPU twin: vLLM 0.32's CPU communicator has no all_gatherv, which a MoE under DP needs.
+    profile = relayout(
+        load_profile(REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-dp2.yaml"), Parallel(1, 1, 2)
+    )
+    with pytest.raises(RunError, match=r"vllm-cpu-moe-data-parallel: vLLM's CPU build .* all_gatherv"):
+        check_layout(profile, TINY, 2, device="cpu")
+    assert check_layout(profile, TINY, 2, device="cuda").parallel.dp == 2
+    # A dense model's replicas are independent in vLLM (no all-gather): not refused on a CPU build.
+    assert judge(ClusterFacts(2, dp=2, moe=False, device="cpu")) == ([], [])
+    assert judge(ClusterFacts(2, dp=1, moe=True, device="cpu")) == ([], [])
+    assert len(judge(ClusterFacts(2, dp=2, moe=True, device="cpu"))[0]) == 1

@@ -118,7 +118,13 @@ def plan_cluster(
     nccl = pin.model_dump(mode="json") if pin else None
     arch = _architecture(served, launch)
     layout = check_layout(
-        served, arch, len(launch.nodes), fabric_set.layout, nccl=nccl, backend=flags.backend
+        served,
+        arch,
+        len(launch.nodes),
+        fabric_set.layout,
+        nccl=nccl,
+        backend=flags.backend,
+        device=launch.device,
     )
     if any(split):  # the memory plan follows the split
         launch = _replanned(launch, served)

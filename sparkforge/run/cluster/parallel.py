@@ -330,6 +330,7 @@ def check_layout(
     *,
     nccl: Mapping[str, Any] | None = None,
     backend: str = "mp",
+    device: str = "cuda",
 ) -> LayoutPlan:
     """The profile's split over `nodes` against the model (`arch`: None when no checkpoint config is known: only
     the node count is judged), the declared layout, and the known-bad list with the recipe's NCCL pin `nccl`;
@@ -359,6 +360,9 @@ def check_layout(
             args.get("enforce-eager") is not True,
             backend,
             layout,
+            dp=par.dp,
+            moe=arch.experts > 0 if arch is not None else None,
+            device=device,
         )
     )
     problems = found.problems + dp_problems(par, args, backend) + refused

@@ -27,6 +27,9 @@ class ClusterFacts:
     backend: str = "mp"
     layout: str | None = None
     kernels: tuple[str, ...] = ()  # each node's host kernel release
+    dp: int = 1
+    moe: bool | None = None  # None: no checkpoint config known
+    device: str = "cuda"  # the recipe's vLLM platform (cpu: the CPU twin)
 
 
 def version(text: str | None) -> tuple[int, ...] | None:
@@ -92,6 +95,21 @@ KNOWN_BAD: tuple[ClusterKnownBad, ...] = (
         "node's Ray with --node-ip-address and RAY_NODE_IP_ADDRESS = its VLLM_HOST_IP on the fabric",
         ("https://github.com/eugr/spark-vllm-docker/issues/227",),
         lambda f: f.backend == "ray" and f.nodes > 1,
+    ),
+    ClusterKnownBad(
+        "vllm-cpu-moe-data-parallel",
+        "refuse",
+        "vLLM's CPU build gathers a MoE's tokens over the data-parallel group with all_gatherv (its "
+        "allgather_reducescatter manager, the only one it allows), which the CPU communicator lacks: the DP group "
+        "forms over the nodes, then the first forward pass raises NotImplementedError and the engine dies "
+        "(measured on vLLM 0.32.0's CPU build over two nodes: benchmarks/cluster-dp.md)",
+        "data parallelism on GPUs (the CUDA communicator has all_gatherv), or TP/PP over these nodes",
+        (
+            "https://github.com/vllm-project/vllm/blob/main/vllm/distributed/device_communicators/"
+            "base_device_communicator.py",
+            "https://github.com/vllm-project/vllm/blob/main/vllm/distributed/device_communicators/cpu_communicator.py",
+        ),
+        lambda f: f.device == "cpu" and f.dp > 1 and f.moe is True,
     ),
     ClusterKnownBad(
         "kernel-7.0.0-1019-nvidia-roce",
