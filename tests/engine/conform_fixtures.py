@@ -22,6 +22,7 @@ PORT = "18481"
 FAULTS = Path(__file__).with_name("planted_faults.py")
 FAULTY = "sparkforge-run-test/cpu-twin:planted-faults"
 SITE = "/opt/venv/lib/python3.11/site-packages"
+HOOK = Path(__file__).with_name("planted_hook.py")  # the import hook every planted_*.py module installs
 SPEC_FAULT = Path(__file__).with_name("planted_spec_fault.py")
 SPEC_FAULTY = "sparkforge-run-test/cpu-twin:planted-spec-fault"
 STATE_FAULT = Path(__file__).with_name("planted_state_fault.py")
@@ -40,14 +41,17 @@ def faulty_image(cpu_twin: str, context: Path, tag: str = FAULTY) -> str:
 
 
 def planted_image(cpu_twin: str, context: Path, source: Path, tag: str) -> str:
-    """The twin plus one layer holding `source` (a planted_*.py module) and the .pth that plants it at every
-    interpreter start (its `install()`: an import hook, silent until vLLM imports the module it wraps); the caller
-    removes it."""
+    """The twin plus one layer holding `source` (a planted_*.py module), the import hook it installs
+    (planted_hook.py) and the .pth that calls its `install()` at every interpreter start (silent until vLLM
+    imports the module it wraps); the caller removes it."""
     module = "sparkforge_" + source.stem.removeprefix("planted_")
     context.mkdir()
     shutil.copy(source, context / f"{module}.py")
+    shutil.copy(HOOK, context / "sparkforge_planted_hook.py")
     (context / f"{module}.pth").write_text(f"import {module}; {module}.install()\n")
-    (context / "Dockerfile").write_text(f"FROM {cpu_twin}\nCOPY {module}.py {module}.pth {SITE}/\n")
+    (context / "Dockerfile").write_text(
+        f"FROM {cpu_twin}\nCOPY sparkforge_planted_hook.py {module}.py {module}.pth {SITE}/\n"
+    )
     sh(DOCKER, "build", "--quiet", "--tag", tag, str(context), timeout=600)
     return tag
 
@@ -79,16 +83,16 @@ def write_profile(doc: dict, name: str, folder: Path) -> Path:
 
 
 def conform_faulty(
-    build: Callable[[Path], str], profile: Path, model_dir: Path, tmp_path: Path
+    build: Callable[[Path], str], profile: Path, model_dir: Path, tmp_path: Path, *extra: str
 ) -> tuple[int, str, float, dict]:
-    """`invoke conform` of `profile` on the faulty image `build` makes (in tmp_path/faulty-image); the deployment and
-    the image removed after: (exit status, output, seconds, the JSON report or {}); each row's verdict printed."""
+    """`invoke conform` of `profile` (and `extra` options) on the faulty image `build` makes (in
+    tmp_path/faulty-image); the deployment and the image removed after: (exit status, output, seconds, the JSON report or {}); each row's verdict printed."""
     report = tmp_path / "conform.json"
     image = ""
     try:
         image = build(tmp_path / "faulty-image")
         code, out, seconds = conform(
-            str(profile), *launch_args(image, model_dir, tmp_path / "cache"), "--json", str(report)
+            str(profile), *launch_args(image, model_dir, tmp_path / "cache"), *extra, "--json", str(report)
         )
     finally:
         invoke("serve.down", "--profile", profile.stem)

@@ -13,8 +13,6 @@ runner's, which vLLM's CPU runner inherits) and replaces the module's `rejection
 Never imported on the host (it is used only in the image by tests/engine/test_conform_spec_fault_real.py).
 """
 
-import importlib.abc
-import importlib.util
 import sys
 
 TARGET = "vllm.v1.sample.rejection_sampler"
@@ -42,25 +40,13 @@ def accept_every_draft(original):
     return rejection_sample
 
 
-class _PlantOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)  # once: the real finders locate the module
-        spec = importlib.util.find_spec(name)
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            if not hasattr(module.rejection_sample, "planted"):  # the loader may run twice on one module
-                module.rejection_sample = accept_every_draft(module.rejection_sample)
-                module.rejection_sample.planted = True
-                print("sparkforge planted fault: drafts off by one id, every draft accepted", file=sys.stderr)
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _plant(module) -> None:
+    module.rejection_sample = accept_every_draft(module.rejection_sample)
+    print("sparkforge planted fault: drafts off by one id, every draft accepted", file=sys.stderr)
 
 
 def install() -> None:
     """Called by the .pth at interpreter start: cheap (no vLLM import until vLLM itself imports the sampler)."""
-    sys.meta_path.insert(0, _PlantOnImport())
+    from sparkforge_planted_hook import install_on_import
+
+    install_on_import(TARGET, _plant)

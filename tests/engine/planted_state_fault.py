@@ -11,8 +11,6 @@ full-attention layers' metadata of the same batch (the GDN metadata has none); t
 Never imported on the host (it is used only in the image by tests/engine/test_conform_state_fault_real.py).
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 
@@ -52,30 +50,16 @@ def state_lost(original):
     return nonspec
 
 
-class _PlantOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)  # once: the real finders locate the module
-        spec = importlib.util.find_spec(name)
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            if not hasattr(
-                module._cpu_gdn_attention_nonspec, "planted"
-            ):  # the loader may run twice on one module
-                module._cpu_gdn_attention_nonspec = state_lost(module._cpu_gdn_attention_nonspec)
-                module._cpu_gdn_attention_nonspec.planted = True
-                print(
-                    f"sparkforge planted fault: linear-attention state lost every {EVERY} tokens",
-                    file=sys.stderr,
-                )
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _plant(module) -> None:
+    module._cpu_gdn_attention_nonspec = state_lost(module._cpu_gdn_attention_nonspec)
+    print(
+        f"sparkforge planted fault: linear-attention state lost every {EVERY} tokens",
+        file=sys.stderr,
+    )
 
 
 def install() -> None:
     """Called by the .pth at interpreter start: cheap (no vLLM import until vLLM itself imports the op)."""
-    sys.meta_path.insert(0, _PlantOnImport())
+    from sparkforge_planted_hook import install_on_import
+
+    install_on_import(TARGET, _plant)

@@ -11,14 +11,11 @@ the reference's long continuation (conform.reference.long_tokens) and the long d
 # ruff: noqa: F811 - fixtures are imported by name and requested as arguments
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from cluster import DOCKER, sh
-from conform_fixtures import CONFORM_PROFILE, conform, launch_args, state_faulty_image
+from conform_fixtures import CONFORM_PROFILE, conform_faulty, state_faulty_image
 from real_fixtures import REAL_TIMINGS, cpu_twin, trained_model  # noqa: F401
-from test_serve_real import invoke
 
 pytestmark = pytest.mark.engine
 BOUNDARY = 384  # vLLM's attention block on this hybrid model ("Setting attention block size to 384 tokens")
@@ -33,22 +30,12 @@ BOUNDARY = 384  # vLLM's attention block on this hybrid model ("Setting attentio
 def test_a_recurrent_state_lost_at_a_block_boundary_is_caught_by_the_long_rows(
     cpu_twin: str, trained_model: Path, tmp_path: Path
 ) -> None:
-    report = tmp_path / "conform.json"
-    image = ""
-    try:
-        image = state_faulty_image(cpu_twin, tmp_path / "image")
-        code, out, seconds = conform(
-            CONFORM_PROFILE, *launch_args(image, trained_model, tmp_path / "cache"),
-            "--reference-model-dir", str(trained_model), "--checks", "known-answers,reference,long-decode",
-            "--json", str(report),
-        )  # fmt: skip
-    finally:
-        invoke("serve.down", "--profile", Path(CONFORM_PROFILE).stem)
-        if image:
-            sh(DOCKER, "rmi", image, check=False)
+    code, out, seconds, doc = conform_faulty(
+        lambda where: state_faulty_image(cpu_twin, where), Path(CONFORM_PROFILE), trained_model, tmp_path,
+        "--reference-model-dir", str(trained_model), "--checks", "known-answers,reference,long-decode",
+    )  # fmt: skip
     REAL_TIMINGS["conform_state_fault_s"] = round(seconds, 1)
-    rows = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
-    print(json.dumps({n: (r["status"], r["reason"][:400]) for n, r in rows.items()}, indent=1))
+    rows = {c["name"]: c for c in doc["checks"]}
     assert code == 1, out[-3000:]
     # The probes are short: no boundary, no change.
     assert rows["known-answers"]["status"] == "passed", rows["known-answers"]["reason"]
