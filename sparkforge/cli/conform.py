@@ -162,11 +162,11 @@ def plan_options(options, plan: LaunchPlan):
 def _dry_run(session: Session, plan: LaunchPlan, conforming: ConformFlags, selected: tuple[str, ...]) -> None:
     """conform --dry: what would start (the profile as profiled; each row starts its own variants after it) and
     which rows would run, in order; no engine is contacted."""
-    from sparkforge.run.conform.session import settings_of
+    from sparkforge.run.conform.session import profile_checks
     from sparkforge.run.launchplan import plan_lines
 
     registry = conform_rows()
-    rows = selected or tuple(settings_of(plan.profile).checks) or registry.names()
+    rows = selected or profile_checks(plan.profile)
     if conforming.attach:
         session.echo(
             f"conform --dry: would ask {conforming.attach}, the running deployment (no server started)"

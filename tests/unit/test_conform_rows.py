@@ -3,23 +3,46 @@ task's help and the table in docs/run.md all follow the registry, and a stale co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparkforge.cli.conform import conform
 from sparkforge.errors import RunError
-from sparkforge.recipe.conformspec import CHECKS, ConformSettings
+from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.recipe.loader import REPO_ROOT
+from sparkforge.recipe.profile import load_profile
 from sparkforge.run.conform.rows import ROWS
-from sparkforge.run.conform.session import parse_checks
+from sparkforge.run.conform.session import parse_checks, profile_checks
 
 DOCS = REPO_ROOT / "docs" / "run.md"
 
 
-def test_the_profile_schema_allows_exactly_the_registered_rows_in_their_order() -> None:
-    assert ROWS.names() == CHECKS
-    assert ConformSettings().checks == list(ROWS.defaults())
+def test_the_profile_names_rows_the_registry_judges_before_anything_starts(tmp_path: Path) -> None:
+    """The schema spells no row: it takes names as words; conform checks them against the registry, naming the
+    profile file, line and key, and runs the named rows in the registry's order (none named: the defaults)."""
+    base = (REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml").read_text()
+    first, *_, last = ROWS.names()
+    assert "  checks: [" in base
+    for checks, expected in ((f"[{last}, {first}]", (first, last)), ("[]", ROWS.defaults())):
+        path = tmp_path / "p" / "cpu-tiny-qwen35moe-conform.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(_with_checks(base, checks))
+        assert profile_checks(load_profile(path)) == expected
+    path.write_text(_with_checks(base, f"[{first}, speed]"))
+    line = 1 + _with_checks(base, "x").splitlines().index("  checks: x")
+    with pytest.raises(RunError) as info:
+        profile_checks(load_profile(path))
+    assert str(info.value).startswith(f"{path}:{line}: conform.checks: unknown conform row 'speed'")
+    assert "nothing was started" in str(info.value) and all(n in str(info.value) for n in ROWS.names())
     with pytest.raises(ValueError, match="checks"):
-        ConformSettings.model_validate({"checks": [ROWS.names()[0], "speed"]})
+        ConformSettings.model_validate({"checks": ["Not A Row; rm"]})  # still words only
+
+
+def _with_checks(text: str, checks: str) -> str:
+    return "\n".join(
+        f"  checks: {checks}" if line.startswith("  checks: [") else line for line in text.splitlines()
+    )
 
 
 def test_checks_are_parsed_by_the_registry_in_its_order_and_an_unknown_one_names_every_row() -> None:

@@ -119,7 +119,7 @@ def test_expected_checks_are_the_suites_checks() -> None:
     finally:
         sys.path.remove(str(RUN_CHECKS.parent))
     assert tuple(name for name, _ in suite) == evidence.EXPECTED_IMAGE_CHECKS == IMAGE_CHECKS.names()
-    assert all(callable(fn) for _, fn in suite) and len(suite) == 15
+    assert all(callable(fn) for _, fn in suite) and len(suite) == len(IMAGE_CHECKS) > 0
 
 
 def test_every_registry_row_names_a_function_of_the_in_image_suite() -> None:

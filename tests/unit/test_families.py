@@ -71,7 +71,7 @@ def test_a_new_global_flag_is_one_declaration(monkeypatch: pytest.MonkeyPatch) -
     def probe(c: Context, session: Session) -> None:
         """Takes only the session."""
 
-    assert [a.name for a in probe.get_arguments()] == ["quiet", "verbose_probe"]
+    assert [a.name for a in probe.get_arguments()] == [o.name for o in GLOBAL.options] + ["verbose_probe"]
 
 
 def test_every_project_task_that_takes_a_session_shows_quiet() -> None:

@@ -44,6 +44,21 @@ def settings_of(profile: Profile) -> ConformSettings:
     return profile.model.conform or ConformSettings()
 
 
+def profile_checks(profile: Profile) -> tuple[str, ...]:
+    """The rows the profile's `conform.checks` names, in the registry's order (none named: every default row);
+    a name the registry lacks is an error naming the file, line and key, before anything starts."""
+    named = settings_of(profile).checks
+    if not named:
+        return ROWS.defaults()
+    unknown = [n for n in named if n not in ROWS]
+    if unknown:
+        raise RunError(
+            f"{profile.path}:{profile.line_of('conform', 'checks')}: conform.checks: unknown conform row "
+            f"{', '.join(repr(n) for n in unknown)}; nothing was started; fix: choose from {', '.join(ROWS.names())}"
+        )
+    return tuple(n for n in ROWS.names() if n in named)
+
+
 def run_conform(
     session: Session, engines: Sequence[NodeEngine], profile: Profile, options: ConformOptions
 ) -> Report:
@@ -51,7 +66,7 @@ def run_conform(
     divergence) and why skips."""
     engine = engines[0]
     settings = settings_of(profile)
-    selected = options.checks or tuple(settings.checks)
+    selected = options.checks or profile_checks(profile)
     served = profile.model.served_model_name or profile.model.model
     model_dir = options.launch.model_dir if options.launch else None
     revision = goldens.model_revision(model_dir, served)
