@@ -160,6 +160,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 
 TWIN = str(ROOT / "tests" / "recipes" / "ci-cpu-twin.yaml")
 MODEL = str(ROOT / "tests" / "fixtures" / "tiny-qwen35moe")
+NODES = "ssh://u@spark1=10.0.12.1,ssh://u@spark2=10.0.12.2,ssh://u@spark3=10.0.13.3"
 
 
 @pytest.mark.parametrize(
@@ -199,8 +200,32 @@ MODEL = str(ROOT / "tests" / "fixtures" / "tiny-qwen35moe")
             ],
             {"recipe": 1, "profile": 1},
         ),
+        (
+            [
+                "cluster.up",
+                *("--recipe", "vllm-qwen35", "--profile", "qwen35-122b-a10b-fp8-tp2", "--nodes", NODES),
+                *("--tp", "1", "--pp", "3", "--layout", "mesh3", "--dry", "--no-preflight"),
+                "--allow-unpinned-model",
+            ],
+            {"recipe": 1, "profile": 1},
+        ),
+        (
+            [
+                "bench",
+                *(
+                    "--recipe",
+                    "vllm-qwen35-wheels",
+                    "--profile",
+                    "qwen35-35b-a3b-fp8",
+                    "--concurrency",
+                    "1,8",
+                ),
+                *("--node", "ssh://me@spark9.invalid", "--dry"),
+            ],
+            {"recipe": 1, "profile": 1},
+        ),
     ],
-    ids=["build", "serve", "conform"],
+    ids=["build", "serve", "conform", "cluster.up", "bench"],
 )
 def test_one_task_loads_its_recipe_and_profile_once(
     argv: list[str], expected: dict[str, int], loads: collections.Counter[str]
