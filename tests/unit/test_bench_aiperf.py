@@ -137,7 +137,7 @@ def test_the_lock_pins_aiperf_and_every_package_by_hash() -> None:
 
 
 def test_the_harness_row_sets_the_client_the_result_records() -> None:
-    assert HARNESSES.names() == ("suite", "aiperf")
+    assert "suite" in HARNESSES and "aiperf" in HARNESSES  # the two this test uses (more may come)
     options = bench_options(BenchFlags(harness="aiperf", input_len="128", output_len="32"))
     assert options.harness == "aiperf" and options.suite.client == "aiperf"
     assert options.suite.params()["client_version"] == AIPERF_VERSION

@@ -202,3 +202,28 @@ def test_the_tests_that_read_the_registries_pass_unedited(drilled: tuple[Path, d
     fuzz = "not test_every_hostile_value_to_every_option_is_refused_before_anything_runs"
     done = _run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", fuzz, *readers, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def spelled(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines where a literal list, tuple or set of strings spells exactly `names` (a registry copied by hand)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set))
+        and len(node.elts) >= 2
+        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        and {e.value for e in node.elts} == names  # type: ignore[attr-defined]
+    ]
+
+
+def test_no_test_spells_a_registrys_names() -> None:
+    from sparkforge.cli.docs import registry_pages
+
+    registries = {table.stage: set(table.names()) for table, _ in registry_pages() if hasattr(table, "names")}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for stage, names in registries.items():
+            found += [f"{path.relative_to(ROOT)}:{line} ({stage})" for line in spelled(tree, names)]
+    assert found == [], f"assert against the registry (its .names(), its entries), not a copy: {found}"
+    assert spelled(ast.parse("x = ('b', 'a')\ny = ['a']"), {"a", "b"}) == [1]  # the check sees a copy
