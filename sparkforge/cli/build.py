@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs
+from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs, opt
 from sparkforge.context import Session
 
 # The options a stage build shares with the compile probe's (cli/probe.py): one help line each.
@@ -74,23 +74,31 @@ def preflight(
 class BuildFlags:
     """build's own flags as given; `options` checks and parses them once (the one parse of --base-image)."""
 
-    platform: str = ""
-    target: str = "runtime"
-    base_image: str = ""
-    secret: list[str] | None = None
-    tag: list[str] | None = None
-    builder: str = ""
-    no_cache: bool = False
-    no_verify: bool = False
-    no_preflight: bool = False
-    no_probe: bool = False
-    push_by_digest: bool = False
-    metadata_file: str = ""
-    source: list[str] | None = None
-    network: str = ""
-    gpus: str = "auto"
-    cache_from: list[str] | None = None
-    cache_to: list[str] | None = None
+    platform: str = opt("", STAGE_HELP["platform"])
+    target: str = opt(
+        "runtime",
+        "stop at this stage (toolchain, source, build-env, probe, build, base, runtime); only runtime is "
+        "verified and tagged",
+    )
+    base_image: str = opt("", STAGE_HELP["base_image"])
+    secret: list[str] | None = opt(None, "extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)")
+    tag: list[str] | None = opt(None, "final tag(s) instead of the recipe's scheme (repeatable)")
+    builder: str = opt("", "buildx builder to use (remote or multi-node BuildKit)")
+    no_cache: bool = opt(False, STAGE_HELP["no_cache"])
+    no_verify: bool = opt(False, "tag without verifying (loudly warned)")
+    no_preflight: bool = opt(False, "skip the upstream preflight checks")
+    no_probe: bool = opt(False, "source recipes: skip the compile probe that runs before the full compile")
+    push_by_digest: bool = opt(False, "push to the recipe's repository by digest (buildx; CI)")
+    metadata_file: str = opt("", "write BuildKit's metadata (digest) here")
+    source: list[str] | None = opt(None, STAGE_HELP["source"])
+    network: str = opt("", STAGE_HELP["network"])
+    gpus: str = opt("auto", "verify's GPU use: all, none or auto")
+    cache_from: list[str] | None = opt(
+        None, "BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)"
+    )
+    cache_to: list[str] | None = opt(
+        None, "BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)"
+    )
 
     def options(self, loaded):  # -> imagebuild.stage.BuildOptions
         """The typed build options, every value checked before the engine is asked anything."""
@@ -124,24 +132,7 @@ class BuildFlags:
         )
 
 
-BUILDING = Family.of(
-    BuildFlags,
-    "building",
-    **{k: v for k, v in STAGE_HELP.items() if k != "recipe"},
-    target="stop at this stage (toolchain, source, build-env, probe, build, base, runtime); only runtime is "
-    "verified and tagged",
-    secret="extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
-    tag="final tag(s) instead of the recipe's scheme (repeatable)",
-    builder="buildx builder to use (remote or multi-node BuildKit)",
-    no_verify="tag without verifying (loudly warned)",
-    no_preflight="skip the upstream preflight checks",
-    no_probe="source recipes: skip the compile probe that runs before the full compile",
-    push_by_digest="push to the recipe's repository by digest (buildx; CI)",
-    metadata_file="write BuildKit's metadata (digest) here",
-    gpus="verify's GPU use: all, none or auto",
-    cache_from="BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
-    cache_to="BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
-)
+BUILDING = Family.of(BuildFlags, "building")
 
 
 @task(

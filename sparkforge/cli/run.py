@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, NETWORK, Family
+from sparkforge.cli.families import DRY, NETWORK, Family, opt
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
@@ -53,20 +53,15 @@ def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
 class ServeFlags:
     """`serve`'s own flags beyond the launch: the answer check and the memory watchdog (as given)."""
 
-    no_chat: bool = False
-    down_on_fail: bool = False
-    watchdog: str = "auto"
-    watchdog_floor: float = 4.0
+    no_chat: bool = opt(False, "skip the chat completion")
+    down_on_fail: bool = opt(
+        False, "remove the deployment when the answer check fails (default: keep the healthy deployment)"
+    )
+    watchdog: str = opt("auto", WATCHDOG_HELP)
+    watchdog_floor: float = opt(4.0, FLOOR_HELP)
 
 
-SERVE = Family.of(
-    ServeFlags,
-    "serving",
-    no_chat="skip the chat completion",
-    down_on_fail="remove the deployment when the answer check fails (default: keep the healthy deployment)",
-    watchdog=WATCHDOG_HELP,
-    watchdog_floor=FLOOR_HELP,
-)
+SERVE = Family.of(ServeFlags, "serving")
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
 
