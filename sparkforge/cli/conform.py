@@ -14,11 +14,10 @@ from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
     ITERABLE,
+    LAUNCH_HELP,
     MOUNTS,
     NODE,
     NODES,
-    PROFILE_HELP,
-    RECIPE_HELP,
     SERVER,
     launch,
 )
@@ -72,8 +71,7 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
     families=(DRY, launch(*CONFORM_LAUNCH), CONFORM, REPORT),
     iterable=ITERABLE,
     help={
-        "recipe": RECIPE_HELP,
-        "profile": PROFILE_HELP,
+        **LAUNCH_HELP,
         "nodes": NODES.options[0].help
         + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
         "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "

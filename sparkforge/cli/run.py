@@ -15,10 +15,9 @@ from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
     ITERABLE,
+    LAUNCH_HELP,
     MOUNTS,
     NODE,
-    PROFILE_HELP,
-    RECIPE_HELP,
     SERVER,
     START,
     launch,
@@ -68,7 +67,7 @@ SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 @task(
     families=(NETWORK, DRY, launch(*SERVE_LAUNCH), SERVE),
     iterable=ITERABLE,
-    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP},
+    help=dict(LAUNCH_HELP),
 )
 @user_errors
 def serve(
