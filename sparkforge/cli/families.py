@@ -6,7 +6,8 @@ the family options in their place, builds the one Session of the call from their
 Adding a global flag is one `Option(...)` line in GLOBAL (and, when the Session must carry it, one field).
 A family with `into` is not the Session's: its options become one typed value (`make(**values)`) that the body
 declares under that name, e.g. `def push(c, session: Session, outputs: Outputs, ...)` with
-`families=(REPORT,)`. The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON, JSON_REPORT and
+`families=(REPORT,)`. A value family is built from its frozen dataclass (`Family.of`): each option is one field,
+declared once with its default and help (`name: str = opt("", "help")`). The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON, JSON_REPORT and
 REPORT (`Outputs`: --json, --junit), SIGNING (`Signing`: --key), IMAGE (`ImageChoice`: --image, --allow-unverified),
 PULL (`PullChoice`: --platform,
 --allow-drift, --allow-unsigned, --allow-unverified), PLATFORM (`--platform`, checked).
