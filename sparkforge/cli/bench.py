@@ -478,7 +478,7 @@ def bench_compare(c: Context, session: Session, old: str, new: str, given: Compa
     families=(JSON,),
     help={
         "recipe": "recipe name or path: its stored results (matched by recipe name or by this file's hash)",
-        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
+        "store": STORE_HELP,
         "json": "write the list (JSON) here",
     },
 )
