@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON, Family, Option, Outputs
+from sparkforge.cli.families import DRY, JSON, Family, Option, Outputs, opt
 from sparkforge.cli.launchflags import FORCE, ITERABLE, MOUNTS, NODE, SERVER, START, launch
 from sparkforge.context import Session
 
@@ -41,26 +41,54 @@ def suites():
 class BenchFlags:
     """bench's own flags (as given: words, checked by `bench_options`)."""
 
-    json: str = ""
-    suite: str = "default"
-    repeats: str = "5"
-    duration: str = "10"
-    target_detect: str = ""
-    budget: str = "1800"
-    threshold: str = "10"
-    concurrency: str = ""
-    depth: str = ""
-    input_len: str = ""
-    output_len: str = ""
-    num_prompts: str = ""
-    corpus: str = ""
-    store: str = ""
-    no_warmup: bool = False
-    performance: str = ""
-    harness: str = "suite"
-    baseline: str = ""
-    benches: str = "3"
-    no_interleave: bool = False
+    json: str = opt("", "also write the result here (it is always kept in the result store)")
+    suite: str = opt("default", LazyHelp(lambda: suites().help_text("the load profile (default: default):")))
+    repeats: str = opt(
+        "5",
+        "measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
+    )
+    duration: str = opt(
+        "10",
+        "vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
+    )
+    target_detect: str = opt(
+        "",
+        "keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
+    )
+    budget: str = opt("1800", "with --target-detect: the most seconds the bench runs (default 1800)")
+    threshold: str = opt(
+        "10", "with --target-detect or --baseline: the threshold bench.compare uses (default 10)"
+    )
+    concurrency: str = opt("", "comma-separated concurrencies (default: the suite's)")
+    depth: str = opt("", "comma-separated context depths in tokens (default: the suite's)")
+    input_len: str = opt("", "prompt tokens (default: the suite's)")
+    output_len: str = opt("", "generated tokens, exact (default: the suite's)")
+    num_prompts: str = opt("", "vLLM's client: prompts per run (at least the concurrency)")
+    corpus: str = opt(
+        "", "spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book"
+    )
+    store: str = opt("", STORE_HELP)
+    no_warmup: bool = opt(False, "skip the warm-up run of each level")
+    performance: str = opt(
+        "",
+        "also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
+    )
+    harness: str = opt(
+        "suite", LazyHelp(lambda: harnesses().help_text("who sends the load (default: suite):"))
+    )
+    baseline: str = opt(
+        "",
+        "an image to compare --image against: bench serves each in turn with the profile (both must be local), "
+        "benches it, stops it, then compares the two (exit 1 on a regression)",
+    )
+    benches: str = opt(
+        "3", "with --baseline: benches of each image (default 3), pooled per image in the comparison"
+    )
+    no_interleave: bool = opt(
+        False,
+        "with --baseline: every baseline bench first, then every candidate bench (default: interleaved, "
+        "A B A B ..., so the machine's drift falls on both)",
+    )
 
 
 def harnesses():
@@ -70,32 +98,7 @@ def harnesses():
     return HARNESSES
 
 
-BENCH = Family.of(
-    BenchFlags,
-    "benching",
-    json="also write the result here (it is always kept in the result store)",
-    suite=LazyHelp(lambda: suites().help_text("the load profile (default: default):")),
-    repeats="measured runs per level after a warm-up (default 5, the fewest that give bench.compare a usable interval); their spread is the noise the comparison reads",
-    duration="vLLM's client: each repeat lasts at least this many seconds (default 10): a level's prompts per run are multiplied from its warm-up's duration (0: the suite's prompt count as is)",
-    target_detect="keep running rounds until a comparison with an equal bench could detect a slowdown of this percent in every metric (80% power, at --threshold), or --budget ends; says which",
-    budget="with --target-detect: the most seconds the bench runs (default 1800)",
-    threshold="with --target-detect or --baseline: the threshold bench.compare uses (default 10)",
-    concurrency="comma-separated concurrencies (default: the suite's)",
-    depth="comma-separated context depths in tokens (default: the suite's)",
-    input_len="prompt tokens (default: the suite's)",
-    output_len="generated tokens, exact (default: the suite's)",
-    num_prompts="vLLM's client: prompts per run (at least the concurrency)",
-    corpus="spark-arena-v2 on a machine without the internet: a local text used as llama-benchy's book",
-    store=STORE_HELP,
-    no_warmup="skip the warm-up run of each level",
-    performance="also write NVIDIA's performance file of this run here (docs/formats.md; read back by bench.baseline)",
-    harness=LazyHelp(lambda: harnesses().help_text("who sends the load (default: suite):")),
-    baseline="an image to compare --image against: bench serves each in turn with the profile (both must be local), "
-    "benches it, stops it, then compares the two (exit 1 on a regression)",
-    benches="with --baseline: benches of each image (default 3), pooled per image in the comparison",
-    no_interleave="with --baseline: every baseline bench first, then every candidate bench (default: interleaved, "
-    "A B A B ..., so the machine's drift falls on both)",
-)
+BENCH = Family.of(BenchFlags, "benching")
 # bench loads a server that already runs: the image is only named (the running container's own is recorded)
 BENCH_IMAGE = Family(
     "image",
@@ -422,22 +425,25 @@ def _result_paths(option: str, text: str) -> list[Path]:
 class CompareFlags:
     """bench.compare's flags beyond the two sides (as given)."""
 
-    threshold: str = "10"
-    json: str = ""
-    allow_different: bool = False
-    fail_inconclusive: bool = False
-    store: str = ""
+    threshold: str = opt(
+        "10",
+        "percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
+    )
+    json: str = opt("", "write the comparison report here")
+    allow_different: bool = opt(
+        False,
+        "compare results measured with different settings, hardware or serve command (the differences are printed first)",
+    )
+    fail_inconclusive: bool = opt(
+        False, "exit 2 when no metric regressed but some could not tell (default: exit 0, said so)"
+    )
+    store: str = opt(
+        "",
+        "result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
+    )
 
 
-COMPARE = Family.of(
-    CompareFlags,
-    "given",
-    threshold="percent a metric may get worse before it counts (default 10): regressed when the whole 95% interval of new/old is worse than it, inconclusive when the interval straddles it",
-    json="write the comparison report here",
-    allow_different="compare results measured with different settings, hardware or serve command (the differences are printed first)",
-    fail_inconclusive="exit 2 when no metric regressed but some could not tell (default: exit 0, said so)",
-    store="result store the between-bench drift is estimated from (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench; 'none': no store, repeats then independent unless OLD pools several benches)",
-)
+COMPARE = Family.of(CompareFlags, "given")
 
 
 @task(
@@ -472,7 +478,7 @@ def bench_compare(c: Context, session: Session, old: str, new: str, given: Compa
     families=(JSON,),
     help={
         "recipe": "recipe name or path: its stored results (matched by recipe name or by this file's hash)",
-        "store": "result store directory (default $SPARKFORGE_BENCH_STORE or ~/.cache/sparkforge/bench)",
+        "store": STORE_HELP,
         "json": "write the list (JSON) here",
     },
 )

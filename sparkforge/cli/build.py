@@ -9,18 +9,43 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import LazyHelp, finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs
+from sparkforge.cli.families import DRY, JSON, JSON_REPORT, NETWORK, RECIPE_HELP, Family, Outputs, opt
 from sparkforge.context import Session
 
-# The options a stage build shares with the compile probe's (cli/probe.py): one help line each.
-STAGE_HELP = {
-    "recipe": RECIPE_HELP,
-    "platform": "linux/arm64 or linux/amd64 (default: the recipe's first platform)",
-    "base_image": "override the base images: REF, or builder=REF,runtime=REF (mirrors, offline bases)",
-    "source": "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
-    "network": "network mode for RUN steps (e.g. host, to reach a local source server)",
-    "no_cache": "do not use the build cache",
-}
+
+@dataclass(frozen=True)
+class StageFlags:
+    """The options a stage build shares with the compile probe (cli/probe.py) as given; `options` checks and
+    parses them once (the one parse of --base-image)."""
+
+    platform: str = opt("", "linux/arm64 or linux/amd64 (default: the recipe's first platform)")
+    base_image: str = opt(
+        "", "override the base images: REF, or builder=REF,runtime=REF (mirrors, offline bases)"
+    )
+    source: list[str] | None = opt(
+        None,
+        "component=URL: fetch a component's source tarball from URL (e.g. vllm=http://127.0.0.1:8000/vllm.tar.gz)",
+    )
+    network: str = opt("", "network mode for RUN steps (e.g. host, to reach a local source server)")
+    no_cache: bool = opt(False, "do not use the build cache")
+
+    def options(self, loaded):  # -> imagebuild.stage.BuildOptions
+        """The stage's typed build options, every value checked before the engine is asked anything."""
+        from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, source_built
+        from sparkforge.oci import check_platform
+
+        if self.platform:
+            check_platform("--platform", self.platform)
+        return BuildOptions(
+            platform=self.platform or None,
+            bases=parse_base_image(self.base_image),
+            no_cache=self.no_cache,
+            network=self.network or None,
+            sources=parse_sources(self.source or [], source_built(loaded)),
+        )
+
+
+STAGE = Family.of(StageFlags, "stage")
 
 
 def preflight_checks():
@@ -71,51 +96,48 @@ def preflight(
 
 
 @dataclass(frozen=True)
-class BuildFlags:
-    """build's own flags as given; `options` checks and parses them once (the one parse of --base-image)."""
+class BuildFlags(StageFlags):
+    """build's own flags beyond the stage's, as given; `options` checks and parses them once."""
 
-    platform: str = ""
-    target: str = "runtime"
-    base_image: str = ""
-    secret: list[str] | None = None
-    tag: list[str] | None = None
-    builder: str = ""
-    no_cache: bool = False
-    no_verify: bool = False
-    no_preflight: bool = False
-    no_probe: bool = False
-    push_by_digest: bool = False
-    metadata_file: str = ""
-    source: list[str] | None = None
-    network: str = ""
-    gpus: str = "auto"
-    cache_from: list[str] | None = None
-    cache_to: list[str] | None = None
+    target: str = opt(
+        "runtime",
+        "stop at this stage (toolchain, source, build-env, probe, build, base, runtime); only runtime is "
+        "verified and tagged",
+    )
+    secret: list[str] | None = opt(None, "extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)")
+    tag: list[str] | None = opt(None, "final tag(s) instead of the recipe's scheme (repeatable)")
+    builder: str = opt("", "buildx builder to use (remote or multi-node BuildKit)")
+    no_verify: bool = opt(False, "tag without verifying (loudly warned)")
+    no_preflight: bool = opt(False, "skip the upstream preflight checks")
+    no_probe: bool = opt(False, "source recipes: skip the compile probe that runs before the full compile")
+    push_by_digest: bool = opt(False, "push to the recipe's repository by digest (buildx; CI)")
+    metadata_file: str = opt("", "write BuildKit's metadata (digest) here")
+    gpus: str = opt("auto", "verify's GPU use: all, none or auto")
+    cache_from: list[str] | None = opt(
+        None, "BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)"
+    )
+    cache_to: list[str] | None = opt(
+        None, "BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)"
+    )
 
     def options(self, loaded):  # -> imagebuild.stage.BuildOptions
         """The typed build options, every value checked before the engine is asked anything."""
-        from sparkforge.imagebuild.stage import BuildOptions, parse_base_image, parse_sources, source_built
-        from sparkforge.oci import check_platform
+        from dataclasses import replace
+
         from sparkforge.recipe.plan import check_reference
         from sparkforge.verify.suite import gpu_mode
 
-        if self.platform:
-            check_platform("--platform", self.platform)
         for ref in self.tag or ():
             check_reference("--tag", ref)  # before the hour-long build, not at tagging time
-        return BuildOptions(
-            platform=self.platform or None,
+        return replace(
+            super().options(loaded),
             target=self.target,
-            bases=parse_base_image(self.base_image),
             secrets=tuple(self.secret or ()),
             tags=tuple(self.tag or ()),
             builder=self.builder or None,
-            no_cache=self.no_cache,
             verify=not self.no_verify,
             gpus=gpu_mode(self.gpus),
             push_by_digest=self.push_by_digest,
-            network=self.network or None,
-            sources=parse_sources(self.source or [], source_built(loaded)),
             preflight=not self.no_preflight,
             probe=not self.no_probe,
             metadata_file=Path(self.metadata_file) if self.metadata_file else None,
@@ -124,24 +146,7 @@ class BuildFlags:
         )
 
 
-BUILDING = Family.of(
-    BuildFlags,
-    "building",
-    **{k: v for k, v in STAGE_HELP.items() if k != "recipe"},
-    target="stop at this stage (toolchain, source, build-env, probe, build, base, runtime); only runtime is "
-    "verified and tagged",
-    secret="extra BuildKit secret, e.g. id=hf_token,env=HF_TOKEN (repeatable)",
-    tag="final tag(s) instead of the recipe's scheme (repeatable)",
-    builder="buildx builder to use (remote or multi-node BuildKit)",
-    no_verify="tag without verifying (loudly warned)",
-    no_preflight="skip the upstream preflight checks",
-    no_probe="source recipes: skip the compile probe that runs before the full compile",
-    push_by_digest="push to the recipe's repository by digest (buildx; CI)",
-    metadata_file="write BuildKit's metadata (digest) here",
-    gpus="verify's GPU use: all, none or auto",
-    cache_from="BuildKit cache source, e.g. type=registry,ref=ghcr.io/o/cache:R-arm64 (repeatable; buildx)",
-    cache_to="BuildKit cache export, e.g. type=registry,ref=...,mode=max (repeatable; buildx)",
-)
+BUILDING = Family.of(BuildFlags, "building")
 
 
 @task(

@@ -16,10 +16,10 @@ from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
     ITERABLE,
+    LAUNCH_HELP,
     MOUNTS,
     NODES,
     NODES_HELP,
-    PROFILE_HELP,
     RECIPE_HELP,
     SERVER,
     START,
@@ -139,7 +139,6 @@ UP = Family(
     lambda **given: _flags("Bringing", given),
 )
 UP_LAUNCH = (IMAGE, NODES, MOUNTS, SERVER, START, FORCE, BACKEND)
-TASK_HELP = {"recipe": RECIPE_HELP, "profile": PROFILE_HELP}
 
 
 def cluster(*groups: Family) -> Family:
@@ -156,7 +155,9 @@ def _flags(kind: str, given: dict[str, object]) -> Bringing | ClusterFlags:
     return getattr(clusterflags, kind)(**given)
 
 
-@task(families=(launch(NODES, LOOKED_FOR), cluster(FABRIC, BUSBW, QUICK), JSON_REPORT), help={**TASK_HELP})
+@task(
+    families=(launch(NODES, LOOKED_FOR), cluster(FABRIC, BUSBW, QUICK), JSON_REPORT), help=dict(LAUNCH_HELP)
+)
 @user_errors
 def doctor(
     c: Context,
@@ -186,7 +187,7 @@ def doctor(
 @task(
     families=(NETWORK, DRY, launch(*UP_LAUNCH), cluster(FABRIC, SPLIT), UP),
     iterable=ITERABLE,
-    help={**TASK_HELP},
+    help=dict(LAUNCH_HELP),
 )
 @user_errors
 def up(

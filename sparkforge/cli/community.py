@@ -10,7 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import NETWORK, Family, Outputs
+from sparkforge.cli.families import NETWORK, Family, Outputs, opt
 from sparkforge.context import Session
 
 DEFAULT_RECIPE = "vllm-qwen35-wheels"
@@ -43,11 +43,25 @@ class Reading:
     """How import reads a community recipe: its format, the runner's extra words, --set overrides, --allow
     opt-ins, and whether the pinned vLLM is read (preflight). Parsed and checked when the task is called."""
 
-    format: str = ""
-    extra: str = ""
-    set: tuple[str, ...] | list[str] | None = None
-    allow: tuple[str, ...] | list[str] | None = None
-    no_preflight: bool = False
+    format: str = opt(
+        "",
+        'eugr (recipe_version "1"), sparkarena (recipe_version 2), nvidia-v3 or nvidia-v4 (NVIDIA\'s catalog, '
+        "schema_version 3/4); default: from the file",
+    )
+    extra: str = opt(
+        "", "the words the community runner takes after `--` (appended to the command, the last flag wins)"
+    )
+    set: tuple[str, ...] | list[str] | None = opt(
+        None,
+        "KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
+    )
+    allow: tuple[str, ...] | list[str] | None = opt(
+        None,
+        "ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it does; written into the profile with the reason (repeatable)",
+    )
+    no_preflight: bool = opt(
+        False, "do not read the pinned vLLM (short aliases from a built-in table; no flag check)"
+    )
 
     def options(self, name: str | None):  # -> preflight.catalog.ImportOptions
         from sparkforge.preflight.catalog import ImportOptions
@@ -71,16 +85,7 @@ class Reading:
         return ImportOptions(self.format or None, extra, name, overrides, opt_ins)  # type: ignore[arg-type]
 
 
-READING = Family.of(
-    Reading,
-    "reading",
-    format='eugr (recipe_version "1"), sparkarena (recipe_version 2), nvidia-v3 or nvidia-v4 (NVIDIA\'s catalog, '
-    "schema_version 3/4); default: from the file",
-    extra="the words the community runner takes after `--` (appended to the command, the last flag wins)",
-    set="KEY=VALUE: override a `defaults` value before the command is filled (repeatable), as both tools allow",
-    allow="ENTRY=REASON: carry one flag (without dashes) or variable off the allow-list, having reviewed what it does; written into the profile with the reason (repeatable)",
-    no_preflight="do not read the pinned vLLM (short aliases from a built-in table; no flag check)",
-)
+READING = Family.of(Reading, "reading")
 
 
 @task(
@@ -231,20 +236,17 @@ class Pinning:
     """What an exported recipe pins: the image (default: the recipe's candidate tag), with --realize its digest
     and the model's hub commit, and whether it writes --trust-remote-code."""
 
-    image: str = ""
-    realize: bool = False
-    model_revision: str = ""
-    trust_remote_code: bool = False
+    image: str = opt("", "image reference to write (default: the recipe's candidate tag)")
+    realize: bool = opt(
+        False, "pin the image by digest (registry, else the engine) and the model by its hub commit"
+    )
+    model_revision: str = opt(
+        "", "the model's hub commit (40 hex); needed for --realize where the hub is unreachable"
+    )
+    trust_remote_code: bool = opt(False, "write --trust-remote-code into the recipe (never from a profile)")
 
 
-PINNING = Family.of(
-    Pinning,
-    "pinning",
-    image="image reference to write (default: the recipe's candidate tag)",
-    realize="pin the image by digest (registry, else the engine) and the model by its hub commit",
-    model_revision="the model's hub commit (40 hex); needed for --realize where the hub is unreachable",
-    trust_remote_code="write --trust-remote-code into the recipe (never from a profile)",
-)
+PINNING = Family.of(Pinning, "pinning")
 
 
 @task(

@@ -9,16 +9,15 @@ from typing import TYPE_CHECKING
 from invoke import Context
 
 from sparkforge.cli import LazyHelp, Whole, task, user_errors
-from sparkforge.cli.families import DRY, REPORT, Family, Outputs
+from sparkforge.cli.families import DRY, REPORT, Family, Outputs, opt
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
     ITERABLE,
+    LAUNCH_HELP,
     MOUNTS,
     NODE,
     NODES,
-    PROFILE_HELP,
-    RECIPE_HELP,
     SERVER,
     launch,
 )
@@ -39,29 +38,32 @@ def conform_rows():
 class ConformFlags:
     """conform's own flags beyond the launch (as given)."""
 
-    attach: str = ""
-    checks: str = ""
-    record: bool = False
-    golden: str = ""
-    health_timeout: int = Whole(1800)
-    reference_model_dir: str = ""
+    attach: str = opt(
+        "",
+        "check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
+    )
+    checks: str = opt(
+        "",
+        LazyHelp(
+            lambda: conform_rows().help_text(
+                "comma-separated rows to run (default: the profile's conform.checks, else all):"
+            )
+        ),
+    )
+    record: bool = opt(
+        False,
+        "store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
+    )
+    golden: str = opt("", "the golden file (default: golden/<profile>.json)")
+    health_timeout: int = opt(Whole(1800), "seconds to wait for /health per server start")
+    reference_model_dir: str = opt(
+        "",
+        "the folder the reference row's transformers reads (the same path on the head node; "
+        "default: --model-dir): e.g. the unquantized checkpoint of a quantized served model",
+    )
 
 
-CONFORM = Family.of(
-    ConformFlags,
-    "conforming",
-    attach="check a running server at this http(s) URL instead of starting one (equivalence across server configs is then skipped)",
-    checks=LazyHelp(
-        lambda: conform_rows().help_text(
-            "comma-separated rows to run (default: the profile's conform.checks, else all):"
-        )
-    ),
-    record="store the greedy token ids of the prompt set as the golden file (with image digest, model revision, vLLM version)",
-    golden="the golden file (default: golden/<profile>.json)",
-    health_timeout="seconds to wait for /health per server start",
-    reference_model_dir="the folder the reference row's transformers reads (the same path on the head node; "
-    "default: --model-dir): e.g. the unquantized checkpoint of a quantized served model",
-)
+CONFORM = Family.of(ConformFlags, "conforming")
 CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
 
 
@@ -69,8 +71,7 @@ CONFORM_LAUNCH = (IMAGE, NODE, NODES, MOUNTS, SERVER, FORCE)
     families=(DRY, launch(*CONFORM_LAUNCH), CONFORM, REPORT),
     iterable=ITERABLE,
     help={
-        "recipe": RECIPE_HELP,
-        "profile": PROFILE_HELP,
+        **LAUNCH_HELP,
         "nodes": NODES.options[0].help
         + "; conform brings a multi-node profile up as cluster.up does and asks from inside the head",
         "dry": "print the memory plan, the launch of the profile as profiled (docker argv per node) and the rows "

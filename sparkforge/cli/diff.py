@@ -11,7 +11,7 @@ from invoke import Context
 
 from sparkforge.boundary import write_output
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import JSON, RECIPE_HELP, SIGNING, Family, Outputs, Signing
+from sparkforge.cli.families import JSON, RECIPE_HELP, SIGNING, Family, Outputs, Signing, opt
 from sparkforge.context import Session
 
 SERVE_LOG_MAX_BYTES = 64 << 20  # a start-up log of a large model: warnings included, well under this
@@ -167,35 +167,37 @@ def history(
 class KernelsFlags:
     """kernels' own flags: what vLLM's selection is asked about, the evidence beside it, where the report goes."""
 
-    profile: str = ""
-    model_config: str = ""
-    runner_image: str = ""
-    serve_log: str = ""
-    verify_report: str = ""
-    gpu: str = ""
-    all_libraries: bool = False
-    json: str = ""
-    markdown: str = ""
-    attest: bool = False
+    profile: str = opt(
+        "",
+        "serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
+        "profiles/checkpoints/<org>/<name>/<revision>.json, keyed by its model, unless --model-config)",
+    )
+    model_config: str = opt("", "the checkpoint's config.json (overrides the profile's)")
+    runner_image: str = opt(
+        "", "for a wheel or directory: an image holding the same vLLM to run its selection in"
+    )
+    serve_log: str = opt(
+        "", "vLLM's log of a start of this profile: what it selected, set beside the prediction"
+    )
+    verify_report: str = opt(
+        "",
+        "a verify report of this image ('invoke verify --report'): its JIT checks (default: this "
+        "machine's latest verify record of the image)",
+    )
+    gpu: str = opt("", "GPU target (default: the recipe's)")
+    all_libraries: bool = opt(
+        False,
+        "open every library of the target (default: only those the verdicts depend on: the recipe's "
+        "required ones and those of the kernels vLLM names)",
+    )
+    json: str = opt("", "write the kernel report (JSON) here")
+    markdown: str = opt("", "write the kernel report (Markdown, for a release page) here")
+    attest: bool = opt(
+        False, "attach the report to IMAGE (repository@sha256:...) as a signed attestation (--key signs)"
+    )
 
 
-ASKING = Family.of(
-    KernelsFlags,
-    "asking",
-    profile="serve profile whose checkpoint vLLM's selection is asked about (its config.json: "
-    "profiles/checkpoints/<org>/<name>/<revision>.json, keyed by its model, unless --model-config)",
-    model_config="the checkpoint's config.json (overrides the profile's)",
-    runner_image="for a wheel or directory: an image holding the same vLLM to run its selection in",
-    serve_log="vLLM's log of a start of this profile: what it selected, set beside the prediction",
-    verify_report="a verify report of this image ('invoke verify --report'): its JIT checks (default: this "
-    "machine's latest verify record of the image)",
-    gpu="GPU target (default: the recipe's)",
-    all_libraries="open every library of the target (default: only those the verdicts depend on: the recipe's "
-    "required ones and those of the kernels vLLM names)",
-    json="write the kernel report (JSON) here",
-    markdown="write the kernel report (Markdown, for a release page) here",
-    attest="attach the report to IMAGE (repository@sha256:...) as a signed attestation (--key signs)",
-)
+ASKING = Family.of(KernelsFlags, "asking")
 
 
 @task(

@@ -6,7 +6,8 @@ the family options in their place, builds the one Session of the call from their
 Adding a global flag is one `Option(...)` line in GLOBAL (and, when the Session must carry it, one field).
 A family with `into` is not the Session's: its options become one typed value (`make(**values)`) that the body
 declares under that name, e.g. `def push(c, session: Session, outputs: Outputs, ...)` with
-`families=(REPORT,)`. The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON, JSON_REPORT and
+`families=(REPORT,)`. A value family is built from its frozen dataclass (`Family.of`): each option is one field,
+declared once with its default and help (`name: str = opt("", "help")`). The families every task shares: GLOBAL, NETWORK, DRY (the Session); JSON, JSON_REPORT and
 REPORT (`Outputs`: --json, --junit), SIGNING (`Signing`: --key), IMAGE (`ImageChoice`: --image, --allow-unverified),
 PULL (`PullChoice`: --platform,
 --allow-drift, --allow-unsigned, --allow-unverified), PLATFORM (`--platform`, checked).
@@ -19,14 +20,16 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkforge.context import Session
 
 if TYPE_CHECKING:
     from sparkforge.report import Report
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,21 @@ class Family:
 
     @classmethod
     def of(cls, value: type, into: str, **helps: str) -> Family:
-        """A value family from its frozen dataclass: one option per field named in `helps` (the flag, the
-        field's default, the help line), the body's parameter `into` an instance built from their values."""
-        options = tuple(Option(f.name, f.default, helps[f.name]) for f in fields(value) if f.name in helps)
+        """A value family from its frozen dataclass: one option per field that has a help (`opt`), the body's
+        parameter `into` an instance built from their values. `helps` gives fields a help in this family's
+        words (one dataclass, several families: Outputs' --json); a field with neither is no option."""
+        options = tuple(
+            Option(f.name, f.default, helps.get(f.name, f.metadata.get("help")))
+            for f in fields(value)
+            if f.name in helps or "help" in f.metadata
+        )
         return cls(into, options, into, value)
+
+
+def opt(default: T, help: Any) -> T:
+    """A value family's field that is an option (`port: int = opt(Whole(8000), "the port")`): its default and
+    its help line in one declaration (a str, or a LazyHelp computed when help is shown)."""
+    return field(default=default, metadata={"help": help})  # type: ignore[return-value]
 
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file"  # the --recipe of most tasks
@@ -100,11 +114,17 @@ class Outputs:
         finish_report(report, self.json, self.junit, hint=hint, out=session.out)
 
 
+UNVERIFIED_HELP = "take an image without a signed GPU-verified claim for the platform, LOUDLY"
+
+
 @dataclass(frozen=True)
 class Signing:
     """--key: the cosign key a signing task signs with (none: keyless, the CI job's OIDC identity)."""
 
-    key: str = ""
+    key: str = opt(
+        "",
+        "cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI job's OIDC identity). The key's password comes from $COSIGN_PASSWORD",
+    )
 
     def tools(self, session: Session):  # -> tuple[Cosign, Signer]
         """cosign through the session's runner, and the signer the key (or its absence) names."""
@@ -117,8 +137,8 @@ class Signing:
 class ImageChoice:
     """--image and --allow-unverified: the image a task runs (default: the recipe's verified candidate)."""
 
-    image: str = ""
-    allow_unverified: bool = False
+    image: str = opt("", "image reference (default: the recipe's verified candidate tag)")
+    allow_unverified: bool = opt(False, UNVERIFIED_HELP)
 
 
 @dataclass(frozen=True)
@@ -126,10 +146,13 @@ class PullChoice:
     """The platform to pull (checked; None: this machine's) and what the pulled image may lack, each said
     loudly: labels that match the recipe, a signature, a signed GPU-verified claim."""
 
-    platform: str | None = ""  # the flag's value; None once checked and empty (this machine's)
-    allow_drift: bool = False
-    allow_unsigned: bool = False
-    allow_unverified: bool = False
+    # the flag's value; None once checked and empty (this machine's)
+    platform: str | None = opt("", "linux/arm64 or linux/amd64 (default: this machine's)")
+    allow_drift: bool = opt(False, "accept an image whose labels differ from the recipe, with a warning")
+    allow_unsigned: bool = opt(
+        False, "accept an image without a valid signature, LOUDLY (never for moving tags)"
+    )
+    allow_unverified: bool = opt(False, UNVERIFIED_HELP)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "platform", checked_platform(self.platform or ""))
@@ -148,26 +171,9 @@ def checked_platform(platform: str = "") -> str | None:
 JSON = Family.of(Outputs, "outputs", json="write the result (JSON) here")
 JSON_REPORT = Family.of(Outputs, "outputs", json="write the JSON report here")  # a checking task's --json
 REPORT = Family.of(Outputs, "outputs", json="write the JSON report here", junit="write JUnit XML here")
-SIGNING = Family.of(
-    Signing,
-    "signing",
-    key="cosign private key (path or cosign key URI; default: $SPARKFORGE_SIGNING_KEY; none: keyless, the CI job's OIDC identity). The key's password comes from $COSIGN_PASSWORD",
-)
-UNVERIFIED_HELP = "take an image without a signed GPU-verified claim for the platform, LOUDLY"
-IMAGE = Family.of(
-    ImageChoice,
-    "chosen",
-    image="image reference (default: the recipe's verified candidate tag)",
-    allow_unverified=UNVERIFIED_HELP,
-)
-PULL = Family.of(
-    PullChoice,
-    "pulling",
-    platform="linux/arm64 or linux/amd64 (default: this machine's)",
-    allow_drift="accept an image whose labels differ from the recipe, with a warning",
-    allow_unsigned="accept an image without a valid signature, LOUDLY (never for moving tags)",
-    allow_unverified=UNVERIFIED_HELP,
-)
+SIGNING = Family.of(Signing, "signing")
+IMAGE = Family.of(ImageChoice, "chosen")
+PULL = Family.of(PullChoice, "pulling")
 PLATFORM = Family(
     "platform",
     (Option("platform", "", "linux/arm64 or linux/amd64 (default: the recipe's first platform)"),),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (its image and pinned vLLM)"
 PROFILE_HELP = "serve profile name in profiles/ or path to a profile file"
+LAUNCH_HELP = {"recipe": RECIPE_HELP, "profile": PROFILE_HELP}  # a launch task's own --recipe and --profile
 NODES_HELP = (
     "nodes, head first: unix://, tcp://, ssh://user@host or a docker context, each optionally =LINK_ADDRESS"
 )

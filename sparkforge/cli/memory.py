@@ -10,7 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import JSON, Family, Outputs
+from sparkforge.cli.families import JSON, Family, Outputs, opt
 from sparkforge.context import Session
 
 
@@ -18,16 +18,16 @@ from sparkforge.context import Session
 class NodeSize:
     """The node `invoke memory` judges against (as given): the Spark's size, or its MemAvailable."""
 
-    spark_memory: int = 0
-    mem_available: float = 0.0
+    spark_memory: int = opt(
+        0, "the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)"
+    )
+    mem_available: float = opt(
+        0.0,
+        "the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
+    )
 
 
-NODE_SIZE = Family.of(
-    NodeSize,
-    "node",
-    spark_memory="the Sparks' memory as sold, 64 or 128 GB (default: the profile's spark_memory_gb)",
-    mem_available="the node's MemAvailable in GiB (what 'invoke cluster.doctor' reads): judge the budget against it instead of the Spark's size",
-)
+NODE_SIZE = Family.of(NodeSize, "node")
 
 
 @task(

@@ -197,8 +197,8 @@ def _reference_or_path(flag: str, value: str) -> object:
     return _input_file(flag, value)
 
 
-def _named_or_file(registry: str) -> Callable[[str, str], object]:
-    """A recipe or profile: a name in its folder (letters, digits, . _ -), or a path to a regular file."""
+def _named_or_file(registry: str, doc: str) -> Kind:
+    """A recipe, overlay or profile: a name in its folder (letters, digits, . _ -), or a path to a regular file."""
     name = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
     def check(flag: str, value: str) -> object:
@@ -213,7 +213,7 @@ def _named_or_file(registry: str) -> Callable[[str, str], object]:
             f"`invoke {registry}s` lists the names; a path needs a '/'",
         )
 
-    return check
+    return Kind(registry, doc, check, WORDLIKE | {"fifo", "device", "missing-yaml", "empty"})
 
 
 def _url(flag: str, value: str) -> object:
@@ -395,24 +395,9 @@ IMAGE_OR_PATH = Kind(
     _reference_or_path,
     FILE_IN - {"folder"} | {"empty"},
 )
-RECIPE = Kind(
-    "recipe",
-    "a recipe name in recipes/ or a path to a recipe file",
-    _named_or_file("recipe"),
-    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
-)
-OVERLAY = Kind(
-    "overlay",
-    "an overlay recipe name in recipes/overlays/ or a path to one",
-    _named_or_file("overlay"),
-    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
-)
-PROFILE = Kind(
-    "profile",
-    "a profile name in profiles/ or a path to a profile file",
-    _named_or_file("profile"),
-    WORDLIKE | {"fifo", "device", "missing-yaml", "empty"},
-)
+RECIPE = _named_or_file("recipe", "a recipe name in recipes/ or a path to a recipe file")
+OVERLAY = _named_or_file("overlay", "an overlay recipe name in recipes/overlays/ or a path to one")
+PROFILE = _named_or_file("profile", "a profile name in profiles/ or a path to a profile file")
 URL = Kind(
     "URL",
     "an http(s) URL with a host, no credentials, a port in 1..65535",

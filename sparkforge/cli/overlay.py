@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import finish_report, task, user_errors
-from sparkforge.cli.families import DRY, JSON, Family, Outputs
+from sparkforge.cli.families import DRY, JSON, Family, Outputs, opt
 from sparkforge.context import Session
 
 OVERLAY_HELP = "overlay recipe: a name in recipes/overlays/ or a path"
@@ -32,28 +32,23 @@ def _base_image(recipe, image: str) -> str:
 class Writing:
     """What the overlay is made of (the patch, or a pull request from a local clone) and where it goes."""
 
-    image: str = ""
-    patch: str = ""
-    pr: int = 0
-    checkout: str = ""
-    package: str = "vllm"
-    name: str = ""
-    out: str = ""
-    no_preflight: bool = False
+    image: str = opt(
+        "", "the verified base image (default: the recipe's local candidate); pinned by digest in the overlay"
+    )
+    patch: str = opt("", "a patch file ('git diff' or 'git format-patch' output)")
+    pr: int = opt(
+        0, "instead: a pull request number, read from --checkout (its squash or merge commit; no network)"
+    )
+    checkout: str = opt("", "a local git clone of the package's repository (with --pr)")
+    package: str = opt(
+        "vllm", "the installed package the patch changes: vllm, transformers or flashinfer (default vllm)"
+    )
+    name: str = opt("", "the overlay's name (default <recipe>-pr<N> or <recipe>-<patch name>)")
+    out: str = opt("", "where to write the overlay recipe (default recipes/overlays/<name>.yaml)")
+    no_preflight: bool = opt(False, "write without checking the patch applies to the base image")
 
 
-WRITING = Family.of(
-    Writing,
-    "writing",
-    image="the verified base image (default: the recipe's local candidate); pinned by digest in the overlay",
-    patch="a patch file ('git diff' or 'git format-patch' output)",
-    pr="instead: a pull request number, read from --checkout (its squash or merge commit; no network)",
-    checkout="a local git clone of the package's repository (with --pr)",
-    package="the installed package the patch changes: vllm, transformers or flashinfer (default vllm)",
-    name="the overlay's name (default <recipe>-pr<N> or <recipe>-<patch name>)",
-    out="where to write the overlay recipe (default recipes/overlays/<name>.yaml)",
-    no_preflight="write without checking the patch applies to the base image",
-)
+WRITING = Family.of(Writing, "writing")
 
 
 @task(

@@ -11,7 +11,7 @@ from pathlib import Path
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, RECIPE_HELP, Family, Outputs, PullChoice
+from sparkforge.cli.families import DRY, JSON, PLATFORM, PULL, RECIPE_HELP, Family, Outputs, PullChoice, opt
 from sparkforge.context import Session
 from sparkforge.errors import PublishError
 
@@ -21,9 +21,13 @@ class Evidence:
     """push's and publish's records: where the pushed digests are, and what may be published without its
     evidence (no passed verify, loudly; a base the recipe does not pin, for test images)."""
 
-    digests: str = ""
-    unverified: bool = False
-    allow_base_override: bool = False
+    digests: str = opt("", "directory of digest records written by 'invoke push' (default: build/digests)")
+    unverified: bool = opt(
+        False, "publish digests that have no passed verify record (loudly warned; never moves tags)"
+    )
+    allow_base_override: bool = opt(
+        False, "publish images built on other base images than the recipe pins (test images)"
+    )
 
     @property
     def digests_dir(self) -> Path:
@@ -32,23 +36,21 @@ class Evidence:
         return Path(self.digests) if self.digests else DIGESTS_DIR
 
 
-EVIDENCE = Family.of(
-    Evidence,
-    "evidence",
-    digests="directory of digest records written by 'invoke push' (default: build/digests)",
-    unverified="publish digests that have no passed verify record (loudly warned; never moves tags)",
-    allow_base_override="publish images built on other base images than the recipe pins (test images)",
-)
+EVIDENCE = Family.of(Evidence, "evidence")
 
 
 @dataclass(frozen=True)
 class TagMoves:
     """publish's moves of tags: the {date} of the tags, the moving tags too, or only a promote or a rollback."""
 
-    date: str = ""
-    moving: bool = False
-    promote: str = ""
-    rollback: str = ""
+    date: str = opt("", "date for {date} tags, YYYYMMDD (default: today, UTC)")
+    moving: bool = opt(False, "also move the moving tags (only when every platform image is GPU-verified)")
+    promote: str = opt(
+        "", "move the moving tags to this verified index digest (sha256:...) and do nothing else"
+    )
+    rollback: str = opt(
+        "", "move this moving tag back to the previous GPU-verified index in its history, nothing else"
+    )
 
     @property
     def when(self) -> dt.date | None:
@@ -61,14 +63,7 @@ class TagMoves:
             raise PublishError(f"--date {self.date!r}: use YYYYMMDD, e.g. 20261129") from None
 
 
-MOVES = Family.of(
-    TagMoves,
-    "moves",
-    date="date for {date} tags, YYYYMMDD (default: today, UTC)",
-    moving="also move the moving tags (only when every platform image is GPU-verified)",
-    promote="move the moving tags to this verified index digest (sha256:...) and do nothing else",
-    rollback="move this moving tag back to the previous GPU-verified index in its history, nothing else",
-)
+MOVES = Family.of(TagMoves, "moves")
 
 
 @task(

@@ -10,15 +10,14 @@ from typing import TYPE_CHECKING
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import DRY, NETWORK, Family
+from sparkforge.cli.families import DRY, NETWORK, Family, opt
 from sparkforge.cli.launchflags import (
     FORCE,
     IMAGE,
     ITERABLE,
+    LAUNCH_HELP,
     MOUNTS,
     NODE,
-    PROFILE_HELP,
-    RECIPE_HELP,
     SERVER,
     START,
     launch,
@@ -53,27 +52,22 @@ def watchdog_options(mode: str, floor_gib: float) -> tuple[str, int]:
 class ServeFlags:
     """`serve`'s own flags beyond the launch: the answer check and the memory watchdog (as given)."""
 
-    no_chat: bool = False
-    down_on_fail: bool = False
-    watchdog: str = "auto"
-    watchdog_floor: float = 4.0
+    no_chat: bool = opt(False, "skip the chat completion")
+    down_on_fail: bool = opt(
+        False, "remove the deployment when the answer check fails (default: keep the healthy deployment)"
+    )
+    watchdog: str = opt("auto", WATCHDOG_HELP)
+    watchdog_floor: float = opt(4.0, FLOOR_HELP)
 
 
-SERVE = Family.of(
-    ServeFlags,
-    "serving",
-    no_chat="skip the chat completion",
-    down_on_fail="remove the deployment when the answer check fails (default: keep the healthy deployment)",
-    watchdog=WATCHDOG_HELP,
-    watchdog_floor=FLOOR_HELP,
-)
+SERVE = Family.of(ServeFlags, "serving")
 SERVE_LAUNCH = (IMAGE, NODE, MOUNTS, SERVER, START, FORCE)
 
 
 @task(
     families=(NETWORK, DRY, launch(*SERVE_LAUNCH), SERVE),
     iterable=ITERABLE,
-    help={"recipe": RECIPE_HELP, "profile": PROFILE_HELP},
+    help=dict(LAUNCH_HELP),
 )
 @user_errors
 def serve(

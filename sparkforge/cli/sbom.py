@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from invoke import Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import Family
+from sparkforge.cli.families import Family, opt
 from sparkforge.console import cell
 from sparkforge.context import Session
 
@@ -18,22 +18,20 @@ from sparkforge.context import Session
 class SbomFlags:
     """Where the SBOM comes from (the layers, or the signed copy) and what is written: SPDX JSON, release notes."""
 
-    json: str = ""
-    recipe: str = ""
-    signed: bool = False
-    since: str = ""
-    notes: str = ""
+    json: str = opt(
+        "", "write the SPDX 2.3 JSON document here ('-': to standard output, nothing else printed)"
+    )
+    recipe: str = opt("", "with --signed: the recipe whose signer and repository to check")
+    signed: bool = opt(
+        False, "read the SBOM attested (signed) in the registry for --image (REPOSITORY@sha256:...) instead"
+    )
+    since: str = opt(
+        "", "the previous release's image: write release notes of what changed inside from the two SBOMs"
+    )
+    notes: str = opt("", "with --since: write the release notes (Markdown) here (default: print them)")
 
 
-SBOM = Family.of(
-    SbomFlags,
-    "wanted",
-    json="write the SPDX 2.3 JSON document here ('-': to standard output, nothing else printed)",
-    recipe="with --signed: the recipe whose signer and repository to check",
-    signed="read the SBOM attested (signed) in the registry for --image (REPOSITORY@sha256:...) instead",
-    since="the previous release's image: write release notes of what changed inside from the two SBOMs",
-    notes="with --since: write the release notes (Markdown) here (default: print them)",
-)
+SBOM = Family.of(SbomFlags, "wanted")
 
 
 @task(

@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import RECIPE_HELP, SIGNING, Family, Signing
+from sparkforge.cli.families import RECIPE_HELP, SIGNING, Family, Signing, opt
 from sparkforge.context import Session
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -74,9 +74,13 @@ def _decided(loaded, tools, published: str, platform: str, image: str) -> str:
 class Claim:
     """What sign.attest attests (exactly one): a verify report, a crash of verify, or a kernel report."""
 
-    report: str = ""
-    crashed: str = ""
-    kernels: str = ""
+    report: str = opt("", "the verify report ('invoke verify --report')")
+    crashed: str = opt(
+        "", "verify crashed and wrote no report: attest a failed report carrying this error instead"
+    )
+    kernels: str = opt(
+        "", "a kernel report ('invoke kernels --json') of --image to attest instead of a verify report"
+    )
 
 
 @dataclass(frozen=True)
@@ -84,25 +88,18 @@ class Subject:
     """The platform image sign.attest attests: --image, or derived from --published (the merge job's record;
     with --image, they must agree), and its platform."""
 
-    image: str = ""
-    published: str = ""
-    platform: str = "linux/arm64"
+    image: str = opt(
+        "", "the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')"
+    )
+    published: str = opt(
+        "",
+        "PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry (the sign job decides what it signs); with --image, they must agree",
+    )
+    platform: str = opt("linux/arm64", "the platform of the image (default: linux/arm64, the GPU job's)")
 
 
-CLAIM = Family.of(
-    Claim,
-    "claim",
-    report="the verify report ('invoke verify --report')",
-    crashed="verify crashed and wrote no report: attest a failed report carrying this error instead",
-    kernels="a kernel report ('invoke kernels --json') of --image to attest instead of a verify report",
-)
-SUBJECT = Family.of(
-    Subject,
-    "subject",
-    image="the verified platform image, repository@sha256:... ('image' in 'invoke pull --json')",
-    published="PATH: the merge job's 'invoke publish --json': the image is derived from its index in the registry (the sign job decides what it signs); with --image, they must agree",
-    platform="the platform of the image (default: linux/arm64, the GPU job's)",
-)
+CLAIM = Family.of(Claim, "claim")
+SUBJECT = Family.of(Subject, "subject")
 
 
 @task(families=(SIGNING, CLAIM, SUBJECT), help={"recipe": RECIPE_HELP})

@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection, Context
 
 from sparkforge.cli import Whole, task, user_errors
-from sparkforge.cli.families import JSON, Family, Outputs
+from sparkforge.cli.families import JSON, Family, Outputs, opt
 from sparkforge.context import Session
 
 RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (it names publish.signing.trust_root)"
@@ -19,8 +19,13 @@ RECIPE_HELP = "recipe name in recipes/ or path to a recipe file (it names publis
 class OnlineChoice:
     """--online-key PATH or --online-identity URL: who signs the online roles (targets, snapshot, timestamp)."""
 
-    online_key: str = ""
-    online_identity: str = ""
+    online_key: str = opt(
+        "", "PATH: the online roles' private key file (PEM); CI holds it as SPARKFORGE_TUF_SIGNER=file2:PATH"
+    )
+    online_identity: str = opt(
+        "",
+        "URL: keyless online roles: the signing workflow at its ref, e.g. https://github.com/ME/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main",
+    )
 
     def given(self):  # -> ceremony.Online | None
         """The online signer asked for (None: neither option given); both at once is refused."""
@@ -37,12 +42,7 @@ class OnlineChoice:
         return Online(Path(self.online_key) if self.online_key else None, self.online_identity)
 
 
-ONLINE = Family.of(
-    OnlineChoice,
-    "online",
-    online_key="PATH: the online roles' private key file (PEM); CI holds it as SPARKFORGE_TUF_SIGNER=file2:PATH",
-    online_identity="URL: keyless online roles: the signing workflow at its ref, e.g. https://github.com/ME/sparkforge/.github/workflows/gpu-attest.yml@refs/heads/main",
-)
+ONLINE = Family.of(OnlineChoice, "online")
 
 
 @task(

@@ -4,13 +4,24 @@ and executor, as `invoke` runs them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from invoke import Collection, Context, Program
 
 from sparkforge.cli import task, user_errors
-from sparkforge.cli.families import JSON, PULL, SIGNING, Outputs, PullChoice, Signing, with_families
+from sparkforge.cli.families import (
+    JSON,
+    PULL,
+    SIGNING,
+    Family,
+    Outputs,
+    PullChoice,
+    Signing,
+    opt,
+    with_families,
+)
 from sparkforge.context import Session
 
 SEEN: list[tuple[Session, PullChoice, Outputs]] = []
@@ -104,3 +115,33 @@ def test_a_checking_task_finishes_through_its_report_family(
     captured = capsys.readouterr()
     assert "check failed (second); see second" in captured.err and "second" in captured.out
     assert (tmp_path / "r.json").is_file() and "<testsuite" in (tmp_path / "r.xml").read_text()
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A value family's dataclass: two options declared on their fields, one field that is no option."""
+
+    depth: str = opt("3", "how deep")
+    kept: str = ""
+    name: str = opt("x", "who asks")
+
+
+def test_a_value_family_takes_its_options_from_the_fields_that_have_a_help() -> None:
+    asked = Family.of(Asked, "asked")
+    assert [(o.name, o.default, o.help) for o in asked.options] == [
+        ("depth", "3", "how deep"),
+        ("name", "x", "who asks"),
+    ]
+
+    @task(families=(asked,))
+    def ask(c: Context, asked: Asked) -> None:
+        """Takes the family's value."""
+
+    shown = {a.name: a.help for a in ask.get_arguments()}
+    assert shown["depth"] == "how deep" and shown["name"] == "who asks" and "kept" not in shown
+    reworded = Family.of(Asked, "asked", name="whom", kept="now an option, in this family's words")
+    assert [(o.name, o.help) for o in reworded.options] == [
+        ("depth", "how deep"),
+        ("kept", "now an option, in this family's words"),
+        ("name", "whom"),
+    ]
