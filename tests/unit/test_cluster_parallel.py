@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from sparkforge.errors import RunError
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import load_profile
 from sparkforge.run.cluster.parallel import Parallel, check_parallel, parallel_of, relayout
