@@ -38,11 +38,6 @@ _BUILDING = re.compile(r'"(?:Building|Not building) ([A-Za-z0-9_ .+-]+?)(?: kern
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 
 
-def arch_verdict(entry: str, gpu: str) -> str:
-    """How code built for one CMake arch entry (e.g. '12.0f', '8.0+PTX') runs on `gpu` ('sm_121')."""
-    return compat.cmake_arch_verdict(entry, compat.parse_target(gpu))
-
-
 def best_verdict(entries: list[str], gpu: str) -> str:
     """The best verdict of any entry (the GPU rule itself lives in sparkforge.audit.compat)."""
     target = compat.parse_target(gpu)

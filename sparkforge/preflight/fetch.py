@@ -216,11 +216,6 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) < 300 else text[:300] + "..."
-
-
 # ---- small JSON records: what a floating key (URL, index query) resolved to ----------------------
 
 

@@ -334,16 +334,3 @@ def _parse(outcome: Outcome, text: str) -> None:
 
 def first_event(outcome: Outcome, kind: str) -> dict[str, Any] | None:
     return next((e for e in outcome.events if e.get("event") == kind), None)
-
-
-def leftover(engines: Sequence[NodeEngine]) -> dict[str, list[str]]:
-    """Doctor containers still present on each answering node (should always be empty)."""
-    found: dict[str, list[str]] = {}
-    for engine in engines:
-        try:
-            names = engine.containers(f"{LABEL}=doctor", timeout=10)
-        except RunError:
-            continue
-        if names:
-            found[engine.node.label] = names
-    return found

@@ -12,7 +12,7 @@ holds more than two nodes. Pure: no I/O.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -484,15 +484,3 @@ def node_environment(topo: Topology, node: int) -> dict[str, str]:
     if devices:
         env["NCCL_IB_HCA"] = "=" + ",".join(dict.fromkeys(devices))
     return env
-
-
-def describe_layouts() -> list[Mapping[str, str]]:
-    """The layouts for docs and --help: name, nodes, what it is."""
-    return [
-        {
-            "name": lay.name,
-            "nodes": f"{lay.nodes[0]}-{lay.nodes[1]}" if lay.nodes[0] != lay.nodes[1] else str(lay.nodes[0]),
-            "help": lay.help,
-        }
-        for lay in LAYOUTS
-    ]

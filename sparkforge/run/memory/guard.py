@@ -90,13 +90,3 @@ def judge_memory(
         f"profile {profile} does not fit: {'; '.join(plan.reasons)}; nothing was started or downloaded; "
         f"fix: {'; or '.join(plan.fixes) or 'see the plan above'} (or --force to try anyway)"
     )
-
-
-def memory_guard(
-    session: Session, profile: Profile, model_dir: Path | None, *, device: str = "gpu", force: bool = False
-) -> MemoryPlan | None:
-    """Plan, print, refuse: the one memory call of a launch (plan_or_refuse, then judge_memory)."""
-    plan, warnings = plan_or_refuse(profile, model_dir, device, force)
-    for line in warnings:
-        session.warn(line)
-    return judge_memory(session, plan, profile.name, force)
