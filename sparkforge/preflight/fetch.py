@@ -172,6 +172,11 @@ class Fetcher:
         return zipfile.ZipFile(io.BufferedReader(raw, _RANGE_BLOCK))
 
 
+def hub_url() -> str:
+    """The Hugging Face hub (or a mirror), as huggingface_hub reads it: $HF_ENDPOINT."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
 def make_fetcher(
     *, offline: bool = False, timeout: float = 30.0, retries: int = 3, ca_bundle: Path | None = None
 ) -> Fetcher:
