@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +57,7 @@ class KernelGroup:
     required: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "variable": self.variable,
-            "line": self.line,
-            "source": self.source,
-            "archs": self.archs,
-            "verdict": self.verdict,
-            "required": self.required,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
