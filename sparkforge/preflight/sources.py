@@ -243,11 +243,6 @@ def from_directory(session: Session, path: Path) -> UpstreamTree:
     return UpstreamTree(path, "source", f"directory {path}", version, commit, notes)
 
 
-def from_local_archive(path: Path) -> UpstreamTree:
-    sha = sha256_file(path, "--source", MAX_DOWNLOAD_BYTES)
-    return _tree_from_archive(path, sha, f"archive {path}")
-
-
 def resolve_upstream(
     session: Session, recipe: Recipe, *, source: str | None, github_base: str, fetcher: Fetcher
 ) -> UpstreamTree:
@@ -261,7 +256,7 @@ def resolve_upstream(
     elif path.is_file() and path.name.endswith(".whl"):
         tree = from_local_wheel(path)
     elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):
-        tree = from_local_archive(path)
+        tree = _tree_from_archive(path, sha256_file(path, "--source", MAX_DOWNLOAD_BYTES), f"archive {path}")
     else:
         raise PreflightError(
             f"source {source!r} is neither 'github', 'pypi', a URL, a directory, an archive nor a wheel; "

@@ -227,7 +227,7 @@ def wait_jobs(
             cancel.wait(poll_s)
         else:
             time.sleep(poll_s)
-    _read_logs(outcomes)
+    each_node(_read_log, [o for o in outcomes if not o.node_lost])
     return not (cancel is not None and cancel.is_set())
 
 
@@ -303,10 +303,6 @@ def _poll(outcome: Outcome) -> bool:
 def remove_jobs(outcomes: Sequence[Outcome]) -> None:
     """Remove the jobs' containers on every node that still answers (all nodes at once)."""
     each_node(lambda o: o.job.engine.remove([o.name], timeout=30), [o for o in outcomes if not o.node_lost])
-
-
-def _read_logs(outcomes: Sequence[Outcome]) -> None:
-    each_node(_read_log, [o for o in outcomes if not o.node_lost])
 
 
 def _read_log(outcome: Outcome) -> None:
