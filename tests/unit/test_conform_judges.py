@@ -28,7 +28,7 @@ def _counting(start: int, step: int, n: int) -> list[int]:
 def test_counting_is_not_garble_but_loops_and_collapse_are() -> None:
     for step in (1, 2, 3, 99):
         ids = _counting(5, step, 4096)
-        assert not judge(ids, " ".join(map(str, ids)), RULES).garbled
+        assert not judge(ids, " ".join(map(str, ids)), RULES).findings
     looped = _counting(0, 1, 1000) + [7, 8, 9] * 100
     verdict = judge(looped, "x", RULES)
     assert [f.rule for f in verdict.findings] == ["loop", "diversity-collapse"]
