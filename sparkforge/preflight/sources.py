@@ -62,6 +62,11 @@ class UpstreamTree:
         """The text of the tree's file `rel` (None when it has none), through the boundary's tree reader."""
         return read_source(self.root / rel, self.root)
 
+    def patched_text(self, scratch: Path, rel: str) -> str | None:
+        """The file `rel` as the patch series left it in `scratch` (where it changed it), else the tree's own."""
+        patched = read_source(scratch / rel, scratch)
+        return patched if patched is not None else self.source_text(rel)
+
     def exists(self, rel: str) -> bool:
         if self.kind == "wheel":
             return rel in self.wheel_files()
