@@ -319,11 +319,6 @@ def portable_source() -> str:
     return "\n\n".join([f"MAX_INT_DIGITS = {MAX_INT_DIGITS!r}", *(inspect.getsource(f) for f in PORTABLE)])
 
 
-def _loads_nonfinite(text: str | bytes) -> Any:
-    """`loads_strict` but NaN and +-Infinity read as floats: for a report whose GPU figures may be NaN."""
-    return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
-
-
 def parse_json(
     text: str | bytes,
     where: str,
@@ -341,7 +336,10 @@ def parse_json(
     if max_bytes is not None and len(text) > max_bytes:
         raise InputError(f"{where}: {len(text)} characters of JSON, more than {max_bytes}; fix: {fix}")
     try:
-        data = _loads_nonfinite(text) if nonfinite else loads_strict(text)
+        if nonfinite:  # loads_strict, but NaN and +-Infinity read as floats
+            data = json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+        else:
+            data = loads_strict(text)
     except RecursionError:
         raise InputError(
             f"{where}: cannot read it: nested deeper than {max_depth} levels; fix: {fix}"

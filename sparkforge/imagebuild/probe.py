@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from sparkforge import engine
 from sparkforge.audit.compat import parse_target
 from sparkforge.audit.coverage import audit_library
 from sparkforge.audit.fatbin import read_fatbin_file
-from sparkforge.boundary import MAX_JSON_BYTES, manifest_path, parse_json, read_source, write_output
+from sparkforge.boundary import MAX_JSON_BYTES, manifest_path, parse_json, write_output
 from sparkforge.context import Session
 from sparkforge.errors import EngineError, PreflightError
 from sparkforge.imagebuild.execute import run_stage
@@ -72,11 +73,7 @@ def _upstream(session: Session, probe: BuildPlan, report: Report) -> dict[str, A
             )
         if check.status == "failed":
             raise ProbeError(f"patch series: {check.reason}; nothing was built")
-
-        def read_text(rel: str) -> str | None:
-            patched = read_source(scratch / rel, scratch)
-            return patched if patched is not None else tree.source_text(rel)
-
+        read_text = partial(tree.patched_text, scratch)
         problem = require_cmake(session)
         if problem:
             raise ProbeError(f"the arch plan needs cmake on this machine: {problem}")

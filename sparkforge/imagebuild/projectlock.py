@@ -29,7 +29,6 @@ class LockedPackage:
     name: str
     version: str
     wheels: tuple[tuple[str, str], ...]  # (file name, "sha256:...")
-    has_sdist: bool
 
 
 def locked_packages(lock_text: str) -> list[LockedPackage]:
@@ -39,7 +38,7 @@ def locked_packages(lock_text: str) -> list[LockedPackage]:
         if "editable" in entry.get("source", {}) or "virtual" in entry.get("source", {}):
             continue
         wheels = tuple((w["url"].rsplit("/", 1)[-1], w["hash"]) for w in entry.get("wheels", []))
-        packages.append(LockedPackage(entry["name"], entry["version"], wheels, "sdist" in entry))
+        packages.append(LockedPackage(entry["name"], entry["version"], wheels))
     return packages
 
 

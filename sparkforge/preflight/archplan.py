@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,6 @@ _BUILDING = re.compile(r'"(?:Building|Not building) ([A-Za-z0-9_ .+-]+?)(?: kern
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 
 
-def arch_verdict(entry: str, gpu: str) -> str:
-    """How code built for one CMake arch entry (e.g. '12.0f', '8.0+PTX') runs on `gpu` ('sm_121')."""
-    return compat.cmake_arch_verdict(entry, compat.parse_target(gpu))
-
-
 def best_verdict(entries: list[str], gpu: str) -> str:
     """The best verdict of any entry (the GPU rule itself lives in sparkforge.audit.compat)."""
     target = compat.parse_target(gpu)
@@ -62,15 +57,7 @@ class KernelGroup:
     required: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "variable": self.variable,
-            "line": self.line,
-            "source": self.source,
-            "archs": self.archs,
-            "verdict": self.verdict,
-            "required": self.required,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

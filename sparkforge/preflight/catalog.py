@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 
 from sparkforge.boundary import read_json, walk_tree, write_output
 from sparkforge.errors import InputError, PreflightError, RecipeError, SparkforgeError
-from sparkforge.preflight.fetch import Fetcher
+from sparkforge.preflight.fetch import Fetcher, hub_url
 from sparkforge.preflight.pypi import WheelTarget
 from sparkforge.preflight.registry import registered_architectures
 from sparkforge.preflight.requirements import marker_environment, source_requirements, wheel_requirements
@@ -249,10 +249,7 @@ def model_class(
             return str(archs[0]), f"the HF cache ({config.parent.name[:12]})"
     if fetcher is None:
         return None, f"config.json is not in the HF cache ({no_hub})"
-    hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip(
-        "/"
-    )  # huggingface_hub's mirror variable
-    url = f"{hub}/{model}/resolve/{revision or 'main'}/config.json"
+    url = f"{hub_url()}/{model}/resolve/{revision or 'main'}/config.json"
     try:
         archs = fetcher.get_json(url, what=f"{model}'s config.json").get("architectures") or []
     except (PreflightError, AttributeError) as exc:

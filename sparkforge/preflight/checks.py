@@ -5,10 +5,10 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkforge.boundary import read_source
 from sparkforge.errors import PreflightError
 from sparkforge.extensions import Entry, Registry
 from sparkforge.report import Check, Report
@@ -120,13 +120,8 @@ def check_arch_plan(check: Check, up: Upstream) -> None:
     if problem:
         check.status, check.reason = "failed", problem
         return
-
-    def read_text(rel: str) -> str | None:
-        patched = read_source(scratch / rel, scratch)
-        return patched if patched is not None else tree.source_text(rel)
-
     inputs = ArchInputs.of(recipe, fetcher)
-    judge_plan(check, plan_arches(up.session, read_text, inputs), inputs)
+    judge_plan(check, plan_arches(up.session, partial(tree.patched_text, scratch), inputs), inputs)
 
 
 def _tree(up: Upstream) -> UpstreamTree:

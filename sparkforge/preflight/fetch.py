@@ -172,6 +172,11 @@ class Fetcher:
         return zipfile.ZipFile(io.BufferedReader(raw, _RANGE_BLOCK))
 
 
+def hub_url() -> str:
+    """The Hugging Face hub (or a mirror), as huggingface_hub reads it: $HF_ENDPOINT."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
 def make_fetcher(
     *, offline: bool = False, timeout: float = 30.0, retries: int = 3, ca_bundle: Path | None = None
 ) -> Fetcher:
@@ -214,11 +219,6 @@ class _RangeReader(io.RawIOBase):
         buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) < 300 else text[:300] + "..."
 
 
 # ---- small JSON records: what a floating key (URL, index query) resolved to ----------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.tags import Tag
@@ -44,7 +44,7 @@ class DistFile:
     size: int
 
     def to_dict(self) -> dict[str, object]:
-        return {"filename": self.filename, "url": self.url, "sha256": self.sha256, "size": self.size}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,11 @@ class UpstreamTree:
         """The text of the tree's file `rel` (None when it has none), through the boundary's tree reader."""
         return read_source(self.root / rel, self.root)
 
+    def patched_text(self, scratch: Path, rel: str) -> str | None:
+        """The file `rel` as the patch series left it in `scratch` (where it changed it), else the tree's own."""
+        patched = read_source(scratch / rel, scratch)
+        return patched if patched is not None else self.source_text(rel)
+
     def exists(self, rel: str) -> bool:
         if self.kind == "wheel":
             return rel in self.wheel_files()
@@ -243,11 +248,6 @@ def from_directory(session: Session, path: Path) -> UpstreamTree:
     return UpstreamTree(path, "source", f"directory {path}", version, commit, notes)
 
 
-def from_local_archive(path: Path) -> UpstreamTree:
-    sha = sha256_file(path, "--source", MAX_DOWNLOAD_BYTES)
-    return _tree_from_archive(path, sha, f"archive {path}")
-
-
 def resolve_upstream(
     session: Session, recipe: Recipe, *, source: str | None, github_base: str, fetcher: Fetcher
 ) -> UpstreamTree:
@@ -261,7 +261,7 @@ def resolve_upstream(
     elif path.is_file() and path.name.endswith(".whl"):
         tree = from_local_wheel(path)
     elif path.is_file() and (tarfile.is_tarfile(path) or zipfile.is_zipfile(path)):
-        tree = from_local_archive(path)
+        tree = _tree_from_archive(path, sha256_file(path, "--source", MAX_DOWNLOAD_BYTES), f"archive {path}")
     else:
         raise PreflightError(
             f"source {source!r} is neither 'github', 'pypi', a URL, a directory, an archive nor a wheel; "

@@ -200,11 +200,6 @@ def check_reference(option: str, ref: str) -> str:
     return oci.check_reference(option, ref)
 
 
-def check_tags(recipe: Recipe, when: _dt.date) -> Tags:
-    """Every tag of the recipe's scheme, expanded and checked (raises before anything is built)."""
-    return final_tags(recipe, when)
-
-
 def final_tags(recipe: Recipe, when: _dt.date, repository: str | None = None) -> Tags:
     """The recipe's tag scheme expanded, as full references."""
     repo = repository or recipe.model.publish.repository
@@ -259,7 +254,7 @@ class TemplateValues:
 
 
 def template_values(recipe: Recipe, effective: Bases | None = None) -> TemplateValues:
-    check_tags(recipe, _dt.datetime.now(_dt.UTC).date())  # tags fail at plan time, not after the build
+    final_tags(recipe, _dt.datetime.now(_dt.UTC).date())  # every tag expanded and checked: fails at plan time
     m = recipe.model
     effective = effective or bases(recipe)
     components = {

@@ -328,14 +328,9 @@ class Profile:
         return argv
 
 
-def resolve_profile_path(ref: str | Path) -> Path:
-    """A profile name in profiles/ or a path (relative to the working directory)."""
-    return resolve_named_file(ref, PROFILES_DIR, "profile", list_profile_names(), ProfileError)
-
-
 def load_profile(ref: str | Path) -> Profile:
-    """Load and validate a profile; errors name file, line, key path and the fix."""
-    path = resolve_profile_path(ref)
+    """Load and validate a profile (a name in profiles/ or a path); errors name file, line, key path and the fix."""
+    path = resolve_named_file(ref, PROFILES_DIR, "profile", list_profile_names(), ProfileError)
     if not PROFILE_NAME.fullmatch(path.stem):
         raise ProfileError(
             f"{path}: the file name {path.stem[:80]!r} is the profile's name and becomes container names and labels; "

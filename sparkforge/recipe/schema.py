@@ -128,7 +128,6 @@ def _exact_version(value: str) -> str:
 
 ExactVersion = Annotated[StrictStr, AfterValidator(_exact_version)]
 PinnedImage = _pattern("image")  # a recipe's base image, pinned by digest (parsing: preflight.images)
-Sha40 = _pattern("sha40")
 # The same patterns for other typed files (overlay recipes: imagebuild/overlay/model.py).
 PatchPath = _pattern("patch")
 Sha256Hex = _pattern("sha256_hex")

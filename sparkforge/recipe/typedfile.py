@@ -19,7 +19,6 @@ M = TypeVar("M", bound=BaseModel)
 # Strict: a string is not a number, a float is not a whole number, a number is not a bool. Keys the model does
 # not name are the file's other readers' (vLLM reads dozens in a config.json): left alone, never used.
 STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
-STRICT_CLOSED = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 def _shown(value: Any) -> str:

@@ -8,7 +8,7 @@ signed.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,64 +46,54 @@ def kernels_claim(recipe: Recipe, report: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BoundClaim:
-    """A claim about one image ID (a verify or kernel report's), attested only on the digest of that image."""
+    """A kind of claim about one image ID (a verify or kernel report's), attested only on the digest of that image."""
 
     predicate_type: str
-    body: Mapping[str, Any]  # its "imageId" is the image the report read
-    mismatch: str  # the refusal: "{report} ... {config} ...; fix: ..." with the two IDs filled in
+    # The claim's body from the report; its "imageId" is the image the report read.
+    predicate: Callable[[Recipe, Mapping[str, Any]], dict[str, Any]]
+    mismatch: str  # the refusal, "{report} ... {config} ...; fix: ... {image}" filled in
+
+    def attest(
+        self,
+        recipe: Recipe,
+        image: str,
+        report: Mapping[str, Any],
+        cosign: Cosign,
+        signer: Signer,
+        tools: Manifests | None = None,
+    ) -> Signed:
+        """Attest `report` on `image` (repository@sha256:...) only if the image ID it read is that digest's config."""
+        body = self.predicate(recipe, report)
+        repo = recipe.model.publish.repository
+        name, _, digest = image.partition("@")
+        if name != repo or not plan_digest(digest):
+            raise SigningError(
+                f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
+                "'image' that 'invoke pull --json' wrote"
+            )
+        tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
+        config = tools.config_digest(image)
+        if body["imageId"] != config:
+            raise SigningError(
+                f"refusing to attest {image}: "
+                + self.mismatch.format(report=body["imageId"], config=config, image=image)
+            )
+        cosign.attest(image, self.predicate_type, body, signer)
+        return Signed(image, self.predicate_type)
 
 
-def _attest_bound(
-    recipe: Recipe, image: str, claim: BoundClaim, cosign: Cosign, signer: Signer, tools: Manifests | None
-) -> Signed:
-    """Attest `claim` on `image` (repository@sha256:...) only if the claim's image ID is that digest's config."""
-    repo = recipe.model.publish.repository
-    name, _, digest = image.partition("@")
-    if name != repo or not plan_digest(digest):
-        raise SigningError(
-            f"--image {image!r}: attest a platform image of {repo} by digest ({repo}@sha256:...), e.g. the "
-            "'image' that 'invoke pull --json' wrote"
-        )
-    tools = tools or Manifests(engine.detect_engine(), cosign.runner, repo)
-    config = tools.config_digest(image)
-    if claim.body["imageId"] != config:
-        raise SigningError(
-            f"refusing to attest {image}: "
-            + claim.mismatch.format(report=claim.body["imageId"], config=config)
-        )
-    cosign.attest(image, claim.predicate_type, dict(claim.body), signer)
-    return Signed(image, claim.predicate_type)
-
-
-def attest_report(
-    recipe: Recipe,
-    image: str,
-    report: Mapping[str, Any],
-    cosign: Cosign,
-    signer: Signer,
-    tools: Manifests | None = None,
-) -> Signed:
-    """Attest a verify report for one platform image (repository@sha256:...) of the recipe."""
-    mismatch = (
-        "the report verified image {report}, but that digest's image is {config}; fix: verify the pulled image "
-        f"('invoke verify --image {image}') and attest that report"
-    )
-    claim = BoundClaim(VERIFY_CLAIM, verify_claim(recipe, report), mismatch)
-    return _attest_bound(recipe, image, claim, cosign, signer, tools)
-
-
-def attest_kernels(
-    recipe: Recipe,
-    image: str,
-    report: Mapping[str, Any],
-    cosign: Cosign,
-    signer: Signer,
-    tools: Manifests | None = None,
-) -> Signed:
-    """Attach the kernel report to one platform image (repository@sha256:...) as a signed attestation."""
-    mismatch = (
-        "the kernel report read image {report}, but that digest's image is {config}; fix: "
-        f"'invoke kernels --image {image}' of the pulled image, then attest that"
-    )
-    claim = BoundClaim(KERNELS_CLAIM, kernels_claim(recipe, report), mismatch)
-    return _attest_bound(recipe, image, claim, cosign, signer, tools)
+VERIFY_REPORT = BoundClaim(
+    VERIFY_CLAIM,
+    verify_claim,
+    "the report verified image {report}, but that digest's image is {config}; fix: verify the pulled image "
+    "('invoke verify --image {image}') and attest that report",
+)
+KERNEL_REPORT = BoundClaim(
+    KERNELS_CLAIM,
+    kernels_claim,
+    "the kernel report read image {report}, but that digest's image is {config}; fix: 'invoke kernels --image "
+    "{image}' of the pulled image, then attest that",
+)
+# A verify report / the kernel report, attested on one platform image (repository@sha256:...) of the recipe.
+attest_report = VERIFY_REPORT.attest
+attest_kernels = KERNEL_REPORT.attest

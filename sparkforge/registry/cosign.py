@@ -50,29 +50,22 @@ class Policy:
     allowed: Identity | None = None
 
     @classmethod
-    def of(cls, recipe: Recipe) -> Policy | None:
-        signing = recipe.model.publish.signing
-        if signing is None:
-            return None
-        if signing.key is not None:
-            key = Path(signing.key)
-            return cls(key=key if key.is_absolute() else REPO_ROOT / key)
-        assert signing.keyless is not None
-        identity = signing.keyless.identity
-        return cls(identity=identity, issuer=signing.keyless.issuer, allowed=parse_identity(identity))
-
-    @classmethod
-    def for_verify(cls, recipe: Recipe) -> Policy | None:
-        """Whose GPU verify attestations count: `verify_key`, or the keyless `verify_identity` (its own job)."""
+    def of(cls, recipe: Recipe, *, verify: bool = False) -> Policy | None:
+        """Whose image signatures count (the recipe signs with exactly one of a key or keyless); `verify`: whose
+        GPU verify attestations count (`verify_key`, else the key; keyless: `verify_identity`, its own job)."""
         signing = recipe.model.publish.signing
         if signing is None:
             return None
         if signing.keyless is not None:
-            identity = signing.keyless.verify_identity
-            allowed = parse_identity(identity, verify=True)
+            identity = signing.keyless.verify_identity if verify else signing.keyless.identity
+            allowed = parse_identity(identity, verify=verify)
             return cls(identity=identity, issuer=signing.keyless.issuer, allowed=allowed)
-        key = Path(signing.verify_key or str(signing.key))
+        key = Path((signing.verify_key if verify else None) or str(signing.key))
         return cls(key=key if key.is_absolute() else REPO_ROOT / key)
+
+    @classmethod
+    def for_verify(cls, recipe: Recipe) -> Policy | None:
+        return cls.of(recipe, verify=True)
 
     def describe(self) -> str:
         if self.key:

@@ -65,12 +65,6 @@ def _without_signing(path: Path) -> None:
         write_output(path, yaml.safe_dump(data, sort_keys=False), "git archive")
 
 
-def signed_gpu_problem(recipe: Recipe, tools: Manifests, platform: str, digest: str) -> str:
-    """Why the platform image `digest` is not GPU-verified by its signed claims, judged by the recipe its signed
-    provenance names ('' when it is)."""
-    return signed_gpu_claim(recipe, tools, platform, digest)[0]
-
-
 def signed_gpu_claim(recipe: Recipe, tools: Manifests, platform: str, digest: str) -> tuple[str, str]:
     """(why not GPU-verified or '', the sha256 of the deciding signed claim or '') for one platform image."""
     policy, verifier = Policy.of(recipe), Policy.for_verify(recipe)

@@ -32,14 +32,6 @@ KIND = "sparkforge/tag-history/v1"
 MAX_BYTES = 1 << 20  # a record of thousands of moves; more is refused before it is pulled
 
 
-def too_large(ref: str, size: int) -> PublishError:
-    return PublishError(
-        f"{ref} says it holds {size} bytes, more than a tag history may ({MAX_BYTES}); nothing of it was pulled. "
-        "fix: check who writes that tag (a registry writer may be flooding it), and delete it if it is not "
-        "sparkforge's"
-    )
-
-
 @dataclass(frozen=True)
 class Entry:
     """One move of a tag: the index it named from then on, and the evidence it moved on."""
@@ -121,7 +113,11 @@ def read(tools: Manifests, tag: str) -> TagHistory:
     if manifest is None:
         return TagHistory(tools.repository, tag, ())
     if record_size(manifest) > MAX_BYTES:
-        raise too_large(ref, record_size(manifest))
+        raise PublishError(
+            f"{ref} says it holds {record_size(manifest)} bytes, more than a tag history may ({MAX_BYTES}); nothing "
+            "of it was pulled. fix: check who writes that tag (a registry writer may be flooding it), and delete it "
+            "if it is not sparkforge's"
+        )
     try:
         pulled = tools.runner.capture(
             Command((tools.engine.docker, "pull", "-q", ref), tools.engine.env), "history-pull", check=False

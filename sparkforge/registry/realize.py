@@ -4,12 +4,11 @@ local engine's record of a push or pull) and the model's hub commit (looked up o
 
 from __future__ import annotations
 
-import os
 import re
 
 from sparkforge import engine
 from sparkforge.errors import EngineError, PublishError
-from sparkforge.preflight.fetch import Fetcher, make_fetcher
+from sparkforge.preflight.fetch import Fetcher, hub_url, make_fetcher
 from sparkforge.recipe.community.formats import Format
 from sparkforge.recipe.community.fromprofile import Pins, check_export, export_document, export_text
 from sparkforge.recipe.loader import Recipe
@@ -17,12 +16,6 @@ from sparkforge.recipe.profile import Profile
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 COMMIT = re.compile(r"[0-9a-f]{40}")
-DEFAULT_HUB = "https://huggingface.co"
-
-
-def hub_url() -> str:
-    """The hub (or a mirror), as huggingface_hub reads it: $HF_ENDPOINT."""
-    return os.environ.get("HF_ENDPOINT", DEFAULT_HUB).rstrip("/")
 
 
 def _repository(ref: str) -> str:

@@ -80,7 +80,7 @@ def roll_back(
         problems = [
             f"{p} {d[:19]}: {why}"
             for p, d in sorted(images.items())
-            if policy is not None and (why := earlier.signed_gpu_problem(recipe, tools, p, d))
+            if policy is not None and (why := earlier.signed_gpu_claim(recipe, tools, p, d)[0])
         ]
         if problems:
             refused.append(f"{entry.digest[:19]} ({entry.date}): {' | '.join(problems)[:400]}")

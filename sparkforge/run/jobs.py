@@ -227,7 +227,7 @@ def wait_jobs(
             cancel.wait(poll_s)
         else:
             time.sleep(poll_s)
-    _read_logs(outcomes)
+    each_node(_read_log, [o for o in outcomes if not o.node_lost])
     return not (cancel is not None and cancel.is_set())
 
 
@@ -305,10 +305,6 @@ def remove_jobs(outcomes: Sequence[Outcome]) -> None:
     each_node(lambda o: o.job.engine.remove([o.name], timeout=30), [o for o in outcomes if not o.node_lost])
 
 
-def _read_logs(outcomes: Sequence[Outcome]) -> None:
-    each_node(_read_log, [o for o in outcomes if not o.node_lost])
-
-
 def _read_log(outcome: Outcome) -> None:
     try:
         text = outcome.job.engine.logs(outcome.name, timeout=10)
@@ -334,16 +330,3 @@ def _parse(outcome: Outcome, text: str) -> None:
 
 def first_event(outcome: Outcome, kind: str) -> dict[str, Any] | None:
     return next((e for e in outcome.events if e.get("event") == kind), None)
-
-
-def leftover(engines: Sequence[NodeEngine]) -> dict[str, list[str]]:
-    """Doctor containers still present on each answering node (should always be empty)."""
-    found: dict[str, list[str]] = {}
-    for engine in engines:
-        try:
-            names = engine.containers(f"{LABEL}=doctor", timeout=10)
-        except RunError:
-            continue
-        if names:
-            found[engine.node.label] = names
-    return found

@@ -428,12 +428,11 @@ class NodeEngine:
         if names:
             self.runner.capture(self.command("rm", "--force", *names), "rm", check=False, timeout=timeout)
 
-    def containers(self, label: str, *, running_only: bool = False, timeout: float = 20) -> list[str]:
-        """Names of containers carrying label `label` (KEY or KEY=VALUE)."""
-        args = ["ps", "--filter", f"label={label}", "--format", "{{.Names}}"]
-        if not running_only:
-            args.insert(1, "--all")
-        return self.call("ps", *args, timeout=timeout).split()
+    def containers(self, label: str, *, timeout: float = 20) -> list[str]:
+        """Names of containers (running or not) carrying label `label` (KEY or KEY=VALUE)."""
+        return self.call(
+            "ps", "ps", "--all", "--filter", f"label={label}", "--format", "{{.Names}}", timeout=timeout
+        ).split()
 
 
 def distribute_image(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +95,7 @@ class GpuVerdict:
     target: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "verified": self.verified,
-            "reason": self.reason,
-            "ran_on": self.ran_on,
-            "target": self.target,
-        }
+        return asdict(self)
 
 
 def gpu_verdict(

@@ -18,7 +18,7 @@ from sparkforge.errors import RunError
 from sparkforge.run.bench.charts import charts, page
 from sparkforge.run.bench.compare import compare_docs
 from sparkforge.run.bench.results import load_result
-from sparkforge.run.bench.store import history, image_key, latest_for_image, latest_pair, save
+from sparkforge.run.bench.store import history, image_key, latest_pair, of_image, save
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "real"
 BASE = RESULTS / "bench-cpu-twin-default.json"
@@ -125,11 +125,9 @@ def test_the_store_keeps_results_by_image_and_lists_a_recipes_history(tmp_path: 
     found, unreadable = history(docs[0][1]["identity"]["recipe"], None, tmp_path)
     assert [s.doc["identity"]["date"] for s in found] == sorted(d["identity"]["date"] for _, d in docs)
     assert len(unreadable) == 1 and "broken.json" in unreadable[0]
-    latest = latest_for_image({docs[0][1]["identity"]["image"]["id"]}, tmp_path)
-    assert latest is not None and latest.doc["identity"]["date"] == max(
-        d["identity"]["date"] for _, d in docs
-    )
-    assert latest_for_image({"sha256:" + "0" * 64}, tmp_path) is None
+    latest = of_image({docs[0][1]["identity"]["image"]["id"]}, tmp_path)[-1]
+    assert latest.doc["identity"]["date"] == max(d["identity"]["date"] for _, d in docs)
+    assert of_image({"sha256:" + "0" * 64}, tmp_path) == []
 
 
 def test_diff_without_bench_files_pairs_the_newest_results_of_one_suite_by_image_digest(

@@ -1,4 +1,4 @@
-"""The garble detector, the known-answer oracle, divergence naming, the /metrics counters and the known-bad list:
+"""The garble detector, the known-answer oracle, the /metrics counters and the known-bad list:
 pure functions on real-shaped inputs (vLLM's Prometheus text, the shipped profiles, the data file)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from sparkforge.recipe.loader import REPO_ROOT, load_recipe
 from sparkforge.recipe.profile import list_profile_names, load_profile
 from sparkforge.run.conform.client import counter
 from sparkforge.run.conform.garble import GarbleRules, exactness, judge, progression_answer
-from sparkforge.run.conform.served_checks import first_divergence
 from sparkforge.run.conform.servers import refusal
 
 RULES = GarbleRules()
@@ -29,7 +28,7 @@ def _counting(start: int, step: int, n: int) -> list[int]:
 def test_counting_is_not_garble_but_loops_and_collapse_are() -> None:
     for step in (1, 2, 3, 99):
         ids = _counting(5, step, 4096)
-        assert not judge(ids, " ".join(map(str, ids)), RULES).garbled
+        assert not judge(ids, " ".join(map(str, ids)), RULES).findings
     looped = _counting(0, 1, 1000) + [7, 8, 9] * 100
     verdict = judge(looped, "x", RULES)
     assert [f.rule for f in verdict.findings] == ["loop", "diversity-collapse"]
@@ -53,13 +52,6 @@ def test_the_known_answer_names_the_first_wrong_token() -> None:
     assert exactness("5 6", "3 4", 4, 100)[2].position == 2  # a short answer is wrong where it ends
     with pytest.raises(ValueError):
         progression_answer("hello", 3, 100)
-
-
-def test_first_divergence_names_the_prompt_position_and_both_sides() -> None:
-    assert first_divergence([[1, 2, 3]], [[1, 2, 3]]) is None
-    found = first_divergence([[1, 2], [4, 5, 6, 7]], [[1, 2], [4, 5, 9]])
-    assert (found.prompt, found.position, found.left, found.right) == (1, 2, (6, 7), (9,))
-    assert first_divergence([[1, 2, 3]], [[1, 2]]).position == 2
 
 
 METRICS = """# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.

@@ -174,7 +174,7 @@ def test_audit_says_not_checked_offline_when_the_service_does_not_answer() -> No
 
 
 def test_service_reachability_is_decided_by_the_services_answer() -> None:
-    package = projectlock.LockedPackage("rich", "15.0.0", (), True)
+    package = projectlock.LockedPackage("rich", "15.0.0", ())
     with local_server() as served:
         served.routes["/pypi/rich/15.0.0/json"] = (200, {"Content-Type": "application/json"}, b"{}")
         assert projectlock.service_unreachable(package, f"{served.base}/pypi") is None

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.commands import Runner
-from sparkforge.context import Session
 from sparkforge.errors import RunError
 from sparkforge.recipe.checkpoints import checkpoint_path
 from sparkforge.recipe.loader import REPO_ROOT
 from sparkforge.recipe.profile import PROFILES_DIR, load_profile
 from sparkforge.recipe.serveargs import norm_flag
 from sparkforge.run.memory.checkpoint import load_architecture
-from sparkforge.run.memory.guard import memory_guard, node_memory, plan_profile
+from sparkforge.run.memory.guard import node_memory, plan_or_refuse, plan_profile
 from sparkforge.run.memory.memoryplan import GB10, GB10_64, GiB, parse_bytes, plan_memory, read_settings
 
 BIG = "qwen35-122b-a10b-fp8-tp2"
@@ -210,17 +208,16 @@ def test_a_gpu_profile_without_a_config_is_refused_not_waved_through(tmp_path: P
     unknown = _copy(
         tmp_path, SMALL, "other-model", ("model: Qwen/Qwen3.5-35B-A3B-FP8", "model: someone/Unknown-7B")
     )
-    warned: list[str] = []
-    session = Session(echo=print, runner=Runner(), warn=warned.append)
+    profile = load_profile(str(unknown))
     with pytest.raises(RunError, match="no memory plan") as err:
-        memory_guard(session, load_profile(str(unknown)), None)
+        plan_or_refuse(profile, None, "gpu", False)
     assert "profiles/checkpoints/someone/Unknown-7B/unpinned.json" in str(err.value) and "--model-dir" in str(
         err.value
     )
     # --force starts it, warned; the CPU twin (a test vehicle) is warned only
-    assert memory_guard(session, load_profile(str(unknown)), None, force=True) is None
-    assert memory_guard(session, load_profile(str(unknown)), None, device="cpu") is None
-    assert len(warned) == 2 and all("no memory plan" in w for w in warned)
+    for device, force in (("gpu", True), ("cpu", False)):
+        plan, warnings = plan_or_refuse(profile, None, device, force)
+        assert plan is None and len(warnings) == 1 and "no memory plan" in warnings[0]
 
 
 def test_serve_dry_refuses_the_renamed_one_spark_copy(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from preflight_fixtures import (  # noqa: F401 (pytest fixtures)
     write_recipe,
 )
 
+from sparkforge.audit import compat
 from sparkforge.commands import Runner
 from sparkforge.context import Session
 from sparkforge.preflight import cmake
 from sparkforge.preflight.archplan import (
     ArchInputs,
-    arch_verdict,
     judge_plan,
     plan_arches,
     torch_select_cmake,
@@ -136,7 +136,7 @@ def test_wheel_recipe_skips_the_arch_plan():
     ],
 )
 def test_arch_verdicts_on_sm121(entry, verdict):
-    assert arch_verdict(entry, "sm_121") == verdict
+    assert compat.cmake_arch_verdict(entry, compat.parse_target("sm_121")) == verdict
 
 
 def test_cmake_reader_keeps_control_flow_and_pure_functions_only():

@@ -9,7 +9,6 @@ such files out of a pull request's diff) as the fix.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -340,7 +339,3 @@ def require_passed(result: PreflightResult) -> None:
     if result.report.status != "passed":
         failed = "; ".join(f"{c.name}: {c.reason}" for c in result.report.failed)
         raise PreflightError(f"overlay preflight failed ({failed}); nothing was built")
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -323,15 +323,11 @@ def suite_client(
     session: Session, engine: NodeEngine, info: dict[str, Any], ctx: dict[str, str], options: BenchOptions
 ) -> tuple:
     """The suite's own client in the head's container (harness `suite`): (measured, corpus, stopping)."""
-    name = head_container_of(info)
+    name = str(info.get("Name") or "").lstrip("/")  # the head's container
     if options.suite.client == "llama-benchy":
         return _benchy_levels(session, engine, name, ctx, options)
     measured, stopping = _vllm_levels(session, engine, name, ctx, options)
     return measured, None, stopping
-
-
-def head_container_of(info: dict[str, Any]) -> str:
-    return str(info.get("Name") or "").lstrip("/")
 
 
 def _metrics(engine: NodeEngine, name: str, port: str) -> dict[str, float]:

@@ -112,12 +112,6 @@ def of_image(image_ids: set[str], root: str | Path | None = None) -> list[Stored
     return [s for s in found if _keys(s.doc["identity"]["image"]) & wanted]
 
 
-def latest_for_image(image_ids: set[str], root: str | Path | None = None) -> Stored | None:
-    """The newest stored result of an image known by any of these IDs/digests."""
-    found = of_image(image_ids, root)
-    return found[-1] if found else None
-
-
 def latest_pair(
     ids_a: set[str], ids_b: set[str], root: str | Path | None = None
 ) -> tuple[Stored, Stored] | None:

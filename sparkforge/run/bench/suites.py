@@ -169,11 +169,9 @@ def level_name(concurrency: int, depth: int) -> str:
     return f"c{concurrency}-d{depth}"
 
 
-def _positive(what: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RunError(
-            f"bench: {what} {value!r} is not a whole number >= {minimum}; fix: pass e.g. {what} {max(minimum, 1)}"
-        )
+def _positive(what: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RunError(f"bench: {what} {value!r} is not a whole number >= 1; fix: pass e.g. {what} 1")
     return value
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ from sparkforge.run.cluster.fabric import FabricChoice
 from sparkforge.run.cluster.rdma import NodeFabric
 
 
-def state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
+def state_dir() -> Path:
+    env = os.environ
     if env.get("SPARKFORGE_STATE"):
         return Path(env["SPARKFORGE_STATE"])
     xdg = env.get("XDG_STATE_HOME")

@@ -72,10 +72,10 @@ def remote_facts(engines: Sequence[NodeEngine], image: str, deadline_s: float = 
     return found
 
 
-def local_nccl(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def local_nccl() -> dict[str, Any]:
     """--nccl host here: this machine's own libnccl (the tree's, under SPARKFORGE_SYSFS's parent: the node's /);
     no image is read without --nodes, so `image` is None (its ABI check is skipped)."""
-    root = (environ if environ is not None else os.environ).get(SYSFS_ENV)
+    root = os.environ.get(SYSFS_ENV)
     return {"host": _helper().host_nccl(str(Path(root).parent) if root else "/"), "image": None}
 
 

@@ -12,7 +12,7 @@ holds more than two nodes. Pure: no I/O.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +22,13 @@ from sparkforge.run.cluster.rdma import NodeFabric, twins
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to cable Sparks: how many nodes, which pairs a cable joins (None: one switch), how it looks."""
+    """One way to cable Sparks: how many nodes, which pairs a cable joins (None: one switch); docs/clusters.md
+    draws each."""
 
     name: str
     help: str
     nodes: tuple[int, int]  # the fewest and most nodes it is cabled for
     switchless: bool
-    picture: str
 
     def fits(self, count: int) -> bool:
         return self.nodes[0] <= count <= self.nodes[1]
@@ -50,14 +50,12 @@ LAYOUTS: tuple[Layout, ...] = (
         "two Sparks, one QSFP cable between the same port of each (both twins of the port addressed)",
         (2, 2),
         True,
-        "spark1 [p1]====[p1] spark2",
     ),
     Layout(
         "mesh3",
         "three Sparks without a switch: each pair on its own cable and its own subnet (two ports per node)",
         (3, 3),
         True,
-        "      spark1\n  [p0] /    \\ [p1]\n      /      \\\n spark2 ====== spark3\n    [p1]    [p0]",
     ),
     Layout(
         "ring",
@@ -65,14 +63,12 @@ LAYOUTS: tuple[Layout, ...] = (
         "stock NCCL cannot use it for TP (tree connections to non-adjacent ranks)",
         (4, 8),
         True,
-        "spark1 ==== spark2\n  ||           ||\nspark4 ==== spark3",
     ),
     Layout(
         "switch",
         "two to eight Sparks, each cabled to one switch, every fabric interface on one subnet",
         (2, 8),
         False,
-        "spark1   spark2   spark3   spark4\n   \\       |        |       /\n    [========= switch =========]",
     ),
 )
 ALIASES = {"ring4": "ring"}  # ring4: the four-node ring the field names that way
@@ -484,15 +480,3 @@ def node_environment(topo: Topology, node: int) -> dict[str, str]:
     if devices:
         env["NCCL_IB_HCA"] = "=" + ",".join(dict.fromkeys(devices))
     return env
-
-
-def describe_layouts() -> list[Mapping[str, str]]:
-    """The layouts for docs and --help: name, nodes, what it is."""
-    return [
-        {
-            "name": lay.name,
-            "nodes": f"{lay.nodes[0]}-{lay.nodes[1]}" if lay.nodes[0] != lay.nodes[1] else str(lay.nodes[0]),
-            "help": lay.help,
-        }
-        for lay in LAYOUTS
-    ]

@@ -32,10 +32,6 @@ class GarbleVerdict:
     tokens: int
     findings: list[Finding] = field(default_factory=list)
 
-    @property
-    def garbled(self) -> bool:
-        return bool(self.findings)
-
     def summary(self) -> str:
         if not self.findings:
             return f"{self.tokens} tokens, no garble"

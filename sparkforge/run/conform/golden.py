@@ -162,10 +162,6 @@ def _token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKEN_ID
 
 
-def tokenizer_fingerprint(client: OpenAIClient) -> list[int]:
-    return client.tokenize(FINGERPRINT_TEXT)
-
-
 def record(path: Path, prompts: list[str], outputs: list[Completion], provenance: dict[str, Any]) -> Check:
     data = {
         "format": FORMAT,
@@ -260,7 +256,7 @@ def golden_row(run: ConformRun) -> None:
         "model": run.inputs["revision"],
         "image": {"ref": image, "id": run.engines[0].image_id(image) if image else None},
         "vllm": run.report.extra["vllm"],
-        "tokenizer_ids": tokenizer_fingerprint(run.client),
+        "tokenizer_ids": run.client.tokenize(FINGERPRINT_TEXT),
     }
     golden = run.inputs.get("golden")
     if run.options.record:

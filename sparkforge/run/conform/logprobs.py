@@ -46,13 +46,14 @@ class Divergence:
             "prompt": self.prompt,
             "position": self.position,
             "tokens": [self.left, self.right],
-            "top": [_pairs(self.left_top), _pairs(self.right_top)],
+            "top": [top_pairs(self.left_top), top_pairs(self.right_top)],
             "accepted": self.accepted,
             "why": self.why,
         }
 
 
-def _pairs(top: Mapping[int, float]) -> list[list[float]]:
+def top_pairs(top: Mapping[int, float]) -> list[list[float]]:
+    """A top-k as [token id, logprob] rows, most likely first (logprobs to 4 places), as reports carry it."""
     return [[tid, round(lp, 4)] for tid, lp in sorted(top.items(), key=lambda kv: -kv[1])]
 
 

@@ -13,53 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from sparkforge.recipe.conformspec import ConformSettings
 from sparkforge.report import Check
 from sparkforge.run.conform.client import Completion, OpenAIClient, counter
 from sparkforge.run.conform.conformrun import ConformRun
 from sparkforge.run.conform.garble import GarbleRules, exactness, judge
-from sparkforge.run.conform.logprobs import TOP_K, Decode, rule_name
-from sparkforge.run.conform.logprobs import Divergence as TopDivergence
+from sparkforge.run.conform.logprobs import TOP_K, Decode, Divergence, rule_name
 from sparkforge.run.conform.logprobs import judge as judge_logprobs
-
-
-@dataclass(frozen=True)
-class Divergence:
-    prompt: int
-    position: int
-    left: tuple[int, ...]
-    right: tuple[int, ...]
-
-    def describe(self, names: tuple[str, str], client: OpenAIClient | None = None) -> str:
-        sides = [_show(ids, client) for ids in (self.left, self.right)]
-        return (
-            f"prompt {self.prompt} diverges at token {self.position}: {names[0]} continues {sides[0]}, "
-            f"{names[1]} continues {sides[1]}"
-        )
-
-
-def _show(ids: tuple[int, ...], client: OpenAIClient | None) -> str:
-    if not ids:
-        return "(nothing: it ended)"
-    if client is not None:
-        try:
-            text = client.post_json("/detokenize", {"model": client.model, "tokens": list(ids)}).get("prompt")
-            return f"{text!r} {list(ids)}"
-        except Exception:  # the ids alone still name the divergence
-            pass
-    return str(list(ids))
-
-
-def first_divergence(left: Sequence[Sequence[int]], right: Sequence[Sequence[int]]) -> Divergence | None:
-    """The first prompt and token position where two runs of the prompt set differ (8 tokens of each side)."""
-    for n, (a, b) in enumerate(zip(left, right, strict=True)):
-        if list(a) == list(b):
-            continue
-        pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        return Divergence(n, pos, tuple(a[pos : pos + 8]), tuple(b[pos : pos + 8]))
-    return None
 
 
 def compare_row(
@@ -109,7 +70,7 @@ def decodes(completions: Sequence[Completion]) -> list[Decode]:
 
 
 def render(
-    found: TopDivergence,
+    found: Divergence,
     names: tuple[str, str],
     left: Completion,
     right: Completion,

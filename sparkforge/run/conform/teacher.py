@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sparkforge.recipe.conformspec import ReferenceRule
-from sparkforge.run.conform.logprobs import Decode
+from sparkforge.run.conform.logprobs import Decode, top_pairs
 
 # The defaults live once, in the profile schema (recipe/conformspec.py ReferenceRule), with where they come from.
 _FIELDS = ReferenceRule.model_fields
@@ -69,7 +69,7 @@ class Miss:
             "position": self.position,
             "token": self.token,
             "logprobs": [_round(self.served), _round(self.reference)],
-            "top": [_pairs(self.served_top), _pairs(self.reference_top)],
+            "top": [top_pairs(self.served_top), top_pairs(self.reference_top)],
             "why": self.why,
         }
 
@@ -91,10 +91,6 @@ class Verdict:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
-
-
-def _pairs(top: Mapping[int, float]) -> list[list[float]]:
-    return [[tid, round(lp, 4)] for tid, lp in sorted(top.items(), key=lambda kv: -kv[1])]
 
 
 def _worst_top(mine: Mapping[int, float], theirs: Mapping[int, float]) -> tuple[float, int | None, str]:

@@ -23,14 +23,11 @@ from sparkforge.run.memory.memoryplan import (
 from sparkforge.run.memory.text import plan_lines
 
 
-def node_memory(
-    device: str, host_total: int | None = None, *, spark_gb: int = 128, available: int | None = None
-) -> NodeMemory:
+def node_memory(device: str, *, spark_gb: int = 128, available: int | None = None) -> NodeMemory:
     """A Spark of `spark_gb` (64 or 128) for a GPU recipe, judged against `available` (the node's MemAvailable)
-    when it was read; for the CPU twin, the host's own memory (its KV cache is a fixed size)."""
+    when it was read; for the CPU twin, a GB10's memory (its KV cache is a fixed size)."""
     if device == "cpu":
-        total = host_total or GB10.total
-        return NodeMemory("cpu", total=total, held_at_boot=0, reserve=0)
+        return NodeMemory("cpu", total=GB10.total, held_at_boot=0, reserve=0)
     if spark_gb not in SPARK_SIZES:
         raise RunError(f"a Spark has 64 or 128 GB, not {spark_gb}; fix: spark_memory_gb 64 or 128")
     return replace(SPARK_SIZES[spark_gb], available=available)
@@ -90,13 +87,3 @@ def judge_memory(
         f"profile {profile} does not fit: {'; '.join(plan.reasons)}; nothing was started or downloaded; "
         f"fix: {'; or '.join(plan.fixes) or 'see the plan above'} (or --force to try anyway)"
     )
-
-
-def memory_guard(
-    session: Session, profile: Profile, model_dir: Path | None, *, device: str = "gpu", force: bool = False
-) -> MemoryPlan | None:
-    """Plan, print, refuse: the one memory call of a launch (plan_or_refuse, then judge_memory)."""
-    plan, warnings = plan_or_refuse(profile, model_dir, device, force)
-    for line in warnings:
-        session.warn(line)
-    return judge_memory(session, plan, profile.name, force)

@@ -69,7 +69,6 @@ def watch(
     floor: int = DEFAULT_FLOOR,
     interval: float = DEFAULT_INTERVAL,
     name: str = "the server",
-    sleep: Callable[[float], None] = time.sleep,
 ) -> WatchdogStop | None:
     """Poll until the server is gone (`read` returns None: None is returned) or memory falls below `floor`: then
     its last log lines are kept, it is stopped, and the stop is returned with a message saying why and what to do."""
@@ -91,4 +90,4 @@ def watch(
                 "--watchdog off serves unguarded"
             )
             return WatchdogStop(reading, floor, message, lines)
-        sleep(interval)
+        time.sleep(interval)

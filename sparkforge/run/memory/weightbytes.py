@@ -135,29 +135,3 @@ def stage_weights(arch: Architecture, split: Split) -> list[StageWeights]:
                 stage.parts["mtp_draft"] = sum(mtp.values()) + 2 * arch.hidden * arch.hidden * dt // tp
         stages.append(stage)
     return stages
-
-
-def total_parameters(arch: Architecture) -> int:
-    """Parameters of the whole checkpoint (no TP, no quantization), for the plan's header line."""
-    h = arch.hidden
-    count = arch.vocab * h * (1 if arch.tie_embeddings else 2) + h + arch.vision_params
-    for kind in arch.layer_types:
-        if kind == "full_attention":
-            gate = 2 if arch.attn_output_gate else 1
-            count += h * arch.heads * arch.head_dim * (gate + 1) + 2 * h * arch.kv_heads * arch.head_dim
-        else:
-            kd = arch.linear_key_heads * arch.linear_key_dim
-            vd = arch.linear_value_heads * arch.linear_value_dim
-            count += (
-                h * (2 * kd + 2 * vd)
-                + h * 2 * arch.linear_value_heads
-                + vd * h
-                + (2 * kd + vd) * arch.conv_kernel
-            )
-        if arch.experts:
-            count += arch.experts * 3 * h * arch.moe_intermediate + arch.experts * h
-            count += 3 * h * arch.shared_intermediate + h
-        else:
-            count += 3 * h * arch.intermediate
-        count += 2 * h
-    return count

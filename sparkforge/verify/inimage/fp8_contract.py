@@ -129,21 +129,18 @@ def _blockwise_problems(
         )
     if k % BLOCK or n % BLOCK:
         problems.append(f"blockwise scaling needs k={k} and n={n} to be multiples of {BLOCK}")
-    want_a, want_b = (m, k // BLOCK), (k // BLOCK, n // BLOCK)
-    if scale_a.shape != want_a:
-        problems.append(f"scale_a must be (M, K/{BLOCK}) = {want_a}, got {scale_a.shape}")
-    elif not scale_a.column_major():
-        problems.append(
-            f"scale_a must be M-major (column-major, strides (1, {m})): the kernels read it by pointer and "
-            f"ignore strides; got strides {scale_a.stride}"
-        )
-    if scale_b.shape != want_b:
-        problems.append(f"scale_b must be (K/{BLOCK}, N/{BLOCK}) = {want_b}, got {scale_b.shape}")
-    elif not scale_b.column_major():
-        problems.append(
-            f"scale_b must be K-major (column-major, strides (1, {want_b[0]})): the kernels read it by pointer "
-            f"and ignore strides; got strides {scale_b.stride}"
-        )
+    sides = (
+        ("scale_a", scale_a, f"(M, K/{BLOCK})", (m, k // BLOCK), "M"),
+        ("scale_b", scale_b, f"(K/{BLOCK}, N/{BLOCK})", (k // BLOCK, n // BLOCK), "K"),
+    )
+    for name, spec, shape, want, major in sides:
+        if spec.shape != want:
+            problems.append(f"{name} must be {shape} = {want}, got {spec.shape}")
+        elif not spec.column_major():
+            problems.append(
+                f"{name} must be {major}-major (column-major, strides (1, {want[0]})): the kernels read it by "
+                f"pointer and ignore strides; got strides {spec.stride}"
+            )
     return problems
 
 
