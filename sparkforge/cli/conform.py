@@ -167,7 +167,8 @@ def _dry_run(session: Session, plan: LaunchPlan, conforming: ConformFlags, selec
     from sparkforge.run.launchplan import plan_lines
 
     registry = conform_rows()
-    rows = selected or profile_checks(plan.profile)
+    profiled = profile_checks(plan.profile)  # judged by the registry, --checks given or not
+    rows = selected or profiled
     if conforming.attach:
         session.echo(
             f"conform --dry: would ask {conforming.attach}, the running deployment (no server started)"

@@ -65,3 +65,30 @@ def test_the_docs_table_is_the_registrys() -> None:
         f"{DOCS}: the conform rows table is stale; fix: replace the block between {ROWS.marker()[0]} and its end "
         f"marker with:\n{ROWS.markdown_table()}"
     )
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*(REPO_ROOT / "profiles").glob("*.yaml"), *(REPO_ROOT / "tests" / "profiles").glob("*.yaml")]),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_shipped_profile_names_only_registered_rows(path: Path) -> None:
+    """A misspelled row in a shipped profile fails here, not first in the engine tier."""
+    assert set(profile_checks(load_profile(path))) <= set(ROWS.names())
+
+
+def test_conform_refuses_a_profile_naming_an_unknown_row_even_with_checks_given(tmp_path: Path) -> None:
+    """`--checks` picks rows for this run; the profile's own list is still judged, before anything starts."""
+    import subprocess
+    import sys
+
+    base = (REPO_ROOT / "tests" / "profiles" / "cpu-tiny-qwen35moe-conform.yaml").read_text()
+    path = tmp_path / "cpu-tiny-qwen35moe-conform.yaml"
+    path.write_text(_with_checks(base, f"[{ROWS.names()[0]}, speed]"))
+    argv = [sys.executable, "-m", "invoke", "conform", "--recipe", "tests/recipes/ci-cpu-twin.yaml"]
+    argv += ["--profile", str(path), "--model-dir", str(REPO_ROOT / "tests/fixtures/tiny-qwen35moe")]
+    argv += ["--gpus", "none", "--checks", ROWS.names()[0], "--dry"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-1500:] + done.stderr[-1500:]
+    assert "conform.checks: unknown conform row 'speed'" in done.stderr and "Traceback" not in done.stderr
+    assert "row 1/" not in done.stdout  # no row listed: refused first

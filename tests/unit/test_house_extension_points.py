@@ -179,9 +179,15 @@ def test_each_addition_is_its_module_and_at_most_its_import_and_one_line(
 
 def test_every_surface_names_the_new_things(drilled: tuple[Path, dict[str, int]]) -> None:
     copy, _ = drilled
-    helps = {task: _run(copy, "-m", "invoke", "--help", task) for task in ("preflight", "conform", "bench")}
-    for task, done in helps.items():
-        assert done.returncode == 0 and "drill" in done.stdout, (task, done.stdout[-3000:], done.stderr)
+    rows = {"preflight": "preflight row", "conform": "conform row", "bench": "suite"}
+    for task, what in rows.items():  # the row as its registry writes it into the option's help: `name: help`
+        done = _run(copy, "-m", "invoke", "--help", task)
+        text = " ".join(done.stdout.split())  # Invoke wraps the help column
+        assert done.returncode == 0 and f"drill: the drill's {what}" in text, (
+            task,
+            text[-3000:],
+            done.stderr,
+        )
     for task in ("build", "serve", "cluster.up", "docs.tables"):
         done = _run(copy, "-m", "invoke", "--help", task)
         assert "--drill-flag" in done.stdout, (task, done.stdout[-2000:], done.stderr)

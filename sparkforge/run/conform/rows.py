@@ -1,11 +1,11 @@
 """Conform's rows, declared once: name, one line of help, the function that runs it, the profile key that
-configures it. `--checks`, the task's help, the profile schema's allowed names (recipe/conformspec.py CHECKS,
-held equal by a unit test: recipe/ sits below run/) and the table in docs/run.md are generated from it.
+configures it. `--checks`, the task's help, the names a profile's `conform.checks` may give (judged by
+run/conform/session.profile_checks before anything starts) and the table in docs/run.md come from it.
 
 A row is `row(run: ConformRun) -> None` (sparkforge/run/conform/conformrun.py): it asks the served model and adds
 its checks to `run.report`. Rows run in this order on the server as profiled; `equivalence` runs last because
 its server variants replace that server; `speculative-acceptance` after it (it judges the counts read as the
-server as profiled stopped); `reference` last, once the servers are stopped. Adding a row: its module, one line here, its name in CHECKS.
+server as profiled stopped); `reference` last, once the servers are stopped. Adding a row: its module and one line here.
 """
 
 from __future__ import annotations

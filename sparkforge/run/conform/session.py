@@ -66,7 +66,8 @@ def run_conform(
     divergence) and why skips."""
     engine = engines[0]
     settings = settings_of(profile)
-    selected = options.checks or profile_checks(profile)
+    profiled = profile_checks(profile)  # judged by the registry before anything starts, --checks given or not
+    selected = options.checks or profiled
     served = profile.model.served_model_name or profile.model.model
     model_dir = options.launch.model_dir if options.launch else None
     revision = goldens.model_revision(model_dir, served)
